@@ -1,0 +1,31 @@
+# The README's two commands: `make demo` and `make test`. Each creates .venv on first use.
+PY ?= python3.11
+VENV := .venv
+STAMP := $(VENV)/.installed
+export OMP_NUM_THREADS ?= 1
+export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
+export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 180
+export PYTHONUNBUFFERED := 1
+
+.PHONY: demo test venv clean bench
+
+$(STAMP): pyproject.toml
+	test -x $(VENV)/bin/python || $(PY) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q torch==2.13.0
+	$(VENV)/bin/pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/nightloom run deployments/local-demo.yaml
+
+test: $(STAMP)
+	$(VENV)/bin/python -m pytest -q tests
+
+bench: $(STAMP)
+	for b in bench/*.py; do $(VENV)/bin/python $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) .nightloom

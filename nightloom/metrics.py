@@ -1,0 +1,73 @@
+"""Per-step training metrics: the JSONL format every backend writes and validation, ledger and plots read."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+
+class MetricsError(ValueError):
+    """A missing, truncated or corrupt metrics file; the message names the file and line."""
+
+
+class StepMetrics(BaseModel):
+    """One optimizer step as seen by rank 0."""
+
+    model_config = ConfigDict(extra="allow")
+    step: int
+    loss: float
+    grad_norm: float | None = None
+    lr: float | None = None
+    tokens: int = 0  # tokens in this step (global)
+    tokens_per_s: float | None = None
+    step_time_s: float | None = None
+    peak_mem_bytes: int | None = None
+    mfu: float | None = None
+    hfu: float | None = None
+    time: float | None = None  # unix time at step end
+    attempt: int = 0  # recovery attempt that produced this step
+    gap: bool = False  # first step after a resume (a gap in the curve)
+
+
+def append_metrics(path: Path, m: StepMetrics) -> None:
+    """Append one line (flushed) so a reader sees whole lines only."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    line = json.dumps(m.model_dump(exclude_none=True), allow_nan=True)
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(line + "\n")
+        f.flush()
+
+
+def read_metrics(path: str | Path, allow_empty: bool = False) -> list[StepMetrics]:
+    """Read a metrics JSONL; raise MetricsError naming file:line for a truncated or corrupt line."""
+    p = Path(path)
+    if not p.is_file():
+        raise MetricsError(f"{p}: metrics file not found")
+    text = p.read_text(encoding="utf-8", errors="strict")
+    out: list[StepMetrics] = []
+    lines = text.split("\n")
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        if i == len(lines) and not text.endswith("\n"):
+            raise MetricsError(f"{p}:{i}: truncated line (no newline at end): {line[:80]!r}")
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise MetricsError(f"{p}:{i}: corrupt JSON ({e.msg} at column {e.colno})") from None
+        try:
+            out.append(StepMetrics.model_validate(obj))
+        except ValidationError as e:
+            first = e.errors()[0]
+            field = ".".join(str(x) for x in first["loc"])
+            raise MetricsError(f"{p}:{i}: {field}: {first['msg']}") from None
+    if not out and not allow_empty:
+        raise MetricsError(f"{p}: no metrics (empty file)")
+    return out
+
+
+def finite(x: float | None) -> bool:
+    return x is not None and math.isfinite(x)

@@ -1,0 +1,74 @@
+"""FLOPs per token and MFU: the one formula, used by planner, trainer and validation.
+
+Source (cited once, here): Chowdhery et al. 2022, "PaLM", Appendix B:
+    FLOPs/token = 6·N + 12·L·H·Q·T     (N non-embedding params, L layers, H heads, Q head dim, T seq len)
+    MFU = tokens/s · FLOPs/token / (GPUs · peak FLOP/s)
+HFU additionally counts recomputed forward FLOPs (full recompute: one extra forward = +2·N + 4·L·H·Q·T per token).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from nightloom.catalog import ModelShape
+
+
+def count_params(shape: ModelShape, include_embeddings: bool = True) -> int:
+    """Exact parameter count of the Llama-style decoder built by nightloom.train.model."""
+    h, L = shape.hidden, shape.layers
+    kv_dim = shape.kv_heads * shape.head_dim
+    attn = h * h + 2 * h * kv_dim + h * h  # q, k, v, o (no biases)
+    mlp = (3 if shape.gated_mlp else 2) * h * shape.ffn_hidden
+    norms = 2 * h
+    per_layer = attn + mlp + norms
+    body = L * per_layer + h  # + final norm
+    if not include_embeddings:
+        return body
+    emb = shape.vocab * h
+    head = 0 if shape.tied_embeddings else shape.vocab * h
+    return body + emb + head
+
+
+def flops_per_token(shape: ModelShape, seq_len: int, recompute: str = "none", hardware: bool = False) -> float:
+    """Training FLOPs per token (PaLM App. B). With hardware=True, count recomputation too (HFU)."""
+    n = count_params(shape, include_embeddings=False)
+    attn = 12 * shape.layers * shape.heads * shape.head_dim * seq_len
+    model = 6 * n + attn
+    if not hardware or recompute == "none":
+        return float(model)
+    if recompute == "full":  # one extra forward pass: 1/3 of the 6N + attention term
+        return float(model + (2 * n + attn / 3))
+    # selective: only the attention core (softmax(QK^T)V) is recomputed: its forward share
+    return float(model + attn / 3)
+
+
+def mfu(tokens_per_s: float, flops_per_tok: float, n_devices: int, peak_flops_per_device: float) -> float:
+    """Model (or hardware, given HFU FLOPs) FLOPs utilisation, PaLM App. B."""
+    if peak_flops_per_device <= 0 or n_devices <= 0:
+        raise ValueError(f"peak FLOP/s ({peak_flops_per_device}) and devices ({n_devices}) must be positive")
+    return tokens_per_s * flops_per_tok / (n_devices * peak_flops_per_device)
+
+
+@dataclass(frozen=True)
+class PeakMeasurement:
+    flops: float
+    precision: str
+    source: str
+
+
+def measure_cpu_matmul_peak(n: int = 1024, repeats: int = 5, dtype: str = "fp32") -> PeakMeasurement:
+    """Best-of-`repeats` square matmul FLOP/s on this CPU, one thread: the peak used for CPU MFU."""
+    import torch
+
+    dt = torch.float32 if dtype == "fp32" else torch.bfloat16
+    a = torch.randn(n, n, dtype=dt)
+    b = torch.randn(n, n, dtype=dt)
+    torch.mm(a, b)  # warm-up
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - t0)
+    flops = 2 * n**3 / best
+    return PeakMeasurement(flops, dtype, f"measured: torch.mm {n}x{n} {dtype}, best of {repeats}, 1 thread")

@@ -1,0 +1,111 @@
+"""The provider-neutral interface: typed records in and out, typed errors (after SkyPilot's sky/provision).
+
+A provider acquires nodes, prepares their environment, checks them (preflight), launches one command per
+node with its rank and rendezvous, streams output, and releases everything, idempotently.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class ProvisionError(RuntimeError):
+    """Provisioning failed; the message names the node and the reason (never a secret)."""
+
+
+class PreflightError(ProvisionError):
+    """Too few healthy nodes remain for any layout."""
+
+
+class Node(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    address: str
+    slots: int  # GPUs, or CPU ranks on `local`
+    python: str = "python3"
+    workdir: str = "."
+    port: int | None = None  # ssh port, when relevant
+    user: str | None = None
+    ready_s: float | None = None  # time from acquire to environment ready
+
+
+class Cluster(BaseModel):
+    """Nodes ready for training, plus how to rendezvous on them."""
+
+    model_config = ConfigDict(extra="forbid")
+    provider: str
+    name: str
+    nodes: list[Node]
+    master_addr: str
+    master_port: int
+    env: dict[str, str] = Field(default_factory=dict)  # NCCL etc.; never secrets
+    time_to_ready_s: float = 0.0
+    excluded: dict[str, str] = Field(default_factory=dict)  # node name -> reason
+    handle: dict[str, str] = Field(default_factory=dict)  # provider ids (slurm job id, k8s job name)
+
+    @property
+    def world_size(self) -> int:
+        return sum(n.slots for n in self.nodes)
+
+
+class Check(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    ok: bool
+    detail: str = ""
+
+
+class NodeReport(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    node: str
+    ok: bool
+    checks: list[Check] = Field(default_factory=list)
+
+    @property
+    def reason(self) -> str:
+        return "; ".join(f"{c.name}: {c.detail}" for c in self.checks if not c.ok)
+
+
+class PreflightReport(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    nodes: list[NodeReport]
+    bus_bandwidth_gbps: float | None = None
+    allreduce_ok: bool | None = None
+
+    @property
+    def failed(self) -> list[NodeReport]:
+        return [n for n in self.nodes if not n.ok]
+
+
+class Launch(Protocol):
+    """A running multi-node command."""
+
+    def lines(self) -> Iterator[str]: ...  # merged output of every node, prefixed with the node name
+    def wait(self, timeout: float | None = None) -> int: ...  # worst exit code over nodes
+    def terminate(self) -> None: ...  # idempotent; kills every process of ours
+
+
+class Provider(Protocol):
+    name: str
+
+    def acquire(self) -> Cluster: ...
+    def preflight(self, cluster: Cluster) -> PreflightReport: ...
+    def launch(self, cluster: Cluster, module_args: list[str], env: dict[str, str]) -> Launch: ...
+    def release(self, cluster: Cluster) -> None: ...
+
+
+def torchrun_argv(python: str, cluster: Cluster, node_rank: int, module_args: list[str]) -> list[str]:
+    """The torchrun command line for one node (static rendezvous on the first node)."""
+    node = cluster.nodes[node_rank]
+    return [
+        python, "-m", "torch.distributed.run",
+        f"--nnodes={len(cluster.nodes)}",
+        f"--node-rank={node_rank}",
+        f"--nproc-per-node={node.slots}",
+        f"--master-addr={cluster.master_addr}",
+        f"--master-port={cluster.master_port}",
+        *module_args,
+    ]

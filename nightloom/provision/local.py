@@ -1,0 +1,165 @@
+"""The `local` provider (the embedded default): each node is a group of processes on this machine."""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+
+from nightloom.provision.base import Check, Cluster, Node, NodeReport, PreflightReport, ProvisionError, torchrun_argv
+
+
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def kill_group(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
+    """TERM the process group, wait, then KILL it; idempotent."""
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        if proc.poll() is not None:
+            break
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            proc.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            continue
+    # the leader may be gone while children linger in the group
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class ProcessLaunch:
+    """One subprocess per node, each in its own process group; output merged line by line."""
+
+    def __init__(self, procs: dict[str, subprocess.Popen], fail_grace_s: float = 30.0):
+        self.procs = procs
+        self.fail_grace_s = fail_grace_s
+        self._q: queue.Queue[str | None] = queue.Queue()
+        self._readers = []
+        for name, p in procs.items():
+            t = threading.Thread(target=self._pump, args=(name, p), daemon=True)
+            t.start()
+            self._readers.append(t)
+
+    def _pump(self, name: str, p: subprocess.Popen) -> None:
+        assert p.stdout is not None
+        for line in p.stdout:
+            self._q.put(f"[{name}] {line.rstrip()}")
+        self._q.put(None)
+
+    def lines(self) -> Iterator[str]:
+        done = 0
+        while done < len(self.procs):
+            item = self._q.get()
+            if item is None:
+                done += 1
+            else:
+                yield item
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Worst exit code; once one node fails, the others get `fail_grace_s` to fail too, then are killed."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        failed_at = None
+        while True:
+            codes = {n: p.poll() for n, p in self.procs.items()}
+            if all(c is not None for c in codes.values()):
+                return max((c for c in codes.values()), key=lambda c: abs(c))  # non-zero wins
+            if failed_at is None and any(c not in (None, 0) for c in codes.values()):
+                failed_at = time.monotonic()
+            if failed_at is not None and time.monotonic() - failed_at > self.fail_grace_s:
+                self.terminate()
+            if deadline is not None and time.monotonic() > deadline:
+                self.terminate()
+                raise TimeoutError(f"launch did not finish within {timeout} s")
+            time.sleep(0.2)
+
+    def terminate(self) -> None:
+        for p in self.procs.values():
+            kill_group(p)
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs.values()]
+
+
+class LocalProvider:
+    """Nodes are process groups on this machine; rendezvous on 127.0.0.1."""
+
+    name = "local"
+
+    def __init__(self, spec):
+        self.spec = spec
+        self.python = sys.executable
+        self._launches: list[ProcessLaunch] = []
+
+    def acquire(self) -> Cluster:
+        t0 = time.monotonic()
+        c = self.spec.cluster
+        port = c.master_port if port_is_free(c.master_port) else free_port()
+        nodes = []
+        for i in range(c.nodes):
+            n0 = time.monotonic()
+            nodes.append(Node(name=f"local-{i}", address="127.0.0.1", slots=c.gpus_per_node, python=self.python,
+                              workdir=os.getcwd(), ready_s=time.monotonic() - n0))
+        cluster = Cluster(provider="local", name=c.name, nodes=nodes, master_addr="127.0.0.1", master_port=port,
+                          env={"OMP_NUM_THREADS": "1"})
+        report = self.preflight(cluster)
+        if report.failed:
+            raise ProvisionError("; ".join(f"node {n.node}: {n.reason}" for n in report.failed))
+        cluster.time_to_ready_s = time.monotonic() - t0
+        return cluster
+
+    def preflight(self, cluster: Cluster) -> PreflightReport:
+        """torch importable in the node interpreter, and the rendezvous port free."""
+        reports = []
+        for node in cluster.nodes:
+            checks = []
+            r = subprocess.run([node.python, "-c", "import torch, sys; print(torch.__version__)"],
+                               capture_output=True, text=True, timeout=120)
+            checks.append(Check(name="torch", ok=r.returncode == 0,
+                                detail=r.stdout.strip() if r.returncode == 0 else r.stderr.strip()[-300:]))
+            reports.append(NodeReport(node=node.name, ok=all(c.ok for c in checks), checks=checks))
+        port_ok = port_is_free(cluster.master_port)
+        if not port_ok:
+            reports[0].checks.append(Check(name="port", ok=False, detail=f"port {cluster.master_port} in use"))
+            reports[0].ok = False
+        return PreflightReport(nodes=reports)
+
+    def launch(self, cluster: Cluster, module_args: list[str], env: dict[str, str]) -> ProcessLaunch:
+        procs = {}
+        full_env = {**os.environ, **cluster.env, **env, "PYTHONUNBUFFERED": "1"}
+        for i, node in enumerate(cluster.nodes):
+            argv = torchrun_argv(node.python, cluster, i, module_args)
+            procs[node.name] = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                                bufsize=1, env=full_env, start_new_session=True)
+        launch = ProcessLaunch(procs, fail_grace_s=float(self.spec.train.collective_timeout_s) + 30)
+        self._launches.append(launch)
+        return launch
+
+    def release(self, cluster: Cluster) -> None:
+        """Kill every process this provider started (idempotent)."""
+        for launch in self._launches:
+            launch.terminate()

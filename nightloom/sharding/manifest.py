@@ -1,0 +1,87 @@
+"""The shard manifest: the only way trainers find shards. Written last, so its presence means a complete dataset."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SCHEMA_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+
+
+class ShardInfo(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    index: int
+    path: str  # relative to the manifest's folder/prefix
+    rows: int
+    tokens: int
+    bytes: int
+    sha256: str
+
+
+class BadRecord(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    file: str
+    line: int
+    reason: str
+
+
+class SourceFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    path: str
+    size: int
+    fingerprint: str  # sha256 of content, or ETag for S3
+
+
+class ShardManifest(BaseModel):
+    """Counts, checksums, hash settings and balance figures of one sharded dataset."""
+
+    model_config = ConfigDict(extra="forbid")
+    schema_version: int = SCHEMA_VERSION
+    num_shards: int
+    hash_algorithm: str = "xxhash64"
+    key: str  # field name, or "<text>"
+    salt: str
+    text_field: str = "text"
+    tokenizer: str = "bytes"
+    balance_by: str = "tokens"
+    tolerance: float = 0.02
+    imbalance: float  # final, on balance_by
+    imbalance_before_rebalance: float
+    rebalanced: bool = False
+    balanced: bool
+    rows: int
+    tokens: int
+    bytes: int
+    dedup_dropped: int = 0
+    empty_skipped: int = 0
+    bad_records: int = 0
+    bad_examples: list[BadRecord] = Field(default_factory=list)
+    sources: list[SourceFile] = Field(default_factory=list)
+    shards: list[ShardInfo]
+    settings_hash: str = ""  # hash of inputs + settings: a re-run with the same value does no work
+
+    def to_json(self) -> str:
+        return json.dumps(self.model_dump(mode="json"), indent=2, sort_keys=True) + "\n"
+
+
+def manifest_uri(output: str) -> str:
+    return output.rstrip("/") + "/" + MANIFEST_NAME
+
+
+def load_manifest(output_or_manifest: str | Path) -> ShardManifest:
+    """Load a manifest from a local folder/file (s3:// handled by nightloom.sharding.storage)."""
+    s = str(output_or_manifest)
+    if s.startswith("s3://"):
+        from nightloom.sharding.storage import read_bytes
+
+        uri = s if s.endswith(".json") else manifest_uri(s)
+        return ShardManifest.model_validate_json(read_bytes(uri))
+    p = Path(s)
+    if p.is_dir():
+        p = p / MANIFEST_NAME
+    if not p.is_file():
+        raise FileNotFoundError(f"{p}: no shard manifest (was the dataset sharded to completion?)")
+    return ShardManifest.model_validate_json(p.read_text(encoding="utf-8"))
