@@ -358,38 +358,38 @@ def format_errors(err: ValidationError, source: str, text: str | None = None) ->
     return [x for x in out if not (x in seen or seen.add(x))]
 
 
-def _semantic_errors(spec: RunSpec, source: str) -> list[str]:
-    """Checks that need the filesystem or the catalog: reported with the field path, before any rent."""
+def _semantic_errors(spec: RunSpec, source: str) -> list[tuple[tuple, str]]:
+    """Checks that need the filesystem or the catalog: (field path, reason), before anything is rented."""
     from nightloom.catalog import GPUS, MODELS
 
     errs = []
     if spec.model.config is None and spec.model.name not in MODELS:
-        errs.append(f"{source}: model.name: unknown model {spec.model.name!r}; known: {', '.join(sorted(MODELS))}")
+        errs.append((('model', 'name'), f"unknown model {spec.model.name!r}; known: {', '.join(sorted(MODELS))}"))
     if spec.model.config is not None and not Path(spec.model.config).is_file():
-        errs.append(f"{source}: model.config: file not found: {spec.model.config}")
+        errs.append((('model', 'config'), f"file not found: {spec.model.config}"))
     if spec.cluster.gpu_type != "cpu" and spec.cluster.gpu_type not in GPUS:
-        errs.append(
-            f"{source}: cluster.gpu_type: unknown GPU {spec.cluster.gpu_type!r}; known: cpu, {', '.join(sorted(GPUS))}"
-        )
+        errs.append((
+            ("cluster", "gpu_type"), f"unknown GPU {spec.cluster.gpu_type!r}; known: cpu, {', '.join(sorted(GPUS))}"
+        ))
     dpath = spec.dataset.path
     if "://" not in dpath and not spec.dataset.sample and not Path(dpath).exists():
-        errs.append(f"{source}: dataset.path: not found: {dpath}")
+        errs.append((('dataset', 'path'), f"not found: {dpath}"))
     if isinstance(spec.parallel, ParallelSpec):
         p = spec.parallel
         fixed = p.tp * p.pp * p.dp_replicate * p.cp * (p.dp_shard if p.dp_shard > 0 else 1)
         if p.dp_shard > 0 and fixed != spec.world_size:
-            errs.append(
-                f"{source}: parallel: tp({p.tp})·pp({p.pp})·dp_replicate({p.dp_replicate})·dp_shard({p.dp_shard})"
+            errs.append((
+                ("parallel",), f"tp({p.tp})·pp({p.pp})·dp_replicate({p.dp_replicate})·dp_shard({p.dp_shard})"
                 f"·cp({p.cp}) = {fixed} != world size {spec.world_size} (cluster.nodes·cluster.gpus_per_node)"
-            )
+            ))
         elif p.dp_shard <= 0 and spec.world_size % fixed:
-            errs.append(f"{source}: parallel: world size {spec.world_size} is not divisible by tp·pp·dp_replicate·cp = {fixed}")
+            errs.append((('parallel',), f"world size {spec.world_size} is not divisible by tp·pp·dp_replicate·cp = {fixed}"))
     if spec.cluster.provider == "ssh":
         active = [h for h in spec.cluster.ssh.hosts if not h.spare]
         if len(active) < spec.cluster.nodes:
-            errs.append(
-                f"{source}: cluster.ssh.hosts: {len(active)} non-spare hosts for cluster.nodes={spec.cluster.nodes}"
-            )
+            errs.append((
+                ("cluster", "ssh", "hosts"), f"{len(active)} non-spare hosts for cluster.nodes={spec.cluster.nodes}"
+            ))
     return errs
 
 
@@ -404,7 +404,11 @@ def parse_spec(data: object, source: str = "<spec>", text: str | None = None, ba
     spec = spec.resolved(base_dir or Path.cwd())
     errs = _semantic_errors(spec, source)
     if errs:
-        raise SpecError(errs)
+        lines = []
+        for loc, msg in errs:
+            line = _yaml_line(Path(source), text, loc) if text is not None else None
+            lines.append(f"{source}{f':{line}' if line else ''}: {'.'.join(loc)}: {msg}")
+        raise SpecError(lines)
     return spec
 
 

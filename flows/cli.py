@@ -1,0 +1,42 @@
+"""`nightloom` console script: pure commands call nightloom/ directly; `run` runs the Prefect flow.
+
+Exit codes: 0 ok, 1 run or validation failed, 2 usage error (argparse, or a bad spec given on the command line).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+#: subcommand modules in flows/commands/, each exposing register(subparsers) and run(args) -> int
+COMMANDS = ("run", "validate", "plan", "shard", "provision", "cost", "ledger")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="nightloom", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name in COMMANDS:
+        try:
+            mod = importlib.import_module(f"flows.commands.{name}")
+        except ModuleNotFoundError as e:
+            if e.name != f"flows.commands.{name}":
+                raise
+            continue
+        mod.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)  # exits 2 on usage errors
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

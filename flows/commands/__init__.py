@@ -1,0 +1,1 @@
+"""Subcommands of the `nightloom` CLI, one module each: register(subparsers) and run(args) -> int."""

@@ -1,0 +1,23 @@
+"""`nightloom validate SPEC`: check a run spec and report every problem, before anything is rented."""
+
+from __future__ import annotations
+
+import sys
+
+from nightloom.spec import SpecError, load_spec
+
+
+def register(sub) -> None:
+    p = sub.add_parser("validate", help="validate a run spec (all errors at once, with file:line: field.path)")
+    p.add_argument("spec", help="path to the run spec YAML")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    try:
+        spec = load_spec(args.spec)
+    except SpecError as e:
+        print(str(e), file=sys.stderr)
+        return 1
+    print(f"{args.spec}: ok (run {spec.name}, spec hash {spec.spec_hash()}, world size {spec.world_size})")
+    return 0

@@ -1,0 +1,161 @@
+"""Packed byte-token batches read through the shard manifest, deterministic per step and layout-independent.
+
+The dataset is one virtual stream of fixed windows of `seq_len + 1` tokens: shards in manifest order, each
+shard's documents as UTF-8 bytes with a separator token 0 after every document, cut into whole windows
+(the tail of a shard that does not fill a window is dropped). Window counts come from the manifest
+(`tokens + rows` stream tokens per shard), so a rank can locate any window without reading other shards.
+
+The global batch of step k is windows [k*G, (k+1)*G) (mod the number of windows: epochs wrap), and DP rank r
+gets the contiguous slice [r*G/dp, (r+1)*G/dp) of it. Hence step k sees the same set of sequences for every
+layout (parity and re-layout resume), every rank does the same number of micro-batches, and each DP rank
+reads only the one or two shards its slice touches.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from nightloom.sharding.manifest import MANIFEST_NAME, ShardManifest, load_manifest
+
+SEPARATOR = 0
+
+
+class DataError(ValueError):
+    """A manifest or shard the trainer cannot read; the message names the file and field."""
+
+
+@dataclass(frozen=True)
+class ShardWindows:
+    """Where one shard's windows sit in the global window stream."""
+
+    index: int
+    uri: str
+    first: int  # global index of this shard's first window
+    count: int
+    stream_tokens: int  # tokens + rows (one separator per document), from the manifest
+
+
+def _base_uri(manifest: str) -> str:
+    s = str(manifest)
+    if s.startswith("s3://"):
+        return s.rsplit("/", 1)[0] if s.endswith(".json") else s.rstrip("/")
+    p = Path(s)
+    return str(p.parent if p.is_file() or p.name == MANIFEST_NAME else p)
+
+
+def _read_bytes(uri: str) -> bytes:
+    if uri.startswith("s3://"):
+        try:
+            from nightloom.sharding.storage import read_bytes
+        except ImportError as e:  # the storage module is written separately
+            raise DataError(f"{uri}: reading s3:// needs nightloom.sharding.storage ({e})") from None
+        return read_bytes(uri)
+    p = Path(uri)
+    if not p.is_file():
+        raise DataError(f"{p}: shard listed in the manifest does not exist")
+    return p.read_bytes()
+
+
+def pack_documents(texts: list[str]) -> np.ndarray:
+    """UTF-8 bytes of each document followed by the separator token, as one uint8 stream."""
+    sep = bytes([SEPARATOR])
+    return np.frombuffer(b"".join(t.encode("utf-8") + sep for t in texts), dtype=np.uint8)
+
+
+class PackedWindows:
+    """Random access to the global window stream; shards are loaded lazily and a few are cached."""
+
+    def __init__(self, manifest: str, seq_len: int, cache_shards: int = 2):
+        self.manifest_uri = str(manifest)
+        self.manifest: ShardManifest = load_manifest(manifest)
+        if self.manifest.tokenizer != "bytes":
+            raise DataError(f"{self.manifest_uri}: tokenizer {self.manifest.tokenizer!r} is not supported "
+                            "by the native trainer (only 'bytes')")
+        self.window = seq_len + 1
+        base = _base_uri(manifest)
+        spans, first = [], 0
+        for i, s in enumerate(sorted(self.manifest.shards, key=lambda s: s.index)):
+            stream = s.tokens + s.rows
+            n = stream // self.window
+            uri = f"{base}/{s.path}" if base.startswith("s3://") else str(Path(base) / s.path)
+            spans.append(ShardWindows(s.index, uri, first, n, stream))
+            first += n
+        self.spans = spans
+        self.total = first
+        if self.total == 0:
+            raise DataError(f"{self.manifest_uri}: {self.manifest.tokens} tokens in {len(spans)} shards do not "
+                            f"fill one window of seq_len+1 = {self.window} tokens")
+        self._starts = np.array([s.first for s in spans])
+        self._cache: OrderedDict[int, np.ndarray] = OrderedDict()
+        self._cache_size = cache_shards
+
+    def _shard(self, k: int) -> np.ndarray:
+        if k in self._cache:
+            self._cache.move_to_end(k)
+            return self._cache[k]
+        import pyarrow.parquet as pq
+
+        span = self.spans[k]
+        table = pq.read_table(io.BytesIO(_read_bytes(span.uri)), columns=[self.manifest.text_field])
+        stream = pack_documents(table.column(self.manifest.text_field).to_pylist())
+        if len(stream) < span.count * self.window:
+            raise DataError(
+                f"{span.uri}: manifest field shards[{k}] says tokens+rows = {span.stream_tokens} but the shard "
+                f"packs to {len(stream)} byte tokens (text field {self.manifest.text_field!r})")
+        arr = stream[: span.count * self.window].reshape(span.count, self.window)
+        self._cache[k] = arr
+        if len(self._cache) > self._cache_size:
+            self._cache.popitem(last=False)
+        return arr
+
+    def windows(self, start: int, n: int) -> torch.Tensor:
+        """Global windows [start, start+n) (mod total), as int64 (n, seq_len+1)."""
+        out = np.empty((n, self.window), dtype=np.int64)
+        for j in range(n):
+            g = (start + j) % self.total
+            k = int(np.searchsorted(self._starts, g, side="right") - 1)
+            out[j] = self._shard(k)[g - self.spans[k].first]
+        return torch.from_numpy(out)
+
+
+@dataclass(frozen=True)
+class StepBatch:
+    """One DP rank's share of one optimizer step: `micro` lists (inputs, targets) of (micro_batch, seq_len)."""
+
+    step: int
+    micro: list[tuple[torch.Tensor, torch.Tensor]]
+
+    @property
+    def inputs(self) -> torch.Tensor:
+        return torch.cat([x for x, _ in self.micro])
+
+    @property
+    def targets(self) -> torch.Tensor:
+        return torch.cat([y for _, y in self.micro])
+
+
+class StepLoader:
+    """Batches by step number: resuming at step k needs no state other than k."""
+
+    def __init__(self, windows: PackedWindows, micro_batch: int, grad_accum: int, dp: int, dp_rank: int):
+        self.w, self.mb, self.ga, self.dp, self.dp_rank = windows, micro_batch, grad_accum, dp, dp_rank
+        self.global_batch = micro_batch * grad_accum * dp
+
+    def batch(self, step: int) -> StepBatch:
+        local = self.mb * self.ga
+        seqs = self.w.windows(step * self.global_batch + self.dp_rank * local, local)
+        micro = [(seqs[i : i + self.mb, :-1], seqs[i : i + self.mb, 1:]) for i in range(0, local, self.mb)]
+        return StepBatch(step, micro)
+
+
+def set_s3_endpoint(url: str | None) -> None:
+    """boto3 (>= 1.28) reads AWS_ENDPOINT_URL; the storage module builds its client from the environment."""
+    if url:
+        os.environ.setdefault("AWS_ENDPOINT_URL", url)

@@ -1,0 +1,189 @@
+"""A Llama-style decoder (RMSNorm, RoPE, SwiGLU, grouped-query attention, tied or untied embeddings).
+
+Layers live in an `nn.ModuleDict` keyed by their GLOBAL index ("0".."L-1"), so a pipeline stage that drops
+layers keeps the same parameter names and checkpoints do not depend on the layout. Embedding, final norm
+and head may be `None` on stages that do not own them. Parameters are initialised per parameter from a
+generator seeded by (seed, name), so any subset of the model (a pipeline stage) gets the same values as
+the full model built in one process.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from nightloom.catalog import ModelShape
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        out = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return out.type_as(x) * self.weight
+
+
+def rope_tables(head_dim: int, seq_len: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin tables (seq_len, head_dim/2) of rotary embeddings (Su et al. 2021)."""
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    ang = torch.outer(torch.arange(seq_len, dtype=torch.float32), inv)
+    return ang.cos(), ang.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate pairs (x[2i], x[2i+1]); x is (B, T, heads, head_dim), cos/sin are (T, head_dim/2)."""
+    xf = x.float().unflatten(-1, (-1, 2))
+    x0, x1 = xf[..., 0], xf[..., 1]
+    c, s = cos[None, :, None, :], sin[None, :, None, :]
+    out = torch.stack((x0 * c - x1 * s, x0 * s + x1 * c), dim=-1).flatten(-2)
+    return out.type_as(x)
+
+
+class Attention(nn.Module):
+    def __init__(self, shape: ModelShape):
+        super().__init__()
+        self.head_dim = shape.head_dim
+        self.rep = shape.heads // shape.kv_heads
+        kv_dim = shape.kv_heads * shape.head_dim
+        self.wq = nn.Linear(shape.hidden, shape.hidden, bias=False)
+        self.wk = nn.Linear(shape.hidden, kv_dim, bias=False)
+        self.wv = nn.Linear(shape.hidden, kv_dim, bias=False)
+        self.wo = nn.Linear(shape.hidden, shape.hidden, bias=False)
+        self.recompute_core = False  # selective recompute: only softmax(QK^T)V is recomputed
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        # view(..., -1, head_dim): under TP the local projection holds heads/tp heads.
+        q = self.wq(x).view(b, t, -1, self.head_dim)
+        k = self.wk(x).view(b, t, -1, self.head_dim)
+        v = self.wv(x).view(b, t, -1, self.head_dim)
+        q, k = apply_rope(q, cos[:t], sin[:t]), apply_rope(k, cos[:t], sin[:t])
+        if self.rep > 1:
+            k = k.repeat_interleave(self.rep, dim=2)
+            v = v.repeat_interleave(self.rep, dim=2)
+        q, k, v = (z.transpose(1, 2) for z in (q, k, v))
+        if self.recompute_core and torch.is_grad_enabled():
+            o = checkpoint(_causal_sdpa, q, k, v, use_reentrant=False)
+        else:
+            o = _causal_sdpa(q, k, v)
+        return self.wo(o.transpose(1, 2).reshape(b, t, -1))
+
+
+def _causal_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+class FeedForward(nn.Module):
+    """SwiGLU (w2(silu(w1 x) * w3 x)) or, with gated_mlp=False, a GELU MLP."""
+
+    def __init__(self, shape: ModelShape):
+        super().__init__()
+        self.gated = shape.gated_mlp
+        self.w1 = nn.Linear(shape.hidden, shape.ffn_hidden, bias=False)
+        self.w2 = nn.Linear(shape.ffn_hidden, shape.hidden, bias=False)
+        self.w3 = nn.Linear(shape.hidden, shape.ffn_hidden, bias=False) if self.gated else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.w3 is not None:
+            return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        return self.w2(F.gelu(self.w1(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, shape: ModelShape):
+        super().__init__()
+        self.attn_norm = RMSNorm(shape.hidden, shape.norm_eps)
+        self.attn = Attention(shape)
+        self.ffn_norm = RMSNorm(shape.hidden, shape.norm_eps)
+        self.ffn = FeedForward(shape)
+        self.recompute_full = False  # full recompute: the whole block is recomputed in backward
+
+    def _forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        h = x + self.attn(self.attn_norm(x), cos, sin)
+        return h + self.ffn(self.ffn_norm(h))
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        if self.recompute_full and torch.is_grad_enabled():
+            return checkpoint(self._forward, x, cos, sin, use_reentrant=False)
+        return self._forward(x, cos, sin)
+
+
+class Transformer(nn.Module):
+    """Token ids (B, T) -> logits (B, T, vocab); on a middle pipeline stage hidden -> hidden."""
+
+    def __init__(self, shape: ModelShape, seq_len: int | None = None):
+        super().__init__()
+        self.shape = shape
+        self.tok_embeddings: nn.Embedding | None = nn.Embedding(shape.vocab, shape.hidden)
+        self.layers = nn.ModuleDict({str(i): Block(shape) for i in range(shape.layers)})
+        self.norm: RMSNorm | None = RMSNorm(shape.hidden, shape.norm_eps)
+        self.output: nn.Linear | None = nn.Linear(shape.hidden, shape.vocab, bias=False)
+        if shape.tied_embeddings:
+            self.output.weight = self.tok_embeddings.weight
+        cos, sin = rope_tables(shape.head_dim, seq_len or shape.max_seq, shape.rope_theta)
+        # non-persistent: recomputed, never checkpointed
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+
+    def keep_layers(self, first: int, last: int, has_embed: bool, has_head: bool) -> Transformer:
+        """Drop everything a pipeline stage does not own (layers [first, last) keep their global names)."""
+        for k in list(self.layers.keys()):
+            if not first <= int(k) < last:
+                del self.layers[k]
+        if not has_embed:
+            self.tok_embeddings = None
+        if not has_head:
+            self.norm = None
+            self.output = None
+        return self
+
+    def set_recompute(self, mode: str) -> None:
+        for block in self.layers.values():
+            block.recompute_full = mode == "full"
+            block.attn.recompute_core = mode == "selective"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.tok_embeddings(x) if self.tok_embeddings is not None else x
+        cos, sin = self.rope_cos, self.rope_sin  # attention slices them to its (full) sequence length
+        for block in self.layers.values():
+            h = block(h, cos, sin)
+        if self.norm is not None:
+            h = self.norm(h)
+        if self.output is not None:
+            h = self.output(h)
+        return h
+
+    @torch.no_grad()
+    def init_weights(self, seed: int) -> None:
+        """Deterministic per-parameter init from (seed, name): identical whatever subset this module holds."""
+        std = 0.02
+        out_std = std / (2 * self.shape.layers) ** 0.5  # GPT-2 scaled init of residual projections
+        for name, p in self.named_parameters():
+            if name.endswith("norm.weight") or name == "norm.weight":
+                p.fill_(1.0)
+                continue
+            g = torch.Generator(device="cpu").manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
+            s = out_std if name.endswith(("attn.wo.weight", "ffn.w2.weight")) else std
+            p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float32).mul_(s).to(p.dtype))
+        cos, sin = rope_tables(self.shape.head_dim, self.rope_cos.shape[0], self.shape.rope_theta)
+        self.rope_cos.copy_(cos)
+        self.rope_sin.copy_(sin)
+
+
+def build_model(shape: ModelShape, seq_len: int | None = None, device: str | torch.device = "meta") -> Transformer:
+    """The full model, on `device` (default meta: no memory; call to_empty + init_weights to materialise)."""
+    with torch.device(device):
+        return Transformer(shape, seq_len)
+
+
+def param_count(model: nn.Module) -> int:
+    """Unique parameters (tied weights counted once)."""
+    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())

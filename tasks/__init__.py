@@ -1,0 +1,1 @@
+"""Thin Prefect @task wrappers around nightloom: retries where I/O is, caching, artifacts, logging."""

@@ -1,0 +1,48 @@
+"""Shared test settings: one thread per process, analytics off, a per-session PREFECT_HOME."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
+os.environ.setdefault("PREFECT_LOGGING_TO_API_BATCH_INTERVAL", "0.3")
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def require_binary(name: str, *candidates: str) -> str:
+    """Path of a system binary; skip the test without it, fail instead in CI."""
+    for c in (name, *candidates):
+        p = shutil.which(c) or (c if os.path.isabs(c) and os.path.exists(c) else None)
+        if p:
+            return p
+    msg = f"{name} is not installed (CI installs it via .ci/run)"
+    if in_ci():
+        pytest.fail(msg)
+    pytest.skip(msg)
+
+
+def pytest_collection_modifyitems(config, items):
+    try:
+        import torch
+
+        has_cuda = torch.cuda.is_available()
+    except Exception:
+        has_cuda = False
+    if not has_cuda:
+        skip = pytest.mark.skip(reason="needs CUDA (marked gpu)")
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(skip)

@@ -1,0 +1,101 @@
+"""The run spec: valid specs load; each kind of bad input is reported with file, line and field path."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from nightloom.spec import RunSpec, SpecError, load_spec
+
+ROOT = Path(__file__).resolve().parents[2]
+DEMO = ROOT / "deployments" / "local-demo.yaml"
+
+
+def write(tmp_path: Path, data: dict) -> Path:
+    p = tmp_path / "spec.yaml"
+    p.write_text(yaml.safe_dump(data, sort_keys=False))
+    return p
+
+
+@pytest.fixture
+def good(tmp_path) -> dict:
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text('{"text": "hello"}\n')
+    return {"name": "t", "dataset": {"path": str(corpus)}, "sharding": {"num_shards": 4}}
+
+
+def errors_of(path: Path) -> list[str]:
+    with pytest.raises(SpecError) as ei:
+        load_spec(path)
+    return ei.value.errors
+
+
+def test_demo_spec_loads():
+    spec = load_spec(DEMO)
+    assert isinstance(spec, RunSpec)
+    assert spec.world_size == 4
+    assert Path(spec.dataset.path).is_absolute()  # resolved against the spec's folder
+    assert spec.spec_hash() == load_spec(DEMO).spec_hash()
+
+
+def test_valid_minimal(tmp_path, good):
+    spec = load_spec(write(tmp_path, good))
+    assert spec.sharding.tolerance == 0.02 and spec.parallel == "auto"
+
+
+@pytest.mark.parametrize(
+    "patch, field, words",
+    [
+        ({"sharding": {"num_shards": 4, "tolernce": 0.1}}, "sharding.tolernce", "unknown key"),
+        ({"train": {"steps": "many"}}, "train.steps", "integer"),
+        ({"sharding": {"num_shards": -3}}, "sharding.num_shards", "greater than 0"),
+        ({"sharding": {"num_shards": 4, "tolerance": 1.5}}, "sharding.tolerance", "less than 1"),
+        ({"sharding": {"num_shards": 4, "tolerance": 0}}, "sharding.tolerance", "greater than 0"),
+        ({"train": {"backend": "deepspeed"}}, "train.backend", "'native' or 'xtuner'"),
+        ({"dataset": {"path": "/nonexistent/corpus.jsonl"}}, "dataset.path", "not found"),
+        ({"schedule": {"timezone": "Mars/Olympus"}}, "schedule.timezone", "unknown time zone"),
+        ({"parallel": {"tp": 3}}, "parallel", "world size"),
+    ],
+)
+def test_bad_field_names_path_and_line(tmp_path, good, patch, field, words):
+    data = {**good, **patch}
+    path = write(tmp_path, data)
+    errs = errors_of(path)
+    assert any(f": {field}:" in e and words in e for e in errs), errs
+    assert all(e.startswith(str(path)) for e in errs), errs
+    if field != "dataset.path":  # semantic errors carry the file; schema errors also the line
+        assert any(f"{path}:" in e and e.split(":")[1].strip().isdigit() for e in errs), errs
+
+
+def test_several_errors_reported_together(tmp_path, good):
+    data = {**good, "sharding": {"num_shards": 0, "tolerance": 2}, "train": {"backend": "x", "stepz": 1}}
+    errs = errors_of(write(tmp_path, data))
+    fields = {e.split(": ")[1] for e in errs}
+    assert {"sharding.num_shards", "sharding.tolerance", "train.backend", "train.stepz"} <= fields, errs
+
+
+def test_missing_file_and_broken_yaml(tmp_path):
+    errs = errors_of(tmp_path / "nope.yaml")
+    assert "file not found" in errs[0] and "nope.yaml" in errs[0]
+    p = tmp_path / "broken.yaml"
+    p.write_text("name: x\ndataset:\n  path: [unclosed\n")
+    errs = errors_of(p)
+    assert errs[0].startswith(f"{p}:") and "invalid YAML" in errs[0]
+    assert errs[0].split(":")[1].isdigit()
+
+
+def test_cli_validate_exit_codes(tmp_path, good):
+    ok = write(tmp_path, good)
+    cli = [sys.executable, "-m", "flows.cli", "validate"]
+    r = subprocess.run(cli + [str(ok)], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({**good, "sharding": {"num_shards": -1}}))
+    r = subprocess.run(cli + [str(bad)], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 1 and "sharding.num_shards" in r.stderr
+    r = subprocess.run(cli, capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 2
