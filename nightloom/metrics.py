@@ -9,6 +9,20 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 
+#: Prometheus metrics the trainer exports per rank (labels below); the Grafana dashboard may query only these.
+PROMETHEUS_METRICS: tuple[str, ...] = (
+    "nightloom_step",
+    "nightloom_loss",
+    "nightloom_grad_norm",
+    "nightloom_tokens_per_second",
+    "nightloom_step_time_seconds",
+    "nightloom_mfu",
+    "nightloom_memory_bytes",
+    "nightloom_collective_latency_seconds",
+)
+PROMETHEUS_LABELS: tuple[str, ...] = ("run", "rank")
+
+
 class MetricsError(ValueError):
     """A missing, truncated or corrupt metrics file; the message names the file and line."""
 

@@ -30,11 +30,16 @@ def count_params(shape: ModelShape, include_embeddings: bool = True) -> int:
     return body + emb + head
 
 
-def flops_per_token(shape: ModelShape, seq_len: int, recompute: str = "none", hardware: bool = False) -> float:
-    """Training FLOPs per token (PaLM App. B). With hardware=True, count recomputation too (HFU)."""
+def flops_per_token(
+    shape: ModelShape, seq_len: int, recompute: str = "none", hardware: bool = False, lm_head: bool = False
+) -> float:
+    """Training FLOPs per token (PaLM App. B). With hardware=True, count recomputation too (HFU).
+
+    lm_head=True adds the output projection's 6·vocab·hidden (forward + backward, never recomputed), as
+    Narayanan et al. 2021 count it (their V/(16·l·h) term); PaLM's formula leaves it out."""
     n = count_params(shape, include_embeddings=False)
     attn = 12 * shape.layers * shape.heads * shape.head_dim * seq_len
-    model = 6 * n + attn
+    model = 6 * n + attn + (6 * shape.vocab * shape.hidden if lm_head else 0)
     if not hardware or recompute == "none":
         return float(model)
     if recompute == "full":  # one extra forward pass: 1/3 of the 6N + attention term

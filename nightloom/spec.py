@@ -118,6 +118,10 @@ class ClusterSpec(_Section):
     gpu_type: str = Field("cpu", description="Catalog GPU type, or `cpu` (peak measured at run time).")
     master_port: int = Field(29500, gt=1024, lt=65536)
     min_free_disk_gib: float = Field(1.0, ge=0)
+    min_nodes: int | None = Field(None, gt=0, description="Fewest healthy nodes to go on with after preflight "
+                                  "excludes failing ones (re-planned); default: all of `nodes`.")
+    env_requirements: list[str] = Field(default_factory=list, description="Extra pip requirements of the node "
+                                        "environment (keyed by their hash); torch comes from the node image.")
     ssh: SSHSpec = Field(default_factory=SSHSpec)
     slurm: SlurmSpec = Field(default_factory=SlurmSpec)
     kubernetes: KubernetesSpec = Field(default_factory=KubernetesSpec)
@@ -148,6 +152,9 @@ class XTunerSpec(_Section):
     sequence_parallel_size: int = Field(1, gt=0)
     merge_lora: bool = True
     python: str | None = Field(None, description="Interpreter of the XTuner node env; created when unset.")
+    amp: Literal["auto", "fp16", "bf16"] = Field(
+        "auto", description="GPU mixed precision for XTuner (auto = bf16); CPU always trains in fp32."
+    )
 
 
 class TrainSpec(_Section):

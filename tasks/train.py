@@ -12,6 +12,7 @@ from prefect.cache_policies import NO_CACHE
 from nightloom.provision.base import Cluster, Provider
 from nightloom.train.job import TrainJob, TrainResult
 from nightloom.util import atomic_write_text
+from tasks.teardown import record_processes
 
 
 class TrainingFailed(RuntimeError):
@@ -36,6 +37,8 @@ def train_task(provider: Provider, cluster: Cluster, job: TrainJob) -> TrainResu
         os.remove(job.result_path)  # a stale result must never be mistaken for this attempt's
     env = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     launch = provider.launch(cluster, ["-m", "nightloom.train", "--job", str(job_path)], env)
+    if getattr(launch, "pids", None):
+        record_processes(Path(job.run_dir), list(launch.pids))
     tail: list[str] = []
     try:
         for line in launch.lines():

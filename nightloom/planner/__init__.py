@@ -1,25 +1,113 @@
-"""Parallelism planner. PLACEHOLDER (simple rules) until the planner issue lands: keep the signature."""
+"""Parallelism planner: choose a hybrid layout (TP/PP/DP/SP, micro-batch, recompute) that fits and is fast.
+
+`plan(...)` is the pure entry point (model name or HF config, GPU type, cluster, batch); `plan_for_spec` adapts
+a RunSpec (the pipeline's plan stage). Memory: planner/memory.py; step time: planner/steptime.py; search:
+planner/search.py.
+"""
 
 from __future__ import annotations
 
-from nightloom.parallel import ParallelPlan
+import math
+
+from nightloom.catalog import ModelShape, get_gpu, get_model, resolve_model, shape_from_hf_config
+from nightloom.parallel import LayoutError, ParallelDims
+from nightloom.planner.request import (
+    RECOMPUTE_MODES,
+    FixedLayout,
+    PlanError,
+    PlanReport,
+    PlanRequest,
+    parse_layout,
+)
+from nightloom.planner.search import search
+from nightloom.planner.steptime import DEFAULT_EFFICIENCY, calibrated_efficiency
+
+__all__ = [
+    "DEFAULT_EFFICIENCY",
+    "RECOMPUTE_MODES",
+    "FixedLayout",
+    "PlanError",
+    "PlanReport",
+    "PlanRequest",
+    "calibrated_efficiency",
+    "parse_layout",
+    "plan",
+    "plan_for_spec",
+    "search",
+]
 
 
-def plan_for_spec(spec, world_size: int | None = None, calibration: float | None = None):
-    """Return a PlanReport-like object with `.chosen`: explicit degrees from the spec, else pure FSDP."""
-    from types import SimpleNamespace
+def plan(
+    model: str | ModelShape,
+    gpu: str,
+    nodes: int,
+    gpus_per_node: int,
+    seq_len: int,
+    global_batch: int,
+    layout: str | FixedLayout | None = None,
+    recompute: str | tuple[str, ...] | None = None,
+    precision: str = "bf16",
+    allow_zero: bool = True,
+    calibration: float | None = None,
+    world_size: int | None = None,
+) -> PlanReport:
+    """Plan from plain values (the CLI path). `model`: catalog name, HF config.json path, or a ModelShape;
+    `gpu`: catalog GPU type or "cpu"; `layout`: pins such as "tp=8,pp=4,dp=32" (evaluated, not searched);
+    `recompute`: one mode (restricts the search) or a tuple of allowed modes."""
+    shape = model if isinstance(model, ModelShape) else resolve_model(model)
+    gspec = None if gpu == "cpu" else get_gpu(gpu)
+    if precision not in ("bf16", "fp32"):
+        raise ValueError(f"precision must be bf16 or fp32, got {precision!r}")
+    fixed = parse_layout(layout) if isinstance(layout, str) else layout
+    modes = RECOMPUTE_MODES if recompute is None else ((recompute,) if isinstance(recompute, str) else recompute)
+    if fixed is not None and fixed.recompute is None and recompute is not None and len(modes) == 1:
+        fixed = FixedLayout(**{**vars(fixed), "recompute": modes[0]})
+    req = PlanRequest(shape=shape, gpu=gspec, nodes=nodes, gpus_per_node=gpus_per_node, seq_len=seq_len,
+                      global_batch=global_batch, precision=precision, recompute=tuple(modes), allow_zero=allow_zero,
+                      fixed=fixed, calibration=calibration, world_size=world_size)
+    return search(req)
 
+
+def plan_for_spec(spec, world_size: int | None = None, calibration: float | None = None, *,
+                  require_fit: bool = True) -> PlanReport:
+    """Plan for a RunSpec. `world_size` overrides the spec's (re-plan after node loss; the global batch stays,
+    grad_accum makes up for fewer DP ranks). An explicit `parallel:` section is evaluated, not searched
+    (dp_shard=-1 = the rest of the world size); with `parallel: auto` and require_fit, nothing fitting raises
+    PlanError (the CLI passes require_fit=False to print the report instead).
+    `calibration` = measured/predicted MFU of past ledger runs (bounded adjustment of the efficiency factor)."""
     from nightloom.spec import ParallelSpec
 
+    shape = shape_from_hf_config(spec.model.config) if spec.model.config else get_model(spec.model.name)
+    cl, tr = spec.cluster, spec.train
+    gpu = cl.gpu_type
+    precision = tr.precision if tr.precision != "auto" else ("fp32" if gpu == "cpu" else "bf16")
     ws = world_size or spec.world_size
+    nodes = max(1, math.ceil(ws / cl.gpus_per_node))
+    fixed = None
     if isinstance(spec.parallel, ParallelSpec):
         p = spec.parallel
-        rest = ws // (p.tp * p.pp * p.dp_replicate * p.cp)
-        plan = ParallelPlan(tp=p.tp, pp=p.pp, dp_replicate=p.dp_replicate, dp_shard=p.dp_shard if p.dp_shard > 0 else rest,
-                            cp=p.cp, sp=p.sp, micro_batch=p.micro_batch, virtual_stages=p.virtual_stages,
-                            schedule=p.schedule, recompute=p.recompute)
-    else:
-        plan = ParallelPlan(dp_shard=ws, micro_batch=max(1, spec.train.global_batch // ws))
-    dp = plan.dp_replicate * plan.dp_shard
-    plan.grad_accum = max(1, spec.train.global_batch // (plan.micro_batch * dp))
-    return SimpleNamespace(chosen=plan, alternatives=[], rejected=[], considered=1, pruned=0)
+        fixed_deg = p.tp * p.pp * p.dp_replicate * p.cp
+        if p.dp_shard > 0:
+            dp_shard = p.dp_shard
+        elif ws % fixed_deg == 0:
+            dp_shard = ws // fixed_deg
+        else:
+            raise LayoutError(f"parallel: world size {ws} is not divisible by tp({p.tp})·pp({p.pp})·"
+                              f"dp_replicate({p.dp_replicate})·cp({p.cp}) = {fixed_deg}")
+        dims = ParallelDims(ws, p.dp_replicate, dp_shard, p.tp, p.pp, p.cp, p.sp)
+        dims.check_model(shape.layers, shape.heads, shape.kv_heads, p.virtual_stages)
+        if tr.global_batch % (p.micro_batch * dims.dp):
+            raise LayoutError(f"parallel: global batch {tr.global_batch} is not divisible by micro_batch "
+                              f"({p.micro_batch}) · dp ({dims.dp})")
+        fixed = FixedLayout(tp=p.tp, pp=p.pp, dp_replicate=p.dp_replicate, dp_shard=dp_shard, sp=p.sp,
+                            micro_batch=p.micro_batch, virtual_stages=p.virtual_stages, recompute=p.recompute,
+                            zero="fsdp" if dp_shard > 1 else "none")
+    report = plan(shape, gpu, nodes, cl.gpus_per_node, tr.seq_len, tr.global_batch, layout=fixed,
+                  precision=precision, calibration=calibration, world_size=ws)
+    if fixed is not None:
+        report.chosen.schedule = spec.parallel.schedule if spec.parallel.pp > 1 else report.chosen.schedule
+        return report
+    if require_fit and not report.feasible:
+        raise PlanError(f"no layout of {shape.name} fits {ws} × {gpu}: the smallest needs "
+                        f"{report.min_memory_gib:.1f} GiB per GPU, {report.usable_memory_gib:.1f} GiB usable")
+    return report

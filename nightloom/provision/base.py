@@ -74,6 +74,7 @@ class PreflightReport(BaseModel):
     nodes: list[NodeReport]
     bus_bandwidth_gbps: float | None = None
     allreduce_ok: bool | None = None
+    allreduce_detail: str = ""
 
     @property
     def failed(self) -> list[NodeReport]:

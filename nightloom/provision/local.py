@@ -126,7 +126,7 @@ class LocalProvider:
                               workdir=os.getcwd(), ready_s=time.monotonic() - n0))
         cluster = Cluster(provider="local", name=c.name, nodes=nodes, master_addr="127.0.0.1", master_port=port,
                           env={"OMP_NUM_THREADS": "1"})
-        report = self.preflight(cluster)
+        report = self.last_report = self.preflight(cluster)
         if report.failed:
             raise ProvisionError("; ".join(f"node {n.node}: {n.reason}" for n in report.failed))
         cluster.time_to_ready_s = time.monotonic() - t0

@@ -14,7 +14,6 @@ reads only the one or two shards its slice touches.
 from __future__ import annotations
 
 import io
-import os
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -156,6 +155,8 @@ class StepLoader:
 
 
 def set_s3_endpoint(url: str | None) -> None:
-    """boto3 (>= 1.28) reads AWS_ENDPOINT_URL; the storage module builds its client from the environment."""
-    if url:
-        os.environ.setdefault("AWS_ENDPOINT_URL", url)
+    """Point nightloom.sharding.storage (used for s3:// manifests and shards) at the job's S3 endpoint."""
+    if url and str(url).strip():
+        from nightloom.sharding.storage import configure_s3
+
+        configure_s3(url)

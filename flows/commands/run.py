@@ -1,0 +1,66 @@
+"""`nightloom run SPEC`: run the whole pipeline as a Prefect flow and print its summary."""
+
+from __future__ import annotations
+
+import sys
+
+from nightloom.spec import SpecError, load_spec
+
+
+def register(sub) -> None:
+    p = sub.add_parser("run", help="run the whole pipeline for a spec (a Prefect flow run)")
+    p.add_argument("spec", help="path to the run spec YAML")
+    p.add_argument("--resume", metavar="RUN_ID", help="continue a split or interrupted run in its folder")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(func=run)
+
+
+def print_summary(summary) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console()
+    t = Table(title=f"nightloom run {summary.run_id}: {summary.status}", show_header=False)
+    t.add_column("", style="bold")
+    t.add_column("")
+
+    def fmt(x, spec="{:.4g}"):
+        return "-" if x is None else spec.format(x)
+
+    t.add_row("shards", f"{summary.shards} (imbalance {fmt(summary.shard_imbalance, '{:.2%}')}, "
+                        f"{'balanced' if summary.shards_balanced else 'NOT balanced'})")
+    t.add_row("plan", f"{summary.layout or '-'} on {summary.world_size} ranks")
+    t.add_row("loss", f"{fmt(summary.first_loss)} → {fmt(summary.last_loss)} over {summary.steps} steps")
+    t.add_row("tokens/s", fmt(summary.tokens_per_s, "{:,.0f}"))
+    t.add_row("MFU", f"{fmt(summary.mfu, '{:.2%}')} (planned {fmt(summary.mfu_predicted, '{:.2%}')}; "
+                     f"peak {summary.peak_source or '-'})")
+    if summary.cost is not None:
+        t.add_row("cost", f"{summary.cost:.2f} {summary.currency}")
+    for v in summary.verdicts:
+        t.add_row(f"gate {v.get('name')}", ("pass" if v.get("passed") else "FAIL") + f": {v.get('reason', '')}")
+    t.add_row("stages", ", ".join(f"{s.stage} {s.seconds:.1f}s" for s in summary.stages))
+    t.add_row("ledger row", str(summary.ledger_id))
+    t.add_row("run dir", summary.run_dir)
+    if summary.reason:
+        t.add_row("reason", summary.reason)
+    con.print(t)
+
+
+def run(args) -> int:
+    try:
+        load_spec(args.spec)  # fail fast with every field error, before Prefect starts
+    except SpecError as e:
+        print(str(e), file=sys.stderr)
+        return 1
+    from flows.pipeline import training_pipeline
+
+    try:
+        summary = training_pipeline(args.spec, resume_run_id=args.resume)
+    except Exception as e:  # the flow failed: its reason is the message
+        print(f"run failed: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(summary.model_dump_json(indent=2))
+    else:
+        print_summary(summary)
+    return 0 if summary.status in ("completed", "deferred", "split") else 1

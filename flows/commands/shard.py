@@ -1,0 +1,107 @@
+"""`nightloom shard SPEC` or `nightloom shard --input … --output … --shards N`: hash-shard a corpus.
+
+Pure command (no Prefect): calls nightloom.sharding.shard_dataset. Exit 0 balanced, 1 not balanced or
+failed, 2 usage. `--json` prints the summary (per-shard figures, imbalance, balanced, dedup_dropped).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from pydantic import ValidationError
+
+from nightloom.sharding import ShardingError, shard_dataset, summarize
+from nightloom.spec import DatasetSpec, ShardingSpec, SpecError, StorageSpec, load_spec
+
+# flag → (section, field)
+_OVERRIDES = {
+    "input": ("dataset", "path"), "text_field": ("dataset", "text_field"), "format": ("dataset", "format"),
+    "output": ("sharding", "output"), "shards": ("sharding", "num_shards"), "key": ("sharding", "key_field"),
+    "balance_by": ("sharding", "balance_by"), "tolerance": ("sharding", "tolerance"), "salt": ("sharding", "salt"),
+    "on_error": ("sharding", "on_error"), "max_bad_fraction": ("sharding", "max_bad_fraction"),
+    "s3_endpoint_url": ("storage", "s3_endpoint_url"),
+}
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "shard", help="hash-shard a dataset into balanced Parquet shards + manifest.json",
+        description="Shard the dataset of SPEC, or the one given by --input/--output/--shards. "
+        "Flags given with SPEC override the spec. Exit 0 balanced, 1 not balanced or failed, 2 usage.",
+    )
+    p.add_argument("spec", nargs="?", help="run spec YAML (uses its dataset, sharding and storage sections)")
+    p.add_argument("--input", help="JSONL(.gz/.zst), Parquet, text folder, save_to_disk folder, or s3:// prefix")
+    p.add_argument("--output", help="output folder or s3:// prefix")
+    p.add_argument("--shards", type=int, help="number of shards")
+    p.add_argument("--key", help="field used as hash and dedup key (default: the text)")
+    p.add_argument("--text-field", help="field holding the text (default: text)")
+    p.add_argument("--format", choices=["auto", "jsonl", "parquet", "text", "hf"])
+    p.add_argument("--balance-by", choices=["rows", "tokens", "bytes"])
+    p.add_argument("--tolerance", type=float, help="max |x_i - mean| / mean (default 0.02)")
+    p.add_argument("--salt", help="hash salt (default: nightloom)")
+    p.add_argument("--no-dedup", action="store_true", help="keep exact duplicates")
+    p.add_argument("--on-error", choices=["fail", "skip"], help="bad records: fail (default) or skip and count")
+    p.add_argument("--max-bad-fraction", type=float, help="with --on-error skip: fail above this fraction")
+    p.add_argument("--s3-endpoint-url", help="S3-compatible endpoint (credentials from AWS_* env variables)")
+    p.add_argument("--workers", type=int, default=1, help="threads for scanning and writing (output is identical)")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(func=run)
+
+
+def _usage(msg: str) -> int:
+    print(f"nightloom shard: error: {msg}", file=sys.stderr)
+    return 2
+
+
+def _sections(args) -> tuple[DatasetSpec, ShardingSpec, StorageSpec]:
+    """Spec sections from SPEC (if given) with the flags layered on top; raises SpecError / ValidationError."""
+    if args.spec:
+        spec = load_spec(args.spec)
+        data = {k: getattr(spec, k).model_dump() for k in ("dataset", "sharding", "storage")}
+    else:
+        missing = [f"--{f}" for f in ("input", "output", "shards") if getattr(args, f) is None]
+        if missing:
+            raise SpecError([f"without SPEC, {', '.join(missing)} {'is' if len(missing) == 1 else 'are'} required"])
+        data = {"dataset": {}, "sharding": {}, "storage": {}}
+    for flag, (section, field) in _OVERRIDES.items():
+        value = getattr(args, flag, None)
+        if value is not None:
+            data[section][field] = value
+    if args.no_dedup:
+        data["sharding"]["dedup"] = False
+    return DatasetSpec(**data["dataset"]), ShardingSpec(**data["sharding"]), StorageSpec(**data["storage"])
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        dataset, sharding, storage = _sections(args)
+    except SpecError as err:
+        return _usage("; ".join(err.errors))
+    except ValidationError as err:
+        return _usage("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors()))
+    if args.workers < 1:
+        return _usage("--workers must be >= 1")
+    try:
+        manifest = shard_dataset(dataset, sharding, storage, workers=args.workers)
+    except (ShardingError, OSError) as err:
+        if args.json:
+            print(json.dumps({"output": sharding.output, "balanced": False, "error": str(err)}, indent=2))
+        print(f"nightloom shard: failed: {err}", file=sys.stderr)
+        return 1
+    summary = summarize(manifest, sharding.output)
+    if args.json:
+        print(summary.model_dump_json(indent=2))
+    else:
+        print(f"{summary.num_shards} shards at {summary.output}")
+        print(f"{'shard':>6} {'rows':>10} {'tokens':>14} {'bytes':>14}")
+        for s in summary.shards:
+            print(f"{s.index:>6} {s.rows:>10,} {s.tokens:>14,} {s.bytes:>14,}")
+        print(
+            f"imbalance {summary.imbalance:.4f} on {summary.balance_by} (tolerance {summary.tolerance:g}; "
+            f"plain hashing {summary.imbalance_before_rebalance:.4f}{', rebalanced' if summary.rebalanced else ''}); "
+            f"{summary.dedup_dropped} duplicates dropped, {summary.empty_skipped} empty, {summary.bad_records} bad"
+        )
+        print("balanced" if summary.balanced else "NOT balanced")
+    return 0 if summary.balanced else 1

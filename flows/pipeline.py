@@ -1,0 +1,144 @@
+"""The whole run as one Prefect flow: shard → gate → provision → plan → train → validate → record.
+
+Teardown of the cluster is guaranteed: `finally` for failures inside the flow, and state hooks (which
+read the run's teardown record from disk) for crashes and cancellations from the UI.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+
+from prefect import flow, get_run_logger
+from prefect.runtime import flow_run as current_run
+
+from flows.shard import shard_dataset_flow
+from nightloom.catalog import ModelShape, get_gpu, get_model
+from nightloom.report import RunSummary, StageTime
+from nightloom.spec import RunSpec, coerce_spec
+from nightloom.train.job import ModelConfig, TrainJob
+from tasks.gate import gate_task
+from tasks.plan import plan_task
+from tasks.provision import acquire_cluster, make_provider, release_cluster
+from tasks.record import record_task, start_record_task
+from tasks.teardown import kill_recorded_processes, record_cluster, teardown_hook
+from tasks.train import train_task
+from tasks.validate import validate_task
+
+
+class Stopwatch:
+    """Wall time per stage, for the summary and the closing report."""
+
+    def __init__(self) -> None:
+        self.stages: list[StageTime] = []
+
+    @contextmanager
+    def stage(self, name: str):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.stages.append(StageTime(stage=name, seconds=round(time.perf_counter() - t0, 2)))
+
+
+def model_shape(spec: RunSpec) -> ModelShape:
+    if spec.model.config:
+        from nightloom.catalog import shape_from_hf_config
+
+        return shape_from_hf_config(spec.model.config)
+    return get_model(spec.model.name)
+
+
+def make_run_id(spec: RunSpec) -> str:
+    fr = current_run.get_id()
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    return f"{spec.name}-{stamp}-{(fr or 'local')[:8]}"
+
+
+@contextmanager
+def cluster_lock(name: str):
+    """One run per cluster: a strict Prefect global concurrency limit named after the cluster."""
+    from prefect import get_client
+    from prefect.concurrency.sync import concurrency
+
+    limit = f"cluster-{name}"
+    with get_client(sync_client=True) as client:
+        client.upsert_global_concurrency_limit_by_name(limit, 1)
+    with concurrency(limit, occupy=1, strict=True):
+        yield
+
+
+@flow(name="training-pipeline", log_prints=True, on_cancellation=[teardown_hook], on_crashed=[teardown_hook])
+def training_pipeline(
+    spec: RunSpec | str,
+    resume_run_id: str | None = None,
+    now: datetime | None = None,
+) -> RunSummary:
+    """Run one spec end to end. `spec` is a RunSpec (the UI form) or a path to a spec YAML.
+
+    `resume_run_id` continues a split or interrupted run in its folder (checkpoints, metrics, ledger row).
+    `now` overrides the clock for the window gate (tests).
+    """
+    log = get_run_logger()
+    spec = coerce_spec(spec)
+    watch = Stopwatch()
+    run_id = resume_run_id or make_run_id(spec)
+    run_dir = Path(spec.storage.root) / run_id
+    run_dir.mkdir(parents=True, exist_ok=True)
+    summary = RunSummary(run_id=run_id, name=spec.name, status="failed", run_dir=str(run_dir))
+    shape = model_shape(spec)
+
+    with watch.stage("shard"):
+        manifest = shard_dataset_flow(spec)
+    summary.shards, summary.shard_imbalance = manifest.num_shards, manifest.imbalance
+    summary.shards_balanced = manifest.balanced
+
+    with watch.stage("gate"):
+        pre_plan = plan_task(spec, spec.world_size, publish=False)
+        decision = gate_task(spec, pre_plan, shape, run_id=run_id, now=now)
+    if not decision.run_now:
+        summary.status, summary.reason = decision.status, decision.reason
+        summary.next_run_at = decision.next_run_at
+        summary.stages = watch.stages
+        log.info("not running now: %s", decision.reason)
+        return summary
+
+    ledger_id = start_record_task(spec, run_id, resume=resume_run_id is not None)
+    summary.ledger_id = ledger_id
+    provider = make_provider(spec)
+    cluster = None
+    result = None
+    try:
+        with cluster_lock(spec.cluster.name):
+            with watch.stage("provision"):
+                cluster = acquire_cluster(provider)
+                record_cluster(run_dir, cluster)
+            with watch.stage("plan"):
+                plan = plan_task(spec, cluster.world_size)
+            summary.layout, summary.world_size = plan.layout(), cluster.world_size
+            summary.mfu_predicted = plan.mfu
+            peak, peak_source = (None, None)
+            if spec.cluster.gpu_type != "cpu":
+                gpu = get_gpu(spec.cluster.gpu_type)
+                precision = "fp32" if spec.train.precision == "fp32" else "bf16"
+                peak, peak_source = gpu.peak(precision), f"datasheet: {gpu.source}"
+            job = TrainJob(
+                run_id=run_id, run_dir=str(run_dir), model=ModelConfig.from_shape(shape), plan=plan,
+                train=spec.train, manifest=spec.sharding.output, s3_endpoint_url=spec.storage.s3_endpoint_url,
+                peak_flops=peak, peak_source=peak_source, deadline_unix=decision.deadline_unix,
+                stop_after_steps=decision.stop_after_steps,
+            )
+            with watch.stage("train"):
+                result = train_task(provider, cluster, job)
+    finally:
+        with watch.stage("teardown"):
+            release_cluster(provider, cluster)
+            kill_recorded_processes(run_dir)
+
+    with watch.stage("validate"):
+        outcome = validate_task(spec, run_dir, plan, result)
+    with watch.stage("record"):
+        summary = record_task(spec, summary, plan, cluster, result, outcome, decision, watch.stages)
+    return summary

@@ -1,0 +1,452 @@
+"""The run ledger: one row per run (layout, predicted vs measured MFU, times, cost, verdicts), any SQLAlchemy URL.
+
+SQLite (the default) is made safe for several writers at once: WAL journal, a busy timeout, every transaction
+opened with BEGIN IMMEDIATE (so a read-modify-write such as `record_interruption` is atomic), and retries on
+"database is locked". Other databases use SELECT ... FOR UPDATE for the same read-modify-write.
+The planner reads `calibration()` back to correct its efficiency factors with measured runs.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import random
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Iterable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy import (
+    JSON,
+    DateTime,
+    Float,
+    Integer,
+    String,
+    create_engine,
+    event,
+    select,
+)
+from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+from sqlalchemy.types import TypeDecorator
+
+from nightloom.parallel import ParallelPlan
+from nightloom.validate import Verdict
+
+SCHEMA_VERSION = 1
+RunStatus = Literal["running", "succeeded", "failed", "cancelled", "stopped", "deferred", "refused"]
+RUN_STATUSES: tuple[str, ...] = RunStatus.__args__  # type: ignore[attr-defined]
+
+T = TypeVar("T")
+
+
+class LedgerError(RuntimeError):
+    """A ledger that cannot be used (newer schema, unknown run id, bad field); the message says which."""
+
+
+# ---------------------------------------------------------------------------------------------- records
+
+
+class Interruption(BaseModel):
+    """One interruption of a run (node loss, preemption, window end) and how long recovery took."""
+
+    model_config = ConfigDict(extra="forbid")
+    at: datetime
+    kind: str
+    detail: str = ""
+    recovery_s: float | None = None
+
+
+class RunRecord(BaseModel):
+    """One ledger row, typed."""
+
+    model_config = ConfigDict(extra="forbid")
+    run_id: str
+    spec_hash: str
+    name: str
+    model: str
+    cluster: str
+    provider: str
+    gpu_type: str
+    world_size: int
+    layout: str | None = None
+    plan: ParallelPlan | None = None
+    predicted_mfu: float | None = None
+    measured_mfu: float | None = None
+    hfu: float | None = None
+    tokens_per_s: float | None = None
+    final_loss: float | None = None
+    time_to_ready_s: float | None = None
+    duration_s: float | None = None
+    cost: float | None = None
+    currency: str = "USD"
+    precision: str | None = None
+    peak_source: str | None = None
+    verdicts: list[Verdict] = Field(default_factory=list)
+    status: RunStatus = "running"
+    reason: str | None = None
+    started_at: datetime
+    finished_at: datetime | None = None
+    interruptions: list[Interruption] = Field(default_factory=list)
+    interruption_count: int = 0
+    recovery_s: float = 0.0
+    metrics_path: str | None = None
+
+    @property
+    def verified(self) -> bool:
+        """Succeeded and every gate passed (at least one gate ran)."""
+        return self.status == "succeeded" and bool(self.verdicts) and all(v.passed for v in self.verdicts)
+
+
+class Calibration(BaseModel):
+    """measured/predicted MFU of past verified runs: the factor the planner multiplies its prediction by."""
+
+    model_config = ConfigDict(extra="forbid")
+    gpu_type: str
+    model_family: str
+    factor: float
+    raw_median: float
+    runs: int
+    clipped: bool
+
+
+def model_family(model: str) -> str:
+    """'llama2-70b' → 'llama2', 'tiny-tied' → 'tiny': the calibration key."""
+    return model.split("-", 1)[0]
+
+
+# ---------------------------------------------------------------------------------------------- schema
+
+
+class _UTC(TypeDecorator):
+    """Aware datetimes in, aware UTC out (SQLite has no time zones)."""
+
+    impl = DateTime
+    cache_ok = True
+
+    def process_bind_param(self, value, dialect):
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise LedgerError(f"naive datetime {value.isoformat()}: give a timezone-aware time")
+        return value.astimezone(UTC).replace(tzinfo=None)
+
+    def process_result_value(self, value, dialect):
+        return None if value is None else value.replace(tzinfo=UTC)
+
+
+class _Base(DeclarativeBase):
+    pass
+
+
+class _SchemaVersion(_Base):
+    __tablename__ = "nightloom_schema"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    version: Mapped[int] = mapped_column(Integer)
+
+
+class _Run(_Base):
+    __tablename__ = "nightloom_runs"
+    run_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    spec_hash: Mapped[str] = mapped_column(String(64), index=True)
+    name: Mapped[str] = mapped_column(String(128))
+    model: Mapped[str] = mapped_column(String(128), index=True)
+    cluster: Mapped[str] = mapped_column(String(128), index=True)
+    provider: Mapped[str] = mapped_column(String(32))
+    gpu_type: Mapped[str] = mapped_column(String(64), index=True)
+    world_size: Mapped[int] = mapped_column(Integer)
+    layout: Mapped[str | None] = mapped_column(String(128))
+    plan: Mapped[Any | None] = mapped_column(JSON)
+    predicted_mfu: Mapped[float | None] = mapped_column(Float)
+    measured_mfu: Mapped[float | None] = mapped_column(Float)
+    hfu: Mapped[float | None] = mapped_column(Float)
+    tokens_per_s: Mapped[float | None] = mapped_column(Float)
+    final_loss: Mapped[float | None] = mapped_column(Float)
+    time_to_ready_s: Mapped[float | None] = mapped_column(Float)
+    duration_s: Mapped[float | None] = mapped_column(Float)
+    cost: Mapped[float | None] = mapped_column(Float)
+    currency: Mapped[str] = mapped_column(String(8))
+    precision: Mapped[str | None] = mapped_column(String(16))
+    peak_source: Mapped[str | None] = mapped_column(String(512))
+    verdicts: Mapped[Any] = mapped_column(JSON)
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    reason: Mapped[str | None] = mapped_column(String(2048))
+    started_at: Mapped[datetime] = mapped_column(_UTC)
+    finished_at: Mapped[datetime | None] = mapped_column(_UTC)
+    interruptions: Mapped[Any] = mapped_column(JSON)
+    interruption_count: Mapped[int] = mapped_column(Integer)
+    recovery_s: Mapped[float] = mapped_column(Float)
+    metrics_path: Mapped[str | None] = mapped_column(String(1024))
+
+
+_COLUMNS = tuple(c.name for c in _Run.__table__.columns)
+_MUTABLE = frozenset(_COLUMNS) - {"run_id", "interruptions", "interruption_count", "recovery_s"}
+assert set(_COLUMNS) == set(RunRecord.model_fields), "ledger table and RunRecord drifted apart"
+
+
+def _to_row(rec: RunRecord) -> dict[str, Any]:
+    d = rec.model_dump(mode="python")
+    d["plan"] = rec.plan.model_dump(mode="json") if rec.plan else None
+    d["verdicts"] = [v.model_dump(mode="json") for v in rec.verdicts]
+    d["interruptions"] = [i.model_dump(mode="json") for i in rec.interruptions]
+    return d
+
+
+def _from_row(row: _Run) -> RunRecord:
+    return RunRecord.model_validate({c: getattr(row, c) for c in _COLUMNS})
+
+
+# ---------------------------------------------------------------------------------------------- the ledger
+
+
+class Ledger:
+    """Open (and create or check the schema of) the ledger at `url`. Safe to use from several processes."""
+
+    def __init__(self, url: str, *, busy_timeout_s: float = 30.0, retries: int = 20):
+        self.url = url
+        self.retries = retries
+        u = make_url(url)
+        self._sqlite = u.get_backend_name() == "sqlite"
+        if self._sqlite and u.database and u.database != ":memory:":
+            Path(u.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        self.engine: Engine = create_engine(url, connect_args={"timeout": busy_timeout_s} if self._sqlite else {})
+        if self._sqlite:
+            _sqlite_pragmas(self.engine, busy_timeout_s)
+        self._retry(self._init_schema)
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def __enter__(self) -> Ledger:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- plumbing
+
+    def _retry(self, fn: Callable[[], T]) -> T:
+        """Run one transaction, retrying on SQLite lock/busy errors with jittered backoff."""
+        for attempt in range(self.retries + 1):
+            try:
+                return fn()
+            except OperationalError as e:
+                msg = str(e.orig).lower()
+                if attempt == self.retries or not ("locked" in msg or "busy" in msg):
+                    raise
+                time.sleep(min(1.0, 0.01 * 2**attempt) * (0.5 + random.random()))
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _init_schema(self) -> None:
+        with Session(self.engine) as s, s.begin():
+            _Base.metadata.create_all(s.connection())
+            row = s.get(_SchemaVersion, 1)
+            if row is None:
+                s.add(_SchemaVersion(id=1, version=SCHEMA_VERSION))
+            elif row.version > SCHEMA_VERSION:
+                raise LedgerError(f"ledger {self._where()} has schema version {row.version}; this nightloom "
+                                  f"understands up to {SCHEMA_VERSION}: upgrade nightloom")
+            elif row.version < SCHEMA_VERSION:  # pragma: no cover - no migrations yet
+                raise LedgerError(f"ledger {self._where()} has schema version {row.version}; no migration "
+                                  f"to {SCHEMA_VERSION} exists")
+
+    def _where(self) -> str:
+        return make_url(self.url).render_as_string(hide_password=True)
+
+    def schema_version(self) -> int:
+        with Session(self.engine) as s:
+            return s.get(_SchemaVersion, 1).version
+
+    def _modify(self, run_id: str, change: Callable[[_Run], None]) -> RunRecord:
+        def tx() -> RunRecord:
+            with Session(self.engine, expire_on_commit=False) as s, s.begin():
+                row = s.execute(select(_Run).where(_Run.run_id == run_id).with_for_update()).scalar_one_or_none()
+                if row is None:
+                    raise LedgerError(f"no run {run_id!r} in the ledger {self._where()}")
+                change(row)
+                s.flush()
+                rec = _from_row(row)
+            return rec
+
+        return self._retry(tx)
+
+    # -- writes
+
+    def start_run(self, *, run_id: str, spec_hash: str, name: str, model: str, cluster: str, provider: str,
+                  gpu_type: str, world_size: int, plan: ParallelPlan | None = None,
+                  predicted_mfu: float | None = None, started_at: datetime | None = None,
+                  status: RunStatus = "running", currency: str = "USD", metrics_path: str | None = None,
+                  time_to_ready_s: float | None = None) -> RunRecord:
+        """Insert the run's row (status `running` unless given). A duplicate run id is an error."""
+        if predicted_mfu is None and plan is not None:
+            predicted_mfu = plan.mfu
+        rec = RunRecord(
+            run_id=run_id, spec_hash=spec_hash, name=name, model=model, cluster=cluster, provider=provider,
+            gpu_type=gpu_type, world_size=world_size, plan=plan, layout=plan.layout() if plan else None,
+            predicted_mfu=predicted_mfu, started_at=started_at or datetime.now(UTC), status=status,
+            currency=currency, metrics_path=metrics_path, time_to_ready_s=time_to_ready_s,
+        )
+
+        def tx() -> None:
+            with Session(self.engine) as s, s.begin():
+                s.add(_Run(**_to_row(rec)))
+
+        try:
+            self._retry(tx)
+        except IntegrityError:
+            raise LedgerError(f"run {run_id!r} is already in the ledger {self._where()}") from None
+        return self.get(run_id)
+
+    def update_run(self, run_id: str, **fields: Any) -> RunRecord:
+        """Set some fields of a run; names and types are checked against RunRecord."""
+        bad = set(fields) - _MUTABLE
+        if bad:
+            raise LedgerError(f"update_run({run_id!r}): cannot set {sorted(bad)}; settable: {sorted(_MUTABLE)}")
+        if "plan" in fields and fields["plan"] is not None and "layout" not in fields:
+            fields["layout"] = ParallelPlan.model_validate(fields["plan"]).layout()
+
+        def change(row: _Run) -> None:
+            merged = _from_row(row).model_dump() | fields
+            rec = RunRecord.model_validate(merged)  # type check before writing
+            new = _to_row(rec)
+            for k in fields:
+                setattr(row, k, new[k])
+
+        return self._modify(run_id, change)
+
+    def finish_run(self, run_id: str, *, status: RunStatus, measured_mfu: float | None = None,
+                   hfu: float | None = None, tokens_per_s: float | None = None, final_loss: float | None = None,
+                   duration_s: float | None = None, cost: float | None = None,
+                   verdicts: Iterable[Verdict] | None = None, precision: str | None = None,
+                   peak_source: str | None = None, reason: str | None = None,
+                   finished_at: datetime | None = None) -> RunRecord:
+        """Record how the run ended. Only the figures given are written (None leaves a field as it was)."""
+        given = dict(measured_mfu=measured_mfu, hfu=hfu, tokens_per_s=tokens_per_s, final_loss=final_loss,
+                     duration_s=duration_s, cost=cost, precision=precision, peak_source=peak_source,
+                     reason=reason, verdicts=list(verdicts) if verdicts is not None else None)
+        fields = {k: v for k, v in given.items() if v is not None}
+        return self.update_run(run_id, status=status, finished_at=finished_at or datetime.now(UTC), **fields)
+
+    def record_interruption(self, run_id: str, *, kind: str, detail: str = "", recovery_s: float | None = None,
+                            at: datetime | None = None) -> RunRecord:
+        """Append an interruption and add its recovery time (atomic under concurrent writers)."""
+        item = Interruption(at=at or datetime.now(UTC), kind=kind, detail=detail, recovery_s=recovery_s)
+
+        def change(row: _Run) -> None:
+            row.interruptions = [*(row.interruptions or []), item.model_dump(mode="json")]
+            row.interruption_count = (row.interruption_count or 0) + 1
+            row.recovery_s = (row.recovery_s or 0.0) + (recovery_s or 0.0)
+
+        return self._modify(run_id, change)
+
+    # -- reads
+
+    def get(self, run_id: str) -> RunRecord:
+        def tx() -> RunRecord:
+            with Session(self.engine) as s:
+                row = s.get(_Run, run_id)
+                if row is None:
+                    raise LedgerError(f"no run {run_id!r} in the ledger {self._where()}")
+                return _from_row(row)
+
+        return self._retry(tx)
+
+    def list_runs(self, *, model: str | None = None, cluster: str | None = None, status: str | None = None,
+                  spec_hash: str | None = None, limit: int | None = None) -> list[RunRecord]:
+        """Runs, newest first, optionally filtered."""
+        q = select(_Run).order_by(_Run.started_at.desc(), _Run.run_id)
+        for col, val in ((_Run.model, model), (_Run.cluster, cluster), (_Run.status, status),
+                         (_Run.spec_hash, spec_hash)):
+            if val is not None:
+                q = q.where(col == val)
+        if limit is not None:
+            q = q.limit(limit)
+
+        def tx() -> list[RunRecord]:
+            with Session(self.engine) as s:
+                return [_from_row(r) for r in s.execute(q).scalars()]
+
+        return self._retry(tx)
+
+    def best(self, model: str, cluster: str) -> RunRecord | None:
+        """The fastest verified run (highest tokens/s; ties: higher MFU, then newest) for a model on a cluster."""
+        runs = [r for r in self.list_runs(model=model, cluster=cluster, status="succeeded")
+                if r.verified and r.tokens_per_s is not None]
+        if not runs:
+            return None
+        return max(runs, key=lambda r: (r.tokens_per_s, r.measured_mfu or 0.0, r.started_at))
+
+    def golden_run(self, spec_hash: str) -> RunRecord | None:
+        """The run whose loss curve is the golden curve for a spec: its fastest verified run with metrics."""
+        runs = [r for r in self.list_runs(spec_hash=spec_hash, status="succeeded")
+                if r.verified and r.metrics_path]
+        return max(runs, key=lambda r: (r.tokens_per_s or 0.0, r.started_at)) if runs else None
+
+    def calibration(self, gpu_type: str, model_family_: str, *, lo: float = 0.25, hi: float = 1.5,
+                    min_runs: int = 1) -> Calibration | None:
+        """Median measured/predicted MFU over verified runs on `gpu_type` of `model_family_`, clipped to
+        [lo, hi] so one odd run cannot swing the planner. None with fewer than `min_runs` usable runs."""
+        ratios = [r.measured_mfu / r.predicted_mfu for r in self.list_runs(status="succeeded")
+                  if r.verified and r.gpu_type == gpu_type and model_family(r.model) == model_family_
+                  and r.measured_mfu and r.predicted_mfu and r.predicted_mfu > 0]
+        if len(ratios) < min_runs or not ratios:
+            return None
+        raw = statistics.median(ratios)
+        factor = min(hi, max(lo, raw))
+        return Calibration(gpu_type=gpu_type, model_family=model_family_, factor=factor, raw_median=raw,
+                           runs=len(ratios), clipped=factor != raw)
+
+    # -- export
+
+    def export_csv(self, path: str | Path | None = None, **filters: Any) -> str:
+        """All (or filtered) runs as CSV, JSON columns as JSON text. Written atomically when `path` is given;
+        the CSV text is returned either way."""
+        buf = io.StringIO()
+        w = csv.DictWriter(buf, fieldnames=list(_COLUMNS), lineterminator="\n")
+        w.writeheader()
+        for rec in self.list_runs(**filters):
+            row = _to_row(rec)
+            for k in ("plan", "verdicts", "interruptions"):
+                row[k] = json.dumps(row[k], sort_keys=True) if row[k] is not None else ""
+            for k in ("started_at", "finished_at"):
+                row[k] = row[k].isoformat() if row[k] is not None else ""
+            w.writerow(row)
+        text = buf.getvalue()
+        if path is not None:
+            atomic_write_text(Path(path), text)
+        return text
+
+
+def _sqlite_pragmas(engine: Engine, busy_timeout_s: float) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn, _record):  # noqa: ANN001
+        dbapi_conn.isolation_level = None  # let SQLAlchemy's "begin" event issue BEGIN itself
+        cur = dbapi_conn.cursor()
+        cur.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
+        cur.execute("PRAGMA journal_mode = WAL")
+        cur.execute("PRAGMA synchronous = NORMAL")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn):  # noqa: ANN001
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write via a temp file in the same folder, then os.replace: readers see the old or the new file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,155 @@
+"""Planner inputs and outputs: what to plan for (PlanRequest), a partly fixed layout, and the PlanReport."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from nightloom.catalog import GPUSpec, ModelShape
+from nightloom.parallel import ParallelPlan, Rejection
+
+RECOMPUTE_MODES = ("none", "selective", "full")
+
+
+class PlanError(ValueError):
+    """No layout can run (divisibility), or none fits when the caller needs one that does."""
+
+
+@dataclass(frozen=True)
+class FixedLayout:
+    """Degrees and knobs the user pinned (`--layout`, or an explicit ParallelSpec); None = let the planner choose."""
+
+    tp: int | None = None
+    pp: int | None = None
+    dp: int | None = None  # total data parallel; split into replicate × shard by the planner unless pinned
+    dp_replicate: int | None = None
+    dp_shard: int | None = None
+    sp: bool | None = None
+    micro_batch: int | None = None
+    virtual_stages: int | None = None
+    recompute: Literal["none", "selective", "full"] | None = None
+    zero: Literal["none", "fsdp"] | None = None
+
+
+_LAYOUT_KEYS = {
+    "tp": "tp", "pp": "pp", "dp": "dp", "dp_replicate": "dp_replicate", "dpr": "dp_replicate",
+    "dp_shard": "dp_shard", "fsdp": "dp_shard", "sp": "sp", "mb": "micro_batch", "micro_batch": "micro_batch",
+    "v": "virtual_stages", "virtual_stages": "virtual_stages", "recompute": "recompute", "zero": "zero",
+}
+
+
+def parse_layout(text: str) -> FixedLayout:
+    """Parse `tp=8,pp=4,dp=32[,sp=1,mb=2,v=2,recompute=full,zero=fsdp]` into a FixedLayout (clear errors)."""
+    vals: dict[str, object] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, sep, raw = part.partition("=")
+        key = key.strip().lower()
+        raw = raw.strip()
+        if not sep or key not in _LAYOUT_KEYS:
+            raise ValueError(f"--layout: cannot read {part!r}; expected KEY=VALUE with KEY in {sorted(_LAYOUT_KEYS)}")
+        name = _LAYOUT_KEYS[key]
+        if name == "recompute":
+            if raw not in RECOMPUTE_MODES:
+                raise ValueError(f"--layout: recompute={raw!r}; expected one of {', '.join(RECOMPUTE_MODES)}")
+            vals[name] = raw
+        elif name == "zero":
+            if raw not in ("none", "fsdp"):
+                raise ValueError(f"--layout: zero={raw!r}; expected none or fsdp")
+            vals[name] = raw
+        elif name == "sp":
+            if raw.lower() not in ("0", "1", "true", "false", "yes", "no"):
+                raise ValueError(f"--layout: sp={raw!r}; expected 0/1 or true/false")
+            vals[name] = raw.lower() in ("1", "true", "yes")
+        else:
+            try:
+                n = int(raw)
+            except ValueError:
+                raise ValueError(f"--layout: {key}={raw!r} is not an integer") from None
+            if n < 1:
+                raise ValueError(f"--layout: {key}={n} must be >= 1")
+            vals[name] = n
+    if not vals:
+        raise ValueError(f"--layout: empty layout {text!r}; e.g. tp=8,pp=4,dp=32")
+    return FixedLayout(**vals)
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """Everything the planner needs: model shape, cluster, training setup and what the user allows or pins.
+
+    `gpu=None` means CPU ranks (no datasheet peak): a runnable layout is chosen, nothing is predicted."""
+
+    shape: ModelShape
+    gpu: GPUSpec | None
+    nodes: int
+    gpus_per_node: int
+    seq_len: int
+    global_batch: int
+    precision: Literal["bf16", "fp32"] = "bf16"
+    recompute: tuple[str, ...] = RECOMPUTE_MODES  # modes the search may use
+    allow_zero: bool = True  # ZeRO-3/FSDP (and HSDP) over the data-parallel ranks
+    tp_across_nodes: bool = False
+    fixed: FixedLayout | None = None
+    calibration: float | None = None  # measured/predicted MFU of past runs on this GPU type
+    efficiency: float | None = None  # override the compute efficiency factor (default: calibrated constant)
+    alternatives: int = 5
+    world_size: int | None = None  # defaults to nodes × gpus_per_node (a re-plan after node loss passes fewer)
+
+    def __post_init__(self) -> None:
+        for name in ("nodes", "gpus_per_node", "seq_len", "global_batch"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        bad = [r for r in self.recompute if r not in RECOMPUTE_MODES]
+        if bad or not self.recompute:
+            raise ValueError(f"recompute modes {list(self.recompute)}: expected a non-empty subset of {RECOMPUTE_MODES}")
+        if self.calibration is not None and not self.calibration > 0:
+            raise ValueError(f"calibration (measured/predicted MFU) must be > 0, got {self.calibration}")
+        if self.world_size is not None and self.world_size < 1:
+            raise ValueError(f"world_size must be >= 1, got {self.world_size}")
+
+    @property
+    def world(self) -> int:
+        return self.world_size or self.nodes * self.gpus_per_node
+
+
+class PlanReport(BaseModel):
+    """The chosen layout with its predictions, the runners-up, and why every other family lost."""
+
+    model_config = ConfigDict(extra="forbid")
+    chosen: ParallelPlan
+    alternatives: list[ParallelPlan] = Field(default_factory=list)
+    rejected: list[Rejection] = Field(default_factory=list)
+    considered: int = 0
+    pruned: int = 0
+    evaluated: bool = False  # True: a pinned layout was evaluated, not searched
+    predicted: bool = True  # False on CPU: no peak, no memory model for host RAM
+    model: str = ""
+    gpu: str = "cpu"
+    world_size: int = 1
+    efficiency: float | None = None
+    min_memory_gib: float | None = None  # the least memory per GPU any divisible layout needs
+    usable_memory_gib: float | None = None
+
+    @property
+    def feasible(self) -> bool:
+        return self.chosen.fits is not False
+
+    def table_rows(self) -> list[dict[str, object]]:
+        """Chosen + alternatives as flat rows (the Prefect table artifact, the CLI table)."""
+        rows = []
+        for tag, p in [("chosen", self.chosen)] + [("alt", a) for a in self.alternatives]:
+            rows.append({
+                "": tag, "layout": p.layout(), "mb": p.micro_batch, "accum": p.grad_accum, "v": p.virtual_stages,
+                "recompute": p.recompute, "mem_gib": _r(p.memory_gib_per_gpu, 1), "fits": p.fits,
+                "step_s": _r(p.step_time_s, 3), "tokens_per_s": _r(p.tokens_per_s, 0),
+                "mfu": _r(p.mfu, 3), "hfu": _r(p.hfu, 3),
+            })
+        return rows
+
+
+def _r(x: float | None, nd: int) -> float | None:
+    return None if x is None else round(x, nd)
+

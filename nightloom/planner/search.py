@@ -1,0 +1,304 @@
+"""Layout search: enumerate tp × pp × (dp_replicate × dp_shard) × sp × micro-batch × v × recompute, prune, rank.
+
+Pruned by divisibility (heads and kv heads by tp, layers by pp·v, global batch by micro-batch·dp, tp within a
+node unless allowed), then by memory (nightloom.planner.memory); the survivors are ranked by predicted
+tokens/s (nightloom.planner.steptime). Every family (tp, pp, dp split) that loses gets one reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from nightloom.parallel import ParallelPlan, Rejection
+from nightloom.perf import count_params, flops_per_token, mfu
+from nightloom.planner.memory import Candidate, memory_breakdown, usable_gib
+from nightloom.planner.request import FixedLayout, PlanError, PlanReport, PlanRequest
+from nightloom.planner.steptime import DEFAULT_EFFICIENCY, StepEstimate, calibrated_efficiency, step_time
+
+MAX_VIRTUAL_STAGES = 8
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _family(tp: int, pp: int, dpr: int, dps: int, zero: str) -> str:
+    return ParallelPlan(tp=tp, pp=pp, dp_replicate=dpr, dp_shard=dps, zero=zero).layout()
+
+
+@dataclass
+class _Scored:
+    c: Candidate
+    mem: object  # MemoryBreakdown
+    step: StepEstimate | None
+    tokens_per_s: float | None
+
+
+def _families(req: PlanRequest, fixed: FixedLayout, rejected: dict[str, str]) -> list[tuple[int, int, int, int, str]]:
+    """(tp, pp, dp_replicate, dp_shard) degrees that satisfy the structural divisibility rules.
+
+    A tp (or tp·pp) that fails is rejected once for all its data-parallel splits (`TP16·*`)."""
+    shape, world, gpn = req.shape, req.world, req.gpus_per_node
+    out = []
+    for tp in _divisors(world):
+        if fixed.tp is not None and tp != fixed.tp:
+            continue
+        if shape.heads % tp or shape.kv_heads % tp:
+            rejected[f"TP{tp}·*"] = f"tp={tp} does not divide heads ({shape.heads}) and kv_heads ({shape.kv_heads})"
+            continue
+        if shape.ffn_hidden % tp:
+            rejected[f"TP{tp}·*"] = f"tp={tp} does not divide ffn_hidden ({shape.ffn_hidden})"
+            continue
+        if tp > gpn and not req.tp_across_nodes:
+            rejected[f"TP{tp}·*"] = (f"tp={tp} would span nodes ({gpn} GPUs per node); tensor parallel stays on "
+                                     "the intra-node links")
+            continue
+        for pp in _divisors(world // tp):
+            if fixed.pp is not None and pp != fixed.pp:
+                continue
+            dp = world // (tp * pp)
+            if fixed.dp is not None and dp != fixed.dp:
+                continue
+            if shape.layers % pp:
+                rejected[f"TP{tp}·PP{pp}·*"] = f"pp={pp} does not divide layers ({shape.layers})"
+                continue
+            if req.global_batch % dp:
+                rejected[f"TP{tp}·PP{pp}·*"] = f"global batch {req.global_batch} is not divisible by dp={dp}"
+                continue
+            # plain DP: dp_shard=dp ranks hold replicas (zero=none); FSDP over d ranks, HSDP with dp/d replicas
+            splits = [(1, dp, "none")] + [(dp // d, d, "fsdp") for d in _divisors(dp) if d > 1]
+            if dp > 1 and fixed.dp_replicate == dp:  # replicas pinned on the dp_replicate dim instead
+                splits.append((dp, 1, "none"))
+            for dpr, dps, zero in splits:
+                if fixed.zero is not None and zero != fixed.zero and dp > 1:
+                    continue
+                if fixed.dp_shard is not None and dps != fixed.dp_shard:
+                    continue
+                if fixed.dp_replicate is not None and dpr != fixed.dp_replicate:
+                    continue
+                if zero == "fsdp" and not req.allow_zero:
+                    continue
+                out.append((tp, pp, dpr, dps, zero))
+    return out
+
+
+def _knobs(req: PlanRequest, fixed: FixedLayout, tp: int, pp: int, dp: int):
+    """(sp, micro_batch, virtual_stages, recompute, grad_accum) choices of one family."""
+    per_rank = req.global_batch // dp
+    sps = [fixed.sp] if fixed.sp is not None else ([False, True] if tp > 1 else [False])
+    rcs = [fixed.recompute] if fixed.recompute is not None else list(req.recompute)
+    mbs = [fixed.micro_batch] if fixed.micro_batch is not None else _divisors(per_rank)
+    lps = req.shape.layers // pp
+    if fixed.virtual_stages is not None:
+        vs = [fixed.virtual_stages]
+    else:
+        vs = [1] if pp == 1 else [v for v in _divisors(lps) if v <= MAX_VIRTUAL_STAGES]
+    for sp in sps:
+        if sp and tp == 1:
+            continue
+        for mb in mbs:
+            if per_rank % mb:
+                continue
+            m = per_rank // mb
+            for v in vs:
+                if v > 1 and (pp == 1 or lps % v or m % pp):  # interleaving needs m % pp == 0 (Megatron)
+                    continue
+                for rc in rcs:
+                    yield sp, mb, v, rc, m
+
+
+def _plan_from(req: PlanRequest, s: _Scored, eff: float | None) -> ParallelPlan:
+    c = s.c
+    p = ParallelPlan(tp=c.tp, pp=c.pp, dp_replicate=c.dp_replicate, dp_shard=c.dp_shard, sp=c.sp,
+                     micro_batch=c.micro_batch, grad_accum=c.grad_accum, virtual_stages=c.virtual_stages,
+                     schedule=c.schedule, recompute=c.recompute, zero=c.zero)
+    if req.gpu is None or s.step is None:
+        return p
+    world, seq = req.world, req.seq_len
+    peak = req.gpu.peak(req.precision)
+    f_model = flops_per_token(req.shape, seq)
+    f_hw = flops_per_token(req.shape, seq, c.recompute, hardware=True)
+    tps = s.tokens_per_s
+    p.memory = s.mem
+    p.memory_gib_per_gpu = s.mem.total_gib
+    p.fits = s.mem.total_gib <= usable_gib(req.gpu.memory_gib)
+    p.step_time_s = s.step.step_s
+    p.tokens_per_s = tps
+    p.mfu = mfu(tps, f_model, world, peak)
+    p.hfu = mfu(tps, f_hw, world, peak)
+    p.tflops_per_gpu_model = tps * f_model / world / 1e12
+    p.tflops_per_gpu_hardware = tps * f_hw / world / 1e12
+    return p
+
+
+def _explain(req: PlanRequest, s: _Scored, eff: float, runner_up: _Scored | None) -> list[str]:
+    c, m, st, gpu = s.c, s.mem, s.step, req.gpu
+    n = count_params(req.shape)
+    lines = [
+        (f"{req.shape.name} ({n / 1e9:.2f}B params) on {req.world} × {gpu.name} "
+        f"({req.nodes} nodes × {req.gpus_per_node}); global batch {req.global_batch} × seq {req.seq_len}, "
+        f"{req.precision}, AdamW"),
+        (f"memory/GPU (busiest stage): weights {m.weights_gib:.1f} + grads {m.grads_gib:.1f} + optimizer "
+        f"{m.optimizer_gib:.1f} + activations {m.activations_gib:.1f} + overhead {m.overhead_gib:.1f} = "
+        f"{m.total_gib:.1f} GiB of {usable_gib(gpu.memory_gib):.1f} usable ({gpu.memory_gib:g} GiB − "
+        f"headroom); optimizer states {'sharded over dp_shard=' + str(c.dp_shard) if c.shard > 1 else 'replicated'}"),
+        (f"step {st.step_s:.3f} s: matmul {st.matmul_s:.3f} s at efficiency {eff:.2f} of "
+        f"{gpu.peak(req.precision) / 1e12:.0f} TFLOP/s, memory-bound {st.hbm_s:.3f}, TP comm {st.tp_comm_s:.3f}, "
+        f"PP p2p {st.pp_comm_s:.3f}, bubble {st.bubble_s:.3f} ((p−1)/(v·m) = "
+        f"{(c.pp - 1) / (c.virtual_stages * c.grad_accum):.3f}), DP exposed {st.dp_exposed_s:.3f}, "
+        f"optimizer {st.optimizer_s:.3f}"),
+    ]
+    if req.calibration is not None:
+        lines.append(f"efficiency calibrated from the ledger: {DEFAULT_EFFICIENCY:.2f} × measured/predicted "
+                     f"{req.calibration:.2f} (bounded) = {eff:.2f}")
+    if runner_up is not None and runner_up.tokens_per_s:
+        gain = s.tokens_per_s / runner_up.tokens_per_s - 1
+        rc = runner_up.c
+        lines.append(f"next best {_family(rc.tp, rc.pp, rc.dp_replicate, rc.dp_shard, rc.zero)} (mb={rc.micro_batch}, "
+                     f"v={rc.virtual_stages}, recompute={rc.recompute}) is {100 * gain:.1f}% slower")
+    return lines
+
+
+def search(req: PlanRequest) -> PlanReport:
+    """Search (or, with a fully pinned degree set, evaluate) layouts for `req`; see the module docstring."""
+    fixed = req.fixed or FixedLayout()
+    evaluated = req.fixed is not None
+    fam_rejected: dict[str, str] = {}
+    families = _families(req, fixed, fam_rejected)
+    eff = calibrated_efficiency(req.calibration, req.efficiency or DEFAULT_EFFICIENCY)
+    usable = usable_gib(req.gpu.memory_gib) if req.gpu else None
+    considered = pruned = 0
+    pruned += len(fam_rejected)
+    considered += len(fam_rejected)
+    best_by_family: dict[str, _Scored] = {}
+    smallest_by_family: dict[str, _Scored] = {}
+    fitting: list[_Scored] = []
+    overall_min: _Scored | None = None
+    for tp, pp, dpr, dps, zero in families:
+        fam = _family(tp, pp, dpr, dps, zero)
+        for sp, mb, v, rc, m in _knobs(req, fixed, tp, pp, dpr * dps):
+            considered += 1
+            c = Candidate(tp, pp, dpr, dps, sp, mb, v, rc, m, zero)
+            if req.gpu is None:
+                fitting.append(_Scored(c, None, None, None))
+                continue
+            mem = memory_breakdown(req.shape, c, req.seq_len, req.precision)
+            sc = _Scored(c, mem, None, None)
+            if smallest_by_family.get(fam) is None or mem.total_gib < smallest_by_family[fam].mem.total_gib:
+                smallest_by_family[fam] = sc
+            if overall_min is None or mem.total_gib < overall_min.mem.total_gib:
+                overall_min = sc
+            if mem.total_gib > usable:
+                pruned += 1
+                continue
+            sc.step = step_time(req.shape, c, req.seq_len, req.gpu, req.gpus_per_node, eff, req.precision)
+            sc.tokens_per_s = req.global_batch * req.seq_len / sc.step.step_s
+            fitting.append(sc)
+            b = best_by_family.get(fam)
+            if b is None or _better(sc, b):
+                best_by_family[fam] = sc
+    if considered == 0 or (not fitting and overall_min is None):
+        reasons = "; ".join(f"{k}: {v}" for k, v in list(fam_rejected.items())[:8]) or "no layout matches the pins"
+        raise PlanError(f"no valid layout for {req.shape.name} on world size {req.world}: {reasons}")
+    if req.gpu is None:
+        return _cpu_report(req, fitting, fam_rejected, considered, evaluated)
+    rejected = [Rejection(layout=k, reason=v) for k, v in fam_rejected.items()]
+    if not fitting:
+        # nothing fits: report the layout that needs the least memory, marked fits=False
+        s = overall_min
+        s.step = step_time(req.shape, s.c, req.seq_len, req.gpu, req.gpus_per_node, eff, req.precision)
+        s.tokens_per_s = req.global_batch * req.seq_len / s.step.step_s
+        for fam, sm in smallest_by_family.items():
+            rejected.append(Rejection(layout=fam, reason=_nofit(sm, usable)))
+        chosen = _plan_from(req, s, eff)
+        chosen.explanation = [(f"no layout fits: the smallest needs {s.mem.total_gib:.1f} GiB per GPU "
+                              f"({_knob_str(s.c)}), {s.mem.total_gib - usable:.1f} GiB over the "
+                              f"{usable:.1f} GiB usable")] + _explain(req, s, eff, None)
+        chosen.rejected = rejected
+        return PlanReport(chosen=chosen, rejected=rejected, considered=considered, pruned=pruned,
+                          evaluated=evaluated, model=req.shape.name, gpu=req.gpu.name, world_size=req.world,
+                          efficiency=eff, min_memory_gib=overall_min.mem.total_gib, usable_memory_gib=usable)
+    ranked = sorted(best_by_family.values(), key=_key)
+    best = ranked[0]
+    for fam, sm in smallest_by_family.items():
+        if fam in best_by_family:
+            if best_by_family[fam] is not best:
+                slower = best.tokens_per_s / best_by_family[fam].tokens_per_s - 1
+                rejected.append(Rejection(layout=fam, reason=f"slower by {100 * slower:.1f}% "
+                                          f"(best: {_knob_str(best_by_family[fam].c)})"))
+        else:
+            rejected.append(Rejection(layout=fam, reason=_nofit(sm, usable)))
+    rejected.sort(key=lambda r: (not r.reason.startswith("slower"), _pct(r.reason)))
+    chosen = _plan_from(req, best, eff)
+    chosen.explanation = _explain(req, best, eff, ranked[1] if len(ranked) > 1 else None)
+    if evaluated:
+        chosen.explanation.insert(0, "evaluated the pinned layout " + _pins(fixed) + "; free knobs searched")
+    chosen.rejected = rejected[:20]
+    alts = [_plan_from(req, s, eff) for s in ranked[1 : 1 + req.alternatives]]
+    return PlanReport(chosen=chosen, alternatives=alts, rejected=rejected, considered=considered, pruned=pruned,
+                      evaluated=evaluated, model=req.shape.name, gpu=req.gpu.name, world_size=req.world,
+                      efficiency=eff, min_memory_gib=overall_min.mem.total_gib, usable_memory_gib=usable)
+
+
+def _key(s: _Scored):
+    """Fastest first; near-ties (equal to 4 significant digits) go to the smaller memory footprint."""
+    return (-float(f"{s.tokens_per_s:.4g}"), s.mem.total_gib)
+
+
+def _better(a: _Scored, b: _Scored) -> bool:
+    return _key(a) < _key(b)
+
+
+def _pct(reason: str) -> float:
+    try:
+        return float(reason.split("by ")[1].split("%")[0])
+    except (IndexError, ValueError):
+        return 0.0
+
+
+def _knob_str(c: Candidate) -> str:
+    return f"mb={c.micro_batch}, accum={c.grad_accum}, v={c.virtual_stages}, sp={int(c.sp)}, recompute={c.recompute}"
+
+
+def _nofit(s: _Scored, usable: float) -> str:
+    return (f"does not fit by {s.mem.total_gib - usable:.1f} GiB (needs {s.mem.total_gib:.1f} GiB at best, "
+            f"{_knob_str(s.c)}; {usable:.1f} GiB usable)")
+
+
+def _pins(f: FixedLayout) -> str:
+    return ",".join(f"{k}={v}" for k, v in vars(f).items() if v is not None)
+
+
+def _cpu_report(req: PlanRequest, cands: list[_Scored], fam_rejected: dict[str, str], considered: int,
+                evaluated: bool) -> PlanReport:
+    """CPU ranks: no datasheet peak, so nothing is predicted; pick the simplest runnable layout.
+
+    Tiny models on CPU gain nothing from sharding (gloo all-gathers cost more than the memory they save), so
+    pure replicated data parallel comes first, then the fewest model-parallel degrees, then fewest micro-steps."""
+    def key(s: _Scored):
+        c = s.c
+        return (c.tp * c.pp, c.pp, c.tp, c.zero == "fsdp", c.sp, c.recompute != "none", c.virtual_stages,
+                c.grad_accum)
+
+    ranked = sorted(cands, key=key)
+    best = ranked[0]
+    chosen = _plan_from(req, best, None)
+    c = best.c
+    chosen.explanation = [
+        (f"{req.shape.name} on {req.world} CPU ranks ({req.nodes} nodes × {req.gpus_per_node}): no datasheet peak, "
+        "so memory, step time and MFU are not predicted (the trainer measures a CPU matmul peak at run time)"),
+        (f"chose {chosen.layout()} mb={c.micro_batch} accum={c.grad_accum}: pure data parallel is preferred for tiny "
+        "models on CPU (no sharding traffic); tp stays within a node and divides heads/kv heads"),
+    ]
+    if evaluated:
+        chosen.explanation.insert(0, "evaluated the pinned layout; predictions not made on CPU")
+    rejected = [Rejection(layout=k, reason=v) for k, v in fam_rejected.items()]
+    chosen.rejected = rejected[:20]
+    seen, alts = {chosen.layout()}, []
+    for s in ranked[1:]:
+        p = _plan_from(req, s, None)
+        if p.layout() not in seen and len(alts) < req.alternatives:
+            seen.add(p.layout())
+            alts.append(p)
+    return PlanReport(chosen=chosen, alternatives=alts, rejected=rejected, considered=considered, pruned=len(fam_rejected),
+                      evaluated=evaluated, predicted=False, model=req.shape.name, gpu="cpu", world_size=req.world)

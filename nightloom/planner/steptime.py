@@ -1,0 +1,153 @@
+"""Step time of a layout: compute at one efficiency factor, memory-bound kernels, collectives, the bubble.
+
+Per micro-batch and pipeline stage (per GPU):
+  matmul    = FLOPs / (efficiency · peak); FLOPs from nightloom.perf (hardware=True: recompute counted),
+              the output head's 6·V·h on the last stage.
+  hbm       = bytes of the element-wise kernels / HBM bandwidth: norms and residual/dropout adds (11·h elements
+              per token, replicated across TP unless SP shards them), the MLP activation (2 or 3 × ffn / t) and the
+              materialised softmax + dropout over a·s scores per token (4 passes, / t); forward once, backward
+              twice, recomputed forward once more (selective: the softmax part only); 2 bytes per element.
+  tp        = Megatron TP collectives, 2 per layer forward and 2 backward (+2 for a full recompute), each moving
+              s·b·h·2 bytes at nccl-tests bus bandwidth (all-reduce algbw·2(n−1)/n; SP's all-gather +
+              reduce-scatter pair moves the same), not overlapped.
+  p2p       = pipeline send/recv of the stage boundary activation forward and its gradient backward (× v),
+              split over the t TP ranks' links (SP, or Megatron's scatter/gather, Narayanan et al. 2021 §4.1).
+The pipeline runs (m + (p − 1)/v) such micro-batch slots (bubble (p−1)/(v·m), Narayanan et al. 2021).
+Data parallel: gradient all-reduce (replicated) or reduce-scatter + all-gather (FSDP; HSDP adds an all-reduce
+over replicas) overlapped with backward compute; only the excess is exposed. The optimizer step is HBM-bound.
+A group's bus bandwidth is the intra-node link when it stays in a node, else min(intra, k · NIC) with k of its
+members per node each using their own NIC (rail-optimised clusters, as the catalog assumes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from nightloom.catalog import GPUSpec, ModelShape
+from nightloom.parallel import MESH_ORDER
+from nightloom.perf import flops_per_token
+from nightloom.planner.memory import Candidate, stage_params
+
+#: The one compute efficiency factor: achieved/peak dense matmul FLOP/s in a tuned training stack. Fitted once
+#: (mean error zero) on the first four rows of shared/reference/published_runs.csv (PTD-P 1.7B–18.4B); the
+#: larger rows were not used to set it. Everything else in the model is counted physics; no per-model or
+#: per-row constants. Ledger calibration moves it within CALIBRATION_BOUNDS.
+DEFAULT_EFFICIENCY = 0.58
+CALIBRATION_BOUNDS = (0.5, 1.5)
+MAX_EFFICIENCY = 0.95
+#: bytes moved per parameter by AdamW's update: read fp32 master, m, v, grad; write master, m, v, bf16 weight
+OPTIMIZER_BYTES_PER_PARAM = 34
+
+
+@dataclass(frozen=True, slots=True)
+class StepEstimate:
+    """Predicted seconds per optimizer step and its parts (per GPU, busiest stage)."""
+
+    step_s: float
+    matmul_s: float
+    hbm_s: float
+    tp_comm_s: float
+    pp_comm_s: float
+    bubble_s: float
+    dp_exposed_s: float
+    optimizer_s: float
+
+
+def calibrated_efficiency(calibration: float | None, base: float = DEFAULT_EFFICIENCY) -> float:
+    """The efficiency factor scaled by the ledger's measured/predicted MFU ratio, bounded."""
+    if calibration is None:
+        return base
+    lo, hi = CALIBRATION_BOUNDS
+    return min(MAX_EFFICIENCY, base * min(hi, max(lo, calibration)))
+
+
+def group_bandwidth(dim: str, c: Candidate, gpus_per_node: int, gpu: GPUSpec) -> tuple[float, float]:
+    """(bus bandwidth bytes/s, latency s) of the process group along mesh dim `dim` (MESH_ORDER placement)."""
+    sizes = {"pp": c.pp, "dp_replicate": c.dp_replicate, "dp_shard": c.dp_shard, "cp": 1, "tp": c.tp}
+    stride = 1
+    for name in reversed(MESH_ORDER):
+        if name == dim:
+            break
+        stride *= sizes[name]
+    n = sizes[dim]
+    span = stride * n
+    if span <= gpus_per_node and gpus_per_node % span == 0:
+        return gpu.intra_node_bw, gpu.intra_node_latency_s
+    per_node = min(n, gpus_per_node // stride) if stride < gpus_per_node else 1
+    return min(gpu.intra_node_bw, per_node * gpu.inter_node_bw), gpu.inter_node_latency_s
+
+
+def _ring(n: int, nbytes: float, bw: float, lat: float, factor: float) -> float:
+    """Ring collective time: factor·(n−1)/n·bytes/busbw + latency per hop (factor 2 all-reduce, 1 AG/RS)."""
+    if n <= 1:
+        return 0.0
+    return factor * (n - 1) / n * nbytes / bw + factor * (n - 1) * lat
+
+
+def step_time(shape: ModelShape, c: Candidate, seq: int, gpu: GPUSpec, gpus_per_node: int,
+              efficiency: float, precision: str = "bf16") -> StepEstimate:
+    """Seconds per optimizer step of candidate `c` (see the module docstring for every term)."""
+    peak = gpu.peak(precision) * efficiency
+    ebytes = 2 if precision == "bf16" else 4
+    L, h, t = shape.layers, shape.hidden, c.tp
+    lps = L // c.pp
+    tokens = seq * c.micro_batch
+    # compute: per-layer HFU FLOPs per token (recompute included) and the head's on the last stage
+    layer_flops = flops_per_token(shape, seq, c.recompute, hardware=True) / L
+    head_flops = flops_per_token(shape, seq, lm_head=True) - flops_per_token(shape, seq)
+    body_mm = tokens * layer_flops * lps / t / peak
+    head_mm = tokens * head_flops / t / peak
+    # memory-bound element-wise kernels
+    passes = 4 if c.recompute == "full" else 3
+    rep = 11 * h / (t if c.sp else 1)
+    mlp = (3 if shape.gated_mlp else 2) * shape.ffn_hidden / t
+    soft = 4 * shape.heads * seq / t
+    elems = passes * (rep + mlp) + (passes + (1 if c.recompute == "selective" else 0)) * soft
+    hbm_bw = gpu.hbm_bw or 2e12
+    body_hbm = tokens * lps * elems * ebytes / hbm_bw
+    head_hbm = tokens * shape.vocab / t * 4 * 3 / hbm_bw  # fp32 logits: write, softmax read/write, grad
+    # tensor-parallel collectives
+    tp_bw, tp_lat = group_bandwidth("tp", c, gpus_per_node, gpu)
+    n_coll = 4 + (2 if c.recompute == "full" else 0)
+    tp_s = lps * n_coll * _ring(t, tokens * h * ebytes, tp_bw, tp_lat, 2.0)
+    # pipeline point-to-point
+    pp_s = 0.0
+    if c.pp > 1:
+        pp_bw, pp_lat = group_bandwidth("pp", c, gpus_per_node, gpu)
+        if pp_bw != gpu.intra_node_bw:  # a send between nodes goes through this GPU's own NIC
+            pp_bw = gpu.inter_node_bw
+        msg = tokens * h * ebytes / t  # SP shards it; without SP, Megatron's scatter/gather does (PTD-P §4.1)
+        pp_s = 2 * c.virtual_stages * (msg / pp_bw + pp_lat)
+    t_first = body_mm + body_hbm + tp_s + pp_s
+    t_last = t_first + head_mm + head_hbm
+    if c.pp == 1:
+        t_first = t_last
+    m = c.grad_accum
+    slot_max = max(t_first, t_last)
+    slot_avg = (t_first * (c.pp - 1) + t_last) / c.pp
+    bubble = (c.pp - 1) / c.virtual_stages * slot_avg
+    pipe = m * slot_max + bubble
+    # data parallel gradient sync, overlapped with backward compute
+    p_stage = max(stage_params(shape, c.tp, c.pp))
+    gbytes = p_stage * ebytes
+    bwd_frac = 0.75 if c.recompute == "full" else 2 / 3
+    dp_exposed = 0.0
+    if c.zero == "fsdp" and c.dp_shard > 1:
+        sh_bw, sh_lat = group_bandwidth("dp_shard", c, gpus_per_node, gpu)
+        ag = _ring(c.dp_shard, gbytes, sh_bw, sh_lat, 1.0)
+        gathers_per_mb = 2 if c.pp == 1 else 0  # pp > 1: stage stays gathered (one gather per step)
+        per_mb = ag * gathers_per_mb + ag  # + reduce-scatter of this micro-batch's grads
+        dp_exposed = m * max(0.0, per_mb - slot_max) + (ag if c.pp > 1 else ag / max(lps, 1))
+        if c.dp_replicate > 1:
+            r_bw, r_lat = group_bandwidth("dp_replicate", c, gpus_per_node, gpu)
+            ar = _ring(c.dp_replicate, gbytes / c.dp_shard, r_bw, r_lat, 2.0)
+            dp_exposed += max(0.0, ar - bwd_frac * slot_max)
+    else:  # replicas: one gradient all-reduce per step over every data-parallel rank
+        dim = "dp_shard" if c.dp_replicate == 1 else "dp_replicate"
+        r_bw, r_lat = group_bandwidth(dim, c, gpus_per_node, gpu)
+        ar = _ring(c.dp, gbytes, r_bw, r_lat, 2.0)
+        dp_exposed = max(0.0, ar - bwd_frac * slot_max)
+    opt = p_stage / c.shard * OPTIMIZER_BYTES_PER_PARAM / hbm_bw
+    step = pipe + dp_exposed + opt
+    return StepEstimate(step, m * (body_mm + head_mm / c.pp), m * (body_hbm + head_hbm / c.pp), m * tp_s,
+                        m * pp_s, bubble, dp_exposed, opt)

@@ -1,0 +1,142 @@
+"""PNG plots for the Prefect UI and the run folder: loss, tokens/s and MFU per step, predicted vs measured MFU.
+
+Uses matplotlib's object API with the Agg canvas directly (no pyplot, no global backend switch), so it is
+safe in worker threads and headless nodes. Every PNG is written atomically (temp file, then os.replace).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from nightloom.metrics import StepMetrics
+
+
+@dataclass(frozen=True)
+class MfuPoint:
+    """One run on the predicted-vs-measured MFU plot."""
+
+    label: str
+    predicted: float
+    measured: float
+
+
+def _save(fig: Figure, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    FigureCanvasAgg(fig)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".png")
+    os.close(fd)
+    try:
+        fig.savefig(tmp, format="png", dpi=100, bbox_inches="tight")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def _series(steps: Sequence[StepMetrics], attr: str) -> tuple[list[int], list[float]]:
+    xs, ys = [], []
+    for m in steps:
+        v = getattr(m, attr)
+        if v is not None and math.isfinite(v):
+            xs.append(m.step)
+            ys.append(float(v))
+    return xs, ys
+
+
+def _mark_events(ax, steps: Sequence[StepMetrics], nan: bool = False) -> None:
+    """Dashed lines at resumes (gap steps) and, with `nan`, red crosses at non-finite losses."""
+    label = "resume"
+    for m in steps:
+        if m.gap:
+            ax.axvline(m.step, color="grey", ls="--", lw=0.8, label=label)
+            label = None
+    bad = [m.step for m in steps if nan and not math.isfinite(m.loss)]
+    if bad:
+        ax.scatter(bad, [0] * len(bad), marker="x", color="red", zorder=3, label="NaN/Inf loss",
+                   transform=ax.get_xaxis_transform())
+
+
+def plot_loss(steps: Sequence[StepMetrics], path: str | Path, golden: Sequence[StepMetrics] | None = None,
+              title: str = "loss") -> Path:
+    fig = Figure(figsize=(7, 4))
+    ax = fig.add_subplot()
+    ax.plot(*_series(steps, "loss"), lw=1.2, label="loss")
+    if golden:
+        ax.plot(*_series(golden, "loss"), lw=1, ls=":", color="black", label="golden")
+    _mark_events(ax, steps, nan=True)
+    ax.set(xlabel="step", ylabel="loss", title=title)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper right")
+    return _save(fig, Path(path))
+
+
+def plot_throughput(steps: Sequence[StepMetrics], path: str | Path, title: str = "tokens/s") -> Path:
+    fig = Figure(figsize=(7, 4))
+    ax = fig.add_subplot()
+    ax.plot(*_series(steps, "tokens_per_s"), lw=1.2, color="tab:green")
+    _mark_events(ax, steps)
+    ax.set(xlabel="step", ylabel="tokens/s (global)", title=title)
+    ax.grid(alpha=0.3)
+    return _save(fig, Path(path))
+
+
+def plot_mfu(steps: Sequence[StepMetrics], path: str | Path, predicted: float | None = None,
+             floor: float | None = None, title: str = "MFU") -> Path:
+    fig = Figure(figsize=(7, 4))
+    ax = fig.add_subplot()
+    xs, ys = _series(steps, "mfu")
+    ax.plot(xs, [100 * y for y in ys], lw=1.2, color="tab:orange", label="measured MFU")
+    hx, hy = _series(steps, "hfu")
+    if hy:
+        ax.plot(hx, [100 * y for y in hy], lw=1, ls="--", color="tab:orange", alpha=0.6, label="HFU")
+    if predicted is not None:
+        ax.axhline(100 * predicted, color="tab:blue", ls="--", label=f"predicted {predicted:.1%}")
+    if floor:
+        ax.axhline(100 * floor, color="tab:red", ls=":", label=f"floor {floor:.1%}")
+    _mark_events(ax, steps)
+    ax.set(xlabel="step", ylabel="MFU (%)", title=title)
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    return _save(fig, Path(path))
+
+
+def plot_predicted_vs_measured(points: Sequence[MfuPoint], path: str | Path,
+                               title: str = "predicted vs measured MFU") -> Path:
+    """One dot per run; the diagonal is a perfect prediction."""
+    fig = Figure(figsize=(5, 5))
+    ax = fig.add_subplot()
+    top = max([0.1] + [100 * max(p.predicted, p.measured) for p in points]) * 1.1
+    ax.plot([0, top], [0, top], color="grey", lw=0.8, ls="--", label="measured = predicted")
+    ax.scatter([100 * p.predicted for p in points], [100 * p.measured for p in points], zorder=3)
+    for p in points:
+        ax.annotate(p.label, (100 * p.predicted, 100 * p.measured), fontsize=7, xytext=(3, 3),
+                    textcoords="offset points")
+    ax.set(xlabel="predicted MFU (%)", ylabel="measured MFU (%)", title=title, xlim=(0, top), ylim=(0, top))
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper left")
+    return _save(fig, Path(path))
+
+
+def write_run_plots(steps: Sequence[StepMetrics], out_dir: str | Path, *, predicted_mfu: float | None = None,
+                    mfu_floor: float | None = None, golden: Sequence[StepMetrics] | None = None,
+                    history: Sequence[MfuPoint] = ()) -> dict[str, Path]:
+    """All of a run's plots into `out_dir`: {'loss', 'tokens_per_s', 'mfu', and 'mfu_vs_plan' if history}."""
+    out = Path(out_dir)
+    paths = {
+        "loss": plot_loss(steps, out / "loss.png", golden),
+        "tokens_per_s": plot_throughput(steps, out / "tokens_per_s.png"),
+        "mfu": plot_mfu(steps, out / "mfu.png", predicted_mfu, mfu_floor),
+    }
+    if history:
+        paths["mfu_vs_plan"] = plot_predicted_vs_measured(history, out / "mfu_vs_plan.png")
+    return paths

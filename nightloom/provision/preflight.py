@@ -1,0 +1,181 @@
+"""Preflight, judged on the orchestrator: per-node checks from a node probe, and the cross-node all-reduce.
+
+Bus bandwidth follows nccl-tests (PERFORMANCE.md): for all-reduce busbw = algbw · 2(n−1)/n, n = ranks,
+algbw = bytes / time. It is compared with a per-GPU-type baseline (a fraction of the catalog's inter-node
+bandwidth per GPU; for `cpu`, a fixed floor for gloo over TCP).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+from nightloom.provision.base import Check, Cluster, NodeReport, PreflightError, PreflightReport, ProvisionError
+
+JSON_MARK = "NIGHTLOOM_JSON "
+ALLREDUCE_MARK = "NIGHTLOOM_ALLREDUCE "
+MAX_CLOCK_SKEW_S = 2.0
+#: fraction of the catalog inter-node bandwidth a healthy link must reach in the all-reduce test
+BASELINE_FRACTION = 0.25
+#: gloo on CPU over loopback/TCP: anything below this is a broken link, not a slow one (bytes/s)
+CPU_BASELINE_BUSBW = 5e6
+
+
+def agent_source() -> str:
+    """Source of the node agent, sent as `python -c` (it needs nothing but the stdlib on the node)."""
+    return (Path(__file__).with_name("node_agent.py")).read_text()
+
+
+def parse_agent_output(node: str, text: str) -> dict:
+    """The agent's JSON line; a clear error naming the node when it is missing or reports a failure."""
+    for line in reversed(text.splitlines()):
+        if line.startswith(JSON_MARK):
+            out = json.loads(line[len(JSON_MARK):])
+            if not out.get("ok"):
+                raise ProvisionError(f"node {node}: {out.get('error', 'agent failed')}")
+            return out
+    tail = text.strip().splitlines()[-3:]
+    raise ProvisionError(f"node {node}: node agent printed no result ({' | '.join(tail) or 'no output'})")
+
+
+def env_key(base_python: str, requirements: list[str]) -> str:
+    """The node environment's key: a hash of its base interpreter and its sorted requirements."""
+    for r in requirements:
+        if r.split("=")[0].split("<")[0].split(">")[0].strip().lower() == "torch":
+            raise ProvisionError(f"cluster.env_requirements: {r!r}: torch comes from the node's base image, "
+                                 "it is checked by preflight, never installed")
+    blob = json.dumps({"python": base_python, "requirements": sorted(requirements), "layout": 1})
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Expect:
+    """What every node must match."""
+
+    python: str  # major.minor
+    torch: str
+    gpu_type: str
+    gpus: int
+    min_free_disk_gib: float
+    max_clock_skew_s: float = MAX_CLOCK_SKEW_S
+
+    @classmethod
+    def from_spec(cls, spec, torch_version: str | None = None, python: str | None = None) -> Expect:
+        c = spec.cluster
+        return cls(python=python or "%d.%d" % sys.version_info[:2],
+                   torch=torch_version or metadata.version("torch"), gpu_type=c.gpu_type,
+                   gpus=c.gpus_per_node, min_free_disk_gib=c.min_free_disk_gib)
+
+
+def _gpu_model_token(gpu_type: str) -> str:
+    """'h100-80gb' -> 'H100' (matched against nvidia-smi's name, e.g. 'NVIDIA H100 80GB HBM3')."""
+    return gpu_type.split("-")[0].upper()
+
+
+def clock_skew(node_unix: float, sent_unix: float, received_unix: float) -> float:
+    """Lower bound of the node's clock offset (Cristian): 0 when its reading falls inside [sent, received]."""
+    if node_unix > received_unix:
+        return node_unix - received_unix
+    if node_unix < sent_unix:
+        return node_unix - sent_unix
+    return 0.0
+
+
+def evaluate(node: str, probe: dict, expect: Expect, sent_unix: float, received_unix: float) -> NodeReport:
+    """Per-node checks from one probe result (sent/received: local clock around the probe's round trip)."""
+    checks: list[Check] = []
+    py = ".".join(probe["python"].split(".")[:2])
+    checks.append(Check(name="python", ok=py == expect.python, detail=f"{probe['python']} (expected {expect.python}.x)"))
+    if probe.get("torch") is None:
+        checks.append(Check(name="torch", ok=False, detail=f"not importable: {probe.get('torch_error')}"))
+    else:
+        checks.append(Check(name="torch", ok=probe["torch"] == expect.torch,
+                            detail=f"{probe['torch']} (expected {expect.torch})"))
+    gpus = probe.get("gpus")
+    if expect.gpu_type == "cpu":
+        checks.append(Check(name="gpus", ok=True, detail="cpu node" + (f"; nvidia-smi sees {len(gpus)}" if gpus else "")))
+    elif gpus is None:
+        checks.append(Check(name="gpus", ok=False, detail=probe.get("gpu_error") or "nvidia-smi not found"))
+    else:
+        token = _gpu_model_token(expect.gpu_type)
+        wrong = [g["name"] for g in gpus if token not in g["name"].upper()]
+        drivers = sorted({g["driver"] for g in gpus})
+        ok = len(gpus) >= expect.gpus and not wrong and probe.get("cuda_devices", 0) >= expect.gpus
+        checks.append(Check(name="gpus", ok=ok, detail=(
+            f"{len(gpus)} × {gpus[0]['name'] if gpus else '-'} (driver {', '.join(drivers)}); torch sees "
+            f"{probe.get('cuda_devices')}; expected {expect.gpus} × {token}" + (f"; wrong model: {wrong}" if wrong else ""))))
+    free = probe["free_disk_gib"]
+    checks.append(Check(name="disk", ok=free >= expect.min_free_disk_gib,
+                        detail=f"{free:.1f} GiB free (need {expect.min_free_disk_gib:g})"))
+    skew = clock_skew(probe["time_unix"], sent_unix, received_unix)
+    checks.append(Check(name="clock", ok=abs(skew) <= expect.max_clock_skew_s,
+                        detail=f"skew {skew:+.3f} s beyond the {received_unix - sent_unix:.2f} s round trip "
+                               f"(max ±{expect.max_clock_skew_s:g})"))
+    return NodeReport(node=node, ok=all(c.ok for c in checks), checks=checks)
+
+
+def busbw_allreduce(algbw: float, n: int) -> float:
+    """nccl-tests bus bandwidth of all-reduce: algbw · 2(n−1)/n."""
+    return algbw * 2 * (n - 1) / n if n > 1 else algbw
+
+
+def baseline_busbw(gpu_type: str) -> float:
+    """The bus bandwidth (bytes/s) below which the all-reduce test fails for this GPU type."""
+    if gpu_type == "cpu":
+        return CPU_BASELINE_BUSBW
+    from nightloom.catalog import get_gpu
+
+    return BASELINE_FRACTION * get_gpu(gpu_type).inter_node_bw
+
+
+def parse_allreduce(lines: list[str]) -> dict | None:
+    for line in reversed(lines):
+        i = line.find(ALLREDUCE_MARK)
+        if i >= 0:
+            return json.loads(line[i + len(ALLREDUCE_MARK):])
+    return None
+
+
+def run_allreduce(provider, cluster: Cluster, gpu_type: str, timeout_s: float = 120.0,
+                  size_mib: float = 4.0) -> tuple[bool, float | None, str]:
+    """Launch the all-reduce test on every node through the provider; (ok, busbw GB/s, detail)."""
+    args = ["-m", "nightloom.provision.allreduce", "--size-mib", str(size_mib), "--timeout-s", "60"]
+    launch = provider.launch(cluster, args, {"OMP_NUM_THREADS": "1"})
+    lines: list[str] = []
+    try:
+        for line in launch.lines():
+            lines.append(line)
+        rc = launch.wait(timeout=timeout_s)
+    except TimeoutError:
+        rc = -1
+    finally:
+        launch.terminate()
+    res = parse_allreduce(lines)
+    if rc != 0 or res is None:
+        tail = " | ".join(x for x in lines[-6:] if x.strip())
+        return False, None, f"all-reduce test exited {rc}: {tail or 'no output'}"
+    base = baseline_busbw(gpu_type)
+    ok = res["busbw"] >= base
+    detail = (f"{res['world']} ranks, {res['bytes'] / 2**20:.1f} MiB, busbw {res['busbw'] / 1e9:.3f} GB/s "
+              f"(algbw {res['algbw'] / 1e9:.3f} GB/s; baseline {base / 1e9:.3f} GB/s for {gpu_type})")
+    return ok, res["busbw"] / 1e9, detail
+
+
+def apply_preflight(cluster: Cluster, report: PreflightReport, min_nodes: int) -> Cluster:
+    """Exclude failed nodes (named with their reasons); stop clearly when fewer than `min_nodes` remain."""
+    failed = {r.node: r.reason for r in report.failed}
+    cluster.excluded.update(failed)
+    cluster.nodes = [n for n in cluster.nodes if n.name not in failed]
+    if len(cluster.nodes) < min_nodes:
+        why = "; ".join(f"node {k}: {v}" for k, v in cluster.excluded.items()) or "no nodes"
+        raise PreflightError(f"only {len(cluster.nodes)} healthy node(s) left, need at least {min_nodes}: {why}")
+    if report.allreduce_ok is False:
+        raise PreflightError(f"cross-node all-reduce test failed on {', '.join(n.name for n in cluster.nodes)}: "
+                             f"{report.allreduce_detail}")
+    if cluster.nodes and cluster.master_addr not in {n.address for n in cluster.nodes}:
+        cluster.master_addr = cluster.nodes[0].address
+    return cluster

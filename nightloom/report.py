@@ -1,0 +1,40 @@
+"""RunSummary: what one pipeline run did, returned by the flow and printed by the CLI."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class StageTime(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    stage: str
+    seconds: float
+
+
+class RunSummary(BaseModel):
+    """The outcome of `training_pipeline`: status, figures per stage, and where things were written."""
+
+    model_config = ConfigDict(extra="forbid")
+    run_id: str
+    name: str
+    status: str  # completed | failed | deferred | split | refused
+    reason: str = ""
+    run_dir: str = ""
+    shards: int = 0
+    shard_imbalance: float | None = None
+    shards_balanced: bool | None = None
+    layout: str = ""
+    world_size: int = 0
+    steps: int = 0
+    first_loss: float | None = None
+    last_loss: float | None = None
+    tokens_per_s: float | None = None
+    mfu: float | None = None
+    mfu_predicted: float | None = None
+    peak_source: str = ""
+    cost: float | None = None
+    currency: str = ""
+    ledger_id: int | None = None
+    verdicts: list[dict] = Field(default_factory=list)
+    stages: list[StageTime] = Field(default_factory=list)
+    next_run_at: str | None = None

@@ -1,0 +1,104 @@
+"""Balance figures and deterministic rebalancing of hash buckets onto shards.
+
+Documents hash into M = num_shards × VIRTUAL_BUCKETS buckets (bucket = H mod M). Plain hashing puts bucket b
+on shard b mod N (identical to H mod N, since N divides M). When that misses the tolerance, buckets are
+placed by LPT (largest bucket first onto the currently lightest shard; ties by bucket id, then shard index):
+deterministic, keeps identical keys together, and bounded: every shard ends within max_bucket of the mean.
+
+Imbalance = max_i |x_i − mean| / mean (x_i = rows, tokens or bytes of shard i).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+
+import numpy as np
+
+from nightloom.sharding.errors import ShardingError, TooSmallError
+
+VIRTUAL_BUCKETS = 1024
+
+
+def imbalance(loads: np.ndarray) -> float:
+    """max |x_i − mean| / mean; 0.0 for an all-zero vector."""
+    mean = float(np.mean(loads)) if len(loads) else 0.0
+    return float(np.max(np.abs(loads - mean)) / mean) if mean > 0 else 0.0
+
+
+def plain_mapping(num_shards: int, num_buckets: int) -> np.ndarray:
+    return (np.arange(num_buckets, dtype=np.int64) % num_shards).astype(np.int32)
+
+
+def lpt_mapping(weights: np.ndarray, num_shards: int) -> np.ndarray:
+    """Bucket → shard by longest-processing-time-first; empty buckets keep their plain shard."""
+    mapping = plain_mapping(num_shards, len(weights))
+    heap = [(0, s) for s in range(num_shards)]
+    order = np.lexsort((np.arange(len(weights)), -weights))  # weight desc, bucket id asc
+    for b in order:
+        w = int(weights[b])
+        if w == 0:
+            break
+        load, s = heapq.heappop(heap)
+        mapping[b] = s
+        heapq.heappush(heap, (load + w, s))
+    return mapping
+
+
+def shard_loads(mapping: np.ndarray, weights: np.ndarray, num_shards: int) -> np.ndarray:
+    return np.bincount(mapping, weights=weights, minlength=num_shards).astype(np.int64)
+
+
+def too_small_message(
+    *, num_shards: int, tolerance: float, metric: str, best: float, loads: np.ndarray, bucket_weights: np.ndarray,
+    docs: int,
+) -> str:
+    """Explain the shortfall with the data a reachable balance needs (LPT bound: imbalance ≤ max_bucket/mean)."""
+    total = int(loads.sum())
+    biggest = int(bucket_weights.max()) if len(bucket_weights) else 0
+    need = int(math.ceil(num_shards * biggest / tolerance))
+    mean_doc = total / docs if docs else 1.0
+    need_docs = int(math.ceil(need / mean_doc)) if metric != "rows" else need
+    unit = {"rows": "documents", "tokens": "tokens", "bytes": "bytes"}[metric]
+    extra = "" if metric == "rows" else f" (about {need_docs:,} documents of the current mean {mean_doc:,.0f} {unit})"
+    return (
+        f"corpus too small to balance {num_shards} shards within tolerance {tolerance:g} on {metric}: "
+        f"best achievable imbalance {best:.4f} (largest unsplittable unit {biggest:,} {unit}); "
+        f"need at least {need:,} {unit}{extra}, have {total:,} {unit} in {docs:,} documents. "
+        f"Use fewer shards, a larger tolerance, or more data."
+    )
+
+
+def balance(
+    buckets: np.ndarray, weights: np.ndarray, num_shards: int, tolerance: float, metric: str
+) -> tuple[np.ndarray, float, float, bool, np.ndarray]:
+    """(bucket→shard mapping, imbalance before, after, rebalanced?, final loads) for kept documents.
+
+    Raises TooSmallError when even the rebalanced layout misses the tolerance.
+    """
+    num_buckets = num_shards * VIRTUAL_BUCKETS
+    bw = np.bincount(buckets, weights=weights, minlength=num_buckets).astype(np.int64)
+    mapping = plain_mapping(num_shards, num_buckets)
+    loads = shard_loads(mapping, bw, num_shards)
+    before = imbalance(loads)
+    if before <= tolerance:
+        return mapping, before, before, False, loads
+    mapping = lpt_mapping(bw, num_shards)
+    loads = shard_loads(mapping, bw, num_shards)
+    after = imbalance(loads)
+    if after > tolerance:
+        raise TooSmallError(
+            too_small_message(
+                num_shards=num_shards, tolerance=tolerance, metric=metric, best=after, loads=loads,
+                bucket_weights=bw, docs=len(buckets),
+            )
+        )
+    return mapping, before, after, True, loads
+
+
+def check_enough_docs(docs: int, num_shards: int, where: str) -> None:
+    if docs < num_shards:
+        raise ShardingError(
+            f"{where}: more shards ({num_shards}) than documents ({docs}) after dedup and skipping; "
+            f"use at most {docs} shards or add data"
+        )

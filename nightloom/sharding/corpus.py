@@ -1,0 +1,92 @@
+"""The embedded sample corpus: docstrings of the installed Python standard library, as JSONL.
+
+Built on first use, deterministically (files in sorted order, docstrings in definition order), so no text is
+copied into git. Real English text of varied length (one line to a few KB), a few thousand documents and some
+exact duplicates (e.g. repeated "Return repr(self)." style docstrings), which exercises dedup and balance.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import sysconfig
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+
+# Folders of the stdlib left out: installed third-party code and vendored copies.
+_SKIP_PREFIXES = ("site-packages/", "dist-packages/", "ensurepip/_bundled/", "__pycache__/")
+DEFAULT_MAX_BYTES = 4 * 1024 * 1024  # "a few MB": stop after this much text
+
+
+def _docstrings(tree: ast.Module, module: str) -> Iterator[tuple[str, str]]:
+    """(qualified name, cleaned docstring) in definition order: module, then classes/functions depth-first."""
+    doc = ast.get_docstring(tree, clean=True)
+    if doc and doc.strip():
+        yield module, doc
+
+    def walk(body: list[ast.stmt], prefix: str) -> Iterator[tuple[str, str]]:
+        for node in body:
+            if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                name = f"{prefix}.{node.name}"
+                d = ast.get_docstring(node, clean=True)
+                if d and d.strip():
+                    yield name, d
+                yield from walk(node.body, name)
+
+    yield from walk(tree.body, module)
+
+
+def iter_stdlib_docstrings(stdlib: Path | None = None) -> Iterator[dict[str, str]]:
+    """Yield {"id", "text"} records from the stdlib sources; tests' docstrings come after the library's."""
+    root = Path(stdlib or sysconfig.get_paths()["stdlib"])
+    files = []
+    for p in root.rglob("*.py"):
+        rel = p.relative_to(root).as_posix()
+        if rel.startswith(_SKIP_PREFIXES) or "/__pycache__/" in rel:
+            continue
+        is_test = rel.startswith("test/") or "/test/" in rel or "/tests/" in rel or "idle_test/" in rel
+        files.append((is_test, rel, p))
+    for _, rel, p in sorted(files):
+        try:
+            tree = ast.parse(p.read_bytes(), filename=rel)
+        except (SyntaxError, ValueError, OSError):  # a few test fixtures are deliberately broken
+            continue
+        module = rel[: -len(".py")].replace("/", ".")
+        for qualname, doc in _docstrings(tree, module):
+            yield {"id": qualname, "text": doc}
+
+
+def build_sample_corpus(path: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> Path:
+    """Write the corpus to `path` atomically (temp file in the same folder, then os.replace)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        written = 0
+        with os.fdopen(fd, "wb") as f:
+            for rec in iter_stdlib_docstrings():
+                line = orjson.dumps(rec) + b"\n"
+                f.write(line)
+                written += len(rec["text"].encode())
+                if written >= max_bytes:
+                    break
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def ensure_sample_corpus(path: str | Path) -> Path:
+    """Return `path`, building the stdlib-docstring sample corpus there first if it does not exist yet."""
+    p = Path(path).expanduser()
+    if p.is_file():
+        return p
+    if p.suffix not in (".jsonl", ".json", ".ndjson"):
+        raise ValueError(f"{p}: the sample corpus is JSONL; give a path ending in .jsonl")
+    return build_sample_corpus(p)

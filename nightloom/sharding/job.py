@@ -1,0 +1,148 @@
+"""ShardJob: everything a sharding run needs, fixed before any work (sources, fingerprints, settings hash).
+
+`settings_hash` covers the inputs' content fingerprints and every setting that changes the output, and
+nothing machine-specific (no absolute paths, no mtimes), so the same data gives the same manifest anywhere.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import pyarrow
+from pydantic import BaseModel, ConfigDict
+
+from nightloom.sharding import storage
+from nightloom.sharding.balance import VIRTUAL_BUCKETS
+from nightloom.sharding.corpus import ensure_sample_corpus
+from nightloom.sharding.manifest import MANIFEST_NAME, SCHEMA_VERSION, ShardManifest, load_manifest
+from nightloom.sharding.sources import SourceRef, list_sources
+from nightloom.spec import DatasetSpec, ShardingSpec, StorageSpec
+
+ALGORITHM_VERSION = "nightloom-shard-1"  # bump when output bytes change for the same settings
+WORK_DIR_NAME = ".nightloom-work"
+
+
+class ShardJob(BaseModel):
+    """A planned sharding run; serialisable, so Prefect tasks (and Dask/Ray workers) can receive it."""
+
+    model_config = ConfigDict(extra="forbid")
+    dataset: DatasetSpec
+    sharding: ShardingSpec
+    s3_endpoint_url: str | None = None
+    s3_region: str = "us-east-1"
+    sources: list[SourceRef]
+    settings_hash: str
+    workdir: str
+
+    @property
+    def output(self) -> str:
+        return self.sharding.output
+
+    @property
+    def num_shards(self) -> int:
+        return self.sharding.num_shards
+
+    @property
+    def key_name(self) -> str:
+        return self.sharding.key_field or "<text>"
+
+    def shard_name(self, index: int) -> str:
+        return f"shard-{index:05d}-of-{self.num_shards:05d}.{self.settings_hash[:8]}.parquet"
+
+    def configure(self) -> None:
+        """Point the S3 helper at this job's endpoint (call in every worker process)."""
+        storage.configure_s3(self.s3_endpoint_url, self.s3_region)
+
+
+def fingerprint_local(path: Path) -> str:
+    """sha256 of the content, cached next to nothing: keyed by (path, size, mtime_ns) in the user's cache dir."""
+    st = path.stat()
+    cache_dir = Path(os.environ.get("NIGHTLOOM_CACHE", Path.home() / ".cache" / "nightloom")) / "fingerprints"
+    token = hashlib.sha256(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:32]
+    cached = cache_dir / token
+    try:
+        return cached.read_text().strip()
+    except OSError:
+        pass
+    digest = "sha256:" + storage.sha256_file(path)
+    try:
+        storage.write_bytes(cached, digest.encode())
+    except OSError:
+        pass  # a read-only home is fine: we just hash again next time
+    return digest
+
+
+def fingerprint(src: SourceRef) -> SourceRef:
+    if storage.is_s3(src.uri):
+        _, etag = storage.head(src.uri)
+        fp = "etag:" + etag
+    else:
+        fp = fingerprint_local(Path(src.uri))
+    return src.model_copy(update={"fingerprint": fp})
+
+
+def settings_hash(dataset: DatasetSpec, sharding: ShardingSpec, sources: list[SourceRef]) -> str:
+    doc = {
+        "algorithm": ALGORITHM_VERSION,
+        "schema": SCHEMA_VERSION,
+        "arrow": pyarrow.__version__.split(".")[0],
+        "buckets": VIRTUAL_BUCKETS,
+        "sources": [[s.rel, s.size, s.format, s.fingerprint] for s in sources],
+        "format": dataset.format,
+        "text_field": dataset.text_field,
+        "tokenizer": dataset.tokenizer,
+        "sharding": sharding.model_dump(mode="json", exclude={"output"}),
+    }
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def default_workdir(output: str, shash: str) -> str:
+    """Local output: a hidden folder inside it (same filesystem, so os.replace works). S3: the temp dir."""
+    if storage.is_s3(output):
+        base = Path(os.environ.get("NIGHTLOOM_SHARD_WORKDIR", Path(tempfile.gettempdir()) / "nightloom-shard-work"))
+        return str(base / shash)
+    return str(Path(output) / WORK_DIR_NAME / shash)
+
+
+def existing_manifest(output: str, shash: str) -> ShardManifest | None:
+    """The finished manifest at `output` if it was made with exactly these inputs and settings, else None."""
+    uri = storage.join(output, MANIFEST_NAME)
+    if not storage.exists(uri):
+        return None
+    try:
+        m = load_manifest(uri)
+    except (ValueError, OSError):
+        return None
+    if m.settings_hash != shash:
+        return None
+    if not all(storage.exists(storage.join(output, s.path)) for s in m.shards):
+        return None
+    return m
+
+
+def plan_job(
+    dataset: DatasetSpec, sharding: ShardingSpec, storage_spec: StorageSpec | None = None, workdir: str | None = None
+) -> ShardJob:
+    """List and fingerprint the inputs and fix the settings hash (reads inputs once to hash them, cached by mtime)."""
+    st = storage_spec or StorageSpec()
+    storage.configure_s3(st.s3_endpoint_url, st.s3_region)
+    for uri in (dataset.path, sharding.output):
+        if storage.is_s3(uri):
+            storage.check_bucket(uri)
+    if dataset.sample and not storage.is_s3(dataset.path):
+        ensure_sample_corpus(dataset.path)
+    sources = [fingerprint(s) for s in list_sources(dataset.path, dataset.format)]
+    shash = settings_hash(dataset, sharding, sources)
+    return ShardJob(
+        dataset=dataset,
+        sharding=sharding,
+        s3_endpoint_url=st.s3_endpoint_url,
+        s3_region=st.s3_region,
+        sources=sources,
+        settings_hash=shash,
+        workdir=workdir or default_workdir(sharding.output, shash),
+    )

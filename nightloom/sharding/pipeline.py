@@ -1,0 +1,120 @@
+"""shard_dataset: plan → scan each input → place (dedup + balance) → write each shard → manifest (last).
+
+Each step is a pure, idempotent function of a `ShardJob` and the previous steps' small results, so the flow
+(flows/shard.py) can map them over Prefect tasks and this module can run them in a plain loop or a pool.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from nightloom.sharding import storage
+from nightloom.sharding.job import WORK_DIR_NAME, ShardJob, existing_manifest, plan_job
+from nightloom.sharding.manifest import MANIFEST_NAME, ShardInfo, ShardManifest, SourceFile
+from nightloom.sharding.placement import Placement, place_documents
+from nightloom.sharding.scan import MAX_BAD_EXAMPLES, ScanResult, scan_source
+from nightloom.sharding.writer import write_shard
+from nightloom.spec import DatasetSpec, ShardingSpec, StorageSpec
+
+Progress = Callable[[str, int, int], None]  # (stage, done, total)
+
+
+def build_manifest(job: ShardJob, scans: list[ScanResult], placement: Placement, infos: list[ShardInfo]) -> ShardManifest:
+    scans = sorted(scans, key=lambda s: s.index)
+    infos = sorted(infos, key=lambda i: i.index)
+    examples = [e for s in scans for e in s.bad_examples][:MAX_BAD_EXAMPLES]
+    return ShardManifest(
+        num_shards=job.num_shards,
+        key=job.key_name,
+        salt=job.sharding.salt,
+        text_field=job.dataset.text_field,
+        tokenizer=job.dataset.tokenizer,
+        balance_by=job.sharding.balance_by,
+        tolerance=job.sharding.tolerance,
+        imbalance=round(placement.imbalance, 6),
+        imbalance_before_rebalance=round(placement.imbalance_before, 6),
+        rebalanced=placement.rebalanced,
+        balanced=placement.imbalance <= job.sharding.tolerance,
+        rows=sum(i.rows for i in infos),
+        tokens=sum(i.tokens for i in infos),
+        bytes=sum(i.bytes for i in infos),
+        dedup_dropped=placement.dedup_dropped,
+        empty_skipped=sum(s.empty for s in scans),
+        bad_records=sum(s.bad for s in scans),
+        bad_examples=examples,
+        sources=[SourceFile(path=s.rel, size=s.size, fingerprint=s.fingerprint) for s in job.sources],
+        shards=infos,
+        settings_hash=job.settings_hash,
+    )
+
+
+def publish(job: ShardJob, scans: list[ScanResult], placement: Placement, infos: list[ShardInfo]) -> ShardManifest:
+    """Write manifest.json (the last write: its presence means a complete dataset), then clean up."""
+    job.configure()
+    manifest = build_manifest(job, scans, placement, infos)
+    storage.write_bytes(storage.join(job.output, MANIFEST_NAME), manifest.to_json().encode())
+    keep = {s.path for s in manifest.shards}
+    for rel, _ in storage.list_files(job.output):
+        if "/" not in rel and rel.startswith("shard-") and rel.endswith(".parquet") and rel not in keep:
+            storage.delete(storage.join(job.output, rel))  # shards of an earlier, different run
+    shutil.rmtree(job.workdir, ignore_errors=True)
+    if not storage.is_s3(job.output):
+        try:
+            (Path(job.output) / WORK_DIR_NAME).rmdir()
+        except OSError:
+            pass
+    return manifest
+
+
+def _map(fn, items: Iterable, workers: int) -> list:
+    items = list(items)
+    if workers <= 1:
+        return [fn(x) for x in items]
+    with ThreadPoolExecutor(workers) as pool:
+        return list(pool.map(fn, items))
+
+
+def run_job(job: ShardJob, workers: int = 1, progress: Progress | None = None) -> ShardManifest:
+    """Execute a planned job (resuming whatever an interrupted run finished)."""
+    done = existing_manifest(job.output, job.settings_hash)
+    if done is not None:
+        return done
+    note = progress or (lambda stage, i, n: None)
+    n_src = len(job.sources)
+
+    def scan(i: int) -> ScanResult:
+        r = scan_source(job, i)
+        note("scan", i + 1, n_src)
+        return r
+
+    scans = _map(scan, range(n_src), workers)
+    placement = place_documents(job, scans)
+
+    def write(i: int) -> ShardInfo:
+        info = write_shard(job, scans, i)
+        note("write", i + 1, job.num_shards)
+        return info
+
+    infos = _map(write, range(job.num_shards), workers)
+    return publish(job, scans, placement, infos)
+
+
+def shard_dataset(
+    dataset: DatasetSpec,
+    sharding: ShardingSpec,
+    storage: StorageSpec | None = None,
+    *,
+    workers: int = 1,
+    workdir: str | None = None,
+    progress: Progress | None = None,
+) -> ShardManifest:
+    """Hash-shard `dataset` into `sharding.num_shards` Parquet shards + manifest.json at `sharding.output`.
+
+    Deterministic (same bytes for any `workers`), idempotent (same settings_hash ⇒ no work, same manifest),
+    resumable (finished scans/shards of an interrupted run are reused). Raises ShardingError subclasses.
+    """
+    job = plan_job(dataset, sharding, storage, workdir=workdir)
+    return run_job(job, workers=workers, progress=progress)

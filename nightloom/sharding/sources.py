@@ -1,0 +1,279 @@
+"""Input discovery and streaming record readers: JSONL (plain/.gz/.zst), Parquet, text folders, HF save_to_disk.
+
+Every reader yields `(where, text, key, error)` tuples one record at a time from a bounded buffer (never a
+whole file in memory); `where` is the 1-based line (JSONL) or row (Parquet/Arrow) number used in messages.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Literal
+
+import orjson
+from pydantic import BaseModel, ConfigDict
+
+from nightloom.sharding import storage
+from nightloom.sharding.errors import BadInputError, ShardingError
+
+Format = Literal["jsonl", "parquet", "text", "arrow"]
+_JSONL = (".jsonl", ".ndjson", ".json")
+_COMPRESSED = (".gz", ".zst", ".zstd")
+_TEXT = (".txt", ".text", ".md")
+BATCH_ROWS = 4096
+
+
+class SourceRef(BaseModel):
+    """One input file: `rel` (its name relative to the dataset path) is what manifests record, never `uri`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    rel: str
+    uri: str
+    size: int
+    format: Format
+    fingerprint: str = ""
+
+
+def _strip_compression(name: str) -> str:
+    for c in _COMPRESSED:
+        if name.endswith(c):
+            return name[: -len(c)]
+    return name
+
+
+def detect_format(name: str, forced: str = "auto") -> Format | None:
+    """Format of one file from its name (or the spec's `dataset.format`); None = not a data file."""
+    if forced == "hf":
+        return "arrow" if name.endswith(".arrow") else None
+    if forced != "auto":
+        return forced  # type: ignore[return-value]
+    base = _strip_compression(name.lower())
+    if base.endswith(_JSONL):
+        return "jsonl"
+    if base.endswith(".parquet"):
+        return "parquet"
+    if base.endswith(_TEXT):
+        return "text"
+    return None
+
+
+def _hf_files(root: str) -> list[str] | None:
+    """Arrow files of a `save_to_disk` folder (Dataset or DatasetDict) in their recorded order, else None."""
+    def load(name: str) -> dict | None:
+        uri = storage.join(root, name)
+        try:
+            return json.loads(storage.read_bytes(uri))
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            return None
+        except ShardingError as err:
+            if "no such object" in str(err):
+                return None
+            raise
+        except json.JSONDecodeError as err:
+            raise BadInputError(f"{uri}:{err.lineno}: invalid JSON in Hugging Face dataset metadata: {err.msg}") from None
+
+    dd = load("dataset_dict.json")
+    if dd is not None:
+        out = []
+        for split in dd.get("splits", []):
+            sub = _hf_files(storage.join(root, split)) or []
+            out += [f"{split}/{f}" for f in sub]
+        return out
+    st = load("state.json")
+    if st is None:
+        return None
+    return [f["filename"] for f in st.get("_data_files", [])]
+
+
+def list_sources(path: str, forced: str = "auto") -> list[SourceRef]:
+    """Every input file under `path` (a file, a folder or an s3:// prefix), sorted, with its format."""
+    s3 = storage.is_s3(path)
+    if not s3 and not Path(path).exists():
+        raise BadInputError(f"{path}: dataset path not found")
+    if s3:
+        objs = storage.list_files(path)
+        if not objs:  # maybe a single object
+            if storage.exists(path):
+                size, _ = storage.head(path)
+                objs = None
+                single = [(Path(storage.S3Location.parse(path).key).name, size)]
+            else:
+                raise BadInputError(f"{path}: no objects under this S3 prefix")
+        else:
+            single = None
+    is_dir = (not s3 and Path(path).is_dir()) or (s3 and single is None)
+    if not is_dir:
+        name = Path(path).name if not s3 else single[0][0]
+        fmt = detect_format(name, forced)
+        if fmt is None:
+            raise BadInputError(f"{path}: cannot tell the format from the name; set dataset.format")
+        size = Path(path).stat().st_size if not s3 else single[0][1]
+        return [SourceRef(rel=name, uri=str(path), size=size, format=fmt)]
+    hf = _hf_files(path) if forced in ("auto", "hf") else None
+    if hf is not None:
+        sizes = dict(storage.list_files(path))
+        missing = [f for f in hf if f not in sizes]
+        if missing:
+            raise BadInputError(f"{storage.join(path, missing[0])}: listed in the Hugging Face dataset but missing")
+        return [SourceRef(rel=f, uri=storage.join(path, f), size=sizes[f], format="arrow") for f in hf]
+    if forced == "hf":
+        raise BadInputError(f"{path}: not a Hugging Face save_to_disk folder (no state.json or dataset_dict.json)")
+    out = []
+    for rel, size in (storage.list_files(path) if s3 else storage.list_files(str(path))):
+        if any(part.startswith((".", "_")) for part in rel.split("/")):
+            continue  # hidden files, _SUCCESS markers, our own work folders
+        fmt = detect_format(rel, forced)
+        if fmt is None:
+            raise BadInputError(f"{storage.join(path, rel)}: unknown input format; set dataset.format or remove it")
+        out.append(SourceRef(rel=rel, uri=storage.join(path, rel), size=size, format=fmt))
+    if not out:
+        raise BadInputError(f"{path}: folder holds no input files")
+    return out
+
+
+def _open_binary(path: Path) -> io.BufferedIOBase:
+    name = path.name.lower()
+    if name.endswith(".gz"):
+        return gzip.open(path, "rb")  # type: ignore[return-value]
+    if name.endswith((".zst", ".zstd")):
+        import zstandard
+
+        raw = open(path, "rb")
+        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, closefd=True), 1 << 20)
+    return open(path, "rb", buffering=1 << 20)
+
+
+def _utf8_error(data: bytes) -> str | None:
+    try:
+        data.decode("utf-8")
+        return None
+    except UnicodeDecodeError as e:
+        return f"non-UTF-8 byte 0x{data[e.start]:02x} at byte offset {e.start}"
+
+
+Item = tuple[int, "str | None", "object", "str | None"]
+
+
+def read_jsonl(path: Path, text_field: str, key_field: str | None) -> Iterator[Item]:
+    """Line by line; blank lines are not records. Errors: corrupt JSON, non-UTF-8, missing/non-string field."""
+    loads, decode_error = orjson.loads, orjson.JSONDecodeError
+    try:
+        with _open_binary(path) as f:
+            for n, line in enumerate(f, 1):
+                try:
+                    obj = loads(line)
+                except decode_error as e:
+                    if not line.strip():
+                        continue
+                    yield n, None, None, _utf8_error(line) or f"invalid JSON: {e}"
+                    continue
+                if type(obj) is not dict:
+                    yield n, None, None, f"expected a JSON object, got {type(obj).__name__}"
+                    continue
+                text = obj.get(text_field)
+                if type(text) is not str:
+                    why = "missing field" if text_field not in obj else f"{type(text).__name__} in field"
+                    yield n, None, None, f"{why} {text_field!r}"
+                    continue
+                key = None
+                if key_field is not None:
+                    if key_field not in obj or obj[key_field] is None:
+                        yield n, None, None, f"missing key field {key_field!r}"
+                        continue
+                    key = obj[key_field]
+                yield n, text, key, None
+    except (OSError, EOFError) as e:  # truncated gzip/zstd stream, unreadable file
+        raise BadInputError(f"{path}: cannot read compressed or raw stream: {e}") from None
+    except Exception as e:
+        if type(e).__name__ == "ZstdError":
+            raise BadInputError(f"{path}: corrupt zstd stream: {e}") from None
+        raise
+
+
+def _arrow_batches(path: Path, fmt: Format, columns: list[str]):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        if fmt == "parquet":
+            pf = pq.ParquetFile(path)
+            names = pf.schema_arrow.names
+            missing = [c for c in columns if c not in names]
+            if missing:
+                raise BadInputError(f"{path}: missing field {missing[0]!r} (columns: {', '.join(names)})")
+            yield from pf.iter_batches(batch_size=BATCH_ROWS, columns=columns)
+        else:
+            with pa.memory_map(str(path)) as src:
+                try:
+                    reader = pa.ipc.open_stream(src)
+                except pa.ArrowInvalid:
+                    src.seek(0)
+                    reader = pa.ipc.open_file(src)
+                    reader = (reader.get_batch(i) for i in range(reader.num_record_batches))
+                    batches = reader
+                else:
+                    batches = reader
+                first = True
+                for b in batches:
+                    if first:
+                        missing = [c for c in columns if c not in b.schema.names]
+                        if missing:
+                            raise BadInputError(
+                                f"{path}: missing field {missing[0]!r} (columns: {', '.join(b.schema.names)})"
+                            )
+                        first = False
+                    yield b.select(columns)
+    except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as e:
+        kind = "Parquet" if fmt == "parquet" else "Arrow"
+        raise BadInputError(f"{path}: corrupt {kind} file: {e}") from None
+
+
+def read_columnar(path: Path, fmt: Format, text_field: str, key_field: str | None) -> Iterator[Item]:
+    """Parquet or Arrow (HF) rows in batches; `where` is the 1-based row number within the file."""
+    cols = [text_field] + ([key_field] if key_field and key_field != text_field else [])
+    row = 0
+    for batch in _arrow_batches(path, fmt, cols):
+        texts = batch.column(0).to_pylist()
+        keys = batch.column(1).to_pylist() if len(cols) > 1 else (texts if key_field else None)
+        for i, text in enumerate(texts):
+            row += 1
+            if isinstance(text, bytes):
+                err = _utf8_error(text)
+                if err:
+                    yield row, None, None, err
+                    continue
+                text = text.decode("utf-8")
+            if not isinstance(text, str):
+                yield row, None, None, f"{'null' if text is None else type(text).__name__} in field {text_field!r}"
+                continue
+            key = None
+            if key_field is not None:
+                key = keys[i]
+                if key is None:
+                    yield row, None, None, f"missing key field {key_field!r}"
+                    continue
+            yield row, text, key, None
+
+
+def read_text_file(path: Path, key_field: str | None) -> Iterator[Item]:
+    """One document per file; `where` is 1."""
+    data = path.read_bytes()
+    err = _utf8_error(data)
+    if err:
+        yield 1, None, None, err
+        return
+    if key_field is not None:
+        yield 1, None, None, f"key field {key_field!r} does not exist in a text file (use the text as key)"
+        return
+    yield 1, data.decode("utf-8"), None, None
+
+
+def read_records(path: Path, fmt: Format, text_field: str, key_field: str | None) -> Iterator[Item]:
+    if fmt == "jsonl":
+        return read_jsonl(path, text_field, key_field)
+    if fmt == "text":
+        return read_text_file(path, key_field)
+    return read_columnar(path, fmt, text_field, key_field)

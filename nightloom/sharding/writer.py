@@ -1,0 +1,100 @@
+"""Write step: one Parquet shard from the spills, in input order, with deterministic row groups.
+
+Row groups are cut after 64 MiB of text or 65,536 rows, counted over the shard's own row sequence, so the
+bytes depend only on the data and settings, never on how inputs were split across workers. The shard is
+published with os.replace (local) or a multipart upload (S3): it appears complete or not at all.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from nightloom.sharding import storage
+from nightloom.sharding.job import ShardJob
+from nightloom.sharding.manifest import ShardInfo
+from nightloom.sharding.placement import read_spill
+from nightloom.sharding.scan import ScanResult
+
+ROW_GROUP_BYTES = 64 * 1024 * 1024
+ROW_GROUP_ROWS = 65_536
+PARQUET_OPTIONS = dict(compression="zstd", compression_level=3, use_dictionary=False, write_statistics=False)
+
+
+def _output_columns(job: ShardJob) -> list[str]:
+    cols = [job.dataset.text_field]
+    if job.sharding.key_field and job.sharding.key_field != job.dataset.text_field:
+        cols.append(job.sharding.key_field)
+    return cols
+
+
+def _cut(nbytes: np.ndarray) -> int:
+    """Rows in the next row group of a pending buffer (0 = keep buffering)."""
+    if len(nbytes) >= ROW_GROUP_ROWS:
+        hit = np.searchsorted(np.cumsum(nbytes[:ROW_GROUP_ROWS]), ROW_GROUP_BYTES)
+        return int(min(hit + 1, ROW_GROUP_ROWS))
+    csum = np.cumsum(nbytes)
+    if len(csum) and csum[-1] >= ROW_GROUP_BYTES:
+        return int(np.searchsorted(csum, ROW_GROUP_BYTES) + 1)
+    return 0
+
+
+def write_shard(job: ShardJob, scans: list[ScanResult], index: int) -> ShardInfo:
+    """Write shard `index`; idempotent (a published shard with its marker is not rewritten)."""
+    job.configure()
+    work = Path(job.workdir)
+    marker = work / f"shard-{index:05d}.json"
+    name = job.shard_name(index)
+    final = storage.join(job.output, name)
+    if marker.is_file() and storage.exists(final):
+        return ShardInfo.model_validate_json(marker.read_bytes())
+    cols = _output_columns(job)
+    local_out = not storage.is_s3(job.output)
+    tmp = (Path(job.output) if local_out else work) / f".{name}.tmp"
+    tmp.parent.mkdir(parents=True, exist_ok=True)
+    rows = tokens = nbytes = 0
+    pending: list[pa.Table] = []
+    writer = None
+    try:
+        for s in sorted(scans, key=lambda s: s.index):
+            if s.spill is None:
+                continue
+            dest = np.load(work / f"dest-{s.index:05d}.npy")
+            idx = np.flatnonzero(dest == index)
+            if not len(idx):
+                continue
+            t = read_spill(work / s.spill).take(pa.array(idx))
+            rows += t.num_rows
+            tokens += int(pc.sum(t.column("tokens")).as_py())
+            nbytes += int(pc.sum(t.column("nbytes")).as_py())
+            pending.append(t.select(cols + ["nbytes"]))
+            buf = pa.concat_tables(pending)
+            pending = [buf]
+            while (k := _cut(buf.column("nbytes").to_numpy())) > 0:
+                if writer is None:
+                    writer = pq.ParquetWriter(str(tmp), buf.select(cols).schema, **PARQUET_OPTIONS)
+                writer.write_table(buf.slice(0, k).select(cols).combine_chunks(), row_group_size=k)
+                buf = buf.slice(k)
+                pending = [buf]
+        buf = pa.concat_tables(pending) if pending else None
+        if writer is None:
+            schema = buf.select(cols).schema if buf is not None else pa.schema([(c, pa.string()) for c in cols])
+            writer = pq.ParquetWriter(str(tmp), schema, **PARQUET_OPTIONS)
+        if buf is not None and buf.num_rows:
+            writer.write_table(buf.select(cols).combine_chunks(), row_group_size=buf.num_rows)
+        writer.close()
+        writer = None
+        digest = storage.sha256_file(tmp)
+        storage.put_file(tmp, final)
+    finally:
+        if writer is not None:
+            writer.close()
+        tmp.unlink(missing_ok=True)
+    info = ShardInfo(index=index, path=name, rows=rows, tokens=tokens, bytes=nbytes, sha256=digest)
+    storage.write_bytes(marker, info.model_dump_json().encode())
+    return info

@@ -1,0 +1,84 @@
+"""DCP checkpoints under `<checkpoint_dir>/step-N`, written to a temp name and renamed after a barrier.
+
+A `latest` pointer file (written last, atomically) names the newest complete checkpoint. State is keyed by
+global parameter names (flattened optimizer state too), so any layout can load what any other saved.
+The step number is the only other state: data and learning rate are pure functions of it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+LATEST = "latest"
+_OPTS = StateDictOptions(flatten_optimizer_state_dict=True)
+
+
+def _state(parts: list[nn.Module], optims: list) -> dict:
+    model, optim = {}, {}
+    for m, o in zip(parts, optims):
+        model.update(get_model_state_dict(m))
+        optim.update(get_optimizer_state_dict(m, o, options=_OPTS))
+    return {"model": model, "optim": optim}
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def save(ckpt_dir: Path, step: int, parts: list[nn.Module], optims: list, rank: int) -> tuple[Path, float]:
+    """Collective: every rank writes its shards; returns (final path, seconds)."""
+    t0 = time.perf_counter()
+    final = ckpt_dir / f"step-{step}"
+    tmp = ckpt_dir / f".tmp-step-{step}"
+    if rank == 0:
+        ckpt_dir.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)  # a save interrupted earlier
+    dist.barrier()
+    dcp.save(_state(parts, optims), checkpoint_id=str(tmp))
+    dist.barrier()
+    if rank == 0:
+        _atomic_write(tmp / "meta.json", json.dumps({"step": step, "time": time.time()}) + "\n")
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        _atomic_write(ckpt_dir / LATEST, final.name + "\n")
+    dist.barrier()
+    return final, time.perf_counter() - t0
+
+
+def latest(ckpt_dir: Path) -> tuple[Path, int] | None:
+    """(path, step) of the newest complete checkpoint, or None."""
+    pointer = ckpt_dir / LATEST
+    if not pointer.is_file():
+        return None
+    path = ckpt_dir / pointer.read_text(encoding="utf-8").strip()
+    meta = path / "meta.json"
+    if not meta.is_file():
+        raise FileNotFoundError(f"{pointer}: points to {path}, which has no meta.json (incomplete checkpoint)")
+    return path, int(json.loads(meta.read_text(encoding="utf-8"))["step"])
+
+
+def load(path: Path, parts: list[nn.Module], optims: list) -> None:
+    """Collective: load model and optimizer state into this layout (DCP reshards)."""
+    state = _state(parts, optims)
+    dcp.load(state, checkpoint_id=str(path))
+    for m, o in zip(parts, optims):
+        set_model_state_dict(m, state["model"], options=StateDictOptions(strict=False))
+        set_optimizer_state_dict(m, o, state["optim"], options=_OPTS)

@@ -1,0 +1,182 @@
+"""Apply a ParallelPlan to the model in a fixed order: pipeline split -> TP (+SP) -> recompute -> FSDP2/HSDP.
+
+Follows torchtitan's parallelize_llama. Every rank builds only its pipeline stages (on the meta device,
+then materialised and initialised per parameter), so layer names stay global and init is layout-free.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from nightloom.catalog import ModelShape
+from nightloom.parallel import LayoutError, ParallelDims, ParallelPlan
+from nightloom.train.model import Transformer, build_model
+
+
+@dataclass
+class ModelParts:
+    """The model chunks this rank holds (one unless interleaved PP) and, with PP, their schedule."""
+
+    parts: list[nn.Module]
+    stage_ids: list[int]
+    n_stages: int
+    schedule: object | None = None
+    stages: list = field(default_factory=list)
+
+    @property
+    def has_first(self) -> bool:
+        return 0 in self.stage_ids
+
+    @property
+    def has_last(self) -> bool:
+        return self.n_stages - 1 in self.stage_ids
+
+
+def stages_per_rank(plan: ParallelPlan) -> int:
+    return plan.virtual_stages if plan.schedule == "interleaved_1f1b" else 1
+
+
+def validate_plan(shape: ModelShape, plan: ParallelPlan, seq_len: int, global_batch: int | None,
+                  world_size: int, device_type: str) -> ParallelDims:
+    """Every layout check that can run before a process group exists; raises LayoutError naming values."""
+    if plan.world_size != world_size:
+        raise LayoutError(
+            f"plan {plan.layout()} needs tp({plan.tp})*pp({plan.pp})*dp_replicate({plan.dp_replicate})"
+            f"*dp_shard({plan.dp_shard})*cp({plan.cp}) = {plan.world_size} processes, but WORLD_SIZE={world_size}")
+    dims = plan.dims()
+    v = stages_per_rank(plan)
+    if plan.schedule != "interleaved_1f1b" and plan.virtual_stages != 1:
+        raise LayoutError(f"virtual_stages={plan.virtual_stages} needs schedule 'interleaved_1f1b', "
+                          f"got {plan.schedule!r}")
+    dims.check_model(shape.layers, shape.heads, shape.kv_heads, virtual_stages=v)
+    if shape.tied_embeddings and (plan.pp > 1 or plan.tp > 1):
+        raise LayoutError(f"model {shape.name} ties embeddings: not supported with pp ({plan.pp}) > 1 "
+                          f"or tp ({plan.tp}) > 1 (use an untied model)")
+    if plan.sp and seq_len % plan.tp:
+        raise LayoutError(f"sequence parallel needs seq_len ({seq_len}) divisible by tp ({plan.tp})")
+    if plan.pp > 1:
+        if plan.grad_accum < plan.pp:
+            raise LayoutError(f"pipeline needs grad_accum (= microbatches, {plan.grad_accum}) >= pp ({plan.pp})")
+        if plan.schedule == "interleaved_1f1b" and plan.grad_accum % plan.pp:
+            raise LayoutError(f"interleaved 1F1B needs grad_accum ({plan.grad_accum}) divisible by pp ({plan.pp})")
+    if plan.cp > 1:
+        if device_type != "cuda":
+            raise LayoutError(f"context parallel (cp={plan.cp}) runs on CUDA only (no CPU sharding rule "
+                              "for SDPA); this node has no GPU")
+        if plan.pp > 1:
+            raise LayoutError(f"context parallel (cp={plan.cp}) with pp ({plan.pp}) > 1 is not supported")
+        if seq_len % (2 * plan.cp):
+            raise LayoutError(f"context parallel needs seq_len ({seq_len}) divisible by 2*cp ({2 * plan.cp})")
+    dp_batch = plan.micro_batch * plan.grad_accum * dims.dp
+    if global_batch is not None and dp_batch != global_batch:
+        raise LayoutError(
+            f"train.global_batch ({global_batch}) != micro_batch({plan.micro_batch}) * grad_accum"
+            f"({plan.grad_accum}) * dp({dims.dp}) = {dp_batch}")
+    if seq_len > shape.max_seq:
+        raise LayoutError(f"train.seq_len ({seq_len}) exceeds model {shape.name} max_seq ({shape.max_seq})")
+    return dims
+
+
+def _apply_tp(model: Transformer, tp_mesh, sp: bool) -> None:
+    """Megatron TP: attention/MLP column-then-row parallel; with SP the norms and residuals are sharded on T."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
+
+    seq = Shard(1) if sp else Replicate()
+    top = {}
+    if model.tok_embeddings is not None:
+        top["tok_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=seq)
+    if model.output is not None:
+        if sp:
+            top["norm"] = SequenceParallel()
+        top["output"] = ColwiseParallel(input_layouts=seq, output_layouts=Replicate(), use_local_output=True)
+    if top:
+        parallelize_module(model, tp_mesh, top)
+    for block in model.layers.values():
+        plan = {
+            "attn.wq": ColwiseParallel(), "attn.wk": ColwiseParallel(), "attn.wv": ColwiseParallel(),
+            "attn.wo": RowwiseParallel(output_layouts=seq),
+            "ffn.w1": ColwiseParallel(), "ffn.w2": RowwiseParallel(output_layouts=seq),
+        }
+        if block.ffn.w3 is not None:
+            plan["ffn.w3"] = ColwiseParallel()
+        if sp:
+            plan.update({
+                "attn_norm": SequenceParallel(), "ffn_norm": SequenceParallel(),
+                "attn": PrepareModuleInput(input_layouts=(Shard(1), None, None),
+                                           desired_input_layouts=(Replicate(), None, None)),
+                "ffn": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+            })
+        parallelize_module(block, tp_mesh, plan)
+
+
+def _dp_mesh(dims: ParallelDims, mesh):
+    """FSDP mesh: 1-D over dp_shard (x cp), or 2-D (dp_replicate, dp_shard x cp) for HSDP."""
+    shard_names = ("dp_shard", "cp") if dims.cp > 1 else ("dp_shard",)
+    if dims.cp > 1:
+        mesh[shard_names]._flatten("dp_shard_cp")
+        shard_names = ("dp_shard_cp",)
+    if dims.dp_replicate > 1:
+        return mesh[("dp_replicate", *shard_names)]
+    return mesh[shard_names[0]]
+
+
+def _apply_fsdp(model: nn.Module, dp_mesh, param_dtype: torch.dtype | None, pp: bool) -> None:
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+    # With PP, keep blocks unsharded between forward and backward (the schedule interleaves micro-batches;
+    # resharding after forward is also wrong with zero-bubble schedules on torch 2.13, see notes).
+    for block in model.layers.values():
+        fully_shard(block, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=not pp)
+    fully_shard(model, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=not pp)
+
+
+def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross entropy (fp32)."""
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+
+
+def build_parts(shape: ModelShape, plan: ParallelPlan, dims: ParallelDims, mesh, seq_len: int, seed: int,
+                device: torch.device, param_dtype: torch.dtype | None) -> ModelParts:
+    """This rank's model chunks, parallelised; with pp > 1 also the pipeline schedule."""
+    v = stages_per_rank(plan)
+    n_stages = plan.pp * v
+    pp_rank = mesh["pp"].get_local_rank() if mesh is not None else 0
+    stage_ids = [pp_rank + i * plan.pp for i in range(v)]
+    per_stage = shape.layers // n_stages
+    parts: list[nn.Module] = []
+    for s in stage_ids:
+        m = build_model(shape, seq_len, device="meta")
+        if n_stages > 1:
+            m.keep_layers(s * per_stage, (s + 1) * per_stage, has_embed=s == 0, has_head=s == n_stages - 1)
+        m.to_empty(device=device)
+        m.init_weights(seed)
+        if plan.tp > 1:
+            _apply_tp(m, mesh["tp"], plan.sp)
+        m.set_recompute(plan.recompute)
+        if dims.dp > 1:
+            _apply_fsdp(m, _dp_mesh(dims, mesh), param_dtype, pp=plan.pp > 1)
+        parts.append(m)
+    out = ModelParts(parts, stage_ids, n_stages)
+    if plan.pp > 1:
+        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+
+        group = mesh["pp"].get_group()
+        out.stages = [PipelineStage(m, s, n_stages, device, group=group) for m, s in zip(parts, stage_ids)]
+        if plan.schedule == "interleaved_1f1b":
+            out.schedule = ScheduleInterleaved1F1B(out.stages, n_microbatches=plan.grad_accum, loss_fn=loss_fn)
+        else:
+            cls = Schedule1F1B if plan.schedule == "1f1b" else ScheduleGPipe
+            out.schedule = cls(out.stages[0], n_microbatches=plan.grad_accum, loss_fn=loss_fn)
+    return out

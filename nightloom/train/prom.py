@@ -1,0 +1,44 @@
+"""Per-rank Prometheus endpoint (port = train.metrics_port + rank); metric names are a dashboard contract."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Gauge, start_http_server
+
+NAMES = {
+    "step": "nightloom_step",
+    "loss": "nightloom_loss",
+    "grad_norm": "nightloom_grad_norm",
+    "tokens_per_s": "nightloom_tokens_per_second",
+    "step_time_s": "nightloom_step_time_seconds",
+    "mfu": "nightloom_mfu",
+    "memory_bytes": "nightloom_memory_bytes",
+    "collective_latency_s": "nightloom_collective_latency_seconds",
+}
+_HELP = {
+    "step": "Last completed optimizer step",
+    "loss": "Global mean training loss of the last step",
+    "grad_norm": "Global gradient norm before clipping",
+    "tokens_per_s": "Global tokens per second of the last step",
+    "step_time_s": "Wall time of the last optimizer step",
+    "mfu": "Model FLOPs utilisation of the last step (PaLM App. B)",
+    "memory_bytes": "Peak memory of this rank (CUDA allocated, or CPU max RSS)",
+    "collective_latency_s": "Latency of a one-element all-reduce over all ranks",
+}
+
+
+class RankMetrics:
+    """Gauges labelled (run, rank) on this rank's own registry and HTTP server."""
+
+    def __init__(self, port: int, run: str, rank: int):
+        self.registry = CollectorRegistry()
+        self.labels = {"run": run, "rank": str(rank)}
+        self.gauges = {k: Gauge(n, _HELP[k], ["run", "rank"], registry=self.registry) for k, n in NAMES.items()}
+        self.server, self.thread = start_http_server(port, addr="0.0.0.0", registry=self.registry)
+
+    def update(self, **values: float | None) -> None:
+        for k, v in values.items():
+            if v is not None:
+                self.gauges[k].labels(**self.labels).set(v)
+
+    def close(self) -> None:
+        self.server.shutdown()

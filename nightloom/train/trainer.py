@@ -1,0 +1,327 @@
+"""The training loop one rank runs: build the layout, train, checkpoint, report metrics, stop cleanly.
+
+Launched by torchrun (`python -m torch.distributed.run ... -m nightloom.train --job job.json`) or as one
+plain process. Rank 0 appends StepMetrics JSONL and writes TrainResult; every rank may serve Prometheus.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import resource
+import sys
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from nightloom import perf
+from nightloom.metrics import StepMetrics, append_metrics
+from nightloom.train import checkpoint
+from nightloom.train.data import PackedWindows, StepLoader, set_s3_endpoint
+from nightloom.train.job import TrainJob, TrainResult
+from nightloom.train.parallelize import ModelParts, build_parts, loss_fn, validate_plan
+
+
+def lr_at(step: int, base: float, warmup: int, total: int, min_ratio: float) -> float:
+    """Linear warmup over `warmup` steps, then cosine decay to base*min_ratio at the last step."""
+    if step < warmup:
+        return base * (step + 1) / warmup
+    span = max(1, total - warmup - 1)
+    progress = min(1.0, (step - warmup) / span)
+    return base * (min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def precision_dtype(precision: str, device_type: str) -> torch.dtype | None:
+    """None = fp32 everywhere; bf16 = bf16 compute with fp32 master weights and reductions."""
+    if precision == "bf16" or (precision == "auto" and device_type == "cuda"):
+        return torch.bfloat16
+    return None
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
+
+
+def _grad_norm_and_clip(parts: ModelParts, max_norm: float, pp_group) -> torch.Tensor:
+    """Global L2 norm over all parts, TP/FSDP shards (DTensor) and pipeline stages; clip in place."""
+    from torch.distributed.tensor import DTensor
+
+    params = [p for m in parts.parts for p in m.parameters() if p.grad is not None]
+    groups: dict[object, list[torch.nn.Parameter]] = {}  # DTensor ops need one mesh per foreach call
+    for p in params:
+        key = p.grad.device_mesh if isinstance(p.grad, DTensor) else None
+        groups.setdefault(key, []).append(p)
+    sq = torch.zeros((), dtype=torch.float32, device=params[0].device if params else None)
+    for group in groups.values():
+        n = torch.nn.utils.get_total_norm([p.grad for p in group], 2.0, foreach=True)
+        if isinstance(n, DTensor):
+            n = n.full_tensor()
+        sq = sq + n.float() ** 2
+    if pp_group is not None:
+        dist.all_reduce(sq, group=pp_group)
+    total = sq.sqrt()
+    for group in groups.values():
+        torch.nn.utils.clip_grads_with_norm_(group, max_norm, total, foreach=True)
+    return total
+
+
+@dataclass
+class Context:
+    rank: int
+    world: int
+    device: torch.device
+    mesh: object | None
+
+
+def _init_distributed(job: TrainJob) -> Context:
+    """Validate the layout first, then start the process group (torchrun env, or a 1-rank group)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    device_type = "cuda" if torch.cuda.is_available() else "cpu"
+    validate_plan(job.model.to_shape(), job.plan, job.train.seq_len, job.train.global_batch, world, device_type)
+    if device_type == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+        backend = "nccl"
+    else:
+        device, backend = torch.device("cpu"), "gloo"
+    timeout = timedelta(seconds=job.train.collective_timeout_s)
+    if "MASTER_ADDR" in os.environ:
+        dist.init_process_group(backend, timeout=timeout, device_id=device if device_type == "cuda" else None)
+    else:  # plain `python -m nightloom.train`: a one-rank group so the code path is the same
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+    mesh = job.plan.dims().build_mesh(device_type)
+    return Context(rank, world, device, mesh)
+
+
+def _measure_peak(job: TrainJob, ctx: Context) -> tuple[float, str]:
+    """Per-device peak FLOP/s: from the job, else measured once on rank 0 and broadcast."""
+    if job.peak_flops:
+        return job.peak_flops, job.peak_source or "job"
+    t = torch.zeros(1, dtype=torch.float64, device=ctx.device)
+    if ctx.rank == 0:
+        if ctx.device.type == "cuda":
+            a = torch.randn(8192, 8192, device=ctx.device, dtype=torch.bfloat16)
+            torch.mm(a, a)
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(5):
+                torch.mm(a, a)
+            torch.cuda.synchronize()
+            t[0] = 5 * 2 * 8192**3 / (time.perf_counter() - t0)
+        else:
+            t[0] = perf.measure_cpu_matmul_peak().flops
+    dist.broadcast(t, src=0)
+    src = "measured: torch.mm 8192 bf16 on GPU" if ctx.device.type == "cuda" else "measured: torch.mm 1024 fp32, 1 thread"
+    return float(t[0]), src
+
+
+class Trainer:
+    """One rank's training run; `run()` returns the TrainResult (rank 0 also writes it)."""
+
+    def __init__(self, job: TrainJob, ctx: Context):
+        self.job, self.ctx = job, ctx
+        self.plan = job.plan
+        self.dims = job.plan.dims()
+        self.shape = job.model.to_shape()
+        self.param_dtype = precision_dtype(job.train.precision, ctx.device.type)
+        torch.manual_seed(job.train.seed)
+        set_s3_endpoint(job.s3_endpoint_url)
+        self.parts = build_parts(self.shape, self.plan, self.dims, ctx.mesh, job.train.seq_len, job.train.seed,
+                                 ctx.device, self.param_dtype)
+        t = job.train
+        self.optims = [torch.optim.AdamW(m.parameters(), lr=t.lr, weight_decay=t.weight_decay, betas=(0.9, 0.95),
+                                         foreach=True) for m in self.parts.parts]
+        dp_rank = self.dims.dp_rank(ctx.rank)
+        self.loader = StepLoader(PackedWindows(job.manifest, t.seq_len), self.plan.micro_batch,
+                                 self.plan.grad_accum, self.dims.dp, dp_rank)
+        self.tokens_per_step = self.loader.global_batch * t.seq_len
+        self.pp_group = ctx.mesh["pp"].get_group() if self.plan.pp > 1 else None
+        self.fsdp = self.dims.dp > 1
+        self.flops_tok = perf.flops_per_token(self.shape, t.seq_len)
+        self.hflops_tok = perf.flops_per_token(self.shape, t.seq_len, self.plan.recompute, hardware=True)
+        self.peak, self.peak_source = _measure_peak(job, ctx)
+        self.prom = None
+        if t.metrics_port is not None:
+            from nightloom.train.prom import RankMetrics
+
+            self.prom = RankMetrics(t.metrics_port + ctx.rank, job.run_id, ctx.rank)
+
+    # -- one step --------------------------------------------------------------------------------------
+    def _autocast(self):
+        if self.param_dtype is not None and not self.fsdp:  # FSDP's MixedPrecisionPolicy casts instead
+            return torch.autocast(self.ctx.device.type, dtype=self.param_dtype)
+        return nullcontext()
+
+    def _context_parallel(self, model, x: torch.Tensor, y: torch.Tensor):
+        """CP (GPU only): shard inputs, targets and rope tables on the sequence; SDPA becomes ring attention."""
+        if self.plan.cp == 1:
+            return nullcontext()
+        from torch.distributed.tensor.experimental import context_parallel
+
+        bufs = [x, y, model.rope_cos, model.rope_sin]
+        return context_parallel(self.ctx.mesh["cp"], buffers=bufs, buffer_seq_dims=[1, 1, 0, 0],
+                                no_restore_buffers={x, y})
+
+    def _forward_backward(self, step: int) -> torch.Tensor:
+        """Local mean loss of this rank's share (0 on non-last pipeline stages)."""
+        batch = self.loader.batch(step)
+        dev = self.ctx.device
+        if self.parts.schedule is not None:
+            x, y = batch.inputs.to(dev), batch.targets.to(dev)
+            losses: list[torch.Tensor] = []
+            args = (x,) if self.parts.has_first else ()
+            kwargs = {"target": y, "losses": losses} if self.parts.has_last else {}
+            with self._autocast():
+                self.parts.schedule.step(*args, **kwargs)
+            if self.parts.has_last:
+                return torch.stack([l.detach().float() for l in losses]).mean()
+            return torch.zeros((), device=dev)
+        model = self.parts.parts[0]
+        total = torch.zeros((), device=dev)
+        n = len(batch.micro)
+        for i, (x, y) in enumerate(batch.micro):
+            if self.fsdp:  # reduce-scatter only after the last micro-batch
+                model.set_requires_gradient_sync(i == n - 1)
+            x, y = x.to(dev), y.to(dev)
+            with self._autocast(), self._context_parallel(model, x, y):
+                loss = loss_fn(model(x), y) / n
+                loss.backward()
+            total += loss.detach().float()
+        return total
+
+    def _should_stop(self, est_step_s: float) -> tuple[bool, float]:
+        """All ranks agree on the deadline (MAX all-reduce); the all-reduce time is the collective latency."""
+        dl = self.job.deadline_unix
+        flag = torch.tensor([1.0 if dl is not None and time.time() + est_step_s >= dl else 0.0],
+                            device=self.ctx.device)
+        t0 = time.perf_counter()
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item() > 0), time.perf_counter() - t0
+
+    def _global_loss(self, local: torch.Tensor) -> float:
+        is_last = 1.0 if self.parts.has_last else 0.0
+        t = torch.stack([local.float() * is_last, torch.tensor(is_last, device=local.device)])
+        dist.all_reduce(t)
+        return float(t[0] / t[1])
+
+    # -- the run ---------------------------------------------------------------------------------------
+    def _log(self, msg: str) -> None:
+        if self.ctx.rank == 0:
+            print(msg, flush=True)
+
+    def run(self) -> TrainResult:
+        job, t = self.job, self.job.train
+        t_start = time.time()
+        start = 0
+        if job.resume:
+            found = checkpoint.latest(job.checkpoint_dir)
+            if found is not None:
+                path, start = found
+                checkpoint.load(path, self.parts.parts, self.optims)
+                self._log(f"[nightloom.train] resumed from {path} at step {start} in layout {self.plan.layout()}")
+        self._log(f"[nightloom.train] run {job.run_id} attempt {job.attempt}: {self.shape.name} layout "
+                  f"{self.plan.layout()} world {self.ctx.world} device {self.ctx.device.type} steps {start}->{t.steps} "
+                  f"global batch {self.loader.global_batch}x{t.seq_len} peak {self.peak / 1e9:.1f} GFLOP/s "
+                  f"({self.peak_source})")
+        step, stopped, last_loss, last_ckpt, saved_at = start, "completed", None, None, None
+        est = 0.0
+        while step < t.steps:
+            stop, latency = self._should_stop(est)
+            if stop:
+                stopped = "deadline"
+                break
+            t0 = time.perf_counter()
+            lr = lr_at(step, t.lr, t.warmup_steps, t.steps, t.min_lr_ratio)
+            for o in self.optims:
+                for g in o.param_groups:
+                    g["lr"] = lr
+            local = self._forward_backward(step)
+            gnorm = float(_grad_norm_and_clip(self.parts, t.grad_clip, self.pp_group))
+            for o in self.optims:
+                o.step()
+                o.zero_grad(set_to_none=True)
+            last_loss = self._global_loss(local)
+            mem = torch.tensor([float(peak_memory_bytes(self.ctx.device))], device=self.ctx.device)
+            dist.all_reduce(mem, op=dist.ReduceOp.MAX)
+            dt = time.perf_counter() - t0
+            est = dt
+            step += 1
+            tps = self.tokens_per_step / dt
+            mfu = perf.mfu(tps, self.flops_tok, self.ctx.world, self.peak)
+            hfu = perf.mfu(tps, self.hflops_tok, self.ctx.world, self.peak)
+            if self.ctx.rank == 0:
+                append_metrics(job.metrics_path, StepMetrics(
+                    step=step, loss=last_loss, grad_norm=gnorm, lr=lr, tokens=self.tokens_per_step,
+                    tokens_per_s=tps, step_time_s=dt, peak_mem_bytes=int(mem.item()), mfu=mfu, hfu=hfu,
+                    time=time.time(), attempt=job.attempt, gap=step == start + 1 and start > 0,
+                    collective_latency_s=latency))
+                print(f"step {step}/{t.steps} loss {last_loss:.4f} grad_norm {gnorm:.3f} lr {lr:.2e} "
+                      f"tok/s {tps:,.0f} step {dt * 1e3:.0f} ms mfu {mfu:.1%} mem {mem.item() / 2**20:.0f} MiB",
+                      flush=True)
+            if self.prom is not None:
+                self.prom.update(step=step, loss=last_loss, grad_norm=gnorm, tokens_per_s=tps, step_time_s=dt,
+                                 mfu=mfu, memory_bytes=peak_memory_bytes(self.ctx.device),
+                                 collective_latency_s=latency)
+            if job.stop_after_steps is not None and step >= job.stop_after_steps and step < t.steps:
+                stopped = "stop_after_steps"
+                break
+            if t.checkpoint_every and step % t.checkpoint_every == 0 and step < t.steps:
+                last_ckpt = self._save(step)
+                saved_at = step
+        if saved_at != step and step > start:
+            last_ckpt = self._save(step)
+        elif saved_at is None and step == start and start > 0:
+            last_ckpt = str(checkpoint.latest(job.checkpoint_dir)[0])
+        result = TrainResult(steps_done=step, total_steps=t.steps, stopped=stopped, final_loss=last_loss,
+                             tokens=step * self.tokens_per_step, wall_s=time.time() - t_start,
+                             last_checkpoint=last_ckpt)
+        if self.ctx.rank == 0:
+            job.result_path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = job.result_path.with_name(f".{job.result_path.name}.tmp")
+            tmp.write_text(result.model_dump_json(indent=2) + "\n", encoding="utf-8")
+            os.replace(tmp, job.result_path)
+            self._log(f"[nightloom.train] {stopped} at step {step}/{t.steps}; checkpoint {last_ckpt}")
+        return result
+
+    def _save(self, step: int) -> str:
+        path, secs = checkpoint.save(self.job.checkpoint_dir, step, self.parts.parts, self.optims, self.ctx.rank)
+        self._log(f"[nightloom.train] checkpoint step {step} -> {path} ({secs:.2f} s)")
+        return str(path)
+
+    def close(self) -> None:
+        if self.prom is not None:
+            self.prom.close()
+
+
+def _write_pid(job: TrainJob, rank: int) -> None:
+    """`<run_dir>/pids/rank-N.pid`: lets an operator (or a test) find and signal one rank."""
+    d = Path(job.run_dir) / "pids"
+    d.mkdir(parents=True, exist_ok=True)
+    (d / f"rank-{rank}.pid").write_text(f"{os.getpid()}\n", encoding="utf-8")
+
+
+def main(job: TrainJob) -> int:
+    ctx = _init_distributed(job)
+    _write_pid(job, ctx.rank)
+    trainer = None
+    try:
+        trainer = Trainer(job, ctx)
+        trainer.run()
+        dist.barrier()
+        return 0
+    except Exception as e:
+        print(f"[nightloom.train] rank {ctx.rank} failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        raise
+    finally:
+        if trainer is not None:
+            trainer.close()
+        if dist.is_initialized():
+            dist.destroy_process_group()

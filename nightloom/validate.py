@@ -1,0 +1,371 @@
+"""Run validation: MFU gates and convergence checks over per-step metrics, one typed Verdict per gate.
+
+A run is trusted only if it used the hardware (MFU, computed with the one PaLM formula in nightloom/perf.py
+against a peak whose source is recorded) and it is learning (a robust fitted loss trend falls, no NaN/Inf,
+no spikes, bounded grad norms, and, when configured, agreement with a golden curve or a reference layout).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from nightloom.catalog import GPUS
+from nightloom.metrics import StepMetrics, read_metrics
+from nightloom.perf import PeakMeasurement, mfu
+from nightloom.spec import ValidateSpec
+
+
+class ValidationFailed(RuntimeError):
+    """One or more gates failed; the message lists each failing gate's reason."""
+
+    def __init__(self, failed: list[Verdict]):
+        self.failed = failed
+        super().__init__("validation failed:\n  " + "\n  ".join(f"{v.name}: {v.reason}" for v in failed))
+
+
+class PeakError(ValueError):
+    """No trustworthy peak FLOP/s for a device type (never silently defaulted: that is how MFU > 100% happens)."""
+
+
+class Verdict(BaseModel):
+    """The outcome of one gate: what was measured, against which threshold, and why it passed or failed."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    name: str
+    passed: bool
+    measured: float | None = None
+    threshold: float | None = None
+    reason: str
+    skipped: bool = False  # the gate was not configured; `passed` is True
+    step: int | None = None  # the first offending step, when one exists
+    precision: str | None = None  # MFU figures: the precision of the peak
+    peak_source: str | None = None  # MFU figures: datasheet entry or measurement
+
+
+@dataclass(frozen=True)
+class Peak:
+    """Per-device peak FLOP/s, its precision and where it came from."""
+
+    flops: float
+    precision: str
+    source: str
+
+
+def resolve_precision(precision: str, gpu_type: str) -> str:
+    """The spec's `auto` precision: bf16 on GPUs, fp32 on CPU."""
+    if precision == "auto":
+        return "fp32" if gpu_type == "cpu" else "bf16"
+    return precision
+
+
+def resolve_peak(gpu_type: str, precision: str, measured: PeakMeasurement | None = None) -> Peak:
+    """The peak for a device type: the catalog datasheet for a GPU, a measurement for `cpu`; else PeakError."""
+    precision = resolve_precision(precision, gpu_type)
+    if gpu_type == "cpu":
+        if measured is None:
+            raise PeakError("gpu_type 'cpu': no measured peak given (use nightloom.perf.measure_cpu_matmul_peak)")
+        if not (measured.flops > 0 and math.isfinite(measured.flops)):
+            raise PeakError(f"gpu_type 'cpu': measured peak must be a positive number, got {measured.flops}")
+        return Peak(measured.flops, measured.precision, measured.source)
+    spec = GPUS.get(gpu_type)
+    if spec is None:
+        raise PeakError(f"no peak FLOP/s for GPU type {gpu_type!r}; known: cpu, {', '.join(sorted(GPUS))}")
+    return Peak(spec.peak(precision), precision, f"datasheet: {spec.source}")
+
+
+@dataclass(frozen=True)
+class MfuInputs:
+    """What the MFU gate needs besides the metrics: FLOPs per token (model and hardware), devices, the peak."""
+
+    flops_per_token: float
+    hardware_flops_per_token: float
+    n_devices: int
+    peak: Peak
+    predicted_mfu: float | None = None  # the planner's prediction, when it made one
+
+
+@dataclass(frozen=True)
+class MfuReport:
+    """Steady-state throughput and the MFU/HFU derived from it."""
+
+    tokens_per_s: float
+    mfu: float
+    hfu: float
+    steps_used: int
+    peak: Peak
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+
+
+def _throughput(m: StepMetrics) -> float | None:
+    if m.tokens_per_s is not None and math.isfinite(m.tokens_per_s) and m.tokens_per_s > 0:
+        return m.tokens_per_s
+    if m.step_time_s and m.step_time_s > 0 and m.tokens > 0:
+        return m.tokens / m.step_time_s
+    return None
+
+
+def steady_state(steps: Sequence[StepMetrics], warmup: int | None = None) -> list[StepMetrics]:
+    """Steps that measure steady throughput: drop warm-up (default 10%, at least 1) and first-after-resume steps."""
+    if warmup is None:
+        warmup = max(1, len(steps) // 10) if len(steps) > 1 else 0
+    return [m for m in steps[warmup:] if not m.gap]
+
+
+def measure_mfu(steps: Sequence[StepMetrics], inputs: MfuInputs, warmup: int | None = None) -> MfuReport | None:
+    """Median steady-state tokens/s → MFU and HFU (PaLM App. B via nightloom.perf.mfu); None if no throughput."""
+    rates = [r for r in (_throughput(m) for m in steady_state(steps, warmup)) if r is not None]
+    if not rates:
+        return None
+    tps = statistics.median(rates)
+    p = inputs.peak
+    return MfuReport(
+        tokens_per_s=tps,
+        mfu=mfu(tps, inputs.flops_per_token, inputs.n_devices, p.flops),
+        hfu=mfu(tps, inputs.hardware_flops_per_token, inputs.n_devices, p.flops),
+        steps_used=len(rates),
+        peak=p,
+    )
+
+
+def theil_sen(xs: Sequence[float], ys: Sequence[float], max_points: int = 400) -> tuple[float, float]:
+    """Robust line fit (median of pairwise slopes; Sen 1968): (slope, intercept). Subsamples long series."""
+    n = len(xs)
+    if n < 2:
+        raise ValueError("a trend needs at least 2 points")
+    if n > max_points:
+        idx = [round(i * (n - 1) / (max_points - 1)) for i in range(max_points)]
+        xs, ys = [xs[i] for i in idx], [ys[i] for i in idx]
+        n = max_points
+    slopes = [(ys[j] - ys[i]) / (xs[j] - xs[i]) for i in range(n) for j in range(i + 1, n) if xs[j] != xs[i]]
+    slope = statistics.median(slopes)
+    intercept = statistics.median(y - slope * x for x, y in zip(xs, ys))
+    return slope, intercept
+
+
+def _mad(values: Sequence[float]) -> float:
+    med = statistics.median(values)
+    return 1.4826 * statistics.median(abs(v - med) for v in values)  # consistent with σ for Gaussian noise
+
+
+# ---------------------------------------------------------------------------------------------- MFU gates
+
+
+def check_mfu(steps: Sequence[StepMetrics], spec: ValidateSpec, inputs: MfuInputs) -> list[Verdict]:
+    """`mfu_floor`, `mfu_vs_plan` and (reported, never gating) `hfu` verdicts."""
+    p = inputs.peak
+    tag = dict(precision=p.precision, peak_source=p.source)
+    report = measure_mfu(steps, inputs)
+    if report is None:
+        reason = "no throughput in the metrics (tokens_per_s, or tokens and step_time_s, on steady-state steps)"
+        return [
+            Verdict(name="mfu_floor", passed=spec.mfu_floor == 0, skipped=spec.mfu_floor == 0,
+                    threshold=spec.mfu_floor, reason=reason, **tag),
+            Verdict(name="mfu_vs_plan", passed=spec.mfu_vs_plan == 0, skipped=spec.mfu_vs_plan == 0,
+                    reason=reason, **tag),
+        ]
+    m = report.mfu
+    fig = f"MFU {m:.2%} ({report.tokens_per_s:,.0f} tokens/s over {report.steps_used} steps, {p.precision} peak " \
+          f"{p.flops:.3g} FLOP/s from {p.source})"
+    out: list[Verdict] = []
+    if m > 1.0:
+        out.append(Verdict(name="mfu_floor", passed=False, measured=m, threshold=1.0,
+                           reason=f"{fig} exceeds 100%: the peak or the FLOP count is wrong", **tag))
+    elif spec.mfu_floor == 0:
+        out.append(Verdict(name="mfu_floor", passed=True, skipped=True, measured=m, threshold=0.0,
+                           reason=f"{fig}; no floor set", **tag))
+    else:
+        ok = m >= spec.mfu_floor
+        out.append(Verdict(name="mfu_floor", passed=ok, measured=m, threshold=spec.mfu_floor,
+                           reason=f"{fig} {'>=' if ok else '<'} floor {spec.mfu_floor:.2%}", **tag))
+    if spec.mfu_vs_plan == 0:
+        out.append(Verdict(name="mfu_vs_plan", passed=True, skipped=True, measured=m,
+                           threshold=None, reason="mfu_vs_plan not set", **tag))
+    elif inputs.predicted_mfu is None or not inputs.predicted_mfu > 0:
+        out.append(Verdict(name="mfu_vs_plan", passed=False, measured=m,
+                           reason=f"mfu_vs_plan={spec.mfu_vs_plan} is set but the plan predicted no MFU", **tag))
+    else:
+        need = spec.mfu_vs_plan * inputs.predicted_mfu
+        ok = m >= need
+        out.append(Verdict(name="mfu_vs_plan", passed=ok, measured=m, threshold=need,
+                           reason=f"{fig} {'>=' if ok else '<'} {spec.mfu_vs_plan:g} × predicted "
+                                  f"{inputs.predicted_mfu:.2%} = {need:.2%}", **tag))
+    out.append(Verdict(name="hfu", passed=True, skipped=True, measured=report.hfu,
+                       reason=f"HFU {report.hfu:.2%} (counts recomputation; reported, not gated)", **tag))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- convergence
+
+
+def check_finite(steps: Sequence[StepMetrics]) -> Verdict:
+    """No NaN/Inf loss or grad norm at any step."""
+    for m in steps:
+        if not math.isfinite(m.loss):
+            return Verdict(name="finite", passed=False, measured=m.loss, step=m.step,
+                           reason=f"loss is {m.loss} at step {m.step}")
+        if m.grad_norm is not None and not math.isfinite(m.grad_norm):
+            return Verdict(name="finite", passed=False, measured=m.grad_norm, step=m.step,
+                           reason=f"grad_norm is {m.grad_norm} at step {m.step}")
+    return Verdict(name="finite", passed=True, reason=f"loss and grad_norm finite over {len(steps)} steps")
+
+
+def check_loss_drop(steps: Sequence[StepMetrics], min_drop: float, window: int = 0) -> Verdict:
+    """The Theil–Sen trend of the loss over the last `window` steps (0 = all) falls by at least `min_drop`."""
+    pts = [m for m in (steps[-window:] if window else steps) if math.isfinite(m.loss)]
+    if len(pts) < 3:
+        return Verdict(name="loss_drop", passed=min_drop == 0, threshold=min_drop,
+                       reason=f"only {len(pts)} finite losses in the window; a trend needs at least 3")
+    xs = [float(m.step) for m in pts]
+    slope, icpt = theil_sen(xs, [m.loss for m in pts])
+    start, end = icpt + slope * xs[0], icpt + slope * xs[-1]
+    drop = (start - end) / abs(start) if start else 0.0
+    ok = drop >= min_drop
+    return Verdict(
+        name="loss_drop", passed=ok, measured=drop, threshold=min_drop,
+        reason=f"fitted loss {start:.4g} → {end:.4g} over steps {pts[0].step}–{pts[-1].step}: "
+               f"drop {drop:.1%} {'>=' if ok else '<'} {min_drop:.1%}" + ("" if ok else " (not learning)"),
+    )
+
+
+def check_spikes(steps: Sequence[StepMetrics], k: float, history: int = 8, rel_floor: float = 1e-3) -> Verdict:
+    """A spike: a loss above the median of the previous `history` losses by more than k × the local noise σ,
+    estimated from the σ-scaled MAD of second differences over the previous 4·`history` losses (second
+    differences cancel a smooth trend, so a steep descent is not mistaken for noise; Var(Δ²) = 6σ²).
+    Resume (`gap`) steps are never spikes. σ is floored at `rel_floor` × median loss."""
+    pts = [m for m in steps if math.isfinite(m.loss)]
+    first = 5
+    if len(pts) <= first:
+        return Verdict(name="spikes", passed=True, skipped=True, threshold=k,
+                       reason=f"only {len(pts)} finite losses; spike detection needs more than {first}")
+    floor = rel_floor * abs(statistics.median(m.loss for m in pts))
+    worst: tuple[StepMetrics, float] | None = None  # (step, rise in units of the noise scale)
+    top = 0.0
+    for i in range(first, len(pts)):
+        m = pts[i]
+        if m.gap:
+            continue
+        recent = [p.loss for p in pts[max(0, i - history): i]]
+        ys = [p.loss for p in pts[max(0, i - 4 * history): i]]
+        d2 = [ys[j] - 2 * ys[j - 1] + ys[j - 2] for j in range(2, len(ys))]
+        scale = max(_mad(d2) / math.sqrt(6), floor)
+        rise = (m.loss - statistics.median(recent)) / scale
+        top = max(top, rise)
+        if rise > k and (worst is None or rise > worst[1]):
+            worst = (m, rise)
+    if worst is None:
+        return Verdict(name="spikes", passed=True, measured=top, threshold=k,
+                       reason=f"largest rise {top:.1f} × MAD <= {k:g} × MAD")
+    m, x = worst
+    return Verdict(name="spikes", passed=False, measured=x, threshold=k, step=m.step,
+                   reason=f"loss spike at step {m.step}: {m.loss:.4g} is {x:.1f} × MAD above the "
+                          f"trailing median (limit {k:g} × MAD)")
+
+
+def check_grad_norm(steps: Sequence[StepMetrics], max_norm: float | None) -> Verdict:
+    """Every recorded grad norm is at most `max_norm` (pre-clipping norms, as the trainer logs them)."""
+    if max_norm is None:
+        return Verdict(name="grad_norm", passed=True, skipped=True, reason="grad_norm_max not set")
+    norms = [m for m in steps if m.grad_norm is not None]
+    if not norms:
+        return Verdict(name="grad_norm", passed=False, threshold=max_norm,
+                       reason="grad_norm_max is set but no step recorded grad_norm")
+    worst = max(norms, key=lambda m: m.grad_norm if math.isfinite(m.grad_norm) else math.inf)
+    g = worst.grad_norm
+    ok = math.isfinite(g) and g <= max_norm
+    return Verdict(name="grad_norm", passed=ok, measured=g, threshold=max_norm, step=None if ok else worst.step,
+                   reason=f"max grad_norm {g:.4g} at step {worst.step} {'<=' if ok else '>'} {max_norm:g}")
+
+
+def check_golden(steps: Sequence[StepMetrics], golden: Sequence[StepMetrics], rtol: float,
+                 source: str = "golden curve") -> Verdict:
+    """At every step present in both curves, |loss − golden| <= rtol · |golden|."""
+    ref = {m.step: m.loss for m in golden}
+    pairs = [(m.step, m.loss, ref[m.step]) for m in steps if m.step in ref]
+    if not pairs:
+        return Verdict(name="golden", passed=False, threshold=rtol,
+                       reason=f"no step in common with the {source} ({len(golden)} steps)")
+    worst_step, worst_err = None, -1.0
+    for step, loss, g in pairs:
+        err = abs(loss - g) / abs(g) if g else abs(loss - g)
+        if not math.isfinite(err):
+            err = math.inf
+        if err > worst_err:
+            worst_step, worst_err = step, err
+    ok = worst_err <= rtol
+    return Verdict(name="golden", passed=ok, measured=worst_err, threshold=rtol, step=None if ok else worst_step,
+                   reason=f"max relative deviation from the {source} {worst_err:.2%} at step {worst_step} "
+                          f"over {len(pairs)} steps {'<=' if ok else '>'} rtol {rtol:.2%}")
+
+
+def check_parity(reference: Sequence[float], target: Sequence[float], tolerance: float,
+                 label: str = "target layout vs reference") -> Verdict:
+    """Two loss lists (same steps, two layouts) agree: max |a − b| <= tolerance, and they have equal length."""
+    if len(reference) != len(target) or not reference:
+        return Verdict(name="parity", passed=False, threshold=tolerance,
+                       reason=f"{label}: {len(target)} losses vs {len(reference)} in the reference")
+    diffs = [abs(a - b) if math.isfinite(a) and math.isfinite(b) else math.inf for a, b in zip(reference, target)]
+    i = max(range(len(diffs)), key=diffs.__getitem__)
+    ok = diffs[i] <= tolerance
+    return Verdict(name="parity", passed=ok, measured=diffs[i], threshold=tolerance, step=None if ok else i,
+                   reason=f"{label}: max |Δloss| {diffs[i]:.3g} at step index {i} "
+                          f"{'<=' if ok else '>'} {tolerance:g}")
+
+
+def load_golden(path: str | Path) -> list[StepMetrics]:
+    """A golden curve: JSONL of {step, loss} (the metrics format); errors name file and line."""
+    return read_metrics(path)
+
+
+# ---------------------------------------------------------------------------------------------- all gates
+
+
+def validate_run(
+    steps: Sequence[StepMetrics],
+    spec: ValidateSpec,
+    mfu_inputs: MfuInputs | None = None,
+    golden: Sequence[StepMetrics] | None = None,
+    golden_source: str = "golden curve",
+    parity: tuple[Sequence[float], Sequence[float]] | None = None,
+) -> list[Verdict]:
+    """Every configured gate, in a fixed order. Pass `mfu_inputs=None` only when MFU is not gated at all."""
+    if not steps:
+        raise ValueError("validate_run: no metrics steps")
+    out: list[Verdict] = []
+    if mfu_inputs is not None:
+        out += check_mfu(steps, spec, mfu_inputs)
+    elif spec.mfu_floor > 0 or spec.mfu_vs_plan > 0:
+        raise PeakError("validate.mfu_floor/mfu_vs_plan is set but no peak/FLOPs were given to validate the run")
+    out.append(check_finite(steps))
+    out.append(check_loss_drop(steps, spec.min_loss_drop, spec.window))
+    out.append(check_spikes(steps, spec.spike_k))
+    out.append(check_grad_norm(steps, spec.grad_norm_max))
+    if golden is not None:
+        out.append(check_golden(steps, golden, spec.golden.rtol, golden_source))
+    elif spec.golden.path or spec.golden.from_ledger:
+        out.append(Verdict(name="golden", passed=False, threshold=spec.golden.rtol,
+                           reason="a golden curve is configured but none was loaded"))
+    if parity is not None:
+        out.append(check_parity(parity[0], parity[1], spec.parity.tolerance))
+    elif spec.parity.enabled:
+        out.append(Verdict(name="parity", passed=False, threshold=spec.parity.tolerance,
+                           reason="parity is enabled but no reference/target losses were given"))
+    return out
+
+
+def failed(verdicts: Sequence[Verdict]) -> list[Verdict]:
+    return [v for v in verdicts if not v.passed]
+
+
+def require_passed(verdicts: Sequence[Verdict]) -> None:
+    """Raise ValidationFailed listing every failing gate's reason (the flow fails with it)."""
+    bad = failed(verdicts)
+    if bad:
+        raise ValidationFailed(bad)

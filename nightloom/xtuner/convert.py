@@ -1,0 +1,96 @@
+"""Turn an XTuner checkpoint into a Hugging Face model (LoRA merged when asked) and write it to storage.
+
+Each step runs in the XTuner env through node_wrapper.py and is checked twice: the exit code, then the
+files a loader needs (the tools print errors and still leave folders behind).
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+from nightloom.xtuner.launcher import check, run_streaming, tool_command
+
+
+class XTunerConvertError(RuntimeError):
+    """A conversion left no loadable model; names the folder and what is missing."""
+
+
+def find_checkpoint(work_dir: Path) -> Path | None:
+    """The newest mmengine checkpoint of a work dir (`last_checkpoint` names it), or None."""
+    work_dir = Path(work_dir)
+    marker = work_dir / "last_checkpoint"
+    if marker.is_file():
+        p = Path(marker.read_text(encoding="utf-8").strip())
+        p = p if p.is_absolute() else work_dir / p
+        if p.exists():
+            return p
+    ckpts = sorted(work_dir.glob("iter_*.pth"), key=lambda q: int(q.stem.split("_")[1]))
+    return ckpts[-1] if ckpts else None
+
+
+def _has_weights(d: Path) -> bool:
+    return any(d.glob("*.safetensors")) or any(d.glob("pytorch_model*.bin"))
+
+
+def check_hf_model(d: Path) -> Path:
+    """A full Hugging Face model: config.json and weights."""
+    missing = [n for n, ok in (("config.json", (d / "config.json").is_file()), ("weights", _has_weights(d))) if not ok]
+    if missing:
+        raise XTunerConvertError(f"{d}: not a Hugging Face model: missing {', '.join(missing)}")
+    return d
+
+
+def check_adapter(d: Path) -> Path:
+    """A PEFT adapter: adapter_config.json and adapter weights."""
+    ok = (d / "adapter_config.json").is_file() and any(d.glob("adapter_model.*"))
+    if not ok:
+        raise XTunerConvertError(f"{d}: not a LoRA adapter: needs adapter_config.json and adapter_model.*")
+    return d
+
+
+def pth_to_hf(python: Path | str, config: Path, pth: Path, out: Path, *, lora: bool, log_file: Path,
+              log: Callable[[str], None] = print, timeout_s: float = 1800) -> Path:
+    """xtuner's pth_to_hf (fp32, safetensors); returns `out`, an adapter folder for LoRA else a full model."""
+    if out.exists():
+        shutil.rmtree(out)
+    cmd = tool_command(python, "pth_to_hf", config, pth, out, "--fp32", "--safe-serialization")
+    check(run_streaming(cmd, log_file, log, step="pth_to_hf", timeout_s=timeout_s), "pth_to_hf", log_file)
+    return check_adapter(out) if lora else check_hf_model(out)
+
+
+def merge_lora(python: Path | str, base: Path, adapter: Path, out: Path, *, device: str, log_file: Path,
+               log: Callable[[str], None] = print, timeout_s: float = 1800) -> Path:
+    """xtuner's `convert merge` (base + adapter → full model, safetensors)."""
+    if out.exists():
+        shutil.rmtree(out)
+    cmd = tool_command(python, "merge", base, adapter, out, "--device", device, "--safe-serialization")
+    check(run_streaming(cmd, log_file, log, step="merge", timeout_s=timeout_s), "merge", log_file)
+    return check_hf_model(out)
+
+
+def publish(src: Path, dest: str, s3_endpoint_url: str | None = None) -> str:
+    """Copy a model folder to a local folder or an s3:// prefix; the destination is complete when it appears.
+
+    Local: copy into `<dest>.tmp`, then rename. S3: upload every file, then a `_SUCCESS` marker last.
+    Credentials come from the usual boto3 chain; they are never logged."""
+    src = Path(src)
+    if dest.startswith("s3://"):
+        import boto3
+
+        bucket, _, prefix = dest[len("s3://"):].partition("/")
+        s3 = boto3.client("s3", endpoint_url=s3_endpoint_url)
+        for f in sorted(p for p in src.rglob("*") if p.is_file()):
+            s3.upload_file(str(f), bucket, f"{prefix.rstrip('/')}/{f.relative_to(src).as_posix()}")
+        s3.put_object(Bucket=bucket, Key=f"{prefix.rstrip('/')}/_SUCCESS", Body=b"")
+        return dest
+    out = Path(dest)
+    tmp = out.with_name(out.name + ".tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    shutil.copytree(src, tmp)
+    if out.exists():
+        shutil.rmtree(out)
+    tmp.rename(out)
+    return str(out)

@@ -1,0 +1,361 @@
+"""Fine-tune with XTuner from a RunSpec: check → render → prepare data → launch → metrics → convert → publish.
+
+`run_xtuner` is the one pure entry the pipeline calls when `train.backend == "xtuner"`; the stages
+(`plan_xtuner`, `prepare_data`, `launch_training`, `convert_checkpoint`) are public so Prefect tasks can wrap
+each with its own retries and artifacts. Everything that can be wrong with the inputs fails in
+`plan_xtuner`, before any rank starts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from nightloom.spec import RunSpec
+from nightloom.train.job import TrainResult
+from nightloom.xtuner import config as xcfg
+from nightloom.xtuner.convert import check_hf_model, find_checkpoint, merge_lora, publish, pth_to_hf
+from nightloom.xtuner.env import XTunerEnv, ensure_env
+from nightloom.xtuner.launcher import (
+    XTunerLaunchError, check, node_env, run_streaming, tail, tool_command, train_args, train_command,
+)
+from nightloom.xtuner.logs import RunShape, write_metrics
+from nightloom.xtuner.node_wrapper import EXIT_EMPTY_DATASET
+
+Log = Callable[[str], None]
+
+
+class XTunerPlan(BaseModel):
+    """A checked, rendered XTuner run: where everything is and what one step means."""
+
+    model_config = ConfigDict(extra="forbid")
+    python: str
+    env_key: str
+    profile: str
+    method: str
+    merge_lora: bool
+    base_model: str
+    run_dir: str
+    config_path: str
+    work_dir: str
+    processed_dir: str
+    log_dir: str
+    world_size: int
+    total_steps: int
+    tokens_per_step: int
+    flops_per_token: float | None = None
+    peak_flops: float | None = None
+    peak_source: str | None = None
+    deepspeed: str | None = None
+    data_files: list[str]
+    prepare_key: str
+
+
+class XTunerResult(TrainResult):
+    """TrainResult plus where XTuner put things (a TrainResult to the rest of the pipeline)."""
+
+    metrics_path: str
+    config_path: str
+    model_dir: str | None = None  # Hugging Face model (merged when LoRA and merge_lora) or adapter
+    adapter_dir: str | None = None
+    published: str | None = None
+    processed_rows: int = 0
+    processed_tokens: int = 0
+    env_python: str = ""
+    env_key: str = ""
+    profile: str = ""
+    stage_s: dict[str, float] = {}
+
+
+# ------------------------------------------------------------------------------------------------ inputs
+
+
+def shard_files(spec: RunSpec, manifest) -> list[Path]:
+    """Local shard paths from a manifest folder/file path, or a ShardManifest read from `spec.sharding.output`."""
+    from nightloom.sharding.manifest import MANIFEST_NAME, ShardManifest, load_manifest
+
+    if isinstance(manifest, ShardManifest):
+        base, m = spec.sharding.output, manifest
+    else:
+        base = str(manifest)
+        if base.endswith(".json"):
+            base = str(Path(base).parent)
+        m = load_manifest(base)
+    if base.startswith("s3://"):
+        raise xcfg.XTunerConfigError(
+            f"dataset: shards at {base}: the XTuner backend reads local shards; stage them with nightloom.sharding first"
+        )
+    root = Path(base)
+    if root.name == MANIFEST_NAME:
+        root = root.parent
+    return [root / s.path for s in sorted(m.shards, key=lambda s: s.index)]
+
+
+def _hf_flops_per_token(base: Path, seq_len: int) -> float | None:
+    """PaLM FLOPs/token (nightloom.perf) from a Llama-style HF config.json; None for other architectures."""
+    from nightloom.catalog import ModelShape
+    from nightloom.perf import flops_per_token
+
+    try:
+        c = json.loads((base / "config.json").read_text(encoding="utf-8"))
+        shape = ModelShape(
+            name=c.get("model_type", "hf"), layers=c["num_hidden_layers"], hidden=c["hidden_size"],
+            heads=c["num_attention_heads"], kv_heads=c.get("num_key_value_heads") or c["num_attention_heads"],
+            ffn_hidden=c["intermediate_size"], vocab=c["vocab_size"], max_seq=c.get("max_position_embeddings", seq_len),
+            tied_embeddings=bool(c.get("tie_word_embeddings", False)),
+        )
+    except (KeyError, ValueError, OSError):
+        return None
+    return flops_per_token(shape, seq_len)
+
+
+def _peak(spec: RunSpec, profile: str, peak_flops: float | None) -> tuple[float | None, str | None]:
+    if peak_flops is not None:
+        return peak_flops, "given"
+    from nightloom.catalog import GPUS
+
+    if spec.cluster.gpu_type in GPUS:
+        g = GPUS[spec.cluster.gpu_type]
+        prec = "fp32" if profile == "cpu" else "bf16"
+        return g.peak(prec), f"datasheet: {g.source}"
+    if profile == "cpu":
+        from nightloom.perf import measure_cpu_matmul_peak
+
+        m = measure_cpu_matmul_peak(n=512, repeats=3)
+        return m.flops, m.source
+    return None, None
+
+
+def _prepare_key(files: list[Path], rendered_values: dict) -> str:
+    h = hashlib.sha256()
+    for f in files:
+        st = f.stat()
+        h.update(f"{f}|{st.st_size}|{st.st_mtime_ns}\n".encode())
+    h.update(json.dumps(rendered_values, sort_keys=True, default=str).encode())
+    return h.hexdigest()[:16]
+
+
+def plan_xtuner(spec: RunSpec, manifest, run_dir: str | Path, *, world_size: int | None = None,
+                env: XTunerEnv | None = None, peak_flops: float | None = None, log: Log = print) -> XTunerPlan:
+    """Check every input, find or build the env, and render the config. Raises XTunerConfigError before launch."""
+    xs = spec.train.xtuner
+    if xs is None:
+        raise xcfg.XTunerConfigError("train.xtuner: required when train.backend is 'xtuner'")
+    tr = spec.train
+    map_fn = xcfg.resolve_map_fn(xs.map_fn)
+    template = xcfg.check_template(xs.template)
+    if xs.base_model.startswith("s3://"):
+        base = fetch_base_model(xs.base_model, Path(run_dir) / "base_model", spec.storage.s3_endpoint_url)
+    else:
+        base = xcfg.check_base_model(xs.base_model)
+    files = shard_files(spec, manifest)
+    data_format = xcfg.check_data_files(files, map_fn)
+    world = world_size or spec.world_size
+    if tr.global_batch % world:
+        raise xcfg.XTunerConfigError(
+            f"train.global_batch: {tr.global_batch} is not divisible by the world size {world} "
+            "(XTuner runs one micro-batch of global_batch/world sequences per rank per step)"
+        )
+    env = env or ensure_env(python=xs.python, log=log)
+    profile = env.profile if env.profile in ("cpu", "gpu") else ("gpu" if env.versions.get("cuda") else "cpu")
+    xcfg.check_profile(profile, xs.method, xs.zero_stage, xs.sequence_parallel_size)
+
+    run_dir = Path(run_dir).resolve()
+    xdir = run_dir / "xtuner"
+    save_steps = tr.checkpoint_every or tr.steps
+    inputs = xcfg.RenderInputs(
+        profile=profile, method=xs.method, base_model=str(base), data_files=[str(f) for f in files],
+        data_format=data_format, map_fn=map_fn, template=template, work_dir=str(xdir / "work_dir"),
+        processed_dir=str(xdir / "processed"), hf_cache_dir=str(xdir / "hf_cache"), max_length=tr.seq_len,
+        batch_size=tr.global_batch // world, max_iters=tr.steps, warmup_iters=min(tr.warmup_steps, tr.steps),
+        lr=tr.lr, min_lr_ratio=tr.min_lr_ratio, weight_decay=tr.weight_decay, max_norm=tr.grad_clip,
+        save_steps=save_steps, seed=tr.seed, dist_timeout_s=tr.collective_timeout_s,
+        amp_dtype="float16" if xs.amp == "fp16" else "bfloat16",
+        sequence_parallel_size=xs.sequence_parallel_size,
+    )
+    cfg_path = xcfg.render_config(inputs, xdir / "config.py")
+    pkey_values = {k: v for k, v in inputs.values().items()
+                   if k in ("base_model", "data_files", "map_fn_name", "template_name", "max_length",
+                            "pack_to_max_length", "seed")}
+    peak, peak_source = _peak(spec, profile, peak_flops)
+    return XTunerPlan(
+        python=str(env.python), env_key=env.key, profile=profile, method=xs.method, merge_lora=xs.merge_lora,
+        base_model=str(base), run_dir=str(run_dir), config_path=str(cfg_path), work_dir=inputs.work_dir,
+        processed_dir=inputs.processed_dir, log_dir=str(xdir / "logs"), world_size=world, total_steps=tr.steps,
+        tokens_per_step=tr.global_batch * tr.seq_len, flops_per_token=_hf_flops_per_token(base, tr.seq_len),
+        peak_flops=peak, peak_source=peak_source,
+        deepspeed=f"deepspeed_zero{xs.zero_stage}" if xs.zero_stage else None,
+        data_files=inputs.data_files, prepare_key=_prepare_key(files, pkey_values),
+    )
+
+
+def fetch_base_model(uri: str, dest: Path, endpoint_url: str | None) -> Path:
+    """Download an s3:// model prefix once (a `.complete` marker written last), then check it like a local one."""
+    if (dest / ".complete").is_file():
+        return xcfg.check_base_model(dest)
+    import boto3
+
+    bucket, _, prefix = uri[len("s3://"):].partition("/")
+    prefix = prefix.rstrip("/") + "/"
+    s3 = boto3.client("s3", endpoint_url=endpoint_url)
+    n = 0
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        for obj in page.get("Contents", []):
+            rel = obj["Key"][len(prefix):]
+            if rel:
+                (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+                s3.download_file(bucket, obj["Key"], str(dest / rel))
+                n += 1
+    if n == 0:
+        raise xcfg.XTunerConfigError(f"train.xtuner.base_model: no objects under {uri}")
+    xcfg.check_base_model(dest)
+    (dest / ".complete").write_text("", encoding="utf-8")
+    return dest
+
+
+# ------------------------------------------------------------------------------------------------ stages
+
+
+def prepare_data(plan: XTunerPlan, log: Log = print, timeout_s: float | None = 3600) -> dict:
+    """Tokenize and pack the shards once (skipped when inputs are unchanged); error when nothing is left."""
+    processed = Path(plan.processed_dir)
+    key_file = processed / "nightloom_prepare_key"
+    if key_file.is_file() and key_file.read_text(encoding="utf-8").strip() == plan.prepare_key:
+        log(f"xtuner: processed dataset is up to date: {processed}")
+        return xcfg.read_processed_stats(processed)
+    log_file = Path(plan.log_dir) / "prepare.log"
+    code = run_streaming(tool_command(plan.python, "prepare", plan.config_path), log_file, log, step="prepare",
+                         timeout_s=timeout_s)
+    if code == EXIT_EMPTY_DATASET:
+        raise xcfg.XTunerConfigError(
+            f"processed dataset is empty: {len(plan.data_files)} shard(s) gave no trainable sample "
+            f"(see {log_file}):\n{tail(log_file, 3)}"
+        )
+    check(code, "prepare", log_file)
+    stats = xcfg.read_processed_stats(processed)
+    key_file.write_text(plan.prepare_key + "\n", encoding="utf-8")
+    return stats
+
+
+def launch_training(plan: XTunerPlan, *, cluster=None, provider=None, resume: bool = True, log: Log = print,
+                    timeout_s: float | None = None) -> Path:
+    """Run XTuner's train tool (1 rank, local torchrun, or the provider's nodes); return the final checkpoint.
+
+    Success needs exit code 0 AND a checkpoint AND the last step logged: XTuner can exit 0 without work."""
+    work_dir = Path(plan.work_dir)
+    ckpt = find_checkpoint(work_dir) if resume else None
+    if ckpt is not None:
+        log(f"xtuner: resuming from {ckpt}")
+    log_file = Path(plan.log_dir) / "train.log"
+    if cluster is not None and provider is not None:
+        nodes = [n.model_copy(update={"python": plan.python}) for n in cluster.nodes]
+        launch = provider.launch(cluster.model_copy(update={"nodes": nodes}),
+                                 train_args(Path(plan.config_path), distributed=True, resume=ckpt,
+                                            deepspeed=plan.deepspeed), node_env())
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_file, "a", encoding="utf-8") as f:
+            for line in launch.lines():
+                f.write(line + "\n")
+                f.flush()
+                log(f"[train] {line}")
+        code = launch.wait(timeout=timeout_s)
+    else:
+        from nightloom.provision.local import free_port
+
+        cmd = train_command(plan.python, Path(plan.config_path), plan.world_size, master_port=free_port(),
+                            resume=ckpt, deepspeed=plan.deepspeed)
+        code = run_streaming(cmd, log_file, log, step="train", timeout_s=timeout_s)
+    check(code, "train", log_file)
+    final = find_checkpoint(work_dir)
+    if final is None:
+        raise XTunerLaunchError(f"train exited 0 but left no checkpoint in {work_dir}; log: {log_file}")
+    return final
+
+
+def write_step_metrics(plan: XTunerPlan, attempt: int = 0) -> Path:
+    """metrics.jsonl in the run dir from every launch's mmengine logs."""
+    out = Path(plan.run_dir) / "metrics.jsonl"
+    shape = RunShape(plan.tokens_per_step, plan.flops_per_token, plan.world_size, plan.peak_flops)
+    write_metrics(Path(plan.work_dir), out, shape, attempt)
+    return out
+
+
+def convert_checkpoint(plan: XTunerPlan, checkpoint: Path, *, log: Log = print, publish_to: str | None = None,
+                       s3_endpoint_url: str | None = None) -> dict[str, str | None]:
+    """pth → HF (adapter for LoRA), merge when asked, then publish the final model folder."""
+    run_dir = Path(plan.run_dir)
+    log_file = Path(plan.log_dir) / "convert.log"
+    lora = plan.method in ("lora", "qlora")
+    hf = pth_to_hf(plan.python, Path(plan.config_path), checkpoint, run_dir / ("adapter" if lora else "model"),
+                   lora=lora, log_file=log_file, log=log)
+    out: dict[str, str | None] = {"adapter_dir": str(hf) if lora else None, "model_dir": None if lora else str(hf)}
+    if lora and plan.merge_lora:
+        merged = merge_lora(plan.python, Path(plan.base_model), hf, run_dir / "model",
+                            device="cpu" if plan.profile == "cpu" else "cuda", log_file=log_file, log=log)
+        out["model_dir"] = str(check_hf_model(merged))
+    final = out["model_dir"] or out["adapter_dir"]
+    out["published"] = publish(Path(final), publish_to, s3_endpoint_url) if publish_to else final
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ entry
+
+
+def run_xtuner(spec: RunSpec, manifest, run_dir: str | Path, cluster=None, log: Log = print, *, provider=None,
+               env: XTunerEnv | None = None, resume: bool = True, convert: bool = True,
+               publish_to: str | None = None, peak_flops: float | None = None,
+               timeout_s: float | None = None) -> XTunerResult:
+    """Fine-tune `spec` with XTuner on the shards of `manifest`; write metrics.jsonl, result.json and the model.
+
+    `manifest`: a shard folder, a manifest.json path, or a ShardManifest (located by spec.sharding.output).
+    `cluster`/`provider`: launch on the provider's nodes (their interpreters replaced by the XTuner env's);
+    without them, ranks run on this machine (world size = cluster.world_size or spec.world_size).
+    `publish_to`: local folder or s3:// prefix for the final model; default: s3 storage roots get
+    `<root>/<spec.name>/<run_dir name>/model`, local ones keep it in `<run_dir>/model`.
+    """
+    t0 = time.monotonic()
+    stage: dict[str, float] = {}
+    run_dir = Path(run_dir).resolve()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    world = cluster.world_size if cluster is not None else spec.world_size
+    plan = plan_xtuner(spec, manifest, run_dir, world_size=world, env=env, peak_flops=peak_flops, log=log)
+    stage["plan_s"] = time.monotonic() - t0
+    t = time.monotonic()
+    stats = prepare_data(plan, log=log)
+    stage["prepare_s"] = time.monotonic() - t
+    t = time.monotonic()
+    ckpt = launch_training(plan, cluster=cluster, provider=provider, resume=resume, log=log, timeout_s=timeout_s)
+    stage["train_s"] = time.monotonic() - t
+    metrics_path = write_step_metrics(plan)
+    from nightloom.metrics import read_metrics
+
+    steps = read_metrics(metrics_path)
+    last = steps[-1]
+    if last.step < plan.total_steps:
+        raise XTunerLaunchError(f"train stopped at step {last.step} of {plan.total_steps}; log: {plan.log_dir}/train.log")
+    conv: dict[str, str | None] = {}
+    if convert:
+        t = time.monotonic()
+        if publish_to is None and spec.storage.root.startswith("s3://"):
+            publish_to = f"{spec.storage.root.rstrip('/')}/{spec.name}/{run_dir.name}/model"
+        conv = convert_checkpoint(plan, ckpt, log=log, publish_to=publish_to,
+                                  s3_endpoint_url=spec.storage.s3_endpoint_url)
+        stage["convert_s"] = time.monotonic() - t
+    result = XTunerResult(
+        steps_done=last.step, total_steps=plan.total_steps, stopped="completed", final_loss=last.loss,
+        tokens=sum(m.tokens for m in steps), wall_s=time.monotonic() - t0, last_checkpoint=str(ckpt),
+        metrics_path=str(metrics_path), config_path=plan.config_path, model_dir=conv.get("model_dir"),
+        adapter_dir=conv.get("adapter_dir"), published=conv.get("published"), processed_rows=stats["rows"],
+        processed_tokens=stats["tokens"], env_python=plan.python, env_key=plan.env_key, profile=plan.profile,
+        stage_s={k: round(v, 2) for k, v in stage.items()},
+    )
+    tmp = run_dir / "result.json.tmp"
+    tmp.write_text(result.model_dump_json(indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, run_dir / "result.json")
+    return result

@@ -1,0 +1,26 @@
+"""Session fixtures for trainer tests: one corpus and one single-process reference run per session."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.distributed.harness import launch, make_job, write_corpus
+
+STEPS = 5
+#: the reference layout: 1 process, global batch 8 = micro_batch 2 x grad_accum 4
+REF_PLAN = {"micro_batch": 2, "grad_accum": 4}
+
+
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory):
+    return write_corpus(tmp_path_factory.mktemp("corpus"))
+
+
+@pytest.fixture(scope="session")
+def reference(corpus, tmp_path_factory):
+    """Losses of the uninterrupted single-process run (5 AdamW steps, checkpoint at step 3)."""
+    job = make_job(tmp_path_factory.mktemp("ref") / "run", corpus, steps=STEPS,
+                   train_kw={"checkpoint_every": 3}, **REF_PLAN)
+    out = launch(1, job, timeout=180)
+    assert len(out.losses) == STEPS, out.output[-3000:]
+    return out

@@ -1,0 +1,79 @@
+"""The whole flow on the embedded default (smaller: fewer steps), asserting on what each stage wrote."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def small_demo(tmp_path: Path, **train) -> Path:
+    """The demo spec with its outputs in tmp_path and a short training run."""
+    data = yaml.safe_load((ROOT / "deployments" / "local-demo.yaml").read_text())
+    data["dataset"]["path"] = str(ROOT / "datasets" / "sample" / "corpus.jsonl")
+    data["sharding"]["output"] = str(tmp_path / "shards")
+    data["storage"]["root"] = str(tmp_path / "runs")
+    data["ledger"]["url"] = f"sqlite:///{tmp_path / 'ledger.db'}"
+    data["train"].update({"steps": 12, "checkpoint_every": 6, **train})
+    p = tmp_path / "spec.yaml"
+    p.write_text(yaml.safe_dump(data))
+    return p
+
+
+def artifacts_of(flow_run_id) -> list:
+    from prefect import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    with get_client(sync_client=True) as c:
+        return c.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
+
+
+def test_full_pipeline_on_embedded_default(prefect_backend, tmp_path):
+    from flows.pipeline import training_pipeline
+    from nightloom.ledger import Ledger
+    from nightloom.metrics import read_metrics
+    from nightloom.sharding.manifest import load_manifest
+
+    spec_path = small_demo(tmp_path)
+    state = training_pipeline(str(spec_path), return_state=True)
+    assert state.is_completed(), state.message
+    summary = state.result()
+    assert summary.status == "completed"
+
+    # shard: 8 Parquet shards + manifest, balanced
+    manifest = load_manifest(tmp_path / "shards")
+    assert manifest.num_shards == 8 and manifest.balanced
+    assert all((tmp_path / "shards" / s.path).is_file() for s in manifest.shards)
+
+    # train: metrics for every step, loss decreasing, a checkpoint
+    run_dir = Path(summary.run_dir)
+    metrics = read_metrics(run_dir / "metrics.jsonl")
+    assert [m.step for m in metrics] == list(range(1, 13))
+    assert metrics[-1].loss < metrics[0].loss
+    assert summary.last_loss == pytest.approx(metrics[-1].loss)
+    assert all(m.mfu is not None and 0 < m.mfu < 1 for m in metrics[1:])
+
+    # record: a ledger row with the layout, MFU and verdicts
+    row = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}").get(summary.ledger_id)
+    assert row.run_id == summary.run_id and row.status == "completed"
+    assert row.measured_mfu == pytest.approx(summary.mfu)
+
+    # artifacts: summary table, plan table and a PNG loss curve
+    keys = {a.key for a in artifacts_of(state.state_details.flow_run_id)}
+    assert {"run-summary", "plan", "loss-curve"} <= keys, keys
+    assert (run_dir / "loss.png").stat().st_size > 1000
+
+
+def test_cli_run_exit_code_on_bad_spec(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\ndataset: {path: /nope}\ntrain: {backend: nope}\n")
+    r = subprocess.run([sys.executable, "-m", "flows.cli", "run", str(bad)], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 1
+    assert "train.backend" in r.stderr and "dataset.path" in r.stderr

@@ -1,0 +1,57 @@
+"""Shared helpers for the sharding tests: small corpora written in the formats the sharder reads."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import random
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import zstandard
+
+
+def make_docs(n: int, seed: int = 0, dup_every: int = 0, skew: bool = False) -> list[str]:
+    """n documents of varied length; every `dup_every`-th repeats an earlier one; `skew` = heavy-tailed sizes."""
+    rng = random.Random(seed)
+    words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa", "λόγος", "数据"]
+    docs = []
+    for i in range(n):
+        if dup_every and i and i % dup_every == 0:
+            docs.append(docs[rng.randrange(len(docs))])
+            continue
+        k = int(rng.paretovariate(1.2) * 5) if skew else rng.randint(3, 60)
+        docs.append(f"doc {i}: " + " ".join(rng.choice(words) for _ in range(min(k, 4000))))
+    return docs
+
+
+def write_jsonl(path: Path, docs: list[str], extra: dict | None = None, compress: str = "") -> Path:
+    lines = b"".join(json.dumps({"text": d, **(extra or {}), "id": i}).encode() + b"\n" for i, d in enumerate(docs))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if compress == "gz":
+        path.write_bytes(gzip.compress(lines, mtime=0))
+    elif compress == "zst":
+        path.write_bytes(zstandard.ZstdCompressor().compress(lines))
+    else:
+        path.write_bytes(lines)
+    return path
+
+
+def write_parquet(path: Path, docs: list[str]) -> Path:
+    import pyarrow as pa
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table({"text": docs, "id": list(range(len(docs)))}), path, row_group_size=50)
+    return path
+
+
+def shard_texts(out: Path) -> list[list[str]]:
+    """Texts of every shard, through the manifest."""
+    from nightloom.sharding import iter_texts, load_manifest
+
+    m = load_manifest(out)
+    return [list(iter_texts(out, [s.index], m)) for s in m.shards]
+
+
+def tree_bytes(out: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(out.iterdir()) if p.is_file()}

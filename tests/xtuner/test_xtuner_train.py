@@ -1,0 +1,124 @@
+"""XTuner backend end to end on CPU, offline, in its own env: LoRA (1 rank), full FT (2 ranks, gloo), resume,
+convert + merge round trip, and an empty processed dataset caught before launch."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+
+from conftest import run_in_env
+from nightloom.metrics import read_metrics
+from nightloom.xtuner import XTunerConfigError, run_xtuner
+from nightloom.xtuner.logs import launch_dirs, parse_launch
+from xt_data import alpaca_rows, make_spec, write_shards
+
+QUIET = lambda s: None  # noqa: E731
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory) -> Path:
+    return write_shards(tmp_path_factory.mktemp("shards"), alpaca_rows(48))
+
+
+@pytest.fixture(scope="module")
+def lora_run(xtuner_env, base_model, shards, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("lora")
+    spec = make_spec(tmp, base_model, shards, method="lora", steps=4, checkpoint_every=2, global_batch=2)
+    result = run_xtuner(spec, shards, tmp / "run", log=QUIET, env=xtuner_env)
+    return spec, result, tmp
+
+
+def test_lora_one_rank(lora_run):
+    spec, r, tmp = lora_run
+    assert r.steps_done == 4 and r.total_steps == 4 and r.stopped == "completed" and r.profile == "cpu"
+    steps = read_metrics(r.metrics_path)
+    assert [m.step for m in steps] == [1, 2, 3, 4]
+    assert all(math.isfinite(m.loss) and m.tokens == 2 * 128 and m.step_time_s > 0 for m in steps)
+    assert steps[1].lr == pytest.approx(spec.train.lr)  # warmup (1 step) ends exactly at the spec's lr
+    assert steps[3].lr < steps[2].lr < steps[1].lr  # then cosine decay
+    assert r.final_loss == steps[-1].loss and r.tokens == 4 * 256
+    assert Path(r.last_checkpoint).name == "iter_4.pth"
+    assert r.processed_rows > 0 and r.processed_tokens > 0
+    assert (Path(r.adapter_dir) / "adapter_config.json").is_file()
+    assert (Path(r.model_dir) / "config.json").is_file() and r.published == r.model_dir
+    saved = json.loads((tmp / "run" / "result.json").read_text())
+    assert saved["steps_done"] == 4 and saved["metrics_path"] == r.metrics_path
+    assert "train.log" in {p.name for p in (tmp / "run" / "xtuner" / "logs").iterdir()}
+
+
+def test_convert_merge_round_trip(lora_run, base_model, xtuner_env):
+    """Merged model == base + adapter (PEFT, in memory), and differs from the base: LoRA trained something."""
+    _, r, _ = lora_run
+    out = run_in_env(xtuner_env, f"""
+import torch, json
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from peft import PeftModel
+tok = AutoTokenizer.from_pretrained({str(r.model_dir)!r})
+ids = tok("what is the sum of a list", return_tensors="pt").input_ids
+base = AutoModelForCausalLM.from_pretrained({str(base_model)!r}, torch_dtype=torch.float32)
+with torch.no_grad():
+    lb = base(ids).logits
+    peft = PeftModel.from_pretrained(base, {str(r.adapter_dir)!r}).eval()
+    lp = peft(ids).logits
+    merged = AutoModelForCausalLM.from_pretrained({str(r.model_dir)!r}, torch_dtype=torch.float32).eval()
+    lm = merged(ids).logits
+print(json.dumps({{"merged_vs_peft": (lm - lp).abs().max().item(), "merged_vs_base": (lm - lb).abs().max().item()}}))
+""")
+    d = json.loads(out.strip().splitlines()[-1])
+    assert d["merged_vs_peft"] < 1e-4, d
+    assert d["merged_vs_base"] > 1e-6, d
+
+
+def test_resume_continues_from_checkpoint(lora_run, xtuner_env):
+    """Drop the last checkpoint (a crash after step 2), resume: steps 3-4 come from a new launch that starts at
+    step 3 and reproduces the uninterrupted losses."""
+    spec, r, tmp = lora_run
+    src, dst = tmp / "run", tmp / "resumed"
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("model", "adapter", "result.json"))
+    work = dst / "xtuner" / "work_dir"
+    (work / "iter_4.pth").unlink()
+    (work / "last_checkpoint").write_text(str(work / "iter_2.pth"))
+    before = {m.step: m.loss for m in read_metrics(r.metrics_path)}
+    r2 = run_xtuner(spec, Path(spec.sharding.output), dst, log=QUIET,
+                    env=xtuner_env, convert=False)
+    newest = parse_launch(launch_dirs(work)[-1])
+    assert [int(x["step"]) for x in newest] == [3, 4], "resume restarted from scratch instead of iter_2"
+    after = read_metrics(r2.metrics_path)
+    assert [m.step for m in after] == [1, 2, 3, 4]
+    assert after[2].gap and not after[3].gap and after[2].attempt == 1
+    for m in after[2:]:
+        assert m.loss == pytest.approx(before[m.step], rel=1e-5, abs=1e-6)
+    assert r2.stage_s["prepare_s"] < r.stage_s["prepare_s"]  # processed dataset reused (same inputs)
+
+
+def test_full_finetune_two_ranks_gloo(xtuner_env, base_model, shards, tmp_path):
+    spec = make_spec(tmp_path, base_model, shards, method="full", ranks=2, steps=3, global_batch=4,
+                     checkpoint_every=3)
+    r = run_xtuner(spec, shards, tmp_path / "run", log=QUIET, env=xtuner_env)
+    steps = read_metrics(r.metrics_path)
+    assert [m.step for m in steps] == [1, 2, 3] and all(m.tokens == 4 * 128 for m in steps)
+    assert r.adapter_dir is None and r.model_dir
+    assert "--nproc-per-node=2" in (tmp_path / "run" / "xtuner" / "logs" / "train.log").read_text()
+    out = run_in_env(xtuner_env, f"""
+import torch, json
+from transformers import AutoModelForCausalLM
+a = AutoModelForCausalLM.from_pretrained({str(base_model)!r}).state_dict()
+b = AutoModelForCausalLM.from_pretrained({str(r.model_dir)!r}).state_dict()
+print(json.dumps({{"keys_equal": sorted(a) == sorted(b),
+                   "changed": max((a[k] - b[k]).abs().max().item() for k in a)}}))
+""")
+    d = json.loads(out.strip().splitlines()[-1])
+    assert d["keys_equal"] and d["changed"] > 0
+
+
+def test_empty_processed_dataset_fails_before_launch(xtuner_env, base_model, tmp_path):
+    shards = write_shards(tmp_path / "shards", alpaca_rows(8, nooutput=True))
+    spec = make_spec(tmp_path, base_model, shards)
+    with pytest.raises(XTunerConfigError, match="processed dataset is empty"):
+        run_xtuner(spec, shards, tmp_path / "run", log=QUIET, env=xtuner_env)
+    logs = tmp_path / "run" / "xtuner" / "logs"
+    assert (logs / "prepare.log").is_file() and not (logs / "train.log").exists()
