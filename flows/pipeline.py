@@ -18,11 +18,13 @@ from flows.shard import shard_dataset_flow
 from nightloom.catalog import ModelShape, get_gpu, get_model
 from nightloom.report import RunSummary, StageTime
 from nightloom.spec import RunSpec, coerce_spec
+from nightloom.schedule import next_window
 from nightloom.train.job import ModelConfig, TrainJob
-from tasks.gate import gate_task
+from nightloom.validate import ValidationFailed
+from tasks.gate import gate_task, schedule_same_deployment
 from tasks.plan import plan_task
 from tasks.provision import acquire_cluster, make_provider, release_cluster
-from tasks.record import record_task, start_record_task
+from tasks.record import fail_record_task, record_task, run_cost, start_record_task
 from tasks.teardown import kill_recorded_processes, record_cluster, teardown_hook
 from tasks.train import train_task
 from tasks.validate import validate_task
@@ -70,6 +72,13 @@ def cluster_lock(name: str):
         yield
 
 
+def continue_in_next_window(spec: RunSpec, run_id: str, now: datetime | None) -> tuple[str, str | None]:
+    """Schedule the continuation of a split run at the next window start (same run id: resumes its checkpoint)."""
+    start = next_window(spec.schedule, now or datetime.now(timezone.utc)).start
+    params = {"spec": spec.model_dump(mode="json", by_alias=True), "resume_run_id": run_id}
+    return start.isoformat(), schedule_same_deployment(params, start)
+
+
 @flow(name="training-pipeline", log_prints=True, on_cancellation=[teardown_hook], on_crashed=[teardown_hook])
 def training_pipeline(
     spec: RunSpec | str,
@@ -105,8 +114,9 @@ def training_pipeline(
         log.info("not running now: %s", decision.reason)
         return summary
 
-    ledger_id = start_record_task(spec, run_id, resume=resume_run_id is not None)
+    ledger_id = start_record_task(spec, run_id, pre_plan, resume=resume_run_id is not None)
     summary.ledger_id = ledger_id
+    started = datetime.now(timezone.utc)
     provider = make_provider(spec)
     cluster = None
     result = None
@@ -119,26 +129,42 @@ def training_pipeline(
                 plan = plan_task(spec, cluster.world_size)
             summary.layout, summary.world_size = plan.layout(), cluster.world_size
             summary.mfu_predicted = plan.mfu
-            peak, peak_source = (None, None)
-            if spec.cluster.gpu_type != "cpu":
-                gpu = get_gpu(spec.cluster.gpu_type)
-                precision = "fp32" if spec.train.precision == "fp32" else "bf16"
-                peak, peak_source = gpu.peak(precision), f"datasheet: {gpu.source}"
             job = TrainJob(
                 run_id=run_id, run_dir=str(run_dir), model=ModelConfig.from_shape(shape), plan=plan,
                 train=spec.train, manifest=spec.sharding.output, s3_endpoint_url=spec.storage.s3_endpoint_url,
-                peak_flops=peak, peak_source=peak_source, deadline_unix=decision.deadline_unix,
+                peak_flops=None, peak_source=None, deadline_unix=decision.deadline_unix,
                 stop_after_steps=decision.stop_after_steps,
             )
+            if spec.cluster.gpu_type != "cpu":
+                gpu = get_gpu(spec.cluster.gpu_type)
+                precision = "fp32" if spec.train.precision == "fp32" else "bf16"
+                job.peak_flops, job.peak_source = gpu.peak(precision), f"datasheet: {gpu.source}"
             with watch.stage("train"):
                 result = train_task(provider, cluster, job)
+    except BaseException as e:
+        status = "cancelled" if isinstance(e, (KeyboardInterrupt, SystemExit)) else "failed"
+        fail_record_task(spec, run_id, status, f"{type(e).__name__}: {e}", sum(x.seconds for x in watch.stages))
+        raise
     finally:
         with watch.stage("teardown"):
             release_cluster(provider, cluster)
             kill_recorded_processes(run_dir)
 
     with watch.stage("validate"):
-        outcome = validate_task(spec, run_dir, plan, result)
+        outcome = validate_task(spec, run_dir, plan, result, shape, cluster.world_size)
+    gpus = cluster.world_size if spec.cluster.gpu_type != "cpu" else 0
+    cost = run_cost(spec, started, result.wall_s, cluster.time_to_ready_s, gpus) if gpus else 0.0
+    status = "succeeded" if outcome.passed else "failed"
+    summary.status = "completed" if outcome.passed else "failed"
+    if result.stopped != "completed" and outcome.passed:
+        summary.status, status = "split", "stopped"
+        summary.reason = (f"stopped at the {decision.deadline_kind or 'deadline'} after {result.steps_done}/"
+                          f"{result.total_steps} steps; checkpoint {result.last_checkpoint}")
     with watch.stage("record"):
-        summary = record_task(spec, summary, plan, cluster, result, outcome, decision, watch.stages)
+        summary = record_task(spec, summary, plan, cluster, outcome, cost, watch.stages, status)
+    if not outcome.passed:
+        raise ValidationFailed([v for v in outcome.verdicts if not v.passed])
+    if summary.status == "split" and decision.deadline_kind == "window":
+        summary.next_run_at, nxt = continue_in_next_window(spec, run_id, now)
+        summary.reason += f"; continues at {summary.next_run_at}" + (f" (flow run {nxt})" if nxt else "")
     return summary

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, Self, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import (
@@ -224,7 +224,7 @@ class Ledger:
     def close(self) -> None:
         self.engine.dispose()
 
-    def __enter__(self) -> Ledger:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -328,9 +328,9 @@ class Ledger:
                    peak_source: str | None = None, reason: str | None = None,
                    finished_at: datetime | None = None) -> RunRecord:
         """Record how the run ended. Only the figures given are written (None leaves a field as it was)."""
-        given = dict(measured_mfu=measured_mfu, hfu=hfu, tokens_per_s=tokens_per_s, final_loss=final_loss,
-                     duration_s=duration_s, cost=cost, precision=precision, peak_source=peak_source,
-                     reason=reason, verdicts=list(verdicts) if verdicts is not None else None)
+        given = {"measured_mfu": measured_mfu, "hfu": hfu, "tokens_per_s": tokens_per_s, "final_loss": final_loss,
+                     "duration_s": duration_s, "cost": cost, "precision": precision, "peak_source": peak_source,
+                     "reason": reason, "verdicts": list(verdicts) if verdicts is not None else None}
         fields = {k: v for k, v in given.items() if v is not None}
         return self.update_run(run_id, status=status, finished_at=finished_at or datetime.now(UTC), **fields)
 
@@ -426,7 +426,7 @@ class Ledger:
 
 def _sqlite_pragmas(engine: Engine, busy_timeout_s: float) -> None:
     @event.listens_for(engine, "connect")
-    def _on_connect(dbapi_conn, _record):  # noqa: ANN001
+    def _on_connect(dbapi_conn, _record):
         dbapi_conn.isolation_level = None  # let SQLAlchemy's "begin" event issue BEGIN itself
         cur = dbapi_conn.cursor()
         cur.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
@@ -435,7 +435,7 @@ def _sqlite_pragmas(engine: Engine, busy_timeout_s: float) -> None:
         cur.close()
 
     @event.listens_for(engine, "begin")
-    def _on_begin(conn):  # noqa: ANN001
+    def _on_begin(conn):
         conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 

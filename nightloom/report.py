@@ -34,7 +34,7 @@ class RunSummary(BaseModel):
     peak_source: str = ""
     cost: float | None = None
     currency: str = ""
-    ledger_id: int | None = None
+    ledger_id: str | None = None  # the ledger row key (the run id)
     verdicts: list[dict] = Field(default_factory=list)
     stages: list[StageTime] = Field(default_factory=list)
     next_run_at: str | None = None

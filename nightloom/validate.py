@@ -15,10 +15,10 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from nightloom.catalog import GPUS
+from nightloom.catalog import GPUS, ModelShape
 from nightloom.metrics import StepMetrics, read_metrics
-from nightloom.perf import PeakMeasurement, mfu
-from nightloom.spec import ValidateSpec
+from nightloom.perf import PeakMeasurement, flops_per_token, mfu
+from nightloom.spec import GoldenSpec, ValidateSpec
 
 
 class ValidationFailed(RuntimeError):
@@ -88,6 +88,13 @@ class MfuInputs:
     n_devices: int
     peak: Peak
     predicted_mfu: float | None = None  # the planner's prediction, when it made one
+
+
+def mfu_inputs(shape: ModelShape, seq_len: int, recompute: str, n_devices: int, peak: Peak,
+               predicted_mfu: float | None = None) -> MfuInputs:
+    """MfuInputs from the model, the plan's recompute mode and the peak (FLOPs/token from nightloom.perf)."""
+    return MfuInputs(flops_per_token(shape, seq_len), flops_per_token(shape, seq_len, recompute, hardware=True),
+                     n_devices, peak, predicted_mfu)
 
 
 @dataclass(frozen=True)
@@ -161,7 +168,7 @@ def _mad(values: Sequence[float]) -> float:
 def check_mfu(steps: Sequence[StepMetrics], spec: ValidateSpec, inputs: MfuInputs) -> list[Verdict]:
     """`mfu_floor`, `mfu_vs_plan` and (reported, never gating) `hfu` verdicts."""
     p = inputs.peak
-    tag = dict(precision=p.precision, peak_source=p.source)
+    tag = {"precision": p.precision, "peak_source": p.source}
     report = measure_mfu(steps, inputs)
     if report is None:
         reason = "no throughput in the metrics (tokens_per_s, or tokens and step_time_s, on steady-state steps)"
@@ -324,6 +331,30 @@ def load_golden(path: str | Path) -> list[StepMetrics]:
     return read_metrics(path)
 
 
+@dataclass(frozen=True)
+class GoldenCurve:
+    """A golden loss curve and where it came from; `steps` is None when there is none yet (gate skipped)."""
+
+    steps: list[StepMetrics] | None
+    source: str
+
+
+def resolve_golden(golden: GoldenSpec, ledger=None, spec_hash: str | None = None) -> GoldenCurve | None:
+    """The configured golden curve: `golden.path`, or the metrics of the ledger's best verified run of the same
+    spec (`ledger`: a nightloom.ledger.Ledger). None when no golden curve is configured. The first run of a
+    spec has no ledger curve yet: that is a skipped gate, not a failure."""
+    if golden.path:
+        return GoldenCurve(load_golden(golden.path), f"golden curve {golden.path}")
+    if not golden.from_ledger:
+        return None
+    if ledger is None or spec_hash is None:
+        raise ValueError("validate.golden.from_ledger is set: pass the ledger and the spec hash")
+    run = ledger.golden_run(spec_hash)
+    if run is None:
+        return GoldenCurve(None, f"no verified ledger run of spec {spec_hash} yet")
+    return GoldenCurve(load_golden(run.metrics_path), f"ledger run {run.run_id} ({run.metrics_path})")
+
+
 # ---------------------------------------------------------------------------------------------- all gates
 
 
@@ -331,7 +362,7 @@ def validate_run(
     steps: Sequence[StepMetrics],
     spec: ValidateSpec,
     mfu_inputs: MfuInputs | None = None,
-    golden: Sequence[StepMetrics] | None = None,
+    golden: GoldenCurve | Sequence[StepMetrics] | None = None,
     golden_source: str = "golden curve",
     parity: tuple[Sequence[float], Sequence[float]] | None = None,
 ) -> list[Verdict]:
@@ -347,7 +378,13 @@ def validate_run(
     out.append(check_loss_drop(steps, spec.min_loss_drop, spec.window))
     out.append(check_spikes(steps, spec.spike_k))
     out.append(check_grad_norm(steps, spec.grad_norm_max))
-    if golden is not None:
+    if isinstance(golden, GoldenCurve):
+        if golden.steps is None:
+            out.append(Verdict(name="golden", passed=True, skipped=True, threshold=spec.golden.rtol,
+                               reason=golden.source))
+        else:
+            out.append(check_golden(steps, golden.steps, spec.golden.rtol, golden.source))
+    elif golden is not None:
         out.append(check_golden(steps, golden, spec.golden.rtol, golden_source))
     elif spec.golden.path or spec.golden.from_ledger:
         out.append(Verdict(name="golden", passed=False, threshold=spec.golden.rtol,

@@ -110,9 +110,12 @@ def run(args) -> int:
                   f"{rvb.own_per_useful_gpu_hour:,.2f} {cur} per useful GPU-hour at {rvb.idle_fraction:.0%} idle")
             print(f"    cheaper: {rvb.cheaper}; break-even at {rvb.break_even_gpu_hours_per_month:,.0f} "
                   f"GPU-hours/month")
-        else:
+        elif rvb.break_even_purchase_price > 0:
             print(f"    own:  owning is cheaper only if the cluster costs under "
                   f"{rvb.break_even_purchase_price:,.0f} {cur} (give --purchase-price to compare)")
+        else:
+            print(f"    own:  operations alone ({rvb.operations_per_month:,.0f} {cur}/month) cost more than renting "
+                  f"at this usage")
         if rvb.over_capacity:
             print(f"    note: this usage needs more than the {rvb.own_useful_gpu_hours:,.0f} useful GPU-hours a month "
                   f"{gpus} owned GPUs give at {rvb.idle_fraction:.0%} idle")

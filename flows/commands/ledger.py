@@ -63,7 +63,7 @@ def _print_table(rows: list[RunRecord], title: str) -> None:
     for c in ("run", "model", "cluster", "gpus", "layout", "status", "MFU pred/meas", "tokens/s", "duration",
               "cost", "started"):
         t.add_column(c)
-    pct = lambda x: "—" if x is None else f"{x:.1%}"  # noqa: E731
+    pct = lambda x: "—" if x is None else f"{x:.1%}"
     for r in rows:
         t.add_row(r.run_id, r.model, r.cluster, f"{r.world_size}×{r.gpu_type}", r.layout or "—",
                   r.status + (" ✓" if r.verified else ""), f"{pct(r.predicted_mfu)} / {pct(r.measured_mfu)}",

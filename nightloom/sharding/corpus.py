@@ -11,6 +11,7 @@ import ast
 import os
 import sysconfig
 import tempfile
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -49,14 +50,18 @@ def iter_stdlib_docstrings(stdlib: Path | None = None) -> Iterator[dict[str, str
             continue
         is_test = rel.startswith("test/") or "/test/" in rel or "/tests/" in rel or "idle_test/" in rel
         files.append((is_test, rel, p))
+    seen: dict[str, int] = {}
     for _, rel, p in sorted(files):
         try:
-            tree = ast.parse(p.read_bytes(), filename=rel)
+            with warnings.catch_warnings():  # old test fixtures trigger SyntaxWarning (invalid escapes)
+                warnings.simplefilter("ignore")
+                tree = ast.parse(p.read_bytes(), filename=rel)
         except (SyntaxError, ValueError, OSError):  # a few test fixtures are deliberately broken
             continue
         module = rel[: -len(".py")].replace("/", ".")
         for qualname, doc in _docstrings(tree, module):
-            yield {"id": qualname, "text": doc}
+            n = seen[qualname] = seen.get(qualname, 0) + 1  # redefinitions (property setters, overloads)
+            yield {"id": qualname if n == 1 else f"{qualname}#{n}", "text": doc}
 
 
 def build_sample_corpus(path: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> Path:

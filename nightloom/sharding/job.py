@@ -59,7 +59,7 @@ class ShardJob(BaseModel):
 
 
 def fingerprint_local(path: Path) -> str:
-    """sha256 of the content, cached next to nothing: keyed by (path, size, mtime_ns) in the user's cache dir."""
+    """Content hash (xxh3-128: ~10× faster than sha256 on big corpora), cached by (path, size, mtime_ns)."""
     st = path.stat()
     cache_dir = Path(os.environ.get("NIGHTLOOM_CACHE", Path.home() / ".cache" / "nightloom")) / "fingerprints"
     token = hashlib.sha256(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:32]
@@ -68,7 +68,7 @@ def fingerprint_local(path: Path) -> str:
         return cached.read_text().strip()
     except OSError:
         pass
-    digest = "sha256:" + storage.sha256_file(path)
+    digest = "xxh3-128:" + storage.xxh3_file(path)
     try:
         storage.write_bytes(cached, digest.encode())
     except OSError:

@@ -1,6 +1,6 @@
 """Reduce step: global dedup and balancing over the scans' hashes; decides every document's shard.
 
-Reads only the small columns of the spills (hashes, tokens, bytes: 32 B per document), so memory grows with
+Reads only the scans' metadata (hashes, tokens, bytes: 32 B per document), so memory grows with
 the number of documents, not with their text. Writes one `dest-NNNNN.npy` per input (shard index per spilled
 row, −1 = dropped duplicate) and `placement.json`, both atomically; a re-run reads them back (resume).
 """
@@ -11,7 +11,6 @@ import os
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
 from pydantic import BaseModel, ConfigDict
 
 from nightloom.sharding import storage
@@ -30,12 +29,6 @@ class Placement(BaseModel):
     imbalance: float
     rebalanced: bool
     loads: list[int]  # per shard, on the balance metric
-
-
-def read_spill(path: Path) -> pa.Table:
-    """Memory-mapped spill table (zero-copy)."""
-    with pa.memory_map(str(path)) as src:
-        return pa.ipc.open_file(src).read_all()
 
 
 def _save_npy(path: Path, arr: np.ndarray) -> None:
@@ -65,13 +58,7 @@ def place_documents(job: ShardJob, scans: list[ScanResult]) -> Placement:
         return Placement.model_validate_json(out.read_bytes())
     check_bad_fraction(job, scans)
     scans = sorted(scans, key=lambda s: s.index)
-    metas = []
-    for s in scans:
-        if s.spill is None:
-            metas.append(None)
-            continue
-        t = read_spill(work / s.spill)
-        metas.append({c: t.column(c).to_numpy() for c in ("h1", "h2", "tokens", "nbytes")})
+    metas = [np.load(work / s.meta) if s.meta else None for s in scans]
     parts = [m for m in metas if m is not None]
     total = sum(s.records for s in scans)
     if not parts:
@@ -100,7 +87,7 @@ def place_documents(job: ShardJob, scans: list[ScanResult]) -> Placement:
     for s, m in zip(scans, metas):
         if m is None:
             continue
-        n = len(m["h1"])
+        n = len(m)
         _save_npy(work / f"dest-{s.index:05d}.npy", dest[offset : offset + n])
         offset += n
     if offset != len(dest):

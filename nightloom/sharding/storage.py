@@ -265,3 +265,13 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
         while b := f.read(chunk):
             h.update(b)
     return h.hexdigest()
+
+
+def xxh3_file(path: Path, chunk: int = 1 << 22) -> str:
+    import xxhash
+
+    h = xxhash.xxh3_128()
+    with open(path, "rb") as f:
+        while b := f.read(chunk):
+            h.update(b)
+    return h.hexdigest()

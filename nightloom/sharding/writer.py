@@ -1,29 +1,26 @@
 """Write step: one Parquet shard from the spills, in input order, with deterministic row groups.
 
-Row groups are cut after 64 MiB of text or 65,536 rows, counted over the shard's own row sequence, so the
+Row groups are cut after 16 MiB of text or 65,536 rows, counted over the shard's own row sequence, so the
 bytes depend only on the data and settings, never on how inputs were split across workers. The shard is
 published with os.replace (local) or a multipart upload (S3): it appears complete or not at all.
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from nightloom.sharding import storage
 from nightloom.sharding.job import ShardJob
 from nightloom.sharding.manifest import ShardInfo
-from nightloom.sharding.placement import read_spill
 from nightloom.sharding.scan import ScanResult
 
-ROW_GROUP_BYTES = 64 * 1024 * 1024
+ROW_GROUP_BYTES = 16 * 1024 * 1024
 ROW_GROUP_ROWS = 65_536
-PARQUET_OPTIONS = dict(compression="zstd", compression_level=3, use_dictionary=False, write_statistics=False)
+PARQUET_OPTIONS = dict(compression="zstd", compression_level=1, use_dictionary=False, write_statistics=False)
 
 
 def _output_columns(job: ShardJob) -> list[str]:
@@ -62,25 +59,39 @@ def write_shard(job: ShardJob, scans: list[ScanResult], index: int) -> ShardInfo
     writer = None
     try:
         for s in sorted(scans, key=lambda s: s.index):
-            if s.spill is None:
+            if not s.spills:
                 continue
             dest = np.load(work / f"dest-{s.index:05d}.npy")
-            idx = np.flatnonzero(dest == index)
-            if not len(idx):
-                continue
-            t = read_spill(work / s.spill).take(pa.array(idx))
-            rows += t.num_rows
-            tokens += int(pc.sum(t.column("tokens")).as_py())
-            nbytes += int(pc.sum(t.column("nbytes")).as_py())
-            pending.append(t.select(cols + ["nbytes"]))
-            buf = pa.concat_tables(pending)
-            pending = [buf]
-            while (k := _cut(buf.column("nbytes").to_numpy())) > 0:
-                if writer is None:
-                    writer = pq.ParquetWriter(str(tmp), buf.select(cols).schema, **PARQUET_OPTIONS)
-                writer.write_table(buf.slice(0, k).select(cols).combine_chunks(), row_group_size=k)
-                buf = buf.slice(k)
-                pending = [buf]
+            meta = np.load(work / s.meta)
+            offset = 0
+            for part in s.spills:
+                # map one bounded part at a time: what the process touches never grows with the corpus
+                with pa.memory_map(str(work / part)) as src:
+                    reader = pa.ipc.open_file(src)
+                    for b in range(reader.num_record_batches):
+                        batch = reader.get_batch(b)
+                        n = batch.num_rows
+                        idx = np.flatnonzero(dest[offset : offset + n] == index)
+                        if len(idx):
+                            sel = meta[offset : offset + n][idx]
+                            rows += len(idx)
+                            tokens += int(sel["tokens"].sum())
+                            nbytes += int(sel["nbytes"].sum())
+                            t = pa.Table.from_batches([batch.take(pa.array(idx))])
+                            t = t.cast(pa.schema([(c, pa.string()) for c in t.column_names]))
+                            pending.append(t.append_column("nbytes", pa.array(sel["nbytes"])))
+                        offset += n
+                        if not pending:
+                            continue
+                        buf = pa.concat_tables(pending)
+                        pending = [buf]
+                        while (k := _cut(buf.column("nbytes").to_numpy())) > 0:
+                            if writer is None:
+                                writer = pq.ParquetWriter(str(tmp), buf.select(cols).schema, **PARQUET_OPTIONS)
+                            writer.write_table(buf.slice(0, k).select(cols).combine_chunks(), row_group_size=k)
+                            buf = buf.slice(k)
+                            pending = [buf]
+                        pending = [buf] if buf.num_rows else []  # take() copied: nothing refers to the map
         buf = pa.concat_tables(pending) if pending else None
         if writer is None:
             schema = buf.select(cols).schema if buf is not None else pa.schema([(c, pa.string()) for c in cols])

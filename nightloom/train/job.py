@@ -82,3 +82,5 @@ class TrainResult(BaseModel):
     tokens: int
     wall_s: float
     last_checkpoint: str | None = None
+    peak_flops: float | None = None  # per-device peak used for MFU (measured on CPU, datasheet on GPU)
+    peak_source: str | None = None

@@ -1,4 +1,5 @@
-"""Apply a ParallelPlan to the model in a fixed order: pipeline split -> TP (+SP) -> recompute -> FSDP2/HSDP.
+"""Apply a ParallelPlan to the model in a fixed order: pipeline split -> TP (+SP) -> recompute -> FSDP2/HSDP
+(zero="fsdp") or replicate (zero="none", DDP semantics on FSDP2 machinery).
 
 Follows torchtitan's parallelize_llama. Every rank builds only its pipeline stages (on the meta device,
 then materialised and initialised per parameter), so layer names stay global and init is layout-free.
@@ -131,6 +132,20 @@ def _dp_mesh(dims: ParallelDims, mesh):
     return mesh[shard_names[0]]
 
 
+def _replicate_mesh(dims: ParallelDims, mesh):
+    """zero='none': one flattened mesh over every data-parallel dim (dp_replicate, dp_shard, cp)."""
+    names = tuple(n for n in ("dp_replicate", "dp_shard", "cp") if getattr(dims, n) > 1)
+    return mesh[names[0]] if len(names) == 1 else mesh[names]._flatten("dp_all")
+
+
+def _apply_replicate(model: nn.Module, dp_mesh, param_dtype: torch.dtype | None) -> None:
+    """DDP semantics (full replicas, all-reduced grads) on FSDP2's machinery, which composes with TP and PP."""
+    from torch.distributed._composable.replicate_with_fsdp import replicate
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    replicate(model, mesh=dp_mesh, mp_policy=MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32))
+
+
 def _apply_fsdp(model: nn.Module, dp_mesh, param_dtype: torch.dtype | None, pp: bool) -> None:
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -166,7 +181,10 @@ def build_parts(shape: ModelShape, plan: ParallelPlan, dims: ParallelDims, mesh,
             _apply_tp(m, mesh["tp"], plan.sp)
         m.set_recompute(plan.recompute)
         if dims.dp > 1:
-            _apply_fsdp(m, _dp_mesh(dims, mesh), param_dtype, pp=plan.pp > 1)
+            if plan.zero == "none":
+                _apply_replicate(m, _replicate_mesh(dims, mesh), param_dtype)
+            else:
+                _apply_fsdp(m, _dp_mesh(dims, mesh), param_dtype, pp=plan.pp > 1)
         parts.append(m)
     out = ModelParts(parts, stage_ids, n_stages)
     if plan.pp > 1:

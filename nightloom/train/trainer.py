@@ -282,7 +282,7 @@ class Trainer:
             last_ckpt = str(checkpoint.latest(job.checkpoint_dir)[0])
         result = TrainResult(steps_done=step, total_steps=t.steps, stopped=stopped, final_loss=last_loss,
                              tokens=step * self.tokens_per_step, wall_s=time.time() - t_start,
-                             last_checkpoint=last_ckpt)
+                             last_checkpoint=last_ckpt, peak_flops=self.peak, peak_source=self.peak_source)
         if self.ctx.rank == 0:
             job.result_path.parent.mkdir(parents=True, exist_ok=True)
             tmp = job.result_path.with_name(f".{job.result_path.name}.tmp")

@@ -87,6 +87,15 @@ def cmd_probe() -> int:
     return 0
 
 
+def _empty_dataset_symptom(e: BaseException) -> bool:
+    import traceback
+
+    if isinstance(e, ValueError):
+        return "Column 'length' doesn't exist" in str(e)
+    last = traceback.extract_tb(e.__traceback__)[-1]
+    return last.filename.endswith(os.path.join("xtuner", "dataset", "huggingface.py")) and "input_ids" in (last.line or "")
+
+
 def cmd_prepare(config: str) -> int:
     """Build the config's `prepare_dataset` (map, template, tokenize, pack) once and save it to `processed_dir`."""
     from mmengine.config import Config
@@ -95,11 +104,18 @@ def cmd_prepare(config: str) -> int:
 
     cfg = Config.fromfile(config)
     out = Path(cfg.processed_dir)
-    ds = BUILDER.build(cfg.prepare_dataset)
-    rows = len(ds)
+    try:
+        ds = BUILDER.build(cfg.prepare_dataset)
+        rows, why = len(ds), ""
+    except (AssertionError, ValueError) as e:
+        # xtuner reports an empty dataset obliquely: the `{"input_ids", "labels"}` assert (nothing was
+        # tokenized) or `Column 'length' doesn't exist` (everything was filtered). Anything else is a crash.
+        if not _empty_dataset_symptom(e):
+            raise
+        rows, why = 0, f" ({type(e).__name__} inside xtuner: {e or 'input_ids/labels missing'})"
     if rows == 0:
         print(
-            f"nightloom: the processed dataset is EMPTY (config {config}): map function "
+            f"nightloom: the processed dataset is EMPTY{why} (config {config}): map function "
             f"{cfg.get('map_fn_name')!r} and template {cfg.get('template_name')!r} over {len(cfg.data_files)} "
             f"file(s) left no sample with a trainable label; check the columns the map function needs and "
             f"that prompts fit max_length={cfg.max_length}",

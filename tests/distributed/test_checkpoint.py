@@ -76,3 +76,18 @@ def test_deadline_in_the_past_stops_before_training(corpus, tmp_path):
     out = launch(1, job)
     r = result(job)
     assert (r["stopped"], r["steps_done"]) == ("deadline", 0) and out.losses == []
+
+
+@pytest.mark.timeout(200)
+def test_deadline_mid_run_checkpoints_and_stops_in_time(corpus, tmp_path):
+    """A window ending while training: all ranks agree to stop, checkpoint the last step, exit 0."""
+    deadline = time.time() + 20
+    job = make_job(tmp_path / "window", corpus, steps=1_000_000, job_kw={"deadline_unix": deadline},
+                   dp_shard=2, micro_batch=2, grad_accum=2)
+    out = launch(2, job, timeout=150)
+    r = result(job)
+    ended = out.metrics[-1].time if out.metrics else deadline
+    print(f"stopped at step {r['steps_done']}, last step ended {ended - deadline:+.2f} s from the deadline")
+    assert r["stopped"] == "deadline" and r["steps_done"] == len(out.metrics) > 0, out.output[-3000:]
+    assert r["last_checkpoint"].endswith(f"step-{r['steps_done']}")
+    assert ended <= deadline + 2 * out.metrics[-1].step_time_s + 1.0  # stopped at the window's end, not later

@@ -200,3 +200,40 @@ def test_two_processes_writing_at_once(tmp_path: Path):
         assert shared.interruption_count == 2 * n and len(shared.interruptions) == 2 * n
         assert shared.recovery_s == pytest.approx(2 * n)
         assert sorted(i.kind for i in shared.interruptions) == ["a"] * n + ["b"] * n
+
+
+# ---------------------------------------------------------------------------------------------- `nightloom ledger`
+
+
+def test_ledger_cli_list_best_export(tmp_path: Path, capsys):
+    from flows.cli import main
+
+    url = f"sqlite:///{tmp_path / 'cli.db'}"
+    with Ledger(url) as lg:
+        for i, (rid, tps, vs) in enumerate([("a", 10.0, OK), ("b", 30.0, OK), ("c", 99.0, BAD)]):
+            start(lg, rid, plan=ParallelPlan(tp=2, dp_shard=4), minutes=i)
+            lg.finish_run(rid, status="succeeded", tokens_per_s=tps, verdicts=vs, cost=1.0 + i)
+    assert main(["ledger", "--url", url, "best", "--model", "llama2-7b", "--cluster", "c1", "--json"]) == 0
+    best = json.loads(capsys.readouterr().out)
+    assert best["run_id"] == "b" and best["plan"]["tp"] == 2
+    assert main(["ledger", "list", "--url", url, "--json", "--limit", "2"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["run_id"] for r in rows] == ["c", "b"] and rows[0]["verified"] is False
+    assert main(["ledger", "--url", url, "list"]) == 0
+    assert "TP2·PP1·FSDP4" in capsys.readouterr().out
+    out = tmp_path / "runs.csv"
+    assert main(["ledger", "--url", url, "export", "--out", str(out)]) == 0
+    assert [r["run_id"] for r in csv.DictReader(out.open())] == ["c", "b", "a"]
+    assert main(["ledger", "--url", url, "best", "--model", "llama3-8b", "--cluster", "c1"]) == 1
+    assert "no verified run of llama3-8b" in capsys.readouterr().err
+
+
+def test_ledger_cli_url_from_spec(tmp_path: Path, capsys):
+    from flows.cli import main
+
+    db = tmp_path / "from-spec.db"
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(f"name: x\ndataset: {{path: d, sample: true}}\nledger: {{url: 'sqlite:///{db}'}}\n")
+    assert main(["ledger", "--spec", str(spec), "list", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == [] and db.exists()
+    assert main(["ledger", "--spec", str(tmp_path / "nope.yaml"), "list"]) == 2

@@ -45,7 +45,7 @@ def test_write_run_plots(tmp_path: Path):
 
 def test_data_changes_the_picture_and_nan_is_marked(tmp_path: Path):
     a = decode(plot_loss(run(), tmp_path / "a.png"))
-    rising = [m.model_copy(update=dict(loss=1 + m.step / 10)) for m in run()]
+    rising = [m.model_copy(update={"loss": 1 + m.step / 10}) for m in run()]
     b = decode(plot_loss(rising, tmp_path / "b.png"))
     assert a.shape != b.shape or not np.array_equal(a, b)
     c = decode(plot_loss(run(nan_at=20), tmp_path / "c.png"))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -194,3 +195,56 @@ def test_rent_vs_buy_defaults_and_break_even():
     assert rent_vs_buy(gpus=8, gpu_hours_per_month=10, rent_price_per_gpu_hour=2.0).cheaper == "unknown"
     with pytest.raises(ValueError, match="idle_fraction"):
         rent_vs_buy(gpus=8, gpu_hours_per_month=10, rent_price_per_gpu_hour=2.0, idle_fraction=1.0)
+
+
+# ---------------------------------------------------------------------------------------------- `nightloom cost`
+
+
+def write_spec(tmp_path, **schedule) -> str:
+    import yaml
+
+    spec = {"name": "cost-test", "model": {"name": "llama2-7b"}, "dataset": {"path": "data", "sample": True},
+            "cluster": {"provider": "slurm", "nodes": 2, "gpus_per_node": 8, "gpu_type": "h100-80gb"},
+            "train": {"steps": 100, "seq_len": 4096, "global_batch": 64},
+            "schedule": {"timezone": "Asia/Shanghai", "policy": "wait", "price_per_gpu_hour": 2.5,
+                         "offpeak_discount": 0.18, **schedule}}
+    p = tmp_path / "spec.yaml"
+    p.write_text(yaml.safe_dump(spec))
+    return str(p)
+
+
+def test_cost_cli_json_matches_the_library(tmp_path, capsys):
+    import json
+
+    from flows.cli import main
+
+    spec = write_spec(tmp_path, budget=1000.0)
+    rc = main(["cost", spec, "--hours", "3", "--provisioning-min", "30", "--at", "2026-06-01T04:00:00+08:00",
+               "--purchase-price", "4000000", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and out["over_budget"] is None
+    assert out["decision"]["action"] == "wait"  # 3 h does not fit 04:00–06:00: next night
+    s = sched(price_per_gpu_hour=2.5, offpeak_discount=0.18)
+    want = estimate_cost(s, at(2026, 6, 2, 2), 3 * H, gpus=16, provisioning_s=1800)
+    assert out["cost"]["cost"] == pytest.approx(want.cost) and out["cost"]["gpu_hours"] == pytest.approx(56)
+    assert out["rent_vs_buy"]["operations_per_month"] == 28_000 and out["rent_vs_buy"]["cheaper"] == "rent"
+
+
+def test_cost_cli_budget_refusal_and_usage_errors(tmp_path, capsys):
+    from flows.cli import main
+
+    spec = write_spec(tmp_path, budget=50.0)
+    assert main(["cost", spec, "--hours", "3", "--at", "2026-06-01T03:00:00+08:00"]) == 1
+    err = capsys.readouterr().err
+    assert "exceeds schedule.budget 50.00 USD" in err
+    assert main(["cost", spec, "--hours", "3", "--at", "2026-06-01T03:00:00"]) == 2
+    assert "time zone offset" in capsys.readouterr().err
+    assert main(["cost", str(tmp_path / "missing.yaml"), "--hours", "1"]) == 2
+    assert "file not found" in capsys.readouterr().err
+    cpu = tmp_path / "cpu.yaml"
+    cpu.write_text(Path(spec).read_text().replace("h100-80gb", "cpu").replace("llama2-7b", "tiny"))
+    assert main(["cost", str(cpu)]) == 2
+    assert "give --hours" in capsys.readouterr().err
+    # without --hours the planner's predicted step time sets the duration
+    assert main(["cost", write_spec(tmp_path), "--at", "2026-06-01T03:00:00+08:00"]) == 0
+    assert "planner: " in capsys.readouterr().out

@@ -36,7 +36,7 @@ def test_flag_form_json_summary(tmp_path, capsys):
 def test_spec_form_with_override(tmp_path, capsys):
     src = write_jsonl(tmp_path / "c.jsonl", make_docs(300))
     spec = tmp_path / "run.yaml"
-    spec.write_text(f"name: t\ndataset: {{path: c.jsonl}}\nsharding: {{num_shards: 2, output: out, tolerance: 0.1}}\n")
+    spec.write_text("name: t\ndataset: {path: c.jsonl}\nsharding: {num_shards: 2, output: out, tolerance: 0.1}\n")
     assert _cli([str(spec), "--shards", "3"]) == 0
     text = capsys.readouterr().out
     assert "3 shards at" in text and "balanced" in text

@@ -26,6 +26,7 @@ from nightloom.validate import (
     check_spikes,
     load_golden,
     measure_mfu,
+    mfu_inputs,
     require_passed,
     resolve_peak,
     theil_sen,
@@ -56,7 +57,9 @@ PEAK = Peak(flops=FPT * 1000 / 0.40, precision="fp32", source="measured: test") 
 
 
 def inputs(predicted: float | None = 0.45, n_devices: int = 1) -> MfuInputs:
-    return MfuInputs(FPT, HFPT, n_devices, PEAK, predicted)
+    got = mfu_inputs(SHAPE, 128, "full", n_devices, PEAK, predicted)
+    assert got == MfuInputs(FPT, HFPT, n_devices, PEAK, predicted)
+    return got
 
 
 # ---------------------------------------------------------------------------------------------- MFU
@@ -76,7 +79,7 @@ def test_mfu_gate_passes_healthy_and_reports_hfu_with_peak_source():
 
 def test_mfu_warmup_and_resume_steps_do_not_count():
     steps = healthy()
-    slow = [m.model_copy(update=dict(tokens_per_s=10.0, gap=True)) if m.step % 7 == 0 else m for m in steps]
+    slow = [m.model_copy(update={"tokens_per_s": 10.0, "gap": True}) if m.step % 7 == 0 else m for m in steps]
     a, b = measure_mfu(steps, inputs()), measure_mfu(slow, inputs())
     assert b.mfu == pytest.approx(a.mfu, rel=0.02)
     assert b.steps_used < a.steps_used
@@ -150,7 +153,7 @@ def test_nan_at_step_k_fails_and_names_the_step():
 
 
 def test_inf_grad_norm_fails():
-    steps = [m.model_copy(update=dict(grad_norm=math.inf)) if m.step == 9 else m for m in healthy()]
+    steps = [m.model_copy(update={"grad_norm": math.inf}) if m.step == 9 else m for m in healthy()]
     v = check_finite(steps)
     assert not v.passed and "grad_norm is inf at step 9" in v.reason
 
@@ -166,8 +169,8 @@ def test_loss_drop_uses_a_trend_not_first_vs_last():
     # first-vs-last would say 40% drop (a lucky low last step and high first step); the trend is flat
     rng = random.Random(4)
     flat = [StepMetrics(step=s, loss=3.0 + rng.gauss(0, 0.02)) for s in range(1, 41)]
-    flat[0] = flat[0].model_copy(update=dict(loss=5.0))
-    flat[-1] = flat[-1].model_copy(update=dict(loss=3.0))
+    flat[0] = flat[0].model_copy(update={"loss": 5.0})
+    flat[-1] = flat[-1].model_copy(update={"loss": 3.0})
     assert (flat[0].loss - flat[-1].loss) / flat[0].loss > 0.3
     assert not check_loss_drop(flat, 0.05).passed
     # and a noisy but learning curve passes
@@ -214,7 +217,7 @@ def test_grad_norm_bound():
     steps = healthy()
     assert check_grad_norm(steps, 5.0).passed
     assert check_grad_norm(steps, None).skipped
-    bad = [m.model_copy(update=dict(grad_norm=42.0)) if m.step == 17 else m for m in steps]
+    bad = [m.model_copy(update={"grad_norm": 42.0}) if m.step == 17 else m for m in steps]
     v = check_grad_norm(bad, 5.0)
     assert not v.passed and v.step == 17 and "42 at step 17 > 5" in v.reason
     v = check_grad_norm([StepMetrics(step=1, loss=1.0)], 5.0)
@@ -227,7 +230,7 @@ def test_diverging_golden_curve_fails(tmp_path: Path):
         append_metrics(gpath, StepMetrics(step=m.step, loss=m.loss))
     golden = load_golden(gpath)
     assert check_golden(healthy(), golden, 0.05).passed
-    diverging = [m.model_copy(update=dict(loss=m.loss * (1 + 0.004 * m.step))) for m in healthy()]
+    diverging = [m.model_copy(update={"loss": m.loss * (1 + 0.004 * m.step)}) for m in healthy()]
     v = check_golden(diverging, golden, 0.05, source=str(gpath))
     assert not v.passed and v.measured > 0.05 and str(gpath) in v.reason
     assert v.step is not None and v.step > 10
@@ -272,3 +275,35 @@ def test_missing_truncated_corrupt_metrics_files(tmp_path: Path):
     p.write_text("")
     with pytest.raises(MetricsError, match="empty file"):
         read_metrics(p)
+
+
+def test_golden_from_file_and_from_the_ledger(tmp_path: Path):
+    from datetime import UTC, datetime
+
+    from nightloom.ledger import Ledger
+    from nightloom.validate import resolve_golden
+
+    assert resolve_golden(GoldenSpec()) is None
+    lg = Ledger(f"sqlite:///{tmp_path / 'l.db'}")
+    spec = ValidateSpec(golden=GoldenSpec(from_ledger=True, rtol=0.05))
+    first = resolve_golden(spec.golden, lg, "h1")  # the first run of a spec: nothing to compare with yet
+    assert first.steps is None
+    v = {v.name: v for v in validate_run(healthy(), spec, golden=first)}["golden"]
+    assert v.passed and v.skipped and "no verified ledger run" in v.reason
+    mpath = tmp_path / "run1" / "metrics.jsonl"
+    for m in healthy(seed=1):
+        append_metrics(mpath, m)
+    lg.start_run(run_id="run1", spec_hash="h1", name="n", model="tiny", cluster="c", provider="local",
+                 gpu_type="cpu", world_size=2, metrics_path=str(mpath), started_at=datetime.now(UTC))
+    lg.finish_run("run1", status="succeeded", tokens_per_s=1.0, verdicts=validate_run(healthy(seed=1), ValidateSpec()))
+    g = resolve_golden(spec.golden, lg, "h1")
+    assert len(g.steps) == 60 and "ledger run run1" in g.source
+    assert {v.name: v for v in validate_run(healthy(), spec, golden=g)}["golden"].passed
+    drifting = [m.model_copy(update={"loss": m.loss * 1.2}) for m in healthy()]
+    v = {v.name: v for v in validate_run(drifting, spec, golden=g)}["golden"]
+    assert not v.passed and "ledger run run1" in v.reason
+    lg.close()
+    gpath = tmp_path / "g.jsonl"
+    gpath.write_text('{"step": 1, "loss": 3.0}\n{"step": 2, "loss"')
+    with pytest.raises(MetricsError, match=rf"{gpath}:2: truncated"):
+        resolve_golden(GoldenSpec(path=str(gpath)))

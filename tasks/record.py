@@ -1,0 +1,85 @@
+"""Record tasks: the ledger row (opened before training, closed after) and the run-summary artifact."""
+
+from __future__ import annotations
+
+from prefect import get_run_logger, task
+from prefect.artifacts import create_table_artifact
+from prefect.cache_policies import NO_CACHE
+
+from nightloom.ledger import Ledger, LedgerError
+from nightloom.parallel import ParallelPlan
+from nightloom.report import RunSummary, StageTime
+from nightloom.schedule import estimate_cost
+from nightloom.spec import RunSpec
+
+
+@task(name="ledger-open", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=1)
+def start_record_task(spec: RunSpec, run_id: str, plan: ParallelPlan | None, resume: bool) -> str:
+    """Open (or, when resuming, re-open) the run's ledger row; return its key."""
+    with Ledger(spec.ledger.url) as ledger:
+        if resume:
+            try:
+                ledger.get(run_id)
+                ledger.update_run(run_id, status="running")
+                return run_id
+            except LedgerError:
+                pass
+        ledger.start_run(
+            run_id=run_id, spec_hash=spec.spec_hash(), name=spec.name, model=spec.model.name,
+            cluster=spec.cluster.name, provider=spec.cluster.provider, gpu_type=spec.cluster.gpu_type,
+            world_size=spec.world_size, plan=plan, currency=spec.schedule.currency,
+        )
+    return run_id
+
+
+@task(name="ledger-fail", cache_policy=NO_CACHE)
+def fail_record_task(spec: RunSpec, run_id: str, status: str, reason: str, duration_s: float) -> None:
+    """Close the row of a run that did not complete (failed, stopped, refused), with the reason."""
+    with Ledger(spec.ledger.url) as ledger:
+        ledger.finish_run(run_id, status=status, reason=reason[:2000], duration_s=duration_s)
+
+
+def run_cost(spec: RunSpec, started, wall_s: float, provisioning_s: float, gpus: int) -> float:
+    return estimate_cost(spec.schedule, started, wall_s, gpus, provisioning_s=provisioning_s).cost
+
+
+@task(name="record", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=1)
+def record_task(spec: RunSpec, summary: RunSummary, plan: ParallelPlan, cluster, outcome, cost: float,
+                stages: list[StageTime], status: str) -> RunSummary:
+    """Close the ledger row with the measured figures and verdicts; publish the run-summary table."""
+    log = get_run_logger()
+    duration = sum(s.seconds for s in stages)
+    with Ledger(spec.ledger.url) as ledger:
+        ledger.update_run(summary.run_id, plan=plan, world_size=cluster.world_size,
+                          time_to_ready_s=cluster.time_to_ready_s,
+                          metrics_path=f"{summary.run_dir}/metrics.jsonl")
+        ledger.finish_run(
+            summary.run_id, status=status, measured_mfu=outcome.mfu, hfu=outcome.hfu,
+            tokens_per_s=outcome.tokens_per_s, final_loss=outcome.last_loss, duration_s=duration, cost=cost,
+            verdicts=outcome.verdicts, precision=outcome.precision, peak_source=outcome.peak_source,
+            reason=summary.reason or None,
+        )
+    summary = summary.model_copy(update=dict(
+        first_loss=outcome.first_loss, last_loss=outcome.last_loss, steps=outcome.steps,
+        tokens_per_s=outcome.tokens_per_s, mfu=outcome.mfu, peak_source=outcome.peak_source or "",
+        cost=cost, currency=spec.schedule.currency, ledger_id=summary.run_id, stages=stages,
+        verdicts=[v.model_dump() for v in outcome.verdicts],
+    ))
+    rows = [
+        {"field": "status", "value": summary.status},
+        {"field": "shards", "value": f"{summary.shards} (imbalance {summary.shard_imbalance:.2%})"},
+        {"field": "layout", "value": f"{summary.layout} on {summary.world_size} ranks"},
+        {"field": "loss", "value": f"{summary.first_loss:.4f} -> {summary.last_loss:.4f} ({summary.steps} steps)"},
+        {"field": "tokens/s", "value": f"{summary.tokens_per_s:,.0f}" if summary.tokens_per_s else "-"},
+        {"field": "MFU", "value": f"{summary.mfu:.2%} ({summary.peak_source})" if summary.mfu else "-"},
+        {"field": "MFU planned", "value": f"{summary.mfu_predicted:.2%}" if summary.mfu_predicted else "-"},
+        {"field": "time to ready", "value": f"{cluster.time_to_ready_s:.1f} s"},
+        {"field": "cost", "value": f"{cost:.2f} {spec.schedule.currency}"},
+        *({"field": f"gate {v.name}", "value": ("pass: " if v.passed else "FAIL: ") + v.reason}
+          for v in outcome.verdicts),
+        *({"field": f"stage {s.stage}", "value": f"{s.seconds:.1f} s"} for s in stages),
+        {"field": "ledger row", "value": summary.run_id},
+    ]
+    create_table_artifact(key="run-summary", table=rows, description=f"nightloom run {summary.run_id}")
+    log.info("recorded run %s in the ledger (%s)", summary.run_id, status)
+    return summary

@@ -1,0 +1,91 @@
+"""Validation task: MFU and convergence gates on the run's metrics, plots, and the artifacts users look at."""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+
+from prefect import get_run_logger, task
+from prefect.artifacts import create_markdown_artifact
+from prefect.cache_policies import NO_CACHE
+from pydantic import BaseModel, ConfigDict
+
+from nightloom.catalog import ModelShape
+from nightloom.ledger import Ledger
+from nightloom.metrics import read_metrics
+from nightloom.parallel import ParallelPlan
+from nightloom.perf import PeakMeasurement
+from nightloom.plots import write_run_plots
+from nightloom.spec import RunSpec
+from nightloom.train.job import TrainResult
+from nightloom.validate import (
+    MfuReport,
+    Verdict,
+    measure_mfu,
+    mfu_inputs,
+    resolve_golden,
+    resolve_peak,
+    validate_run,
+)
+
+
+class ValidationOutcome(BaseModel):
+    """Verdicts plus the measured figures the ledger and summary need."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+    verdicts: list[Verdict]
+    first_loss: float | None = None
+    last_loss: float | None = None
+    steps: int = 0
+    tokens_per_s: float | None = None
+    mfu: float | None = None
+    hfu: float | None = None
+    precision: str | None = None
+    peak_source: str | None = None
+    plots: dict[str, str] = {}
+
+    @property
+    def passed(self) -> bool:
+        return all(v.passed for v in self.verdicts)
+
+
+def png_markdown(title: str, path: Path) -> str:
+    """A PNG embedded as a data URI, so it renders in the Prefect UI without a file server."""
+    b64 = base64.b64encode(Path(path).read_bytes()).decode()
+    return f"### {title}\n![{title}](data:image/png;base64,{b64})\n\n`{path}`\n"
+
+
+@task(name="validate", cache_policy=NO_CACHE)
+def validate_task(spec: RunSpec, run_dir: Path, plan: ParallelPlan, result: TrainResult, shape: ModelShape,
+                  world_size: int) -> ValidationOutcome:
+    """Run every configured gate; publish the loss/throughput/MFU plots. Failing gates are returned, not raised,
+    so the ledger records them before the flow fails."""
+    log = get_run_logger()
+    steps = read_metrics(Path(run_dir) / "metrics.jsonl")
+    gpu_type = spec.cluster.gpu_type
+    measured = None
+    if gpu_type == "cpu" and result.peak_flops:
+        measured = PeakMeasurement(result.peak_flops, "fp32", result.peak_source or "measured on CPU")
+    peak = resolve_peak(gpu_type, spec.train.precision, measured)
+    inputs = mfu_inputs(shape, spec.train.seq_len, plan.recompute, world_size, peak, predicted_mfu=plan.mfu)
+    ledger = Ledger(spec.ledger.url)
+    try:
+        golden = resolve_golden(spec.validate_.golden, ledger, spec.spec_hash())
+    finally:
+        ledger.close()
+    verdicts = validate_run(steps, spec.validate_, mfu_inputs=inputs, golden=golden)
+    report: MfuReport | None = measure_mfu(steps, inputs)
+    for v in verdicts:
+        (log.info if v.passed else log.error)("gate %-12s %s: %s", v.name, "pass" if v.passed else "FAIL", v.reason)
+
+    plots = write_run_plots(steps, run_dir, predicted_mfu=plan.mfu, mfu_floor=spec.validate_.mfu_floor or None,
+                            golden=golden.steps if golden is not None else None)
+    md = "\n".join(png_markdown(name.replace("_", " "), p) for name, p in plots.items())
+    create_markdown_artifact(key="loss-curve", markdown=md, description="Loss, tokens/s and MFU per step")
+    finite = [s.loss for s in steps]
+    return ValidationOutcome(
+        verdicts=verdicts, first_loss=finite[0], last_loss=finite[-1], steps=len(steps),
+        tokens_per_s=report.tokens_per_s if report else None, mfu=report.mfu if report else None,
+        hfu=report.hfu if report else None, precision=peak.precision, peak_source=peak.source,
+        plots={k: str(v) for k, v in plots.items()},
+    )
