@@ -365,58 +365,77 @@ def format_errors(err: ValidationError, source: str, text: str | None = None) ->
     return [x for x in out if not (x in seen or seen.add(x))]
 
 
-def _semantic_errors(spec: RunSpec, source: str) -> list[tuple[tuple, str]]:
-    """Checks that need the filesystem or the catalog: (field path, reason), before anything is rented."""
+def _get(data: dict, *path, default=None):
+    for key in path:
+        if not isinstance(data, dict) or key not in data:
+            return default
+        data = data[key]
+    return data
+
+
+def _semantic_errors(data: dict, base_dir: Path) -> list[tuple[tuple, str]]:
+    """Checks that need the filesystem or the catalog: (field path, reason), before anything is rented.
+
+    They read the raw mapping (not the validated model) so they are reported together with schema errors."""
     from nightloom.catalog import GPUS, MODELS
 
-    errs = []
-    if spec.model.config is None and spec.model.name not in MODELS:
-        errs.append((('model', 'name'), f"unknown model {spec.model.name!r}; known: {', '.join(sorted(MODELS))}"))
-    if spec.model.config is not None and not Path(spec.model.config).is_file():
-        errs.append((('model', 'config'), f"file not found: {spec.model.config}"))
-    if spec.cluster.gpu_type != "cpu" and spec.cluster.gpu_type not in GPUS:
-        errs.append((
-            ("cluster", "gpu_type"), f"unknown GPU {spec.cluster.gpu_type!r}; known: cpu, {', '.join(sorted(GPUS))}"
-        ))
-    dpath = spec.dataset.path
-    if "://" not in dpath and not spec.dataset.sample and not Path(dpath).exists():
-        errs.append((('dataset', 'path'), f"not found: {dpath}"))
-    if isinstance(spec.parallel, ParallelSpec):
-        p = spec.parallel
-        fixed = p.tp * p.pp * p.dp_replicate * p.cp * (p.dp_shard if p.dp_shard > 0 else 1)
-        if p.dp_shard > 0 and fixed != spec.world_size:
-            errs.append((
-                ("parallel",), f"tp({p.tp})·pp({p.pp})·dp_replicate({p.dp_replicate})·dp_shard({p.dp_shard})"
-                f"·cp({p.cp}) = {fixed} != world size {spec.world_size} (cluster.nodes·cluster.gpus_per_node)"
-            ))
-        elif p.dp_shard <= 0 and spec.world_size % fixed:
-            errs.append((('parallel',), f"world size {spec.world_size} is not divisible by tp·pp·dp_replicate·cp = {fixed}"))
-    if spec.cluster.provider == "ssh":
-        active = [h for h in spec.cluster.ssh.hosts if not h.spare]
-        if len(active) < spec.cluster.nodes:
-            errs.append((
-                ("cluster", "ssh", "hosts"), f"{len(active)} non-spare hosts for cluster.nodes={spec.cluster.nodes}"
-            ))
+    def local(p) -> Path | None:
+        if not isinstance(p, str) or "://" in p:
+            return None
+        q = Path(p).expanduser()
+        return q if q.is_absolute() else base_dir / q
+
+    errs: list[tuple[tuple, str]] = []
+    name, config = _get(data, "model", "name", default="tiny"), _get(data, "model", "config")
+    if config is None and isinstance(name, str) and name not in MODELS:
+        errs.append((("model", "name"), f"unknown model {name!r}; known: {', '.join(sorted(MODELS))}"))
+    if local(config) is not None and not local(config).is_file():
+        errs.append((("model", "config"), f"file not found: {local(config)}"))
+    gpu = _get(data, "cluster", "gpu_type", default="cpu")
+    if isinstance(gpu, str) and gpu != "cpu" and gpu not in GPUS:
+        errs.append((("cluster", "gpu_type"), f"unknown GPU {gpu!r}; known: cpu, {', '.join(sorted(GPUS))}"))
+    dpath = local(_get(data, "dataset", "path"))
+    if dpath is not None and _get(data, "dataset", "sample") is not True and not dpath.exists():
+        errs.append((("dataset", "path"), f"not found: {dpath}"))
+    par = _get(data, "parallel")
+    nodes, per = _get(data, "cluster", "nodes", default=2), _get(data, "cluster", "gpus_per_node", default=2)
+    if isinstance(par, dict) and all(isinstance(x, int) for x in (nodes, per)):
+        deg = {k: _get(par, k, default=1) for k in ("tp", "pp", "dp_replicate", "cp")}
+        shard = _get(par, "dp_shard", default=-1)
+        if all(isinstance(v, int) and v > 0 for v in deg.values()) and isinstance(shard, int):
+            world = nodes * per
+            fixed = deg["tp"] * deg["pp"] * deg["dp_replicate"] * deg["cp"]
+            if shard > 0 and fixed * shard != world:
+                errs.append((("parallel",), f"tp({deg['tp']})·pp({deg['pp']})·dp_replicate({deg['dp_replicate']})"
+                             f"·dp_shard({shard})·cp({deg['cp']}) = {fixed * shard} != world size {world} "
+                             "(cluster.nodes·cluster.gpus_per_node)"))
+            elif shard <= 0 and world % fixed:
+                errs.append((("parallel",), f"world size {world} is not divisible by tp·pp·dp_replicate·cp = {fixed}"))
+    if _get(data, "cluster", "provider") == "ssh":
+        hosts = _get(data, "cluster", "ssh", "hosts", default=[]) or []
+        active = [h for h in hosts if isinstance(h, dict) and not h.get("spare")]
+        if isinstance(nodes, int) and len(active) < nodes:
+            errs.append((("cluster", "ssh", "hosts"), f"{len(active)} non-spare hosts for cluster.nodes={nodes}"))
     return errs
 
 
 def parse_spec(data: object, source: str = "<spec>", text: str | None = None, base_dir: Path | None = None) -> RunSpec:
-    """Validate a mapping into a RunSpec; raise SpecError listing every problem."""
+    """Validate a mapping into a RunSpec; raise SpecError listing every problem (schema and semantic) at once."""
     if not isinstance(data, dict):
         raise SpecError([f"{source}: <root>: expected a mapping of sections, got {type(data).__name__}"])
+    base_dir = base_dir or Path.cwd()
+    errors: list[str] = []
+    spec = None
     try:
         spec = RunSpec.model_validate(data)
     except ValidationError as err:
-        raise SpecError(format_errors(err, source, text)) from None
-    spec = spec.resolved(base_dir or Path.cwd())
-    errs = _semantic_errors(spec, source)
-    if errs:
-        lines = []
-        for loc, msg in errs:
-            line = _yaml_line(Path(source), text, loc) if text is not None else None
-            lines.append(f"{source}{f':{line}' if line else ''}: {'.'.join(loc)}: {msg}")
-        raise SpecError(lines)
-    return spec
+        errors += format_errors(err, source, text)
+    for loc, msg in _semantic_errors(data, base_dir):
+        line = _yaml_line(Path(source), text, loc) if text is not None else None
+        errors.append(f"{source}{f':{line}' if line else ''}: {'.'.join(loc)}: {msg}")
+    if errors or spec is None:
+        raise SpecError(errors)
+    return spec.resolved(base_dir)
 
 
 def load_spec(path: str | Path) -> RunSpec:

@@ -61,11 +61,8 @@ def publish(job: ShardJob, scans: list[ScanResult], placement: Placement, infos:
         if "/" not in rel and rel.startswith("shard-") and rel.endswith(".parquet") and rel not in keep:
             storage.delete(storage.join(job.output, rel))  # shards of an earlier, different run
     shutil.rmtree(job.workdir, ignore_errors=True)
-    if not storage.is_s3(job.output):
-        try:
-            (Path(job.output) / WORK_DIR_NAME).rmdir()
-        except OSError:
-            pass
+    if not storage.is_s3(job.output):  # also work left by interrupted runs with other settings
+        shutil.rmtree(Path(job.output) / WORK_DIR_NAME, ignore_errors=True)
     return manifest
 
 

@@ -1,8 +1,14 @@
-"""Map step: stream one input file, hash and count every record, spill kept records to an Arrow IPC file.
+"""Map step: stream one input file, hash and count every record, spill kept records to Arrow IPC parts.
 
-One call per input file, independent of the others (a Prefect task; Dask/Ray can spread them). The spill
-parts hold text (and key); a .npy holds both hashes, tokens and bytes per record; the result marker is written last, so a re-run skips files
-already scanned (resume). Bad records fail at once (`on_error=fail`) or are counted (`skip`).
+One call per input file, independent of the others (a Prefect task; Dask/Ray can spread them). Spill parts
+hold the text (and key); a .npy holds both hashes, tokens and bytes per record; the result marker is written
+last, so a re-run skips files already scanned (resume). Bad records fail at once (`on_error=fail`) or are
+counted (`skip`).
+
+Two readers, same output: a fast path (Arrow's C++ JSON/Parquet/IPC readers, hashing straight from the Arrow
+buffers; used when the text is the key) and the record-by-record path, which alone knows line numbers. Any
+problem on the fast path (a corrupt line, a null, a non-string) restarts the file on the record path, which
+then reports it with file:line or applies `on_error=skip`.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import orjson
 import pyarrow as pa
+import pyarrow.compute as pc
 import xxhash
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -20,18 +27,20 @@ from nightloom.sharding.errors import BadInputError
 from nightloom.sharding.hashing import DEDUP_SEED
 from nightloom.sharding.job import ShardJob
 from nightloom.sharding.manifest import BadRecord
-from nightloom.sharding.sources import read_records
+from nightloom.sharding.sources import SourceRef, _arrow_batches, read_records
 
 MAX_BAD_EXAMPLES = 10
-SPILL_BATCH = 8192  # records per Arrow batch …
+SPILL_BATCH = 8192  # records per Arrow batch on the record path …
 SPILL_BATCH_BYTES = 16 * 1024 * 1024  # … or this much text, whichever first (bounds memory for huge documents)
 SPILL_PART_BYTES = 64 * 1024 * 1024  # a new spill file after this much: bounds what a writer maps at once
+JSON_BLOCK = 16 * 1024 * 1024  # Arrow JSON block; a longer line falls back to the record path
+META_DTYPE = np.dtype([("h1", "<u8"), ("h2", "<u8"), ("tokens", "<i8"), ("nbytes", "<i8")])
 
 
 class ScanResult(BaseModel):
     model_config = ConfigDict(extra="forbid")
     index: int
-    spills: list[str] = Field(default_factory=list)  # Arrow IPC parts of kept records, in order (≤ SPILL_PART_BYTES)
+    spills: list[str] = Field(default_factory=list)  # Arrow IPC parts of kept records, in order
     meta: str | None = None  # .npy of (h1, h2, tokens, nbytes) per spilled record; None when nothing was kept
     records: int = 0  # records seen (good + empty + bad)
     docs: int = 0  # non-empty good documents spilled (before dedup)
@@ -40,7 +49,8 @@ class ScanResult(BaseModel):
     bad_examples: list[BadRecord] = Field(default_factory=list)
 
 
-META_DTYPE = np.dtype([("h1", "<u8"), ("h2", "<u8"), ("tokens", "<i8"), ("nbytes", "<i8")])
+class _Fallback(Exception):
+    """The fast path cannot handle this file; use the record path."""
 
 
 def spill_schema(job: ShardJob) -> pa.Schema:
@@ -56,6 +66,181 @@ def _key_bytes(key: object) -> bytes:
     return orjson.dumps(key, option=orjson.OPT_SORT_KEYS)
 
 
+def _strings(values: list[bytes]) -> pa.Array:
+    """A large_string array straight from encoded bytes (no Python str round trip)."""
+    offsets = np.zeros(len(values) + 1, dtype=np.int64)
+    np.cumsum(np.fromiter(map(len, values), dtype=np.int64, count=len(values)), out=offsets[1:])
+    return pa.LargeStringArray.from_buffers(len(values), pa.py_buffer(offsets), pa.py_buffer(b"".join(values)))
+
+
+class _Spill:
+    """Appends (columns, meta) batches to size-bounded IPC parts; publishes each part with a rename."""
+
+    def __init__(self, work: Path, index: int, schema: pa.Schema):
+        self.work, self.index, self.schema = work, index, schema
+        self.parts: list[str] = []
+        self.meta: list[np.ndarray] = []
+        self.writer = None
+        self.part_bytes = 0
+
+    def add(self, columns: list[pa.Array], meta: np.ndarray) -> None:
+        if not len(meta):
+            return
+        if self.writer is None:
+            self.parts.append(f"spill-{self.index:05d}-{len(self.parts):04d}.arrow")
+            self.writer = pa.ipc.new_file(str(self.work / f".{self.parts[-1]}.tmp"), self.schema)
+        self.writer.write_batch(pa.record_batch(columns, schema=self.schema))
+        self.meta.append(meta)
+        self.part_bytes += int(meta["nbytes"].sum())
+        if self.part_bytes >= SPILL_PART_BYTES:
+            self.close_part()
+
+    def close_part(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            (self.work / f".{self.parts[-1]}.tmp").replace(self.work / self.parts[-1])
+            self.writer, self.part_bytes = None, 0
+
+    def abort(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            (self.work / f".{self.parts[-1]}.tmp").unlink(missing_ok=True)
+            self.writer = None
+        for p in self.parts:
+            (self.work / p).unlink(missing_ok=True)
+
+    def finish(self) -> tuple[list[str], str | None, int]:
+        self.close_part()
+        if not self.meta:
+            return self.parts, None, 0
+        meta = np.concatenate(self.meta)
+        name = f"meta-{self.index:05d}.npy"
+        tmp = self.work / f".{name}.tmp"
+        with open(tmp, "wb") as f:
+            np.save(f, meta)
+        tmp.replace(self.work / name)
+        return self.parts, name, len(meta)
+
+
+def _text_arrays(local: Path, src: SourceRef, text_field: str):
+    """Fast path: the text column batch by batch from Arrow's readers (raises _Fallback on any doubt)."""
+    try:
+        if src.format == "jsonl":
+            import pyarrow.json as pj
+
+            name = local.name.lower()
+            comp = "gzip" if name.endswith(".gz") else "zstd" if name.endswith((".zst", ".zstd")) else None
+            reader = pj.open_json(
+                pa.input_stream(str(local), compression=comp),
+                read_options=pj.ReadOptions(block_size=JSON_BLOCK, use_threads=True),
+                parse_options=pj.ParseOptions(
+                    explicit_schema=pa.schema([(text_field, pa.string())]), unexpected_field_behavior="ignore"
+                ),
+            )
+            batches = (b.column(0) for b in reader)
+        elif src.format in ("parquet", "arrow"):
+            batches = (b.column(0) for b in _arrow_batches(local, src.format, [text_field]))
+        else:
+            raise _Fallback
+        for arr in batches:
+            if arr.type not in (pa.string(), pa.large_string()) or arr.null_count:
+                raise _Fallback
+            if isinstance(arr, pa.ChunkedArray):
+                arr = arr.combine_chunks()
+            arr.validate(full=True)  # Arrow's JSON reader does not check UTF-8; this does (SIMD, cheap)
+            yield arr.cast(pa.large_string())
+    except (pa.ArrowException, BadInputError, OSError, EOFError, UnicodeDecodeError) as err:
+        raise _Fallback from err
+
+
+def _scan_fast(local: Path, src: SourceRef, job: ShardJob, spill: _Spill) -> tuple[int, int]:
+    """(records, empty) via Arrow; hashes read straight from the string buffers."""
+    salt = job.sharding.salt.encode("utf-8")
+    xx64, xx3 = xxhash.xxh64, xxhash.xxh3_64_intdigest
+    records = empty = 0
+    for arr in _text_arrays(local, src, job.dataset.text_field):
+        n = len(arr)
+        records += n
+        if not n:
+            continue
+        offsets = np.frombuffer(arr.buffers()[1], dtype=np.int64)[arr.offset : arr.offset + n + 1]
+        data = arr.buffers()[2]
+        mv = memoryview(data) if data is not None else memoryview(b"")
+        lengths = np.diff(offsets)
+        # empty = "" or only whitespace (Python's str.isspace decides, for the few candidates)
+        maybe = np.flatnonzero((lengths <= 64) | pc.fill_null(pc.utf8_is_space(arr), False).to_numpy(False))
+        blank = np.zeros(n, dtype=bool)
+        for i in maybe:
+            a, b = int(offsets[i]), int(offsets[i + 1])
+            s = bytes(mv[a:b]).decode("utf-8")
+            blank[i] = not s or s.isspace()
+        keep = np.flatnonzero(~blank)
+        empty += n - len(keep)
+        if not len(keep):
+            continue
+        meta = np.empty(len(keep), dtype=META_DTYPE)
+        starts, ends = offsets[keep].tolist(), offsets[keep + 1].tolist()
+        h1, h2 = [], []
+        for a, b in zip(starts, ends):
+            piece = mv[a:b]
+            h = xx64(piece)
+            h.update(salt)
+            h1.append(h.intdigest())
+            h2.append(xx3(piece, seed=DEDUP_SEED))
+        meta["h1"], meta["h2"] = h1, h2
+        meta["tokens"] = meta["nbytes"] = lengths[keep]  # tokenizer "bytes": one token per UTF-8 byte
+        texts = arr if len(keep) == n else arr.take(pa.array(keep))
+        spill.add([texts], meta)
+    return records, empty
+
+
+def _scan_records(local: Path, src: SourceRef, job: ShardJob, spill: _Spill, res: ScanResult) -> None:
+    """Record path: exact file:line for every problem; honours on_error."""
+    text_field, key_field = job.dataset.text_field, job.sharding.key_field
+    separate_key = key_field is not None and key_field != text_field
+    salt = job.sharding.salt.encode("utf-8")
+    fail = job.sharding.on_error == "fail"
+    xx64, xx3 = xxhash.xxh64_intdigest, xxhash.xxh3_64_intdigest
+    texts: list[bytes] = []
+    keys: list[bytes] = []
+    meta: list[tuple[int, int, int, int]] = []
+    pending = 0
+
+    def flush() -> None:
+        cols = [_strings(texts)] + ([_strings(keys)] if separate_key else [])
+        spill.add(cols, np.array(meta, dtype=META_DTYPE))
+        texts.clear(), keys.clear(), meta.clear()
+
+    for where, text, key, err in read_records(local, src.format, text_field, key_field):
+        res.records += 1
+        if err is not None:
+            if fail:
+                raise BadInputError(f"{src.uri}:{where}: {err}")
+            res.bad += 1
+            if len(res.bad_examples) < MAX_BAD_EXAMPLES:
+                res.bad_examples.append(BadRecord(file=src.rel, line=where, reason=err))
+            continue
+        if not text or text.isspace():
+            res.empty += 1
+            continue
+        tb = text.encode("utf-8")
+        kb = tb if key is None else _key_bytes(key)
+        texts.append(tb)
+        nb = len(tb)  # tokenizer "bytes": one token per UTF-8 byte
+        if separate_key:
+            keys.append(kb)
+            nb_all = nb + len(kb)
+        else:
+            nb_all = nb
+        meta.append((xx64(kb + salt), xx3(kb, seed=DEDUP_SEED), nb, nb_all))
+        pending += nb_all
+        if len(texts) >= SPILL_BATCH or pending >= SPILL_BATCH_BYTES:
+            flush()
+            pending = 0
+    if texts:
+        flush()
+
+
 def scan_source(job: ShardJob, index: int) -> ScanResult:
     """Scan input `index` of the job; idempotent (a finished scan is read back, not redone)."""
     job.configure()
@@ -63,101 +248,37 @@ def scan_source(job: ShardJob, index: int) -> ScanResult:
     marker = work / f"scan-{index:05d}.json"
     if marker.is_file():
         return ScanResult.model_validate_json(marker.read_bytes())
+    work.mkdir(parents=True, exist_ok=True)
     src = job.sources[index]
     local = Path(src.uri)
     downloaded = None
     if storage.is_s3(src.uri):
         downloaded = work / "inputs" / f"{index:05d}-{Path(src.rel).name}"
         local = storage.get_file(src.uri, downloaded)
-    text_field, key_field = job.dataset.text_field, job.sharding.key_field
-    separate_key = key_field is not None and key_field != text_field
-    salt = job.sharding.salt.encode("utf-8")
-    fail = job.sharding.on_error == "fail"
-    xx64, xx3 = xxhash.xxh64_intdigest, xxhash.xxh3_64_intdigest
-    schema = pa.schema([f for f in spill_schema(job)])
-    work.mkdir(parents=True, exist_ok=True)
-    records = docs = empty = bad = 0
-    examples: list[BadRecord] = []
-    texts: list[bytes] = []
-    keys: list[bytes] = []
-    meta: list[tuple[int, int, int, int]] = []
-    batch_meta: list[tuple[int, int, int, int]] = []
-    pending = 0
-    parts: list[str] = []
-    state = {"writer": None, "part_bytes": 0}
-
-    def strings(values: list[bytes]) -> pa.Array:
-        """A UTF-8 string array straight from encoded bytes (no Python str round trip)."""
-        lengths = np.fromiter((len(v) for v in values), dtype=np.int64, count=len(values))
-        offsets = np.zeros(len(values) + 1, dtype=np.int64)
-        np.cumsum(lengths, out=offsets[1:])
-        return pa.LargeStringArray.from_buffers(len(values), pa.py_buffer(offsets), pa.py_buffer(b"".join(values)))
-
-    def flush() -> None:
-        if state["writer"] is None:
-            name = f"spill-{index:05d}-{len(parts):04d}.arrow"
-            parts.append(name)
-            state["writer"] = pa.ipc.new_file(str(work / f".{name}.tmp"), schema)
-        cols = [strings(texts)] + ([strings(keys)] if separate_key else [])
-        state["writer"].write_batch(pa.record_batch(cols, schema=schema))
-        state["part_bytes"] += sum(m[3] for m in batch_meta)
-        meta.extend(batch_meta)
-        texts.clear(), keys.clear(), batch_meta.clear()
-        if state["part_bytes"] >= SPILL_PART_BYTES:
-            close_part()
-
-    def close_part() -> None:
-        if state["writer"] is not None:
-            state["writer"].close()
-            name = parts[-1]
-            (work / f".{name}.tmp").replace(work / name)
-            state["writer"], state["part_bytes"] = None, 0
-
+    schema = spill_schema(job)
+    res = ScanResult(index=index)
     try:
-        for where, text, key, err in read_records(local, src.format, text_field, key_field):
-            records += 1
-            if err is not None:
-                if fail:
-                    raise BadInputError(f"{src.uri}:{where}: {err}")
-                bad += 1
-                if len(examples) < MAX_BAD_EXAMPLES:
-                    examples.append(BadRecord(file=src.rel, line=where, reason=err))
-                continue
-            if not text or text.isspace():
-                empty += 1
-                continue
-            tb = text.encode("utf-8")
-            kb = tb if key is None else _key_bytes(key)
-            texts.append(tb)
-            nb = len(tb)  # tokenizer "bytes": one token per UTF-8 byte
-            if separate_key:
-                keys.append(kb)
-                batch_meta.append((xx64(kb + salt), xx3(kb, seed=DEDUP_SEED), nb, nb + len(kb)))
-                pending += nb + len(kb)
-            else:
-                batch_meta.append((xx64(kb + salt), xx3(kb, seed=DEDUP_SEED), nb, nb))
-                pending += nb
-            if len(texts) >= SPILL_BATCH or pending >= SPILL_BATCH_BYTES:
-                flush()
-                pending = 0
-        if texts:
-            flush()
-        close_part()
-        docs = len(meta)
-        meta_name = None
-        if meta:
-            meta_name = f"meta-{index:05d}.npy"
-            tmp = work / f".{meta_name}.tmp"
-            with open(tmp, "wb") as f:
-                np.save(f, np.array(meta, dtype=META_DTYPE))
-            tmp.replace(work / meta_name)
+        spill = _Spill(work, index, schema)
+        fast = job.sharding.key_field is None and src.format != "text"
+        try:
+            if not fast:
+                raise _Fallback
+            res.records, res.empty = _scan_fast(local, src, job, spill)
+        except _Fallback:
+            spill.abort()
+            spill = _Spill(work, index, schema)
+            res = ScanResult(index=index)
+            try:
+                _scan_records(local, src, job, spill, res)
+            except BaseException:
+                spill.abort()
+                raise
+        except BaseException:
+            spill.abort()
+            raise
+        res.spills, res.meta, res.docs = spill.finish()
     finally:
-        if state["writer"] is not None:
-            state["writer"].close()
-            (work / f".{parts[-1]}.tmp").unlink(missing_ok=True)
         if downloaded is not None:
             downloaded.unlink(missing_ok=True)
-    res = ScanResult(index=index, spills=parts, meta=meta_name, records=records, docs=docs, empty=empty, bad=bad,
-                     bad_examples=examples)
     storage.write_bytes(marker, res.model_dump_json().encode())
     return res

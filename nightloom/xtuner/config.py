@@ -157,7 +157,7 @@ def render_config(inputs: RenderInputs, out: Path) -> Path:
 
 
 def resolve_map_fn(name: str) -> MapFn:
-    key = name[: -len("_map_fn")] if name.endswith("_map_fn") else name
+    key = name.removesuffix("_map_fn")
     if key not in MAP_FNS:
         raise XTunerConfigError(
             f"train.xtuner.map_fn: unknown map function {name!r}; known: {', '.join(sorted(MAP_FNS))}"

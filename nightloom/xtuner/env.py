@@ -68,7 +68,7 @@ class XTunerEnv:
 def detect_profile() -> Profile:
     """`gpu` when an NVIDIA driver answers on this machine, else `cpu`."""
     smi = shutil.which("nvidia-smi")
-    if smi and subprocess.run([smi, "-L"], capture_output=True, timeout=30).returncode == 0:
+    if smi and subprocess.run([smi, "-L"], capture_output=True, timeout=30, check=False).returncode == 0:
         return "gpu"
     return "cpu"
 
@@ -114,7 +114,7 @@ def _write_atomic(path: Path, text: str) -> None:
 def probe(python: str | Path, timeout_s: float = 300) -> dict:
     """Run the node wrapper's `probe` in `python`: versions, CUDA, map functions and prompt templates."""
     r = subprocess.run([str(python), str(HERE / "node_wrapper.py"), "probe"], capture_output=True, text=True,
-                       timeout=timeout_s, env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
+                       timeout=timeout_s, check=False, env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
     if r.returncode != 0:
         raise EnvError(f"XTuner env at {python} does not work (probe exit {r.returncode}):\n{r.stderr[-2000:]}")
     try:
@@ -127,7 +127,7 @@ def _run_logged(argv: list[str], log_file: Path, step: str, timeout_s: float) ->
     with open(log_file, "a", encoding="utf-8") as f:
         f.write(f"\n$ {' '.join(argv)}\n")
         f.flush()
-        r = subprocess.run(argv, stdout=f, stderr=subprocess.STDOUT, timeout=timeout_s)
+        r = subprocess.run(argv, stdout=f, stderr=subprocess.STDOUT, timeout=timeout_s, check=False)
     if r.returncode != 0:
         tail = log_file.read_text(encoding="utf-8", errors="replace")[-1500:]
         raise EnvError(f"XTuner env: {step} failed (exit {r.returncode}); full log: {log_file}\n{tail}")
@@ -171,10 +171,11 @@ def _create(path: Path, profile: Profile, base_python: str, log: Callable[[str],
 
 
 def ensure_env(python: str | None = None, profile: Profile | None = None, base_python: str | None = None,
-               log: Callable[[str], None] = print, timeout_s: float = 1800) -> XTunerEnv:
+               log: Callable[[str], None] = print, timeout_s: float = 1800, verify: bool = False) -> XTunerEnv:
     """Return a working XTuner env: verify `python` when given, else find or build the env for `profile`.
 
-    Warm path (stamp matches the key): one probe subprocess. Cold path: venv + pip install under a file lock.
+    Warm path (stamp matches the key): no subprocess unless `verify` (a probe that imports xtuner, ~5-10 s).
+    Cold path: venv + pip install under a file lock, then a probe; the stamp is written last.
     """
     t0 = time.monotonic()
     if python is not None:  # a user-provided interpreter (spec.train.xtuner.python): verify, never modify
@@ -192,10 +193,11 @@ def ensure_env(python: str | None = None, profile: Profile | None = None, base_p
         if stamp is None or stamp.get("key") != key or not _python_of(path).exists():
             _create(path, profile, base_python or sys.executable, log, timeout_s)
             created = True
-        info = probe(_python_of(path))
+        info = probe(_python_of(path)) if (created or verify) else {**stamp.get("info", {}), "versions": stamp["versions"]}
         if created:
             stamp = {"key": key, "profile": profile, "created_unix": time.time(),
-                     "create_s": round(time.monotonic() - t0, 1), "versions": info["versions"]}
+                     "create_s": round(time.monotonic() - t0, 1), "versions": info["versions"],
+                     "info": {k: v for k, v in info.items() if k != "versions"}}
             _write_atomic(path / STAMP, json.dumps(stamp, indent=2) + "\n")
             log(f"xtuner env: ready in {stamp['create_s']} s: {info['versions']}")
     return XTunerEnv(path, _python_of(path), key, profile, created, time.monotonic() - t0, info)

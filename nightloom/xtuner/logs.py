@@ -18,7 +18,7 @@ from nightloom.metrics import StepMetrics, append_metrics
 _STAMP = re.compile(r"^\d{8}_\d{6}$")
 # mmengine text log line: "... Iter(train) [  3/6]  lr: 1.0e-03  eta: ... time: 0.51  data_time: ...  loss: 5.71"
 _LOG_LINE = re.compile(r"Iter\(train\)\s*\[\s*(\d+)/\s*\d+\]\s+(.*)$")
-_KV = re.compile(r"([a-z_]+):\s*(-?[0-9.]+(?:e[-+]?\d+)?|nan|inf)", re.I)
+_KV = re.compile(r"([a-z_]+):\s*(-?[0-9.]+(?:e[-+]?\d+)?|nan|inf)", re.IGNORECASE)
 
 
 class XTunerLogError(ValueError):

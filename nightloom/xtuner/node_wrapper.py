@@ -63,7 +63,6 @@ def cmd_probe() -> int:
     import importlib.metadata as md
 
     import torch
-
     from xtuner.dataset import map_fns
     from xtuner.utils import PROMPT_TEMPLATE
 
@@ -99,7 +98,6 @@ def _empty_dataset_symptom(e: BaseException) -> bool:
 def cmd_prepare(config: str) -> int:
     """Build the config's `prepare_dataset` (map, template, tokenize, pack) once and save it to `processed_dir`."""
     from mmengine.config import Config
-
     from xtuner.registry import BUILDER
 
     cfg = Config.fromfile(config)

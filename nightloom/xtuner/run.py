@@ -15,15 +15,22 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from nightloom.spec import RunSpec
 from nightloom.train.job import TrainResult
 from nightloom.xtuner import config as xcfg
-from nightloom.xtuner.convert import check_hf_model, find_checkpoint, merge_lora, publish, pth_to_hf
+from nightloom.xtuner.convert import check_hf_model, find_checkpoint, merge_lora, pth_to_hf, publish
 from nightloom.xtuner.env import XTunerEnv, ensure_env
 from nightloom.xtuner.launcher import (
-    XTunerLaunchError, check, node_env, run_streaming, tail, tool_command, train_args, train_command,
+    XTunerLaunchError,
+    check,
+    node_env,
+    run_streaming,
+    tail,
+    tool_command,
+    train_args,
+    train_command,
 )
 from nightloom.xtuner.logs import RunShape, write_metrics
 from nightloom.xtuner.node_wrapper import EXIT_EMPTY_DATASET
@@ -70,7 +77,7 @@ class XTunerResult(TrainResult):
     env_python: str = ""
     env_key: str = ""
     profile: str = ""
-    stage_s: dict[str, float] = {}
+    stage_s: dict[str, float] = Field(default_factory=dict)
 
 
 # ------------------------------------------------------------------------------------------------ inputs

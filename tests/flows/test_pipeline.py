@@ -62,7 +62,7 @@ def test_full_pipeline_on_embedded_default(prefect_backend, tmp_path):
 
     # record: a ledger row with the layout, MFU and verdicts
     row = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}").get(summary.ledger_id)
-    assert row.run_id == summary.run_id and row.status == "completed"
+    assert row.run_id == summary.run_id and row.status == "succeeded" and row.verified
     assert row.measured_mfu == pytest.approx(summary.mfu)
 
     # artifacts: summary table, plan table and a PNG loss curve

@@ -195,7 +195,7 @@ def test_resume_after_kill_9(tmp_path):
     deadline = time.monotonic() + 120
     try:
         while time.monotonic() < deadline and proc.poll() is None:
-            if list(work.glob("*/scan-*.json")):
+            if list(work.glob("*/shard-*.json")):  # killed while writing shards
                 break
             time.sleep(0.005)
         killed = proc.poll() is None
@@ -205,8 +205,10 @@ def test_resume_after_kill_9(tmp_path):
     if not killed:
         pytest.skip("the run finished before it could be killed (machine too fast for this corpus)")
     assert not (out / "manifest.json").exists()
-    assert not [p for p in out.glob("shard-*") if not p.name.endswith(".parquet")]
+    done_before = {p.name: p.stat().st_ino for p in out.glob("shard-*.parquet")}
+    assert done_before
     m = _run(src, out, num_shards=16)
+    assert all((out / n).stat().st_ino == ino for n, ino in done_before.items())  # reused, not rewritten
     assert m == _run(src, tmp_path / "fresh", num_shards=16)
     assert tree_bytes(out) == tree_bytes(tmp_path / "fresh")
 
@@ -243,3 +245,17 @@ def test_corrupt_shard_is_detected_on_read(multi, tmp_path):
     p.write_bytes(bytes(data))
     with pytest.raises(ShardingError, match="sha256 does not match"):
         read_shard(tmp_path / "o", 1)
+
+
+def test_fast_path_and_record_path_agree(tmp_path):
+    """key_field='text' forces the record-by-record reader; the Arrow fast path must give identical shards."""
+    docs = make_docs(700, seed=12, dup_every=5) + ["", "   ", "\u2003\t", "\n" * 100, "\x1c", "x" * 70, " y "]
+    d = tmp_path / "in"
+    write_jsonl(d / "a.jsonl.gz", docs[:300], compress="gz")
+    write_parquet(d / "b.parquet", docs[300:])
+    fast = _run(d, tmp_path / "fast", num_shards=3)
+    slow = _run(d, tmp_path / "slow", num_shards=3, key_field="text")
+    assert fast.key == "<text>" and slow.key == "text"
+    assert [s.sha256 for s in fast.shards] == [s.sha256 for s in slow.shards]
+    assert (fast.empty_skipped, fast.dedup_dropped, fast.rows) == (slow.empty_skipped, slow.dedup_dropped, slow.rows)
+    assert fast.empty_skipped == 5

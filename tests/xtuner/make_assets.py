@@ -10,8 +10,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-WORDS = ("the a model data train tune token layer sum add list name city color number small large fast slow "
-         "what is how do you write give answer question explain why when").split()
+WORDS = ["the", "a", "model", "data", "train", "tune", "token", "layer", "sum", "add", "list", "name", "city", "color", "number", "small", "large", "fast", "slow", "what", "is", "how", "do", "you", "write", "give", "answer", "question", "explain", "why", "when"]
 
 
 def corpus() -> list[str]:

@@ -9,21 +9,23 @@ import math
 from pathlib import Path
 
 import pytest
+from xt_data import alpaca_rows, make_spec, write_shards
 
 from nightloom.metrics import read_metrics
-from xt_data import alpaca_rows, make_spec, write_shards
 
 pytestmark = pytest.mark.gpu
 
 
 @pytest.fixture(scope="module")
 def gpu_env(xtuner_env):
-    from nightloom.xtuner.env import ensure_env, probe
+    import subprocess
+
+    from nightloom.xtuner.env import EnvError, ensure_env, probe
 
     if not probe(xtuner_env.python)["cuda"]:
         try:
             env = ensure_env(profile="gpu")
-        except Exception as e:  # no driver / no GPU wheels here
+        except (EnvError, OSError, subprocess.SubprocessError) as e:  # no driver / no GPU wheels here
             pytest.skip(f"no CUDA XTuner env: {e}")
         if not probe(env.python)["cuda"]:
             pytest.skip("CUDA not available in the XTuner env")

@@ -9,14 +9,14 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from conftest import run_in_env
+from xt_data import alpaca_rows, make_spec, write_shards
+
 from nightloom.metrics import read_metrics
 from nightloom.xtuner import XTunerConfigError, run_xtuner
 from nightloom.xtuner.logs import launch_dirs, parse_launch
-from xt_data import alpaca_rows, make_spec, write_shards
 
-QUIET = lambda s: None  # noqa: E731
+QUIET = lambda s: None
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 from nightloom.sharding.manifest import ShardInfo, ShardManifest
 from nightloom.spec import RunSpec
 
-WORDS = "what is the sum of a small list name city color number fast slow model data answer why".split()
+WORDS = ["what", "is", "the", "sum", "of", "a", "small", "list", "name", "city", "color", "number", "fast", "slow", "model", "data", "answer", "why"]
 
 
 def alpaca_rows(n: int = 48, nooutput: bool = False) -> list[dict]:
