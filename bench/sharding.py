@@ -64,8 +64,12 @@ def make_corpus(path: Path, size_mb: float, seed: int = 0) -> int:
             if recent and rng.random() < 0.10:
                 line = recent[rng.randrange(len(recent))]
             else:
-                line = json.dumps({"id": i, "text": f"document {i}. " + pool[rng.randrange(len(pool))]},
-                                  ensure_ascii=False).encode() + b"\n"
+                line = (
+                    json.dumps(
+                        {"id": i, "text": f"document {i}. " + pool[rng.randrange(len(pool))]}, ensure_ascii=False
+                    ).encode()
+                    + b"\n"
+                )
                 if len(recent) < 2000:
                     recent.append(line)
                 else:
@@ -77,10 +81,19 @@ def make_corpus(path: Path, size_mb: float, seed: int = 0) -> int:
 
 
 def run_child(kind: str, *args: str) -> tuple[float, int, str]:
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), HF_DATASETS_OFFLINE="1",
-               HF_HUB_OFFLINE="1", TQDM_DISABLE="1", HF_DATASETS_DISABLE_PROGRESS_BARS="1")
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=str(ROOT),
+        HF_DATASETS_OFFLINE="1",
+        HF_HUB_OFFLINE="1",
+        TQDM_DISABLE="1",
+        HF_DATASETS_DISABLE_PROGRESS_BARS="1",
+    )
     t0 = time.perf_counter()
-    p = subprocess.run([sys.executable, "-c", CHILD[kind] + RSS, *args], env=env, capture_output=True, text=True)
+    p = subprocess.run(
+        [sys.executable, "-c", CHILD[kind] + RSS, *args], env=env, capture_output=True, text=True, check=False
+    )
     wall = time.perf_counter() - t0
     if p.returncode:
         raise SystemExit(f"{kind} failed:\n{p.stderr[-3000:]}")
@@ -106,12 +119,16 @@ def main() -> int:
         t = time.perf_counter()
         nbig = make_corpus(big, a.size_mb, seed=1)
         nsmall = make_corpus(small, small_mb, seed=2)
-        print(f"corpus: {nbig / 2**20:.0f} MiB and {nsmall / 2**20:.0f} MiB generated in {time.perf_counter() - t:.1f} s")
+        print(
+            f"corpus: {nbig / 2**20:.0f} MiB and {nsmall / 2**20:.0f} MiB generated in {time.perf_counter() - t:.1f} s"
+        )
         mb = nbig / 2**20
         raw_t, raw_rss, _ = run_child("raw", str(big))
         nl_t, nl_rss, info = run_child("nightloom", str(big), str(scratch / "out"), str(a.shards), str(a.workers))
         shutil.rmtree(scratch / "out", ignore_errors=True)
-        nl_small_t, nl_small_rss, _ = run_child("nightloom", str(small), str(scratch / "out-s"), str(a.shards), str(a.workers))
+        _, nl_small_rss, _ = run_child(
+            "nightloom", str(small), str(scratch / "out-s"), str(a.shards), str(a.workers)
+        )
         shutil.rmtree(scratch / "out-s", ignore_errors=True)
         print(f"nightloom: {info}  (imbalance plain → final, duplicates dropped, rows)")
         print(f"(a) raw read+parse   {mb / raw_t:7.1f} MB/s  ({raw_t:.1f} s, peak RSS {raw_rss / 1024:.0f} MiB)")
@@ -120,11 +137,15 @@ def main() -> int:
         if not a.skip_datasets:
             ds_t, ds_rss, _ = run_child("datasets", str(big), str(scratch / "hf"), str(a.shards))
             shutil.rmtree(scratch / "hf", ignore_errors=True)
-            print(f"(c) datasets load+shard+to_parquet {mb / ds_t:7.1f} MB/s  ({ds_t:.1f} s, peak RSS {ds_rss / 1024:.0f} MiB)")
+            print(
+                f"(c) datasets load+shard+to_parquet {mb / ds_t:7.1f} MB/s  ({ds_t:.1f} s, peak RSS {ds_rss / 1024:.0f} MiB)"
+            )
             print(f"    ratio nightloom / datasets = {ds_t / nl_t:.2f}  (target > 1)")
-        print(f"peak RSS nightloom: {nsmall / 2**20:.0f} MiB corpus → {nl_small_rss / 1024:.0f} MiB; "
-              f"{mb:.0f} MiB corpus → {nl_rss / 1024:.0f} MiB  (ratio {nl_rss / nl_small_rss:.2f} for "
-              f"{nbig / nsmall:.1f}× the data)")
+        print(
+            f"peak RSS nightloom: {nsmall / 2**20:.0f} MiB corpus → {nl_small_rss / 1024:.0f} MiB; "
+            f"{mb:.0f} MiB corpus → {nl_rss / 1024:.0f} MiB  (ratio {nl_rss / nl_small_rss:.2f} for "
+            f"{nbig / nsmall:.1f}× the data)"
+        )
     finally:
         if a.dir is None:
             shutil.rmtree(scratch, ignore_errors=True)

@@ -45,7 +45,10 @@ def shard_dataset_flow(spec: RunSpec | str) -> ShardManifest:
         raise
     log.info(
         "%d shards, imbalance %.4f on %s (before rebalancing %.4f), %d duplicates dropped",
-        manifest.num_shards, manifest.imbalance, manifest.balance_by, manifest.imbalance_before_rebalance,
+        manifest.num_shards,
+        manifest.imbalance,
+        manifest.balance_by,
+        manifest.imbalance_before_rebalance,
         manifest.dedup_dropped,
     )
     report_shards(manifest, output, reused=False)

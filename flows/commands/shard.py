@@ -17,17 +17,25 @@ from nightloom.spec import DatasetSpec, ShardingSpec, SpecError, StorageSpec, lo
 
 # flag → (section, field)
 _OVERRIDES = {
-    "input": ("dataset", "path"), "text_field": ("dataset", "text_field"), "format": ("dataset", "format"),
-    "output": ("sharding", "output"), "shards": ("sharding", "num_shards"), "key": ("sharding", "key_field"),
-    "balance_by": ("sharding", "balance_by"), "tolerance": ("sharding", "tolerance"), "salt": ("sharding", "salt"),
-    "on_error": ("sharding", "on_error"), "max_bad_fraction": ("sharding", "max_bad_fraction"),
+    "input": ("dataset", "path"),
+    "text_field": ("dataset", "text_field"),
+    "format": ("dataset", "format"),
+    "output": ("sharding", "output"),
+    "shards": ("sharding", "num_shards"),
+    "key": ("sharding", "key_field"),
+    "balance_by": ("sharding", "balance_by"),
+    "tolerance": ("sharding", "tolerance"),
+    "salt": ("sharding", "salt"),
+    "on_error": ("sharding", "on_error"),
+    "max_bad_fraction": ("sharding", "max_bad_fraction"),
     "s3_endpoint_url": ("storage", "s3_endpoint_url"),
 }
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
-        "shard", help="hash-shard a dataset into balanced Parquet shards + manifest.json",
+        "shard",
+        help="hash-shard a dataset into balanced Parquet shards + manifest.json",
         description="Shard the dataset of SPEC, or the one given by --input/--output/--shards. "
         "Flags given with SPEC override the spec. Exit 0 balanced, 1 not balanced or failed, 2 usage.",
     )

@@ -31,6 +31,17 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: get SIGTERM when the orchestrator dies (Linux), so no rank outlives a
+    killed flow process; torchrun then stops its workers."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
 def kill_group(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
     """TERM the process group, wait, then KILL it; idempotent."""
     for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
@@ -154,6 +165,7 @@ class LocalProvider:
         for i, node in enumerate(cluster.nodes):
             argv = torchrun_argv(node.python, cluster, i, module_args)
             procs[node.name] = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                                preexec_fn=_die_with_parent,
                                                 bufsize=1, env=full_env, start_new_session=True)
         launch = ProcessLaunch(procs, fail_grace_s=float(self.spec.train.collective_timeout_s) + 30)
         self._launches.append(launch)

@@ -89,13 +89,24 @@ def assign_shards(
         used = m * per_mb
         ranks.append(
             RankShards(
-                rank=r, shards=sorted(owned[r]), documents=docs[r], stream_tokens=streams[r],
-                windows=streams[r] // window, micro_batches=m,
-                dropped_tokens=max(streams[r] - used, 0), padded_tokens=max(used - streams[r], 0),
+                rank=r,
+                shards=sorted(owned[r]),
+                documents=docs[r],
+                stream_tokens=streams[r],
+                windows=streams[r] // window,
+                micro_batches=m,
+                dropped_tokens=max(streams[r] - used, 0),
+                padded_tokens=max(used - streams[r], 0),
             )
         )
     return DPAssignment(
-        dp_size=dp_size, seq_len=seq_len, micro_batch=micro_batch, policy=policy, micro_batches_per_rank=m,
-        ranks=ranks, padded_tokens=sum(x.padded_tokens for x in ranks),
-        dropped_tokens=sum(x.dropped_tokens for x in ranks), total_tokens=sum(streams),
+        dp_size=dp_size,
+        seq_len=seq_len,
+        micro_batch=micro_batch,
+        policy=policy,
+        micro_batches_per_rank=m,
+        ranks=ranks,
+        padded_tokens=sum(x.padded_tokens for x in ranks),
+        dropped_tokens=sum(x.dropped_tokens for x in ranks),
+        total_tokens=sum(streams),
     )

@@ -50,15 +50,21 @@ def shard_loads(mapping: np.ndarray, weights: np.ndarray, num_shards: int) -> np
 
 
 def too_small_message(
-    *, num_shards: int, tolerance: float, metric: str, best: float, loads: np.ndarray, bucket_weights: np.ndarray,
+    *,
+    num_shards: int,
+    tolerance: float,
+    metric: str,
+    best: float,
+    loads: np.ndarray,
+    bucket_weights: np.ndarray,
     docs: int,
 ) -> str:
     """Explain the shortfall with the data a reachable balance needs (LPT bound: imbalance ≤ max_bucket/mean)."""
     total = int(loads.sum())
     biggest = int(bucket_weights.max()) if len(bucket_weights) else 0
-    need = int(math.ceil(num_shards * biggest / tolerance))
+    need = math.ceil(num_shards * biggest / tolerance)
     mean_doc = total / docs if docs else 1.0
-    need_docs = int(math.ceil(need / mean_doc)) if metric != "rows" else need
+    need_docs = math.ceil(need / mean_doc) if metric != "rows" else need
     unit = {"rows": "documents", "tokens": "tokens", "bytes": "bytes"}[metric]
     extra = "" if metric == "rows" else f" (about {need_docs:,} documents of the current mean {mean_doc:,.0f} {unit})"
     return (
@@ -89,8 +95,13 @@ def balance(
     if after > tolerance:
         raise TooSmallError(
             too_small_message(
-                num_shards=num_shards, tolerance=tolerance, metric=metric, best=after, loads=loads,
-                bucket_weights=bw, docs=len(buckets),
+                num_shards=num_shards,
+                tolerance=tolerance,
+                metric=metric,
+                best=after,
+                loads=loads,
+                bucket_weights=bw,
+                docs=len(buckets),
             )
         )
     return mapping, before, after, True, loads

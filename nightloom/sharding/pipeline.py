@@ -22,7 +22,9 @@ from nightloom.spec import DatasetSpec, ShardingSpec, StorageSpec
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
 
 
-def build_manifest(job: ShardJob, scans: list[ScanResult], placement: Placement, infos: list[ShardInfo]) -> ShardManifest:
+def build_manifest(
+    job: ShardJob, scans: list[ScanResult], placement: Placement, infos: list[ShardInfo]
+) -> ShardManifest:
     scans = sorted(scans, key=lambda s: s.index)
     infos = sorted(infos, key=lambda i: i.index)
     examples = [e for s in scans for e in s.bad_examples][:MAX_BAD_EXAMPLES]

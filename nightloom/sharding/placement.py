@@ -93,7 +93,11 @@ def place_documents(job: ShardJob, scans: list[ScanResult]) -> Placement:
     if offset != len(dest):
         raise ShardingError("internal: spill sizes changed during placement")
     p = Placement(
-        kept=kept, dedup_dropped=len(h1) - kept, imbalance_before=before, imbalance=after, rebalanced=rebalanced,
+        kept=kept,
+        dedup_dropped=len(h1) - kept,
+        imbalance_before=before,
+        imbalance=after,
+        rebalanced=rebalanced,
         loads=[int(x) for x in loads],
     )
     storage.write_bytes(out, p.model_dump_json().encode())

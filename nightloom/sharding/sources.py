@@ -62,6 +62,7 @@ def detect_format(name: str, forced: str = "auto") -> Format | None:
 
 def _hf_files(root: str) -> list[str] | None:
     """Arrow files of a `save_to_disk` folder (Dataset or DatasetDict) in their recorded order, else None."""
+
     def load(name: str) -> dict | None:
         uri = storage.join(root, name)
         try:
@@ -73,7 +74,9 @@ def _hf_files(root: str) -> list[str] | None:
                 return None
             raise
         except json.JSONDecodeError as err:
-            raise BadInputError(f"{uri}:{err.lineno}: invalid JSON in Hugging Face dataset metadata: {err.msg}") from None
+            raise BadInputError(
+                f"{uri}:{err.lineno}: invalid JSON in Hugging Face dataset metadata: {err.msg}"
+            ) from None
 
     dd = load("dataset_dict.json")
     if dd is not None:
@@ -122,7 +125,7 @@ def list_sources(path: str, forced: str = "auto") -> list[SourceRef]:
     if forced == "hf":
         raise BadInputError(f"{path}: not a Hugging Face save_to_disk folder (no state.json or dataset_dict.json)")
     out = []
-    for rel, size in (storage.list_files(path) if s3 else storage.list_files(str(path))):
+    for rel, size in storage.list_files(path) if s3 else storage.list_files(str(path)):
         if any(part.startswith((".", "_")) for part in rel.split("/")):
             continue  # hidden files, _SUCCESS markers, our own work folders
         fmt = detect_format(rel, forced)
@@ -141,7 +144,7 @@ def _open_binary(path: Path) -> io.BufferedIOBase:
     if name.endswith((".zst", ".zstd")):
         import zstandard
 
-        raw = open(path, "rb")
+        raw = open(path, "rb")  # noqa: SIM115 (closed by the stream reader)
         return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, closefd=True), 1 << 20)
     return open(path, "rb", buffering=1 << 20)
 

@@ -139,7 +139,7 @@ def exists(uri: str | Path) -> bool:
     uri = str(uri)
     if not is_s3(uri):
         return Path(uri).exists()
-    from botocore.exceptions import ClientError
+    from botocore.exceptions import BotoCoreError, ClientError
 
     loc = S3Location.parse(uri)
     try:
@@ -149,7 +149,7 @@ def exists(uri: str | Path) -> bool:
         if err.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
             return False
         raise _explain(err, uri, "check") from None
-    except Exception as err:  # endpoint down, no credentials
+    except BotoCoreError as err:  # endpoint down, no credentials
         raise _explain(err, uri, "check") from None
 
 
@@ -166,7 +166,9 @@ def check_bucket(uri: str) -> None:
     except ClientError as err:
         code = err.response.get("Error", {}).get("Code", "?")
         if code in ("404", "NoSuchBucket", "NotFound"):
-            raise StorageError(f"{uri} (endpoint {_endpoint() or 'AWS default'}): bucket {loc.bucket!r} does not exist") from None
+            raise StorageError(
+                f"{uri} (endpoint {_endpoint() or 'AWS default'}): bucket {loc.bucket!r} does not exist"
+            ) from None
         if code in ("403", "Forbidden"):
             raise StorageError(
                 f"{uri} (endpoint {_endpoint() or 'AWS default'}): S3 refused the credentials for bucket "

@@ -46,8 +46,16 @@ class ShardSummary(BaseModel):
             f"(tolerance {self.tolerance:g}; before rebalancing {self.imbalance_before_rebalance:.4f}); "
             f"dedup dropped {self.dedup_dropped}, empty {self.empty_skipped}, bad {self.bad_records}"
         )
-        rows.append({"index": "all", "rows": self.rows, "tokens": self.tokens, "bytes": self.bytes,
-                     "share_of_mean": "", "verdict": verdict})
+        rows.append(
+            {
+                "index": "all",
+                "rows": self.rows,
+                "tokens": self.tokens,
+                "bytes": self.bytes,
+                "share_of_mean": "",
+                "verdict": verdict,
+            }
+        )
         return rows
 
 
@@ -55,8 +63,22 @@ def summarize(manifest: ShardManifest, output: str) -> ShardSummary:
     return ShardSummary(
         output=output,
         shards=[ShardFigures(index=s.index, rows=s.rows, tokens=s.tokens, bytes=s.bytes) for s in manifest.shards],
-        **manifest.model_dump(include={
-            "num_shards", "balance_by", "tolerance", "imbalance", "imbalance_before_rebalance", "rebalanced",
-            "balanced", "rows", "tokens", "bytes", "dedup_dropped", "empty_skipped", "bad_records", "settings_hash",
-        }),
+        **manifest.model_dump(
+            include={
+                "num_shards",
+                "balance_by",
+                "tolerance",
+                "imbalance",
+                "imbalance_before_rebalance",
+                "rebalanced",
+                "balanced",
+                "rows",
+                "tokens",
+                "bytes",
+                "dedup_dropped",
+                "empty_skipped",
+                "bad_records",
+                "settings_hash",
+            }
+        ),
     )

@@ -20,7 +20,7 @@ from nightloom.sharding.scan import ScanResult
 
 ROW_GROUP_BYTES = 16 * 1024 * 1024
 ROW_GROUP_ROWS = 65_536
-PARQUET_OPTIONS = dict(compression="zstd", compression_level=1, use_dictionary=False, write_statistics=False)
+PARQUET_OPTIONS = {"compression": "zstd", "compression_level": 1, "use_dictionary": False, "write_statistics": False}
 
 
 def _output_columns(job: ShardJob) -> list[str]:

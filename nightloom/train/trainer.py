@@ -234,6 +234,9 @@ class Trainer:
         step, stopped, last_loss, last_ckpt, saved_at = start, "completed", None, None, None
         est = 0.0
         while step < t.steps:
+            if job.stop_after_steps is not None and step >= job.stop_after_steps:
+                stopped = "stop_after_steps"
+                break
             stop, latency = self._should_stop(est)
             if stop:
                 stopped = "deadline"
@@ -270,9 +273,6 @@ class Trainer:
                 self.prom.update(step=step, loss=last_loss, grad_norm=gnorm, tokens_per_s=tps, step_time_s=dt,
                                  mfu=mfu, memory_bytes=peak_memory_bytes(self.ctx.device),
                                  collective_latency_s=latency)
-            if job.stop_after_steps is not None and step >= job.stop_after_steps and step < t.steps:
-                stopped = "stop_after_steps"
-                break
             if t.checkpoint_every and step % t.checkpoint_every == 0 and step < t.steps:
                 last_ckpt = self._save(step)
                 saved_at = step

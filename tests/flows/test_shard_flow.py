@@ -37,8 +37,11 @@ def _artifacts(flow_run_id):
 
 def _spec(tmp_path, **sharding) -> RunSpec:
     src = write_jsonl(tmp_path / "c.jsonl", make_docs(900, seed=8, dup_every=6, skew=True))
-    return RunSpec(name="shard-test", dataset={"path": str(src)},
-                   sharding={"num_shards": 4, "output": str(tmp_path / "out"), "tolerance": 0.02, **sharding})
+    return RunSpec(
+        name="shard-test",
+        dataset={"path": str(src)},
+        sharding={"num_shards": 4, "output": str(tmp_path / "out"), "tolerance": 0.02, **sharding},
+    )
 
 
 def test_flow_shards_reports_and_reuses(prefect_api, tmp_path):

@@ -49,6 +49,7 @@ def _free_ports(n: int) -> list[int]:
 def s3_endpoint(tmp_path_factory):
     """(endpoint_url, bucket): an S3 server with a fresh bucket and AWS_* credentials in the environment."""
     import boto3
+    from botocore.exceptions import ClientError
 
     if os.environ.get("S3_ENDPOINT_URL"):
         url = os.environ["S3_ENDPOINT_URL"]
@@ -64,14 +65,34 @@ def s3_endpoint(tmp_path_factory):
     saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
     os.environ["AWS_ACCESS_KEY_ID"] = "nl" + secrets.token_hex(6)
     os.environ["AWS_SECRET_ACCESS_KEY"] = secrets.token_hex(16)
-    names = ["s3.port", "s3.port.grpc", "master.port", "master.port.grpc", "volume.port", "volume.port.grpc",
-             "filer.port", "filer.port.grpc", "admin.port", "admin.port.grpc", "webdav.port"]
+    names = [
+        "s3.port",
+        "s3.port.grpc",
+        "master.port",
+        "master.port.grpc",
+        "volume.port",
+        "volume.port.grpc",
+        "filer.port",
+        "filer.port.grpc",
+        "admin.port",
+        "admin.port.grpc",
+        "webdav.port",
+    ]
     ports = dict(zip(names, _free_ports(len(names))))
     data = tmp_path_factory.mktemp("weed")
     bucket = "nl-shard"
-    cmd = [weed, "mini", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-bucket={bucket}",
-           "-s3.port.iceberg=0", "-s3.port.lance=0", "-webdav=false"] + [f"-{k}={v}" for k, v in ports.items()]
-    log = open(data / "weed.log", "wb")
+    cmd = [
+        weed,
+        "mini",
+        f"-dir={data}",
+        "-ip=127.0.0.1",
+        "-ip.bind=127.0.0.1",
+        f"-bucket={bucket}",
+        "-s3.port.iceberg=0",
+        "-s3.port.lance=0",
+        "-webdav=false",
+    ] + [f"-{k}={v}" for k, v in ports.items()]
+    log = open(data / "weed.log", "wb")  # noqa: SIM115 (closed in finally)
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=data)
     url = f"http://127.0.0.1:{ports['s3.port']}"
     try:
@@ -93,7 +114,7 @@ def s3_endpoint(tmp_path_factory):
             try:
                 client.head_bucket(Bucket=bucket)
                 break
-            except Exception:
+            except ClientError:
                 time.sleep(0.5)
         yield url, bucket
     finally:
@@ -131,7 +152,7 @@ def test_s3_round_trip_matches_local_and_reruns_free(s3_endpoint, tmp_path):
     for f in files:
         _upload(url, f, f"{prefix}/in/{f.name}")
     storage = StorageSpec(s3_endpoint_url=url)
-    sharding = dict(num_shards=3, tolerance=0.05)
+    sharding = {"num_shards": 3, "tolerance": 0.05}
     m_s3 = shard_dataset(DatasetSpec(path=f"{prefix}/in"), ShardingSpec(output=f"{prefix}/out", **sharding), storage)
     m_local = shard_dataset(DatasetSpec(path=str(local_in)), ShardingSpec(output=str(tmp_path / "out"), **sharding))
     assert [s.sha256 for s in m_s3.shards] == [s.sha256 for s in m_local.shards]
@@ -157,7 +178,9 @@ def test_large_shard_uses_multipart_upload(s3_endpoint, tmp_path):
     docs = [secrets.token_urlsafe(6000) for _ in range(2200)]  # ~17.6 MB of incompressible-ish text
     src = write_jsonl(tmp_path / "big.jsonl", docs)
     out = f"s3://{bucket}/t2/out"
-    m = shard_dataset(DatasetSpec(path=str(src)), ShardingSpec(output=out, num_shards=1), StorageSpec(s3_endpoint_url=url))
+    m = shard_dataset(
+        DatasetSpec(path=str(src)), ShardingSpec(output=out, num_shards=1), StorageSpec(s3_endpoint_url=url)
+    )
     import boto3
 
     head = boto3.client("s3", endpoint_url=url, region_name="us-east-1").head_object(
@@ -184,5 +207,8 @@ def test_missing_bucket_bad_credentials_unreachable(s3_endpoint, tmp_path, monke
     monkeypatch.undo()
     port = _free_ports(1)[0]
     with pytest.raises(StorageError, match="cannot reach the S3 endpoint"):
-        shard_dataset(ds, ShardingSpec(output=f"s3://{bucket}/t4/out", num_shards=2, tolerance=0.5),
-                      StorageSpec(s3_endpoint_url=f"http://127.0.0.1:{port}"))
+        shard_dataset(
+            ds,
+            ShardingSpec(output=f"s3://{bucket}/t4/out", num_shards=2, tolerance=0.5),
+            StorageSpec(s3_endpoint_url=f"http://127.0.0.1:{port}"),
+        )

@@ -61,7 +61,7 @@ def test_byte_identical_across_runs_and_worker_counts(multi, tmp_path):
 
 
 def test_every_document_lands_on_xxhash64_key_salt_mod_n(multi, tmp_path):
-    src, docs = multi
+    src, _ = multi
     m = _run(src, tmp_path / "o", tolerance=0.9, salt="pepper")  # loose: plain hashing, no rebalancing
     assert not m.rebalanced and m.imbalance == m.imbalance_before_rebalance
     for i, texts in enumerate(shard_texts(tmp_path / "o")):

@@ -11,8 +11,16 @@ from nightloom.sharding.manifest import ShardInfo, ShardManifest
 def _manifest(shards: list[tuple[int, int]]) -> ShardManifest:
     infos = [ShardInfo(index=i, path=f"s{i}", rows=r, tokens=t, bytes=t, sha256="0") for i, (r, t) in enumerate(shards)]
     return ShardManifest(
-        num_shards=len(infos), key="<text>", salt="s", imbalance=0.0, imbalance_before_rebalance=0.0, balanced=True,
-        rows=sum(r for r, _ in shards), tokens=sum(t for _, t in shards), bytes=sum(t for _, t in shards), shards=infos,
+        num_shards=len(infos),
+        key="<text>",
+        salt="s",
+        imbalance=0.0,
+        imbalance_before_rebalance=0.0,
+        balanced=True,
+        rows=sum(r for r, _ in shards),
+        tokens=sum(t for _, t in shards),
+        bytes=sum(t for _, t in shards),
+        shards=infos,
     )
 
 
@@ -68,7 +76,9 @@ def test_on_a_real_manifest(tmp_path):
     from tests.unit.sharding_helpers import make_docs, write_jsonl
 
     src = write_jsonl(tmp_path / "c.jsonl", make_docs(800, seed=4))
-    man = shard_dataset(DatasetSpec(path=str(src)), ShardingSpec(output=str(tmp_path / "o"), num_shards=4, tolerance=0.05))
+    man = shard_dataset(
+        DatasetSpec(path=str(src)), ShardingSpec(output=str(tmp_path / "o"), num_shards=4, tolerance=0.05)
+    )
     a = assign_shards(man, 2, 32, 2)
     assert a.micro_batches_per_rank >= 1
     assert sum(r.stream_tokens for r in a.ranks) == man.tokens + man.rows - 2  # separators within each rank

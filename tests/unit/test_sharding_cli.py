@@ -20,15 +20,42 @@ def _cli(argv: list[str]) -> int:
 
 def test_flag_form_json_summary(tmp_path, capsys):
     src = write_jsonl(tmp_path / "c.jsonl", make_docs(500, seed=1, dup_every=9))
-    rc = _cli(["--input", str(src), "--output", str(tmp_path / "o"), "--shards", "3", "--tolerance", "0.05",
-               "--salt", "s1", "--json"])
+    rc = _cli(
+        [
+            "--input",
+            str(src),
+            "--output",
+            str(tmp_path / "o"),
+            "--shards",
+            "3",
+            "--tolerance",
+            "0.05",
+            "--salt",
+            "s1",
+            "--json",
+        ]
+    )
     out = json.loads(capsys.readouterr().out)
     assert rc == 0 and out["balanced"] is True
     assert len(out["shards"]) == 3 and {"index", "rows", "tokens", "bytes"} <= set(out["shards"][0])
     assert out["dedup_dropped"] > 0 and out["imbalance"] <= 0.05
     assert sum(s["rows"] for s in out["shards"]) == out["rows"]
-    rc = _cli(["--input", str(src), "--output", str(tmp_path / "nd"), "--shards", "3", "--tolerance", "0.05",
-               "--no-dedup", "--balance-by", "rows", "--json"])
+    rc = _cli(
+        [
+            "--input",
+            str(src),
+            "--output",
+            str(tmp_path / "nd"),
+            "--shards",
+            "3",
+            "--tolerance",
+            "0.05",
+            "--no-dedup",
+            "--balance-by",
+            "rows",
+            "--json",
+        ]
+    )
     out2 = json.loads(capsys.readouterr().out)
     assert rc == 0 and out2["dedup_dropped"] == 0 and out2["balance_by"] == "rows"
 

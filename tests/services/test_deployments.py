@@ -1,0 +1,158 @@
+"""Deployments against a real Prefect server and process worker (started by .ci/run via .ci/services.sh).
+
+deploy --all; trigger `on-demand` with parameters and see it complete on the worker with its artifacts; a
+`wait` run outside the window schedules the next run at the window start; two runs on one cluster are
+serialised; cancelling a run mid-training leaves no process of ours behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from datetime import datetime, timedelta
+from pathlib import Path
+from zoneinfo import ZoneInfo
+
+import pytest
+import yaml
+
+from tests.conftest import in_ci
+
+ROOT = Path(__file__).resolve().parents[2]
+POOL = os.environ.get("PREFECT_WORK_POOL", "local-pool")
+
+pytestmark = pytest.mark.services
+
+
+@pytest.fixture(scope="module")
+def server():
+    url = os.environ.get("PREFECT_API_URL")
+    if not url:
+        msg = "needs a Prefect server and a worker on pool local-pool (PREFECT_API_URL; .ci/services.sh starts them)"
+        pytest.fail(msg) if in_ci() else pytest.skip(msg)
+    r = subprocess.run([sys.executable, "-m", "prefect", "--no-prompt", "deploy", "--all"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return url
+
+
+def inline_spec(tmp_path: Path, **over) -> dict:
+    """The demo spec as the UI form would send it, with outputs under tmp_path and a short run."""
+    data = yaml.safe_load((ROOT / "deployments" / "local-demo.yaml").read_text())
+    data["dataset"]["path"] = str(ROOT / "datasets" / "sample" / "corpus.jsonl")
+    data["sharding"]["output"] = str(tmp_path / "shards")
+    data["storage"]["root"] = str(tmp_path / "runs")
+    data["ledger"]["url"] = f"sqlite:///{tmp_path / 'ledger.db'}"
+    data["train"].update({"steps": 6, "checkpoint_every": 0})
+    for key, value in over.items():
+        data[key] = {**data.get(key, {}), **value} if isinstance(value, dict) else value
+    return data
+
+
+def client():
+    from prefect import get_client
+
+    return get_client(sync_client=True)
+
+
+def wait_final(flow_run_id, timeout=420):
+    deadline = time.monotonic() + timeout
+    with client() as c:
+        while time.monotonic() < deadline:
+            fr = c.read_flow_run(flow_run_id)
+            if fr.state and fr.state.is_final():
+                return fr
+            time.sleep(1)
+    raise AssertionError(f"flow run {flow_run_id} not final after {timeout} s")
+
+
+def test_on_demand_run_completes_on_worker_with_artifacts(server, tmp_path):
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+    from prefect.deployments import run_deployment
+
+    fr = run_deployment("training-pipeline/on-demand", parameters={"spec": inline_spec(tmp_path)}, timeout=0)
+    fr = wait_final(fr.id)
+    assert fr.state.is_completed(), fr.state.message
+    with client() as c:
+        arts = c.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[fr.id])))
+    assert {"run-summary", "plan", "loss-curve"} <= {a.key for a in arts}
+    runs = list((tmp_path / "runs").iterdir())
+    assert len(runs) == 1 and (runs[0] / "metrics.jsonl").is_file()
+
+
+def test_wait_outside_window_schedules_next_window_run(server, tmp_path):
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName, FlowRunFilter
+    from prefect.deployments import run_deployment
+
+    tz = ZoneInfo("Asia/Shanghai")
+    start = (datetime.now(tz) + timedelta(hours=3)).replace(second=0, microsecond=0)
+    window = {"start": start.strftime("%H:%M"), "end": (start + timedelta(hours=1)).strftime("%H:%M")}
+    spec = inline_spec(tmp_path, schedule={"policy": "wait", "windows": [window], "timezone": "Asia/Shanghai"})
+    fr = wait_final(run_deployment("training-pipeline/on-demand", parameters={"spec": spec}, timeout=0).id)
+    assert fr.state.is_completed(), fr.state.message
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").rglob("metrics.jsonl"))
+    with client() as c:
+        runs = c.read_flow_runs(deployment_filter=DeploymentFilter(name=DeploymentFilterName(any_=["on-demand"])),
+                                flow_run_filter=FlowRunFilter())
+        scheduled = [r for r in runs if r.state and r.state.is_scheduled() and r.parameters.get("spec", {})
+                     .get("storage", {}).get("root") == spec["storage"]["root"]]
+        try:
+            assert len(scheduled) == 1, [(r.name, r.state) for r in runs]
+            when = scheduled[0].next_scheduled_start_time or scheduled[0].expected_start_time
+            assert abs((when - start).total_seconds()) < 1, (when, start)
+        finally:
+            for r in scheduled:
+                c.delete_flow_run(r.id)
+
+
+def test_two_runs_on_one_cluster_are_serialised(server, tmp_path):
+    from prefect.deployments import run_deployment
+
+    runs = []
+    for i in range(2):
+        spec = inline_spec(tmp_path / f"r{i}", cluster={"name": "shared-ci"})
+        runs.append(run_deployment("training-pipeline/on-demand", parameters={"spec": spec}, timeout=0).id)
+    finals = [wait_final(r, timeout=600) for r in runs]
+    assert all(f.state.is_completed() for f in finals), [f.state.message for f in finals]
+    spans = []
+    for i in range(2):
+        (run_dir,) = list((tmp_path / f"r{i}" / "runs").iterdir())
+        times = [json.loads(x)["time"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        spans.append((min(times), max(times)))
+    (a0, a1), (b0, b1) = sorted(spans)
+    assert a1 <= b0, f"training of the two runs overlapped: {spans}"
+
+
+def our_processes(marker: str) -> list[str]:
+    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if marker in line and "ps -eo" not in line]
+
+
+def test_cancel_mid_training_leaves_no_process(server, tmp_path):
+    from prefect.deployments import run_deployment
+    from prefect.states import Cancelling
+
+    spec = inline_spec(tmp_path, train={"steps": 100000, "checkpoint_every": 0})
+    fr = run_deployment("training-pipeline/on-demand", parameters={"spec": spec}, timeout=0)
+    deadline = time.monotonic() + 300
+    metrics = None
+    while time.monotonic() < deadline:
+        found = list((tmp_path / "runs").rglob("metrics.jsonl")) if (tmp_path / "runs").exists() else []
+        if found and len(found[0].read_text().splitlines()) >= 3:
+            metrics = found[0]
+            break
+        time.sleep(1)
+    assert metrics is not None, "training never started"
+    marker = str(metrics.parent)  # every rank's command line names its job file in the run folder
+    assert our_processes(marker), "expected training processes while running"
+    with client() as c:
+        c.set_flow_run_state(fr.id, Cancelling(), force=True)
+    final = wait_final(fr.id, timeout=120)
+    assert final.state.is_cancelled(), final.state
+    deadline = time.monotonic() + 30
+    while our_processes(marker) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not our_processes(marker), our_processes(marker)
