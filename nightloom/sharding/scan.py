@@ -33,7 +33,8 @@ MAX_BAD_EXAMPLES = 10
 SPILL_BATCH = 8192  # records per Arrow batch on the record path …
 SPILL_BATCH_BYTES = 16 * 1024 * 1024  # … or this much text, whichever first (bounds memory for huge documents)
 SPILL_PART_BYTES = 64 * 1024 * 1024  # a new spill file after this much: bounds what a writer maps at once
-JSON_BLOCK = 16 * 1024 * 1024  # Arrow JSON block; a longer line falls back to the record path
+JSON_CHUNK = 16 * 1024 * 1024  # JSONL is parsed in line-aligned pieces of this size (bounded memory) …
+JSON_BLOCK = 8 * 1024 * 1024  # … in Arrow blocks of this size; a longer line falls back to the record path
 META_DTYPE = np.dtype([("h1", "<u8"), ("h2", "<u8"), ("tokens", "<i8"), ("nbytes", "<i8")])
 
 
@@ -122,22 +123,39 @@ class _Spill:
         return self.parts, name, len(meta)
 
 
+def _line_chunks(local: Path, size: int = JSON_CHUNK):
+    """Line-aligned pieces of about `size` bytes (a longer line makes a longer piece), decompressing as it goes."""
+    name = local.name.lower()
+    comp = "gzip" if name.endswith(".gz") else "zstd" if name.endswith((".zst", ".zstd")) else None
+    with pa.input_stream(str(local), compression=comp) as f:
+        rest = b""
+        while data := f.read(size):
+            buf = rest + data
+            cut = buf.rfind(b"\n")
+            if cut < 0:
+                rest = buf
+                continue
+            yield buf[: cut + 1]
+            rest = buf[cut + 1 :]
+        if rest.strip():
+            yield rest
+
+
+def _json_text_arrays(local: Path, text_field: str):
+    """The text column of JSONL, one bounded piece at a time (Arrow's streaming reader reads ahead without bound)."""
+    import pyarrow.json as pj
+
+    read = pj.ReadOptions(block_size=JSON_BLOCK, use_threads=True)
+    parse = pj.ParseOptions(explicit_schema=pa.schema([(text_field, pa.string())]), unexpected_field_behavior="ignore")
+    for piece in _line_chunks(local):
+        yield from pj.read_json(pa.py_buffer(piece), read_options=read, parse_options=parse).column(0).chunks
+
+
 def _text_arrays(local: Path, src: SourceRef, text_field: str):
     """Fast path: the text column batch by batch from Arrow's readers (raises _Fallback on any doubt)."""
     try:
         if src.format == "jsonl":
-            import pyarrow.json as pj
-
-            name = local.name.lower()
-            comp = "gzip" if name.endswith(".gz") else "zstd" if name.endswith((".zst", ".zstd")) else None
-            reader = pj.open_json(
-                pa.input_stream(str(local), compression=comp),
-                read_options=pj.ReadOptions(block_size=JSON_BLOCK, use_threads=True),
-                parse_options=pj.ParseOptions(
-                    explicit_schema=pa.schema([(text_field, pa.string())]), unexpected_field_behavior="ignore"
-                ),
-            )
-            batches = (b.column(0) for b in reader)
+            batches = _json_text_arrays(local, text_field)
         elif src.format in ("parquet", "arrow"):
             batches = (b.column(0) for b in _arrow_batches(local, src.format, [text_field]))
         else:

@@ -127,8 +127,19 @@ def test_two_runs_on_one_cluster_are_serialised(server, tmp_path):
 
 
 def our_processes(marker: str) -> list[str]:
-    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
-    return [line for line in out.splitlines() if marker in line and "ps -eo" not in line]
+    """Command lines (from /proc, untruncated) of live processes that mention `marker`."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if marker in cmd and state != "Z" and proc.name != str(os.getpid()):
+            found.append(f"{proc.name} {cmd}")
+    return found
 
 
 def test_cancel_mid_training_leaves_no_process(server, tmp_path):
@@ -137,19 +148,21 @@ def test_cancel_mid_training_leaves_no_process(server, tmp_path):
 
     spec = inline_spec(tmp_path, train={"steps": 100000, "checkpoint_every": 0})
     fr = run_deployment("training-pipeline/on-demand", parameters={"spec": spec}, timeout=0)
-    deadline = time.monotonic() + 300
-    metrics = None
-    while time.monotonic() < deadline:
-        found = list((tmp_path / "runs").rglob("metrics.jsonl")) if (tmp_path / "runs").exists() else []
-        if found and len(found[0].read_text().splitlines()) >= 3:
-            metrics = found[0]
-            break
-        time.sleep(1)
-    assert metrics is not None, "training never started"
-    marker = str(metrics.parent)  # every rank's command line names its job file in the run folder
-    assert our_processes(marker), "expected training processes while running"
-    with client() as c:
-        c.set_flow_run_state(fr.id, Cancelling(), force=True)
+    try:
+        deadline = time.monotonic() + 300
+        metrics = None
+        while time.monotonic() < deadline:
+            found = list((tmp_path / "runs").rglob("metrics.jsonl")) if (tmp_path / "runs").exists() else []
+            if found and len(found[0].read_text().splitlines()) >= 3:
+                metrics = found[0]
+                break
+            time.sleep(1)
+        assert metrics is not None, "training never started"
+        marker = str(metrics.parent)  # every rank's command line names its job file in the run folder
+        assert our_processes(marker), "expected training processes while running"
+    finally:
+        with client() as c:  # cancel from the API, as the UI's Cancel button does
+            c.set_flow_run_state(fr.id, Cancelling(), force=True)
     final = wait_final(fr.id, timeout=120)
     assert final.state.is_cancelled(), final.state
     deadline = time.monotonic() + 30

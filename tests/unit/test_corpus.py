@@ -28,8 +28,9 @@ def test_corpus_is_jsonl_of_varied_real_text(corpus):
 
 
 def test_corpus_is_deterministic_and_not_rebuilt(corpus, tmp_path):
-    again = build_sample_corpus(tmp_path / "again.jsonl")
-    assert again.read_bytes() == corpus.read_bytes()
+    again = build_sample_corpus(tmp_path / "again.jsonl", max_bytes=300_000)  # same records, same order
+    head = again.read_bytes()
+    assert len(head) > 300_000 and corpus.read_bytes()[: len(head)] == head
     mtime = corpus.stat().st_mtime_ns
     assert ensure_sample_corpus(corpus) == corpus
     assert corpus.stat().st_mtime_ns == mtime
