@@ -18,7 +18,7 @@ from flows.shard import shard_dataset_flow
 from nightloom.catalog import ModelShape, get_gpu, get_model
 from nightloom.report import RunSummary, StageTime
 from nightloom.spec import RunSpec, coerce_spec
-from nightloom.schedule import next_window
+from nightloom.schedule import BudgetExceeded, next_window
 from nightloom.train.job import ModelConfig, TrainJob
 from nightloom.validate import ValidationFailed
 from tasks.gate import gate_task, schedule_same_deployment
@@ -26,8 +26,9 @@ from tasks.plan import plan_task
 from tasks.provision import acquire_cluster, make_provider, release_cluster
 from tasks.record import fail_record_task, record_task, run_cost, start_record_task
 from tasks.teardown import kill_recorded_processes, record_cluster, teardown_hook
-from tasks.train import train_task
+from tasks.recovery import train_with_recovery
 from tasks.validate import validate_task
+from tasks.xtuner import xtuner_train_task
 
 
 class Stopwatch:
@@ -106,7 +107,12 @@ def training_pipeline(
 
     with watch.stage("gate"):
         pre_plan = plan_task(spec, spec.world_size, publish=False)
-        decision = gate_task(spec, pre_plan, shape, run_id=run_id, now=now)
+        try:
+            decision = gate_task(spec, pre_plan, shape, run_id=run_id, now=now)
+        except BudgetExceeded as e:  # refused before anything is rented; the ledger keeps the refusal
+            start_record_task(spec, run_id, pre_plan, resume=resume_run_id is not None)
+            fail_record_task(spec, run_id, "refused", str(e), 0.0)
+            raise
     if not decision.run_now:
         summary.status, summary.reason = decision.status, decision.reason
         summary.next_run_at = decision.next_run_at
@@ -140,7 +146,13 @@ def training_pipeline(
                 precision = "fp32" if spec.train.precision == "fp32" else "bf16"
                 job.peak_flops, job.peak_source = gpu.peak(precision), f"datasheet: {gpu.source}"
             with watch.stage("train"):
-                result = train_task(provider, cluster, job)
+                if spec.train.backend == "xtuner":
+                    result = xtuner_train_task(spec, spec.sharding.output, str(run_dir), cluster, provider)
+                else:
+                    trained = train_with_recovery(spec, provider, cluster, job)
+                    result, cluster, plan = trained.result, trained.cluster, trained.plan
+                    summary.layout, summary.world_size = plan.layout(), cluster.world_size
+                    summary.interruptions, summary.recovery_s = trained.interruptions, round(trained.recovery_s, 2)
     except BaseException as e:
         status = "cancelled" if isinstance(e, (KeyboardInterrupt, SystemExit)) else "failed"
         fail_record_task(spec, run_id, status, f"{type(e).__name__}: {e}", sum(x.seconds for x in watch.stages))
@@ -152,14 +164,14 @@ def training_pipeline(
 
     with watch.stage("validate"):
         outcome = validate_task(spec, run_dir, plan, result, shape, cluster.world_size)
-    gpus = cluster.world_size if spec.cluster.gpu_type != "cpu" else 0
-    cost = run_cost(spec, started, result.wall_s, cluster.time_to_ready_s, gpus) if gpus else 0.0
+    cost = run_cost(spec, started, result.wall_s, cluster.time_to_ready_s, cluster.world_size)
     status = "succeeded" if outcome.passed else "failed"
     summary.status = "completed" if outcome.passed else "failed"
     if result.stopped != "completed" and outcome.passed:
-        summary.status, status = "split", "stopped"
-        summary.reason = (f"stopped at the {decision.deadline_kind or 'deadline'} after {result.steps_done}/"
-                          f"{result.total_steps} steps; checkpoint {result.last_checkpoint}")
+        kind = decision.deadline_kind or "deadline"
+        summary.status, status = ("split" if kind == "window" else "stopped"), "stopped"
+        summary.reason = (f"stopped at the {kind} end after {result.steps_done}/{result.total_steps} steps "
+                          f"(checkpoint {result.last_checkpoint})")
     with watch.stage("record"):
         summary = record_task(spec, summary, plan, cluster, outcome, cost, watch.stages, status)
     if not outcome.passed:

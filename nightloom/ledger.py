@@ -62,6 +62,8 @@ class Interruption(BaseModel):
     kind: str
     detail: str = ""
     recovery_s: float | None = None
+    lost_s: float | None = None  # wall time lost: detection + recovery + steps redone since the checkpoint
+    cost: float | None = None  # what the lost time cost (GPUs × lost_s at the schedule's price)
 
 
 class RunRecord(BaseModel):
@@ -335,9 +337,11 @@ class Ledger:
         return self.update_run(run_id, status=status, finished_at=finished_at or datetime.now(UTC), **fields)
 
     def record_interruption(self, run_id: str, *, kind: str, detail: str = "", recovery_s: float | None = None,
-                            at: datetime | None = None) -> RunRecord:
+                            at: datetime | None = None, lost_s: float | None = None,
+                            cost: float | None = None) -> RunRecord:
         """Append an interruption and add its recovery time (atomic under concurrent writers)."""
-        item = Interruption(at=at or datetime.now(UTC), kind=kind, detail=detail, recovery_s=recovery_s)
+        item = Interruption(at=at or datetime.now(UTC), kind=kind, detail=detail, recovery_s=recovery_s,
+                            lost_s=lost_s, cost=cost)
 
         def change(row: _Run) -> None:
             row.interruptions = [*(row.interruptions or []), item.model_dump(mode="json")]

@@ -38,3 +38,5 @@ class RunSummary(BaseModel):
     verdicts: list[dict] = Field(default_factory=list)
     stages: list[StageTime] = Field(default_factory=list)
     next_run_at: str | None = None
+    interruptions: int = 0  # failures recovered from (or given up on) during training
+    recovery_s: float = 0.0  # total time to recover over those interruptions

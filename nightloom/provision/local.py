@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 from nightloom.provision.base import Check, Cluster, Node, NodeReport, PreflightReport, ProvisionError, torchrun_argv
 
@@ -111,13 +112,24 @@ class ProcessLaunch:
         for p in self.procs.values():
             kill_group(p)
 
+    def poll(self) -> dict[str, int | None]:
+        """Exit code per node so far (None: still running); never blocks, never kills."""
+        return {n: p.poll() for n, p in self.procs.items()}
+
     @property
     def pids(self) -> list[int]:
         return [p.pid for p in self.procs.values()]
 
 
+def unhealthy_dir(spec) -> Path:
+    """Test/chaos hook: a file `<storage.root>/.clusters/<cluster.name>/unhealthy/<node>` makes that local
+    node fail preflight (as a dead GPU would on a real node), so recovery must exclude it."""
+    return Path(spec.storage.root) / ".clusters" / spec.cluster.name / "unhealthy"
+
+
 class LocalProvider:
-    """Nodes are process groups on this machine; rendezvous on 127.0.0.1."""
+    """Nodes are process groups on this machine; rendezvous on 127.0.0.1. `recovery.spare_nodes` extra
+    nodes (local-N, local-N+1, ...) replace failed ones in `reacquire`."""
 
     name = "local"
 
@@ -152,12 +164,38 @@ class LocalProvider:
                                capture_output=True, text=True, timeout=120)
             checks.append(Check(name="torch", ok=r.returncode == 0,
                                 detail=r.stdout.strip() if r.returncode == 0 else r.stderr.strip()[-300:]))
+            marker = unhealthy_dir(self.spec) / node.name
+            if marker.exists():
+                checks.append(Check(name="health", ok=False, detail=f"marked unhealthy by {marker} (chaos hook)"))
             reports.append(NodeReport(node=node.name, ok=all(c.ok for c in checks), checks=checks))
         port_ok = port_is_free(cluster.master_port)
         if not port_ok:
             reports[0].checks.append(Check(name="port", ok=False, detail=f"port {cluster.master_port} in use"))
             reports[0].ok = False
         return PreflightReport(nodes=reports)
+
+    def reacquire(self, cluster: Cluster, exclude: dict[str, str]) -> Cluster:
+        """The cluster without `exclude` (name -> reason), topped up with healthy spare nodes, on a fresh port."""
+        c = self.spec.cluster
+        keep = [n for n in cluster.nodes if n.name not in exclude]
+        excluded = {**cluster.excluded, **exclude}
+        used = {n.name for n in cluster.nodes} | set(excluded)
+        spares = [f"local-{i}" for i in range(c.nodes, c.nodes + self.spec.recovery.spare_nodes)]
+        for name in spares:
+            if len(keep) >= c.nodes:
+                break
+            if name in used:
+                continue
+            node = Node(name=name, address="127.0.0.1", slots=c.gpus_per_node, python=self.python,
+                        workdir=os.getcwd(), ready_s=0.0)
+            probe = Cluster(provider="local", name=c.name, nodes=[node], master_addr="127.0.0.1",
+                            master_port=free_port())
+            report = self.preflight(probe)
+            if report.failed:
+                excluded[name] = report.failed[0].reason
+                continue
+            keep.append(node)
+        return cluster.model_copy(deep=True, update={"nodes": keep, "excluded": excluded, "master_port": free_port()})
 
     def launch(self, cluster: Cluster, module_args: list[str], env: dict[str, str]) -> ProcessLaunch:
         procs = {}

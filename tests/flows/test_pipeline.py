@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,16 +12,22 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def small_demo(tmp_path: Path, **train) -> Path:
-    """The demo spec with its outputs in tmp_path and a short training run."""
+def demo_data(tmp_path: Path, **train) -> dict:
+    """The demo spec as a mapping, with its outputs in tmp_path and a short training run."""
     data = yaml.safe_load((ROOT / "deployments" / "local-demo.yaml").read_text())
     data["dataset"]["path"] = str(ROOT / "datasets" / "sample" / "corpus.jsonl")
     data["sharding"]["output"] = str(tmp_path / "shards")
     data["storage"]["root"] = str(tmp_path / "runs")
     data["ledger"]["url"] = f"sqlite:///{tmp_path / 'ledger.db'}"
     data["train"].update({"steps": 12, "checkpoint_every": 6, **train})
+    return data
+
+
+def small_demo(tmp_path: Path, **train) -> Path:
+    """demo_data written as a spec file."""
     p = tmp_path / "spec.yaml"
-    p.write_text(yaml.safe_dump(data))
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    p.write_text(yaml.safe_dump(demo_data(tmp_path, **train)))
     return p
 
 

@@ -17,9 +17,9 @@ from pathlib import Path
 from zoneinfo import ZoneInfo
 
 import pytest
-import yaml
 
 from tests.conftest import in_ci
+from tests.flows.test_pipeline import demo_data
 
 ROOT = Path(__file__).resolve().parents[2]
 POOL = os.environ.get("PREFECT_WORK_POOL", "local-pool")
@@ -41,12 +41,7 @@ def server():
 
 def inline_spec(tmp_path: Path, **over) -> dict:
     """The demo spec as the UI form would send it, with outputs under tmp_path and a short run."""
-    data = yaml.safe_load((ROOT / "deployments" / "local-demo.yaml").read_text())
-    data["dataset"]["path"] = str(ROOT / "datasets" / "sample" / "corpus.jsonl")
-    data["sharding"]["output"] = str(tmp_path / "shards")
-    data["storage"]["root"] = str(tmp_path / "runs")
-    data["ledger"]["url"] = f"sqlite:///{tmp_path / 'ledger.db'}"
-    data["train"].update({"steps": 6, "checkpoint_every": 0})
+    data = demo_data(tmp_path, steps=6, checkpoint_every=0)
     for key, value in over.items():
         data[key] = {**data.get(key, {}), **value} if isinstance(value, dict) else value
     return data
