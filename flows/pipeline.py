@@ -28,7 +28,7 @@ from tasks.record import fail_record_task, record_task, run_cost, start_record_t
 from tasks.teardown import kill_recorded_processes, record_cluster, teardown_hook
 from tasks.recovery import train_with_recovery
 from tasks.validate import validate_task
-from tasks.xtuner import xtuner_train_task
+from tasks.finetune import xtuner_train_task
 
 
 class Stopwatch:

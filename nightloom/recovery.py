@@ -41,6 +41,7 @@ Signal = Literal["exit", "killed", "collective-timeout", "stall", "no-result"]
 Kind = Literal["node", "network", "transient"]
 
 _STEP = re.compile(r"^\[(?P<node>[^\]]+)\] step (?P<step>\d+)/(?P<total>\d+) ")
+_KILLED = re.compile(r"Signal \d+ \(SIG\w+\) received by PID")
 _TIMEOUT = re.compile(r"(?i)(timed out|timeout|DistBackendError|Connection closed by peer|Connection reset)")
 
 
@@ -111,6 +112,8 @@ class AttemptFailure:
         if self.exit_code == 0:
             return "no-result"
         if self.exit_code is not None and (self.exit_code < 0 or self.exit_code in (128 + 9, 128 + 15)):
+            return "killed"
+        if _KILLED.search(self.cause or ""):  # torchrun exits 1 and reports the worker's signal
             return "killed"
         if _TIMEOUT.search(self.cause or ""):
             return "collective-timeout"

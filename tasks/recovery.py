@@ -177,11 +177,10 @@ def train_with_recovery(spec: RunSpec, provider: Provider, cluster: Cluster, job
             ev = Event(attempt=cur_job.attempt, kind="failure", detail=str(err),
                        at=datetime.fromtimestamp(failure.at_unix, UTC), world_before=cur_cluster.world_size)
             events.append(ev)
+            diag = diagnose_task(provider, cur_cluster, failure)  # classified even when giving up: the ledger
+            ev.kind, ev.detail = diag.kind, diag.detail           # compares causes between providers
             reason = budget.give_up_reason(relaunches, spent)
-            diag = None
             if reason is None:
-                diag = diagnose_task(provider, cur_cluster, failure)
-                ev.kind, ev.detail = diag.kind, diag.detail
                 nxt = rec.reacquire(provider, cur_cluster, diag.bad_nodes)
                 seen = _union(seen, nxt)
                 record_cluster(run_dir, seen)
@@ -212,6 +211,9 @@ def train_with_recovery(spec: RunSpec, provider: Provider, cluster: Cluster, job
             rw = rec.rewind_metrics(job.metrics_path, resume_step)
             relaunches += 1
             ev.redone_steps, ev.world_after, ev.layout_after = rw.discarded_steps, nxt.world_size, plan.layout()
+            ev.detail += (f"; resumed from step {resume_step} on {', '.join(n.name for n in nxt.nodes)} "
+                          f"({cur_cluster.world_size} -> {nxt.world_size} GPUs, layout {plan.layout()}), "
+                          f"{rw.discarded_steps} step(s) redone")
             log.warning("recovery %d/%d: %s; relaunching on %s (%d GPUs, layout %s) from step %d; %d step(s) "
                         "to redo", relaunches, budget.max_attempts, diag.kind, ", ".join(n.name for n in nxt.nodes),
                         nxt.world_size, plan.layout(), resume_step, rw.discarded_steps)

@@ -60,8 +60,19 @@ def _pump(launch, q: queue.Queue) -> None:
         q.put(None)
 
 
-def _cause(tail: list[str]) -> str:
-    return next((t for t in reversed(tail) if "Error" in t or "error" in t), tail[-1] if tail else "no output")
+_SIGNAL = re.compile(r"Signal \d+ \(\w+\) received by PID \d+|exitcode\s*:\s*-?\d+ \(pid: \d+\)")
+_ERROR = re.compile(r"\b\w*(Error|Exception)\b: \S")
+
+
+def _cause(tail: list[str], first_failed: str | None) -> str:
+    """The most telling line: a signal/exit code of the first node to fail, else the last `XError: ...`."""
+    mine = [t for t in tail if first_failed and t.startswith(f"[{first_failed}]")]
+    for pool, pattern in ((mine, _SIGNAL), (mine, _ERROR), (tail, _ERROR), (tail, _SIGNAL)):
+        hit = next((t for t in reversed(pool) if pattern.search(t)), None)
+        if hit:
+            return hit.strip()
+    return next((t for t in reversed(tail) if "error" in t.lower() and "errors.html" not in t),
+                tail[-1] if tail else "no output")
 
 
 @task(name="train", cache_policy=NO_CACHE)
@@ -98,7 +109,7 @@ def train_task(provider: Provider, cluster: Cluster, job: TrainJob,
             if line:
                 line = _SECRETISH.sub(r"\1=***", line)
                 log.info("%s", line)
-                tail = (tail + [line])[-30:]
+                tail = (tail + [line])[-60:]
                 step = parse_step(line)
                 if step is not None:
                     dog.step(step, now)
@@ -125,7 +136,7 @@ def train_task(provider: Provider, cluster: Cluster, job: TrainJob,
         launch.terminate()
     detected = time.time()
     if stalled or rc != 0:
-        cause = (f"no new step for {silent:.0f} s after step {dog.last_step}" if stalled else _cause(tail))
+        cause = (f"no new step for {silent:.0f} s after step {dog.last_step}" if stalled else _cause(tail, first_failed))
         err = TrainingFailed(f"training attempt {job.attempt} " +
                              ("stopped reporting" if stalled else f"exited with code {rc}") + f": {cause}")
         err.failure = AttemptFailure(attempt=job.attempt, exit_code=None if stalled else rc, stalled=stalled,

@@ -21,7 +21,7 @@ def get_provider(spec) -> Provider:
 
         return SlurmProvider(spec)
     if kind == "kubernetes":
-        from nightloom.provision.kubernetes import KubernetesProvider
+        from nightloom.provision.k8s import KubernetesProvider
 
         return KubernetesProvider(spec)
     raise ProvisionError(f"cluster.provider: unknown provider {kind!r}")

@@ -8,7 +8,7 @@ import copy
 import pytest
 
 from nightloom.provision.base import ProvisionError
-from nightloom.provision.kubernetes import k8s_name, render_manifests, validate_manifests
+from nightloom.provision.k8s import k8s_name, render_manifests, validate_manifests
 from nightloom.spec import ClusterSpec, DatasetSpec, KubernetesSpec, NCCLSpec, RunSpec
 
 

@@ -37,7 +37,10 @@ def test_nightloom_never_imports_prefect():
 
 
 def test_no_module_shadows_a_third_party_package():
-    shadows = {"datasets", "torch", "prefect", "xtuner", "boto3", "yaml", "pydantic"}
+    """No module or package of ours is named after a package we or the node environments import."""
+    shadows = {"datasets", "torch", "prefect", "xtuner", "boto3", "yaml", "pydantic", "transformers", "mmengine",
+               "peft", "deepspeed", "asyncssh", "kubernetes", "pyarrow", "xxhash", "sqlalchemy", "rich"}
     for top in ("nightloom", "flows", "tasks"):
         for path in (ROOT / top).rglob("*.py"):
-            assert path.stem not in shadows or path.parent.name != top, path
+            rel = path.relative_to(ROOT).with_suffix("").parts
+            assert not shadows & set(rel), f"{path.relative_to(ROOT)} is named after a third-party package"

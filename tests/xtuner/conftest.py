@@ -33,7 +33,7 @@ def _offline(tmp_path_factory):
 @pytest.fixture(scope="session")
 def xtuner_env():
     """The XTuner CPU env: built on first use (minutes), then found by its requirements hash (seconds)."""
-    from nightloom.xtuner.env import EnvError, ensure_env
+    from nightloom.finetune.env import EnvError, ensure_env
 
     t0 = time.monotonic()
     try:

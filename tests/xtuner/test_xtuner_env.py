@@ -8,8 +8,8 @@ from pathlib import Path
 import yaml
 
 from nightloom.spec import RunSpec
-from nightloom.xtuner import config as xcfg
-from nightloom.xtuner.env import ensure_env, env_key, probe
+from nightloom.finetune import config as xcfg
+from nightloom.finetune.env import ensure_env, env_key, probe
 
 REPO = Path(__file__).resolve().parents[2]
 

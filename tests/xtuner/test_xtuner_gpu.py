@@ -1,6 +1,6 @@
 """GPU-only XTuner paths: QLoRA, fp16/bf16 AMP, sequence parallel. Skipped without CUDA (never run in CPU CI).
 
-They need the GPU env profile (nightloom/xtuner/requirements-gpu.txt), built on the GPU machine itself.
+They need the GPU env profile (nightloom/finetune/requirements-gpu.txt), built on the GPU machine itself.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.gpu
 def gpu_env(xtuner_env):
     import subprocess
 
-    from nightloom.xtuner.env import EnvError, ensure_env, probe
+    from nightloom.finetune.env import EnvError, ensure_env, probe
 
     if not probe(xtuner_env.python)["cuda"]:
         try:
@@ -34,7 +34,7 @@ def gpu_env(xtuner_env):
 
 
 def _run(gpu_env, base_model, tmp_path, ranks=1, **xt):
-    from nightloom.xtuner import run_xtuner
+    from nightloom.finetune import run_xtuner
 
     shards = write_shards(tmp_path / "shards", alpaca_rows(48))
     spec = make_spec(tmp_path, base_model, shards, ranks=ranks, global_batch=2 * ranks, steps=4,

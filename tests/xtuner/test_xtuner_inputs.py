@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from xt_data import alpaca_rows, make_spec, write_shards
 
-from nightloom.xtuner import config as xcfg
-from nightloom.xtuner import env as xenv
-from nightloom.xtuner import run as xrun
-from nightloom.xtuner.logs import RunShape, XTunerLogError, collect_steps, write_metrics
+from nightloom.finetune import config as xcfg
+from nightloom.finetune import env as xenv
+from nightloom.finetune import run as xrun
+from nightloom.finetune.logs import RunShape, XTunerLogError, collect_steps, write_metrics
 
 
 @pytest.fixture

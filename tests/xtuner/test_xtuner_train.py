@@ -13,8 +13,8 @@ from conftest import run_in_env
 from xt_data import alpaca_rows, make_spec, write_shards
 
 from nightloom.metrics import read_metrics
-from nightloom.xtuner import XTunerConfigError, run_xtuner
-from nightloom.xtuner.logs import launch_dirs, parse_launch
+from nightloom.finetune import XTunerConfigError, run_xtuner
+from nightloom.finetune.logs import launch_dirs, parse_launch
 
 QUIET = lambda s: None
 

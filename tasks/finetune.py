@@ -1,4 +1,4 @@
-"""XTuner backend tasks: thin Prefect wrappers around nightloom.xtuner (env, data prep, launch + stream, convert).
+"""XTuner backend tasks: thin Prefect wrappers around nightloom.finetune (env, data prep, launch + stream, convert).
 
 The pipeline calls `xtuner_train_task` when `train.backend == "xtuner"` (one task, the whole backend), or the
 stage tasks when it wants each stage as its own task run. Output lines go to the Prefect run log.
@@ -12,8 +12,8 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from nightloom.spec import RunSpec
-from nightloom.xtuner import XTunerEnv, XTunerPlan, XTunerResult, ensure_env, run_xtuner
-from nightloom.xtuner.run import convert_checkpoint, launch_training, plan_xtuner, prepare_data, write_step_metrics
+from nightloom.finetune import XTunerEnv, XTunerPlan, XTunerResult, ensure_env, run_xtuner
+from nightloom.finetune.run import convert_checkpoint, launch_training, plan_xtuner, prepare_data, write_step_metrics
 
 
 def _log():

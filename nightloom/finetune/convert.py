@@ -10,7 +10,7 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-from nightloom.xtuner.launcher import check, run_streaming, tool_command
+from nightloom.finetune.launcher import check, run_streaming, tool_command
 
 
 class XTunerConvertError(RuntimeError):

@@ -4,10 +4,10 @@ Pure logic like the rest of nightloom (no Prefect). xtuner itself is never impor
 env built by `env.ensure_env` and runs through `node_wrapper.py`. Entry point: `run_xtuner`.
 """
 
-from nightloom.xtuner.config import XTunerConfigError
-from nightloom.xtuner.env import EnvError, XTunerEnv, ensure_env
-from nightloom.xtuner.launcher import XTunerLaunchError
-from nightloom.xtuner.run import XTunerPlan, XTunerResult, run_xtuner
+from nightloom.finetune.config import XTunerConfigError
+from nightloom.finetune.env import EnvError, XTunerEnv, ensure_env
+from nightloom.finetune.launcher import XTunerLaunchError
+from nightloom.finetune.run import XTunerPlan, XTunerResult, run_xtuner
 
 __all__ = ["EnvError", "XTunerConfigError", "XTunerEnv", "XTunerLaunchError", "XTunerPlan", "XTunerResult",
            "ensure_env", "run_xtuner"]

@@ -19,10 +19,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from nightloom.spec import RunSpec
 from nightloom.train.job import TrainResult
-from nightloom.xtuner import config as xcfg
-from nightloom.xtuner.convert import check_hf_model, find_checkpoint, merge_lora, pth_to_hf, publish
-from nightloom.xtuner.env import XTunerEnv, ensure_env
-from nightloom.xtuner.launcher import (
+from nightloom.finetune import config as xcfg
+from nightloom.finetune.convert import check_hf_model, find_checkpoint, merge_lora, pth_to_hf, publish
+from nightloom.finetune.env import XTunerEnv, ensure_env
+from nightloom.finetune.launcher import (
     XTunerLaunchError,
     check,
     node_env,
@@ -32,8 +32,8 @@ from nightloom.xtuner.launcher import (
     train_args,
     train_command,
 )
-from nightloom.xtuner.logs import RunShape, write_metrics
-from nightloom.xtuner.node_wrapper import EXIT_EMPTY_DATASET
+from nightloom.finetune.logs import RunShape, write_metrics
+from nightloom.finetune.node_wrapper import EXIT_EMPTY_DATASET
 
 Log = Callable[[str], None]
 

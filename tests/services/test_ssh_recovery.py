@@ -1,0 +1,82 @@
+"""Unattended recovery through the ssh provider: two real sshd nodes (.ci/services.sh), one turns unhealthy.
+
+Node 2's interpreter is a wrapper whose PYTHONPATH holds an (at first empty) folder; the node environment
+layers that folder before the real site-packages. Mid-run the test drops a fake `torch` (version 0.0.1-fake)
+into it and kills node 2's rank: preflight on that node now fails the torch check, as a broken node image
+would, so recovery excludes it, re-plans for 1 rank and finishes on node 1, in the same flow run and
+ledger row.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.flows.test_recovery import Chaos, processes_mentioning, recovery_spec
+from tests.services.test_ssh import PY, sshenv  # noqa: F401 - the fixture
+
+pytestmark = [pytest.mark.services, pytest.mark.timeout(400)]
+
+
+def ssh_recovery_spec(sshenv, tmp_path: Path, sick_python: str) -> Path:  # noqa: F811
+    p = recovery_spec(tmp_path, nodes=2, ranks=1, steps=20)
+    data = yaml.safe_load(p.read_text())
+    hosts = [{"host": h, "port": port, "user": sshenv["user"], "gpus": 1, "workdir": str(tmp_path / f"node{i}"),
+              "python": PY if i == 0 else sick_python} for i, (h, port) in enumerate(sshenv["hosts"][:2])]
+    data["cluster"].update({"provider": "ssh", "name": f"ssh-rec-{tmp_path.name}", "gpus_per_node": 1,
+                            "ssh": {"hosts": hosts, "key_env": "NIGHTLOOM_SSH_KEY_FILE",
+                                    "known_hosts": os.environ["NIGHTLOOM_KNOWN_HOSTS"]}})
+    p.write_text(yaml.safe_dump(data))
+    return p
+
+
+def test_unhealthy_ssh_node_is_excluded_and_the_run_finishes(prefect_backend, sshenv, tmp_path):  # noqa: F811
+    from flows.pipeline import training_pipeline
+    from nightloom.ledger import Ledger
+    from nightloom.metrics import read_metrics
+    from nightloom.spec import load_spec
+
+    slot = tmp_path / "sick-slot"
+    slot.mkdir()
+    wrapper = tmp_path / "python-node2"
+    wrapper.write_text(f"#!/bin/sh\nPYTHONPATH={slot} exec {PY} \"$@\"\n")
+    wrapper.chmod(0o755)
+    spec_path = ssh_recovery_spec(sshenv, tmp_path, str(wrapper))
+    spec = load_spec(spec_path)
+    bad = f"{sshenv['hosts'][1][0]}:{sshenv['hosts'][1][1]}"
+
+    def break_node2() -> None:
+        (slot / "torch").mkdir()
+        (slot / "torch" / "__init__.py").write_text("__version__ = '0.0.1-fake'\n")
+
+    chaos = Chaos(tmp_path / "runs", [(0, 6, 1, break_node2)])
+    chaos.start()
+    try:
+        state = training_pipeline(str(spec_path), return_state=True)
+    finally:
+        chaos.stop.set()
+    assert chaos.done, "the fault was never injected"
+    assert state.is_completed(), state.message
+    s = state.result()
+    run_dir = Path(s.run_dir)
+    assert s.status == "completed" and s.interruptions == 1 and s.world_size == 1
+
+    job1 = json.loads((run_dir / "job-attempt1.json").read_text())
+    assert job1["plan"]["dp_shard"] * job1["plan"]["dp_replicate"] == 1
+    assert job1["plan"]["micro_batch"] * job1["plan"]["grad_accum"] == spec.train.global_batch
+
+    ms = read_metrics(run_dir / "metrics.jsonl")
+    assert [m.step for m in ms] == list(range(1, 21)) and len([m for m in ms if m.gap]) == 1
+
+    with Ledger(spec.ledger.url) as ledger:
+        row = ledger.get(s.run_id)
+        assert [r.run_id for r in ledger.list_runs()] == [s.run_id]
+    assert row.status == "succeeded" and row.interruption_count == 1
+    (it,) = row.interruptions
+    assert it.kind == "node" and bad in it.detail and "torch: 0.0.1-fake" in it.detail, it.detail
+    assert it.recovery_s > 0
+    assert not processes_mentioning(str(run_dir))
