@@ -10,6 +10,7 @@ import time
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
+from zoneinfo import ZoneInfo
 
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run as current_run
@@ -25,8 +26,8 @@ from tasks.gate import gate_task, schedule_same_deployment
 from tasks.plan import plan_task
 from tasks.provision import acquire_cluster, make_provider, release_cluster
 from tasks.record import fail_record_task, record_task, run_cost, start_record_task
-from tasks.teardown import kill_recorded_processes, record_cluster, teardown_hook
 from tasks.recovery import train_with_recovery
+from tasks.teardown import kill_recorded_processes, record_cluster, teardown_hook
 from tasks.validate import validate_task
 from tasks.finetune import xtuner_train_task
 
@@ -75,7 +76,7 @@ def cluster_lock(name: str):
 
 def continue_in_next_window(spec: RunSpec, run_id: str, now: datetime | None) -> tuple[str, str | None]:
     """Schedule the continuation of a split run at the next window start (same run id: resumes its checkpoint)."""
-    start = next_window(spec.schedule, now or datetime.now(timezone.utc)).start
+    start = next_window(spec.schedule, now or datetime.now(timezone.utc)).start.astimezone(ZoneInfo(spec.schedule.timezone))
     params = {"spec": spec.model_dump(mode="json", by_alias=True), "resume_run_id": run_id}
     return start.isoformat(), schedule_same_deployment(params, start)
 

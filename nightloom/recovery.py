@@ -239,8 +239,9 @@ def rewind_metrics(metrics_path, resume_step: int) -> Rewind:
     return Rewind(resume_step, len(drop), secs)
 
 
-def first_step_time(metrics_path, attempt: int) -> float | None:
-    """Unix time at which `attempt` completed its first step (from the metrics file), or None."""
+def first_step_time(metrics_path, attempt: int, after_unix: float = 0.0) -> float | None:
+    """Unix time at which `attempt` completed its first step after `after_unix` (from the metrics file; a run
+    continued in a later window may hold lines of an earlier flow run's attempt with the same number)."""
     path = Path(metrics_path)
     if not path.is_file():
         return None
@@ -249,6 +250,6 @@ def first_step_time(metrics_path, attempt: int) -> float | None:
             obj = json.loads(line)
         except ValueError:
             continue
-        if obj.get("attempt", 0) == attempt and obj.get("time") is not None:
+        if obj.get("attempt", 0) == attempt and obj.get("time") is not None and obj["time"] > after_unix:
             return float(obj["time"])
     return None

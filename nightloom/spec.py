@@ -197,6 +197,8 @@ class ValidateSpec(_Section):
     min_loss_drop: float = Field(0.05, ge=0, lt=1, description="Fitted loss must fall by this fraction.")
     window: int = Field(0, ge=0, description="Steps in the convergence window (0 = whole run).")
     spike_k: float = Field(8.0, gt=0, description="A spike is a loss above k × MAD of the trend.")
+    spike_min_rise: float = Field(0.25, ge=0, description="... and above the trailing median by this fraction.")
+    spike_sustain: int = Field(3, ge=1, description="... for this many consecutive steps (hard batches pass).")
     grad_norm_max: float | None = Field(None, gt=0)
     golden: GoldenSpec = Field(default_factory=GoldenSpec)
     parity: ParitySpec = Field(default_factory=ParitySpec)

@@ -242,11 +242,15 @@ def check_loss_drop(steps: Sequence[StepMetrics], min_drop: float, window: int =
     )
 
 
-def check_spikes(steps: Sequence[StepMetrics], k: float, history: int = 8, rel_floor: float = 1e-3) -> Verdict:
+def check_spikes(steps: Sequence[StepMetrics], k: float, history: int = 8, rel_floor: float = 1e-3,
+                 min_rise: float = 0.0, sustain: int = 1) -> Verdict:
     """A spike: a loss above the median of the previous `history` losses by more than k × the local noise σ,
     estimated from the σ-scaled MAD of second differences over the previous 4·`history` losses (second
     differences cancel a smooth trend, so a steep descent is not mistaken for noise; Var(Δ²) = 6σ²).
-    Resume (`gap`) steps are never spikes. σ is floored at `rel_floor` × median loss."""
+    Resume (`gap`) steps are never spikes. σ is floored at `rel_floor` × median loss. A spike must also exceed
+    the trailing median by `min_rise` (a fraction): per-batch losses of a heterogeneous corpus are heavy-tailed,
+    and a hard batch is not a divergence. With `sustain` > 1 the rise must hold for that many consecutive steps
+    (the smallest of them is judged): instabilities persist, one or two hard batches do not."""
     pts = [m for m in steps if math.isfinite(m.loss)]
     first = 5
     if len(pts) <= first:
@@ -263,13 +267,17 @@ def check_spikes(steps: Sequence[StepMetrics], k: float, history: int = 8, rel_f
         ys = [p.loss for p in pts[max(0, i - 4 * history): i]]
         d2 = [ys[j] - 2 * ys[j - 1] + ys[j - 2] for j in range(2, len(ys))]
         scale = max(_mad(d2) / math.sqrt(6), floor)
-        rise = (m.loss - statistics.median(recent)) / scale
+        med = statistics.median(recent)
+        held = [p.loss for p in pts[i: i + sustain] if not p.gap]
+        level = min(held) if held else m.loss
+        rise = (level - med) / scale
         top = max(top, rise)
-        if rise > k and (worst is None or rise > worst[1]):
+        if rise > k and level > med * (1 + min_rise) and (worst is None or rise > worst[1]):
             worst = (m, rise)
     if worst is None:
         return Verdict(name="spikes", passed=True, measured=top, threshold=k,
-                       reason=f"largest rise {top:.1f} × MAD <= {k:g} × MAD")
+                       reason=f"no rise above {k:g} × MAD and {min_rise:.0%} over the trailing median "
+                              f"(largest {top:.1f} × MAD)")
     m, x = worst
     return Verdict(name="spikes", passed=False, measured=x, threshold=k, step=m.step,
                    reason=f"loss spike at step {m.step}: {m.loss:.4g} is {x:.1f} × MAD above the "
@@ -376,7 +384,7 @@ def validate_run(
         raise PeakError("validate.mfu_floor/mfu_vs_plan is set but no peak/FLOPs were given to validate the run")
     out.append(check_finite(steps))
     out.append(check_loss_drop(steps, spec.min_loss_drop, spec.window))
-    out.append(check_spikes(steps, spec.spike_k))
+    out.append(check_spikes(steps, spec.spike_k, min_rise=spec.spike_min_rise, sustain=spec.spike_sustain))
     out.append(check_grad_norm(steps, spec.grad_norm_max))
     if isinstance(golden, GoldenCurve):
         if golden.steps is None:

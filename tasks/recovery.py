@@ -109,7 +109,8 @@ class Pending:
 def _close(spec: RunSpec, run_id: str, p: Pending, job: TrainJob, finished: bool = False) -> None:
     """Time and record an interruption once `job` (the next attempt) reported a step, failed or finished."""
     e = p.event
-    first = rec.first_step_time(job.metrics_path, job.attempt) if job.attempt == e.attempt + 1 else None
+    first = (rec.first_step_time(job.metrics_path, job.attempt, p.detected_unix)
+             if job.attempt == e.attempt + 1 else None)
     if first is None and finished:
         first = time.time()  # resumed at the last step: nothing left to redo
     if first is not None:
@@ -145,8 +146,8 @@ def _artifact(events: list[Event], train_s: float, outcome: str) -> None:
                  f"{rate:.2f}/h; mean time to recover " + (f"{mean:.1f} s" if mean is not None else "-")})
     try:
         create_table_artifact(key="recovery", table=rows, description="Interruptions and time to recover")
-    except Exception:  # noqa: BLE001 - an artifact never fails the run
-        pass
+    except Exception as e:  # noqa: BLE001 - an artifact never fails the run
+        get_run_logger().warning("could not write the recovery artifact: %s", type(e).__name__)
 
 
 def train_with_recovery(spec: RunSpec, provider: Provider, cluster: Cluster, job: TrainJob) -> Recovered:

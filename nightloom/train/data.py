@@ -5,6 +5,10 @@ shard's documents as UTF-8 bytes with a separator token 0 after every document, 
 (the tail of a shard that does not fill a window is dropped). Window counts come from the manifest
 (`tokens + rows` stream tokens per shard), so a rank can locate any window without reading other shards.
 
+With a seed, each shard's windows are permuted (numpy PCG64 seeded by (seed, shard index)): a shard spans the
+whole corpus, so neighbouring windows no longer come from neighbouring documents (runs of hard batches from one
+module looked like loss spikes), while a rank still reads only the shards its slice touches.
+
 The global batch of step k is windows [k*G, (k+1)*G) (mod the number of windows: epochs wrap), and DP rank r
 gets the contiguous slice [r*G/dp, (r+1)*G/dp) of it. Hence step k sees the same set of sequences for every
 layout (parity and re-layout resume), every rank does the same number of micro-batches, and each DP rank
@@ -71,8 +75,9 @@ def pack_documents(texts: list[str]) -> np.ndarray:
 class PackedWindows:
     """Random access to the global window stream; shards are loaded lazily and a few are cached."""
 
-    def __init__(self, manifest: str, seq_len: int, cache_shards: int = 2):
+    def __init__(self, manifest: str, seq_len: int, cache_shards: int = 2, seed: int | None = None):
         self.manifest_uri = str(manifest)
+        self.seed = seed
         self.manifest: ShardManifest = load_manifest(manifest)
         if self.manifest.tokenizer != "bytes":
             raise DataError(f"{self.manifest_uri}: tokenizer {self.manifest.tokenizer!r} is not supported "
@@ -109,6 +114,8 @@ class PackedWindows:
                 f"{span.uri}: manifest field shards[{k}] says tokens+rows = {span.stream_tokens} but the shard "
                 f"packs to {len(stream)} byte tokens (text field {self.manifest.text_field!r})")
         arr = stream[: span.count * self.window].reshape(span.count, self.window)
+        if self.seed is not None:
+            arr = arr[np.random.default_rng([self.seed, span.index]).permutation(span.count)]
         self._cache[k] = arr
         if len(self._cache) > self._cache_size:
             self._cache.popitem(last=False)

@@ -140,7 +140,7 @@ class Trainer:
         self.optims = [torch.optim.AdamW(m.parameters(), lr=t.lr, weight_decay=t.weight_decay, betas=(0.9, 0.95),
                                          foreach=True) for m in self.parts.parts]
         dp_rank = self.dims.dp_rank(ctx.rank)
-        self.loader = StepLoader(PackedWindows(job.manifest, t.seq_len), self.plan.micro_batch,
+        self.loader = StepLoader(PackedWindows(job.manifest, t.seq_len, seed=t.seed), self.plan.micro_batch,
                                  self.plan.grad_accum, self.dims.dp, dp_rank)
         self.tokens_per_step = self.loader.global_batch * t.seq_len
         self.pp_group = ctx.mesh["pp"].get_group() if self.plan.pp > 1 else None

@@ -49,3 +49,15 @@ def test_missing_shard_and_too_short_corpus_are_clear(corpus, tmp_path):
         PackedWindows(str(tmp_path), seq_len=32).windows(0, 1)
     with pytest.raises(DataError, match="do not fill one window"):
         PackedWindows(str(corpus), seq_len=10**7)
+
+
+def test_seeded_windows_are_a_permutation_within_each_shard(corpus):
+    plain = PackedWindows(str(corpus), seq_len=32)
+    mixed = PackedWindows(str(corpus), seq_len=32, seed=7)
+    again = PackedWindows(str(corpus), seq_len=32, seed=7)
+    for span in plain.spans:
+        a = plain.windows(span.first, span.count)
+        b = mixed.windows(span.first, span.count)
+        assert torch.equal(b, again.windows(span.first, span.count))  # deterministic
+        assert not torch.equal(a, b) or span.count < 2  # reordered
+        assert sorted(map(tuple, a.tolist())) == sorted(map(tuple, b.tolist()))  # same windows, same shard

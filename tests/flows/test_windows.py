@@ -23,7 +23,7 @@ WINDOW = {"start": "02:00", "end": "06:00"}
 
 def window_spec(tmp_path: Path, steps: int, **schedule) -> Path:
     """One node × 2 ranks, a longer run, the given schedule section."""
-    p = small_demo(tmp_path, steps=steps, checkpoint_every=0, seq_len=64, global_batch=8)
+    p = small_demo(tmp_path, steps=steps, checkpoint_every=0, seq_len=128, global_batch=16)
     data = yaml.safe_load(p.read_text())
     data["cluster"].update({"nodes": 1, "gpus_per_node": 2})
     data["schedule"] = {"timezone": "Asia/Shanghai", "windows": [WINDOW], **schedule}
@@ -41,10 +41,10 @@ def test_split_resumes_next_window_with_same_final_loss(prefect_backend, tmp_pat
     from flows.pipeline import training_pipeline
     from nightloom.metrics import read_metrics
 
-    steps = 300
+    steps = 500
     spec = window_spec(tmp_path / "split", steps, policy="split")
-    # 35 s before the window ends: the trainer gets the window end as its deadline and stops mid-run
-    near_end = datetime(2026, 11, 30, 5, 59, 25, tzinfo=TZ)
+    # 40 s before the window ends: the trainer gets the window end as its deadline and stops mid-run
+    near_end = datetime(2026, 11, 30, 5, 59, 20, tzinfo=TZ)
     first = training_pipeline(str(spec), now=near_end)
     assert first.status == "split", first
     assert 0 < int(first.reason.split(" after ")[1].split("/")[0]) < steps, first.reason
@@ -88,10 +88,10 @@ def test_budget_stop_with_checkpoint(prefect_backend, tmp_path):
     from flows.pipeline import training_pipeline
     from nightloom.ledger import Ledger
 
-    steps = 300
-    # 2 ranks at 1800/rank-hour = 1 per second; a budget of 35 is spent 35 s after the gate
+    steps = 400
+    # 2 ranks at 1800/rank-hour = 1 per second; a budget of 45 is spent 45 s after the gate
     spec = window_spec(tmp_path, steps, policy="run-now", price_per_gpu_hour=1800.0, offpeak_discount=0.0,
-                       budget=35.0)
+                       budget=45.0)
     outside = datetime(2026, 11, 30, 12, 0, tzinfo=TZ)
     summary = training_pipeline(str(spec), now=outside)
     assert summary.status == "stopped" and "budget" in summary.reason, summary

@@ -307,3 +307,31 @@ def test_golden_from_file_and_from_the_ledger(tmp_path: Path):
     gpath.write_text('{"step": 1, "loss": 3.0}\n{"step": 2, "loss"')
     with pytest.raises(MetricsError, match=rf"{gpath}:2: truncated"):
         resolve_golden(GoldenSpec(path=str(gpath)))
+
+
+def test_hard_batches_are_not_spikes_but_a_jump_is():
+    """Per-batch losses of a mixed corpus are heavy-tailed: a +15% batch passes, a +60% jump fails."""
+    import random
+
+    from nightloom.metrics import StepMetrics
+    from nightloom.validate import check_spikes
+
+    rng = random.Random(0)
+    losses = [3.3 + rng.gauss(0, 0.01) for _ in range(200)]
+    for i in range(20, 200, 37):
+        losses[i] *= 1.15  # a hard batch, 20+ × MAD above its neighbours
+    steps = [StepMetrics(step=i + 1, loss=x) for i, x in enumerate(losses)]
+    assert check_spikes(steps, 8.0, min_rise=0.25).passed
+    assert not check_spikes(steps, 8.0, min_rise=0.0).passed  # the MAD rule alone would flag it
+    losses[150] *= 1.6
+    bad = check_spikes([StepMetrics(step=i + 1, loss=x) for i, x in enumerate(losses)], 8.0, min_rise=0.25)
+    assert not bad.passed and bad.step == 151 and "spike at step 151" in bad.reason
+    # two hard batches in a row are not an instability when the rise must hold for 3 steps; 4 steps up are
+    losses[151] *= 1.6
+    steps = [StepMetrics(step=i + 1, loss=x) for i, x in enumerate(losses)]
+    assert check_spikes(steps, 8.0, min_rise=0.25, sustain=3).passed
+    losses[152] *= 1.6
+    losses[153] *= 1.6
+    steps = [StepMetrics(step=i + 1, loss=x) for i, x in enumerate(losses)]
+    v = check_spikes(steps, 8.0, min_rise=0.25, sustain=3)
+    assert not v.passed and v.step == 151
