@@ -42,6 +42,13 @@ class DatasetSpec(_Section):
     path: str = Field(..., description="JSONL(.gz/.zst), Parquet, a folder of .txt files, or save_to_disk folder.")
     format: Literal["auto", "jsonl", "parquet", "text", "hf"] = "auto"
     text_field: str = Field("text", description="Field holding the document text.")
+    keep_columns: list[str] = Field(
+        default_factory=list,
+        description="Extra fields copied into every shard row as strings (non-string values such as lists or "
+        "dicts, e.g. OpenAI `messages`, are JSON-encoded; null stays null); a missing one is a bad record "
+        "(file:line, honours sharding.on_error). Hashing, dedup, balance and token counts use only key/text. "
+        "Not for text-file folders.",
+    )
     sample: bool = Field(False, description="Build the deterministic sample corpus at `path` if it is missing.")
     tokenizer: Literal["bytes"] = Field(
         "bytes", description="Tokenizer for counting and training; `bytes` = UTF-8 bytes (vocab 256)."

@@ -28,6 +28,8 @@ if sys.path and Path(sys.path[0] or ".").resolve() == Path(__file__).resolve().p
 EXIT_USAGE = 2
 EXIT_EMPTY_DATASET = 3
 STATS_FILE = "nightloom_stats.json"
+# Columns that map functions read as lists of dicts; nightloom shards store them JSON-encoded (keep_columns).
+JSON_COLUMNS = {"openai_map_fn": ("messages",), "wizardlm_map_fn": ("conversations",)}
 
 def apply_cpu_patches() -> bool:
     """Patch the two CUDA-only calls XTuner makes when there is no GPU; return whether patches were applied."""
@@ -95,13 +97,28 @@ def _empty_dataset_symptom(e: BaseException) -> bool:
     return last.filename.endswith(os.path.join("xtuner", "dataset", "huggingface.py")) and "input_ids" in (last.line or "")
 
 
+def decode_json_columns(example: dict, *, map_fn, columns: tuple[str, ...]) -> dict:
+    """Decode the JSON-encoded list/dict columns of a shard row, then apply the XTuner map function."""
+    for c in columns:
+        v = example.get(c)
+        if isinstance(v, str) and v[:1] in ("[", "{"):
+            example = {**example, c: json.loads(v)}
+    return map_fn(example)
+
+
 def cmd_prepare(config: str) -> int:
     """Build the config's `prepare_dataset` (map, template, tokenize, pack) once and save it to `processed_dir`."""
+    import functools
+
     from mmengine.config import Config
     from xtuner.registry import BUILDER
 
     cfg = Config.fromfile(config)
     out = Path(cfg.processed_dir)
+    columns = JSON_COLUMNS.get(cfg.get("map_fn_name") or "", ())
+    if columns:
+        map_fn = cfg.prepare_dataset["dataset_map_fn"]
+        cfg.prepare_dataset["dataset_map_fn"] = functools.partial(decode_json_columns, map_fn=map_fn, columns=columns)
     try:
         ds = BUILDER.build(cfg.prepare_dataset)
         rows, why = len(ds), ""

@@ -360,6 +360,7 @@ def run_xtuner(spec: RunSpec, manifest, run_dir: str | Path, cluster=None, log: 
         metrics_path=str(metrics_path), config_path=plan.config_path, model_dir=conv.get("model_dir"),
         adapter_dir=conv.get("adapter_dir"), published=conv.get("published"), processed_rows=stats["rows"],
         processed_tokens=stats["tokens"], env_python=plan.python, env_key=plan.env_key, profile=plan.profile,
+        peak_flops=plan.peak_flops, peak_source=plan.peak_source,  # the MFU peak (validation needs it on CPU)
         stage_s={k: round(v, 2) for k, v in stage.items()},
     )
     tmp = run_dir / "result.json.tmp"

@@ -19,7 +19,7 @@ from nightloom.sharding import storage
 from nightloom.sharding.balance import VIRTUAL_BUCKETS
 from nightloom.sharding.corpus import ensure_sample_corpus
 from nightloom.sharding.manifest import MANIFEST_NAME, SCHEMA_VERSION, ShardManifest, load_manifest
-from nightloom.sharding.sources import SourceRef, list_sources
+from nightloom.sharding.sources import SourceRef, check_keep_columns, list_sources
 from nightloom.spec import DatasetSpec, ShardingSpec, StorageSpec
 
 ALGORITHM_VERSION = "nightloom-shard-1"  # bump when output bytes change for the same settings
@@ -50,12 +50,22 @@ class ShardJob(BaseModel):
     def key_name(self) -> str:
         return self.sharding.key_field or "<text>"
 
+    @property
+    def extra_columns(self) -> tuple[str, ...]:
+        """`dataset.keep_columns` not already stored as the text or key column, in order, once each."""
+        return extra_columns(self.dataset, self.sharding)
+
     def shard_name(self, index: int) -> str:
         return f"shard-{index:05d}-of-{self.num_shards:05d}.{self.settings_hash[:8]}.parquet"
 
     def configure(self) -> None:
         """Point the S3 helper at this job's endpoint (call in every worker process)."""
         storage.configure_s3(self.s3_endpoint_url, self.s3_region)
+
+
+def extra_columns(dataset: DatasetSpec, sharding: ShardingSpec) -> tuple[str, ...]:
+    stored = (dataset.text_field, sharding.key_field)
+    return tuple(c for c in dict.fromkeys(dataset.keep_columns) if c not in stored)
 
 
 def fingerprint_local(path: Path) -> str:
@@ -97,6 +107,8 @@ def settings_hash(dataset: DatasetSpec, sharding: ShardingSpec, sources: list[So
         "tokenizer": dataset.tokenizer,
         "sharding": sharding.model_dump(mode="json", exclude={"output"}),
     }
+    if dataset.keep_columns:  # only when set: shards made before keep_columns existed keep their hash
+        doc["keep_columns"] = list(dataset.keep_columns)
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:32]
 
 
@@ -135,7 +147,9 @@ def plan_job(
             storage.check_bucket(uri)
     if dataset.sample and not storage.is_s3(dataset.path):
         ensure_sample_corpus(dataset.path)
-    sources = [fingerprint(s) for s in list_sources(dataset.path, dataset.format)]
+    listed = list_sources(dataset.path, dataset.format)
+    check_keep_columns(dataset.keep_columns, listed)
+    sources = [fingerprint(s) for s in listed]
     shash = settings_hash(dataset, sharding, sources)
     return ShardJob(
         dataset=dataset,

@@ -45,6 +45,7 @@ class ShardManifest(BaseModel):
     key: str  # field name, or "<text>"
     salt: str
     text_field: str = "text"
+    keep_columns: list[str] = Field(default_factory=list)  # extra columns copied verbatim into every shard row
     tokenizer: str = "bytes"
     balance_by: str = "tokens"
     tolerance: float = 0.02

@@ -33,6 +33,7 @@ def build_manifest(
         key=job.key_name,
         salt=job.sharding.salt,
         text_field=job.dataset.text_field,
+        keep_columns=list(job.dataset.keep_columns),
         tokenizer=job.dataset.tokenizer,
         balance_by=job.sharding.balance_by,
         tolerance=job.sharding.tolerance,

@@ -6,7 +6,7 @@ last, so a re-run skips files already scanned (resume). Bad records fail at once
 counted (`skip`).
 
 Two readers, same output: a fast path (Arrow's C++ JSON/Parquet/IPC readers, hashing straight from the Arrow
-buffers; used when the text is the key) and the record-by-record path, which alone knows line numbers. Any
+buffers; used when the text is the key and no `dataset.keep_columns` are carried) and the record-by-record path, which alone knows line numbers. Any
 problem on the fast path (a corrupt line, a null, a non-string) restarts the file on the record path, which
 then reports it with file:line or applies `on_error=skip`.
 """
@@ -58,6 +58,7 @@ def spill_schema(job: ShardJob) -> pa.Schema:
     fields = [pa.field(job.dataset.text_field, pa.large_string())]
     if job.sharding.key_field and job.sharding.key_field != job.dataset.text_field:
         fields.append(pa.field(job.sharding.key_field, pa.large_string()))
+    fields += [pa.field(c, pa.large_string()) for c in job.extra_columns]  # kept verbatim; never hashed
     return pa.schema(fields)
 
 
@@ -216,6 +217,8 @@ def _scan_records(local: Path, src: SourceRef, job: ShardJob, spill: _Spill, res
     """Record path: exact file:line for every problem; honours on_error."""
     text_field, key_field = job.dataset.text_field, job.sharding.key_field
     separate_key = key_field is not None and key_field != text_field
+    keep = job.extra_columns
+    kept: list[list[str | None]] = [[] for _ in keep]
     salt = job.sharding.salt.encode("utf-8")
     fail = job.sharding.on_error == "fail"
     xx64, xx3 = xxhash.xxh64_intdigest, xxhash.xxh3_64_intdigest
@@ -226,10 +229,13 @@ def _scan_records(local: Path, src: SourceRef, job: ShardJob, spill: _Spill, res
 
     def flush() -> None:
         cols = [_strings(texts)] + ([_strings(keys)] if separate_key else [])
+        cols += [pa.array(values, type=pa.large_string()) for values in kept]
         spill.add(cols, np.array(meta, dtype=META_DTYPE))
         texts.clear(), keys.clear(), meta.clear()
+        for values in kept:
+            values.clear()
 
-    for where, text, key, err in read_records(local, src.format, text_field, key_field):
+    for where, text, key, err, extras in read_records(local, src.format, text_field, key_field, keep):
         res.records += 1
         if err is not None:
             if fail:
@@ -252,6 +258,9 @@ def _scan_records(local: Path, src: SourceRef, job: ShardJob, spill: _Spill, res
             nb_all = nb
         meta.append((xx64(kb + salt), xx3(kb, seed=DEDUP_SEED), nb, nb_all))
         pending += nb_all
+        for values, v in zip(kept, extras):
+            values.append(v)
+            pending += len(v) if v is not None else 0  # bounds memory only; never counted in meta
         if len(texts) >= SPILL_BATCH or pending >= SPILL_BATCH_BYTES:
             flush()
             pending = 0
@@ -277,7 +286,7 @@ def scan_source(job: ShardJob, index: int) -> ScanResult:
     res = ScanResult(index=index)
     try:
         spill = _Spill(work, index, schema)
-        fast = job.sharding.key_field is None and src.format != "text"
+        fast = job.sharding.key_field is None and src.format != "text" and not job.extra_columns
         try:
             if not fast:
                 raise _Fallback

@@ -1,7 +1,8 @@
 """Input discovery and streaming record readers: JSONL (plain/.gz/.zst), Parquet, text folders, HF save_to_disk.
 
-Every reader yields `(where, text, key, error)` tuples one record at a time from a bounded buffer (never a
-whole file in memory); `where` is the 1-based line (JSONL) or row (Parquet/Arrow) number used in messages.
+Every reader yields `(where, text, key, error, extras)` tuples one record at a time from a bounded buffer
+(never a whole file in memory); `where` is the 1-based line (JSONL) or row (Parquet/Arrow) number used in
+messages; `extras` holds the `dataset.keep_columns` values as strings (`column_value`), in that order.
 """
 
 from __future__ import annotations
@@ -157,10 +158,35 @@ def _utf8_error(data: bytes) -> str | None:
         return f"non-UTF-8 byte 0x{data[e.start]:02x} at byte offset {e.start}"
 
 
-Item = tuple[int, "str | None", "object", "str | None"]
+Item = tuple[int, "str | None", "object", "str | None", "tuple[str | None, ...]"]
+NO_EXTRAS: tuple[str | None, ...] = ()
 
 
-def read_jsonl(path: Path, text_field: str, key_field: str | None) -> Iterator[Item]:
+def column_value(value: object) -> str | None:
+    """A kept column's value as stored in a shard: strings verbatim, null as null, anything else as JSON.
+
+    Raises ValueError for bytes that are not UTF-8."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, bytes):
+        return value.decode("utf-8")
+    return orjson.dumps(value, default=str).decode("utf-8")
+
+
+def _extras(get, has, keep: tuple[str, ...]) -> tuple[tuple[str | None, ...], str | None]:
+    """(values, None) or ((), error) for the kept columns of one record."""
+    out = []
+    for c in keep:
+        if not has(c):
+            return NO_EXTRAS, f"missing field {c!r} (dataset.keep_columns)"
+        try:
+            out.append(column_value(get(c)))
+        except (ValueError, TypeError) as e:
+            return NO_EXTRAS, f"field {c!r} (dataset.keep_columns) cannot be stored as a string: {e}"
+    return tuple(out), None
+
+
+def read_jsonl(path: Path, text_field: str, key_field: str | None, keep: tuple[str, ...] = ()) -> Iterator[Item]:
     """Line by line; blank lines are not records. Errors: corrupt JSON, non-UTF-8, missing/non-string field."""
     loads, decode_error = orjson.loads, orjson.JSONDecodeError
     try:
@@ -171,23 +197,27 @@ def read_jsonl(path: Path, text_field: str, key_field: str | None) -> Iterator[I
                 except decode_error as e:
                     if not line.strip():
                         continue
-                    yield n, None, None, _utf8_error(line) or f"invalid JSON: {e}"
+                    yield n, None, None, _utf8_error(line) or f"invalid JSON: {e}", NO_EXTRAS
                     continue
                 if type(obj) is not dict:
-                    yield n, None, None, f"expected a JSON object, got {type(obj).__name__}"
+                    yield n, None, None, f"expected a JSON object, got {type(obj).__name__}", NO_EXTRAS
                     continue
                 text = obj.get(text_field)
                 if type(text) is not str:
                     why = "missing field" if text_field not in obj else f"{type(text).__name__} in field"
-                    yield n, None, None, f"{why} {text_field!r}"
+                    yield n, None, None, f"{why} {text_field!r}", NO_EXTRAS
                     continue
                 key = None
                 if key_field is not None:
                     if key_field not in obj or obj[key_field] is None:
-                        yield n, None, None, f"missing key field {key_field!r}"
+                        yield n, None, None, f"missing key field {key_field!r}", NO_EXTRAS
                         continue
                     key = obj[key_field]
-                yield n, text, key, None
+                extras, err = _extras(obj.get, obj.__contains__, keep) if keep else (NO_EXTRAS, None)
+                if err is not None:
+                    yield n, None, None, err, NO_EXTRAS
+                    continue
+                yield n, text, key, None, extras
     except (OSError, EOFError) as e:  # truncated gzip/zstd stream, unreadable file
         raise BadInputError(f"{path}: cannot read compressed or raw stream: {e}") from None
     except Exception as e:
@@ -234,31 +264,44 @@ def _arrow_batches(path: Path, fmt: Format, columns: list[str]):
         raise BadInputError(f"{path}: corrupt {kind} file: {e}") from None
 
 
-def read_columnar(path: Path, fmt: Format, text_field: str, key_field: str | None) -> Iterator[Item]:
+def read_columnar(
+    path: Path, fmt: Format, text_field: str, key_field: str | None, keep: tuple[str, ...] = ()
+) -> Iterator[Item]:
     """Parquet or Arrow (HF) rows in batches; `where` is the 1-based row number within the file."""
     cols = [text_field] + ([key_field] if key_field and key_field != text_field else [])
+    cols += [c for c in dict.fromkeys(keep) if c not in cols]
+    at = {c: i for i, c in enumerate(cols)}
     row = 0
     for batch in _arrow_batches(path, fmt, cols):
-        texts = batch.column(0).to_pylist()
-        keys = batch.column(1).to_pylist() if len(cols) > 1 else (texts if key_field else None)
+        values = [batch.column(i).to_pylist() for i in range(len(cols))]
+        texts = values[0]
+        keys = values[at[key_field]] if key_field else None
         for i, text in enumerate(texts):
             row += 1
             if isinstance(text, bytes):
                 err = _utf8_error(text)
                 if err:
-                    yield row, None, None, err
+                    yield row, None, None, err, NO_EXTRAS
                     continue
                 text = text.decode("utf-8")
             if not isinstance(text, str):
-                yield row, None, None, f"{'null' if text is None else type(text).__name__} in field {text_field!r}"
+                why = f"{'null' if text is None else type(text).__name__} in field {text_field!r}"
+                yield row, None, None, why, NO_EXTRAS
                 continue
             key = None
             if key_field is not None:
                 key = keys[i]
                 if key is None:
-                    yield row, None, None, f"missing key field {key_field!r}"
+                    yield row, None, None, f"missing key field {key_field!r}", NO_EXTRAS
                     continue
-            yield row, text, key, None
+            extras, err = NO_EXTRAS, None
+            if keep:  # every kept column is present: _arrow_batches refused the file otherwise
+                fields = {c: values[at[c]][i] for c in keep}
+                extras, err = _extras(fields.get, fields.__contains__, keep)
+            if err is not None:
+                yield row, None, None, err, NO_EXTRAS
+                continue
+            yield row, text, key, None, extras
 
 
 def read_text_file(path: Path, key_field: str | None) -> Iterator[Item]:
@@ -266,17 +309,32 @@ def read_text_file(path: Path, key_field: str | None) -> Iterator[Item]:
     data = path.read_bytes()
     err = _utf8_error(data)
     if err:
-        yield 1, None, None, err
+        yield 1, None, None, err, NO_EXTRAS
         return
     if key_field is not None:
-        yield 1, None, None, f"key field {key_field!r} does not exist in a text file (use the text as key)"
+        yield 1, None, None, f"key field {key_field!r} does not exist in a text file (use the text as key)", NO_EXTRAS
         return
-    yield 1, data.decode("utf-8"), None, None
+    yield 1, data.decode("utf-8"), None, None, NO_EXTRAS
 
 
-def read_records(path: Path, fmt: Format, text_field: str, key_field: str | None) -> Iterator[Item]:
+def check_keep_columns(keep: list[str] | tuple[str, ...], sources: list[SourceRef]) -> None:
+    """Text files have no fields to keep: refuse `dataset.keep_columns` for them before any work."""
+    text = [s for s in sources if s.format == "text"]
+    if keep and text:
+        raise BadInputError(
+            f"dataset.keep_columns: {text[0].uri} is a plain text file, which has no fields to keep "
+            f"({list(keep)}); use JSONL or Parquet input, or leave keep_columns empty"
+        )
+
+
+def read_records(
+    path: Path, fmt: Format, text_field: str, key_field: str | None, keep: tuple[str, ...] = ()
+) -> Iterator[Item]:
+    """The record reader for `fmt`; `keep` = the `dataset.keep_columns` to return as `extras`."""
     if fmt == "jsonl":
-        return read_jsonl(path, text_field, key_field)
+        return read_jsonl(path, text_field, key_field, keep)
     if fmt == "text":
+        if keep:
+            raise BadInputError(f"dataset.keep_columns: {path} is a plain text file, which has no fields to keep")
         return read_text_file(path, key_field)
-    return read_columnar(path, fmt, text_field, key_field)
+    return read_columnar(path, fmt, text_field, key_field, keep)

@@ -27,7 +27,7 @@ def _output_columns(job: ShardJob) -> list[str]:
     cols = [job.dataset.text_field]
     if job.sharding.key_field and job.sharding.key_field != job.dataset.text_field:
         cols.append(job.sharding.key_field)
-    return cols
+    return cols + list(job.extra_columns)
 
 
 def _cut(nbytes: np.ndarray) -> int:

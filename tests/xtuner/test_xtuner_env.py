@@ -35,5 +35,6 @@ def test_sample_deployment_spec_parses():
     data = yaml.safe_load((REPO / "deployments" / "xtuner-lora-demo.yaml").read_text())
     spec = RunSpec.model_validate(data)
     assert spec.train.backend == "xtuner" and spec.train.xtuner.method == "lora"
-    xcfg.resolve_map_fn(spec.train.xtuner.map_fn)
+    need = xcfg.resolve_map_fn(spec.train.xtuner.map_fn).columns
+    assert set(need) <= {*spec.dataset.keep_columns, spec.dataset.text_field}  # the shards carry what it reads
     xcfg.check_template(spec.train.xtuner.template)

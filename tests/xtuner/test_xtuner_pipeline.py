@@ -18,7 +18,7 @@ def test_full_pipeline_with_xtuner_backend(prefect_backend, xtuner_env, base_mod
     corpus.write_text("".join(json.dumps(r) + "\n" for r in alpaca_rows(48)))
     spec = parse_spec({
         "name": "xt-pipeline",
-        "dataset": {"path": str(corpus), "text_field": "output"},
+        "dataset": {"path": str(corpus), "text_field": "output", "keep_columns": ["instruction", "input", "output"]},
         "sharding": {"num_shards": 2, "output": str(tmp_path / "shards"), "balance_by": "rows", "tolerance": 0.5},
         "cluster": {"provider": "local", "nodes": 1, "gpus_per_node": 1, "gpu_type": "cpu"},
         "train": {"backend": "xtuner", "steps": 4, "seq_len": 128, "global_batch": 2, "lr": 1e-3, "warmup_steps": 1,
