@@ -255,6 +255,30 @@ def launch_training(plan: XTunerPlan, *, cluster=None, provider=None, resume: bo
     """Run XTuner's train tool (1 rank, local torchrun, or the provider's nodes); return the final checkpoint.
 
     Success needs exit code 0 AND a checkpoint AND the last step logged: XTuner can exit 0 without work."""
+    for attempt in range(1 + UPSTREAM_ABORT_RETRIES):
+        log_file = Path(plan.log_dir) / "train.log"
+        seen = log_file.stat().st_size if log_file.exists() else 0
+        try:
+            return _launch_once(plan, cluster=cluster, provider=provider, resume=resume or attempt > 0, log=log,
+                                timeout_s=timeout_s)
+        except XTunerLaunchError:
+            with open(log_file, encoding="utf-8", errors="replace") as f:
+                f.seek(seen)
+                this_launch = f.read()
+            if attempt == UPSTREAM_ABORT_RETRIES or UPSTREAM_ABORT not in this_launch:
+                raise
+            log(f"xtuner: a rank aborted with {UPSTREAM_ABORT!r} (a known intermittent abort of the CPU/gloo stack "
+                "at checkpoint time); relaunching once, resuming from the last complete checkpoint")
+    raise AssertionError("unreachable")
+
+
+#: An intermittent C++ abort seen on CPU/gloo while mmengine saves a checkpoint (rank 1, after the step's work).
+UPSTREAM_ABORT = "terminate called without an active exception"
+UPSTREAM_ABORT_RETRIES = 1
+
+
+def _launch_once(plan: XTunerPlan, *, cluster, provider, resume: bool, log: Log, timeout_s: float | None) -> Path:
+    """One launch of XTuner's train tool; raises XTunerLaunchError on failure."""
     work_dir = Path(plan.work_dir)
     ckpt = find_checkpoint(work_dir) if resume else None
     if ckpt is not None:
