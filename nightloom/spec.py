@@ -50,6 +50,8 @@ class DatasetSpec(_Section):
         "Not for text-file folders.",
     )
     sample: bool = Field(False, description="Build the deterministic sample corpus at `path` if it is missing.")
+    sample_kind: Literal["docstrings", "alpaca"] = Field(
+        "docstrings", description="docstrings: {id, text}; alpaca: {id, instruction, input, output} (fine-tuning).")
     tokenizer: Literal["bytes"] = Field(
         "bytes", description="Tokenizer for counting and training; `bytes` = UTF-8 bytes (vocab 256)."
     )
@@ -158,6 +160,8 @@ class XTunerSpec(_Section):
     zero_stage: Literal[0, 1, 2, 3] = 0
     sequence_parallel_size: int = Field(1, gt=0)
     merge_lora: bool = True
+    build_tiny_base_model: bool = Field(
+        False, description="Build a tiny random Llama at base_model on first use (demos and tests only).")
     python: str | None = Field(None, description="Interpreter of the XTuner node env; created when unset.")
     amp: Literal["auto", "fp16", "bf16"] = Field(
         "auto", description="GPU mixed precision for XTuner (auto = bf16); CPU always trains in fp32."

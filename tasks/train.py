@@ -46,10 +46,8 @@ def write_job(job: TrainJob) -> Path:
 
 
 def node_codes(launch) -> dict[str, int | None]:
-    """Exit code per node so far, for launches that expose it (local `poll()`, ssh `codes`)."""
-    if callable(getattr(launch, "poll", None)):
-        return dict(launch.poll())
-    return dict(getattr(launch, "codes", {}) or {})
+    """Exit code per node so far (Launch.poll; launches without it report nothing until they end)."""
+    return dict(launch.poll()) if callable(getattr(launch, "poll", None)) else {}
 
 
 def _pump(launch, q: queue.Queue) -> None:

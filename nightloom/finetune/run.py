@@ -148,6 +148,21 @@ def _prepare_key(files: list[Path], rendered_values: dict) -> str:
     return h.hexdigest()[:16]
 
 
+TINY_MODEL_SCRIPT = Path(__file__).with_name("tiny_model.py")
+
+
+def build_tiny_model(env: XTunerEnv, out: Path, log: Log = print) -> Path:
+    """A tiny random Llama + tokenizer at `out`, built by the XTuner env (demo and tests; no hub access)."""
+    import subprocess
+
+    r = subprocess.run([str(env.python), str(TINY_MODEL_SCRIPT), str(out)], capture_output=True, text=True,
+                       timeout=600, check=False)
+    if r.returncode != 0:
+        raise xcfg.XTunerConfigError(f"train.xtuner.build_tiny_base_model: building {out} failed: {r.stderr[-800:]}")
+    log(f"xtuner: built the tiny base model at {out}")
+    return out
+
+
 def plan_xtuner(spec: RunSpec, manifest, run_dir: str | Path, *, world_size: int | None = None,
                 env: XTunerEnv | None = None, peak_flops: float | None = None, log: Log = print) -> XTunerPlan:
     """Check every input, find or build the env, and render the config. Raises XTunerConfigError before launch."""
@@ -160,6 +175,9 @@ def plan_xtuner(spec: RunSpec, manifest, run_dir: str | Path, *, world_size: int
     if xs.base_model.startswith("s3://"):
         base = fetch_base_model(xs.base_model, Path(run_dir) / "base_model", spec.storage.s3_endpoint_url)
     else:
+        if xs.build_tiny_base_model and not Path(xs.base_model).exists():
+            env = env or ensure_env(python=xs.python, log=log)
+            build_tiny_model(env, Path(xs.base_model), log)
         base = xcfg.check_base_model(xs.base_model)
     files = shard_files(spec, manifest)
     data_format = xcfg.check_data_files(files, map_fn)

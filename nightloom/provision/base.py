@@ -6,6 +6,8 @@ node with its rank and rendezvous, streams output, and releases everything, idem
 
 from __future__ import annotations
 
+import queue
+import time
 from collections.abc import Iterator
 from typing import Protocol
 
@@ -86,7 +88,49 @@ class Launch(Protocol):
 
     def lines(self) -> Iterator[str]: ...  # merged output of every node, prefixed with the node name
     def wait(self, timeout: float | None = None) -> int: ...  # worst exit code over nodes
+    def poll(self) -> dict[str, int | None]: ...  # exit code per node so far (None: running); never blocks
     def terminate(self) -> None: ...  # idempotent; kills every process of ours
+
+
+class MergedLaunch:
+    """What every provider's launch shares: node output merged through one queue (a `None` marks the end of a
+    node's stream), and `wait` = the worst exit code, where a failed node gives the others `fail_grace_s`
+    to fail too (a dead peer makes them exit at their collective timeout) before everything is killed."""
+
+    def __init__(self, n_nodes: int, fail_grace_s: float):
+        self.n_nodes, self.fail_grace_s = n_nodes, fail_grace_s
+        self._q: queue.Queue[str | None] = queue.Queue()
+
+    def poll(self) -> dict[str, int | None]:
+        raise NotImplementedError
+
+    def terminate(self) -> None:
+        raise NotImplementedError
+
+    def lines(self) -> Iterator[str]:
+        done = 0
+        while done < self.n_nodes:
+            item = self._q.get()
+            if item is None:
+                done += 1
+            else:
+                yield item
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        failed_at = None
+        while True:
+            codes = list(self.poll().values())
+            if all(c is not None for c in codes):
+                return max(codes, key=abs)  # non-zero wins
+            if failed_at is None and any(c not in (None, 0) for c in codes):
+                failed_at = time.monotonic()
+            if failed_at is not None and time.monotonic() - failed_at > self.fail_grace_s:
+                self.terminate()
+            if deadline is not None and time.monotonic() > deadline:
+                self.terminate()
+                raise TimeoutError(f"launch did not finish within {timeout} s")
+            time.sleep(0.2)
 
 
 class Provider(Protocol):

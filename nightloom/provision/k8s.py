@@ -113,6 +113,13 @@ class KubernetesLaunch:
                                                      _preload_content=False).stream():
                 yield f"[{pod.metadata.name}] {line.decode(errors='replace').rstrip()}"
 
+    def poll(self) -> dict[str, int | None]:
+        """The indexed Job's state for every node: 0 when all completions succeeded, 1 once one pod failed."""
+        st = self.provider.batch().read_namespaced_job_status(
+            self.cluster.handle["job"], self.provider.spec.cluster.kubernetes.namespace).status
+        rc = 1 if st.failed else (0 if (st.succeeded or 0) >= len(self.cluster.nodes) else None)
+        return {n.name: rc for n in self.cluster.nodes}
+
     def wait(self, timeout: float | None = None) -> int:
         batch = self.provider.batch()
         ns, name = self.provider.spec.cluster.kubernetes.namespace, self.cluster.handle["job"]

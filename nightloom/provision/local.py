@@ -3,17 +3,24 @@
 from __future__ import annotations
 
 import os
-import queue
 import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
-from nightloom.provision.base import Check, Cluster, Node, NodeReport, PreflightReport, ProvisionError, torchrun_argv
+from nightloom.provision.base import (
+    Check,
+    Cluster,
+    MergedLaunch,
+    Node,
+    NodeReport,
+    PreflightReport,
+    ProvisionError,
+    torchrun_argv,
+)
 
 
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
@@ -63,13 +70,12 @@ def kill_group(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
         pass
 
 
-class ProcessLaunch:
+class ProcessLaunch(MergedLaunch):
     """One subprocess per node, each in its own process group; output merged line by line."""
 
     def __init__(self, procs: dict[str, subprocess.Popen], fail_grace_s: float = 30.0):
+        super().__init__(len(procs), fail_grace_s)
         self.procs = procs
-        self.fail_grace_s = fail_grace_s
-        self._q: queue.Queue[str | None] = queue.Queue()
         self._readers = []
         for name, p in procs.items():
             t = threading.Thread(target=self._pump, args=(name, p), daemon=True)
@@ -81,32 +87,6 @@ class ProcessLaunch:
         for line in p.stdout:
             self._q.put(f"[{name}] {line.rstrip()}")
         self._q.put(None)
-
-    def lines(self) -> Iterator[str]:
-        done = 0
-        while done < len(self.procs):
-            item = self._q.get()
-            if item is None:
-                done += 1
-            else:
-                yield item
-
-    def wait(self, timeout: float | None = None) -> int:
-        """Worst exit code; once one node fails, the others get `fail_grace_s` to fail too, then are killed."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        failed_at = None
-        while True:
-            codes = {n: p.poll() for n, p in self.procs.items()}
-            if all(c is not None for c in codes.values()):
-                return max((c for c in codes.values()), key=lambda c: abs(c))  # non-zero wins
-            if failed_at is None and any(c not in (None, 0) for c in codes.values()):
-                failed_at = time.monotonic()
-            if failed_at is not None and time.monotonic() - failed_at > self.fail_grace_s:
-                self.terminate()
-            if deadline is not None and time.monotonic() > deadline:
-                self.terminate()
-                raise TimeoutError(f"launch did not finish within {timeout} s")
-            time.sleep(0.2)
 
     def terminate(self) -> None:
         for p in self.procs.values():

@@ -144,6 +144,11 @@ class SlurmLaunch:
             self._rc = 1  # the allocation itself ended (cancelled, time limit, node failure)
         return self._rc
 
+    def poll(self) -> dict[str, int | None]:
+        """One srun step spans every node: they share its exit code."""
+        rc = self._finished()
+        return {n.name: rc for n in self.cluster.nodes}
+
     def lines(self) -> Iterator[str]:
         names = [n.name for n in self.cluster.nodes]
         pos, buf = 0, ""

@@ -15,14 +15,20 @@ import asyncio
 import hashlib
 import logging
 import os
-import queue
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
-from nightloom.provision.base import Cluster, Node, NodeReport, PreflightReport, ProvisionError, torchrun_argv
+from nightloom.provision.base import (
+    Cluster,
+    MergedLaunch,
+    Node,
+    NodeReport,
+    PreflightReport,
+    ProvisionError,
+    torchrun_argv,
+)
 from nightloom.provision.nccl import render_nccl_env
 from nightloom.provision.preflight import (
     Expect,
@@ -77,12 +83,12 @@ def node_names(hosts) -> list[str]:
     return names
 
 
-class SSHLaunch:
+class SSHLaunch(MergedLaunch):
     """One remote torchrun per node; output merged line by line; teardown by recorded process group."""
 
     def __init__(self, provider: SSHProvider, cluster: Cluster, tag: str, fail_grace_s: float):
-        self.provider, self.cluster, self.tag, self.fail_grace_s = provider, cluster, tag, fail_grace_s
-        self._q: queue.Queue[str | None] = queue.Queue()
+        super().__init__(len(cluster.nodes), fail_grace_s)
+        self.provider, self.cluster, self.tag = provider, cluster, tag
         self.pgids: dict[str, int] = {}
         self.codes: dict[str, int | None] = {n.name: None for n in cluster.nodes}
         self._done = threading.Event()
@@ -112,31 +118,8 @@ class SSHLaunch:
         finally:
             self._q.put(None)
 
-    def lines(self) -> Iterator[str]:
-        done = 0
-        while done < len(self.cluster.nodes):
-            item = self._q.get()
-            if item is None:
-                done += 1
-            else:
-                yield item
-
-    def wait(self, timeout: float | None = None) -> int:
-        """Worst exit code; once a node fails the others get `fail_grace_s`, then everything is killed."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        failed_at = None
-        while True:
-            codes = list(self.codes.values())
-            if all(c is not None for c in codes):
-                return max(codes, key=abs)
-            if failed_at is None and any(c not in (None, 0) for c in codes):
-                failed_at = time.monotonic()
-            if failed_at is not None and time.monotonic() - failed_at > self.fail_grace_s:
-                self.terminate()
-            if deadline is not None and time.monotonic() > deadline:
-                self.terminate()
-                raise TimeoutError(f"launch did not finish within {timeout} s")
-            time.sleep(0.2)
+    def poll(self) -> dict[str, int | None]:
+        return dict(self.codes)
 
     def terminate(self) -> None:
         """TERM then KILL every recorded process group of this launch on every node (idempotent)."""

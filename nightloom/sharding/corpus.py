@@ -64,17 +64,30 @@ def iter_stdlib_docstrings(stdlib: Path | None = None) -> Iterator[dict[str, str
             yield {"id": qualname if n == 1 else f"{qualname}#{n}", "text": doc}
 
 
-def build_sample_corpus(path: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> Path:
+def alpaca_records(max_rows: int = 2000) -> Iterator[dict[str, str]]:
+    """Instruction-tuning rows from the same docstrings: "Explain what `name` does." → its first paragraph."""
+    n = 0
+    for rec in iter_stdlib_docstrings():
+        first = rec["text"].strip().split("\n\n", 1)[0].strip()
+        if len(first) < 40 or "#" in rec["id"]:
+            continue
+        yield {"id": rec["id"], "instruction": f"Explain what `{rec['id']}` does.", "input": "", "output": first[:600]}
+        n += 1
+        if n >= max_rows:
+            return
+
+
+def build_sample_corpus(path: Path, max_bytes: int = DEFAULT_MAX_BYTES, kind: str = "docstrings") -> Path:
     """Write the corpus to `path` atomically (temp file in the same folder, then os.replace)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         written = 0
         with os.fdopen(fd, "wb") as f:
-            for rec in iter_stdlib_docstrings():
+            for rec in iter_stdlib_docstrings() if kind == "docstrings" else alpaca_records():
                 line = orjson.dumps(rec) + b"\n"
                 f.write(line)
-                written += len(rec["text"].encode())
+                written += len((rec["text"] if kind == "docstrings" else rec["output"]).encode())
                 if written >= max_bytes:
                     break
             f.flush()
@@ -87,11 +100,11 @@ def build_sample_corpus(path: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> Path:
     return path
 
 
-def ensure_sample_corpus(path: str | Path) -> Path:
-    """Return `path`, building the stdlib-docstring sample corpus there first if it does not exist yet."""
+def ensure_sample_corpus(path: str | Path, kind: str = "docstrings") -> Path:
+    """Return `path`, building the stdlib-docstring sample (`kind` docstrings or alpaca) there if it is missing."""
     p = Path(path).expanduser()
     if p.is_file():
         return p
     if p.suffix not in (".jsonl", ".json", ".ndjson"):
         raise ValueError(f"{p}: the sample corpus is JSONL; give a path ending in .jsonl")
-    return build_sample_corpus(p)
+    return build_sample_corpus(p, kind=kind)

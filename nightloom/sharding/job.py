@@ -146,7 +146,7 @@ def plan_job(
         if storage.is_s3(uri):
             storage.check_bucket(uri)
     if dataset.sample and not storage.is_s3(dataset.path):
-        ensure_sample_corpus(dataset.path)
+        ensure_sample_corpus(dataset.path, kind=dataset.sample_kind)
     listed = list_sources(dataset.path, dataset.format)
     check_keep_columns(dataset.keep_columns, listed)
     sources = [fingerprint(s) for s in listed]

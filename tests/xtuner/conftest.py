@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from nightloom.finetune.run import TINY_MODEL_SCRIPT
+
 sys.path.insert(0, str(Path(__file__).parent))
 
 OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1",
@@ -51,7 +53,7 @@ def xtuner_env():
 def base_model(xtuner_env, tmp_path_factory) -> Path:
     """A tiny random Llama + byte-level BPE tokenizer, saved by a script run in the XTuner env."""
     out = tmp_path_factory.mktemp("base_model")
-    r = subprocess.run([str(xtuner_env.python), str(Path(__file__).parent / "make_assets.py"), str(out)],
+    r = subprocess.run([str(xtuner_env.python), str(TINY_MODEL_SCRIPT), str(out)],
                        capture_output=True, text=True, timeout=300, check=False)
     assert r.returncode == 0, r.stderr[-2000:]
     return out

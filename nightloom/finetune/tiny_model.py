@@ -1,6 +1,7 @@
-"""Build a tiny random Llama and a byte-level BPE tokenizer (vocab ~300) for offline XTuner tests.
+"""Build a tiny random Llama and a byte-level BPE tokenizer (vocab ~300): the demo's and the tests' base model.
 
-Run by the XTuner env's interpreter: `python make_assets.py OUT_DIR`. Deterministic (seeded); ~0.5 MB.
+Run by the XTuner env's interpreter (never imports nightloom): `python tiny_model.py OUT_DIR`. Deterministic
+(seeded); ~0.5 MB; written to a temp folder and renamed, so a half-built model is never picked up.
 """
 
 import sys
@@ -21,7 +22,12 @@ def corpus() -> list[str]:
     return lines + ["### Human: ", "### Assistant: ", "\n"]
 
 
-def main(out: Path) -> None:
+def main(final: Path) -> None:
+    import os
+    import shutil
+
+    out = final.with_name(f".{final.name}.tmp")
+    shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True, exist_ok=True)
     tok = Tokenizer(models.BPE(unk_token=None))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -38,7 +44,10 @@ def main(out: Path) -> None:
                       bos_token_id=fast.bos_token_id, eos_token_id=fast.eos_token_id, pad_token_id=fast.pad_token_id,
                       tie_word_embeddings=False)
     LlamaForCausalLM(cfg).save_pretrained(out, safe_serialization=True)
-    print(f"assets: {out} vocab={len(fast)}")
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(out, final)
+    print(f"assets: {final} vocab={len(fast)}")
 
 
 if __name__ == "__main__":
