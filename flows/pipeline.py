@@ -163,18 +163,22 @@ def training_pipeline(
             release_cluster(provider, cluster)
             kill_recorded_processes(run_dir)
 
-    with watch.stage("validate"):
-        outcome = validate_task(spec, run_dir, plan, result, shape, cluster.world_size)
-    cost = run_cost(spec, started, result.wall_s, cluster.time_to_ready_s, cluster.world_size)
-    status = "succeeded" if outcome.passed else "failed"
-    summary.status = "completed" if outcome.passed else "failed"
-    if result.stopped != "completed" and outcome.passed:
-        kind = decision.deadline_kind or "deadline"
-        summary.status, status = ("split" if kind == "window" else "stopped"), "stopped"
-        summary.reason = (f"stopped at the {kind} end after {result.steps_done}/{result.total_steps} steps "
-                          f"(checkpoint {result.last_checkpoint})")
-    with watch.stage("record"):
-        summary = record_task(spec, summary, plan, cluster, outcome, cost, watch.stages, status)
+    try:  # a crash here must still close the ledger row (never leave it "running")
+        with watch.stage("validate"):
+            outcome = validate_task(spec, run_dir, plan, result, shape, cluster.world_size)
+        cost = run_cost(spec, started, result.wall_s, cluster.time_to_ready_s, cluster.world_size)
+        status = "succeeded" if outcome.passed else "failed"
+        summary.status = "completed" if outcome.passed else "failed"
+        if result.stopped != "completed" and outcome.passed:
+            kind = decision.deadline_kind or "deadline"
+            summary.status, status = ("split" if kind == "window" else "stopped"), "stopped"
+            summary.reason = (f"stopped at the {kind} end after {result.steps_done}/{result.total_steps} steps "
+                              f"(checkpoint {result.last_checkpoint})")
+        with watch.stage("record"):
+            summary = record_task(spec, summary, plan, cluster, outcome, cost, watch.stages, status)
+    except Exception as e:
+        fail_record_task(spec, run_id, "failed", f"{type(e).__name__}: {e}", sum(x.seconds for x in watch.stages))
+        raise
     if not outcome.passed:
         raise ValidationFailed([v for v in outcome.verdicts if not v.passed])
     if summary.status == "split" and decision.deadline_kind == "window":

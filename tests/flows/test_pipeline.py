@@ -81,3 +81,21 @@ def test_cli_run_exit_code_on_bad_spec(tmp_path):
     r = subprocess.run([sys.executable, "-m", "flows.cli", "run", str(bad)], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 1
     assert "train.backend" in r.stderr and "dataset.path" in r.stderr
+
+
+def test_a_crash_after_training_still_closes_the_ledger_row(prefect_backend, tmp_path):
+    """A corrupt golden-curve file makes validation raise: the flow fails naming file:line, and the ledger row is
+    closed as failed with that reason (never left `running`)."""
+    from flows.pipeline import training_pipeline
+    from nightloom.ledger import Ledger
+
+    golden = tmp_path / "golden.jsonl"
+    golden.write_text('{"step": 1, "loss": 5.0}\n{"step": 2, "loss": \n')
+    data = demo_data(tmp_path, steps=4, checkpoint_every=0)
+    data["validate"] = {"golden": {"path": str(golden)}}
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(data))
+    state = training_pipeline(str(spec), return_state=True)
+    assert state.is_failed() and "golden.jsonl:2" in state.message, state.message
+    (row,) = Ledger(data["ledger"]["url"]).list_runs()
+    assert row.status == "failed" and "golden.jsonl:2" in row.reason
