@@ -11,10 +11,8 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
 import random
 import statistics
-import tempfile
 import time
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
@@ -38,6 +36,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 from sqlalchemy.types import TypeDecorator
 
 from nightloom.parallel import ParallelPlan
+from nightloom.util import atomic_write_text
 from nightloom.validate import Verdict
 
 SCHEMA_VERSION = 1
@@ -441,16 +440,3 @@ def _sqlite_pragmas(engine: Engine, busy_timeout_s: float) -> None:
     @event.listens_for(engine, "begin")
     def _on_begin(conn):
         conn.exec_driver_sql("BEGIN IMMEDIATE")
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write via a temp file in the same folder, then os.replace: readers see the old or the new file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

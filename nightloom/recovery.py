@@ -21,7 +21,6 @@ gets `without_nodes` (drop the failed nodes, keep the rest).
 from __future__ import annotations
 
 import json
-import os
 import re
 import statistics
 from dataclasses import dataclass, field
@@ -29,6 +28,7 @@ from pathlib import Path
 from typing import Literal, Protocol
 
 from nightloom.provision.base import Cluster, PreflightReport
+from nightloom.util import atomic_write_text
 
 #: a run "stops reporting" after this many median step times without a new step (or the collective timeout)
 STALL_FACTOR = 10.0
@@ -227,9 +227,7 @@ def rewind_metrics(metrics_path, resume_step: int) -> Rewind:
     if drop:
         with open(path.with_name("metrics-discarded.jsonl"), "a", encoding="utf-8") as f:
             f.write("".join(x + "\n" for x in drop))
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text("".join(x + "\n" for x in keep), encoding="utf-8")
-    os.replace(tmp, path)
+    atomic_write_text(path, "".join(x + "\n" for x in keep))
     secs = 0.0
     for x in drop:
         try:

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from nightloom.util import atomic_write_text
+
 HERE = Path(__file__).resolve().parent
 STAMP = ".nightloom-env.json"
 Profile = Literal["cpu", "gpu"]
@@ -103,12 +105,6 @@ def _read_stamp(path: Path) -> dict | None:
         return json.loads((path / STAMP).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def probe(python: str | Path, timeout_s: float = 300) -> dict:
@@ -198,6 +194,6 @@ def ensure_env(python: str | None = None, profile: Profile | None = None, base_p
             stamp = {"key": key, "profile": profile, "created_unix": time.time(),
                      "create_s": round(time.monotonic() - t0, 1), "versions": info["versions"],
                      "info": {k: v for k, v in info.items() if k != "versions"}}
-            _write_atomic(path / STAMP, json.dumps(stamp, indent=2) + "\n")
+            atomic_write_text(path / STAMP, json.dumps(stamp, indent=2) + "\n")
             log(f"xtuner env: ready in {stamp['create_s']} s: {info['versions']}")
     return XTunerEnv(path, _python_of(path), key, profile, created, time.monotonic() - t0, info)

@@ -10,15 +10,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from nightloom.spec import RunSpec
-from nightloom.train.job import TrainResult
 from nightloom.finetune import config as xcfg
 from nightloom.finetune.convert import check_hf_model, find_checkpoint, merge_lora, pth_to_hf, publish
 from nightloom.finetune.env import XTunerEnv, ensure_env
@@ -34,6 +31,9 @@ from nightloom.finetune.launcher import (
 )
 from nightloom.finetune.logs import RunShape, write_metrics
 from nightloom.finetune.node_wrapper import EXIT_EMPTY_DATASET
+from nightloom.spec import RunSpec
+from nightloom.train.job import TrainResult
+from nightloom.util import atomic_write_text
 
 Log = Callable[[str], None]
 
@@ -405,7 +405,5 @@ def run_xtuner(spec: RunSpec, manifest, run_dir: str | Path, cluster=None, log: 
         peak_flops=plan.peak_flops, peak_source=plan.peak_source,  # the MFU peak (validation needs it on CPU)
         stage_s={k: round(v, 2) for k, v in stage.items()},
     )
-    tmp = run_dir / "result.json.tmp"
-    tmp.write_text(result.model_dump_json(indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, run_dir / "result.json")
+    atomic_write_text(run_dir / "result.json", result.model_dump_json(indent=2) + "\n")
     return result

@@ -10,21 +10,15 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
 from nightloom.sharding.errors import StorageError
+from nightloom.util import atomic_write_bytes
 
 MULTIPART_CHUNK = 8 * 1024 * 1024
 _ENDPOINT_ENV = ("NIGHTLOOM_S3_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "S3_ENDPOINT_URL")
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def is_s3(uri: str | Path) -> bool:
@@ -193,19 +187,7 @@ def write_bytes(uri: str | Path, data: bytes) -> None:
         loc = S3Location.parse(uri)
         _s3_call(uri, "write", lambda: s3_client().put_object(Bucket=loc.bucket, Key=loc.key, Body=data))
         return
-    p = Path(uri)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; readers on other accounts need the usual mode
-        os.replace(tmp, p)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write_bytes(uri, data)
 
 
 def put_file(local: Path, uri: str) -> None:

@@ -24,6 +24,8 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from nightloom.util import atomic_write_text
+
 LATEST = "latest"
 _OPTS = StateDictOptions(flatten_optimizer_state_dict=True)
 
@@ -34,12 +36,6 @@ def _state(parts: list[nn.Module], optims: list) -> dict:
         model.update(get_model_state_dict(m))
         optim.update(get_optimizer_state_dict(m, o, options=_OPTS))
     return {"model": model, "optim": optim}
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def save(ckpt_dir: Path, step: int, parts: list[nn.Module], optims: list, rank: int) -> tuple[Path, float]:
@@ -54,11 +50,11 @@ def save(ckpt_dir: Path, step: int, parts: list[nn.Module], optims: list, rank: 
     dcp.save(_state(parts, optims), checkpoint_id=str(tmp))
     dist.barrier()
     if rank == 0:
-        _atomic_write(tmp / "meta.json", json.dumps({"step": step, "time": time.time()}) + "\n")
+        atomic_write_text(tmp / "meta.json", json.dumps({"step": step, "time": time.time()}) + "\n")
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
-        _atomic_write(ckpt_dir / LATEST, final.name + "\n")
+        atomic_write_text(ckpt_dir / LATEST, final.name + "\n")
     dist.barrier()
     return final, time.perf_counter() - t0
 

@@ -25,6 +25,7 @@ from nightloom.train import checkpoint
 from nightloom.train.data import PackedWindows, StepLoader, set_s3_endpoint
 from nightloom.train.job import TrainJob, TrainResult
 from nightloom.train.parallelize import ModelParts, build_parts, loss_fn, validate_plan
+from nightloom.util import atomic_write_text
 
 
 def lr_at(step: int, base: float, warmup: int, total: int, min_ratio: float) -> float:
@@ -284,10 +285,7 @@ class Trainer:
                              tokens=step * self.tokens_per_step, wall_s=time.time() - t_start,
                              last_checkpoint=last_ckpt, peak_flops=self.peak, peak_source=self.peak_source)
         if self.ctx.rank == 0:
-            job.result_path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = job.result_path.with_name(f".{job.result_path.name}.tmp")
-            tmp.write_text(result.model_dump_json(indent=2) + "\n", encoding="utf-8")
-            os.replace(tmp, job.result_path)
+            atomic_write_text(job.result_path, result.model_dump_json(indent=2) + "\n")
             self._log(f"[nightloom.train] {stopped} at step {step}/{t.steps}; checkpoint {last_ckpt}")
         return result
 
