@@ -28,6 +28,7 @@ _OVERRIDES = {
     "salt": ("sharding", "salt"),
     "on_error": ("sharding", "on_error"),
     "max_bad_fraction": ("sharding", "max_bad_fraction"),
+    "compression": ("sharding", "compression"),
     "s3_endpoint_url": ("storage", "s3_endpoint_url"),
 }
 
@@ -53,7 +54,13 @@ def register(subparsers) -> None:
     p.add_argument("--on-error", choices=["fail", "skip"], help="bad records: fail (default) or skip and count")
     p.add_argument("--max-bad-fraction", type=float, help="with --on-error skip: fail above this fraction")
     p.add_argument("--s3-endpoint-url", help="S3-compatible endpoint (credentials from AWS_* env variables)")
-    p.add_argument("--workers", type=int, default=1, help="threads for scanning and writing (output is identical)")
+    p.add_argument("--compression", choices=["zstd", "snappy", "lz4", "none"], help="shard codec (default zstd)")
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="threads for scanning and writing (default: the CPU count; the output is identical for any value)",
+    )
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(func=run)
 
@@ -89,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
         return _usage("; ".join(err.errors))
     except ValidationError as err:
         return _usage("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors()))
-    if args.workers < 1:
+    if args.workers is not None and args.workers < 1:
         return _usage("--workers must be >= 1")
     try:
         manifest = shard_dataset(dataset, sharding, storage, workers=args.workers)

@@ -47,6 +47,7 @@ class ShardManifest(BaseModel):
     text_field: str = "text"
     keep_columns: list[str] = Field(default_factory=list)  # extra columns copied verbatim into every shard row
     tokenizer: str = "bytes"
+    compression: str = "zstd"  # Parquet codec of the shards
     balance_by: str = "tokens"
     tolerance: float = 0.02
     imbalance: float  # final, on balance_by

@@ -6,6 +6,7 @@ Each step is a pure, idempotent function of a `ShardJob` and the previous steps'
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -35,6 +36,7 @@ def build_manifest(
         text_field=job.dataset.text_field,
         keep_columns=list(job.dataset.keep_columns),
         tokenizer=job.dataset.tokenizer,
+        compression=job.sharding.compression,
         balance_by=job.sharding.balance_by,
         tolerance=job.sharding.tolerance,
         imbalance=round(placement.imbalance, 6),
@@ -69,6 +71,11 @@ def publish(job: ShardJob, scans: list[ScanResult], placement: Placement, infos:
     return manifest
 
 
+def default_workers() -> int:
+    """Threads for scan and write: one per CPU (Arrow parses and compresses with the GIL released), at most 8."""
+    return max(1, min(os.cpu_count() or 1, 8))
+
+
 def _map(fn, items: Iterable, workers: int) -> list:
     items = list(items)
     if workers <= 1:
@@ -77,8 +84,9 @@ def _map(fn, items: Iterable, workers: int) -> list:
         return list(pool.map(fn, items))
 
 
-def run_job(job: ShardJob, workers: int = 1, progress: Progress | None = None) -> ShardManifest:
+def run_job(job: ShardJob, workers: int | None = None, progress: Progress | None = None) -> ShardManifest:
     """Execute a planned job (resuming whatever an interrupted run finished)."""
+    workers = workers or default_workers()
     done = existing_manifest(job.output, job.settings_hash)
     if done is not None:
         return done
@@ -107,7 +115,7 @@ def shard_dataset(
     sharding: ShardingSpec,
     storage: StorageSpec | None = None,
     *,
-    workers: int = 1,
+    workers: int | None = None,
     workdir: str | None = None,
     progress: Progress | None = None,
 ) -> ShardManifest:

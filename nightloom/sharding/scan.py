@@ -13,12 +13,13 @@ then reports it with file:line or applies `on_error=skip`.
 
 from __future__ import annotations
 
+import queue
+import threading
 from pathlib import Path
 
 import numpy as np
 import orjson
 import pyarrow as pa
-import pyarrow.compute as pc
 import xxhash
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -35,6 +36,7 @@ SPILL_BATCH_BYTES = 16 * 1024 * 1024  # … or this much text, whichever first (
 SPILL_PART_BYTES = 64 * 1024 * 1024  # a new spill file after this much: bounds what a writer maps at once
 JSON_CHUNK = 16 * 1024 * 1024  # JSONL is parsed in line-aligned pieces of this size (bounded memory) …
 JSON_BLOCK = 8 * 1024 * 1024  # … in Arrow blocks of this size; a longer line falls back to the record path
+NEWLINE_SEARCH = 1 << 16  # the last newline of a piece is looked for here first
 META_DTYPE = np.dtype([("h1", "<u8"), ("h2", "<u8"), ("tokens", "<i8"), ("nbytes", "<i8")])
 
 
@@ -125,21 +127,71 @@ class _Spill:
 
 
 def _line_chunks(local: Path, size: int = JSON_CHUNK):
-    """Line-aligned pieces of about `size` bytes (a longer line makes a longer piece), decompressing as it goes."""
+    """Line-aligned Arrow buffers of about `size` bytes (a longer line makes a longer piece), decompressing as it
+    goes. Zero-copy slices of what was read: only a partial last line is carried over and copied."""
     name = local.name.lower()
     comp = "gzip" if name.endswith(".gz") else "zstd" if name.endswith((".zst", ".zstd")) else None
     with pa.input_stream(str(local), compression=comp) as f:
-        rest = b""
-        while data := f.read(size):
-            buf = rest + data
-            cut = buf.rfind(b"\n")
+        rest: pa.Buffer | None = None
+        while (data := f.read_buffer(size)).size:
+            if rest is not None:
+                data = pa.py_buffer(rest.to_pybytes() + data.to_pybytes())
+            view = np.frombuffer(data, dtype=np.uint8)
+            tail = view[-NEWLINE_SEARCH:]
+            hits = np.flatnonzero(tail == 10)
+            if len(hits):
+                cut = len(view) - len(tail) + int(hits[-1])
+            else:
+                hits = np.flatnonzero(view == 10)
+                cut = int(hits[-1]) if len(hits) else -1
             if cut < 0:
-                rest = buf
+                rest = data
                 continue
-            yield buf[: cut + 1]
-            rest = buf[cut + 1 :]
-        if rest.strip():
+            yield data.slice(0, cut + 1)
+            rest = data.slice(cut + 1) if cut + 1 < data.size else None
+        if rest is not None and rest.to_pybytes().strip():
             yield rest
+
+
+def _prefetched(items, depth: int = 1):
+    """Iterate `items` in a background thread, at most `depth` ahead: Arrow parses the next piece (GIL released)
+    while this thread hashes the current one. Errors are re-raised here, in order."""
+    q: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+    done = object()
+
+    def produce() -> None:
+        try:
+            for item in items:
+                while not stop.is_set():
+                    try:
+                        q.put((item, None), timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            q.put((done, None))
+        except BaseException as err:  # noqa: BLE001 - handed to the consumer, which raises it
+            q.put((done, err))
+
+    worker = threading.Thread(target=produce, name="nightloom-scan-prefetch", daemon=True)
+    worker.start()
+    try:
+        while True:
+            item, err = q.get()
+            if item is done:
+                if err is not None:
+                    raise err
+                return
+            yield item
+    finally:
+        stop.set()
+        while worker.is_alive():  # unblock a producer waiting on a full queue, then let it finish
+            try:
+                q.get_nowait()
+            except queue.Empty:
+                worker.join(0.05)
 
 
 def _json_text_arrays(local: Path, text_field: str):
@@ -149,7 +201,7 @@ def _json_text_arrays(local: Path, text_field: str):
     read = pj.ReadOptions(block_size=JSON_BLOCK, use_threads=True)
     parse = pj.ParseOptions(explicit_schema=pa.schema([(text_field, pa.string())]), unexpected_field_behavior="ignore")
     for piece in _line_chunks(local):
-        yield from pj.read_json(pa.py_buffer(piece), read_options=read, parse_options=parse).column(0).chunks
+        yield from pj.read_json(piece, read_options=read, parse_options=parse).column(0).chunks
 
 
 def _text_arrays(local: Path, src: SourceRef, text_field: str):
@@ -161,7 +213,7 @@ def _text_arrays(local: Path, src: SourceRef, text_field: str):
             batches = (b.column(0) for b in _arrow_batches(local, src.format, [text_field]))
         else:
             raise _Fallback
-        for arr in batches:
+        for arr in _prefetched(batches):
             if arr.type not in (pa.string(), pa.large_string()) or arr.null_count:
                 raise _Fallback
             if isinstance(arr, pa.ChunkedArray):
@@ -170,6 +222,29 @@ def _text_arrays(local: Path, src: SourceRef, text_field: str):
             yield arr.cast(pa.large_string())
     except (pa.ArrowException, BadInputError, OSError, EOFError, UnicodeDecodeError) as err:
         raise _Fallback from err
+
+
+# First bytes that can start a whitespace-only document: ASCII whitespace (str.isspace: \t\n\v\f\r, \x1c-\x1f,
+# space) and any non-ASCII lead byte (U+0085, U+00A0, U+3000 … are spaces too). Anything else cannot be blank.
+_MAYBE_BLANK = np.zeros(256, dtype=bool)
+_MAYBE_BLANK[[9, 10, 11, 12, 13, 28, 29, 30, 31, 32]] = True
+_MAYBE_BLANK[0x80:] = True
+
+
+def _blank_rows(offsets: np.ndarray, data: np.ndarray, mv: memoryview) -> np.ndarray:
+    """Rows that are "" or whitespace only (str.isspace decides, for the few rows whose first byte allows it)."""
+    lengths = np.diff(offsets)
+    blank = lengths == 0
+    nonempty = np.flatnonzero(~blank)
+    first = data[offsets[nonempty]] if len(data) else np.zeros(0, dtype=np.uint8)
+    for i in nonempty[_MAYBE_BLANK[first]].tolist():
+        a, b = int(offsets[i]), int(offsets[i + 1])
+        head = bytes(mv[a : min(b, a + 4)]).decode("utf-8", "ignore")[:1]
+        if head and not head.isspace():
+            continue  # the first character is visible: not blank (the common case for non-ASCII text)
+        s = bytes(mv[a:b]).decode("utf-8")
+        blank[i] = s.isspace()
+    return blank
 
 
 def _scan_fast(local: Path, src: SourceRef, job: ShardJob, spill: _Spill) -> tuple[int, int]:
@@ -183,16 +258,10 @@ def _scan_fast(local: Path, src: SourceRef, job: ShardJob, spill: _Spill) -> tup
         if not n:
             continue
         offsets = np.frombuffer(arr.buffers()[1], dtype=np.int64)[arr.offset : arr.offset + n + 1]
-        data = arr.buffers()[2]
-        mv = memoryview(data) if data is not None else memoryview(b"")
-        lengths = np.diff(offsets)
-        # empty = "" or only whitespace (Python's str.isspace decides, for the few candidates)
-        maybe = np.flatnonzero((lengths <= 64) | pc.fill_null(pc.utf8_is_space(arr), False).to_numpy(False))
-        blank = np.zeros(n, dtype=bool)
-        for i in maybe:
-            a, b = int(offsets[i]), int(offsets[i + 1])
-            s = bytes(mv[a:b]).decode("utf-8")
-            blank[i] = not s or s.isspace()
+        buf = arr.buffers()[2]
+        mv = memoryview(buf) if buf is not None else memoryview(b"")
+        data = np.frombuffer(mv, dtype=np.uint8)
+        blank = _blank_rows(offsets, data, mv)
         keep = np.flatnonzero(~blank)
         empty += n - len(keep)
         if not len(keep):
@@ -207,7 +276,7 @@ def _scan_fast(local: Path, src: SourceRef, job: ShardJob, spill: _Spill) -> tup
             h1.append(h.intdigest())
             h2.append(xx3(piece, seed=DEDUP_SEED))
         meta["h1"], meta["h2"] = h1, h2
-        meta["tokens"] = meta["nbytes"] = lengths[keep]  # tokenizer "bytes": one token per UTF-8 byte
+        meta["tokens"] = meta["nbytes"] = np.diff(offsets)[keep]  # tokenizer "bytes": one token per UTF-8 byte
         texts = arr if len(keep) == n else arr.take(pa.array(keep))
         spill.add([texts], meta)
     return records, empty

@@ -20,7 +20,15 @@ from nightloom.sharding.scan import ScanResult
 
 ROW_GROUP_BYTES = 16 * 1024 * 1024
 ROW_GROUP_ROWS = 65_536
-PARQUET_OPTIONS = {"compression": "zstd", "compression_level": 1, "use_dictionary": False, "write_statistics": False}
+
+
+def parquet_options(compression: str) -> dict:
+    """Writer settings: no dictionary or statistics (free text gains nothing from them); zstd at level 1 is
+    the fastest zstd and still shrinks text ~2.5× (bench/sharding.py prints what each codec costs)."""
+    opts: dict = {"use_dictionary": False, "write_statistics": False, "compression": compression}
+    if compression == "zstd":
+        opts["compression_level"] = 1
+    return opts
 
 
 def _output_columns(job: ShardJob) -> list[str]:
@@ -55,8 +63,27 @@ def write_shard(job: ShardJob, scans: list[ScanResult], index: int) -> ShardInfo
     tmp = (Path(job.output) if local_out else work) / f".{name}.tmp"
     tmp.parent.mkdir(parents=True, exist_ok=True)
     rows = tokens = nbytes = 0
-    pending: list[pa.Table] = []
+    out_schema = pa.schema([(c, pa.string()) for c in cols])
+    pending: list[pa.Table] = []  # taken rows not yet written (copies: nothing refers to a mapped spill)
+    pending_nb: list[np.ndarray] = []
+    pending_rows = pending_bytes = 0
     writer = None
+
+    def emit(final: bool) -> None:
+        """Write every full row group of the pending rows (and, when final, the rest as the last one)."""
+        nonlocal writer, pending_rows, pending_bytes
+        buf, nb = pa.concat_tables(pending), np.concatenate(pending_nb)
+        while len(nb):
+            k = _cut(nb) or (len(nb) if final else 0)
+            if not k:
+                break
+            if writer is None:
+                writer = pq.ParquetWriter(str(tmp), out_schema, **parquet_options(job.sharding.compression))
+            writer.write_table(buf.slice(0, k).combine_chunks(), row_group_size=k)
+            buf, nb = buf.slice(k), nb[k:]
+        pending[:], pending_nb[:] = ([buf], [nb]) if len(nb) else ([], [])
+        pending_rows, pending_bytes = len(nb), int(nb.sum())
+
     try:
         for s in sorted(scans, key=lambda s: s.index):
             if not s.spills:
@@ -77,27 +104,18 @@ def write_shard(job: ShardJob, scans: list[ScanResult], index: int) -> ShardInfo
                             rows += len(idx)
                             tokens += int(sel["tokens"].sum())
                             nbytes += int(sel["nbytes"].sum())
-                            t = pa.Table.from_batches([batch.take(pa.array(idx))])
-                            t = t.cast(pa.schema([(c, pa.string()) for c in t.column_names]))
-                            pending.append(t.append_column("nbytes", pa.array(sel["nbytes"])))
+                            t = pa.Table.from_batches([batch.take(pa.array(idx))]).select(cols)
+                            pending.append(t.cast(out_schema))
+                            pending_nb.append(sel["nbytes"])
+                            pending_rows += len(idx)
+                            pending_bytes += int(sel["nbytes"].sum())
+                            if pending_rows >= ROW_GROUP_ROWS or pending_bytes >= ROW_GROUP_BYTES:
+                                emit(final=False)
                         offset += n
-                        if not pending:
-                            continue
-                        buf = pa.concat_tables(pending)
-                        pending = [buf]
-                        while (k := _cut(buf.column("nbytes").to_numpy())) > 0:
-                            if writer is None:
-                                writer = pq.ParquetWriter(str(tmp), buf.select(cols).schema, **PARQUET_OPTIONS)
-                            writer.write_table(buf.slice(0, k).select(cols).combine_chunks(), row_group_size=k)
-                            buf = buf.slice(k)
-                            pending = [buf]
-                        pending = [buf] if buf.num_rows else []  # take() copied: nothing refers to the map
-        buf = pa.concat_tables(pending) if pending else None
-        if writer is None:
-            schema = buf.select(cols).schema if buf is not None else pa.schema([(c, pa.string()) for c in cols])
-            writer = pq.ParquetWriter(str(tmp), schema, **PARQUET_OPTIONS)
-        if buf is not None and buf.num_rows:
-            writer.write_table(buf.select(cols).combine_chunks(), row_group_size=buf.num_rows)
+        if pending:
+            emit(final=True)
+        if writer is None:  # an empty shard is still a valid Parquet file with the schema
+            writer = pq.ParquetWriter(str(tmp), out_schema, **parquet_options(job.sharding.compression))
         writer.close()
         writer = None
         digest = storage.sha256_file(tmp)

@@ -1,0 +1,113 @@
+"""The Arrow fast path's building blocks: zero-copy line pieces, the prefetch thread, blank detection, codecs."""
+
+from __future__ import annotations
+
+import random
+import threading
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from nightloom.sharding import scan
+from nightloom.sharding.scan import _blank_rows, _line_chunks, _prefetched
+from nightloom.spec import DatasetSpec, ShardingSpec
+from tests.unit.sharding_helpers import make_docs, write_jsonl
+
+
+@pytest.mark.parametrize("size", [1, 7, 64, 1 << 20])
+@pytest.mark.parametrize("ending", [b"\n", b""])
+def test_line_pieces_reassemble_the_file_exactly_and_end_on_newlines(tmp_path, size, ending):
+    rng = random.Random(size)
+    lines = [("x" * rng.choice([0, 1, 5, 40, 300])).encode() for _ in range(200)]
+    body = b"\n".join(lines + [b'{"last": 1}']) + ending
+    path = tmp_path / "a.jsonl"
+    path.write_bytes(body)
+    pieces = [p.to_pybytes() for p in _line_chunks(path, size=size)]
+    assert b"".join(pieces) == body
+    assert all(p.endswith(b"\n") for p in pieces[:-1])
+    if ending:
+        assert pieces[-1].endswith(b"\n")
+
+
+def test_line_pieces_of_a_long_line_search_past_the_tail_window(tmp_path, monkeypatch):
+    monkeypatch.setattr(scan, "NEWLINE_SEARCH", 4)
+    body = b"a" * 50 + b"\n" + b"b" * 30 + b"\n"
+    path = tmp_path / "a.jsonl"
+    path.write_bytes(body)
+    pieces = [p.to_pybytes() for p in _line_chunks(path, size=70)]
+    assert pieces == [b"a" * 50 + b"\n", b"b" * 30 + b"\n"]
+
+
+def test_prefetch_keeps_order_and_reraises_the_producers_error():
+    def items():
+        yield from range(5)
+        raise ValueError("broken at item 5")
+
+    got = []
+    with pytest.raises(ValueError, match="broken at item 5"):
+        got.extend(_prefetched(items()))  # extend keeps what arrived before the error
+    assert got == [0, 1, 2, 3, 4]
+
+
+def test_prefetch_stops_its_thread_when_the_consumer_stops_early():
+    before = threading.active_count()
+    gen = _prefetched(iter(range(1000)))
+    assert next(gen) == 0
+    gen.close()  # e.g. the fast path gave up on this file
+    assert threading.active_count() == before
+
+
+def _blank_by_python(docs: list[str]) -> list[bool]:
+    return [not d or d.isspace() for d in docs]
+
+
+def test_blank_rows_agree_with_str_isspace():
+    rng = random.Random(3)
+    pool = [
+        "",
+        " ",
+        "\t\n",
+        "\u3000",
+        "\u00a0 ",
+        "\u2003\t",
+        "\x1c",
+        "\x85",
+        "a",
+        "数据",
+        " x",
+        "\u3000数",
+        "λ",
+        "\ufeff",
+    ]
+    docs = ["".join(rng.choice(pool) for _ in range(rng.randint(0, 4))) for _ in range(3000)]
+    docs += ["\u3000" * 50, " " * 100 + "z", "数" * 10]
+    arr = pa.array(docs, type=pa.large_string())
+    offsets = np.frombuffer(arr.buffers()[1], dtype=np.int64)[: len(docs) + 1]
+    mv = memoryview(arr.buffers()[2])
+    got = _blank_rows(offsets, np.frombuffer(mv, dtype=np.uint8), mv)
+    assert got.tolist() == _blank_by_python(docs)
+
+
+@pytest.mark.parametrize("codec", ["zstd", "snappy", "none"])
+def test_shard_codec_is_applied_recorded_and_part_of_the_settings(tmp_path, codec):
+    from nightloom.sharding import load_manifest, read_shard, shard_dataset
+
+    src = write_jsonl(tmp_path / "a.jsonl", make_docs(400, seed=5))
+    out = tmp_path / codec
+    m = shard_dataset(
+        DatasetSpec(path=str(src)), ShardingSpec(output=str(out), num_shards=2, tolerance=0.2, compression=codec)
+    )
+    assert m.compression == codec and load_manifest(str(out / "manifest.json")).compression == codec
+    meta = pq.ParquetFile(out / m.shards[0].path).metadata
+    expected = "UNCOMPRESSED" if codec == "none" else codec.upper()
+    assert meta.row_group(0).column(0).compression == expected
+    assert sum(len(read_shard(str(out), s.index)) for s in m.shards) == m.rows
+    other = shard_dataset(
+        DatasetSpec(path=str(src)),
+        ShardingSpec(
+            output=str(tmp_path / "other"), num_shards=2, tolerance=0.2, compression="lz4" if codec != "lz4" else "zstd"
+        ),
+    )
+    assert other.settings_hash != m.settings_hash
