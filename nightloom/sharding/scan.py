@@ -33,7 +33,7 @@ from nightloom.sharding.sources import SourceRef, _arrow_batches, read_records
 MAX_BAD_EXAMPLES = 10
 SPILL_BATCH = 8192  # records per Arrow batch on the record path …
 SPILL_BATCH_BYTES = 16 * 1024 * 1024  # … or this much text, whichever first (bounds memory for huge documents)
-SPILL_PART_BYTES = 64 * 1024 * 1024  # a new spill file after this much: bounds what a writer maps at once
+SPILL_PART_BYTES = 32 * 1024 * 1024  # a new spill file after this much: bounds what a writer maps at once
 JSON_CHUNK = 16 * 1024 * 1024  # JSONL is parsed in line-aligned pieces of this size (bounded memory) …
 JSON_BLOCK = 8 * 1024 * 1024  # … in Arrow blocks of this size; a longer line falls back to the record path
 NEWLINE_SEARCH = 1 << 16  # the last newline of a piece is looked for here first
