@@ -168,14 +168,28 @@ class Transformer(nn.Module):
         out_std = std / (2 * self.shape.layers) ** 0.5  # GPT-2 scaled init of residual projections
         for name, p in self.named_parameters():
             if name.endswith("norm.weight") or name == "norm.weight":
-                p.fill_(1.0)
+                p.fill_(1.0)  # elementwise: the same on a shard as on the whole
                 continue
             g = torch.Generator(device="cpu").manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
             s = out_std if name.endswith(("attn.wo.weight", "ffn.w2.weight")) else std
-            p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float32).mul_(s).to(p.dtype))
+            full = torch.randn(p.shape, generator=g, dtype=torch.float32).mul_(s).to(p.dtype)
+            _copy_global(p, full)
         cos, sin = rope_tables(self.shape.head_dim, self.rope_cos.shape[0], self.shape.rope_theta)
         self.rope_cos.copy_(cos)
         self.rope_sin.copy_(sin)
+
+
+def _copy_global(p: torch.Tensor, full: torch.Tensor) -> None:
+    """Set `p` to the global value `full`. A DTensor (TP/FSDP/replicate already applied on the meta device) takes
+    only its own slice, cut locally (src_data_rank=None: no communication), so a rank never holds more than its
+    shards plus one full parameter: what lets a 70B stage start on a GPU that cannot hold it whole."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    if isinstance(p, DTensor):
+        local = distribute_tensor(full.to(p.device), p.device_mesh, p.placements, src_data_rank=None).to_local()
+        p.to_local().copy_(local)
+    else:
+        p.copy_(full)
 
 
 def build_model(shape: ModelShape, seq_len: int | None = None, device: str | torch.device = "meta") -> Transformer:

@@ -1,8 +1,9 @@
 """Apply a ParallelPlan to the model in a fixed order: pipeline split -> TP (+SP) -> recompute -> FSDP2/HSDP
 (zero="fsdp") or replicate (zero="none", DDP semantics on FSDP2 machinery).
 
-Follows torchtitan's parallelize_llama. Every rank builds only its pipeline stages (on the meta device,
-then materialised and initialised per parameter), so layer names stay global and init is layout-free.
+Follows torchtitan's parallelize_llama. Every rank builds only its pipeline stages on the meta device, applies
+TP and FSDP/replicate there, and only then materialises its own shards and initialises them per parameter from
+(seed, name), so layer names stay global, init is layout-free, and no rank ever holds a whole stage.
 """
 
 from __future__ import annotations
@@ -175,8 +176,7 @@ def build_parts(shape: ModelShape, plan: ParallelPlan, dims: ParallelDims, mesh,
         m = build_model(shape, seq_len, device="meta")
         if n_stages > 1:
             m.keep_layers(s * per_stage, (s + 1) * per_stage, has_embed=s == 0, has_head=s == n_stages - 1)
-        m.to_empty(device=device)
-        m.init_weights(seed)
+        # shard while still on the meta device, then materialise only this rank's shards and initialise them
         if plan.tp > 1:
             _apply_tp(m, mesh["tp"], plan.sp)
         m.set_recompute(plan.recompute)
@@ -185,6 +185,8 @@ def build_parts(shape: ModelShape, plan: ParallelPlan, dims: ParallelDims, mesh,
                 _apply_replicate(m, _replicate_mesh(dims, mesh), param_dtype)
             else:
                 _apply_fsdp(m, _dp_mesh(dims, mesh), param_dtype, pp=plan.pp > 1)
+        m.to_empty(device=device)
+        m.init_weights(seed)
         parts.append(m)
     out = ModelParts(parts, stage_ids, n_stages)
     if plan.pp > 1:
