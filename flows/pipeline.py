@@ -19,7 +19,7 @@ from flows.shard import shard_dataset_flow
 from nightloom.catalog import ModelShape, get_gpu, get_model
 from nightloom.report import RunSummary, StageTime
 from nightloom.spec import RunSpec, coerce_spec
-from nightloom.schedule import BudgetExceeded, next_window
+from nightloom.schedule import BillingSpan, BudgetExceeded, next_window
 from nightloom.train.job import ModelConfig, TrainJob
 from nightloom.validate import ValidationFailed
 from tasks.gate import gate_task, schedule_same_deployment
@@ -146,12 +146,15 @@ def training_pipeline(
                 gpu = get_gpu(spec.cluster.gpu_type)
                 precision = "fp32" if spec.train.precision == "fp32" else "bf16"
                 job.peak_flops, job.peak_source = gpu.peak(precision), f"datasheet: {gpu.source}"
+            first_gpus, provisioning_s = cluster.world_size, cluster.time_to_ready_s
             with watch.stage("train"):
                 if spec.train.backend == "xtuner":
+                    train_start = datetime.now(timezone.utc)
                     result = xtuner_train_task(spec, spec.sharding.output, str(run_dir), cluster, provider)
+                    spans = [BillingSpan(train_start, result.wall_s, cluster.world_size)]
                 else:
                     trained = train_with_recovery(spec, provider, cluster, job)
-                    result, cluster, plan = trained.result, trained.cluster, trained.plan
+                    result, cluster, plan, spans = trained.result, trained.cluster, trained.plan, trained.spans
                     summary.layout, summary.world_size = plan.layout(), cluster.world_size
                     summary.interruptions, summary.recovery_s = trained.interruptions, round(trained.recovery_s, 2)
     except BaseException as e:
@@ -166,7 +169,7 @@ def training_pipeline(
     try:  # a crash here must still close the ledger row (never leave it "running")
         with watch.stage("validate"):
             outcome = validate_task(spec, run_dir, plan, result, shape, cluster.world_size)
-        cost = run_cost(spec, started, result.wall_s, cluster.time_to_ready_s, cluster.world_size)
+        cost = run_cost(spec, started, provisioning_s, first_gpus, spans)
         status = "succeeded" if outcome.passed else "failed"
         summary.status = "completed" if outcome.passed else "failed"
         if result.stopped != "completed" and outcome.passed:

@@ -44,6 +44,7 @@ class StepMetrics(BaseModel):
     time: float | None = None  # unix time at step end
     attempt: int = 0  # recovery attempt that produced this step
     gap: bool = False  # first step after a resume (a gap in the curve)
+    world_size: int | None = None  # devices that ran this step (a recovery may shrink the cluster mid-run)
 
 
 def append_metrics(path: Path, m: StepMetrics) -> None:

@@ -263,6 +263,20 @@ def estimate_cost(schedule: ScheduleSpec, start: datetime, duration_s: float, gp
     )
 
 
+@dataclass(frozen=True)
+class BillingSpan:
+    """A stretch of rented time at one cluster size (a recovery that shrinks the cluster starts a new span)."""
+
+    start: datetime
+    seconds: float
+    gpus: int
+
+
+def cost_of_spans(schedule: ScheduleSpec, spans: list[BillingSpan]) -> float:
+    """Sum of estimate_cost over spans, each priced by the windows it falls in at its own GPU count."""
+    return sum(estimate_cost(schedule, s.start, max(0.0, s.seconds), s.gpus).cost for s in spans if s.gpus > 0)
+
+
 def check_budget(schedule: ScheduleSpec, estimate: CostEstimate) -> None:
     """Refuse a run whose predicted cost exceeds schedule.budget (no budget = no limit)."""
     if schedule.budget is not None and estimate.cost > schedule.budget:

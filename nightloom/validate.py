@@ -127,17 +127,19 @@ def steady_state(steps: Sequence[StepMetrics], warmup: int | None = None) -> lis
 
 
 def measure_mfu(steps: Sequence[StepMetrics], inputs: MfuInputs, warmup: int | None = None) -> MfuReport | None:
-    """Median steady-state tokens/s → MFU and HFU (PaLM App. B via nightloom.perf.mfu); None if no throughput."""
-    rates = [r for r in (_throughput(m) for m in steady_state(steps, warmup)) if r is not None]
-    if not rates:
-        return None
-    tps = statistics.median(rates)
+    """Median steady-state tokens/s → MFU and HFU (PaLM App. B via nightloom.perf.mfu); None if no throughput.
+
+    Each step counts against the devices that ran it (`world_size`, else inputs.n_devices): after a recovery
+    shrinks the cluster, the earlier steps are not divided by the smaller count."""
     p = inputs.peak
+    rated = [(r, m.world_size or inputs.n_devices) for m in steady_state(steps, warmup) if (r := _throughput(m))]
+    if not rated:
+        return None
     return MfuReport(
-        tokens_per_s=tps,
-        mfu=mfu(tps, inputs.flops_per_token, inputs.n_devices, p.flops),
-        hfu=mfu(tps, inputs.hardware_flops_per_token, inputs.n_devices, p.flops),
-        steps_used=len(rates),
+        tokens_per_s=statistics.median(r for r, _ in rated),
+        mfu=statistics.median(mfu(r, inputs.flops_per_token, n, p.flops) for r, n in rated),
+        hfu=statistics.median(mfu(r, inputs.hardware_flops_per_token, n, p.flops) for r, n in rated),
+        steps_used=len(rated),
         peak=p,
     )
 

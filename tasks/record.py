@@ -9,7 +9,7 @@ from prefect.cache_policies import NO_CACHE
 from nightloom.ledger import Ledger, LedgerError
 from nightloom.parallel import ParallelPlan
 from nightloom.report import RunSummary, StageTime
-from nightloom.schedule import estimate_cost
+from nightloom.schedule import BillingSpan, cost_of_spans, estimate_cost
 from nightloom.spec import RunSpec
 
 
@@ -39,8 +39,10 @@ def fail_record_task(spec: RunSpec, run_id: str, status: str, reason: str, durat
         ledger.finish_run(run_id, status=status, reason=reason[:2000], duration_s=duration_s)
 
 
-def run_cost(spec: RunSpec, started, wall_s: float, provisioning_s: float, gpus: int) -> float:
-    return estimate_cost(spec.schedule, started, wall_s, gpus, provisioning_s=provisioning_s).cost
+def run_cost(spec: RunSpec, started, provisioning_s: float, gpus: int, training: list[BillingSpan]) -> float:
+    """Provisioning from `started` on the cluster first acquired, then every training span at its own size."""
+    boot = estimate_cost(spec.schedule, started, 0.0, gpus, provisioning_s=provisioning_s).cost if gpus else 0.0
+    return boot + cost_of_spans(spec.schedule, training)
 
 
 @task(name="record", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=1)

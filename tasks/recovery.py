@@ -19,7 +19,7 @@ from nightloom import recovery as rec
 from nightloom.ledger import Ledger
 from nightloom.parallel import ParallelPlan
 from nightloom.provision.base import Cluster, Provider
-from nightloom.schedule import estimate_cost
+from nightloom.schedule import BillingSpan, estimate_cost
 from nightloom.spec import RunSpec
 from nightloom.train.job import TrainJob, TrainResult
 from tasks.plan import plan_task
@@ -58,6 +58,7 @@ class Recovered:
     plan: ParallelPlan
     events: list[Event] = field(default_factory=list)
     train_s: float = 0.0
+    spans: list[BillingSpan] = field(default_factory=list)  # each attempt (and the recovery after it) at its size
 
     @property
     def interruptions(self) -> int:
@@ -163,7 +164,9 @@ def train_with_recovery(spec: RunSpec, provider: Provider, cluster: Cluster, job
     relaunches, spent = 0, 0.0
     cur_cluster, cur_job, seen = cluster, job, cluster
     run_dir = Path(job.run_dir)
+    spans: list[BillingSpan] = []
     while True:
+        span_start = datetime.now(UTC)
         startup = None if relaunches == 0 else max(1.0, budget.remaining_s(spent))
         try:
             result = train_task(provider, cur_cluster, cur_job, startup_timeout_s=startup)
@@ -219,6 +222,7 @@ def train_with_recovery(spec: RunSpec, provider: Provider, cluster: Cluster, job
                         "to redo", relaunches, budget.max_attempts, diag.kind, ", ".join(n.name for n in nxt.nodes),
                         nxt.world_size, plan.layout(), resume_step, rw.discarded_steps)
             pending = Pending(ev, failure.at_unix, failure.silent_s, rw.discarded_s, cur_cluster.world_size)
+            spans.append(_span(span_start, cur_cluster.world_size))  # the failed attempt and its recovery
             cur_cluster = nxt
             cur_job = cur_job.model_copy(update={"plan": plan, "attempt": cur_job.attempt + 1, "resume": True})
             continue
@@ -228,4 +232,10 @@ def train_with_recovery(spec: RunSpec, provider: Provider, cluster: Cluster, job
         if events:
             _artifact(events, train_s, "recovered")
         result = result.model_copy(update={"wall_s": train_s})
-        return Recovered(result=result, cluster=cur_cluster, plan=cur_job.plan, events=events, train_s=train_s)
+        spans.append(_span(span_start, cur_cluster.world_size))
+        return Recovered(result=result, cluster=cur_cluster, plan=cur_job.plan, events=events, train_s=train_s,
+                         spans=spans)
+
+
+def _span(start: datetime, gpus: int) -> BillingSpan:
+    return BillingSpan(start=start, seconds=(datetime.now(UTC) - start).total_seconds(), gpus=gpus)

@@ -265,7 +265,7 @@ class Trainer:
                 append_metrics(job.metrics_path, StepMetrics(
                     step=step, loss=last_loss, grad_norm=gnorm, lr=lr, tokens=self.tokens_per_step,
                     tokens_per_s=tps, step_time_s=dt, peak_mem_bytes=int(mem.item()), mfu=mfu, hfu=hfu,
-                    time=time.time(), attempt=job.attempt, gap=step == start + 1 and start > 0,
+                    time=time.time(), attempt=job.attempt, gap=step == start + 1 and start > 0, world_size=self.ctx.world,
                     collective_latency_s=latency))
                 print(f"step {step}/{t.steps} loss {last_loss:.4f} grad_norm {gnorm:.3f} lr {lr:.2e} "
                       f"tok/s {tps:,.0f} step {dt * 1e3:.0f} ms mfu {mfu:.1%} mem {mem.item() / 2**20:.0f} MiB",

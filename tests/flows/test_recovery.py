@@ -166,6 +166,8 @@ def test_node_lost_mid_run_recovers_in_new_layout(prefect_backend, tmp_path):
     assert len(gaps) == 1 and (gaps[0] - 1) % 4 == 0 and gaps[0] - 1 >= 4, (gaps, killed_at)
     r = gaps[0] - 1  # the checkpoint resumed from
     assert {m.attempt for m in ms if m.step <= r} == {0} and {m.attempt for m in ms if m.step > r} == {1}
+    # each step says how many ranks ran it, so MFU and cost count the 4-rank steps as 4-rank steps
+    assert {m.world_size for m in ms if m.step <= r} == {4} and {m.world_size for m in ms if m.step > r} == {2}
     assert (run_dir / "metrics-discarded.jsonl").read_text().count("\n") >= killed_at - r
 
     # the same ledger row, with one interruption naming the node and its preflight failure

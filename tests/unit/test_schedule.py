@@ -10,10 +10,12 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from nightloom.schedule import (
+    BillingSpan,
     BudgetExceeded,
     ScheduleError,
     budget_deadline,
     check_budget,
+    cost_of_spans,
     current_window,
     decide,
     estimate_cost,
@@ -138,6 +140,16 @@ def test_cost_split_at_the_window_edge_with_provisioning():
     assert c.gpu_hours == pytest.approx(16) and c.offpeak_gpu_hours == pytest.approx(8)
     assert c.cost == pytest.approx(8 * (2.0 * 0.82 + 2.0))
     assert c.currency == "USD"
+
+
+def test_cost_of_spans_bills_each_span_at_its_own_size_and_window():
+    """8 GPUs 05:00–06:00 (off-peak), then a recovery left 4 GPUs 06:00–07:00 (peak)."""
+    s = sched(price_per_gpu_hour=2.0, offpeak_discount=0.18)
+    spans = [BillingSpan(at(2026, 6, 1, 5), H, 8), BillingSpan(at(2026, 6, 1, 6), H, 4)]
+    assert cost_of_spans(s, spans) == pytest.approx(8 * 2.0 * 0.82 + 4 * 2.0)
+    # the old way, the final size for the whole time, would bill 4 GPUs for both hours
+    assert cost_of_spans(s, spans) > estimate_cost(s, at(2026, 6, 1, 5), 2 * H, gpus=4).cost
+    assert cost_of_spans(s, []) == 0.0
 
 
 def test_cost_over_two_days_and_across_midnight_windows():

@@ -85,6 +85,19 @@ def test_mfu_warmup_and_resume_steps_do_not_count():
     assert b.steps_used < a.steps_used
 
 
+def test_mfu_counts_each_step_against_the_devices_that_ran_it():
+    """A recovery shrank 4 devices to 2 after step 40 and per-device speed stayed the same: MFU is unchanged,
+    not doubled for the steps that ran on 4 (dividing everything by the final 2 would report ~2× for them)."""
+    four = [m.model_copy(update={"tokens_per_s": 4000.0 * (1 + (m.step % 3) * 1e-3), "world_size": 4})
+            for m in healthy()[:40]]
+    two = [m.model_copy(update={"tokens_per_s": 2000.0 * (1 + (m.step % 3) * 1e-3), "world_size": 2})
+           for m in healthy()[40:]]
+    got = measure_mfu(four + two, inputs(n_devices=2))
+    assert got.mfu == pytest.approx(0.40, rel=0.01)
+    legacy = [m.model_copy(update={"world_size": None}) for m in four + two]  # no per-step size recorded
+    assert measure_mfu(legacy, inputs(n_devices=2)).mfu > 0.55
+
+
 def test_mfu_below_floor_fails_with_reason():
     vs = {v.name: v for v in check_mfu(healthy(tps=500), ValidateSpec(mfu_floor=0.3), inputs())}
     v = vs["mfu_floor"]
