@@ -292,21 +292,11 @@ class SSHProvider:
         req_failures: dict[str, str] = {}
 
         async def ready(name, host) -> Node | None:
-            n0 = time.monotonic()
-            node = Node(name=name, address=host.host, port=host.port, user=host.user, slots=host.gpus,
-                        python=host.python, workdir=host.workdir)
             try:
-                info = await self._agent(node, host.python, "prepare",
-                                         {"workdir": host.workdir, "key": env_key(host.python, c.env_requirements),
-                                          "requirements": c.env_requirements})
-                node.workdir, node.python = info["workdir"], info["python"]
-                await self._sync_code(node, code_root, code_key)
+                return await self._ready(name, host, code_root, code_key)
             except Exception as e:  # noqa: BLE001 - the node is excluded with this reason
                 req_failures[name] = str(e) if isinstance(e, ProvisionError) else self._why(e)
                 return None
-            node.ready_s = time.monotonic() - n0
-            log.info("node %s ready in %.2f s (%s env)", name, node.ready_s, "warm" if info.get("warm") else "cold")
-            return node
 
         nodes = [n for n in await asyncio.gather(*(ready(n, h) for n, h in chosen)) if n is not None]
         failures.update(req_failures)
@@ -319,6 +309,56 @@ class SSHProvider:
         return Cluster(provider="ssh", name=c.name, nodes=nodes, master_addr=nodes[0].address,
                        master_port=c.master_port, env=env, excluded=dict(failures),
                        handle={"cluster_id": cluster_id, "code_key": code_key})
+
+    async def _ready(self, name: str, host, code_root: Path, code_key: str) -> Node:
+        """Prepare a connected host's environment (keyed by the requirements) and copy the code to it."""
+        c = self.spec.cluster
+        n0 = time.monotonic()
+        node = Node(name=name, address=host.host, port=host.port, user=host.user, slots=host.gpus,
+                    python=host.python, workdir=host.workdir)
+        info = await self._agent(node, host.python, "prepare",
+                                 {"workdir": host.workdir, "key": env_key(host.python, c.env_requirements),
+                                  "requirements": c.env_requirements})
+        node.workdir, node.python = info["workdir"], info["python"]
+        await self._sync_code(node, code_root, code_key)
+        node.ready_s = time.monotonic() - n0
+        log.info("node %s ready in %.2f s (%s env)", name, node.ready_s, "warm" if info.get("warm") else "cold")
+        return node
+
+    # ------------------------------------------------------------------------------------------ recovery
+    def reacquire(self, cluster: Cluster, exclude: dict[str, str]) -> Cluster:
+        """The cluster without `exclude` (name -> reason), topped up to cluster.nodes from hosts not used yet
+        (`spare: true` ones first, then any listed beyond cluster.nodes); each candidate is connected, prepared
+        and preflighted before it joins, and one that fails is excluded with its reason."""
+        c = self.spec.cluster
+        keep = [n for n in cluster.nodes if n.name not in exclude]
+        excluded = {**cluster.excluded, **exclude}
+        used = {n.name for n in cluster.nodes} | set(excluded)
+        listed = list(zip(node_names(c.ssh.hosts), c.ssh.hosts))
+        candidates = [(n, h) for n, h in listed if h.spare and n not in used]
+        candidates += [(n, h) for n, h in listed if not h.spare and n not in used]
+        if len(keep) < c.nodes and candidates:
+            code_root, code_key = code_tree()
+            key, known = self._key(), self._known_hosts()
+            for name, host in candidates:
+                if len(keep) >= c.nodes:
+                    break
+                try:
+                    self._conns[name] = self.loop.run(self._connect(host, key, known))
+                    node = self.loop.run(self._ready(name, host, code_root, code_key))
+                except Exception as e:  # noqa: BLE001 - the spare is excluded with this reason
+                    excluded[name] = str(e) if isinstance(e, ProvisionError) else self._why(e)
+                    continue
+                report = self.preflight(cluster.model_copy(update={"nodes": [node], "master_addr": node.address}))
+                if report.failed:
+                    excluded[name] = report.failed[0].reason
+                    continue
+                log.info("spare node %s joins the cluster", name)
+                self._nodes_by_name[name] = node
+                keep.append(node)
+        master = keep[0].address if keep and cluster.master_addr not in {n.address for n in keep} else None
+        return cluster.model_copy(deep=True, update={"nodes": keep, "excluded": excluded,
+                                                      "master_addr": master or cluster.master_addr})
 
     async def _sync_code(self, node: Node, code_root: Path, code_key: str) -> None:
         """Copy the nightloom package to WORKDIR/.nightloom/code/KEY once (atomic rename; skipped when warm)."""

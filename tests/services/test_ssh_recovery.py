@@ -80,3 +80,56 @@ def test_unhealthy_ssh_node_is_excluded_and_the_run_finishes(prefect_backend, ss
     assert it.kind == "node" and bad in it.detail and "torch: 0.0.1-fake" in it.detail, it.detail
     assert it.recovery_s > 0
     assert not processes_mentioning(str(run_dir))
+
+
+def test_failed_ssh_node_is_replaced_by_a_spare_host(prefect_backend, sshenv, tmp_path):  # noqa: F811
+    """Three hosts, the third `spare: true` (on the first sshd, its own workdir). Node 2 turns unhealthy and is
+    killed: the spare is connected, prepared and preflighted, joins, and the run finishes on 2 ranks in the
+    layout it started with (no re-plan), in the same flow run and ledger row."""
+    from flows.pipeline import training_pipeline
+    from nightloom.ledger import Ledger
+    from nightloom.metrics import read_metrics
+    from nightloom.spec import load_spec
+
+    slot = tmp_path / "sick-slot"
+    slot.mkdir()
+    wrapper = tmp_path / "python-node2"
+    wrapper.write_text(f"#!/bin/sh\nPYTHONPATH={slot} exec {PY} \"$@\"\n")
+    wrapper.chmod(0o755)
+    spec_path = ssh_recovery_spec(sshenv, tmp_path, str(wrapper))
+    data = yaml.safe_load(spec_path.read_text())
+    h, port = sshenv["hosts"][0]
+    data["cluster"]["ssh"]["hosts"].append({"host": h, "port": port, "user": sshenv["user"], "gpus": 1,
+                                            "workdir": str(tmp_path / "spare"), "python": PY, "spare": True})
+    spec_path.write_text(yaml.safe_dump(data))
+    spec = load_spec(spec_path)
+    spare = f"{h}:{port}#2"
+
+    def break_node2() -> None:
+        (slot / "torch").mkdir()
+        (slot / "torch" / "__init__.py").write_text("__version__ = '0.0.1-fake'\n")
+
+    chaos = Chaos(tmp_path / "runs", [(0, 6, 1, break_node2)])
+    chaos.start()
+    try:
+        state = training_pipeline(str(spec_path), return_state=True)
+    finally:
+        chaos.stop.set()
+    assert chaos.done, "the fault was never injected"
+    assert state.is_completed(), state.message
+    s = state.result()
+    run_dir = Path(s.run_dir)
+    assert s.status == "completed" and s.interruptions == 1 and s.world_size == 2
+    job0 = json.loads((run_dir / "job-attempt0.json").read_text())
+    job1 = json.loads((run_dir / "job-attempt1.json").read_text())
+    assert job1["plan"] == job0["plan"] and job1["resume"]
+    assert (tmp_path / "spare" / ".nightloom").is_dir()  # the spare was prepared (env + code) before joining
+
+    ms = read_metrics(run_dir / "metrics.jsonl")
+    assert [m.step for m in ms] == list(range(1, 21)) and {m.world_size for m in ms} == {2}
+    with Ledger(spec.ledger.url) as ledger:
+        row = ledger.get(s.run_id)
+    assert row.status == "succeeded" and row.interruption_count == 1
+    (it,) = row.interruptions
+    assert it.kind == "node" and spare in it.detail, it.detail
+    assert not processes_mentioning(str(run_dir))
