@@ -99,6 +99,9 @@ class SlurmSpec(_Section):
     account: str | None = None
     time_limit: str = "01:00:00"
     exclude: list[str] = Field(default_factory=list)
+    python: str | None = Field(
+        None, description="Interpreter on the nodes (shared file system); default: the orchestrator's own."
+    )
     extra_sbatch: list[str] = Field(default_factory=list, description="Extra `#SBATCH` options, as given.")
 
 

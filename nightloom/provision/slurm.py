@@ -82,20 +82,24 @@ def queued(job_id: str) -> str | None:
     return out.splitlines()[0] if r.returncode == 0 and out else None
 
 
-def render_batch_script(spec, state_dir: str) -> str:
-    """The allocation script: run each launch-K.sh the orchestrator drops as one srun step, until released."""
+def render_batch_script(spec, state_dir: str, avoid: list[str] | None = None, min_nodes: int | None = None) -> str:
+    """The allocation script: run each launch-K.sh the orchestrator drops as one srun step, until released.
+    `avoid`: nodes that failed in this run (added to cluster.slurm.exclude); `min_nodes`: accept an allocation
+    of min_nodes..nodes nodes (recovery takes what the partition has left rather than waiting for a full one)."""
     c, s = spec.cluster, spec.cluster.slurm
-    opts = [f"--job-name=nightloom-{spec.name}", f"--partition={s.partition}", f"--nodes={c.nodes}",
+    size = f"{min_nodes}-{c.nodes}" if min_nodes is not None and min_nodes < c.nodes else f"{c.nodes}"
+    opts = [f"--job-name=nightloom-{spec.name}", f"--partition={s.partition}", f"--nodes={size}",
             "--ntasks-per-node=1", f"--time={s.time_limit}", f"--output={state_dir}/batch-%j.out"]
     if c.gpu_type != "cpu":
         opts.append(f"--gpus-per-node={c.gpus_per_node}")
     if s.account:
         opts.append(f"--account={s.account}")
-    if s.exclude:
-        bad = [n for n in s.exclude if not _NODE.fullmatch(n)]
-        if bad:
-            raise ProvisionError(f"cluster.slurm.exclude: not node names: {bad}")
-        opts.append("--exclude=" + ",".join(s.exclude))
+    bad = [n for n in s.exclude if not _NODE.fullmatch(n)]
+    if bad:
+        raise ProvisionError(f"cluster.slurm.exclude: not node names: {bad}")
+    exclude = list(dict.fromkeys([*s.exclude, *(n for n in (avoid or []) if _NODE.fullmatch(n))]))
+    if exclude:
+        opts.append("--exclude=" + ",".join(exclude))
     for i, o in enumerate(s.extra_sbatch):
         if not _SBATCH_OPT.fullmatch(o):
             raise ProvisionError(f"cluster.slurm.extra_sbatch[{i}]: {o!r} is not a single --option[=value] "
@@ -207,10 +211,9 @@ class SlurmProvider:
                  start_timeout_s: float = 120.0, state_root: str | None = None):
         self.spec = spec
         self.expect = expect
-        self.python = python or sys.executable  # on the shared file system
+        self.python = python or spec.cluster.slurm.python or sys.executable  # on the shared file system
         self.start_timeout_s = start_timeout_s
         self.state_root = Path(state_root or Path(spec.storage.root) / "slurm")
-        self._launches = 0
 
     # ------------------------------------------------------------------------------------------ acquire
     def check_partition(self) -> None:
@@ -228,14 +231,34 @@ class SlurmProvider:
                                  f"({f.get('Nodes', '?')})")
 
     def acquire(self) -> Cluster:
+        self.check_partition()
+        c = self.spec.cluster
+        return self._allocate(avoid=[], min_nodes=c.min_nodes or c.nodes, flexible=False)
+
+    def reacquire(self, cluster: Cluster, exclude: dict[str, str]) -> Cluster:
+        """Recovery: release the allocation that holds the failed nodes (they stop billing), then ask Slurm
+        for a new one that excludes every node that failed in this run, taking min_nodes..nodes nodes so a
+        partition with no replacement left still lets the run go on smaller (re-planned by the caller)."""
+        c = self.spec.cluster
+        if not exclude:  # a transient failure: the same allocation and nodes serve the relaunch
+            return cluster.model_copy(deep=True)
+        failed = {**cluster.excluded, **exclude}
+        self.release(cluster)
+        new = self._allocate(avoid=sorted(failed), min_nodes=c.min_nodes or 1, flexible=True)
+        new.excluded = {**failed, **new.excluded}
+        log.info("slurm: new allocation %s on %s (excluding %s)", new.handle["job_id"],
+                 ", ".join(n.name for n in new.nodes), ", ".join(sorted(failed)) or "none")
+        return new
+
+    def _allocate(self, avoid: list[str], min_nodes: int, flexible: bool) -> Cluster:
+        """sbatch an allocation, wait for it, prepare and preflight its nodes (released on any failure)."""
         t0 = time.monotonic()
         c = self.spec.cluster
         env = {"OMP_NUM_THREADS": "1", **render_nccl_env(c.nccl)}
-        self.check_partition()
         state = self.state_root / f"{self.spec.name}-{uuid.uuid4().hex[:8]}"
         state.mkdir(parents=True, exist_ok=True)
         script = state / "allocation.sbatch"
-        atomic_write_text(script, render_batch_script(self.spec, str(state)))
+        atomic_write_text(script, render_batch_script(self.spec, str(state), avoid, min_nodes if flexible else None))
         r = run_cmd(["sbatch", "--parsable", str(script)])
         if r.returncode != 0:
             raise ProvisionError(f"slurm: sbatch refused the allocation ({c.nodes} nodes in partition "
@@ -248,7 +271,7 @@ class SlurmProvider:
             cluster.nodes = self._prepare(job_id, nodes)
             cluster.master_addr = cluster.nodes[0].address
             report = self.last_report = self.preflight(cluster)
-            apply_preflight(cluster, report, c.min_nodes or c.nodes)
+            apply_preflight(cluster, report, min_nodes)
         except BaseException:
             self.release(cluster)
             raise
@@ -316,9 +339,8 @@ class SlurmProvider:
 
     # ------------------------------------------------------------------------------------------ launch
     def launch(self, cluster: Cluster, module_args: list[str], env: dict[str, str]) -> SlurmLaunch:
-        self._launches += 1
-        k = self._launches
         state = Path(cluster.handle["state_dir"])
+        k = len(list(state.glob("launch-*.sh"))) + 1  # the allocation's script runs launch-1, -2, ... in order
         if queued(cluster.handle["job_id"]) != "RUNNING":
             raise ProvisionError(f"slurm job {cluster.handle['job_id']} is not running "
                                  f"({job_state(cluster.handle['job_id']).state}); cannot launch")

@@ -75,3 +75,10 @@ def test_sbatch_options_are_validated(tmp_path):
         render_batch_script(make_spec(tmp_path, extra_sbatch=["--comment=x; rm -rf /"]), str(tmp_path))
     text = render_batch_script(make_spec(tmp_path, extra_sbatch=["--mem=1G"]), str(tmp_path / "a b'c"))
     assert "#SBATCH --mem=1G" in text and "state='" in text and "--nodes=2" in text
+
+
+def test_recovery_allocation_excludes_failed_nodes_and_accepts_fewer(tmp_path):
+    spec = make_spec(tmp_path, exclude=["n9"])
+    text = render_batch_script(spec, str(tmp_path), avoid=["n2", "bad name;rm"], min_nodes=1)
+    assert "#SBATCH --exclude=n9,n2\n" in text and "#SBATCH --nodes=1-2\n" in text and "rm" not in text
+    assert "#SBATCH --nodes=2\n" in render_batch_script(spec, str(tmp_path), avoid=[], min_nodes=None)
