@@ -112,12 +112,15 @@ def settings_hash(dataset: DatasetSpec, sharding: ShardingSpec, sources: list[So
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:32]
 
 
+WORK_FORMAT = 2  # layout of the work files (2: raw .bin arrays); work left by another layout is not resumed
+
+
 def default_workdir(output: str, shash: str) -> str:
     """Local output: a hidden folder inside it (same filesystem, so os.replace works). S3: the temp dir."""
     if storage.is_s3(output):
         base = Path(os.environ.get("NIGHTLOOM_SHARD_WORKDIR", Path(tempfile.gettempdir()) / "nightloom-shard-work"))
-        return str(base / shash)
-    return str(Path(output) / WORK_DIR_NAME / shash)
+        return str(base / f"{shash}-w{WORK_FORMAT}")
+    return str(Path(output) / WORK_DIR_NAME / f"{shash}-w{WORK_FORMAT}")
 
 
 def existing_manifest(output: str, shash: str) -> ShardManifest | None:

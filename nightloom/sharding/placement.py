@@ -1,24 +1,28 @@
 """Reduce step: global dedup and balancing over the scans' hashes; decides every document's shard.
 
 Reads only the scans' metadata (hashes, tokens, bytes: 32 B per document), so memory grows with
-the number of documents, not with their text. Writes one `dest-NNNNN.npy` per input (shard index per spilled
+the number of documents, not with their text. Writes one `dest-NNNNN.bin` per input (shard index per spilled
 row, −1 = dropped duplicate) and `placement.json`, both atomically; a re-run reads them back (resume).
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from nightloom.sharding import storage
+from nightloom.sharding.arrays import DEST_DTYPE, load_array, save_array
 from nightloom.sharding.balance import VIRTUAL_BUCKETS, balance, check_enough_docs
 from nightloom.sharding.errors import BadInputError, ShardingError
 from nightloom.sharding.hashing import first_occurrences
 from nightloom.sharding.job import ShardJob
-from nightloom.sharding.scan import ScanResult
+from nightloom.sharding.scan import META_DTYPE, ScanResult
+
+
+def dest_name(index: int) -> str:
+    return f"dest-{index:05d}.bin"
 
 
 class Placement(BaseModel):
@@ -29,13 +33,6 @@ class Placement(BaseModel):
     imbalance: float
     rebalanced: bool
     loads: list[int]  # per shard, on the balance metric
-
-
-def _save_npy(path: Path, arr: np.ndarray) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        np.save(f, arr)
-    os.replace(tmp, path)
 
 
 def check_bad_fraction(job: ShardJob, scans: list[ScanResult]) -> None:
@@ -58,7 +55,7 @@ def place_documents(job: ShardJob, scans: list[ScanResult]) -> Placement:
         return Placement.model_validate_json(out.read_bytes())
     check_bad_fraction(job, scans)
     scans = sorted(scans, key=lambda s: s.index)
-    metas = [np.load(work / s.meta) if s.meta else None for s in scans]
+    metas = [load_array(work / s.meta, META_DTYPE) if s.meta else None for s in scans]
     parts = [m for m in metas if m is not None]
     total = sum(s.records for s in scans)
     if not parts:
@@ -82,13 +79,13 @@ def place_documents(job: ShardJob, scans: list[ScanResult]) -> Placement:
     mapping, before, after, rebalanced, loads = balance(
         buckets[keep], weights[keep], job.num_shards, job.sharding.tolerance, metric
     )
-    dest = np.where(keep, mapping[buckets], -1).astype(np.int32)
+    dest = np.where(keep, mapping[buckets], -1).astype(DEST_DTYPE)
     offset = 0
     for s, m in zip(scans, metas):
         if m is None:
             continue
         n = len(m)
-        _save_npy(work / f"dest-{s.index:05d}.npy", dest[offset : offset + n])
+        save_array(work / dest_name(s.index), dest[offset : offset + n])
         offset += n
     if offset != len(dest):
         raise ShardingError("internal: spill sizes changed during placement")

@@ -1,7 +1,7 @@
 """Map step: stream one input file, hash and count every record, spill kept records to Arrow IPC parts.
 
 One call per input file, independent of the others (a Prefect task; Dask/Ray can spread them). Spill parts
-hold the text (and key); a .npy holds both hashes, tokens and bytes per record; the result marker is written
+hold the text (and key); a raw META_DTYPE file holds both hashes, tokens and bytes per record; the result marker is written
 last, so a re-run skips files already scanned (resume). Bad records fail at once (`on_error=fail`) or are
 counted (`skip`).
 
@@ -24,6 +24,7 @@ import xxhash
 from pydantic import BaseModel, ConfigDict, Field
 
 from nightloom.sharding import storage
+from nightloom.sharding.arrays import save_array
 from nightloom.sharding.errors import BadInputError
 from nightloom.sharding.hashing import DEDUP_SEED
 from nightloom.sharding.job import ShardJob
@@ -44,7 +45,7 @@ class ScanResult(BaseModel):
     model_config = ConfigDict(extra="forbid")
     index: int
     spills: list[str] = Field(default_factory=list)  # Arrow IPC parts of kept records, in order
-    meta: str | None = None  # .npy of (h1, h2, tokens, nbytes) per spilled record; None when nothing was kept
+    meta: str | None = None  # META_DTYPE file of (h1, h2, tokens, nbytes) per spilled record; None when nothing was kept
     records: int = 0  # records seen (good + empty + bad)
     docs: int = 0  # non-empty good documents spilled (before dedup)
     empty: int = 0
@@ -118,11 +119,8 @@ class _Spill:
         if not self.meta:
             return self.parts, None, 0
         meta = np.concatenate(self.meta)
-        name = f"meta-{self.index:05d}.npy"
-        tmp = self.work / f".{name}.tmp"
-        with open(tmp, "wb") as f:
-            np.save(f, meta)
-        tmp.replace(self.work / name)
+        name = f"meta-{self.index:05d}.bin"
+        save_array(self.work / name, meta)
         return self.parts, name, len(meta)
 
 

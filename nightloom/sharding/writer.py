@@ -14,9 +14,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from nightloom.sharding import storage
+from nightloom.sharding.arrays import DEST_DTYPE, load_array
 from nightloom.sharding.job import ShardJob
 from nightloom.sharding.manifest import ShardInfo
-from nightloom.sharding.scan import ScanResult
+from nightloom.sharding.placement import dest_name
+from nightloom.sharding.scan import META_DTYPE, ScanResult
 
 ROW_GROUP_BYTES = 16 * 1024 * 1024
 ROW_GROUP_ROWS = 65_536
@@ -88,8 +90,8 @@ def write_shard(job: ShardJob, scans: list[ScanResult], index: int) -> ShardInfo
         for s in sorted(scans, key=lambda s: s.index):
             if not s.spills:
                 continue
-            dest = np.load(work / f"dest-{s.index:05d}.npy")
-            meta = np.load(work / s.meta)
+            dest = load_array(work / dest_name(s.index), DEST_DTYPE)
+            meta = load_array(work / s.meta, META_DTYPE)
             offset = 0
             for part in s.spills:
                 # map one bounded part at a time: what the process touches never grows with the corpus
