@@ -78,13 +78,20 @@ def too_small_message(
 def balance(
     buckets: np.ndarray, weights: np.ndarray, num_shards: int, tolerance: float, metric: str
 ) -> tuple[np.ndarray, float, float, bool, np.ndarray]:
-    """(bucket→shard mapping, imbalance before, after, rebalanced?, final loads) for kept documents.
+    """balance_buckets for per-document bucket ids and weights (kept documents only)."""
+    bw = np.bincount(buckets, weights=weights, minlength=num_shards * VIRTUAL_BUCKETS).astype(np.int64)
+    return balance_buckets(bw, num_shards, tolerance, metric, docs=len(buckets))
+
+
+def balance_buckets(
+    bucket_weights: np.ndarray, num_shards: int, tolerance: float, metric: str, docs: int
+) -> tuple[np.ndarray, float, float, bool, np.ndarray]:
+    """(bucket→shard mapping, imbalance before, after, rebalanced?, final loads) from per-bucket totals.
 
     Raises TooSmallError when even the rebalanced layout misses the tolerance.
     """
-    num_buckets = num_shards * VIRTUAL_BUCKETS
-    bw = np.bincount(buckets, weights=weights, minlength=num_buckets).astype(np.int64)
-    mapping = plain_mapping(num_shards, num_buckets)
+    bw = bucket_weights
+    mapping = plain_mapping(num_shards, len(bw))
     loads = shard_loads(mapping, bw, num_shards)
     before = imbalance(loads)
     if before <= tolerance:
@@ -101,7 +108,7 @@ def balance(
                 best=after,
                 loads=loads,
                 bucket_weights=bw,
-                docs=len(buckets),
+                docs=docs,
             )
         )
     return mapping, before, after, True, loads

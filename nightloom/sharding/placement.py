@@ -1,24 +1,33 @@
 """Reduce step: global dedup and balancing over the scans' hashes; decides every document's shard.
 
-Reads only the scans' metadata (hashes, tokens, bytes: 32 B per document), so memory grows with
-the number of documents, not with their text. Writes one `dest-NNNNN.bin` per input (shard index per spilled
-row, −1 = dropped duplicate) and `placement.json`, both atomically; a re-run reads them back (resume).
+Reads only the scans' metadata (hashes, tokens, bytes: 32 B per document), streamed a chunk at a time, so
+memory is bounded whatever the corpus: dedup runs per hash partition (duplicates share their hash, so each
+partition of at most PARTITION_DOCS documents is deduplicated on its own; partitions spill to work files when
+there is more than one), balancing needs only the per-bucket totals, and the one per-document structure kept
+in memory is the duplicate mask (1 byte per document). Writes one `dest-NNNNN.bin` per input (shard index per
+spilled row, −1 = dropped duplicate) and `placement.json`, atomically; a re-run reads them back (resume).
 """
 
 from __future__ import annotations
 
+import math
+import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from nightloom.sharding import storage
-from nightloom.sharding.arrays import DEST_DTYPE, load_array, save_array
-from nightloom.sharding.balance import VIRTUAL_BUCKETS, balance, check_enough_docs
+from nightloom.sharding.arrays import DEST_DTYPE, ArrayReader, ArrayWriter
+from nightloom.sharding.balance import VIRTUAL_BUCKETS, balance_buckets, check_enough_docs
 from nightloom.sharding.errors import BadInputError, ShardingError
 from nightloom.sharding.hashing import first_occurrences
 from nightloom.sharding.job import ShardJob
 from nightloom.sharding.scan import META_DTYPE, ScanResult
+
+PARTITION_DOCS = 1 << 20  # documents deduplicated in memory at once (~40 MB with the sort's temporaries)
+PART_DTYPE = np.dtype([("h1", "<u8"), ("h2", "<u8")])
 
 
 def dest_name(index: int) -> str:
@@ -46,6 +55,63 @@ def check_bad_fraction(job: ShardJob, scans: list[ScanResult]) -> None:
         )
 
 
+def _meta_chunks(work: Path, scans: list[ScanResult]) -> Iterator[tuple[ScanResult, int, np.ndarray]]:
+    """(scan, global index of the chunk's first document, chunk of META_DTYPE records), in input order."""
+    g = 0
+    for s in scans:
+        if not s.meta:
+            continue
+        with ArrayReader(work / s.meta, META_DTYPE) as r:
+            if r.count != s.docs:
+                raise ShardingError(f"internal: {s.meta} holds {r.count} records, the scan counted {s.docs}")
+            for chunk in r.chunks():
+                yield s, g, chunk
+                g += len(chunk)
+
+
+def duplicate_mask(work: Path, scans: list[ScanResult], total: int) -> np.ndarray:
+    """True for every document whose (h1, h2) identity appeared earlier in input order.
+
+    Duplicates share h1, so documents are split into partitions by h1's high bits and each partition is
+    deduplicated alone (its records stay in input order, and the sort is stable, so the first is the earliest).
+    One partition (the usual case up to PARTITION_DOCS documents) never touches the disk."""
+    dup = np.zeros(total, dtype=bool)
+    parts = max(1, math.ceil(total / PARTITION_DOCS))
+    if parts == 1:
+        h1 = np.empty(total, dtype=np.uint64)
+        h2 = np.empty(total, dtype=np.uint64)
+        for _, g, c in _meta_chunks(work, scans):
+            h1[g : g + len(c)], h2[g : g + len(c)] = c["h1"], c["h2"]
+        dup[:] = ~first_occurrences(h1, h2)
+        return dup
+    folder = work / "dedup-partitions"
+    shutil.rmtree(folder, ignore_errors=True)
+    writers = [(ArrayWriter(folder / f"p{i:04d}.bin", PART_DTYPE), ArrayWriter(folder / f"g{i:04d}.bin", "<i8"))
+               for i in range(parts)]
+    try:
+        for _, g, c in _meta_chunks(work, scans):
+            which = (c["h1"] >> np.uint64(40)) % np.uint64(parts)
+            index = np.arange(g, g + len(c), dtype=np.int64)
+            for i in np.unique(which).tolist():
+                sel = which == i
+                rec = np.empty(int(sel.sum()), dtype=PART_DTYPE)
+                rec["h1"], rec["h2"] = c["h1"][sel], c["h2"][sel]
+                writers[i][0].append(rec)
+                writers[i][1].append(index[sel])
+        for hw, gw in writers:
+            hw.publish(), gw.publish()
+    except BaseException:
+        for hw, gw in writers:
+            hw.abort(), gw.abort()
+        raise
+    for i in range(parts):
+        with ArrayReader(folder / f"p{i:04d}.bin", PART_DTYPE) as hr, ArrayReader(folder / f"g{i:04d}.bin", "<i8") as gr:
+            rec, index = hr.read(hr.count), gr.read(gr.count)
+        dup[index[~first_occurrences(rec["h1"], rec["h2"])]] = True
+    shutil.rmtree(folder, ignore_errors=True)
+    return dup
+
+
 def place_documents(job: ShardJob, scans: list[ScanResult]) -> Placement:
     """Dedup (first occurrence in input order wins), balance, and record each kept document's shard."""
     job.configure()
@@ -55,43 +121,43 @@ def place_documents(job: ShardJob, scans: list[ScanResult]) -> Placement:
         return Placement.model_validate_json(out.read_bytes())
     check_bad_fraction(job, scans)
     scans = sorted(scans, key=lambda s: s.index)
-    metas = [load_array(work / s.meta, META_DTYPE) if s.meta else None for s in scans]
-    parts = [m for m in metas if m is not None]
-    total = sum(s.records for s in scans)
-    if not parts:
+    total = sum(s.docs for s in scans if s.meta)
+    if not total:
+        records = sum(s.records for s in scans)
         empty, bad = sum(s.empty for s in scans), sum(s.bad for s in scans)
         raise BadInputError(
-            f"{job.dataset.path}: zero documents in the whole input ({len(scans)} files, {total} records: "
+            f"{job.dataset.path}: zero documents in the whole input ({len(scans)} files, {records} records: "
             f"{empty} empty, {bad} bad)"
         )
-    h1 = np.concatenate([m["h1"] for m in parts])
-    h2 = np.concatenate([m["h2"] for m in parts])
-    keep = first_occurrences(h1, h2) if job.sharding.dedup else np.ones(len(h1), dtype=bool)
-    kept = int(keep.sum())
+    dup = duplicate_mask(work, scans, total) if job.sharding.dedup else np.zeros(total, dtype=bool)
+    kept = total - int(dup.sum())
     check_enough_docs(kept, job.num_shards, job.dataset.path)
     metric = job.sharding.balance_by
-    if metric == "rows":
-        weights = np.ones(len(h1), dtype=np.int64)
-    else:
-        weights = np.concatenate([m["tokens" if metric == "tokens" else "nbytes"] for m in parts])
-    nb = job.num_shards * VIRTUAL_BUCKETS
-    buckets = (h1 % np.uint64(nb)).astype(np.int64)
-    mapping, before, after, rebalanced, loads = balance(
-        buckets[keep], weights[keep], job.num_shards, job.sharding.tolerance, metric
+    nb = np.uint64(job.num_shards * VIRTUAL_BUCKETS)
+    bucket_weights = np.zeros(int(nb), dtype=np.int64)
+    for _, g, c in _meta_chunks(work, scans):
+        keep = ~dup[g : g + len(c)]
+        buckets = (c["h1"][keep] % nb).astype(np.int64)
+        w = None if metric == "rows" else c["tokens" if metric == "tokens" else "nbytes"][keep]
+        bucket_weights += np.bincount(buckets, weights=w, minlength=int(nb)).astype(np.int64)
+    mapping, before, after, rebalanced, loads = balance_buckets(
+        bucket_weights, job.num_shards, job.sharding.tolerance, metric, docs=kept
     )
-    dest = np.where(keep, mapping[buckets], -1).astype(DEST_DTYPE)
-    offset = 0
-    for s, m in zip(scans, metas):
-        if m is None:
-            continue
-        n = len(m)
-        save_array(work / dest_name(s.index), dest[offset : offset + n])
-        offset += n
-    if offset != len(dest):
-        raise ShardingError("internal: spill sizes changed during placement")
+    writer: ArrayWriter | None = None
+    current: ScanResult | None = None
+    for s, g, c in _meta_chunks(work, scans):
+        if s is not current:
+            if writer is not None:
+                writer.publish()
+            writer, current = ArrayWriter(work / dest_name(s.index), DEST_DTYPE), s
+        dest = mapping[(c["h1"] % nb).astype(np.int64)].astype(DEST_DTYPE)
+        dest[dup[g : g + len(c)]] = -1
+        writer.append(dest)
+    if writer is not None:
+        writer.publish()
     p = Placement(
         kept=kept,
-        dedup_dropped=len(h1) - kept,
+        dedup_dropped=total - kept,
         imbalance_before=before,
         imbalance=after,
         rebalanced=rebalanced,

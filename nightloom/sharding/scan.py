@@ -24,7 +24,7 @@ import xxhash
 from pydantic import BaseModel, ConfigDict, Field
 
 from nightloom.sharding import storage
-from nightloom.sharding.arrays import save_array
+from nightloom.sharding.arrays import ArrayWriter
 from nightloom.sharding.errors import BadInputError
 from nightloom.sharding.hashing import DEDUP_SEED
 from nightloom.sharding.job import ShardJob
@@ -79,12 +79,14 @@ def _strings(values: list[bytes]) -> pa.Array:
 
 
 class _Spill:
-    """Appends (columns, meta) batches to size-bounded IPC parts; publishes each part with a rename."""
+    """Appends (columns, meta) batches to size-bounded IPC parts (each published with a rename) and the meta
+    records to one array file written as it goes (memory does not grow with the input)."""
 
     def __init__(self, work: Path, index: int, schema: pa.Schema):
         self.work, self.index, self.schema = work, index, schema
         self.parts: list[str] = []
-        self.meta: list[np.ndarray] = []
+        self.meta_name = f"meta-{index:05d}.bin"
+        self.meta: ArrayWriter | None = None
         self.writer = None
         self.part_bytes = 0
 
@@ -94,6 +96,8 @@ class _Spill:
         if self.writer is None:
             self.parts.append(f"spill-{self.index:05d}-{len(self.parts):04d}.arrow")
             self.writer = pa.ipc.new_file(str(self.work / f".{self.parts[-1]}.tmp"), self.schema)
+        if self.meta is None:
+            self.meta = ArrayWriter(self.work / self.meta_name, META_DTYPE)
         self.writer.write_batch(pa.record_batch(columns, schema=self.schema))
         self.meta.append(meta)
         self.part_bytes += int(meta["nbytes"].sum())
@@ -111,17 +115,17 @@ class _Spill:
             self.writer.close()
             (self.work / f".{self.parts[-1]}.tmp").unlink(missing_ok=True)
             self.writer = None
+        if self.meta is not None:
+            self.meta.abort()
+            self.meta = None
         for p in self.parts:
             (self.work / p).unlink(missing_ok=True)
 
     def finish(self) -> tuple[list[str], str | None, int]:
         self.close_part()
-        if not self.meta:
+        if self.meta is None:
             return self.parts, None, 0
-        meta = np.concatenate(self.meta)
-        name = f"meta-{self.index:05d}.bin"
-        save_array(self.work / name, meta)
-        return self.parts, name, len(meta)
+        return self.parts, self.meta_name, self.meta.publish()
 
 
 def _line_chunks(local: Path, size: int = JSON_CHUNK):

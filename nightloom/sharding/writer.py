@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from nightloom.sharding import storage
-from nightloom.sharding.arrays import DEST_DTYPE, load_array
+from nightloom.sharding.arrays import DEST_DTYPE, ArrayReader
 from nightloom.sharding.job import ShardJob
 from nightloom.sharding.manifest import ShardInfo
 from nightloom.sharding.placement import dest_name
@@ -70,6 +70,7 @@ def write_shard(job: ShardJob, scans: list[ScanResult], index: int) -> ShardInfo
     pending_nb: list[np.ndarray] = []
     pending_rows = pending_bytes = 0
     writer = None
+    readers: list[ArrayReader] = []
 
     def emit(final: bool) -> None:
         """Write every full row group of the pending rows (and, when final, the rest as the last one)."""
@@ -90,9 +91,9 @@ def write_shard(job: ShardJob, scans: list[ScanResult], index: int) -> ShardInfo
         for s in sorted(scans, key=lambda s: s.index):
             if not s.spills:
                 continue
-            dest = load_array(work / dest_name(s.index), DEST_DTYPE)
-            meta = load_array(work / s.meta, META_DTYPE)
-            offset = 0
+            dest_file = ArrayReader(work / dest_name(s.index), DEST_DTYPE)
+            meta_file = ArrayReader(work / s.meta, META_DTYPE)
+            readers.extend((dest_file, meta_file))
             for part in s.spills:
                 # map one bounded part at a time: what the process touches never grows with the corpus
                 with pa.memory_map(str(work / part)) as src:
@@ -100,9 +101,10 @@ def write_shard(job: ShardJob, scans: list[ScanResult], index: int) -> ShardInfo
                     for b in range(reader.num_record_batches):
                         batch = reader.get_batch(b)
                         n = batch.num_rows
-                        idx = np.flatnonzero(dest[offset : offset + n] == index)
+                        dest, meta = dest_file.read(n), meta_file.read(n)  # in step with the spill's rows
+                        idx = np.flatnonzero(dest == index)
                         if len(idx):
-                            sel = meta[offset : offset + n][idx]
+                            sel = meta[idx]
                             rows += len(idx)
                             tokens += int(sel["tokens"].sum())
                             nbytes += int(sel["nbytes"].sum())
@@ -113,7 +115,6 @@ def write_shard(job: ShardJob, scans: list[ScanResult], index: int) -> ShardInfo
                             pending_bytes += int(sel["nbytes"].sum())
                             if pending_rows >= ROW_GROUP_ROWS or pending_bytes >= ROW_GROUP_BYTES:
                                 emit(final=False)
-                        offset += n
         if pending:
             emit(final=True)
         if writer is None:  # an empty shard is still a valid Parquet file with the schema
@@ -123,6 +124,8 @@ def write_shard(job: ShardJob, scans: list[ScanResult], index: int) -> ShardInfo
         digest = storage.sha256_file(tmp)
         storage.put_file(tmp, final)
     finally:
+        for r in readers:
+            r.close()
         if writer is not None:
             writer.close()
         tmp.unlink(missing_ok=True)

@@ -111,3 +111,36 @@ def test_shard_codec_is_applied_recorded_and_part_of_the_settings(tmp_path, code
         ),
     )
     assert other.settings_hash != m.settings_hash
+
+
+def test_partitioned_dedup_gives_the_same_shards_as_in_memory(tmp_path, monkeypatch):
+    """Above PARTITION_DOCS documents dedup runs per hash partition through work files; the shards (and the
+    manifest's counts) must be byte-identical to the single in-memory partition."""
+    from nightloom.sharding import placement, shard_dataset
+    from tests.unit.sharding_helpers import tree_bytes
+
+    docs = make_docs(1200, seed=4, dup_every=5)
+    src = tmp_path / "in"
+    write_jsonl(src / "a.jsonl", docs[:700])
+    write_jsonl(src / "b.jsonl", docs[700:] + docs[:50])  # duplicates across files: the first file's copy wins
+    spec = dict(num_shards=3, tolerance=0.1)
+    one = shard_dataset(DatasetSpec(path=str(src)), ShardingSpec(output=str(tmp_path / "one"), **spec))
+    monkeypatch.setattr(placement, "PARTITION_DOCS", 100)  # 12 partitions
+    many = shard_dataset(DatasetSpec(path=str(src)), ShardingSpec(output=str(tmp_path / "many"), **spec))
+    assert one.dedup_dropped == many.dedup_dropped >= 50 + 1200 // 5 - 5
+    assert tree_bytes(tmp_path / "one") == tree_bytes(tmp_path / "many")
+
+
+def test_array_files_refuse_truncation(tmp_path):
+    from nightloom.sharding.arrays import DEST_DTYPE, ArrayReader, ArrayWriter
+
+    w = ArrayWriter(tmp_path / "d.bin", DEST_DTYPE)
+    w.append(np.arange(10))
+    assert w.publish() == 10 and not (tmp_path / ".d.bin.tmp").exists()
+    with ArrayReader(tmp_path / "d.bin", DEST_DTYPE) as r:
+        assert r.read(4).tolist() == [0, 1, 2, 3]
+        with pytest.raises(ValueError, match="wanted 7 more records"):
+            r.read(7)
+    (tmp_path / "d.bin").write_bytes((tmp_path / "d.bin").read_bytes()[:-1])
+    with pytest.raises(ValueError, match="not a whole number"):
+        ArrayReader(tmp_path / "d.bin", DEST_DTYPE)
