@@ -26,8 +26,9 @@ from nightloom.sharding.hashing import first_occurrences
 from nightloom.sharding.job import ShardJob
 from nightloom.sharding.scan import META_DTYPE, ScanResult
 
-PARTITION_DOCS = 1 << 20  # documents deduplicated in memory at once (~40 MB with the sort's temporaries)
-PART_DTYPE = np.dtype([("h1", "<u8"), ("h2", "<u8")])
+PARTITION_DOCS = 1 << 18  # documents deduplicated in memory at once (~16 MB with the sort's temporaries)
+MAX_PARTITIONS = 512  # open partition files at most (past 134M documents the partitions grow instead)
+PART_DTYPE = np.dtype([("h1", "<u8"), ("h2", "<u8"), ("g", "<i8")])  # g: the document's global input index
 
 
 def dest_name(index: int) -> str:
@@ -76,7 +77,7 @@ def duplicate_mask(work: Path, scans: list[ScanResult], total: int) -> np.ndarra
     deduplicated alone (its records stay in input order, and the sort is stable, so the first is the earliest).
     One partition (the usual case up to PARTITION_DOCS documents) never touches the disk."""
     dup = np.zeros(total, dtype=bool)
-    parts = max(1, math.ceil(total / PARTITION_DOCS))
+    parts = min(MAX_PARTITIONS, max(1, math.ceil(total / PARTITION_DOCS)))
     if parts == 1:
         h1 = np.empty(total, dtype=np.uint64)
         h2 = np.empty(total, dtype=np.uint64)
@@ -86,28 +87,27 @@ def duplicate_mask(work: Path, scans: list[ScanResult], total: int) -> np.ndarra
         return dup
     folder = work / "dedup-partitions"
     shutil.rmtree(folder, ignore_errors=True)
-    writers = [(ArrayWriter(folder / f"p{i:04d}.bin", PART_DTYPE), ArrayWriter(folder / f"g{i:04d}.bin", "<i8"))
-               for i in range(parts)]
+    writers = [ArrayWriter(folder / f"part-{i:04d}.bin", PART_DTYPE) for i in range(parts)]
     try:
         for _, g, c in _meta_chunks(work, scans):
+            rec = np.empty(len(c), dtype=PART_DTYPE)
+            rec["h1"], rec["h2"], rec["g"] = c["h1"], c["h2"], np.arange(g, g + len(c), dtype=np.int64)
             which = (c["h1"] >> np.uint64(40)) % np.uint64(parts)
-            index = np.arange(g, g + len(c), dtype=np.int64)
-            for i in np.unique(which).tolist():
-                sel = which == i
-                rec = np.empty(int(sel.sum()), dtype=PART_DTYPE)
-                rec["h1"], rec["h2"] = c["h1"][sel], c["h2"][sel]
-                writers[i][0].append(rec)
-                writers[i][1].append(index[sel])
-        for hw, gw in writers:
-            hw.publish(), gw.publish()
+            order = np.argsort(which, kind="stable")  # group by partition, input order kept within each
+            bounds = np.searchsorted(which[order], np.arange(parts + 1, dtype=np.uint64))
+            for i in range(parts):
+                if bounds[i + 1] > bounds[i]:
+                    writers[i].append(rec[order[bounds[i] : bounds[i + 1]]])
+        for w in writers:
+            w.publish()
     except BaseException:
-        for hw, gw in writers:
-            hw.abort(), gw.abort()
+        for w in writers:
+            w.abort()
         raise
     for i in range(parts):
-        with ArrayReader(folder / f"p{i:04d}.bin", PART_DTYPE) as hr, ArrayReader(folder / f"g{i:04d}.bin", "<i8") as gr:
-            rec, index = hr.read(hr.count), gr.read(gr.count)
-        dup[index[~first_occurrences(rec["h1"], rec["h2"])]] = True
+        with ArrayReader(folder / f"part-{i:04d}.bin", PART_DTYPE) as r:
+            rec = r.read(r.count)
+        dup[rec["g"][~first_occurrences(rec["h1"], rec["h2"])]] = True
     shutil.rmtree(folder, ignore_errors=True)
     return dup
 
