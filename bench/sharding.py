@@ -193,6 +193,10 @@ def main() -> int:
             f"{mb:.0f} MiB corpus → {nl_rss / 1024:.0f} MiB  (ratio {nl_rss / nl_small_rss:.2f} for "
             f"{nbig / nsmall:.1f}× the data)"
         )
+        plateau = a.shards * 16  # MiB: below this each shard is less than one 16 MiB row group (smaller buffers)
+        if nsmall / 2**20 < plateau:
+            print(f"    note: under {plateau} MiB of corpus ({a.shards} shards) each shard is smaller than one row "
+                  "group, so the writers' buffers are too; memory plateaus above it (compare two sizes above it)")
     finally:
         if a.dir is None:
             shutil.rmtree(scratch, ignore_errors=True)
