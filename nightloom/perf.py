@@ -4,6 +4,10 @@ Source (cited once, here): Chowdhery et al. 2022, "PaLM", Appendix B:
     FLOPs/token = 6·N + 12·L·H·Q·T     (N non-embedding params, L layers, H heads, Q head dim, T seq len)
     MFU = tokens/s · FLOPs/token / (GPUs · peak FLOP/s)
 HFU additionally counts recomputed forward FLOPs (full recompute: one extra forward = +2·N + 4·L·H·Q·T per token).
+Frozen base weights (LoRA/QLoRA): Kaplan et al. 2020, "Scaling Laws for Neural Language Models", §2.1, split the
+6·N into 2·N forward and 4·N backward, half of which is weight gradients; frozen weights need none, so the base
+costs 4·N (the attention term is all activation work and stays). The adapters' own 6·N_adapter is left out
+(under 1% of N for the usual ranks), so LoRA MFU is slightly understated, never overstated.
 """
 
 from __future__ import annotations
@@ -31,15 +35,22 @@ def count_params(shape: ModelShape, include_embeddings: bool = True) -> int:
 
 
 def flops_per_token(
-    shape: ModelShape, seq_len: int, recompute: str = "none", hardware: bool = False, lm_head: bool = False
+    shape: ModelShape,
+    seq_len: int,
+    recompute: str = "none",
+    hardware: bool = False,
+    lm_head: bool = False,
+    frozen_base: bool = False,
 ) -> float:
     """Training FLOPs per token (PaLM App. B). With hardware=True, count recomputation too (HFU).
 
     lm_head=True adds the output projection's 6·vocab·hidden (forward + backward, never recomputed), as
-    Narayanan et al. 2021 count it (their V/(16·l·h) term); PaLM's formula leaves it out."""
+    Narayanan et al. 2021 count it (their V/(16·l·h) term); PaLM's formula leaves it out. frozen_base=True
+    (LoRA/QLoRA) drops the base weights' gradient FLOPs: 4·N instead of 6·N (see the module docstring)."""
     n = count_params(shape, include_embeddings=False)
     attn = 12 * shape.layers * shape.heads * shape.head_dim * seq_len
-    model = 6 * n + attn + (6 * shape.vocab * shape.hidden if lm_head else 0)
+    per_param = 4 if frozen_base else 6
+    model = per_param * n + attn + (per_param * shape.vocab * shape.hidden if lm_head else 0)
     if not hardware or recompute == "none":
         return float(model)
     if recompute == "full":  # one extra forward pass: 1/3 of the 6N + attention term

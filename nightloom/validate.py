@@ -91,9 +91,11 @@ class MfuInputs:
 
 
 def mfu_inputs(shape: ModelShape, seq_len: int, recompute: str, n_devices: int, peak: Peak,
-               predicted_mfu: float | None = None) -> MfuInputs:
-    """MfuInputs from the model, the plan's recompute mode and the peak (FLOPs/token from nightloom.perf)."""
-    return MfuInputs(flops_per_token(shape, seq_len), flops_per_token(shape, seq_len, recompute, hardware=True),
+               predicted_mfu: float | None = None, frozen_base: bool = False) -> MfuInputs:
+    """MfuInputs from the model, the plan's recompute mode and the peak (FLOPs/token from nightloom.perf);
+    frozen_base for LoRA/QLoRA, whose base weights get no gradients."""
+    return MfuInputs(flops_per_token(shape, seq_len, frozen_base=frozen_base),
+                     flops_per_token(shape, seq_len, recompute, hardware=True, frozen_base=frozen_base),
                      n_devices, peak, predicted_mfu)
 
 

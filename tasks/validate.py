@@ -67,7 +67,9 @@ def validate_task(spec: RunSpec, run_dir: Path, plan: ParallelPlan, result: Trai
     if gpu_type == "cpu" and result.peak_flops:
         measured = PeakMeasurement(result.peak_flops, "fp32", result.peak_source or "measured on CPU")
     peak = resolve_peak(gpu_type, spec.train.precision, measured)
-    inputs = mfu_inputs(shape, spec.train.seq_len, plan.recompute, world_size, peak, predicted_mfu=plan.mfu)
+    xt = spec.train.xtuner if spec.train.backend == "xtuner" else None
+    inputs = mfu_inputs(shape, spec.train.seq_len, plan.recompute, world_size, peak, predicted_mfu=plan.mfu,
+                        frozen_base=xt is not None and xt.method != "full")
     ledger = Ledger(spec.ledger.url)
     try:
         golden = resolve_golden(spec.validate_.golden, ledger, spec.spec_hash())

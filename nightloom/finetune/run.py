@@ -104,8 +104,9 @@ def shard_files(spec: RunSpec, manifest) -> list[Path]:
     return [root / s.path for s in sorted(m.shards, key=lambda s: s.index)]
 
 
-def _hf_flops_per_token(base: Path, seq_len: int) -> float | None:
-    """PaLM FLOPs/token (nightloom.perf) from a Llama-style HF config.json; None for other architectures."""
+def _hf_flops_per_token(base: Path, seq_len: int, frozen_base: bool = False) -> float | None:
+    """PaLM FLOPs/token (nightloom.perf) from a Llama-style HF config.json; None for other architectures.
+    frozen_base for LoRA/QLoRA (no gradients for the base weights)."""
     from nightloom.catalog import ModelShape
     from nightloom.perf import flops_per_token
 
@@ -119,7 +120,7 @@ def _hf_flops_per_token(base: Path, seq_len: int) -> float | None:
         )
     except (KeyError, ValueError, OSError):
         return None
-    return flops_per_token(shape, seq_len)
+    return flops_per_token(shape, seq_len, frozen_base=frozen_base)
 
 
 def _peak(spec: RunSpec, profile: str, peak_flops: float | None) -> tuple[float | None, str | None]:
@@ -213,7 +214,7 @@ def plan_xtuner(spec: RunSpec, manifest, run_dir: str | Path, *, world_size: int
         python=str(env.python), env_key=env.key, profile=profile, method=xs.method, merge_lora=xs.merge_lora,
         base_model=str(base), run_dir=str(run_dir), config_path=str(cfg_path), work_dir=inputs.work_dir,
         processed_dir=inputs.processed_dir, log_dir=str(xdir / "logs"), world_size=world, total_steps=tr.steps,
-        tokens_per_step=tr.global_batch * tr.seq_len, flops_per_token=_hf_flops_per_token(base, tr.seq_len),
+        tokens_per_step=tr.global_batch * tr.seq_len, flops_per_token=_hf_flops_per_token(base, tr.seq_len, frozen_base=xs.method != "full"),
         peak_flops=peak, peak_source=peak_source,
         deepspeed=f"deepspeed_zero{xs.zero_stage}" if xs.zero_stage else None,
         data_files=inputs.data_files, prepare_key=_prepare_key(files, pkey_values),

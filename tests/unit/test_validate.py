@@ -98,6 +98,20 @@ def test_mfu_counts_each_step_against_the_devices_that_ran_it():
     assert measure_mfu(legacy, inputs(n_devices=2)).mfu > 0.55
 
 
+def test_lora_counts_no_weight_gradients_for_the_frozen_base():
+    """LoRA: 4N + attention per token instead of 6N + attention (Kaplan et al. 2020's 2N fwd + 4N bwd split)."""
+    from nightloom.perf import count_params
+
+    n = count_params(SHAPE, include_embeddings=False)
+    attn = 12 * SHAPE.layers * SHAPE.heads * SHAPE.head_dim * 128
+    assert flops_per_token(SHAPE, 128) == 6 * n + attn
+    assert flops_per_token(SHAPE, 128, frozen_base=True) == 4 * n + attn
+    lora = mfu_inputs(SHAPE, 128, "full", 1, PEAK, frozen_base=True)
+    assert lora.flops_per_token == 4 * n + attn and lora.hardware_flops_per_token == 6 * n + attn + attn / 3
+    # the same throughput is less work under LoRA, so a lower MFU
+    assert measure_mfu(healthy(), lora).mfu < measure_mfu(healthy(), inputs()).mfu
+
+
 def test_mfu_below_floor_fails_with_reason():
     vs = {v.name: v for v in check_mfu(healthy(tps=500), ValidateSpec(mfu_floor=0.3), inputs())}
     v = vs["mfu_floor"]
