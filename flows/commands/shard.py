@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import threading
+import time
 
 from pydantic import ValidationError
 
@@ -65,6 +67,24 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
+def _progress_lines():
+    """Progress as plain stderr lines (readable in logs, not only on a terminal): each stage's first and last
+    item and about every tenth of it, with the elapsed time; stdout stays the summary (or the --json)."""
+    t0 = time.monotonic()
+    seen: dict[str, int] = {}
+    lock = threading.Lock()  # scan/write callbacks arrive from worker threads
+
+    def note(stage: str, done: int, total: int) -> None:
+        with lock:
+            seen[stage] = count = seen.get(stage, 0) + 1
+            if count in (1, total) or count % max(1, total // 10) == 0:
+                unit = "input files" if stage == "scan" else "shards"
+                print(f"[shard] {stage} {count}/{total} {unit}  {time.monotonic() - t0:6.1f} s", file=sys.stderr,
+                      flush=True)
+
+    return note
+
+
 def _usage(msg: str) -> int:
     print(f"nightloom shard: error: {msg}", file=sys.stderr)
     return 2
@@ -99,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
     if args.workers is not None and args.workers < 1:
         return _usage("--workers must be >= 1")
     try:
-        manifest = shard_dataset(dataset, sharding, storage, workers=args.workers)
+        manifest = shard_dataset(dataset, sharding, storage, workers=args.workers, progress=_progress_lines())
     except (ShardingError, OSError) as err:
         if args.json:
             print(json.dumps({"output": sharding.output, "balanced": False, "error": str(err)}, indent=2))

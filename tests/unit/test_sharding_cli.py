@@ -65,8 +65,10 @@ def test_spec_form_with_override(tmp_path, capsys):
     spec = tmp_path / "run.yaml"
     spec.write_text("name: t\ndataset: {path: c.jsonl}\nsharding: {num_shards: 2, output: out, tolerance: 0.1}\n")
     assert _cli([str(spec), "--shards", "3"]) == 0
-    text = capsys.readouterr().out
+    captured = capsys.readouterr()
+    text = captured.out
     assert "3 shards at" in text and "balanced" in text
+    assert "[shard] scan 1/1 input files" in captured.err and "[shard] write 3/3 shards" in captured.err
     assert (tmp_path / "out" / "manifest.json").is_file() and src.is_file()
 
 
