@@ -28,13 +28,12 @@ os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.flows.test_recovery import Chaos, mark_unhealthy, recovery_spec
+from tests.flows.test_recovery import mark_unhealthy, recovery_spec, run_under_chaos
 
 
 def run(tmp: Path, steps: int, ckpt: int, faults_at: list[int], seed: int):
     import yaml
 
-    from flows.pipeline import training_pipeline
     from nightloom.ledger import Ledger
     from nightloom.provision.local import unhealthy_dir
     from nightloom.spec import load_spec
@@ -54,12 +53,7 @@ def run(tmp: Path, steps: int, ckpt: int, faults_at: list[int], seed: int):
             faults.append((0, step, 2, lambda: mark_unhealthy(unhealthy_dir(spec), "local-1")))
         else:
             faults.append((i, step, rng.randrange(4), None))
-    chaos = Chaos(tmp / "runs", faults)
-    chaos.start()
-    try:
-        state = training_pipeline(str(spec_path), return_state=True)
-    finally:
-        chaos.stop.set()
+    chaos, state = run_under_chaos(spec_path, tmp / "runs", faults)
     if not state.is_completed():
         raise SystemExit(f"run failed: {state.message}")
     summary = state.result()

@@ -76,14 +76,6 @@ def too_small_message(
 
 
 def balance(
-    buckets: np.ndarray, weights: np.ndarray, num_shards: int, tolerance: float, metric: str
-) -> tuple[np.ndarray, float, float, bool, np.ndarray]:
-    """balance_buckets for per-document bucket ids and weights (kept documents only)."""
-    bw = np.bincount(buckets, weights=weights, minlength=num_shards * VIRTUAL_BUCKETS).astype(np.int64)
-    return balance_buckets(bw, num_shards, tolerance, metric, docs=len(buckets))
-
-
-def balance_buckets(
     bucket_weights: np.ndarray, num_shards: int, tolerance: float, metric: str, docs: int
 ) -> tuple[np.ndarray, float, float, bool, np.ndarray]:
     """(bucket→shard mapping, imbalance before, after, rebalanced?, final loads) from per-bucket totals.

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict
 
 from nightloom.sharding import storage
 from nightloom.sharding.arrays import DEST_DTYPE, ArrayReader, ArrayWriter
-from nightloom.sharding.balance import VIRTUAL_BUCKETS, balance_buckets, check_enough_docs
+from nightloom.sharding.balance import VIRTUAL_BUCKETS, balance, check_enough_docs
 from nightloom.sharding.errors import BadInputError, ShardingError
 from nightloom.sharding.hashing import first_occurrences
 from nightloom.sharding.job import ShardJob
@@ -140,7 +140,7 @@ def place_documents(job: ShardJob, scans: list[ScanResult]) -> Placement:
         buckets = (c["h1"][keep] % nb).astype(np.int64)
         w = None if metric == "rows" else c["tokens" if metric == "tokens" else "nbytes"][keep]
         bucket_weights += np.bincount(buckets, weights=w, minlength=int(nb)).astype(np.int64)
-    mapping, before, after, rebalanced, loads = balance_buckets(
+    mapping, before, after, rebalanced, loads = balance(
         bucket_weights, job.num_shards, job.sharding.tolerance, metric, docs=kept
     )
     writer: ArrayWriter | None = None

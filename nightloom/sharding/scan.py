@@ -1,8 +1,8 @@
 """Map step: stream one input file, hash and count every record, spill kept records to Arrow IPC parts.
 
 One call per input file, independent of the others (a Prefect task; Dask/Ray can spread them). Spill parts
-hold the text (and key); a raw META_DTYPE file holds both hashes, tokens and bytes per record; the result marker is written
-last, so a re-run skips files already scanned (resume). Bad records fail at once (`on_error=fail`) or are
+hold the text (and key); a META_DTYPE array file holds both hashes, tokens and bytes per record; the result
+marker is written last, so a re-run skips files already scanned (resume). Bad records fail at once (`on_error=fail`) or are
 counted (`skip`).
 
 Two readers, same output: a fast path (Arrow's C++ JSON/Parquet/IPC readers, hashing straight from the Arrow
@@ -45,7 +45,7 @@ class ScanResult(BaseModel):
     model_config = ConfigDict(extra="forbid")
     index: int
     spills: list[str] = Field(default_factory=list)  # Arrow IPC parts of kept records, in order
-    meta: str | None = None  # META_DTYPE file of (h1, h2, tokens, nbytes) per spilled record; None when nothing was kept
+    meta: str | None = None  # META_DTYPE file: (h1, h2, tokens, nbytes) per spilled record; None if none kept
     records: int = 0  # records seen (good + empty + bad)
     docs: int = 0  # non-empty good documents spilled (before dedup)
     empty: int = 0
@@ -130,7 +130,7 @@ class _Spill:
 
 def _line_chunks(local: Path, size: int = JSON_CHUNK):
     """Line-aligned Arrow buffers of about `size` bytes (a longer line makes a longer piece), decompressing as it
-    goes. Zero-copy slices of what was read: only a partial last line is carried over and copied."""
+    goes. Pieces are slices of what was read; a partial last line is joined to the next read (one copy of it)."""
     name = local.name.lower()
     comp = "gzip" if name.endswith(".gz") else "zstd" if name.endswith((".zst", ".zstd")) else None
     with pa.input_stream(str(local), compression=comp) as f:

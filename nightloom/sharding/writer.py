@@ -51,6 +51,27 @@ def _cut(nbytes: np.ndarray) -> int:
     return 0
 
 
+def _rows_of_shard(work: Path, s: ScanResult, index: int, cols: list[str], schema: pa.Schema):
+    """(shard `index`'s rows of scan `s` as a table, their META_DTYPE records), batch by batch in input order.
+    The shard per row and the meta are read in step with the spill's batches; takes copy, so nothing handed out
+    refers to a mapped spill part."""
+    with (
+        ArrayReader(work / dest_name(s.index), DEST_DTYPE) as dest_file,
+        ArrayReader(work / s.meta, META_DTYPE) as meta_file,
+    ):
+        for part in s.spills:
+            # map one bounded part at a time: what the process touches never grows with the corpus
+            with pa.memory_map(str(work / part)) as src:
+                reader = pa.ipc.open_file(src)
+                for b in range(reader.num_record_batches):
+                    batch = reader.get_batch(b)
+                    dest, meta = dest_file.read(batch.num_rows), meta_file.read(batch.num_rows)
+                    idx = np.flatnonzero(dest == index)
+                    if len(idx):
+                        t = pa.Table.from_batches([batch.take(pa.array(idx))]).select(cols)
+                        yield t.cast(schema), meta[idx]
+
+
 def write_shard(job: ShardJob, scans: list[ScanResult], index: int) -> ShardInfo:
     """Write shard `index`; idempotent (a published shard with its marker is not rewritten)."""
     job.configure()
@@ -66,11 +87,10 @@ def write_shard(job: ShardJob, scans: list[ScanResult], index: int) -> ShardInfo
     tmp.parent.mkdir(parents=True, exist_ok=True)
     rows = tokens = nbytes = 0
     out_schema = pa.schema([(c, pa.string()) for c in cols])
-    pending: list[pa.Table] = []  # taken rows not yet written (copies: nothing refers to a mapped spill)
+    pending: list[pa.Table] = []  # rows taken for this shard, not yet written
     pending_nb: list[np.ndarray] = []
     pending_rows = pending_bytes = 0
     writer = None
-    readers: list[ArrayReader] = []
 
     def emit(final: bool) -> None:
         """Write every full row group of the pending rows (and, when final, the rest as the last one)."""
@@ -91,30 +111,16 @@ def write_shard(job: ShardJob, scans: list[ScanResult], index: int) -> ShardInfo
         for s in sorted(scans, key=lambda s: s.index):
             if not s.spills:
                 continue
-            dest_file = ArrayReader(work / dest_name(s.index), DEST_DTYPE)
-            meta_file = ArrayReader(work / s.meta, META_DTYPE)
-            readers.extend((dest_file, meta_file))
-            for part in s.spills:
-                # map one bounded part at a time: what the process touches never grows with the corpus
-                with pa.memory_map(str(work / part)) as src:
-                    reader = pa.ipc.open_file(src)
-                    for b in range(reader.num_record_batches):
-                        batch = reader.get_batch(b)
-                        n = batch.num_rows
-                        dest, meta = dest_file.read(n), meta_file.read(n)  # in step with the spill's rows
-                        idx = np.flatnonzero(dest == index)
-                        if len(idx):
-                            sel = meta[idx]
-                            rows += len(idx)
-                            tokens += int(sel["tokens"].sum())
-                            nbytes += int(sel["nbytes"].sum())
-                            t = pa.Table.from_batches([batch.take(pa.array(idx))]).select(cols)
-                            pending.append(t.cast(out_schema))
-                            pending_nb.append(sel["nbytes"])
-                            pending_rows += len(idx)
-                            pending_bytes += int(sel["nbytes"].sum())
-                            if pending_rows >= ROW_GROUP_ROWS or pending_bytes >= ROW_GROUP_BYTES:
-                                emit(final=False)
+            for t, sel in _rows_of_shard(work, s, index, cols, out_schema):
+                rows += len(sel)
+                tokens += int(sel["tokens"].sum())
+                nbytes += int(sel["nbytes"].sum())
+                pending.append(t)
+                pending_nb.append(sel["nbytes"])
+                pending_rows += len(sel)
+                pending_bytes += int(sel["nbytes"].sum())
+                if pending_rows >= ROW_GROUP_ROWS or pending_bytes >= ROW_GROUP_BYTES:
+                    emit(final=False)
         if pending:
             emit(final=True)
         if writer is None:  # an empty shard is still a valid Parquet file with the schema
@@ -124,8 +130,6 @@ def write_shard(job: ShardJob, scans: list[ScanResult], index: int) -> ShardInfo
         digest = storage.sha256_file(tmp)
         storage.put_file(tmp, final)
     finally:
-        for r in readers:
-            r.close()
         if writer is not None:
             writer.close()
         tmp.unlink(missing_ok=True)

@@ -69,6 +69,19 @@ class Chaos(threading.Thread):
             time.sleep(0.05)
 
 
+def run_under_chaos(spec_path: Path, runs_root: Path, faults) -> tuple[Chaos, object]:
+    """Run the pipeline on `spec_path` while a Chaos thread injects `faults`; (chaos, the flow's final state)."""
+    from flows.pipeline import training_pipeline
+
+    chaos = Chaos(runs_root, faults)
+    chaos.start()
+    try:
+        state = training_pipeline(str(spec_path), return_state=True)
+    finally:
+        chaos.stop.set()
+    return chaos, state
+
+
 def mark_unhealthy(folder: Path, node: str) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / node).write_text("injected by the test\n")
@@ -128,7 +141,6 @@ def reference_losses(job_file: Path, spec_path: Path, out: Path) -> list[float]:
 def test_node_lost_mid_run_recovers_in_new_layout(prefect_backend, tmp_path):
     """2 nodes × 2 ranks; at step ≥ 6 local-1 turns unhealthy and rank 2 is killed → excluded, re-planned
     for 2 ranks, resumed from the step-4 checkpoint in the same flow run, ledger row and metrics file."""
-    from flows.pipeline import training_pipeline
     from nightloom.ledger import Ledger
     from nightloom.metrics import read_metrics
     from nightloom.provision.local import unhealthy_dir
@@ -136,12 +148,9 @@ def test_node_lost_mid_run_recovers_in_new_layout(prefect_backend, tmp_path):
 
     spec_path = recovery_spec(tmp_path, nodes=2, ranks=2, steps=STEPS)
     spec = load_spec(spec_path)
-    chaos = Chaos(tmp_path / "runs", [(0, 6, 2, lambda: mark_unhealthy(unhealthy_dir(spec), "local-1"))])
-    chaos.start()
-    try:
-        state = training_pipeline(str(spec_path), return_state=True)
-    finally:
-        chaos.stop.set()
+    chaos, state = run_under_chaos(
+        spec_path, tmp_path / "runs", [(0, 6, 2, lambda: mark_unhealthy(unhealthy_dir(spec), "local-1"))]
+    )
     assert chaos.done, "the fault was never injected (the run ended first?)"
     assert state.is_completed(), state.message
     s = state.result()
@@ -195,18 +204,12 @@ def test_node_lost_mid_run_recovers_in_new_layout(prefect_backend, tmp_path):
 def test_out_of_attempts_stops_cleanly(prefect_backend, tmp_path):
     """max_attempts=1: a transient failure (preflight passes) is retried on the same nodes; the second
     failure stops the run with its checkpoint, a clear reason in the flow state and ledger, nothing running."""
-    from flows.pipeline import training_pipeline
     from nightloom.ledger import Ledger
     from nightloom.spec import load_spec
 
     spec_path = recovery_spec(tmp_path, nodes=2, ranks=1, steps=40, max_attempts=1)
     spec = load_spec(spec_path)
-    chaos = Chaos(tmp_path / "runs", [(0, 5, 1, None), (1, 6, 1, None)])
-    chaos.start()
-    try:
-        state = training_pipeline(str(spec_path), return_state=True)
-    finally:
-        chaos.stop.set()
+    chaos, state = run_under_chaos(spec_path, tmp_path / "runs", [(0, 5, 1, None), (1, 6, 1, None)])
     assert len(chaos.done) == 2, chaos.done
     assert state.is_failed()
     assert "RecoveryGaveUp" in state.message and "out of attempts: 1 of recovery.max_attempts=1" in state.message

@@ -18,15 +18,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.flows.test_recovery import Chaos, processes_mentioning, recovery_spec
+from tests.flows.test_recovery import processes_mentioning, recovery_spec, run_under_chaos
 from tests.services.test_slurm import slurm  # noqa: F401 - the fixture
 from tests.services.test_ssh import PY
+from tests.services.test_ssh_recovery import plant_fake_torch
 
 pytestmark = [pytest.mark.services, pytest.mark.timeout(400)]
 
 
 def test_failed_slurm_node_is_excluded_from_a_new_allocation(prefect_backend, slurm, tmp_path):  # noqa: F811
-    from flows.pipeline import training_pipeline
     from nightloom.ledger import Ledger
     from nightloom.metrics import read_metrics
     from nightloom.spec import load_spec
@@ -46,8 +46,7 @@ def test_failed_slurm_node_is_excluded_from_a_new_allocation(prefect_backend, sl
     envs: list[Path] = []
 
     def break_n2() -> None:
-        (slot / "torch").mkdir()
-        (slot / "torch" / "__init__.py").write_text("__version__ = '0.0.1-fake'\n")
+        plant_fake_torch(slot)
         (cluster_file,) = (tmp_path / "runs").glob("*/cluster.json")
         env = Path(json.loads(cluster_file.read_text())["nodes"][0]["python"]).parent.parent
         envs.append(env)
@@ -55,12 +54,9 @@ def test_failed_slurm_node_is_excluded_from_a_new_allocation(prefect_backend, sl
         (site / "zz_test_sick_n2.pth").write_text(
             f"import os, sys; os.environ.get('SLURMD_NODENAME') == 'n2' and sys.path.insert(0, {str(slot)!r})\n")
 
-    chaos = Chaos(tmp_path / "runs", [(0, 6, 1, break_n2)])
-    chaos.start()
     try:
-        state = training_pipeline(str(spec_path), return_state=True)
+        chaos, state = run_under_chaos(spec_path, tmp_path / "runs", [(0, 6, 1, break_n2)])
     finally:
-        chaos.stop.set()
         for env in envs:  # this test's own node environment (keyed by the wrapper's path): not left behind
             shutil.rmtree(env, ignore_errors=True)
     assert chaos.done, "the fault was never injected"
@@ -88,6 +84,6 @@ def test_failed_slurm_node_is_excluded_from_a_new_allocation(prefect_backend, sl
     assert it.kind == "node" and "n2" in it.detail and "torch: 0.0.1-fake" in it.detail, it.detail
 
     # nothing of ours left in the queue or running
-    q = subprocess.run(["squeue", "-h", "-n", f"nightloom-{spec.name}", "-o", "%i %T"], capture_output=True, text=True)
+    q = subprocess.run(["squeue", "-h", "-n", f"nightloom-{spec.name}", "-o", "%i %T"], capture_output=True, text=True, check=False)
     assert q.stdout.strip() == "", q.stdout
     assert not processes_mentioning(str(run_dir))

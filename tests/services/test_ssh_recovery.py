@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.flows.test_recovery import Chaos, processes_mentioning, recovery_spec
+from tests.flows.test_recovery import processes_mentioning, recovery_spec, run_under_chaos
 from tests.services.test_ssh import PY, sshenv  # noqa: F401 - the fixture
 
 pytestmark = [pytest.mark.services, pytest.mark.timeout(400)]
@@ -34,31 +34,34 @@ def ssh_recovery_spec(sshenv, tmp_path: Path, sick_python: str) -> Path:  # noqa
     return p
 
 
-def test_unhealthy_ssh_node_is_excluded_and_the_run_finishes(prefect_backend, sshenv, tmp_path):  # noqa: F811
-    from flows.pipeline import training_pipeline
-    from nightloom.ledger import Ledger
-    from nightloom.metrics import read_metrics
-    from nightloom.spec import load_spec
+def plant_fake_torch(folder: Path) -> None:
+    """A `torch` package reporting version 0.0.1-fake: preflight's torch check fails where it is imported first."""
+    (folder / "torch").mkdir()
+    (folder / "torch" / "__init__.py").write_text("__version__ = '0.0.1-fake'\n")
 
+
+def sick_node_python(tmp_path: Path) -> tuple[Path, Path]:
+    """(interpreter wrapper whose PYTHONPATH starts with an at first empty folder, that folder)."""
     slot = tmp_path / "sick-slot"
     slot.mkdir()
     wrapper = tmp_path / "python-node2"
     wrapper.write_text(f"#!/bin/sh\nPYTHONPATH={slot} exec {PY} \"$@\"\n")
     wrapper.chmod(0o755)
+    return wrapper, slot
+
+
+def test_unhealthy_ssh_node_is_excluded_and_the_run_finishes(prefect_backend, sshenv, tmp_path):  # noqa: F811
+    from nightloom.ledger import Ledger
+    from nightloom.metrics import read_metrics
+    from nightloom.spec import load_spec
+
+    wrapper, slot = sick_node_python(tmp_path)
     spec_path = ssh_recovery_spec(sshenv, tmp_path, str(wrapper))
     spec = load_spec(spec_path)
     bad = f"{sshenv['hosts'][1][0]}:{sshenv['hosts'][1][1]}"
 
-    def break_node2() -> None:
-        (slot / "torch").mkdir()
-        (slot / "torch" / "__init__.py").write_text("__version__ = '0.0.1-fake'\n")
 
-    chaos = Chaos(tmp_path / "runs", [(0, 6, 1, break_node2)])
-    chaos.start()
-    try:
-        state = training_pipeline(str(spec_path), return_state=True)
-    finally:
-        chaos.stop.set()
+    chaos, state = run_under_chaos(spec_path, tmp_path / "runs", [(0, 6, 1, lambda: plant_fake_torch(slot))])
     assert chaos.done, "the fault was never injected"
     assert state.is_completed(), state.message
     s = state.result()
@@ -86,16 +89,11 @@ def test_failed_ssh_node_is_replaced_by_a_spare_host(prefect_backend, sshenv, tm
     """Three hosts, the third `spare: true` (on the first sshd, its own workdir). Node 2 turns unhealthy and is
     killed: the spare is connected, prepared and preflighted, joins, and the run finishes on 2 ranks in the
     layout it started with (no re-plan), in the same flow run and ledger row."""
-    from flows.pipeline import training_pipeline
     from nightloom.ledger import Ledger
     from nightloom.metrics import read_metrics
     from nightloom.spec import load_spec
 
-    slot = tmp_path / "sick-slot"
-    slot.mkdir()
-    wrapper = tmp_path / "python-node2"
-    wrapper.write_text(f"#!/bin/sh\nPYTHONPATH={slot} exec {PY} \"$@\"\n")
-    wrapper.chmod(0o755)
+    wrapper, slot = sick_node_python(tmp_path)
     spec_path = ssh_recovery_spec(sshenv, tmp_path, str(wrapper))
     data = yaml.safe_load(spec_path.read_text())
     h, port = sshenv["hosts"][0]
@@ -105,16 +103,8 @@ def test_failed_ssh_node_is_replaced_by_a_spare_host(prefect_backend, sshenv, tm
     spec = load_spec(spec_path)
     spare = f"{h}:{port}#2"
 
-    def break_node2() -> None:
-        (slot / "torch").mkdir()
-        (slot / "torch" / "__init__.py").write_text("__version__ = '0.0.1-fake'\n")
 
-    chaos = Chaos(tmp_path / "runs", [(0, 6, 1, break_node2)])
-    chaos.start()
-    try:
-        state = training_pipeline(str(spec_path), return_state=True)
-    finally:
-        chaos.stop.set()
+    chaos, state = run_under_chaos(spec_path, tmp_path / "runs", [(0, 6, 1, lambda: plant_fake_torch(slot))])
     assert chaos.done, "the fault was never injected"
     assert state.is_completed(), state.message
     s = state.result()
