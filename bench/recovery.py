@@ -39,8 +39,7 @@ def run(tmp: Path, steps: int, ckpt: int, faults_at: list[int], seed: int):
     from nightloom.spec import load_spec
 
     tmp.mkdir(parents=True)
-    spec_path = recovery_spec(tmp, nodes=2, ranks=2, steps=steps, max_attempts=len(faults_at) + 1,
-                              spare_nodes=1)
+    spec_path = recovery_spec(tmp, nodes=2, ranks=2, steps=steps, max_attempts=len(faults_at) + 1, spare_nodes=1)
     data = yaml.safe_load(spec_path.read_text())
     data["train"]["checkpoint_every"] = ckpt
     data["train"]["seq_len"] = 128
@@ -73,31 +72,42 @@ def main() -> int:
     rng = random.Random(args.seed)
     span = args.steps // (args.failures + 1)
     # fault i lands in the i-th slice of the run, past its first checkpoint (so something is resumed)
-    faults_at = [i * span + args.checkpoint_every + 1 + rng.randrange(max(1, span - args.checkpoint_every - 1))
-                 for i in range(args.failures)]
+    faults_at = [
+        i * span + args.checkpoint_every + 1 + rng.randrange(max(1, span - args.checkpoint_every - 1))
+        for i in range(args.failures)
+    ]
     from prefect.testing.utilities import prefect_test_harness
 
     with tempfile.TemporaryDirectory() as d, prefect_test_harness(server_startup_timeout=180):
         base, _, base_train, _ = run(Path(d) / "baseline", args.steps, args.checkpoint_every, [], args.seed)
-        chaos, row, chaos_train, done = run(Path(d) / "chaos", args.steps, args.checkpoint_every, faults_at,
-                                            args.seed)
-    print(f"\nrecovery benchmark: tiny model, 2 nodes × 2 CPU ranks (+1 spare), {args.steps} steps, checkpoint "
-          f"every {args.checkpoint_every}, seed {args.seed}, {len(done)} failure(s) injected at steps "
-          f"{[s for _, s, _ in done]} (planned {faults_at})")
+        chaos, row, chaos_train, done = run(Path(d) / "chaos", args.steps, args.checkpoint_every, faults_at, args.seed)
+    print(
+        f"\nrecovery benchmark: tiny model, 2 nodes × 2 CPU ranks (+1 spare), {args.steps} steps, checkpoint "
+        f"every {args.checkpoint_every}, seed {args.seed}, {len(done)} failure(s) injected at steps "
+        f"{[s for _, s, _ in done]} (planned {faults_at})"
+    )
     print(f"{'#':>2} {'kind':<10} {'recover s':>10} {'lost s':>8}  how it resumed")
     for i, it in enumerate(row.interruptions):
         how = it.detail.rsplit("; resumed", 1)[-1] if "; resumed" in it.detail else it.detail[-100:]
-        print(f"{i:>2} {it.kind:<10} {it.recovery_s if it.recovery_s is not None else float('nan'):>10.2f} "
-              f"{it.lost_s or 0:>8.2f}  resumed{how}")
+        print(
+            f"{i:>2} {it.kind:<10} {it.recovery_s if it.recovery_s is not None else float('nan'):>10.2f} "
+            f"{it.lost_s or 0:>8.2f}  resumed{how}"
+        )
     rec = [it.recovery_s for it in row.interruptions if it.recovery_s is not None]
     lost = sum(it.lost_s or 0 for it in row.interruptions)
-    print(f"time to recover: mean {sum(rec) / max(1, len(rec)):.2f} s, max {max(rec, default=0):.2f} s "
-          f"(detection → first step of the next attempt)")
-    print(f"train stage: baseline {base_train:.1f} s, with {len(done)} failure(s) {chaos_train:.1f} s → "
-          f"overhead ×{chaos_train / base_train:.2f}; time lost (ledger) {lost:.1f} s = "
-          f"{lost / chaos_train:.0%} of the chaos train stage")
-    print(f"interruption rate: {row.interruption_count / (chaos_train / 3600):.0f}/h of training; final loss "
-          f"baseline {base.last_loss:.6f} vs chaos {chaos.last_loss:.6f} (Δ {abs(base.last_loss - chaos.last_loss):.1e})")
+    print(
+        f"time to recover: mean {sum(rec) / max(1, len(rec)):.2f} s, max {max(rec, default=0):.2f} s "
+        f"(detection → first step of the next attempt)"
+    )
+    print(
+        f"train stage: baseline {base_train:.1f} s, with {len(done)} failure(s) {chaos_train:.1f} s → "
+        f"overhead ×{chaos_train / base_train:.2f}; time lost (ledger) {lost:.1f} s = "
+        f"{lost / chaos_train:.0%} of the chaos train stage"
+    )
+    print(
+        f"interruption rate: {row.interruption_count / (chaos_train / 3600):.0f}/h of training; final loss "
+        f"baseline {base.last_loss:.6f} vs chaos {chaos.last_loss:.6f} (Δ {abs(base.last_loss - chaos.last_loss):.1e})"
+    )
     return 0
 
 

@@ -195,8 +195,10 @@ def main() -> int:
         )
         plateau = a.shards * 16  # MiB: below this each shard is less than one 16 MiB row group (smaller buffers)
         if nsmall / 2**20 < plateau:
-            print(f"    note: under {plateau} MiB of corpus ({a.shards} shards) each shard is smaller than one row "
-                  "group, so the writers' buffers are too; memory plateaus above it (compare two sizes above it)")
+            print(
+                f"    note: under {plateau} MiB of corpus ({a.shards} shards) each shard is smaller than one row "
+                "group, so the writers' buffers are too; memory plateaus above it (compare two sizes above it)"
+            )
     finally:
         if a.dir is None:
             shutil.rmtree(scratch, ignore_errors=True)

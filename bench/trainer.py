@@ -49,7 +49,7 @@ def plain_loop(model_name: str, manifest: Path, steps: int, seq_len: int, mb: in
         t0 = time.perf_counter()
         for g in opt.param_groups:
             g["lr"] = lr_at(step, 3e-3, 2, steps, 0.1)
-        (x, y), = loader.batch(step).micro
+        ((x, y),) = loader.batch(step).micro
         loss = loss_fn(model(x), y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -60,11 +60,22 @@ def plain_loop(model_name: str, manifest: Path, steps: int, seq_len: int, mb: in
     return times[WARMUP:]
 
 
-def trainer_run(nproc: int, model: str, manifest: Path, steps: int, seq_len: int, mb: int, peak: float,
-                tmp: Path, tag: str):
-    job = make_job(tmp / tag, manifest, model=model, steps=steps, seq_len=seq_len, global_batch=mb * nproc,
-                   timeout_s=120, job_kw={"peak_flops": peak, "peak_source": "bench: measured"},
-                   micro_batch=mb, grad_accum=1, dp_shard=nproc)
+def trainer_run(
+    nproc: int, model: str, manifest: Path, steps: int, seq_len: int, mb: int, peak: float, tmp: Path, tag: str
+):
+    job = make_job(
+        tmp / tag,
+        manifest,
+        model=model,
+        steps=steps,
+        seq_len=seq_len,
+        global_batch=mb * nproc,
+        timeout_s=120,
+        job_kw={"peak_flops": peak, "peak_source": "bench: measured"},
+        micro_batch=mb,
+        grad_accum=1,
+        dp_shard=nproc,
+    )
     return launch(nproc, job, timeout=900).metrics[WARMUP:]
 
 
@@ -80,17 +91,25 @@ def main() -> int:
     manifest = write_corpus(tmp / "corpus", shards=4, docs_per_shard=400)
     peak = perf.measure_cpu_matmul_peak()
     shape = get_model(a.model)
-    print(f"model {a.model} ({perf.count_params(shape):,} params), seq {a.seq_len}, micro-batch {a.micro_batch}, "
-          f"{a.steps} steps ({WARMUP} warm-up dropped); peak {peak.flops / 1e9:.1f} GFLOP/s ({peak.source})")
+    print(
+        f"model {a.model} ({perf.count_params(shape):,} params), seq {a.seq_len}, micro-batch {a.micro_batch}, "
+        f"{a.steps} steps ({WARMUP} warm-up dropped); peak {peak.flops / 1e9:.1f} GFLOP/s ({peak.source})"
+    )
 
     plain, ours = [], []
     for r in range(a.repeats):  # interleave to share the (noisy, shared) host's good and bad moments
         plain += plain_loop(a.model, manifest, a.steps, a.seq_len, a.micro_batch)
-        ours += [m.step_time_s for m in trainer_run(1, a.model, manifest, a.steps, a.seq_len, a.micro_batch,
-                                                    peak.flops, tmp, f"single-{r}")]
+        ours += [
+            m.step_time_s
+            for m in trainer_run(
+                1, a.model, manifest, a.steps, a.seq_len, a.micro_batch, peak.flops, tmp, f"single-{r}"
+            )
+        ]
     p, o = statistics.median(plain), statistics.median(ours)
-    print(f"\n1 process, median step: plain loop {p * 1e3:.1f} ms, nightloom.train {o * 1e3:.1f} ms "
-          f"-> ratio {o / p:.3f} (target <= 1.10)")
+    print(
+        f"\n1 process, median step: plain loop {p * 1e3:.1f} ms, nightloom.train {o * 1e3:.1f} ms "
+        f"-> ratio {o / p:.3f} (target <= 1.10)"
+    )
 
     fpt = perf.flops_per_token(shape, a.seq_len)
     print(f"\n{'procs':>5} {'tokens/s':>10} {'MFU':>7} {'speed-up':>9} {'step ms':>8}")
@@ -100,8 +119,11 @@ def main() -> int:
         tps = statistics.median(m.tokens_per_s for m in ms)
         mfu = perf.mfu(tps, fpt, n, peak.flops)
         base = base or tps
-        print(f"{n:>5} {tps:>10,.0f} {mfu:>7.1%} {tps / base:>8.2f}x "
-              f"{statistics.median(m.step_time_s for m in ms) * 1e3:>8.1f}", flush=True)
+        print(
+            f"{n:>5} {tps:>10,.0f} {mfu:>7.1%} {tps / base:>8.2f}x "
+            f"{statistics.median(m.step_time_s for m in ms) * 1e3:>8.1f}",
+            flush=True,
+        )
     print(f"\n(host has {os.cpu_count()} cores; processes beyond that share them)")
     return 0
 

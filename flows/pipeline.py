@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from contextlib import contextmanager
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
@@ -18,10 +18,11 @@ from prefect.runtime import flow_run as current_run
 from flows.shard import shard_dataset_flow
 from nightloom.catalog import ModelShape, get_gpu, get_model
 from nightloom.report import RunSummary, StageTime
-from nightloom.spec import RunSpec, coerce_spec
 from nightloom.schedule import BillingSpan, BudgetExceeded, next_window
+from nightloom.spec import RunSpec, coerce_spec
 from nightloom.train.job import ModelConfig, TrainJob
 from nightloom.validate import ValidationFailed
+from tasks.finetune import xtuner_train_task
 from tasks.gate import gate_task, schedule_same_deployment
 from tasks.plan import plan_task
 from tasks.provision import acquire_cluster, make_provider, release_cluster
@@ -29,7 +30,6 @@ from tasks.record import fail_record_task, record_task, run_cost, start_record_t
 from tasks.recovery import train_with_recovery
 from tasks.teardown import kill_recorded_processes, record_cluster, teardown_hook
 from tasks.validate import validate_task
-from tasks.finetune import xtuner_train_task
 
 
 class Stopwatch:
@@ -57,7 +57,7 @@ def model_shape(spec: RunSpec) -> ModelShape:
 
 def make_run_id(spec: RunSpec) -> str:
     fr = current_run.get_id()
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     return f"{spec.name}-{stamp}-{(fr or 'local')[:8]}"
 
 
@@ -76,7 +76,7 @@ def cluster_lock(name: str):
 
 def continue_in_next_window(spec: RunSpec, run_id: str, now: datetime | None) -> tuple[str, str | None]:
     """Schedule the continuation of a split run at the next window start (same run id: resumes its checkpoint)."""
-    start = next_window(spec.schedule, now or datetime.now(timezone.utc)).start.astimezone(ZoneInfo(spec.schedule.timezone))
+    start = next_window(spec.schedule, now or datetime.now(UTC)).start.astimezone(ZoneInfo(spec.schedule.timezone))
     params = {"spec": spec.model_dump(mode="json", by_alias=True), "resume_run_id": run_id}
     return start.isoformat(), schedule_same_deployment(params, start)
 
@@ -123,7 +123,7 @@ def training_pipeline(
 
     ledger_id = start_record_task(spec, run_id, pre_plan, resume=resume_run_id is not None)
     summary.ledger_id = ledger_id
-    started = datetime.now(timezone.utc)
+    started = datetime.now(UTC)
     provider = make_provider(spec)
     cluster = None
     result = None
@@ -137,9 +137,16 @@ def training_pipeline(
             summary.layout, summary.world_size = plan.layout(), cluster.world_size
             summary.mfu_predicted = plan.mfu
             job = TrainJob(
-                run_id=run_id, run_dir=str(run_dir), model=ModelConfig.from_shape(shape), plan=plan,
-                train=spec.train, manifest=spec.sharding.output, s3_endpoint_url=spec.storage.s3_endpoint_url,
-                peak_flops=None, peak_source=None, deadline_unix=decision.deadline_unix,
+                run_id=run_id,
+                run_dir=str(run_dir),
+                model=ModelConfig.from_shape(shape),
+                plan=plan,
+                train=spec.train,
+                manifest=spec.sharding.output,
+                s3_endpoint_url=spec.storage.s3_endpoint_url,
+                peak_flops=None,
+                peak_source=None,
+                deadline_unix=decision.deadline_unix,
                 stop_after_steps=decision.stop_after_steps,
             )
             if spec.cluster.gpu_type != "cpu":
@@ -149,7 +156,7 @@ def training_pipeline(
             first_gpus, provisioning_s = cluster.world_size, cluster.time_to_ready_s
             with watch.stage("train"):
                 if spec.train.backend == "xtuner":
-                    train_start = datetime.now(timezone.utc)
+                    train_start = datetime.now(UTC)
                     result = xtuner_train_task(spec, spec.sharding.output, str(run_dir), cluster, provider)
                     spans = [BillingSpan(train_start, result.wall_s, cluster.world_size)]
                 else:
@@ -175,8 +182,10 @@ def training_pipeline(
         if result.stopped != "completed" and outcome.passed:
             kind = decision.deadline_kind or "deadline"
             summary.status, status = ("split" if kind == "window" else "stopped"), "stopped"
-            summary.reason = (f"stopped at the {kind} end after {result.steps_done}/{result.total_steps} steps "
-                              f"(checkpoint {result.last_checkpoint})")
+            summary.reason = (
+                f"stopped at the {kind} end after {result.steps_done}/{result.total_steps} steps "
+                f"(checkpoint {result.last_checkpoint})"
+            )
         with watch.stage("record"):
             summary = record_task(spec, summary, plan, cluster, outcome, cost, watch.stages, status)
     except Exception as e:

@@ -65,17 +65,37 @@ MODELS: dict[str, ModelShape] = {
 
 def _gpt(name, layers, hidden, heads, params):
     """GPT-3-style shape of Narayanan et al. 2021 (PTD-P) Table 1: vocab 51200, seq 2048, MHA, 4h GELU MLP, tied."""
-    return ModelShape(name, layers, hidden, heads, heads, 4 * hidden, 51200, 2048, tied_embeddings=True,
-                      gated_mlp=False, published_params=params)
+    return ModelShape(
+        name,
+        layers,
+        hidden,
+        heads,
+        heads,
+        4 * hidden,
+        51200,
+        2048,
+        tied_embeddings=True,
+        gated_mlp=False,
+        published_params=params,
+    )
 
 
 # PTD-P's published sizes are rounded (1.7 for 1.65e9): checks compare within that rounding.
-MODELS.update({m.name: m for m in (
-    _gpt("gpt-1.7b", 24, 2304, 24, 1.7e9), _gpt("gpt-3.6b", 30, 3072, 32, 3.6e9),
-    _gpt("gpt-7.5b", 36, 4096, 32, 7.5e9), _gpt("gpt-18.4b", 40, 6144, 48, 18.4e9),
-    _gpt("gpt-39.1b", 48, 8192, 64, 39.1e9), _gpt("gpt-76.1b", 60, 10240, 80, 76.1e9),
-    _gpt("gpt-310.1b", 96, 16384, 128, 310.1e9), _gpt("gpt-1008b", 128, 25600, 160, 1008e9),
-)})
+MODELS.update(
+    {
+        m.name: m
+        for m in (
+            _gpt("gpt-1.7b", 24, 2304, 24, 1.7e9),
+            _gpt("gpt-3.6b", 30, 3072, 32, 3.6e9),
+            _gpt("gpt-7.5b", 36, 4096, 32, 7.5e9),
+            _gpt("gpt-18.4b", 40, 6144, 48, 18.4e9),
+            _gpt("gpt-39.1b", 48, 8192, 64, 39.1e9),
+            _gpt("gpt-76.1b", 60, 10240, 80, 76.1e9),
+            _gpt("gpt-310.1b", 96, 16384, 128, 310.1e9),
+            _gpt("gpt-1008b", 128, 25600, 160, 1008e9),
+        )
+    }
+)
 
 _HF_LLAMA_TYPES = ("llama", "mistral", "qwen2")
 
@@ -107,20 +127,34 @@ def shape_from_hf_config(path: str | Path) -> ModelShape:
         if mtype in _HF_LLAMA_TYPES:
             heads = need("num_attention_heads")
             return ModelShape(
-                name=str(name), layers=need("num_hidden_layers"), hidden=need("hidden_size"), heads=heads,
-                kv_heads=cfg.get("num_key_value_heads") or heads, ffn_hidden=need("intermediate_size"),
-                vocab=need("vocab_size"), max_seq=need("max_position_embeddings"),
-                tied_embeddings=bool(cfg.get("tie_word_embeddings", False)), gated_mlp=True,
-                norm_eps=float(cfg.get("rms_norm_eps", 1e-5)), rope_theta=float(cfg.get("rope_theta", 10000.0)))
+                name=str(name),
+                layers=need("num_hidden_layers"),
+                hidden=need("hidden_size"),
+                heads=heads,
+                kv_heads=cfg.get("num_key_value_heads") or heads,
+                ffn_hidden=need("intermediate_size"),
+                vocab=need("vocab_size"),
+                max_seq=need("max_position_embeddings"),
+                tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+                gated_mlp=True,
+                norm_eps=float(cfg.get("rms_norm_eps", 1e-5)),
+                rope_theta=float(cfg.get("rope_theta", 10000.0)),
+            )
         if mtype == "gpt2":
             hidden = need("n_embd", "hidden_size")
             return ModelShape(
-                name=str(name), layers=need("n_layer", "num_hidden_layers"), hidden=hidden,
-                heads=need("n_head", "num_attention_heads"), kv_heads=need("n_head", "num_attention_heads"),
-                ffn_hidden=cfg.get("n_inner") or 4 * hidden, vocab=need("vocab_size"),
+                name=str(name),
+                layers=need("n_layer", "num_hidden_layers"),
+                hidden=hidden,
+                heads=need("n_head", "num_attention_heads"),
+                kv_heads=need("n_head", "num_attention_heads"),
+                ffn_hidden=cfg.get("n_inner") or 4 * hidden,
+                vocab=need("vocab_size"),
                 max_seq=need("n_positions", "max_position_embeddings"),
-                tied_embeddings=bool(cfg.get("tie_word_embeddings", True)), gated_mlp=False,
-                norm_eps=float(cfg.get("layer_norm_epsilon", 1e-5)))
+                tied_embeddings=bool(cfg.get("tie_word_embeddings", True)),
+                gated_mlp=False,
+                norm_eps=float(cfg.get("layer_norm_epsilon", 1e-5)),
+            )
     except ValueError as err:
         if str(err).startswith(str(p)):
             raise
@@ -165,43 +199,146 @@ TB = 1e12
 #: Per-GPU network bandwidth assumes one NIC per GPU (rail-optimised): 8x200 Gb/s HDR on A100/A800 nodes,
 #: 8x400 Gb/s NDR on H100/H200 nodes (the reference designs, DGX A100/H100); cheaper clusters differ: override.
 GPUS: dict[str, GPUSpec] = {
-    "a100-40gb": GPUSpec("a100-40gb", 312e12, 19.5e12, 40, 300 * GB, 25 * GB, 5e-6, 10e-6,
-                         "NVIDIA A100 datasheet (SXM, 2021): 312 TFLOPS BF16 dense, NVLink 600 GB/s bidir, "
-                         "HBM2 1,555 GB/s", 1.555 * TB),
-    "a100-80gb": GPUSpec("a100-80gb", 312e12, 19.5e12, 80, 300 * GB, 25 * GB, 5e-6, 10e-6,
-                         "NVIDIA A100 datasheet (SXM, 2021): 312 TFLOPS BF16 dense, NVLink 600 GB/s bidir, "
-                         "HBM2e 2,039 GB/s", 2.039 * TB),
-    "a800-80gb": GPUSpec("a800-80gb", 312e12, 19.5e12, 80, 200 * GB, 25 * GB, 5e-6, 10e-6,
-                         "NVIDIA A800 datasheet (SXM): 312 TFLOPS BF16 dense, NVLink 400 GB/s bidir, "
-                         "HBM2e 2,039 GB/s", 2.039 * TB),
-    "h100-80gb": GPUSpec("h100-80gb", 989e12, 67e12, 80, 450 * GB, 50 * GB, 4e-6, 8e-6,
-                         "NVIDIA H100 datasheet (SXM5): 989 TFLOPS BF16 dense, NVLink 900 GB/s bidir, "
-                         "HBM3 3.35 TB/s", 3.35 * TB),
-    "h800": GPUSpec("h800", 989e12, 67e12, 80, 200 * GB, 50 * GB, 4e-6, 8e-6,
-                    "NVIDIA H800 SXM5 product brief: H100 compute (989 TFLOPS BF16 dense), NVLink 400 GB/s bidir, "
-                    "HBM3 3.35 TB/s", 3.35 * TB),
-    "h200": GPUSpec("h200", 989e12, 67e12, 140, 450 * GB, 50 * GB, 4e-6, 8e-6,
-                    "NVIDIA H200 datasheet (SXM): 989 TFLOPS BF16 dense, 141 GB HBM3e (~140 GiB usable), "
-                    "4.8 TB/s, NVLink 900 GB/s bidir", 4.8 * TB),
-    "h20": GPUSpec("h20", 148e12, 44e12, 96, 450 * GB, 50 * GB, 4e-6, 8e-6,
-                   "NVIDIA H20 product brief: 148 TFLOPS BF16 dense, 96 GB HBM3 4.0 TB/s, NVLink 900 GB/s bidir",
-                   4.0 * TB),
-    "l40s": GPUSpec("l40s", 362e12, 91.6e12, 48, 32 * GB, 12.5 * GB, 10e-6, 15e-6,
-                    "NVIDIA L40S datasheet: 362 TFLOPS BF16 dense (733 sparse), 48 GB GDDR6 864 GB/s, "
-                    "PCIe Gen4 x16 (no NVLink); network assumed 100 Gb/s per GPU", 0.864 * TB),
-    "rtx-4090": GPUSpec("rtx-4090", 165.2e12, 82.6e12, 24, 25 * GB, 3 * GB, 15e-6, 20e-6,
-                        "NVIDIA Ada (AD102) whitepaper, RTX 4090: 165.2 TFLOPS BF16 with FP32 accumulate dense, "
-                        "24 GB GDDR6X 1,008 GB/s, PCIe Gen4 x16, no NVLink/P2P; network assumed 25 Gb/s per GPU",
-                        1.008 * TB),
-    "ascend-910b": GPUSpec("ascend-910b", 313e12, 78e12, 64, 196 * GB, 25 * GB, 6e-6, 12e-6,
-                           "Huawei Atlas 800T A2 / Ascend 910B (figures as commonly quoted, no public datasheet): "
-                           "~313 TFLOPS FP16/BF16 dense, 64 GB HBM2e 1.6 TB/s, HCCS 392 GB/s bidir "
-                           "(7 links, full mesh of 8), 200 GbE RoCE per NPU", 1.6 * TB),
+    "a100-40gb": GPUSpec(
+        "a100-40gb",
+        312e12,
+        19.5e12,
+        40,
+        300 * GB,
+        25 * GB,
+        5e-6,
+        10e-6,
+        "NVIDIA A100 datasheet (SXM, 2021): 312 TFLOPS BF16 dense, NVLink 600 GB/s bidir, HBM2 1,555 GB/s",
+        1.555 * TB,
+    ),
+    "a100-80gb": GPUSpec(
+        "a100-80gb",
+        312e12,
+        19.5e12,
+        80,
+        300 * GB,
+        25 * GB,
+        5e-6,
+        10e-6,
+        "NVIDIA A100 datasheet (SXM, 2021): 312 TFLOPS BF16 dense, NVLink 600 GB/s bidir, HBM2e 2,039 GB/s",
+        2.039 * TB,
+    ),
+    "a800-80gb": GPUSpec(
+        "a800-80gb",
+        312e12,
+        19.5e12,
+        80,
+        200 * GB,
+        25 * GB,
+        5e-6,
+        10e-6,
+        "NVIDIA A800 datasheet (SXM): 312 TFLOPS BF16 dense, NVLink 400 GB/s bidir, HBM2e 2,039 GB/s",
+        2.039 * TB,
+    ),
+    "h100-80gb": GPUSpec(
+        "h100-80gb",
+        989e12,
+        67e12,
+        80,
+        450 * GB,
+        50 * GB,
+        4e-6,
+        8e-6,
+        "NVIDIA H100 datasheet (SXM5): 989 TFLOPS BF16 dense, NVLink 900 GB/s bidir, HBM3 3.35 TB/s",
+        3.35 * TB,
+    ),
+    "h800": GPUSpec(
+        "h800",
+        989e12,
+        67e12,
+        80,
+        200 * GB,
+        50 * GB,
+        4e-6,
+        8e-6,
+        "NVIDIA H800 SXM5 product brief: H100 compute (989 TFLOPS BF16 dense), NVLink 400 GB/s bidir, HBM3 3.35 TB/s",
+        3.35 * TB,
+    ),
+    "h200": GPUSpec(
+        "h200",
+        989e12,
+        67e12,
+        140,
+        450 * GB,
+        50 * GB,
+        4e-6,
+        8e-6,
+        "NVIDIA H200 datasheet (SXM): 989 TFLOPS BF16 dense, 141 GB HBM3e (~140 GiB usable), "
+        "4.8 TB/s, NVLink 900 GB/s bidir",
+        4.8 * TB,
+    ),
+    "h20": GPUSpec(
+        "h20",
+        148e12,
+        44e12,
+        96,
+        450 * GB,
+        50 * GB,
+        4e-6,
+        8e-6,
+        "NVIDIA H20 product brief: 148 TFLOPS BF16 dense, 96 GB HBM3 4.0 TB/s, NVLink 900 GB/s bidir",
+        4.0 * TB,
+    ),
+    "l40s": GPUSpec(
+        "l40s",
+        362e12,
+        91.6e12,
+        48,
+        32 * GB,
+        12.5 * GB,
+        10e-6,
+        15e-6,
+        "NVIDIA L40S datasheet: 362 TFLOPS BF16 dense (733 sparse), 48 GB GDDR6 864 GB/s, "
+        "PCIe Gen4 x16 (no NVLink); network assumed 100 Gb/s per GPU",
+        0.864 * TB,
+    ),
+    "rtx-4090": GPUSpec(
+        "rtx-4090",
+        165.2e12,
+        82.6e12,
+        24,
+        25 * GB,
+        3 * GB,
+        15e-6,
+        20e-6,
+        "NVIDIA Ada (AD102) whitepaper, RTX 4090: 165.2 TFLOPS BF16 with FP32 accumulate dense, "
+        "24 GB GDDR6X 1,008 GB/s, PCIe Gen4 x16, no NVLink/P2P; network assumed 25 Gb/s per GPU",
+        1.008 * TB,
+    ),
+    "ascend-910b": GPUSpec(
+        "ascend-910b",
+        313e12,
+        78e12,
+        64,
+        196 * GB,
+        25 * GB,
+        6e-6,
+        12e-6,
+        "Huawei Atlas 800T A2 / Ascend 910B (figures as commonly quoted, no public datasheet): "
+        "~313 TFLOPS FP16/BF16 dense, 64 GB HBM2e 1.6 TB/s, HCCS 392 GB/s bidir "
+        "(7 links, full mesh of 8), 200 GbE RoCE per NPU",
+        1.6 * TB,
+    ),
 }
 #: Other spellings people type (CLI, specs) for the same entries.
-GPU_ALIASES = {"a100": "a100-80gb", "h100": "h100-80gb", "h100-sxm": "h100-80gb", "h800-80gb": "h800",
-               "h200-141gb": "h200", "h20-96gb": "h20", "l40s-48gb": "l40s", "4090": "rtx-4090",
-               "rtx4090": "rtx-4090", "910b": "ascend-910b", "ascend910b": "ascend-910b"}
+GPU_ALIASES = {
+    "a100": "a100-80gb",
+    "h100": "h100-80gb",
+    "h100-sxm": "h100-80gb",
+    "h800-80gb": "h800",
+    "h200-141gb": "h200",
+    "h20-96gb": "h20",
+    "l40s-48gb": "l40s",
+    "4090": "rtx-4090",
+    "rtx4090": "rtx-4090",
+    "910b": "ascend-910b",
+    "ascend910b": "ascend-910b",
+}
 
 
 def get_model(name: str) -> ModelShape:

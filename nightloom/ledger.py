@@ -252,11 +252,14 @@ class Ledger:
             if row is None:
                 s.add(_SchemaVersion(id=1, version=SCHEMA_VERSION))
             elif row.version > SCHEMA_VERSION:
-                raise LedgerError(f"ledger {self._where()} has schema version {row.version}; this nightloom "
-                                  f"understands up to {SCHEMA_VERSION}: upgrade nightloom")
+                raise LedgerError(
+                    f"ledger {self._where()} has schema version {row.version}; this nightloom "
+                    f"understands up to {SCHEMA_VERSION}: upgrade nightloom"
+                )
             elif row.version < SCHEMA_VERSION:  # pragma: no cover - no migrations yet
-                raise LedgerError(f"ledger {self._where()} has schema version {row.version}; no migration "
-                                  f"to {SCHEMA_VERSION} exists")
+                raise LedgerError(
+                    f"ledger {self._where()} has schema version {row.version}; no migration to {SCHEMA_VERSION} exists"
+                )
 
     def _where(self) -> str:
         return make_url(self.url).render_as_string(hide_password=True)
@@ -280,19 +283,45 @@ class Ledger:
 
     # -- writes
 
-    def start_run(self, *, run_id: str, spec_hash: str, name: str, model: str, cluster: str, provider: str,
-                  gpu_type: str, world_size: int, plan: ParallelPlan | None = None,
-                  predicted_mfu: float | None = None, started_at: datetime | None = None,
-                  status: RunStatus = "running", currency: str = "USD", metrics_path: str | None = None,
-                  time_to_ready_s: float | None = None) -> RunRecord:
+    def start_run(
+        self,
+        *,
+        run_id: str,
+        spec_hash: str,
+        name: str,
+        model: str,
+        cluster: str,
+        provider: str,
+        gpu_type: str,
+        world_size: int,
+        plan: ParallelPlan | None = None,
+        predicted_mfu: float | None = None,
+        started_at: datetime | None = None,
+        status: RunStatus = "running",
+        currency: str = "USD",
+        metrics_path: str | None = None,
+        time_to_ready_s: float | None = None,
+    ) -> RunRecord:
         """Insert the run's row (status `running` unless given). A duplicate run id is an error."""
         if predicted_mfu is None and plan is not None:
             predicted_mfu = plan.mfu
         rec = RunRecord(
-            run_id=run_id, spec_hash=spec_hash, name=name, model=model, cluster=cluster, provider=provider,
-            gpu_type=gpu_type, world_size=world_size, plan=plan, layout=plan.layout() if plan else None,
-            predicted_mfu=predicted_mfu, started_at=started_at or datetime.now(UTC), status=status,
-            currency=currency, metrics_path=metrics_path, time_to_ready_s=time_to_ready_s,
+            run_id=run_id,
+            spec_hash=spec_hash,
+            name=name,
+            model=model,
+            cluster=cluster,
+            provider=provider,
+            gpu_type=gpu_type,
+            world_size=world_size,
+            plan=plan,
+            layout=plan.layout() if plan else None,
+            predicted_mfu=predicted_mfu,
+            started_at=started_at or datetime.now(UTC),
+            status=status,
+            currency=currency,
+            metrics_path=metrics_path,
+            time_to_ready_s=time_to_ready_s,
         )
 
         def tx() -> None:
@@ -322,25 +351,54 @@ class Ledger:
 
         return self._modify(run_id, change)
 
-    def finish_run(self, run_id: str, *, status: RunStatus, measured_mfu: float | None = None,
-                   hfu: float | None = None, tokens_per_s: float | None = None, final_loss: float | None = None,
-                   duration_s: float | None = None, cost: float | None = None,
-                   verdicts: Iterable[Verdict] | None = None, precision: str | None = None,
-                   peak_source: str | None = None, reason: str | None = None,
-                   finished_at: datetime | None = None) -> RunRecord:
+    def finish_run(
+        self,
+        run_id: str,
+        *,
+        status: RunStatus,
+        measured_mfu: float | None = None,
+        hfu: float | None = None,
+        tokens_per_s: float | None = None,
+        final_loss: float | None = None,
+        duration_s: float | None = None,
+        cost: float | None = None,
+        verdicts: Iterable[Verdict] | None = None,
+        precision: str | None = None,
+        peak_source: str | None = None,
+        reason: str | None = None,
+        finished_at: datetime | None = None,
+    ) -> RunRecord:
         """Record how the run ended. Only the figures given are written (None leaves a field as it was)."""
-        given = {"measured_mfu": measured_mfu, "hfu": hfu, "tokens_per_s": tokens_per_s, "final_loss": final_loss,
-                     "duration_s": duration_s, "cost": cost, "precision": precision, "peak_source": peak_source,
-                     "reason": reason, "verdicts": list(verdicts) if verdicts is not None else None}
+        given = {
+            "measured_mfu": measured_mfu,
+            "hfu": hfu,
+            "tokens_per_s": tokens_per_s,
+            "final_loss": final_loss,
+            "duration_s": duration_s,
+            "cost": cost,
+            "precision": precision,
+            "peak_source": peak_source,
+            "reason": reason,
+            "verdicts": list(verdicts) if verdicts is not None else None,
+        }
         fields = {k: v for k, v in given.items() if v is not None}
         return self.update_run(run_id, status=status, finished_at=finished_at or datetime.now(UTC), **fields)
 
-    def record_interruption(self, run_id: str, *, kind: str, detail: str = "", recovery_s: float | None = None,
-                            at: datetime | None = None, lost_s: float | None = None,
-                            cost: float | None = None) -> RunRecord:
+    def record_interruption(
+        self,
+        run_id: str,
+        *,
+        kind: str,
+        detail: str = "",
+        recovery_s: float | None = None,
+        at: datetime | None = None,
+        lost_s: float | None = None,
+        cost: float | None = None,
+    ) -> RunRecord:
         """Append an interruption and add its recovery time (atomic under concurrent writers)."""
-        item = Interruption(at=at or datetime.now(UTC), kind=kind, detail=detail, recovery_s=recovery_s,
-                            lost_s=lost_s, cost=cost)
+        item = Interruption(
+            at=at or datetime.now(UTC), kind=kind, detail=detail, recovery_s=recovery_s, lost_s=lost_s, cost=cost
+        )
 
         def change(row: _Run) -> None:
             row.interruptions = [*(row.interruptions or []), item.model_dump(mode="json")]
@@ -361,12 +419,23 @@ class Ledger:
 
         return self._retry(tx)
 
-    def list_runs(self, *, model: str | None = None, cluster: str | None = None, status: str | None = None,
-                  spec_hash: str | None = None, limit: int | None = None) -> list[RunRecord]:
+    def list_runs(
+        self,
+        *,
+        model: str | None = None,
+        cluster: str | None = None,
+        status: str | None = None,
+        spec_hash: str | None = None,
+        limit: int | None = None,
+    ) -> list[RunRecord]:
         """Runs, newest first, optionally filtered."""
         q = select(_Run).order_by(_Run.started_at.desc(), _Run.run_id)
-        for col, val in ((_Run.model, model), (_Run.cluster, cluster), (_Run.status, status),
-                         (_Run.spec_hash, spec_hash)):
+        for col, val in (
+            (_Run.model, model),
+            (_Run.cluster, cluster),
+            (_Run.status, status),
+            (_Run.spec_hash, spec_hash),
+        ):
             if val is not None:
                 q = q.where(col == val)
         if limit is not None:
@@ -380,31 +449,47 @@ class Ledger:
 
     def best(self, model: str, cluster: str) -> RunRecord | None:
         """The fastest verified run (highest tokens/s; ties: higher MFU, then newest) for a model on a cluster."""
-        runs = [r for r in self.list_runs(model=model, cluster=cluster, status="succeeded")
-                if r.verified and r.tokens_per_s is not None]
+        runs = [
+            r
+            for r in self.list_runs(model=model, cluster=cluster, status="succeeded")
+            if r.verified and r.tokens_per_s is not None
+        ]
         if not runs:
             return None
         return max(runs, key=lambda r: (r.tokens_per_s, r.measured_mfu or 0.0, r.started_at))
 
     def golden_run(self, spec_hash: str) -> RunRecord | None:
         """The run whose loss curve is the golden curve for a spec: its fastest verified run with metrics."""
-        runs = [r for r in self.list_runs(spec_hash=spec_hash, status="succeeded")
-                if r.verified and r.metrics_path]
+        runs = [r for r in self.list_runs(spec_hash=spec_hash, status="succeeded") if r.verified and r.metrics_path]
         return max(runs, key=lambda r: (r.tokens_per_s or 0.0, r.started_at)) if runs else None
 
-    def calibration(self, gpu_type: str, model_family_: str, *, lo: float = 0.25, hi: float = 1.5,
-                    min_runs: int = 1) -> Calibration | None:
+    def calibration(
+        self, gpu_type: str, model_family_: str, *, lo: float = 0.25, hi: float = 1.5, min_runs: int = 1
+    ) -> Calibration | None:
         """Median measured/predicted MFU over verified runs on `gpu_type` of `model_family_`, clipped to
         [lo, hi] so one odd run cannot swing the planner. None with fewer than `min_runs` usable runs."""
-        ratios = [r.measured_mfu / r.predicted_mfu for r in self.list_runs(status="succeeded")
-                  if r.verified and r.gpu_type == gpu_type and model_family(r.model) == model_family_
-                  and r.measured_mfu and r.predicted_mfu and r.predicted_mfu > 0]
+        ratios = [
+            r.measured_mfu / r.predicted_mfu
+            for r in self.list_runs(status="succeeded")
+            if r.verified
+            and r.gpu_type == gpu_type
+            and model_family(r.model) == model_family_
+            and r.measured_mfu
+            and r.predicted_mfu
+            and r.predicted_mfu > 0
+        ]
         if len(ratios) < min_runs or not ratios:
             return None
         raw = statistics.median(ratios)
         factor = min(hi, max(lo, raw))
-        return Calibration(gpu_type=gpu_type, model_family=model_family_, factor=factor, raw_median=raw,
-                           runs=len(ratios), clipped=factor != raw)
+        return Calibration(
+            gpu_type=gpu_type,
+            model_family=model_family_,
+            factor=factor,
+            raw_median=raw,
+            runs=len(ratios),
+            clipped=factor != raw,
+        )
 
     # -- export
 

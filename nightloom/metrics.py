@@ -8,7 +8,6 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-
 #: Prometheus metrics the trainer exports per rank (labels below); the Grafana dashboard may query only these.
 PROMETHEUS_METRICS: tuple[str, ...] = (
     "nightloom_step",

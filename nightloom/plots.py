@@ -61,12 +61,20 @@ def _mark_events(ax, steps: Sequence[StepMetrics], nan: bool = False) -> None:
             label = None
     bad = [m.step for m in steps if nan and not math.isfinite(m.loss)]
     if bad:
-        ax.scatter(bad, [0] * len(bad), marker="x", color="red", zorder=3, label="NaN/Inf loss",
-                   transform=ax.get_xaxis_transform())
+        ax.scatter(
+            bad,
+            [0] * len(bad),
+            marker="x",
+            color="red",
+            zorder=3,
+            label="NaN/Inf loss",
+            transform=ax.get_xaxis_transform(),
+        )
 
 
-def plot_loss(steps: Sequence[StepMetrics], path: str | Path, golden: Sequence[StepMetrics] | None = None,
-              title: str = "loss") -> Path:
+def plot_loss(
+    steps: Sequence[StepMetrics], path: str | Path, golden: Sequence[StepMetrics] | None = None, title: str = "loss"
+) -> Path:
     fig = Figure(figsize=(7, 4))
     ax = fig.add_subplot()
     ax.plot(*_series(steps, "loss"), lw=1.2, label="loss")
@@ -89,8 +97,13 @@ def plot_throughput(steps: Sequence[StepMetrics], path: str | Path, title: str =
     return _save(fig, Path(path))
 
 
-def plot_mfu(steps: Sequence[StepMetrics], path: str | Path, predicted: float | None = None,
-             floor: float | None = None, title: str = "MFU") -> Path:
+def plot_mfu(
+    steps: Sequence[StepMetrics],
+    path: str | Path,
+    predicted: float | None = None,
+    floor: float | None = None,
+    title: str = "MFU",
+) -> Path:
     fig = Figure(figsize=(7, 4))
     ax = fig.add_subplot()
     xs, ys = _series(steps, "mfu")
@@ -110,8 +123,9 @@ def plot_mfu(steps: Sequence[StepMetrics], path: str | Path, predicted: float | 
     return _save(fig, Path(path))
 
 
-def plot_predicted_vs_measured(points: Sequence[MfuPoint], path: str | Path,
-                               title: str = "predicted vs measured MFU") -> Path:
+def plot_predicted_vs_measured(
+    points: Sequence[MfuPoint], path: str | Path, title: str = "predicted vs measured MFU"
+) -> Path:
     """One dot per run; the diagonal is a perfect prediction."""
     fig = Figure(figsize=(5, 5))
     ax = fig.add_subplot()
@@ -119,17 +133,24 @@ def plot_predicted_vs_measured(points: Sequence[MfuPoint], path: str | Path,
     ax.plot([0, top], [0, top], color="grey", lw=0.8, ls="--", label="measured = predicted")
     ax.scatter([100 * p.predicted for p in points], [100 * p.measured for p in points], zorder=3)
     for p in points:
-        ax.annotate(p.label, (100 * p.predicted, 100 * p.measured), fontsize=7, xytext=(3, 3),
-                    textcoords="offset points")
+        ax.annotate(
+            p.label, (100 * p.predicted, 100 * p.measured), fontsize=7, xytext=(3, 3), textcoords="offset points"
+        )
     ax.set(xlabel="predicted MFU (%)", ylabel="measured MFU (%)", title=title, xlim=(0, top), ylim=(0, top))
     ax.grid(alpha=0.3)
     ax.legend(loc="upper left")
     return _save(fig, Path(path))
 
 
-def write_run_plots(steps: Sequence[StepMetrics], out_dir: str | Path, *, predicted_mfu: float | None = None,
-                    mfu_floor: float | None = None, golden: Sequence[StepMetrics] | None = None,
-                    history: Sequence[MfuPoint] = ()) -> dict[str, Path]:
+def write_run_plots(
+    steps: Sequence[StepMetrics],
+    out_dir: str | Path,
+    *,
+    predicted_mfu: float | None = None,
+    mfu_floor: float | None = None,
+    golden: Sequence[StepMetrics] | None = None,
+    history: Sequence[MfuPoint] = (),
+) -> dict[str, Path]:
     """All of a run's plots into `out_dir`: {'loss', 'tokens_per_s', 'mfu', and 'mfu_vs_plan' if history}."""
     out = Path(out_dir)
     paths = {

@@ -136,11 +136,13 @@ def classify(failure: AttemptFailure, report: PreflightReport | None) -> Diagnos
     head = f"{failure.signal}{where}: {failure.cause}"
     if report is not None and report.failed:
         bad = {r.node: r.reason for r in report.failed}
-        return Diagnosis("node", bad, f"{head}; preflight failed on " +
-                         "; ".join(f"{n}: {why}" for n, why in bad.items()))
+        return Diagnosis(
+            "node", bad, f"{head}; preflight failed on " + "; ".join(f"{n}: {why}" for n, why in bad.items())
+        )
     if report is not None and report.allreduce_ok is False:
-        return Diagnosis("network", {}, f"{head}; all nodes healthy but the all-reduce test failed: "
-                                         f"{report.allreduce_detail}")
+        return Diagnosis(
+            "network", {}, f"{head}; all nodes healthy but the all-reduce test failed: {report.allreduce_detail}"
+        )
     return Diagnosis("transient", {}, f"{head}; preflight passed on every node")
 
 
@@ -157,25 +159,29 @@ class Budget:
 
     def give_up_reason(self, relaunches_done: int, recovery_s_spent: float) -> str | None:
         if relaunches_done >= self.max_attempts:
-            return (f"out of attempts: {relaunches_done} of recovery.max_attempts={self.max_attempts} "
-                    "relaunches used")
+            return f"out of attempts: {relaunches_done} of recovery.max_attempts={self.max_attempts} relaunches used"
         if recovery_s_spent >= self.max_minutes * 60:
-            return (f"out of time: {recovery_s_spent / 60:.1f} min spent recovering, "
-                    f"recovery.max_minutes={self.max_minutes:g}")
+            return (
+                f"out of time: {recovery_s_spent / 60:.1f} min spent recovering, "
+                f"recovery.max_minutes={self.max_minutes:g}"
+            )
         return None
 
     def remaining_s(self, recovery_s_spent: float) -> float:
         return max(0.0, self.max_minutes * 60 - recovery_s_spent)
 
 
-def relayout_reason(old_world: int, new_world: int, nodes_left: int, min_nodes: int,
-                    allow_relayout: bool) -> str | None:
+def relayout_reason(
+    old_world: int, new_world: int, nodes_left: int, min_nodes: int, allow_relayout: bool
+) -> str | None:
     """Why the run cannot go on with `new_world` GPUs on `nodes_left` nodes, or None when it can."""
     if nodes_left < min_nodes or new_world == 0:
         return f"too few GPUs left: {new_world} GPU(s) on {nodes_left} node(s), need at least {min_nodes} node(s)"
     if new_world != old_world and not allow_relayout:
-        return (f"{old_world} -> {new_world} GPUs needs a new layout and recovery.allow_relayout is false "
-                "(and no spare node could replace the lost one)")
+        return (
+            f"{old_world} -> {new_world} GPUs needs a new layout and recovery.allow_relayout is false "
+            "(and no spare node could replace the lost one)"
+        )
     return None
 
 

@@ -139,8 +139,9 @@ def decide(now: datetime, schedule: ScheduleSpec, predicted_duration_s: float) -
     if pol == "run-now":
         win = current_window(schedule, now) if schedule.windows else None
         where = "inside" if win else "outside"
-        return WindowDecision("run", pol, f"policy run-now: starting now ({where} the off-peak window)",
-                              now, now, None, win, now + dur)
+        return WindowDecision(
+            "run", pol, f"policy run-now: starting now ({where} the off-peak window)", now, now, None, win, now + dur
+        )
     if not schedule.windows:
         raise ScheduleError(f"policy {pol!r} needs at least one window in schedule.windows")
     win = current_window(schedule, now)
@@ -149,28 +150,64 @@ def decide(now: datetime, schedule: ScheduleSpec, predicted_duration_s: float) -
         nxt = next_window(schedule, now)
     except ScheduleError:  # windows cover the whole day: there is no "next start"
         assert win is not None
-        return WindowDecision("run", pol, f"policy {pol}: the windows cover the whole day; starting now",
-                              now, now, None, win, now + dur)
+        return WindowDecision(
+            "run", pol, f"policy {pol}: the windows cover the whole day; starting now", now, now, None, win, now + dur
+        )
     if pol == "split":
         if win is not None:
             fits = now + dur <= win.end
             why = "fits before it" if fits else "will checkpoint there and resume in the next window"
-            return WindowDecision("run", pol, f"policy split: inside the window until {fmt(win.end)}; {why}",
-                                  now, now, win.end, win, now + dur)
-        return WindowDecision("wait", pol, f"policy split: outside the window; next starts {fmt(nxt.start)}",
-                              now, nxt.start, None, nxt, nxt.start + dur)
+            return WindowDecision(
+                "run",
+                pol,
+                f"policy split: inside the window until {fmt(win.end)}; {why}",
+                now,
+                now,
+                win.end,
+                win,
+                now + dur,
+            )
+        return WindowDecision(
+            "wait",
+            pol,
+            f"policy split: outside the window; next starts {fmt(nxt.start)}",
+            now,
+            nxt.start,
+            None,
+            nxt,
+            nxt.start + dur,
+        )
     # wait
     if win is not None and now + dur <= win.end:
-        return WindowDecision("run", pol, f"policy wait: inside the window; the run ({_h(dur)}) ends before "
-                              f"{fmt(win.end)}", now, now, None, win, now + dur)
+        return WindowDecision(
+            "run",
+            pol,
+            f"policy wait: inside the window; the run ({_h(dur)}) ends before {fmt(win.end)}",
+            now,
+            now,
+            None,
+            win,
+            now + dur,
+        )
     longest = max(_longest_window(schedule, now), nxt.seconds)
     if win is not None and dur.total_seconds() > longest:
-        return WindowDecision("run", pol, f"policy wait: the run ({_h(dur)}) is longer than any window "
-                              f"({_h(timedelta(seconds=longest))}); starting now, inside the window, it overruns "
-                              f"{fmt(win.end)}", now, now, None, win, now + dur)
+        return WindowDecision(
+            "run",
+            pol,
+            f"policy wait: the run ({_h(dur)}) is longer than any window "
+            f"({_h(timedelta(seconds=longest))}); starting now, inside the window, it overruns "
+            f"{fmt(win.end)}",
+            now,
+            now,
+            None,
+            win,
+            now + dur,
+        )
     if win is not None:
-        reason = (f"policy wait: the run ({_h(dur)}) does not fit in what is left of this window (ends "
-                  f"{fmt(win.end)}); next window starts {fmt(nxt.start)}")
+        reason = (
+            f"policy wait: the run ({_h(dur)}) does not fit in what is left of this window (ends "
+            f"{fmt(win.end)}); next window starts {fmt(nxt.start)}"
+        )
     else:
         reason = f"policy wait: outside the off-peak window; next starts {fmt(nxt.start)}"
     return WindowDecision("wait", pol, reason, now, nxt.start, None, nxt, nxt.start + dur)
@@ -247,8 +284,9 @@ def _seg(a: datetime, b: datetime, off: bool, gpus: int, rate: float) -> CostSeg
     return CostSegment(a, b, off, gpus * secs / 3600.0, rate * secs)
 
 
-def estimate_cost(schedule: ScheduleSpec, start: datetime, duration_s: float, gpus: int,
-                  provisioning_s: float = 0.0) -> CostEstimate:
+def estimate_cost(
+    schedule: ScheduleSpec, start: datetime, duration_s: float, gpus: int, provisioning_s: float = 0.0
+) -> CostEstimate:
     """Cost of renting `gpus` GPUs from `start` for provisioning_s + duration_s (rented nodes bill while they
     boot). Each second is priced peak or off-peak by the window it falls in."""
     start = _aware(start, "start")
@@ -257,9 +295,15 @@ def estimate_cost(schedule: ScheduleSpec, start: datetime, duration_s: float, gp
     end = start + timedelta(seconds=provisioning_s + duration_s)
     segs = _segments(schedule, start, end, gpus)
     return CostEstimate(
-        gpus=gpus, start=start, end=end, provisioning_s=provisioning_s,
-        gpu_hours=sum(s.gpu_hours for s in segs), offpeak_gpu_hours=sum(s.gpu_hours for s in segs if s.offpeak),
-        cost=sum(s.cost for s in segs), currency=schedule.currency, segments=segs,
+        gpus=gpus,
+        start=start,
+        end=end,
+        provisioning_s=provisioning_s,
+        gpu_hours=sum(s.gpu_hours for s in segs),
+        offpeak_gpu_hours=sum(s.gpu_hours for s in segs if s.offpeak),
+        cost=sum(s.cost for s in segs),
+        currency=schedule.currency,
+        segments=segs,
     )
 
 
@@ -287,8 +331,9 @@ def check_budget(schedule: ScheduleSpec, estimate: CostEstimate) -> None:
         )
 
 
-def budget_deadline(schedule: ScheduleSpec, start: datetime, gpus: int, already_spent: float = 0.0,
-                    max_days: int = 366) -> datetime | None:
+def budget_deadline(
+    schedule: ScheduleSpec, start: datetime, gpus: int, already_spent: float = 0.0, max_days: int = 366
+) -> datetime | None:
     """When a run that started billing at `start` on `gpus` GPUs will have spent schedule.budget (less
     `already_spent`): the trainer's stop-with-checkpoint deadline. None without a budget or at price 0."""
     start = _aware(start, "start")
@@ -340,10 +385,18 @@ class RentVsBuy:
     over_capacity: bool  # the usage needs more than the owned cluster's useful hours
 
 
-def rent_vs_buy(*, gpus: int, gpu_hours_per_month: float, rent_price_per_gpu_hour: float,
-                purchase_price: float | None = None, amortisation_months: int = 36,
-                operations_per_month: float = 28_000.0, idle_fraction: float = 0.37,
-                lead_time_days: tuple[int, int] = (45, 90), currency: str = "USD") -> RentVsBuy:
+def rent_vs_buy(
+    *,
+    gpus: int,
+    gpu_hours_per_month: float,
+    rent_price_per_gpu_hour: float,
+    purchase_price: float | None = None,
+    amortisation_months: int = 36,
+    operations_per_month: float = 28_000.0,
+    idle_fraction: float = 0.37,
+    lead_time_days: tuple[int, int] = (45, 90),
+    currency: str = "USD",
+) -> RentVsBuy:
     """Compare renting with a self-built cluster. Defaults are the figures commonly quoted for small teams:
     28,000/month operations, 37% idle, 45–90 days from order to running hardware."""
     if gpus <= 0 or gpu_hours_per_month < 0 or rent_price_per_gpu_hour < 0 or amortisation_months <= 0:
@@ -359,11 +412,22 @@ def rent_vs_buy(*, gpus: int, gpu_hours_per_month: float, rent_price_per_gpu_hou
     per_day = rent / (HOURS_PER_MONTH / 24)
     cheaper: Literal["rent", "buy", "unknown"] = "unknown" if own is None else ("buy" if own < rent else "rent")
     return RentVsBuy(
-        gpus=gpus, gpu_hours_per_month=gpu_hours_per_month, rent_price_per_gpu_hour=rent_price_per_gpu_hour,
-        rent_per_month=rent, purchase_price=purchase_price, amortisation_months=amortisation_months,
-        operations_per_month=operations_per_month, idle_fraction=idle_fraction, own_per_month=own,
-        own_useful_gpu_hours=useful, own_per_useful_gpu_hour=per_useful, break_even_gpu_hours_per_month=be_hours,
-        break_even_purchase_price=be_price, lead_time_days=lead_time_days,
-        lead_time_rent=(per_day * lead_time_days[0], per_day * lead_time_days[1]), currency=currency,
-        cheaper=cheaper, over_capacity=gpu_hours_per_month > useful,
+        gpus=gpus,
+        gpu_hours_per_month=gpu_hours_per_month,
+        rent_price_per_gpu_hour=rent_price_per_gpu_hour,
+        rent_per_month=rent,
+        purchase_price=purchase_price,
+        amortisation_months=amortisation_months,
+        operations_per_month=operations_per_month,
+        idle_fraction=idle_fraction,
+        own_per_month=own,
+        own_useful_gpu_hours=useful,
+        own_per_useful_gpu_hour=per_useful,
+        break_even_gpu_hours_per_month=be_hours,
+        break_even_purchase_price=be_price,
+        lead_time_days=lead_time_days,
+        lead_time_rent=(per_day * lead_time_days[0], per_day * lead_time_days[1]),
+        currency=currency,
+        cheaper=cheaper,
+        over_capacity=gpu_hours_per_month > useful,
     )

@@ -90,13 +90,24 @@ class MfuInputs:
     predicted_mfu: float | None = None  # the planner's prediction, when it made one
 
 
-def mfu_inputs(shape: ModelShape, seq_len: int, recompute: str, n_devices: int, peak: Peak,
-               predicted_mfu: float | None = None, frozen_base: bool = False) -> MfuInputs:
+def mfu_inputs(
+    shape: ModelShape,
+    seq_len: int,
+    recompute: str,
+    n_devices: int,
+    peak: Peak,
+    predicted_mfu: float | None = None,
+    frozen_base: bool = False,
+) -> MfuInputs:
     """MfuInputs from the model, the plan's recompute mode and the peak (FLOPs/token from nightloom.perf);
     frozen_base for LoRA/QLoRA, whose base weights get no gradients."""
-    return MfuInputs(flops_per_token(shape, seq_len, frozen_base=frozen_base),
-                     flops_per_token(shape, seq_len, recompute, hardware=True, frozen_base=frozen_base),
-                     n_devices, peak, predicted_mfu)
+    return MfuInputs(
+        flops_per_token(shape, seq_len, frozen_base=frozen_base),
+        flops_per_token(shape, seq_len, recompute, hardware=True, frozen_base=frozen_base),
+        n_devices,
+        peak,
+        predicted_mfu,
+    )
 
 
 @dataclass(frozen=True)
@@ -177,39 +188,105 @@ def check_mfu(steps: Sequence[StepMetrics], spec: ValidateSpec, inputs: MfuInput
     if report is None:
         reason = "no throughput in the metrics (tokens_per_s, or tokens and step_time_s, on steady-state steps)"
         return [
-            Verdict(name="mfu_floor", passed=spec.mfu_floor == 0, skipped=spec.mfu_floor == 0,
-                    threshold=spec.mfu_floor, reason=reason, **tag),
-            Verdict(name="mfu_vs_plan", passed=spec.mfu_vs_plan == 0, skipped=spec.mfu_vs_plan == 0,
-                    reason=reason, **tag),
+            Verdict(
+                name="mfu_floor",
+                passed=spec.mfu_floor == 0,
+                skipped=spec.mfu_floor == 0,
+                threshold=spec.mfu_floor,
+                reason=reason,
+                **tag,
+            ),
+            Verdict(
+                name="mfu_vs_plan", passed=spec.mfu_vs_plan == 0, skipped=spec.mfu_vs_plan == 0, reason=reason, **tag
+            ),
         ]
     m = report.mfu
-    fig = f"MFU {m:.2%} ({report.tokens_per_s:,.0f} tokens/s over {report.steps_used} steps, {p.precision} peak " \
-          f"{p.flops:.3g} FLOP/s from {p.source})"
+    fig = (
+        f"MFU {m:.2%} ({report.tokens_per_s:,.0f} tokens/s over {report.steps_used} steps, {p.precision} peak "
+        f"{p.flops:.3g} FLOP/s from {p.source})"
+    )
     out: list[Verdict] = []
     if m > 1.0:
-        out.append(Verdict(name="mfu_floor", passed=False, measured=m, threshold=1.0,
-                           reason=f"{fig} exceeds 100%: the peak or the FLOP count is wrong", **tag))
+        out.append(
+            Verdict(
+                name="mfu_floor",
+                passed=False,
+                measured=m,
+                threshold=1.0,
+                reason=f"{fig} exceeds 100%: the peak or the FLOP count is wrong",
+                **tag,
+            )
+        )
     elif spec.mfu_floor == 0:
-        out.append(Verdict(name="mfu_floor", passed=True, skipped=True, measured=m, threshold=0.0,
-                           reason=f"{fig}; no floor set", **tag))
+        out.append(
+            Verdict(
+                name="mfu_floor",
+                passed=True,
+                skipped=True,
+                measured=m,
+                threshold=0.0,
+                reason=f"{fig}; no floor set",
+                **tag,
+            )
+        )
     else:
         ok = m >= spec.mfu_floor
-        out.append(Verdict(name="mfu_floor", passed=ok, measured=m, threshold=spec.mfu_floor,
-                           reason=f"{fig} {'>=' if ok else '<'} floor {spec.mfu_floor:.2%}", **tag))
+        out.append(
+            Verdict(
+                name="mfu_floor",
+                passed=ok,
+                measured=m,
+                threshold=spec.mfu_floor,
+                reason=f"{fig} {'>=' if ok else '<'} floor {spec.mfu_floor:.2%}",
+                **tag,
+            )
+        )
     if spec.mfu_vs_plan == 0:
-        out.append(Verdict(name="mfu_vs_plan", passed=True, skipped=True, measured=m,
-                           threshold=None, reason="mfu_vs_plan not set", **tag))
+        out.append(
+            Verdict(
+                name="mfu_vs_plan",
+                passed=True,
+                skipped=True,
+                measured=m,
+                threshold=None,
+                reason="mfu_vs_plan not set",
+                **tag,
+            )
+        )
     elif inputs.predicted_mfu is None or not inputs.predicted_mfu > 0:
-        out.append(Verdict(name="mfu_vs_plan", passed=False, measured=m,
-                           reason=f"mfu_vs_plan={spec.mfu_vs_plan} is set but the plan predicted no MFU", **tag))
+        out.append(
+            Verdict(
+                name="mfu_vs_plan",
+                passed=False,
+                measured=m,
+                reason=f"mfu_vs_plan={spec.mfu_vs_plan} is set but the plan predicted no MFU",
+                **tag,
+            )
+        )
     else:
         need = spec.mfu_vs_plan * inputs.predicted_mfu
         ok = m >= need
-        out.append(Verdict(name="mfu_vs_plan", passed=ok, measured=m, threshold=need,
-                           reason=f"{fig} {'>=' if ok else '<'} {spec.mfu_vs_plan:g} × predicted "
-                                  f"{inputs.predicted_mfu:.2%} = {need:.2%}", **tag))
-    out.append(Verdict(name="hfu", passed=True, skipped=True, measured=report.hfu,
-                       reason=f"HFU {report.hfu:.2%} (counts recomputation; reported, not gated)", **tag))
+        out.append(
+            Verdict(
+                name="mfu_vs_plan",
+                passed=ok,
+                measured=m,
+                threshold=need,
+                reason=f"{fig} {'>=' if ok else '<'} {spec.mfu_vs_plan:g} × predicted "
+                f"{inputs.predicted_mfu:.2%} = {need:.2%}",
+                **tag,
+            )
+        )
+    out.append(
+        Verdict(
+            name="hfu",
+            passed=True,
+            skipped=True,
+            measured=report.hfu,
+            reason=f"HFU {report.hfu:.2%} (counts recomputation; reported, not gated)",
+            **tag,
+        )
+    )
     return out
 
 
@@ -220,11 +297,17 @@ def check_finite(steps: Sequence[StepMetrics]) -> Verdict:
     """No NaN/Inf loss or grad norm at any step."""
     for m in steps:
         if not math.isfinite(m.loss):
-            return Verdict(name="finite", passed=False, measured=m.loss, step=m.step,
-                           reason=f"loss is {m.loss} at step {m.step}")
+            return Verdict(
+                name="finite", passed=False, measured=m.loss, step=m.step, reason=f"loss is {m.loss} at step {m.step}"
+            )
         if m.grad_norm is not None and not math.isfinite(m.grad_norm):
-            return Verdict(name="finite", passed=False, measured=m.grad_norm, step=m.step,
-                           reason=f"grad_norm is {m.grad_norm} at step {m.step}")
+            return Verdict(
+                name="finite",
+                passed=False,
+                measured=m.grad_norm,
+                step=m.step,
+                reason=f"grad_norm is {m.grad_norm} at step {m.step}",
+            )
     return Verdict(name="finite", passed=True, reason=f"loss and grad_norm finite over {len(steps)} steps")
 
 
@@ -232,22 +315,35 @@ def check_loss_drop(steps: Sequence[StepMetrics], min_drop: float, window: int =
     """The Theil–Sen trend of the loss over the last `window` steps (0 = all) falls by at least `min_drop`."""
     pts = [m for m in (steps[-window:] if window else steps) if math.isfinite(m.loss)]
     if len(pts) < 3:
-        return Verdict(name="loss_drop", passed=min_drop == 0, threshold=min_drop,
-                       reason=f"only {len(pts)} finite losses in the window; a trend needs at least 3")
+        return Verdict(
+            name="loss_drop",
+            passed=min_drop == 0,
+            threshold=min_drop,
+            reason=f"only {len(pts)} finite losses in the window; a trend needs at least 3",
+        )
     xs = [float(m.step) for m in pts]
     slope, icpt = theil_sen(xs, [m.loss for m in pts])
     start, end = icpt + slope * xs[0], icpt + slope * xs[-1]
     drop = (start - end) / abs(start) if start else 0.0
     ok = drop >= min_drop
     return Verdict(
-        name="loss_drop", passed=ok, measured=drop, threshold=min_drop,
+        name="loss_drop",
+        passed=ok,
+        measured=drop,
+        threshold=min_drop,
         reason=f"fitted loss {start:.4g} → {end:.4g} over steps {pts[0].step}–{pts[-1].step}: "
-               f"drop {drop:.1%} {'>=' if ok else '<'} {min_drop:.1%}" + ("" if ok else " (not learning)"),
+        f"drop {drop:.1%} {'>=' if ok else '<'} {min_drop:.1%}" + ("" if ok else " (not learning)"),
     )
 
 
-def check_spikes(steps: Sequence[StepMetrics], k: float, history: int = 8, rel_floor: float = 1e-3,
-                 min_rise: float = 0.0, sustain: int = 1) -> Verdict:
+def check_spikes(
+    steps: Sequence[StepMetrics],
+    k: float,
+    history: int = 8,
+    rel_floor: float = 1e-3,
+    min_rise: float = 0.0,
+    sustain: int = 1,
+) -> Verdict:
     """A spike: a loss above the median of the previous `history` losses by more than k × the local noise σ,
     estimated from the σ-scaled MAD of second differences over the previous 4·`history` losses (second
     differences cancel a smooth trend, so a steep descent is not mistaken for noise; Var(Δ²) = 6σ²).
@@ -258,8 +354,13 @@ def check_spikes(steps: Sequence[StepMetrics], k: float, history: int = 8, rel_f
     pts = [m for m in steps if math.isfinite(m.loss)]
     first = 5
     if len(pts) <= first:
-        return Verdict(name="spikes", passed=True, skipped=True, threshold=k,
-                       reason=f"only {len(pts)} finite losses; spike detection needs more than {first}")
+        return Verdict(
+            name="spikes",
+            passed=True,
+            skipped=True,
+            threshold=k,
+            reason=f"only {len(pts)} finite losses; spike detection needs more than {first}",
+        )
     floor = rel_floor * abs(statistics.median(m.loss for m in pts))
     worst: tuple[StepMetrics, float] | None = None  # (step, rise in units of the noise scale)
     top = 0.0
@@ -267,25 +368,35 @@ def check_spikes(steps: Sequence[StepMetrics], k: float, history: int = 8, rel_f
         m = pts[i]
         if m.gap:
             continue
-        recent = [p.loss for p in pts[max(0, i - history): i]]
-        ys = [p.loss for p in pts[max(0, i - 4 * history): i]]
+        recent = [p.loss for p in pts[max(0, i - history) : i]]
+        ys = [p.loss for p in pts[max(0, i - 4 * history) : i]]
         d2 = [ys[j] - 2 * ys[j - 1] + ys[j - 2] for j in range(2, len(ys))]
         scale = max(_mad(d2) / math.sqrt(6), floor)
         med = statistics.median(recent)
-        held = [p.loss for p in pts[i: i + sustain] if not p.gap]
+        held = [p.loss for p in pts[i : i + sustain] if not p.gap]
         level = min(held) if held else m.loss
         rise = (level - med) / scale
         top = max(top, rise)
         if rise > k and level > med * (1 + min_rise) and (worst is None or rise > worst[1]):
             worst = (m, rise)
     if worst is None:
-        return Verdict(name="spikes", passed=True, measured=top, threshold=k,
-                       reason=f"no rise above {k:g} × MAD and {min_rise:.0%} over the trailing median "
-                              f"(largest {top:.1f} × MAD)")
+        return Verdict(
+            name="spikes",
+            passed=True,
+            measured=top,
+            threshold=k,
+            reason=f"no rise above {k:g} × MAD and {min_rise:.0%} over the trailing median (largest {top:.1f} × MAD)",
+        )
     m, x = worst
-    return Verdict(name="spikes", passed=False, measured=x, threshold=k, step=m.step,
-                   reason=f"loss spike at step {m.step}: {m.loss:.4g} is {x:.1f} × MAD above the "
-                          f"trailing median (limit {k:g} × MAD)")
+    return Verdict(
+        name="spikes",
+        passed=False,
+        measured=x,
+        threshold=k,
+        step=m.step,
+        reason=f"loss spike at step {m.step}: {m.loss:.4g} is {x:.1f} × MAD above the "
+        f"trailing median (limit {k:g} × MAD)",
+    )
 
 
 def check_grad_norm(steps: Sequence[StepMetrics], max_norm: float | None) -> Verdict:
@@ -294,23 +405,38 @@ def check_grad_norm(steps: Sequence[StepMetrics], max_norm: float | None) -> Ver
         return Verdict(name="grad_norm", passed=True, skipped=True, reason="grad_norm_max not set")
     norms = [m for m in steps if m.grad_norm is not None]
     if not norms:
-        return Verdict(name="grad_norm", passed=False, threshold=max_norm,
-                       reason="grad_norm_max is set but no step recorded grad_norm")
+        return Verdict(
+            name="grad_norm",
+            passed=False,
+            threshold=max_norm,
+            reason="grad_norm_max is set but no step recorded grad_norm",
+        )
     worst = max(norms, key=lambda m: m.grad_norm if math.isfinite(m.grad_norm) else math.inf)
     g = worst.grad_norm
     ok = math.isfinite(g) and g <= max_norm
-    return Verdict(name="grad_norm", passed=ok, measured=g, threshold=max_norm, step=None if ok else worst.step,
-                   reason=f"max grad_norm {g:.4g} at step {worst.step} {'<=' if ok else '>'} {max_norm:g}")
+    return Verdict(
+        name="grad_norm",
+        passed=ok,
+        measured=g,
+        threshold=max_norm,
+        step=None if ok else worst.step,
+        reason=f"max grad_norm {g:.4g} at step {worst.step} {'<=' if ok else '>'} {max_norm:g}",
+    )
 
 
-def check_golden(steps: Sequence[StepMetrics], golden: Sequence[StepMetrics], rtol: float,
-                 source: str = "golden curve") -> Verdict:
+def check_golden(
+    steps: Sequence[StepMetrics], golden: Sequence[StepMetrics], rtol: float, source: str = "golden curve"
+) -> Verdict:
     """At every step present in both curves, |loss − golden| <= rtol · |golden|."""
     ref = {m.step: m.loss for m in golden}
     pairs = [(m.step, m.loss, ref[m.step]) for m in steps if m.step in ref]
     if not pairs:
-        return Verdict(name="golden", passed=False, threshold=rtol,
-                       reason=f"no step in common with the {source} ({len(golden)} steps)")
+        return Verdict(
+            name="golden",
+            passed=False,
+            threshold=rtol,
+            reason=f"no step in common with the {source} ({len(golden)} steps)",
+        )
     worst_step, worst_err = None, -1.0
     for step, loss, g in pairs:
         err = abs(loss - g) / abs(g) if g else abs(loss - g)
@@ -319,23 +445,39 @@ def check_golden(steps: Sequence[StepMetrics], golden: Sequence[StepMetrics], rt
         if err > worst_err:
             worst_step, worst_err = step, err
     ok = worst_err <= rtol
-    return Verdict(name="golden", passed=ok, measured=worst_err, threshold=rtol, step=None if ok else worst_step,
-                   reason=f"max relative deviation from the {source} {worst_err:.2%} at step {worst_step} "
-                          f"over {len(pairs)} steps {'<=' if ok else '>'} rtol {rtol:.2%}")
+    return Verdict(
+        name="golden",
+        passed=ok,
+        measured=worst_err,
+        threshold=rtol,
+        step=None if ok else worst_step,
+        reason=f"max relative deviation from the {source} {worst_err:.2%} at step {worst_step} "
+        f"over {len(pairs)} steps {'<=' if ok else '>'} rtol {rtol:.2%}",
+    )
 
 
-def check_parity(reference: Sequence[float], target: Sequence[float], tolerance: float,
-                 label: str = "target layout vs reference") -> Verdict:
+def check_parity(
+    reference: Sequence[float], target: Sequence[float], tolerance: float, label: str = "target layout vs reference"
+) -> Verdict:
     """Two loss lists (same steps, two layouts) agree: max |a − b| <= tolerance, and they have equal length."""
     if len(reference) != len(target) or not reference:
-        return Verdict(name="parity", passed=False, threshold=tolerance,
-                       reason=f"{label}: {len(target)} losses vs {len(reference)} in the reference")
+        return Verdict(
+            name="parity",
+            passed=False,
+            threshold=tolerance,
+            reason=f"{label}: {len(target)} losses vs {len(reference)} in the reference",
+        )
     diffs = [abs(a - b) if math.isfinite(a) and math.isfinite(b) else math.inf for a, b in zip(reference, target)]
     i = max(range(len(diffs)), key=diffs.__getitem__)
     ok = diffs[i] <= tolerance
-    return Verdict(name="parity", passed=ok, measured=diffs[i], threshold=tolerance, step=None if ok else i,
-                   reason=f"{label}: max |Δloss| {diffs[i]:.3g} at step index {i} "
-                          f"{'<=' if ok else '>'} {tolerance:g}")
+    return Verdict(
+        name="parity",
+        passed=ok,
+        measured=diffs[i],
+        threshold=tolerance,
+        step=None if ok else i,
+        reason=f"{label}: max |Δloss| {diffs[i]:.3g} at step index {i} {'<=' if ok else '>'} {tolerance:g}",
+    )
 
 
 def load_golden(path: str | Path) -> list[StepMetrics]:
@@ -392,20 +534,33 @@ def validate_run(
     out.append(check_grad_norm(steps, spec.grad_norm_max))
     if isinstance(golden, GoldenCurve):
         if golden.steps is None:
-            out.append(Verdict(name="golden", passed=True, skipped=True, threshold=spec.golden.rtol,
-                               reason=golden.source))
+            out.append(
+                Verdict(name="golden", passed=True, skipped=True, threshold=spec.golden.rtol, reason=golden.source)
+            )
         else:
             out.append(check_golden(steps, golden.steps, spec.golden.rtol, golden.source))
     elif golden is not None:
         out.append(check_golden(steps, golden, spec.golden.rtol, golden_source))
     elif spec.golden.path or spec.golden.from_ledger:
-        out.append(Verdict(name="golden", passed=False, threshold=spec.golden.rtol,
-                           reason="a golden curve is configured but none was loaded"))
+        out.append(
+            Verdict(
+                name="golden",
+                passed=False,
+                threshold=spec.golden.rtol,
+                reason="a golden curve is configured but none was loaded",
+            )
+        )
     if parity is not None:
         out.append(check_parity(parity[0], parity[1], spec.parity.tolerance))
     elif spec.parity.enabled:
-        out.append(Verdict(name="parity", passed=False, threshold=spec.parity.tolerance,
-                           reason="parity is enabled but no reference/target losses were given"))
+        out.append(
+            Verdict(
+                name="parity",
+                passed=False,
+                threshold=spec.parity.tolerance,
+                reason="parity is enabled but no reference/target losses were given",
+            )
+        )
     return out
 
 

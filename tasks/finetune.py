@@ -11,9 +11,9 @@ from pathlib import Path
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from nightloom.spec import RunSpec
 from nightloom.finetune import XTunerEnv, XTunerPlan, XTunerResult, ensure_env, run_xtuner
 from nightloom.finetune.run import convert_checkpoint, launch_training, plan_xtuner, prepare_data, write_step_metrics
+from nightloom.spec import RunSpec
 
 
 def _log():
@@ -46,8 +46,9 @@ def xtuner_launch_task(plan: XTunerPlan, cluster=None, provider=None, resume: bo
 
 
 @task(name="xtuner-convert", cache_policy=NO_CACHE)
-def xtuner_convert_task(plan: XTunerPlan, checkpoint: Path, publish_to: str | None = None,
-                        s3_endpoint_url: str | None = None) -> dict:
+def xtuner_convert_task(
+    plan: XTunerPlan, checkpoint: Path, publish_to: str | None = None, s3_endpoint_url: str | None = None
+) -> dict:
     """pth → Hugging Face (LoRA merged when asked), then publish to storage."""
     return convert_checkpoint(plan, checkpoint, log=_log(), publish_to=publish_to, s3_endpoint_url=s3_endpoint_url)
 

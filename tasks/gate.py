@@ -44,8 +44,7 @@ def schedule_same_deployment(parameters: dict, at: datetime) -> str | None:
         return None
     from prefect.deployments import run_deployment
 
-    fr = run_deployment(f"{flow_name}/{dep}", parameters=parameters, scheduled_time=at, timeout=0,
-                        as_subflow=False)
+    fr = run_deployment(f"{flow_name}/{dep}", parameters=parameters, scheduled_time=at, timeout=0, as_subflow=False)
     return str(fr.id)
 
 
@@ -69,9 +68,15 @@ def gate_task(spec: RunSpec, plan: ParallelPlan, shape, run_id: str, now: dateti
         params = {"spec": spec.model_dump(mode="json", by_alias=True), "resume_run_id": None}
         next_id = schedule_same_deployment(params, decision.start_at)
         where = f"scheduled flow run {next_id}" if next_id else "start it again then (not running from a deployment)"
-        return GateDecision(run_now=False, status="deferred", reason=f"{decision.reason}; {where}",
-                            next_run_at=decision.start_at.isoformat(), next_flow_run_id=next_id,
-                            predicted_duration_s=duration, predicted_cost=est.cost)
+        return GateDecision(
+            run_now=False,
+            status="deferred",
+            reason=f"{decision.reason}; {where}",
+            next_run_at=decision.start_at.isoformat(),
+            next_flow_run_id=next_id,
+            predicted_duration_s=duration,
+            predicted_cost=est.cost,
+        )
 
     deadline, kind = None, None
     if decision.deadline is not None:
@@ -79,5 +84,12 @@ def gate_task(spec: RunSpec, plan: ParallelPlan, shape, run_id: str, now: dateti
     bd = budget_deadline(spec.schedule, start, spec.world_size)
     if bd is not None and (deadline is None or to_real(bd) < deadline):
         deadline, kind = to_real(bd), "budget"
-    return GateDecision(run_now=True, status="run", reason=decision.reason, deadline_unix=deadline,
-                        deadline_kind=kind, predicted_duration_s=duration, predicted_cost=est.cost)
+    return GateDecision(
+        run_now=True,
+        status="run",
+        reason=decision.reason,
+        deadline_unix=deadline,
+        deadline_kind=kind,
+        predicted_duration_s=duration,
+        predicted_cost=est.cost,
+    )

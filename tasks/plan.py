@@ -14,11 +14,20 @@ from nightloom.spec import RunSpec
 def plan_rows(report) -> list[dict]:
     rows = []
     for tag, p in [("chosen", report.chosen)] + [("alternative", a) for a in report.alternatives[:5]]:
-        rows.append({"": tag, "layout": p.layout(), "micro_batch": p.micro_batch, "grad_accum": p.grad_accum,
-                     "recompute": p.recompute, "schedule": p.schedule,
-                     "mem_gib": None if p.memory_gib_per_gpu is None else round(p.memory_gib_per_gpu, 2),
-                     "fits": p.fits, "mfu": None if p.mfu is None else round(p.mfu, 4),
-                     "tokens_per_s": None if p.tokens_per_s is None else round(p.tokens_per_s)})
+        rows.append(
+            {
+                "": tag,
+                "layout": p.layout(),
+                "micro_batch": p.micro_batch,
+                "grad_accum": p.grad_accum,
+                "recompute": p.recompute,
+                "schedule": p.schedule,
+                "mem_gib": None if p.memory_gib_per_gpu is None else round(p.memory_gib_per_gpu, 2),
+                "fits": p.fits,
+                "mfu": None if p.mfu is None else round(p.mfu, 4),
+                "tokens_per_s": None if p.tokens_per_s is None else round(p.tokens_per_s),
+            }
+        )
     for r in report.rejected[:20]:
         rows.append({"": "rejected", "layout": r.layout, "reason": r.reason})
     return rows
@@ -30,8 +39,13 @@ def plan_task(spec: RunSpec, world_size: int, calibration: float | None = None, 
     log = get_run_logger()
     report = plan_for_spec(spec, world_size=world_size, calibration=calibration)
     plan = report.chosen
-    log.info("plan: %s, micro-batch %d × accum %d, recompute %s", plan.layout(), plan.micro_batch,
-             plan.grad_accum, plan.recompute)
+    log.info(
+        "plan: %s, micro-batch %d × accum %d, recompute %s",
+        plan.layout(),
+        plan.micro_batch,
+        plan.grad_accum,
+        plan.recompute,
+    )
     for line in plan.explanation:
         log.info("  %s", line)
     if publish:

@@ -21,8 +21,9 @@ def resolve_ssh_key(secret_name: str) -> str:
     try:
         value = Secret.load(secret_name).get()
     except ValueError as e:
-        raise ProvisionError(f"cluster.ssh.key_secret: Prefect Secret block {secret_name!r} not found "
-                             f"({type(e).__name__})") from None
+        raise ProvisionError(
+            f"cluster.ssh.key_secret: Prefect Secret block {secret_name!r} not found ({type(e).__name__})"
+        ) from None
     if not isinstance(value, str) or "PRIVATE KEY" not in value:
         raise ProvisionError(f"cluster.ssh.key_secret: Secret block {secret_name!r} does not hold a private key")
     return value
@@ -40,13 +41,19 @@ def make_provider(spec) -> Provider:
 def _artifact(cluster: Cluster) -> None:
     from prefect.artifacts import create_table_artifact
 
-    rows = [{"node": n.name, "address": n.address, "slots": n.slots, "ready_s": round(n.ready_s or 0.0, 3),
-             "status": "ok"} for n in cluster.nodes]
-    rows += [{"node": name, "address": "", "slots": 0, "ready_s": 0.0, "status": f"excluded: {why}"}
-             for name, why in cluster.excluded.items()]
-    create_table_artifact(key="cluster-nodes", table=rows,
-                          description=f"{cluster.provider} cluster {cluster.name}: ready in "
-                                      f"{cluster.time_to_ready_s:.2f} s")
+    rows = [
+        {"node": n.name, "address": n.address, "slots": n.slots, "ready_s": round(n.ready_s or 0.0, 3), "status": "ok"}
+        for n in cluster.nodes
+    ]
+    rows += [
+        {"node": name, "address": "", "slots": 0, "ready_s": 0.0, "status": f"excluded: {why}"}
+        for name, why in cluster.excluded.items()
+    ]
+    create_table_artifact(
+        key="cluster-nodes",
+        table=rows,
+        description=f"{cluster.provider} cluster {cluster.name}: ready in {cluster.time_to_ready_s:.2f} s",
+    )
     nccl = nccl_table(cluster.env)
     if nccl:
         create_table_artifact(key="nccl-env", table=nccl, description="NCCL/IB environment of every rank")
@@ -57,8 +64,12 @@ def acquire_cluster(provider: Provider) -> Cluster:
     """Acquire nodes, prepare their environment and preflight them before any training money is spent."""
     log = get_run_logger()
     cluster = provider.acquire()
-    log.info("cluster %s ready in %.1f s: %s", cluster.name, cluster.time_to_ready_s,
-             ", ".join(f"{n.name}({n.slots}, env {n.ready_s or 0:.2f} s)" for n in cluster.nodes))
+    log.info(
+        "cluster %s ready in %.1f s: %s",
+        cluster.name,
+        cluster.time_to_ready_s,
+        ", ".join(f"{n.name}({n.slots}, env {n.ready_s or 0:.2f} s)" for n in cluster.nodes),
+    )
     for name, reason in cluster.excluded.items():
         log.warning("node %s excluded: %s", name, reason)
     report = getattr(provider, "last_report", None)

@@ -25,9 +25,16 @@ def start_record_task(spec: RunSpec, run_id: str, plan: ParallelPlan | None, res
             except LedgerError:
                 pass
         ledger.start_run(
-            run_id=run_id, spec_hash=spec.spec_hash(), name=spec.name, model=spec.model.name,
-            cluster=spec.cluster.name, provider=spec.cluster.provider, gpu_type=spec.cluster.gpu_type,
-            world_size=spec.world_size, plan=plan, currency=spec.schedule.currency,
+            run_id=run_id,
+            spec_hash=spec.spec_hash(),
+            name=spec.name,
+            model=spec.model.name,
+            cluster=spec.cluster.name,
+            provider=spec.cluster.provider,
+            gpu_type=spec.cluster.gpu_type,
+            world_size=spec.world_size,
+            plan=plan,
+            currency=spec.schedule.currency,
         )
     return run_id
 
@@ -46,27 +53,56 @@ def run_cost(spec: RunSpec, started, provisioning_s: float, gpus: int, training:
 
 
 @task(name="record", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=1)
-def record_task(spec: RunSpec, summary: RunSummary, plan: ParallelPlan, cluster, outcome, cost: float,
-                stages: list[StageTime], status: str) -> RunSummary:
+def record_task(
+    spec: RunSpec,
+    summary: RunSummary,
+    plan: ParallelPlan,
+    cluster,
+    outcome,
+    cost: float,
+    stages: list[StageTime],
+    status: str,
+) -> RunSummary:
     """Close the ledger row with the measured figures and verdicts; publish the run-summary table."""
     log = get_run_logger()
     duration = sum(s.seconds for s in stages)
     with Ledger(spec.ledger.url) as ledger:
-        ledger.update_run(summary.run_id, plan=plan, world_size=cluster.world_size,
-                          time_to_ready_s=cluster.time_to_ready_s,
-                          metrics_path=f"{summary.run_dir}/metrics.jsonl")
+        ledger.update_run(
+            summary.run_id,
+            plan=plan,
+            world_size=cluster.world_size,
+            time_to_ready_s=cluster.time_to_ready_s,
+            metrics_path=f"{summary.run_dir}/metrics.jsonl",
+        )
         ledger.finish_run(
-            summary.run_id, status=status, measured_mfu=outcome.mfu, hfu=outcome.hfu,
-            tokens_per_s=outcome.tokens_per_s, final_loss=outcome.last_loss, duration_s=duration, cost=cost,
-            verdicts=outcome.verdicts, precision=outcome.precision, peak_source=outcome.peak_source,
+            summary.run_id,
+            status=status,
+            measured_mfu=outcome.mfu,
+            hfu=outcome.hfu,
+            tokens_per_s=outcome.tokens_per_s,
+            final_loss=outcome.last_loss,
+            duration_s=duration,
+            cost=cost,
+            verdicts=outcome.verdicts,
+            precision=outcome.precision,
+            peak_source=outcome.peak_source,
             reason=summary.reason or None,
         )
-    summary = summary.model_copy(update=dict(
-        first_loss=outcome.first_loss, last_loss=outcome.last_loss, steps=outcome.steps,
-        tokens_per_s=outcome.tokens_per_s, mfu=outcome.mfu, peak_source=outcome.peak_source or "",
-        cost=cost, currency=spec.schedule.currency, ledger_id=summary.run_id, stages=stages,
-        verdicts=[v.model_dump() for v in outcome.verdicts],
-    ))
+    summary = summary.model_copy(
+        update=dict(
+            first_loss=outcome.first_loss,
+            last_loss=outcome.last_loss,
+            steps=outcome.steps,
+            tokens_per_s=outcome.tokens_per_s,
+            mfu=outcome.mfu,
+            peak_source=outcome.peak_source or "",
+            cost=cost,
+            currency=spec.schedule.currency,
+            ledger_id=summary.run_id,
+            stages=stages,
+            verdicts=[v.model_dump() for v in outcome.verdicts],
+        )
+    )
     rows = [
         {"field": "status", "value": summary.status},
         {"field": "shards", "value": f"{summary.shards} (imbalance {summary.shard_imbalance:.2%})"},
@@ -77,8 +113,10 @@ def record_task(spec: RunSpec, summary: RunSummary, plan: ParallelPlan, cluster,
         {"field": "MFU planned", "value": f"{summary.mfu_predicted:.2%}" if summary.mfu_predicted else "-"},
         {"field": "time to ready", "value": f"{cluster.time_to_ready_s:.1f} s"},
         {"field": "cost", "value": f"{cost:.2f} {spec.schedule.currency}"},
-        *({"field": f"gate {v.name}", "value": ("pass: " if v.passed else "FAIL: ") + v.reason}
-          for v in outcome.verdicts),
+        *(
+            {"field": f"gate {v.name}", "value": ("pass: " if v.passed else "FAIL: ") + v.reason}
+            for v in outcome.verdicts
+        ),
         *({"field": f"stage {s.stage}", "value": f"{s.seconds:.1f} s"} for s in stages),
         {"field": "ledger row", "value": summary.run_id},
     ]

@@ -86,8 +86,9 @@ def diagnose_task(provider: Provider, cluster: Cluster, failure: rec.AttemptFail
 @task(name="ledger-interruption", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=1)
 def record_interruption_task(ledger_url: str, run_id: str, e: Event) -> None:
     with Ledger(ledger_url) as ledger:
-        ledger.record_interruption(run_id, kind=e.kind, detail=e.detail[:2000], recovery_s=e.recovery_s, at=e.at,
-                                   lost_s=e.lost_s, cost=e.cost)
+        ledger.record_interruption(
+            run_id, kind=e.kind, detail=e.detail[:2000], recovery_s=e.recovery_s, at=e.at, lost_s=e.lost_s, cost=e.cost
+        )
 
 
 def _cost(spec: RunSpec, at: datetime, seconds: float, gpus: int) -> float:
@@ -110,8 +111,9 @@ class Pending:
 def _close(spec: RunSpec, run_id: str, p: Pending, job: TrainJob, finished: bool = False) -> None:
     """Time and record an interruption once `job` (the next attempt) reported a step, failed or finished."""
     e = p.event
-    first = (rec.first_step_time(job.metrics_path, job.attempt, p.detected_unix)
-             if job.attempt == e.attempt + 1 else None)
+    first = (
+        rec.first_step_time(job.metrics_path, job.attempt, p.detected_unix) if job.attempt == e.attempt + 1 else None
+    )
     if first is None and finished:
         first = time.time()  # resumed at the last step: nothing left to redo
     if first is not None:
@@ -133,18 +135,37 @@ def _union(a: Cluster, b: Cluster) -> Cluster:
 def _artifact(events: list[Event], train_s: float, outcome: str) -> None:
     from prefect.artifacts import create_table_artifact
 
-    rows = [{"attempt": e.attempt, "kind": e.kind, "recovery_s": e.recovery_s, "lost_s": e.lost_s,
-             "cost": e.cost, "redone_steps": e.redone_steps,
-             "gpus": f"{e.world_before} -> {e.world_after if e.world_after is not None else '-'}",
-             "layout_after": e.layout_after or "-", "detail": e.detail[:300]} for e in events]
+    rows = [
+        {
+            "attempt": e.attempt,
+            "kind": e.kind,
+            "recovery_s": e.recovery_s,
+            "lost_s": e.lost_s,
+            "cost": e.cost,
+            "redone_steps": e.redone_steps,
+            "gpus": f"{e.world_before} -> {e.world_after if e.world_after is not None else '-'}",
+            "layout_after": e.layout_after or "-",
+            "detail": e.detail[:300],
+        }
+        for e in events
+    ]
     rate = rec.interruption_rate(len(events), train_s)
     recovered = [e.recovery_s for e in events if e.recovery_s is not None]
     mean = sum(recovered) / len(recovered) if recovered else None
-    rows.append({"attempt": "total", "kind": outcome, "recovery_s": round(sum(recovered), 3), "lost_s":
-                 round(sum(e.lost_s or 0 for e in events), 3), "cost": sum(e.cost or 0 for e in events),
-                 "redone_steps": sum(e.redone_steps for e in events), "gpus": "",
-                 "layout_after": "", "detail": f"{len(events)} interruption(s) in {train_s:.0f} s of training: "
-                 f"{rate:.2f}/h; mean time to recover " + (f"{mean:.1f} s" if mean is not None else "-")})
+    rows.append(
+        {
+            "attempt": "total",
+            "kind": outcome,
+            "recovery_s": round(sum(recovered), 3),
+            "lost_s": round(sum(e.lost_s or 0 for e in events), 3),
+            "cost": sum(e.cost or 0 for e in events),
+            "redone_steps": sum(e.redone_steps for e in events),
+            "gpus": "",
+            "layout_after": "",
+            "detail": f"{len(events)} interruption(s) in {train_s:.0f} s of training: "
+            f"{rate:.2f}/h; mean time to recover " + (f"{mean:.1f} s" if mean is not None else "-"),
+        }
+    )
     try:
         create_table_artifact(key="recovery", table=rows, description="Interruptions and time to recover")
     except Exception as e:  # noqa: BLE001 - an artifact never fails the run
@@ -171,37 +192,56 @@ def train_with_recovery(spec: RunSpec, provider: Provider, cluster: Cluster, job
         try:
             result = train_task(provider, cur_cluster, cur_job, startup_timeout_s=startup)
         except TrainingFailed as err:
-            failure = err.failure or rec.AttemptFailure(attempt=cur_job.attempt, exit_code=None, stalled=False,
-                                                        cause=str(err), last_step=None, at_unix=time.time())
+            failure = err.failure or rec.AttemptFailure(
+                attempt=cur_job.attempt,
+                exit_code=None,
+                stalled=False,
+                cause=str(err),
+                last_step=None,
+                at_unix=time.time(),
+            )
             if pending is not None:
                 _close(spec, job.run_id, pending, cur_job)
                 r = pending.event.recovery_s
                 spent += r if r is not None else max(0.0, failure.at_unix - pending.detected_unix)
                 pending = None
-            ev = Event(attempt=cur_job.attempt, kind="failure", detail=str(err),
-                       at=datetime.fromtimestamp(failure.at_unix, UTC), world_before=cur_cluster.world_size)
+            ev = Event(
+                attempt=cur_job.attempt,
+                kind="failure",
+                detail=str(err),
+                at=datetime.fromtimestamp(failure.at_unix, UTC),
+                world_before=cur_cluster.world_size,
+            )
             events.append(ev)
             diag = diagnose_task(provider, cur_cluster, failure)  # classified even when giving up: the ledger
-            ev.kind, ev.detail = diag.kind, diag.detail           # compares causes between providers
+            ev.kind, ev.detail = diag.kind, diag.detail  # compares causes between providers
             reason = budget.give_up_reason(relaunches, spent)
             if reason is None:
                 nxt = rec.reacquire(provider, cur_cluster, diag.bad_nodes)
                 seen = _union(seen, nxt)
                 record_cluster(run_dir, seen)
-                reason = rec.relayout_reason(cur_cluster.world_size, nxt.world_size, len(nxt.nodes),
-                                             spec.cluster.min_nodes or 1, spec.recovery.allow_relayout)
+                reason = rec.relayout_reason(
+                    cur_cluster.world_size,
+                    nxt.world_size,
+                    len(nxt.nodes),
+                    spec.cluster.min_nodes or 1,
+                    spec.recovery.allow_relayout,
+                )
             if reason is None:
                 try:
-                    plan = (cur_job.plan if nxt.world_size == cur_cluster.world_size
-                            else plan_task(spec, nxt.world_size))
+                    plan = cur_job.plan if nxt.world_size == cur_cluster.world_size else plan_task(spec, nxt.world_size)
                 except Exception as e:  # noqa: BLE001 - PlanError/LayoutError: named in the reason
                     reason = f"no layout for {nxt.world_size} GPU(s): {type(e).__name__}: {e}"
             found = checkpoint.latest(job.checkpoint_dir)
             resume_step = found[1] if found else 0
             if reason is not None:
                 ev.detail = f"{ev.detail}; gave up: {reason}"
-                _close(spec, job.run_id, Pending(ev, failure.at_unix, failure.silent_s, 0.0, cur_cluster.world_size),
-                       cur_job)
+                _close(
+                    spec,
+                    job.run_id,
+                    Pending(ev, failure.at_unix, failure.silent_s, 0.0, cur_cluster.world_size),
+                    cur_job,
+                )
                 train_s = time.monotonic() - t0
                 _artifact(events, train_s, "gave up")
                 if seen is not cluster:
@@ -215,12 +255,22 @@ def train_with_recovery(spec: RunSpec, provider: Provider, cluster: Cluster, job
             rw = rec.rewind_metrics(job.metrics_path, resume_step)
             relaunches += 1
             ev.redone_steps, ev.world_after, ev.layout_after = rw.discarded_steps, nxt.world_size, plan.layout()
-            ev.detail += (f"; resumed from step {resume_step} on {', '.join(n.name for n in nxt.nodes)} "
-                          f"({cur_cluster.world_size} -> {nxt.world_size} GPUs, layout {plan.layout()}), "
-                          f"{rw.discarded_steps} step(s) redone")
-            log.warning("recovery %d/%d: %s; relaunching on %s (%d GPUs, layout %s) from step %d; %d step(s) "
-                        "to redo", relaunches, budget.max_attempts, diag.kind, ", ".join(n.name for n in nxt.nodes),
-                        nxt.world_size, plan.layout(), resume_step, rw.discarded_steps)
+            ev.detail += (
+                f"; resumed from step {resume_step} on {', '.join(n.name for n in nxt.nodes)} "
+                f"({cur_cluster.world_size} -> {nxt.world_size} GPUs, layout {plan.layout()}), "
+                f"{rw.discarded_steps} step(s) redone"
+            )
+            log.warning(
+                "recovery %d/%d: %s; relaunching on %s (%d GPUs, layout %s) from step %d; %d step(s) to redo",
+                relaunches,
+                budget.max_attempts,
+                diag.kind,
+                ", ".join(n.name for n in nxt.nodes),
+                nxt.world_size,
+                plan.layout(),
+                resume_step,
+                rw.discarded_steps,
+            )
             pending = Pending(ev, failure.at_unix, failure.silent_s, rw.discarded_s, cur_cluster.world_size)
             spans.append(_span(span_start, cur_cluster.world_size))  # the failed attempt and its recovery
             cur_cluster = nxt
@@ -233,8 +283,9 @@ def train_with_recovery(spec: RunSpec, provider: Provider, cluster: Cluster, job
             _artifact(events, train_s, "recovered")
         result = result.model_copy(update={"wall_s": train_s})
         spans.append(_span(span_start, cur_cluster.world_size))
-        return Recovered(result=result, cluster=cur_cluster, plan=cur_job.plan, events=events, train_s=train_s,
-                         spans=spans)
+        return Recovered(
+            result=result, cluster=cur_cluster, plan=cur_job.plan, events=events, train_s=train_s, spans=spans
+        )
 
 
 def _span(start: datetime, gpus: int) -> BillingSpan:

@@ -69,13 +69,16 @@ def _cause(tail: list[str], first_failed: str | None) -> str:
         hit = next((t for t in reversed(pool) if pattern.search(t)), None)
         if hit:
             return hit.strip()
-    return next((t for t in reversed(tail) if "error" in t.lower() and "errors.html" not in t),
-                tail[-1] if tail else "no output")
+    return next(
+        (t for t in reversed(tail) if "error" in t.lower() and "errors.html" not in t),
+        tail[-1] if tail else "no output",
+    )
 
 
 @task(name="train", cache_policy=NO_CACHE)
-def train_task(provider: Provider, cluster: Cluster, job: TrainJob,
-               startup_timeout_s: float | None = None) -> TrainResult:
+def train_task(
+    provider: Provider, cluster: Cluster, job: TrainJob, startup_timeout_s: float | None = None
+) -> TrainResult:
     """Run training on the cluster; every output line goes to the run log; fail with the cause on error.
     `startup_timeout_s`: how long the first step may take to appear (recovery passes its time left)."""
     log = get_run_logger()
@@ -83,9 +86,12 @@ def train_task(provider: Provider, cluster: Cluster, job: TrainJob,
     if Path(job.result_path).exists():
         os.remove(job.result_path)  # a stale result must never be mistaken for this attempt's
     env = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    dog = Watchdog(collective_timeout_s=float(job.train.collective_timeout_s),
-                   startup_timeout_s=startup_timeout_s or STARTUP_TIMEOUT_S,
-                   checkpoint_every=job.train.checkpoint_every, started=time.monotonic())
+    dog = Watchdog(
+        collective_timeout_s=float(job.train.collective_timeout_s),
+        startup_timeout_s=startup_timeout_s or STARTUP_TIMEOUT_S,
+        checkpoint_every=job.train.checkpoint_every,
+        started=time.monotonic(),
+    )
     launch = provider.launch(cluster, ["-m", "nightloom.train", "--job", str(job_path)], env)
     if getattr(launch, "pids", None):
         record_processes(Path(job.run_dir), list(launch.pids))
@@ -122,8 +128,11 @@ def train_task(provider: Provider, cluster: Cluster, job: TrainJob,
             over = dog.overdue(now)
             if over is not None:
                 stalled, silent = True, over
-                log.warning("no progress for %.0f s (allowed %.0f s): the run stopped reporting; killing it",
-                            over, dog.allowance())
+                log.warning(
+                    "no progress for %.0f s (allowed %.0f s): the run stopped reporting; killing it",
+                    over,
+                    dog.allowance(),
+                )
             if stalled or (failed_at is not None and now - failed_at > PEER_EXIT_GRACE_S):
                 launch.terminate()
                 killed_at = now
@@ -134,20 +143,35 @@ def train_task(provider: Provider, cluster: Cluster, job: TrainJob,
         launch.terminate()
     detected = time.time()
     if stalled or rc != 0:
-        cause = (f"no new step for {silent:.0f} s after step {dog.last_step}" if stalled else _cause(tail, first_failed))
-        err = TrainingFailed(f"training attempt {job.attempt} " +
-                             ("stopped reporting" if stalled else f"exited with code {rc}") + f": {cause}")
-        err.failure = AttemptFailure(attempt=job.attempt, exit_code=None if stalled else rc, stalled=stalled,
-                                     cause=cause, last_step=dog.last_step, first_failed_node=first_failed,
-                                     at_unix=detected, silent_s=silent if stalled else
-                                     (time.monotonic() - dog.last_at if dog.last_at else 0.0))
+        cause = f"no new step for {silent:.0f} s after step {dog.last_step}" if stalled else _cause(tail, first_failed)
+        err = TrainingFailed(
+            f"training attempt {job.attempt} "
+            + ("stopped reporting" if stalled else f"exited with code {rc}")
+            + f": {cause}"
+        )
+        err.failure = AttemptFailure(
+            attempt=job.attempt,
+            exit_code=None if stalled else rc,
+            stalled=stalled,
+            cause=cause,
+            last_step=dog.last_step,
+            first_failed_node=first_failed,
+            at_unix=detected,
+            silent_s=silent if stalled else (time.monotonic() - dog.last_at if dog.last_at else 0.0),
+        )
         raise err
     if not Path(job.result_path).is_file():
         err = TrainingFailed(f"training exited 0 but wrote no result at {job.result_path}")
-        err.failure = AttemptFailure(attempt=job.attempt, exit_code=0, stalled=False, cause=str(err),
-                                     last_step=dog.last_step, at_unix=detected)
+        err.failure = AttemptFailure(
+            attempt=job.attempt, exit_code=0, stalled=False, cause=str(err), last_step=dog.last_step, at_unix=detected
+        )
         raise err
     result = TrainResult.model_validate_json(Path(job.result_path).read_text())
-    log.info("training %s after %d/%d steps, final loss %s", result.stopped, result.steps_done,
-             result.total_steps, result.final_loss)
+    log.info(
+        "training %s after %d/%d steps, final loss %s",
+        result.stopped,
+        result.steps_done,
+        result.total_steps,
+        result.final_loss,
+    )
     return result

@@ -56,8 +56,9 @@ def png_markdown(title: str, path: Path) -> str:
 
 
 @task(name="validate", cache_policy=NO_CACHE)
-def validate_task(spec: RunSpec, run_dir: Path, plan: ParallelPlan, result: TrainResult, shape: ModelShape,
-                  world_size: int) -> ValidationOutcome:
+def validate_task(
+    spec: RunSpec, run_dir: Path, plan: ParallelPlan, result: TrainResult, shape: ModelShape, world_size: int
+) -> ValidationOutcome:
     """Run every configured gate; publish the loss/throughput/MFU plots. Failing gates are returned, not raised,
     so the ledger records them before the flow fails."""
     log = get_run_logger()
@@ -68,8 +69,15 @@ def validate_task(spec: RunSpec, run_dir: Path, plan: ParallelPlan, result: Trai
         measured = PeakMeasurement(result.peak_flops, "fp32", result.peak_source or "measured on CPU")
     peak = resolve_peak(gpu_type, spec.train.precision, measured)
     xt = spec.train.xtuner if spec.train.backend == "xtuner" else None
-    inputs = mfu_inputs(shape, spec.train.seq_len, plan.recompute, world_size, peak, predicted_mfu=plan.mfu,
-                        frozen_base=xt is not None and xt.method != "full")
+    inputs = mfu_inputs(
+        shape,
+        spec.train.seq_len,
+        plan.recompute,
+        world_size,
+        peak,
+        predicted_mfu=plan.mfu,
+        frozen_base=xt is not None and xt.method != "full",
+    )
     ledger = Ledger(spec.ledger.url)
     try:
         golden = resolve_golden(spec.validate_.golden, ledger, spec.spec_hash())
@@ -80,14 +88,25 @@ def validate_task(spec: RunSpec, run_dir: Path, plan: ParallelPlan, result: Trai
     for v in verdicts:
         (log.info if v.passed else log.error)("gate %-12s %s: %s", v.name, "pass" if v.passed else "FAIL", v.reason)
 
-    plots = write_run_plots(steps, run_dir, predicted_mfu=plan.mfu, mfu_floor=spec.validate_.mfu_floor or None,
-                            golden=golden.steps if golden is not None else None)
+    plots = write_run_plots(
+        steps,
+        run_dir,
+        predicted_mfu=plan.mfu,
+        mfu_floor=spec.validate_.mfu_floor or None,
+        golden=golden.steps if golden is not None else None,
+    )
     md = "\n".join(png_markdown(name.replace("_", " "), p) for name, p in plots.items())
     create_markdown_artifact(key="loss-curve", markdown=md, description="Loss, tokens/s and MFU per step")
     finite = [s.loss for s in steps]
     return ValidationOutcome(
-        verdicts=verdicts, first_loss=finite[0], last_loss=finite[-1], steps=len(steps),
-        tokens_per_s=report.tokens_per_s if report else None, mfu=report.mfu if report else None,
-        hfu=report.hfu if report else None, precision=peak.precision, peak_source=peak.source,
+        verdicts=verdicts,
+        first_loss=finite[0],
+        last_loss=finite[-1],
+        steps=len(steps),
+        tokens_per_s=report.tokens_per_s if report else None,
+        mfu=report.mfu if report else None,
+        hfu=report.hfu if report else None,
+        precision=peak.precision,
+        peak_source=peak.source,
         plots={k: str(v) for k, v in plots.items()},
     )

@@ -46,6 +46,8 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if "gpu" in item.keywords:
                 item.add_marker(skip)
+
+
 @pytest.fixture(scope="session")
 def prefect_backend(tmp_path_factory):
     if os.environ.get("PREFECT_API_URL"):

@@ -17,18 +17,21 @@ from nightloom.spec import SpecError, load_spec
 
 
 def register(sub) -> None:
-    p = sub.add_parser("cost", help="predicted cost of a spec's run (windows, budget) and rent vs buy",
-                       description=__doc__.splitlines()[0])
+    p = sub.add_parser(
+        "cost",
+        help="predicted cost of a spec's run (windows, budget) and rent vs buy",
+        description=__doc__.splitlines()[0],
+    )
     p.add_argument("spec", help="run spec YAML")
     p.add_argument("--hours", type=float, help="run duration in hours (default: planner prediction)")
-    p.add_argument("--provisioning-min", type=float, default=10.0,
-                   help="minutes from renting to ready, billed too (default 10)")
+    p.add_argument(
+        "--provisioning-min", type=float, default=10.0, help="minutes from renting to ready, billed too (default 10)"
+    )
     p.add_argument("--at", help="decide as if now were this ISO time (default: the current time)")
     p.add_argument("--runs-per-month", type=float, default=30.0, help="for rent vs buy (default 30: nightly)")
     p.add_argument("--purchase-price", type=float, help="price of a self-built cluster of the same GPUs")
     p.add_argument("--amortisation-months", type=int, default=36)
-    p.add_argument("--operations-per-month", type=float, default=28_000.0,
-                   help="power, space, staff (default 28,000)")
+    p.add_argument("--operations-per-month", type=float, default=28_000.0, help="power, space, staff (default 28,000)")
     p.add_argument("--idle", type=float, default=0.37, help="idle fraction of an owned cluster (default 0.37)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=run)
@@ -72,10 +75,16 @@ def run(args) -> int:
     decision = decide(now, s, dur)
     est = estimate_cost(s, decision.start_at, dur, gpus, provisioning_s=args.provisioning_min * 60)
     blended = est.cost / est.gpu_hours if est.gpu_hours else s.price_per_gpu_hour
-    rvb = rent_vs_buy(gpus=gpus, gpu_hours_per_month=est.gpu_hours * args.runs_per_month,
-                      rent_price_per_gpu_hour=blended, purchase_price=args.purchase_price,
-                      amortisation_months=args.amortisation_months, operations_per_month=args.operations_per_month,
-                      idle_fraction=args.idle, currency=s.currency)
+    rvb = rent_vs_buy(
+        gpus=gpus,
+        gpu_hours_per_month=est.gpu_hours * args.runs_per_month,
+        rent_price_per_gpu_hour=blended,
+        purchase_price=args.purchase_price,
+        amortisation_months=args.amortisation_months,
+        operations_per_month=args.operations_per_month,
+        idle_fraction=args.idle,
+        currency=s.currency,
+    )
     over = None
     try:
         check_budget(s, est)
@@ -83,45 +92,66 @@ def run(args) -> int:
         over = str(e)
     if args.json:
         out = {
-            "decision": {"action": decision.action, "start_at": decision.start_at.isoformat(),
-                         "deadline": decision.deadline.isoformat() if decision.deadline else None,
-                         "reason": decision.reason},
-            "duration_s": dur, "duration_source": source,
+            "decision": {
+                "action": decision.action,
+                "start_at": decision.start_at.isoformat(),
+                "deadline": decision.deadline.isoformat() if decision.deadline else None,
+                "reason": decision.reason,
+            },
+            "duration_s": dur,
+            "duration_source": source,
             "cost": {k: v for k, v in dataclasses.asdict(est).items() if k != "segments"}
             | {"segments": [{**dataclasses.asdict(g)} for g in est.segments]},
-            "budget": s.budget, "over_budget": over, "rent_vs_buy": dataclasses.asdict(rvb),
+            "budget": s.budget,
+            "over_budget": over,
+            "rent_vs_buy": dataclasses.asdict(rvb),
         }
         print(json.dumps(out, indent=2, default=lambda o: o.isoformat()))
     else:
         cur = s.currency
-        print(f"{spec.name}: {gpus} × {spec.cluster.gpu_type}, {dur / 3600:.2f} h ({source}) "
-              f"+ {args.provisioning_min:.0f} min provisioning")
+        print(
+            f"{spec.name}: {gpus} × {spec.cluster.gpu_type}, {dur / 3600:.2f} h ({source}) "
+            f"+ {args.provisioning_min:.0f} min provisioning"
+        )
         print(f"  window: {decision.action}: {decision.reason}")
-        print(f"  cost: {est.cost:,.2f} {cur} for {est.gpu_hours:,.2f} GPU-hours "
-              f"({est.offpeak_gpu_hours:,.2f} off-peak at −{s.offpeak_discount:.0%}; list "
-              f"{s.price_per_gpu_hour:,.2f} {cur}/GPU-hour)")
+        print(
+            f"  cost: {est.cost:,.2f} {cur} for {est.gpu_hours:,.2f} GPU-hours "
+            f"({est.offpeak_gpu_hours:,.2f} off-peak at −{s.offpeak_discount:.0%}; list "
+            f"{s.price_per_gpu_hour:,.2f} {cur}/GPU-hour)"
+        )
         if s.budget is not None:
             print(f"  budget: {s.budget:,.2f} {cur}: {'EXCEEDED' if over else 'ok'}")
         print(f"  rent vs buy at {args.runs_per_month:g} runs/month ({rvb.gpu_hours_per_month:,.0f} GPU-hours):")
         print(f"    rent: {rvb.rent_per_month:,.0f} {cur}/month")
         if rvb.own_per_month is not None:
-            print(f"    own:  {rvb.own_per_month:,.0f} {cur}/month ({args.purchase_price:,.0f} over "
-                  f"{rvb.amortisation_months} months + {rvb.operations_per_month:,.0f} operations); "
-                  f"{rvb.own_per_useful_gpu_hour:,.2f} {cur} per useful GPU-hour at {rvb.idle_fraction:.0%} idle")
-            print(f"    cheaper: {rvb.cheaper}; break-even at {rvb.break_even_gpu_hours_per_month:,.0f} "
-                  f"GPU-hours/month")
+            print(
+                f"    own:  {rvb.own_per_month:,.0f} {cur}/month ({args.purchase_price:,.0f} over "
+                f"{rvb.amortisation_months} months + {rvb.operations_per_month:,.0f} operations); "
+                f"{rvb.own_per_useful_gpu_hour:,.2f} {cur} per useful GPU-hour at {rvb.idle_fraction:.0%} idle"
+            )
+            print(
+                f"    cheaper: {rvb.cheaper}; break-even at {rvb.break_even_gpu_hours_per_month:,.0f} GPU-hours/month"
+            )
         elif rvb.break_even_purchase_price > 0:
-            print(f"    own:  owning is cheaper only if the cluster costs under "
-                  f"{rvb.break_even_purchase_price:,.0f} {cur} (give --purchase-price to compare)")
+            print(
+                f"    own:  owning is cheaper only if the cluster costs under "
+                f"{rvb.break_even_purchase_price:,.0f} {cur} (give --purchase-price to compare)"
+            )
         else:
-            print(f"    own:  operations alone ({rvb.operations_per_month:,.0f} {cur}/month) cost more than renting "
-                  f"at this usage")
+            print(
+                f"    own:  operations alone ({rvb.operations_per_month:,.0f} {cur}/month) cost more than renting "
+                f"at this usage"
+            )
         if rvb.over_capacity:
-            print(f"    note: this usage needs more than the {rvb.own_useful_gpu_hours:,.0f} useful GPU-hours a month "
-                  f"{gpus} owned GPUs give at {rvb.idle_fraction:.0%} idle")
+            print(
+                f"    note: this usage needs more than the {rvb.own_useful_gpu_hours:,.0f} useful GPU-hours a month "
+                f"{gpus} owned GPUs give at {rvb.idle_fraction:.0%} idle"
+            )
         lo, hi = rvb.lead_time_rent
-        print(f"    buying takes {rvb.lead_time_days[0]}–{rvb.lead_time_days[1]} days; renting meanwhile costs "
-              f"{lo:,.0f}–{hi:,.0f} {cur}")
+        print(
+            f"    buying takes {rvb.lead_time_days[0]}–{rvb.lead_time_days[1]} days; renting meanwhile costs "
+            f"{lo:,.0f}–{hi:,.0f} {cur}"
+        )
     if over:
         print(f"nightloom cost: {over}", file=sys.stderr)
         return 1

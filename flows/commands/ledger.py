@@ -14,13 +14,29 @@ import sys
 from nightloom.ledger import RUN_STATUSES, Ledger, LedgerError, RunRecord
 from nightloom.spec import LedgerSpec, SpecError, load_spec
 
-LIST_COLUMNS = ("run_id", "name", "model", "cluster", "gpu_type", "world_size", "layout", "status", "predicted_mfu",
-                "measured_mfu", "tokens_per_s", "duration_s", "cost", "currency", "started_at")
+LIST_COLUMNS = (
+    "run_id",
+    "name",
+    "model",
+    "cluster",
+    "gpu_type",
+    "world_size",
+    "layout",
+    "status",
+    "predicted_mfu",
+    "measured_mfu",
+    "tokens_per_s",
+    "duration_s",
+    "cost",
+    "currency",
+    "started_at",
+)
 
 
 def register(sub) -> None:
-    p = sub.add_parser("ledger", help="list runs, show the best verified layout, export CSV",
-                       description=__doc__.splitlines()[0])
+    p = sub.add_parser(
+        "ledger", help="list runs, show the best verified layout, export CSV", description=__doc__.splitlines()[0]
+    )
     p.add_argument("--url", help="SQLAlchemy URL of the ledger")
     p.add_argument("--spec", help="take the ledger URL from this run spec")
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -60,16 +76,38 @@ def _print_table(rows: list[RunRecord], title: str) -> None:
     from rich.table import Table
 
     t = Table(title=title)
-    for c in ("run", "model", "cluster", "gpus", "layout", "status", "MFU pred/meas", "tokens/s", "duration",
-              "cost", "started"):
+    for c in (
+        "run",
+        "model",
+        "cluster",
+        "gpus",
+        "layout",
+        "status",
+        "MFU pred/meas",
+        "tokens/s",
+        "duration",
+        "cost",
+        "started",
+    ):
         t.add_column(c)
-    pct = lambda x: "—" if x is None else f"{x:.1%}"
+
+    def pct(x):
+        return "—" if x is None else f"{x:.1%}"
+
     for r in rows:
-        t.add_row(r.run_id, r.model, r.cluster, f"{r.world_size}×{r.gpu_type}", r.layout or "—",
-                  r.status + (" ✓" if r.verified else ""), f"{pct(r.predicted_mfu)} / {pct(r.measured_mfu)}",
-                  "—" if r.tokens_per_s is None else f"{r.tokens_per_s:,.0f}",
-                  "—" if r.duration_s is None else f"{r.duration_s / 60:.1f} min",
-                  "—" if r.cost is None else f"{r.cost:,.2f} {r.currency}", r.started_at.strftime("%Y-%m-%d %H:%M"))
+        t.add_row(
+            r.run_id,
+            r.model,
+            r.cluster,
+            f"{r.world_size}×{r.gpu_type}",
+            r.layout or "—",
+            r.status + (" ✓" if r.verified else ""),
+            f"{pct(r.predicted_mfu)} / {pct(r.measured_mfu)}",
+            "—" if r.tokens_per_s is None else f"{r.tokens_per_s:,.0f}",
+            "—" if r.duration_s is None else f"{r.duration_s / 60:.1f} min",
+            "—" if r.cost is None else f"{r.cost:,.2f} {r.currency}",
+            r.started_at.strftime("%Y-%m-%d %H:%M"),
+        )
     Console(width=None if sys.stdout.isatty() else 160).print(t)
 
 

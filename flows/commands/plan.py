@@ -12,16 +12,36 @@ import sys
 
 from nightloom.planner.request import RECOMPUTE_MODES, PlanError, PlanReport
 
-JSON_KEYS = ("tp", "pp", "dp_replicate", "dp_shard", "sp", "micro_batch", "grad_accum", "virtual_stages", "schedule",
-             "recompute", "zero", "memory_gib_per_gpu", "fits", "step_time_s", "tflops_per_gpu_model",
-             "tflops_per_gpu_hardware", "mfu", "hfu", "tokens_per_s")
+JSON_KEYS = (
+    "tp",
+    "pp",
+    "dp_replicate",
+    "dp_shard",
+    "sp",
+    "micro_batch",
+    "grad_accum",
+    "virtual_stages",
+    "schedule",
+    "recompute",
+    "zero",
+    "memory_gib_per_gpu",
+    "fits",
+    "step_time_s",
+    "tflops_per_gpu_model",
+    "tflops_per_gpu_hardware",
+    "mfu",
+    "hfu",
+    "tokens_per_s",
+)
 
 
 def register(sub) -> None:
     p = sub.add_parser(
-        "plan", help="choose a parallel layout (TP/PP/DP/SP, micro-batch, recompute) and predict memory and MFU",
+        "plan",
+        help="choose a parallel layout (TP/PP/DP/SP, micro-batch, recompute) and predict memory and MFU",
         description="nightloom plan SPEC, or nightloom plan --model NAME_OR_CONFIG --gpu TYPE --nodes N "
-                    "--gpus-per-node G --seq-len S --global-batch B [--layout tp=8,pp=4,dp=32]")
+        "--gpus-per-node G --seq-len S --global-batch B [--layout tp=8,pp=4,dp=32]",
+    )
     p.add_argument("spec", nargs="?", help="run spec YAML (alternatively give --model and the cluster flags)")
     p.add_argument("--model", help="catalog model name or a Hugging Face config.json (llama, mistral, qwen2, gpt2)")
     p.add_argument("--gpu", help="catalog GPU type (a100-80gb, h100-80gb, a800-80gb, ...) or cpu")
@@ -29,8 +49,11 @@ def register(sub) -> None:
     p.add_argument("--gpus-per-node", type=int)
     p.add_argument("--seq-len", type=int)
     p.add_argument("--global-batch", type=int, help="sequences per optimizer step")
-    p.add_argument("--layout", help="evaluate this layout instead of searching, e.g. tp=8,pp=4,dp=32 "
-                                    "(also sp=, mb=, v=, recompute=, zero=none|fsdp, dp_replicate=, dp_shard=)")
+    p.add_argument(
+        "--layout",
+        help="evaluate this layout instead of searching, e.g. tp=8,pp=4,dp=32 "
+        "(also sp=, mb=, v=, recompute=, zero=none|fsdp, dp_replicate=, dp_shard=)",
+    )
     p.add_argument("--recompute", choices=RECOMPUTE_MODES, help="restrict activation recompute to this mode")
     p.add_argument("--precision", choices=("bf16", "fp32"), default="bf16")
     p.add_argument("--no-zero", action="store_true", help="do not shard weights/optimizer states (no FSDP/ZeRO)")
@@ -47,14 +70,29 @@ def _report(args) -> PlanReport:
 
         spec = load_spec(args.spec)
         return plan_for_spec(spec, calibration=args.calibration, require_fit=False)
-    missing = [f"--{n.replace('_', '-')}" for n in ("model", "gpu", "nodes", "gpus_per_node", "seq_len", "global_batch")
-               if getattr(args, n) is None]
+    missing = [
+        f"--{n.replace('_', '-')}"
+        for n in ("model", "gpu", "nodes", "gpus_per_node", "seq_len", "global_batch")
+        if getattr(args, n) is None
+    ]
     if missing:
-        raise ValueError(f"give a SPEC, or all of --model --gpu --nodes --gpus-per-node --seq-len --global-batch "
-                         f"(missing: {' '.join(missing)})")
-    return plan(args.model, args.gpu, args.nodes, args.gpus_per_node, args.seq_len, args.global_batch,
-                layout=args.layout, recompute=args.recompute, precision=args.precision,
-                allow_zero=not args.no_zero, calibration=args.calibration)
+        raise ValueError(
+            f"give a SPEC, or all of --model --gpu --nodes --gpus-per-node --seq-len --global-batch "
+            f"(missing: {' '.join(missing)})"
+        )
+    return plan(
+        args.model,
+        args.gpu,
+        args.nodes,
+        args.gpus_per_node,
+        args.seq_len,
+        args.global_batch,
+        layout=args.layout,
+        recompute=args.recompute,
+        precision=args.precision,
+        allow_zero=not args.no_zero,
+        calibration=args.calibration,
+    )
 
 
 def to_json(r: PlanReport) -> dict:
@@ -68,9 +106,16 @@ def to_json(r: PlanReport) -> dict:
         key: flat(r.chosen) | {"explanation": r.chosen.explanation},
         "alternatives": [flat(a) for a in r.alternatives],
         "rejected": [{"layout": x.layout, "reason": x.reason} for x in r.rejected],
-        "considered": r.considered, "pruned": r.pruned, "fits": r.chosen.fits, "predicted": r.predicted,
-        "min_memory_gib": r.min_memory_gib, "usable_memory_gib": r.usable_memory_gib, "model": r.model,
-        "gpu": r.gpu, "world_size": r.world_size, "efficiency": r.efficiency,
+        "considered": r.considered,
+        "pruned": r.pruned,
+        "fits": r.chosen.fits,
+        "predicted": r.predicted,
+        "min_memory_gib": r.min_memory_gib,
+        "usable_memory_gib": r.usable_memory_gib,
+        "model": r.model,
+        "gpu": r.gpu,
+        "world_size": r.world_size,
+        "efficiency": r.efficiency,
     }
 
 
@@ -117,8 +162,11 @@ def run(args) -> int:
     else:
         _print_pretty(report)
     if report.chosen.fits is False:
-        print(f"nightloom plan: no layout fits: the smallest needs {report.min_memory_gib:.1f} GiB per GPU "
-              f"({report.usable_memory_gib:.1f} GiB usable of {report.gpu})", file=sys.stderr)
+        print(
+            f"nightloom plan: no layout fits: the smallest needs {report.min_memory_gib:.1f} GiB per GPU "
+            f"({report.usable_memory_gib:.1f} GiB usable of {report.gpu})",
+            file=sys.stderr,
+        )
         return 1
     return 0
 

@@ -13,8 +13,12 @@ from nightloom.spec import SpecError, load_spec
 def register(sub) -> None:
     p = sub.add_parser("provision", help="check a cluster: acquire, preflight every node, release")
     p.add_argument("spec", help="path to the run spec YAML")
-    p.add_argument("--check", action="store_true", required=True,
-                   help="acquire + preflight + release (the only mode: training goes through `run`)")
+    p.add_argument(
+        "--check",
+        action="store_true",
+        required=True,
+        help="acquire + preflight + release (the only mode: training goes through `run`)",
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=run)
 

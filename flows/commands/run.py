@@ -27,13 +27,19 @@ def print_summary(summary) -> None:
     def fmt(x, spec="{:.4g}"):
         return "-" if x is None else spec.format(x)
 
-    t.add_row("shards", f"{summary.shards} (imbalance {fmt(summary.shard_imbalance, '{:.2%}')}, "
-                        f"{'balanced' if summary.shards_balanced else 'NOT balanced'})")
+    t.add_row(
+        "shards",
+        f"{summary.shards} (imbalance {fmt(summary.shard_imbalance, '{:.2%}')}, "
+        f"{'balanced' if summary.shards_balanced else 'NOT balanced'})",
+    )
     t.add_row("plan", f"{summary.layout or '-'} on {summary.world_size} ranks")
     t.add_row("loss", f"{fmt(summary.first_loss)} → {fmt(summary.last_loss)} over {summary.steps} steps")
     t.add_row("tokens/s", fmt(summary.tokens_per_s, "{:,.0f}"))
-    t.add_row("MFU", f"{fmt(summary.mfu, '{:.2%}')} (planned {fmt(summary.mfu_predicted, '{:.2%}')}; "
-                     f"peak {summary.peak_source or '-'})")
+    t.add_row(
+        "MFU",
+        f"{fmt(summary.mfu, '{:.2%}')} (planned {fmt(summary.mfu_predicted, '{:.2%}')}; "
+        f"peak {summary.peak_source or '-'})",
+    )
     if summary.cost is not None:
         t.add_row("cost", f"{summary.cost:.2f} {summary.currency}")
     for v in summary.verdicts:

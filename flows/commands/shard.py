@@ -79,8 +79,11 @@ def _progress_lines():
             seen[stage] = count = seen.get(stage, 0) + 1
             if count in (1, total) or count % max(1, total // 10) == 0:
                 unit = "input files" if stage == "scan" else "shards"
-                print(f"[shard] {stage} {count}/{total} {unit}  {time.monotonic() - t0:6.1f} s", file=sys.stderr,
-                      flush=True)
+                print(
+                    f"[shard] {stage} {count}/{total} {unit}  {time.monotonic() - t0:6.1f} s",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
     return note
 

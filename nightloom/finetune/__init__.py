@@ -9,5 +9,13 @@ from nightloom.finetune.env import EnvError, XTunerEnv, ensure_env
 from nightloom.finetune.launcher import XTunerLaunchError
 from nightloom.finetune.run import XTunerPlan, XTunerResult, run_xtuner
 
-__all__ = ["EnvError", "XTunerConfigError", "XTunerEnv", "XTunerLaunchError", "XTunerPlan", "XTunerResult",
-           "ensure_env", "run_xtuner"]
+__all__ = [
+    "EnvError",
+    "XTunerConfigError",
+    "XTunerEnv",
+    "XTunerLaunchError",
+    "XTunerPlan",
+    "XTunerResult",
+    "ensure_env",
+    "run_xtuner",
+]

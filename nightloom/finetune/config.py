@@ -48,12 +48,37 @@ MAP_FNS: dict[str, MapFn] = {
 }
 
 # xtuner.utils.PROMPT_TEMPLATE keys in xtuner 0.2.0 (a test checks them against the env).
-PROMPT_TEMPLATES = frozenset({
-    "baichuan2_chat", "baichuan_chat", "chatglm2", "chatglm3", "code_llama_chat", "cohere_chat",
-    "deepseek_coder", "deepseek_moe", "deepseek_v2", "deepseekcoder", "default", "gemma", "internlm2_chat",
-    "internlm_chat", "llama2_chat", "llama3_chat", "minicpm", "minicpm3", "mistral", "mixtral", "moss_sft",
-    "phi3_chat", "qwen_chat", "vicuna", "wizardcoder", "wizardlm", "zephyr",
-})
+PROMPT_TEMPLATES = frozenset(
+    {
+        "baichuan2_chat",
+        "baichuan_chat",
+        "chatglm2",
+        "chatglm3",
+        "code_llama_chat",
+        "cohere_chat",
+        "deepseek_coder",
+        "deepseek_moe",
+        "deepseek_v2",
+        "deepseekcoder",
+        "default",
+        "gemma",
+        "internlm2_chat",
+        "internlm_chat",
+        "llama2_chat",
+        "llama3_chat",
+        "minicpm",
+        "minicpm3",
+        "mistral",
+        "mixtral",
+        "moss_sft",
+        "phi3_chat",
+        "qwen_chat",
+        "vicuna",
+        "wizardcoder",
+        "wizardlm",
+        "zephyr",
+    }
+)
 
 WEIGHT_GLOBS = ("*.safetensors", "pytorch_model*.bin", "model.safetensors.index.json")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
@@ -105,21 +130,42 @@ class RenderInputs:
 
     def values(self) -> dict[str, object]:
         v: dict[str, object] = {
-            "method": self.method, "base_model": self.base_model, "data_format": self.data_format,
-            "data_files": list(self.data_files), "hf_cache_dir": self.hf_cache_dir,
-            "processed_dir": self.processed_dir, "work_dir": self.work_dir,
-            "map_fn": Ident(self.map_fn.name), "map_fn_name": self.map_fn.name,
-            "template": Ident(self.template), "template_name": self.template, "use_template": self.map_fn.template,
-            "max_length": self.max_length, "pack_to_max_length": self.pack_to_max_length,
-            "map_num_proc": self.map_num_proc, "batch_size": self.batch_size, "max_iters": self.max_iters,
-            "warmup_iters": self.warmup_iters, "lr": self.lr, "min_lr_ratio": self.min_lr_ratio,
-            "weight_decay": self.weight_decay, "max_norm": self.max_norm, "save_steps": self.save_steps,
-            "save_total_limit": self.save_total_limit, "seed": self.seed, "lora_r": self.lora_r,
-            "lora_alpha": self.lora_alpha, "lora_dropout": self.lora_dropout, "dist_timeout_s": self.dist_timeout_s,
+            "method": self.method,
+            "base_model": self.base_model,
+            "data_format": self.data_format,
+            "data_files": list(self.data_files),
+            "hf_cache_dir": self.hf_cache_dir,
+            "processed_dir": self.processed_dir,
+            "work_dir": self.work_dir,
+            "map_fn": Ident(self.map_fn.name),
+            "map_fn_name": self.map_fn.name,
+            "template": Ident(self.template),
+            "template_name": self.template,
+            "use_template": self.map_fn.template,
+            "max_length": self.max_length,
+            "pack_to_max_length": self.pack_to_max_length,
+            "map_num_proc": self.map_num_proc,
+            "batch_size": self.batch_size,
+            "max_iters": self.max_iters,
+            "warmup_iters": self.warmup_iters,
+            "lr": self.lr,
+            "min_lr_ratio": self.min_lr_ratio,
+            "weight_decay": self.weight_decay,
+            "max_norm": self.max_norm,
+            "save_steps": self.save_steps,
+            "save_total_limit": self.save_total_limit,
+            "seed": self.seed,
+            "lora_r": self.lora_r,
+            "lora_alpha": self.lora_alpha,
+            "lora_dropout": self.lora_dropout,
+            "dist_timeout_s": self.dist_timeout_s,
         }
         if self.profile == "gpu":
-            v.update(amp_dtype=self.amp_dtype, amp_dtype_ident=Ident(self.amp_dtype),
-                     sequence_parallel_size=self.sequence_parallel_size)
+            v.update(
+                amp_dtype=self.amp_dtype,
+                amp_dtype_ident=Ident(self.amp_dtype),
+                sequence_parallel_size=self.sequence_parallel_size,
+            )
         return {**v, **self.extra}
 
 
@@ -132,7 +178,9 @@ def render_template(text: str, values: dict[str, object], source: str = "<templa
     missing = sorted(used - set(values))
     unused = sorted(set(values) - used)
     if missing or unused:
-        raise XTunerConfigError(f"{source}: placeholders without a value: {missing}; values without a placeholder: {unused}")
+        raise XTunerConfigError(
+            f"{source}: placeholders without a value: {missing}; values without a placeholder: {unused}"
+        )
 
     def sub(m: re.Match) -> str:
         v = values[m.group(1)]

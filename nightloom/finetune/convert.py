@@ -50,8 +50,17 @@ def check_adapter(d: Path) -> Path:
     return d
 
 
-def pth_to_hf(python: Path | str, config: Path, pth: Path, out: Path, *, lora: bool, log_file: Path,
-              log: Callable[[str], None] = print, timeout_s: float = 1800) -> Path:
+def pth_to_hf(
+    python: Path | str,
+    config: Path,
+    pth: Path,
+    out: Path,
+    *,
+    lora: bool,
+    log_file: Path,
+    log: Callable[[str], None] = print,
+    timeout_s: float = 1800,
+) -> Path:
     """xtuner's pth_to_hf (fp32, safetensors); returns `out`, an adapter folder for LoRA else a full model."""
     if out.exists():
         shutil.rmtree(out)
@@ -60,8 +69,17 @@ def pth_to_hf(python: Path | str, config: Path, pth: Path, out: Path, *, lora: b
     return check_adapter(out) if lora else check_hf_model(out)
 
 
-def merge_lora(python: Path | str, base: Path, adapter: Path, out: Path, *, device: str, log_file: Path,
-               log: Callable[[str], None] = print, timeout_s: float = 1800) -> Path:
+def merge_lora(
+    python: Path | str,
+    base: Path,
+    adapter: Path,
+    out: Path,
+    *,
+    device: str,
+    log_file: Path,
+    log: Callable[[str], None] = print,
+    timeout_s: float = 1800,
+) -> Path:
     """xtuner's `convert merge` (base + adapter → full model, safetensors)."""
     if out.exists():
         shutil.rmtree(out)
@@ -79,7 +97,7 @@ def publish(src: Path, dest: str, s3_endpoint_url: str | None = None) -> str:
     if dest.startswith("s3://"):
         import boto3
 
-        bucket, _, prefix = dest[len("s3://"):].partition("/")
+        bucket, _, prefix = dest[len("s3://") :].partition("/")
         s3 = boto3.client("s3", endpoint_url=s3_endpoint_url)
         for f in sorted(p for p in src.rglob("*") if p.is_file()):
             s3.upload_file(str(f), bucket, f"{prefix.rstrip('/')}/{f.relative_to(src).as_posix()}")

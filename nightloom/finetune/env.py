@@ -30,8 +30,11 @@ Profile = Literal["cpu", "gpu"]
 # What each profile installs: the requirements file, whether it is a full lock (--no-deps), and fix-ups after it.
 PROFILES: dict[str, dict] = {
     "cpu": {"requirements": HERE / "requirements.txt", "no_deps": True, "after": []},
-    "gpu": {"requirements": HERE / "requirements-gpu.txt", "no_deps": False,
-            "after": [["--no-deps", "bitsandbytes==0.45.1"]]},
+    "gpu": {
+        "requirements": HERE / "requirements-gpu.txt",
+        "no_deps": False,
+        "after": [["--no-deps", "bitsandbytes==0.45.1"]],
+    },
 }
 
 # xtuner/dataset/__init__.py imports internvl_dataset, which imports torchvision.transforms at module level.
@@ -39,13 +42,13 @@ PROFILES: dict[str, dict] = {
 # dist-info, so transformers still reports torchvision as unavailable, which is what we want.
 _TV_STUB = {
     "__init__.py": '"""Stub: only what xtuner.dataset.internvl_dataset imports at module level (no real ops)."""\n'
-                   "from . import transforms  # noqa: F401\n__version__ = '0.0.0+nightloom.stub'\n",
+    "from . import transforms  # noqa: F401\n__version__ = '0.0.0+nightloom.stub'\n",
     "transforms/__init__.py": "class _Missing:\n    def __init__(self, *a, **k):\n"
-                              "        raise RuntimeError('torchvision is a stub in this env (InternVL unsupported)')\n\n"
-                              "Compose = Lambda = Resize = ToTensor = Normalize = RandomResizedCrop = _Missing\n"
-                              "from . import functional  # noqa: F401,E402\n",
+    "        raise RuntimeError('torchvision is a stub in this env (InternVL unsupported)')\n\n"
+    "Compose = Lambda = Resize = ToTensor = Normalize = RandomResizedCrop = _Missing\n"
+    "from . import functional  # noqa: F401,E402\n",
     "transforms/functional.py": "import enum\n\n\nclass InterpolationMode(enum.Enum):\n"
-                                "    NEAREST = 'nearest'\n    BILINEAR = 'bilinear'\n    BICUBIC = 'bicubic'\n",
+    "    NEAREST = 'nearest'\n    BILINEAR = 'bilinear'\n    BICUBIC = 'bicubic'\n",
 }
 _STUB_VERSION = "1"
 
@@ -109,8 +112,14 @@ def _read_stamp(path: Path) -> dict | None:
 
 def probe(python: str | Path, timeout_s: float = 300) -> dict:
     """Run the node wrapper's `probe` in `python`: versions, CUDA, map functions and prompt templates."""
-    r = subprocess.run([str(python), str(HERE / "node_wrapper.py"), "probe"], capture_output=True, text=True,
-                       timeout=timeout_s, check=False, env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
+    r = subprocess.run(
+        [str(python), str(HERE / "node_wrapper.py"), "probe"],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+        env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")},
+    )
     if r.returncode != 0:
         raise EnvError(f"XTuner env at {python} does not work (probe exit {r.returncode}):\n{r.stderr[-2000:]}")
     try:
@@ -130,8 +139,12 @@ def _run_logged(argv: list[str], log_file: Path, step: str, timeout_s: float) ->
 
 
 def _site_packages(python: Path) -> Path:
-    out = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return Path(out.stdout.strip())
 
 
@@ -159,15 +172,25 @@ def _create(path: Path, profile: Profile, base_python: str, log: Callable[[str],
     pip = [py, "-m", "pip", "install", "--disable-pip-version-check", "--no-input"]
     if not prof["no_deps"]:
         _run_logged(pip + ["torch==2.13.0"], log_file, "pip install torch", timeout_s)
-    _run_logged(pip + (["--no-deps"] if prof["no_deps"] else ["--no-build-isolation"])
-                + ["-r", str(prof["requirements"])], log_file, f"pip install -r {prof['requirements'].name}", timeout_s)
+    _run_logged(
+        pip + (["--no-deps"] if prof["no_deps"] else ["--no-build-isolation"]) + ["-r", str(prof["requirements"])],
+        log_file,
+        f"pip install -r {prof['requirements'].name}",
+        timeout_s,
+    )
     for extra in prof["after"]:
         _run_logged(pip + extra, log_file, f"pip install {' '.join(extra)}", timeout_s)
     _install_stub(Path(py))
 
 
-def ensure_env(python: str | None = None, profile: Profile | None = None, base_python: str | None = None,
-               log: Callable[[str], None] = print, timeout_s: float = 1800, verify: bool = False) -> XTunerEnv:
+def ensure_env(
+    python: str | None = None,
+    profile: Profile | None = None,
+    base_python: str | None = None,
+    log: Callable[[str], None] = print,
+    timeout_s: float = 1800,
+    verify: bool = False,
+) -> XTunerEnv:
     """Return a working XTuner env: verify `python` when given, else find or build the env for `profile`.
 
     Warm path (stamp matches the key): no subprocess unless `verify` (a probe that imports xtuner, ~5-10 s).
@@ -176,8 +199,15 @@ def ensure_env(python: str | None = None, profile: Profile | None = None, base_p
     t0 = time.monotonic()
     if python is not None:  # a user-provided interpreter (spec.train.xtuner.python): verify, never modify
         info = probe(python)
-        return XTunerEnv(Path(python).parent.parent, Path(python), "external", info.get("profile", "?"), False,
-                         time.monotonic() - t0, info)
+        return XTunerEnv(
+            Path(python).parent.parent,
+            Path(python),
+            "external",
+            info.get("profile", "?"),
+            False,
+            time.monotonic() - t0,
+            info,
+        )
     profile = profile or detect_profile()
     key = env_key(profile)
     path = env_path(profile)
@@ -189,11 +219,18 @@ def ensure_env(python: str | None = None, profile: Profile | None = None, base_p
         if stamp is None or stamp.get("key") != key or not _python_of(path).exists():
             _create(path, profile, base_python or sys.executable, log, timeout_s)
             created = True
-        info = probe(_python_of(path)) if (created or verify) else {**stamp.get("info", {}), "versions": stamp["versions"]}
+        info = (
+            probe(_python_of(path)) if (created or verify) else {**stamp.get("info", {}), "versions": stamp["versions"]}
+        )
         if created:
-            stamp = {"key": key, "profile": profile, "created_unix": time.time(),
-                     "create_s": round(time.monotonic() - t0, 1), "versions": info["versions"],
-                     "info": {k: v for k, v in info.items() if k != "versions"}}
+            stamp = {
+                "key": key,
+                "profile": profile,
+                "created_unix": time.time(),
+                "create_s": round(time.monotonic() - t0, 1),
+                "versions": info["versions"],
+                "info": {k: v for k, v in info.items() if k != "versions"},
+            }
             atomic_write_text(path / STAMP, json.dumps(stamp, indent=2) + "\n")
             log(f"xtuner env: ready in {stamp['create_s']} s: {info['versions']}")
     return XTunerEnv(path, _python_of(path), key, profile, created, time.monotonic() - t0, info)

@@ -32,8 +32,12 @@ class Command:
 
 def node_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """Environment every XTuner process gets: one thread per rank, unbuffered, offline-friendly checkpoint loads."""
-    env = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1",
-           "TOKENIZERS_PARALLELISM": "false"}
+    env = {
+        "OMP_NUM_THREADS": "1",
+        "PYTHONUNBUFFERED": "1",
+        "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
     env.update(extra or {})
     return env
 
@@ -43,8 +47,9 @@ def wrapper_args(mode: str, *args: str) -> list[str]:
     return [str(WRAPPER), mode, *map(str, args)]
 
 
-def train_args(config: Path, *, distributed: bool, resume: Path | None = None,
-               deepspeed: str | None = None) -> list[str]:
+def train_args(
+    config: Path, *, distributed: bool, resume: Path | None = None, deepspeed: str | None = None
+) -> list[str]:
     """Arguments of `node_wrapper.py train` for xtuner/tools/train.py."""
     args = wrapper_args("train", config)
     if distributed:
@@ -56,16 +61,34 @@ def train_args(config: Path, *, distributed: bool, resume: Path | None = None,
     return args
 
 
-def train_command(python: Path | str, config: Path, nproc: int, *, master_port: int, resume: Path | None = None,
-                  deepspeed: str | None = None, master_addr: str = "127.0.0.1", nnodes: int = 1,
-                  node_rank: int = 0) -> Command:
+def train_command(
+    python: Path | str,
+    config: Path,
+    nproc: int,
+    *,
+    master_port: int,
+    resume: Path | None = None,
+    deepspeed: str | None = None,
+    master_addr: str = "127.0.0.1",
+    nnodes: int = 1,
+    node_rank: int = 0,
+) -> Command:
     """One node's training command: the wrapper directly for one rank, torch.distributed.run for several."""
     if nproc == 1 and nnodes == 1:
-        return Command([str(python), *train_args(config, distributed=False, resume=resume, deepspeed=deepspeed)],
-                       node_env())
-    argv = [str(python), "-m", "torch.distributed.run", f"--nnodes={nnodes}", f"--node-rank={node_rank}",
-            f"--nproc-per-node={nproc}", f"--master-addr={master_addr}", f"--master-port={master_port}",
-            *train_args(config, distributed=True, resume=resume, deepspeed=deepspeed)]
+        return Command(
+            [str(python), *train_args(config, distributed=False, resume=resume, deepspeed=deepspeed)], node_env()
+        )
+    argv = [
+        str(python),
+        "-m",
+        "torch.distributed.run",
+        f"--nnodes={nnodes}",
+        f"--node-rank={node_rank}",
+        f"--nproc-per-node={nproc}",
+        f"--master-addr={master_addr}",
+        f"--master-port={master_port}",
+        *train_args(config, distributed=True, resume=resume, deepspeed=deepspeed),
+    ]
     return Command(argv, node_env())
 
 
@@ -74,9 +97,15 @@ def tool_command(python: Path | str, mode: str, *args: str | Path) -> Command:
     return Command([str(python), *wrapper_args(mode, *map(str, args))], node_env())
 
 
-def run_streaming(cmd: Command, log_file: Path, log: Callable[[str], None] = print, step: str = "xtuner",
-                  timeout_s: float | None = None, cwd: Path | None = None,
-                  ok_codes: Sequence[int] = (0,)) -> int:
+def run_streaming(
+    cmd: Command,
+    log_file: Path,
+    log: Callable[[str], None] = print,
+    step: str = "xtuner",
+    timeout_s: float | None = None,
+    cwd: Path | None = None,
+    ok_codes: Sequence[int] = (0,),
+) -> int:
     """Run `cmd` in its own process group, stream its lines to `log` and `log_file`; return the exit code.
 
     On timeout the whole group is killed and XTunerLaunchError is raised. Non-zero codes are returned, not
@@ -89,8 +118,16 @@ def run_streaming(cmd: Command, log_file: Path, log: Callable[[str], None] = pri
     with open(log_file, "a", encoding="utf-8") as f:
         f.write(f"$ {' '.join(cmd.argv)}\n")
         f.flush()
-        proc = subprocess.Popen(cmd.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-                                env=env, cwd=cwd, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd.argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            bufsize=1,
+            env=env,
+            cwd=cwd,
+            start_new_session=True,
+        )
 
         def pump() -> None:
             assert proc.stdout is not None

@@ -95,10 +95,18 @@ def collect_steps(work_dir: Path, shape: RunShape, attempt: int = 0) -> list[Ste
                 mfu = mfu_of(tps, shape.flops_per_token, shape.n_devices, shape.peak_flops_per_device)
             mem = r.get("memory")  # MiB on CUDA; absent on CPU
             by_step[step] = StepMetrics(
-                step=step, loss=float(r["loss"]), lr=r.get("lr"), grad_norm=r.get("grad_norm"),
-                tokens=shape.tokens_per_step, step_time_s=t, tokens_per_s=tps, mfu=mfu,
+                step=step,
+                loss=float(r["loss"]),
+                lr=r.get("lr"),
+                grad_norm=r.get("grad_norm"),
+                tokens=shape.tokens_per_step,
+                step_time_s=t,
+                tokens_per_s=tps,
+                mfu=mfu,
                 peak_mem_bytes=int(mem * 2**20) if mem is not None else None,
-                attempt=attempt + n, gap=(n > 0 and j == 0), data_time_s=r.get("data_time"),
+                attempt=attempt + n,
+                gap=(n > 0 and j == 0),
+                data_time_s=r.get("data_time"),
             )
     return [by_step[k] for k in sorted(by_step)]
 

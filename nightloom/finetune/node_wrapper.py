@@ -31,6 +31,7 @@ STATS_FILE = "nightloom_stats.json"
 # Columns that map functions read as lists of dicts; nightloom shards store them JSON-encoded (keep_columns).
 JSON_COLUMNS = {"openai_map_fn": ("messages",), "wizardlm_map_fn": ("conversations",)}
 
+
 def apply_cpu_patches() -> bool:
     """Patch the two CUDA-only calls XTuner makes when there is no GPU; return whether patches were applied."""
     import torch
@@ -94,7 +95,9 @@ def _empty_dataset_symptom(e: BaseException) -> bool:
     if isinstance(e, ValueError):
         return "Column 'length' doesn't exist" in str(e)
     last = traceback.extract_tb(e.__traceback__)[-1]
-    return last.filename.endswith(os.path.join("xtuner", "dataset", "huggingface.py")) and "input_ids" in (last.line or "")
+    return last.filename.endswith(os.path.join("xtuner", "dataset", "huggingface.py")) and "input_ids" in (
+        last.line or ""
+    )
 
 
 def decode_json_columns(example: dict, *, map_fn, columns: tuple[str, ...]) -> dict:
@@ -140,8 +143,12 @@ def cmd_prepare(config: str) -> int:
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     ds.save_to_disk(str(tmp))
     lengths = list(ds["length"])
-    stats = {"rows": rows, "tokens": int(sum(lengths)), "max_length": int(max(lengths)),
-             "label_tokens": int(sum(sum(1 for t in lab if t >= 0) for lab in ds["labels"]))}
+    stats = {
+        "rows": rows,
+        "tokens": int(sum(lengths)),
+        "max_length": int(max(lengths)),
+        "label_tokens": int(sum(sum(1 for t in lab if t >= 0) for lab in ds["labels"])),
+    }
     (tmp / STATS_FILE).write_text(json.dumps(stats) + "\n", encoding="utf-8")
     if out.exists():
         import shutil

@@ -113,9 +113,14 @@ def _hf_flops_per_token(base: Path, seq_len: int, frozen_base: bool = False) -> 
     try:
         c = json.loads((base / "config.json").read_text(encoding="utf-8"))
         shape = ModelShape(
-            name=c.get("model_type", "hf"), layers=c["num_hidden_layers"], hidden=c["hidden_size"],
-            heads=c["num_attention_heads"], kv_heads=c.get("num_key_value_heads") or c["num_attention_heads"],
-            ffn_hidden=c["intermediate_size"], vocab=c["vocab_size"], max_seq=c.get("max_position_embeddings", seq_len),
+            name=c.get("model_type", "hf"),
+            layers=c["num_hidden_layers"],
+            hidden=c["hidden_size"],
+            heads=c["num_attention_heads"],
+            kv_heads=c.get("num_key_value_heads") or c["num_attention_heads"],
+            ffn_hidden=c["intermediate_size"],
+            vocab=c["vocab_size"],
+            max_seq=c.get("max_position_embeddings", seq_len),
             tied_embeddings=bool(c.get("tie_word_embeddings", False)),
         )
     except (KeyError, ValueError, OSError):
@@ -156,16 +161,25 @@ def build_tiny_model(env: XTunerEnv, out: Path, log: Log = print) -> Path:
     """A tiny random Llama + tokenizer at `out`, built by the XTuner env (demo and tests; no hub access)."""
     import subprocess
 
-    r = subprocess.run([str(env.python), str(TINY_MODEL_SCRIPT), str(out)], capture_output=True, text=True,
-                       timeout=600, check=False)
+    r = subprocess.run(
+        [str(env.python), str(TINY_MODEL_SCRIPT), str(out)], capture_output=True, text=True, timeout=600, check=False
+    )
     if r.returncode != 0:
         raise xcfg.XTunerConfigError(f"train.xtuner.build_tiny_base_model: building {out} failed: {r.stderr[-800:]}")
     log(f"xtuner: built the tiny base model at {out}")
     return out
 
 
-def plan_xtuner(spec: RunSpec, manifest, run_dir: str | Path, *, world_size: int | None = None,
-                env: XTunerEnv | None = None, peak_flops: float | None = None, log: Log = print) -> XTunerPlan:
+def plan_xtuner(
+    spec: RunSpec,
+    manifest,
+    run_dir: str | Path,
+    *,
+    world_size: int | None = None,
+    env: XTunerEnv | None = None,
+    peak_flops: float | None = None,
+    log: Log = print,
+) -> XTunerPlan:
     """Check every input, find or build the env, and render the config. Raises XTunerConfigError before launch."""
     xs = spec.train.xtuner
     if xs is None:
@@ -196,28 +210,58 @@ def plan_xtuner(spec: RunSpec, manifest, run_dir: str | Path, *, world_size: int
     xdir = run_dir / "xtuner"
     save_steps = tr.checkpoint_every or tr.steps
     inputs = xcfg.RenderInputs(
-        profile=profile, method=xs.method, base_model=str(base), data_files=[str(f) for f in files],
-        data_format=data_format, map_fn=map_fn, template=template, work_dir=str(xdir / "work_dir"),
-        processed_dir=str(xdir / "processed"), hf_cache_dir=str(xdir / "hf_cache"), max_length=tr.seq_len,
-        batch_size=tr.global_batch // world, max_iters=tr.steps, warmup_iters=min(tr.warmup_steps, tr.steps),
-        lr=tr.lr, min_lr_ratio=tr.min_lr_ratio, weight_decay=tr.weight_decay, max_norm=tr.grad_clip,
-        save_steps=save_steps, seed=tr.seed, dist_timeout_s=tr.collective_timeout_s,
+        profile=profile,
+        method=xs.method,
+        base_model=str(base),
+        data_files=[str(f) for f in files],
+        data_format=data_format,
+        map_fn=map_fn,
+        template=template,
+        work_dir=str(xdir / "work_dir"),
+        processed_dir=str(xdir / "processed"),
+        hf_cache_dir=str(xdir / "hf_cache"),
+        max_length=tr.seq_len,
+        batch_size=tr.global_batch // world,
+        max_iters=tr.steps,
+        warmup_iters=min(tr.warmup_steps, tr.steps),
+        lr=tr.lr,
+        min_lr_ratio=tr.min_lr_ratio,
+        weight_decay=tr.weight_decay,
+        max_norm=tr.grad_clip,
+        save_steps=save_steps,
+        seed=tr.seed,
+        dist_timeout_s=tr.collective_timeout_s,
         amp_dtype="float16" if xs.amp == "fp16" else "bfloat16",
         sequence_parallel_size=xs.sequence_parallel_size,
     )
     cfg_path = xcfg.render_config(inputs, xdir / "config.py")
-    pkey_values = {k: v for k, v in inputs.values().items()
-                   if k in ("base_model", "data_files", "map_fn_name", "template_name", "max_length",
-                            "pack_to_max_length", "seed")}
+    pkey_values = {
+        k: v
+        for k, v in inputs.values().items()
+        if k in ("base_model", "data_files", "map_fn_name", "template_name", "max_length", "pack_to_max_length", "seed")
+    }
     peak, peak_source = _peak(spec, profile, peak_flops)
     return XTunerPlan(
-        python=str(env.python), env_key=env.key, profile=profile, method=xs.method, merge_lora=xs.merge_lora,
-        base_model=str(base), run_dir=str(run_dir), config_path=str(cfg_path), work_dir=inputs.work_dir,
-        processed_dir=inputs.processed_dir, log_dir=str(xdir / "logs"), world_size=world, total_steps=tr.steps,
-        tokens_per_step=tr.global_batch * tr.seq_len, flops_per_token=_hf_flops_per_token(base, tr.seq_len, frozen_base=xs.method != "full"),
-        peak_flops=peak, peak_source=peak_source,
+        python=str(env.python),
+        env_key=env.key,
+        profile=profile,
+        method=xs.method,
+        merge_lora=xs.merge_lora,
+        base_model=str(base),
+        run_dir=str(run_dir),
+        config_path=str(cfg_path),
+        work_dir=inputs.work_dir,
+        processed_dir=inputs.processed_dir,
+        log_dir=str(xdir / "logs"),
+        world_size=world,
+        total_steps=tr.steps,
+        tokens_per_step=tr.global_batch * tr.seq_len,
+        flops_per_token=_hf_flops_per_token(base, tr.seq_len, frozen_base=xs.method != "full"),
+        peak_flops=peak,
+        peak_source=peak_source,
         deepspeed=f"deepspeed_zero{xs.zero_stage}" if xs.zero_stage else None,
-        data_files=inputs.data_files, prepare_key=_prepare_key(files, pkey_values),
+        data_files=inputs.data_files,
+        prepare_key=_prepare_key(files, pkey_values),
     )
 
 
@@ -227,13 +271,13 @@ def fetch_base_model(uri: str, dest: Path, endpoint_url: str | None) -> Path:
         return xcfg.check_base_model(dest)
     import boto3
 
-    bucket, _, prefix = uri[len("s3://"):].partition("/")
+    bucket, _, prefix = uri[len("s3://") :].partition("/")
     prefix = prefix.rstrip("/") + "/"
     s3 = boto3.client("s3", endpoint_url=endpoint_url)
     n = 0
     for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
         for obj in page.get("Contents", []):
-            rel = obj["Key"][len(prefix):]
+            rel = obj["Key"][len(prefix) :]
             if rel:
                 (dest / rel).parent.mkdir(parents=True, exist_ok=True)
                 s3.download_file(bucket, obj["Key"], str(dest / rel))
@@ -256,8 +300,9 @@ def prepare_data(plan: XTunerPlan, log: Log = print, timeout_s: float | None = 3
         log(f"xtuner: processed dataset is up to date: {processed}")
         return xcfg.read_processed_stats(processed)
     log_file = Path(plan.log_dir) / "prepare.log"
-    code = run_streaming(tool_command(plan.python, "prepare", plan.config_path), log_file, log, step="prepare",
-                         timeout_s=timeout_s)
+    code = run_streaming(
+        tool_command(plan.python, "prepare", plan.config_path), log_file, log, step="prepare", timeout_s=timeout_s
+    )
     if code == EXIT_EMPTY_DATASET:
         raise xcfg.XTunerConfigError(
             f"processed dataset is empty: {len(plan.data_files)} shard(s) gave no trainable sample "
@@ -269,8 +314,15 @@ def prepare_data(plan: XTunerPlan, log: Log = print, timeout_s: float | None = 3
     return stats
 
 
-def launch_training(plan: XTunerPlan, *, cluster=None, provider=None, resume: bool = True, log: Log = print,
-                    timeout_s: float | None = None) -> Path:
+def launch_training(
+    plan: XTunerPlan,
+    *,
+    cluster=None,
+    provider=None,
+    resume: bool = True,
+    log: Log = print,
+    timeout_s: float | None = None,
+) -> Path:
     """Run XTuner's train tool (1 rank, local torchrun, or the provider's nodes); return the final checkpoint.
 
     Success needs exit code 0 AND a checkpoint AND the last step logged: XTuner can exit 0 without work."""
@@ -278,16 +330,19 @@ def launch_training(plan: XTunerPlan, *, cluster=None, provider=None, resume: bo
         log_file = Path(plan.log_dir) / "train.log"
         seen = log_file.stat().st_size if log_file.exists() else 0
         try:
-            return _launch_once(plan, cluster=cluster, provider=provider, resume=resume or attempt > 0, log=log,
-                                timeout_s=timeout_s)
+            return _launch_once(
+                plan, cluster=cluster, provider=provider, resume=resume or attempt > 0, log=log, timeout_s=timeout_s
+            )
         except XTunerLaunchError:
             with open(log_file, encoding="utf-8", errors="replace") as f:
                 f.seek(seen)
                 this_launch = f.read()
             if attempt == UPSTREAM_ABORT_RETRIES or UPSTREAM_ABORT not in this_launch:
                 raise
-            log(f"xtuner: a rank aborted with {UPSTREAM_ABORT!r} (a known intermittent abort of the CPU/gloo stack "
-                "at checkpoint time); relaunching once, resuming from the last complete checkpoint")
+            log(
+                f"xtuner: a rank aborted with {UPSTREAM_ABORT!r} (a known intermittent abort of the CPU/gloo stack "
+                "at checkpoint time); relaunching once, resuming from the last complete checkpoint"
+            )
     raise AssertionError("unreachable")
 
 
@@ -305,9 +360,11 @@ def _launch_once(plan: XTunerPlan, *, cluster, provider, resume: bool, log: Log,
     log_file = Path(plan.log_dir) / "train.log"
     if cluster is not None and provider is not None:
         nodes = [n.model_copy(update={"python": plan.python}) for n in cluster.nodes]
-        launch = provider.launch(cluster.model_copy(update={"nodes": nodes}),
-                                 train_args(Path(plan.config_path), distributed=True, resume=ckpt,
-                                            deepspeed=plan.deepspeed), node_env())
+        launch = provider.launch(
+            cluster.model_copy(update={"nodes": nodes}),
+            train_args(Path(plan.config_path), distributed=True, resume=ckpt, deepspeed=plan.deepspeed),
+            node_env(),
+        )
         log_file.parent.mkdir(parents=True, exist_ok=True)
         with open(log_file, "a", encoding="utf-8") as f:
             for line in launch.lines():
@@ -318,8 +375,14 @@ def _launch_once(plan: XTunerPlan, *, cluster, provider, resume: bool, log: Log,
     else:
         from nightloom.provision.local import free_port
 
-        cmd = train_command(plan.python, Path(plan.config_path), plan.world_size, master_port=free_port(),
-                            resume=ckpt, deepspeed=plan.deepspeed)
+        cmd = train_command(
+            plan.python,
+            Path(plan.config_path),
+            plan.world_size,
+            master_port=free_port(),
+            resume=ckpt,
+            deepspeed=plan.deepspeed,
+        )
         code = run_streaming(cmd, log_file, log, step="train", timeout_s=timeout_s)
     check(code, "train", log_file)
     final = find_checkpoint(work_dir)
@@ -336,18 +399,38 @@ def write_step_metrics(plan: XTunerPlan, attempt: int = 0) -> Path:
     return out
 
 
-def convert_checkpoint(plan: XTunerPlan, checkpoint: Path, *, log: Log = print, publish_to: str | None = None,
-                       s3_endpoint_url: str | None = None) -> dict[str, str | None]:
+def convert_checkpoint(
+    plan: XTunerPlan,
+    checkpoint: Path,
+    *,
+    log: Log = print,
+    publish_to: str | None = None,
+    s3_endpoint_url: str | None = None,
+) -> dict[str, str | None]:
     """pth → HF (adapter for LoRA), merge when asked, then publish the final model folder."""
     run_dir = Path(plan.run_dir)
     log_file = Path(plan.log_dir) / "convert.log"
     lora = plan.method in ("lora", "qlora")
-    hf = pth_to_hf(plan.python, Path(plan.config_path), checkpoint, run_dir / ("adapter" if lora else "model"),
-                   lora=lora, log_file=log_file, log=log)
+    hf = pth_to_hf(
+        plan.python,
+        Path(plan.config_path),
+        checkpoint,
+        run_dir / ("adapter" if lora else "model"),
+        lora=lora,
+        log_file=log_file,
+        log=log,
+    )
     out: dict[str, str | None] = {"adapter_dir": str(hf) if lora else None, "model_dir": None if lora else str(hf)}
     if lora and plan.merge_lora:
-        merged = merge_lora(plan.python, Path(plan.base_model), hf, run_dir / "model",
-                            device="cpu" if plan.profile == "cpu" else "cuda", log_file=log_file, log=log)
+        merged = merge_lora(
+            plan.python,
+            Path(plan.base_model),
+            hf,
+            run_dir / "model",
+            device="cpu" if plan.profile == "cpu" else "cuda",
+            log_file=log_file,
+            log=log,
+        )
         out["model_dir"] = str(check_hf_model(merged))
     final = out["model_dir"] or out["adapter_dir"]
     out["published"] = publish(Path(final), publish_to, s3_endpoint_url) if publish_to else final
@@ -357,10 +440,21 @@ def convert_checkpoint(plan: XTunerPlan, checkpoint: Path, *, log: Log = print, 
 # ------------------------------------------------------------------------------------------------ entry
 
 
-def run_xtuner(spec: RunSpec, manifest, run_dir: str | Path, cluster=None, log: Log = print, *, provider=None,
-               env: XTunerEnv | None = None, resume: bool = True, convert: bool = True,
-               publish_to: str | None = None, peak_flops: float | None = None,
-               timeout_s: float | None = None) -> XTunerResult:
+def run_xtuner(
+    spec: RunSpec,
+    manifest,
+    run_dir: str | Path,
+    cluster=None,
+    log: Log = print,
+    *,
+    provider=None,
+    env: XTunerEnv | None = None,
+    resume: bool = True,
+    convert: bool = True,
+    publish_to: str | None = None,
+    peak_flops: float | None = None,
+    timeout_s: float | None = None,
+) -> XTunerResult:
     """Fine-tune `spec` with XTuner on the shards of `manifest`; write metrics.jsonl, result.json and the model.
 
     `manifest`: a shard folder, a manifest.json path, or a ShardManifest (located by spec.sharding.output).
@@ -388,22 +482,38 @@ def run_xtuner(spec: RunSpec, manifest, run_dir: str | Path, cluster=None, log: 
     steps = read_metrics(metrics_path)
     last = steps[-1]
     if last.step < plan.total_steps:
-        raise XTunerLaunchError(f"train stopped at step {last.step} of {plan.total_steps}; log: {plan.log_dir}/train.log")
+        raise XTunerLaunchError(
+            f"train stopped at step {last.step} of {plan.total_steps}; log: {plan.log_dir}/train.log"
+        )
     conv: dict[str, str | None] = {}
     if convert:
         t = time.monotonic()
         if publish_to is None and spec.storage.root.startswith("s3://"):
             publish_to = f"{spec.storage.root.rstrip('/')}/{spec.name}/{run_dir.name}/model"
-        conv = convert_checkpoint(plan, ckpt, log=log, publish_to=publish_to,
-                                  s3_endpoint_url=spec.storage.s3_endpoint_url)
+        conv = convert_checkpoint(
+            plan, ckpt, log=log, publish_to=publish_to, s3_endpoint_url=spec.storage.s3_endpoint_url
+        )
         stage["convert_s"] = time.monotonic() - t
     result = XTunerResult(
-        steps_done=last.step, total_steps=plan.total_steps, stopped="completed", final_loss=last.loss,
-        tokens=sum(m.tokens for m in steps), wall_s=time.monotonic() - t0, last_checkpoint=str(ckpt),
-        metrics_path=str(metrics_path), config_path=plan.config_path, model_dir=conv.get("model_dir"),
-        adapter_dir=conv.get("adapter_dir"), published=conv.get("published"), processed_rows=stats["rows"],
-        processed_tokens=stats["tokens"], env_python=plan.python, env_key=plan.env_key, profile=plan.profile,
-        peak_flops=plan.peak_flops, peak_source=plan.peak_source,  # the MFU peak (validation needs it on CPU)
+        steps_done=last.step,
+        total_steps=plan.total_steps,
+        stopped="completed",
+        final_loss=last.loss,
+        tokens=sum(m.tokens for m in steps),
+        wall_s=time.monotonic() - t0,
+        last_checkpoint=str(ckpt),
+        metrics_path=str(metrics_path),
+        config_path=plan.config_path,
+        model_dir=conv.get("model_dir"),
+        adapter_dir=conv.get("adapter_dir"),
+        published=conv.get("published"),
+        processed_rows=stats["rows"],
+        processed_tokens=stats["tokens"],
+        env_python=plan.python,
+        env_key=plan.env_key,
+        profile=plan.profile,
+        peak_flops=plan.peak_flops,
+        peak_source=plan.peak_source,  # the MFU peak (validation needs it on CPU)
         stage_s={k: round(v, 2) for k, v in stage.items()},
     )
     atomic_write_text(run_dir / "result.json", result.model_dump_json(indent=2) + "\n")

@@ -11,7 +11,39 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-WORDS = ["the", "a", "model", "data", "train", "tune", "token", "layer", "sum", "add", "list", "name", "city", "color", "number", "small", "large", "fast", "slow", "what", "is", "how", "do", "you", "write", "give", "answer", "question", "explain", "why", "when"]
+WORDS = [
+    "the",
+    "a",
+    "model",
+    "data",
+    "train",
+    "tune",
+    "token",
+    "layer",
+    "sum",
+    "add",
+    "list",
+    "name",
+    "city",
+    "color",
+    "number",
+    "small",
+    "large",
+    "fast",
+    "slow",
+    "what",
+    "is",
+    "how",
+    "do",
+    "you",
+    "write",
+    "give",
+    "answer",
+    "question",
+    "explain",
+    "why",
+    "when",
+]
 
 
 def corpus() -> list[str]:
@@ -33,16 +65,29 @@ def main(final: Path) -> None:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     special = ["<s>", "</s>", "<pad>"]
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=special,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        special_tokens=special,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator(corpus(), trainer=trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
     fast.save_pretrained(out)
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=len(fast), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=512,
-                      bos_token_id=fast.bos_token_id, eos_token_id=fast.eos_token_id, pad_token_id=fast.pad_token_id,
-                      tie_word_embeddings=False)
+    cfg = LlamaConfig(
+        vocab_size=len(fast),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=512,
+        bos_token_id=fast.bos_token_id,
+        eos_token_id=fast.eos_token_id,
+        pad_token_id=fast.pad_token_id,
+        tie_word_embeddings=False,
+    )
     LlamaForCausalLM(cfg).save_pretrained(out, safe_serialization=True)
     if final.exists():
         shutil.rmtree(final)

@@ -62,14 +62,26 @@ def plan(
     modes = RECOMPUTE_MODES if recompute is None else ((recompute,) if isinstance(recompute, str) else recompute)
     if fixed is not None and fixed.recompute is None and recompute is not None and len(modes) == 1:
         fixed = FixedLayout(**{**vars(fixed), "recompute": modes[0]})
-    req = PlanRequest(shape=shape, gpu=gspec, nodes=nodes, gpus_per_node=gpus_per_node, seq_len=seq_len,
-                      global_batch=global_batch, precision=precision, recompute=tuple(modes), allow_zero=allow_zero,
-                      fixed=fixed, calibration=calibration, world_size=world_size)
+    req = PlanRequest(
+        shape=shape,
+        gpu=gspec,
+        nodes=nodes,
+        gpus_per_node=gpus_per_node,
+        seq_len=seq_len,
+        global_batch=global_batch,
+        precision=precision,
+        recompute=tuple(modes),
+        allow_zero=allow_zero,
+        fixed=fixed,
+        calibration=calibration,
+        world_size=world_size,
+    )
     return search(req)
 
 
-def plan_for_spec(spec, world_size: int | None = None, calibration: float | None = None, *,
-                  require_fit: bool = True) -> PlanReport:
+def plan_for_spec(
+    spec, world_size: int | None = None, calibration: float | None = None, *, require_fit: bool = True
+) -> PlanReport:
     """Plan for a RunSpec. `world_size` overrides the spec's (re-plan after node loss; the global batch stays,
     grad_accum makes up for fewer DP ranks). An explicit `parallel:` section is evaluated, not searched
     (dp_shard=-1 = the rest of the world size); with `parallel: auto` and require_fit, nothing fitting raises
@@ -92,22 +104,46 @@ def plan_for_spec(spec, world_size: int | None = None, calibration: float | None
         elif ws % fixed_deg == 0:
             dp_shard = ws // fixed_deg
         else:
-            raise LayoutError(f"parallel: world size {ws} is not divisible by tp({p.tp})·pp({p.pp})·"
-                              f"dp_replicate({p.dp_replicate})·cp({p.cp}) = {fixed_deg}")
+            raise LayoutError(
+                f"parallel: world size {ws} is not divisible by tp({p.tp})·pp({p.pp})·"
+                f"dp_replicate({p.dp_replicate})·cp({p.cp}) = {fixed_deg}"
+            )
         dims = ParallelDims(ws, p.dp_replicate, dp_shard, p.tp, p.pp, p.cp, p.sp)
         dims.check_model(shape.layers, shape.heads, shape.kv_heads, p.virtual_stages)
         if tr.global_batch % (p.micro_batch * dims.dp):
-            raise LayoutError(f"parallel: global batch {tr.global_batch} is not divisible by micro_batch "
-                              f"({p.micro_batch}) · dp ({dims.dp})")
-        fixed = FixedLayout(tp=p.tp, pp=p.pp, dp_replicate=p.dp_replicate, dp_shard=dp_shard, sp=p.sp,
-                            micro_batch=p.micro_batch, virtual_stages=p.virtual_stages, recompute=p.recompute,
-                            zero="fsdp" if dp_shard > 1 else "none")
-    report = plan(shape, gpu, nodes, cl.gpus_per_node, tr.seq_len, tr.global_batch, layout=fixed,
-                  precision=precision, calibration=calibration, world_size=ws)
+            raise LayoutError(
+                f"parallel: global batch {tr.global_batch} is not divisible by micro_batch "
+                f"({p.micro_batch}) · dp ({dims.dp})"
+            )
+        fixed = FixedLayout(
+            tp=p.tp,
+            pp=p.pp,
+            dp_replicate=p.dp_replicate,
+            dp_shard=dp_shard,
+            sp=p.sp,
+            micro_batch=p.micro_batch,
+            virtual_stages=p.virtual_stages,
+            recompute=p.recompute,
+            zero="fsdp" if dp_shard > 1 else "none",
+        )
+    report = plan(
+        shape,
+        gpu,
+        nodes,
+        cl.gpus_per_node,
+        tr.seq_len,
+        tr.global_batch,
+        layout=fixed,
+        precision=precision,
+        calibration=calibration,
+        world_size=ws,
+    )
     if fixed is not None:
         report.chosen.schedule = spec.parallel.schedule if spec.parallel.pp > 1 else report.chosen.schedule
         return report
     if require_fit and not report.feasible:
-        raise PlanError(f"no layout of {shape.name} fits {ws} × {gpu}: the smallest needs "
-                        f"{report.min_memory_gib:.1f} GiB per GPU, {report.usable_memory_gib:.1f} GiB usable")
+        raise PlanError(
+            f"no layout of {shape.name} fits {ws} × {gpu}: the smallest needs "
+            f"{report.min_memory_gib:.1f} GiB per GPU, {report.usable_memory_gib:.1f} GiB usable"
+        )
     return report

@@ -43,7 +43,9 @@ class Candidate:
     virtual_stages: int
     recompute: str
     grad_accum: int
-    zero: str = "none"  # "none": dp_shard ranks hold replicas (plain DP); "fsdp": they shard (ZeRO-3), HSDP if dp_replicate > 1
+    zero: str = (
+        "none"  # "none": dp_shard ranks hold replicas (plain DP); "fsdp": they shard (ZeRO-3), HSDP if dp_replicate > 1
+    )
 
     @property
     def dp(self) -> int:

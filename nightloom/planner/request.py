@@ -34,9 +34,20 @@ class FixedLayout:
 
 
 _LAYOUT_KEYS = {
-    "tp": "tp", "pp": "pp", "dp": "dp", "dp_replicate": "dp_replicate", "dpr": "dp_replicate",
-    "dp_shard": "dp_shard", "fsdp": "dp_shard", "sp": "sp", "mb": "micro_batch", "micro_batch": "micro_batch",
-    "v": "virtual_stages", "virtual_stages": "virtual_stages", "recompute": "recompute", "zero": "zero",
+    "tp": "tp",
+    "pp": "pp",
+    "dp": "dp",
+    "dp_replicate": "dp_replicate",
+    "dpr": "dp_replicate",
+    "dp_shard": "dp_shard",
+    "fsdp": "dp_shard",
+    "sp": "sp",
+    "mb": "micro_batch",
+    "micro_batch": "micro_batch",
+    "v": "virtual_stages",
+    "virtual_stages": "virtual_stages",
+    "recompute": "recompute",
+    "zero": "zero",
 }
 
 
@@ -104,7 +115,9 @@ class PlanRequest:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
         bad = [r for r in self.recompute if r not in RECOMPUTE_MODES]
         if bad or not self.recompute:
-            raise ValueError(f"recompute modes {list(self.recompute)}: expected a non-empty subset of {RECOMPUTE_MODES}")
+            raise ValueError(
+                f"recompute modes {list(self.recompute)}: expected a non-empty subset of {RECOMPUTE_MODES}"
+            )
         if self.calibration is not None and not self.calibration > 0:
             raise ValueError(f"calibration (measured/predicted MFU) must be > 0, got {self.calibration}")
         if self.world_size is not None and self.world_size < 1:
@@ -141,15 +154,24 @@ class PlanReport(BaseModel):
         """Chosen + alternatives as flat rows (the Prefect table artifact, the CLI table)."""
         rows = []
         for tag, p in [("chosen", self.chosen)] + [("alt", a) for a in self.alternatives]:
-            rows.append({
-                "": tag, "layout": p.layout(), "mb": p.micro_batch, "accum": p.grad_accum, "v": p.virtual_stages,
-                "recompute": p.recompute, "mem_gib": _r(p.memory_gib_per_gpu, 1), "fits": p.fits,
-                "step_s": _r(p.step_time_s, 3), "tokens_per_s": _r(p.tokens_per_s, 0),
-                "mfu": _r(p.mfu, 3), "hfu": _r(p.hfu, 3),
-            })
+            rows.append(
+                {
+                    "": tag,
+                    "layout": p.layout(),
+                    "mb": p.micro_batch,
+                    "accum": p.grad_accum,
+                    "v": p.virtual_stages,
+                    "recompute": p.recompute,
+                    "mem_gib": _r(p.memory_gib_per_gpu, 1),
+                    "fits": p.fits,
+                    "step_s": _r(p.step_time_s, 3),
+                    "tokens_per_s": _r(p.tokens_per_s, 0),
+                    "mfu": _r(p.mfu, 3),
+                    "hfu": _r(p.hfu, 3),
+                }
+            )
         return rows
 
 
 def _r(x: float | None, nd: int) -> float | None:
     return None if x is None else round(x, nd)
-

@@ -50,8 +50,9 @@ def _families(req: PlanRequest, fixed: FixedLayout, rejected: dict[str, str]) ->
             rejected[f"TP{tp}·*"] = f"tp={tp} does not divide ffn_hidden ({shape.ffn_hidden})"
             continue
         if tp > gpn and not req.tp_across_nodes:
-            rejected[f"TP{tp}·*"] = (f"tp={tp} would span nodes ({gpn} GPUs per node); tensor parallel stays on "
-                                     "the intra-node links")
+            rejected[f"TP{tp}·*"] = (
+                f"tp={tp} would span nodes ({gpn} GPUs per node); tensor parallel stays on the intra-node links"
+            )
             continue
         for pp in _divisors(world // tp):
             if fixed.pp is not None and pp != fixed.pp:
@@ -109,9 +110,19 @@ def _knobs(req: PlanRequest, fixed: FixedLayout, tp: int, pp: int, dp: int):
 
 def _plan_from(req: PlanRequest, s: _Scored, eff: float | None) -> ParallelPlan:
     c = s.c
-    p = ParallelPlan(tp=c.tp, pp=c.pp, dp_replicate=c.dp_replicate, dp_shard=c.dp_shard, sp=c.sp,
-                     micro_batch=c.micro_batch, grad_accum=c.grad_accum, virtual_stages=c.virtual_stages,
-                     schedule=c.schedule, recompute=c.recompute, zero=c.zero)
+    p = ParallelPlan(
+        tp=c.tp,
+        pp=c.pp,
+        dp_replicate=c.dp_replicate,
+        dp_shard=c.dp_shard,
+        sp=c.sp,
+        micro_batch=c.micro_batch,
+        grad_accum=c.grad_accum,
+        virtual_stages=c.virtual_stages,
+        schedule=c.schedule,
+        recompute=c.recompute,
+        zero=c.zero,
+    )
     if req.gpu is None or s.step is None:
         return p
     world, seq = req.world, req.seq_len
@@ -135,27 +146,37 @@ def _explain(req: PlanRequest, s: _Scored, eff: float, runner_up: _Scored | None
     c, m, st, gpu = s.c, s.mem, s.step, req.gpu
     n = count_params(req.shape)
     lines = [
-        (f"{req.shape.name} ({n / 1e9:.2f}B params) on {req.world} × {gpu.name} "
-        f"({req.nodes} nodes × {req.gpus_per_node}); global batch {req.global_batch} × seq {req.seq_len}, "
-        f"{req.precision}, AdamW"),
-        (f"memory/GPU (busiest stage): weights {m.weights_gib:.1f} + grads {m.grads_gib:.1f} + optimizer "
-        f"{m.optimizer_gib:.1f} + activations {m.activations_gib:.1f} + overhead {m.overhead_gib:.1f} = "
-        f"{m.total_gib:.1f} GiB of {usable_gib(gpu.memory_gib):.1f} usable ({gpu.memory_gib:g} GiB − "
-        f"headroom); optimizer states {'sharded over dp_shard=' + str(c.dp_shard) if c.shard > 1 else 'replicated'}"),
-        (f"step {st.step_s:.3f} s: matmul {st.matmul_s:.3f} s at efficiency {eff:.2f} of "
-        f"{gpu.peak(req.precision) / 1e12:.0f} TFLOP/s, memory-bound {st.hbm_s:.3f}, TP comm {st.tp_comm_s:.3f}, "
-        f"PP p2p {st.pp_comm_s:.3f}, bubble {st.bubble_s:.3f} ((p−1)/(v·m) = "
-        f"{(c.pp - 1) / (c.virtual_stages * c.grad_accum):.3f}), DP exposed {st.dp_exposed_s:.3f}, "
-        f"optimizer {st.optimizer_s:.3f}"),
+        (
+            f"{req.shape.name} ({n / 1e9:.2f}B params) on {req.world} × {gpu.name} "
+            f"({req.nodes} nodes × {req.gpus_per_node}); global batch {req.global_batch} × seq {req.seq_len}, "
+            f"{req.precision}, AdamW"
+        ),
+        (
+            f"memory/GPU (busiest stage): weights {m.weights_gib:.1f} + grads {m.grads_gib:.1f} + optimizer "
+            f"{m.optimizer_gib:.1f} + activations {m.activations_gib:.1f} + overhead {m.overhead_gib:.1f} = "
+            f"{m.total_gib:.1f} GiB of {usable_gib(gpu.memory_gib):.1f} usable ({gpu.memory_gib:g} GiB − "
+            f"headroom); optimizer states {'sharded over dp_shard=' + str(c.dp_shard) if c.shard > 1 else 'replicated'}"
+        ),
+        (
+            f"step {st.step_s:.3f} s: matmul {st.matmul_s:.3f} s at efficiency {eff:.2f} of "
+            f"{gpu.peak(req.precision) / 1e12:.0f} TFLOP/s, memory-bound {st.hbm_s:.3f}, TP comm {st.tp_comm_s:.3f}, "
+            f"PP p2p {st.pp_comm_s:.3f}, bubble {st.bubble_s:.3f} ((p−1)/(v·m) = "
+            f"{(c.pp - 1) / (c.virtual_stages * c.grad_accum):.3f}), DP exposed {st.dp_exposed_s:.3f}, "
+            f"optimizer {st.optimizer_s:.3f}"
+        ),
     ]
     if req.calibration is not None:
-        lines.append(f"efficiency calibrated from the ledger: {DEFAULT_EFFICIENCY:.2f} × measured/predicted "
-                     f"{req.calibration:.2f} (bounded) = {eff:.2f}")
+        lines.append(
+            f"efficiency calibrated from the ledger: {DEFAULT_EFFICIENCY:.2f} × measured/predicted "
+            f"{req.calibration:.2f} (bounded) = {eff:.2f}"
+        )
     if runner_up is not None and runner_up.tokens_per_s:
         gain = s.tokens_per_s / runner_up.tokens_per_s - 1
         rc = runner_up.c
-        lines.append(f"next best {_family(rc.tp, rc.pp, rc.dp_replicate, rc.dp_shard, rc.zero)} (mb={rc.micro_batch}, "
-                     f"v={rc.virtual_stages}, recompute={rc.recompute}) is {100 * gain:.1f}% slower")
+        lines.append(
+            f"next best {_family(rc.tp, rc.pp, rc.dp_replicate, rc.dp_shard, rc.zero)} (mb={rc.micro_batch}, "
+            f"v={rc.virtual_stages}, recompute={rc.recompute}) is {100 * gain:.1f}% slower"
+        )
     return lines
 
 
@@ -211,21 +232,38 @@ def search(req: PlanRequest) -> PlanReport:
         for fam, sm in smallest_by_family.items():
             rejected.append(Rejection(layout=fam, reason=_nofit(sm, usable)))
         chosen = _plan_from(req, s, eff)
-        chosen.explanation = [(f"no layout fits: the smallest needs {s.mem.total_gib:.1f} GiB per GPU "
-                              f"({_knob_str(s.c)}), {s.mem.total_gib - usable:.1f} GiB over the "
-                              f"{usable:.1f} GiB usable")] + _explain(req, s, eff, None)
+        chosen.explanation = [
+            (
+                f"no layout fits: the smallest needs {s.mem.total_gib:.1f} GiB per GPU "
+                f"({_knob_str(s.c)}), {s.mem.total_gib - usable:.1f} GiB over the "
+                f"{usable:.1f} GiB usable"
+            )
+        ] + _explain(req, s, eff, None)
         chosen.rejected = rejected
-        return PlanReport(chosen=chosen, rejected=rejected, considered=considered, pruned=pruned,
-                          evaluated=evaluated, model=req.shape.name, gpu=req.gpu.name, world_size=req.world,
-                          efficiency=eff, min_memory_gib=overall_min.mem.total_gib, usable_memory_gib=usable)
+        return PlanReport(
+            chosen=chosen,
+            rejected=rejected,
+            considered=considered,
+            pruned=pruned,
+            evaluated=evaluated,
+            model=req.shape.name,
+            gpu=req.gpu.name,
+            world_size=req.world,
+            efficiency=eff,
+            min_memory_gib=overall_min.mem.total_gib,
+            usable_memory_gib=usable,
+        )
     ranked = sorted(best_by_family.values(), key=_key)
     best = ranked[0]
     for fam, sm in smallest_by_family.items():
         if fam in best_by_family:
             if best_by_family[fam] is not best:
                 slower = best.tokens_per_s / best_by_family[fam].tokens_per_s - 1
-                rejected.append(Rejection(layout=fam, reason=f"slower by {100 * slower:.1f}% "
-                                          f"(best: {_knob_str(best_by_family[fam].c)})"))
+                rejected.append(
+                    Rejection(
+                        layout=fam, reason=f"slower by {100 * slower:.1f}% (best: {_knob_str(best_by_family[fam].c)})"
+                    )
+                )
         else:
             rejected.append(Rejection(layout=fam, reason=_nofit(sm, usable)))
     rejected.sort(key=lambda r: (not r.reason.startswith("slower"), _pct(r.reason)))
@@ -235,9 +273,20 @@ def search(req: PlanRequest) -> PlanReport:
         chosen.explanation.insert(0, "evaluated the pinned layout " + _pins(fixed) + "; free knobs searched")
     chosen.rejected = rejected[:20]
     alts = [_plan_from(req, s, eff) for s in ranked[1 : 1 + req.alternatives]]
-    return PlanReport(chosen=chosen, alternatives=alts, rejected=rejected, considered=considered, pruned=pruned,
-                      evaluated=evaluated, model=req.shape.name, gpu=req.gpu.name, world_size=req.world,
-                      efficiency=eff, min_memory_gib=overall_min.mem.total_gib, usable_memory_gib=usable)
+    return PlanReport(
+        chosen=chosen,
+        alternatives=alts,
+        rejected=rejected,
+        considered=considered,
+        pruned=pruned,
+        evaluated=evaluated,
+        model=req.shape.name,
+        gpu=req.gpu.name,
+        world_size=req.world,
+        efficiency=eff,
+        min_memory_gib=overall_min.mem.total_gib,
+        usable_memory_gib=usable,
+    )
 
 
 def _key(s: _Scored):
@@ -261,34 +310,41 @@ def _knob_str(c: Candidate) -> str:
 
 
 def _nofit(s: _Scored, usable: float) -> str:
-    return (f"does not fit by {s.mem.total_gib - usable:.1f} GiB (needs {s.mem.total_gib:.1f} GiB at best, "
-            f"{_knob_str(s.c)}; {usable:.1f} GiB usable)")
+    return (
+        f"does not fit by {s.mem.total_gib - usable:.1f} GiB (needs {s.mem.total_gib:.1f} GiB at best, "
+        f"{_knob_str(s.c)}; {usable:.1f} GiB usable)"
+    )
 
 
 def _pins(f: FixedLayout) -> str:
     return ",".join(f"{k}={v}" for k, v in vars(f).items() if v is not None)
 
 
-def _cpu_report(req: PlanRequest, cands: list[_Scored], fam_rejected: dict[str, str], considered: int,
-                evaluated: bool) -> PlanReport:
+def _cpu_report(
+    req: PlanRequest, cands: list[_Scored], fam_rejected: dict[str, str], considered: int, evaluated: bool
+) -> PlanReport:
     """CPU ranks: no datasheet peak, so nothing is predicted; pick the simplest runnable layout.
 
     Tiny models on CPU gain nothing from sharding (gloo all-gathers cost more than the memory they save), so
     pure replicated data parallel comes first, then the fewest model-parallel degrees, then fewest micro-steps."""
+
     def key(s: _Scored):
         c = s.c
-        return (c.tp * c.pp, c.pp, c.tp, c.zero == "fsdp", c.sp, c.recompute != "none", c.virtual_stages,
-                c.grad_accum)
+        return (c.tp * c.pp, c.pp, c.tp, c.zero == "fsdp", c.sp, c.recompute != "none", c.virtual_stages, c.grad_accum)
 
     ranked = sorted(cands, key=key)
     best = ranked[0]
     chosen = _plan_from(req, best, None)
     c = best.c
     chosen.explanation = [
-        (f"{req.shape.name} on {req.world} CPU ranks ({req.nodes} nodes × {req.gpus_per_node}): no datasheet peak, "
-        "so memory, step time and MFU are not predicted (the trainer measures a CPU matmul peak at run time)"),
-        (f"chose {chosen.layout()} mb={c.micro_batch} accum={c.grad_accum}: pure data parallel is preferred for tiny "
-        "models on CPU (no sharding traffic); tp stays within a node and divides heads/kv heads"),
+        (
+            f"{req.shape.name} on {req.world} CPU ranks ({req.nodes} nodes × {req.gpus_per_node}): no datasheet peak, "
+            "so memory, step time and MFU are not predicted (the trainer measures a CPU matmul peak at run time)"
+        ),
+        (
+            f"chose {chosen.layout()} mb={c.micro_batch} accum={c.grad_accum}: pure data parallel is preferred for tiny "
+            "models on CPU (no sharding traffic); tp stays within a node and divides heads/kv heads"
+        ),
     ]
     if evaluated:
         chosen.explanation.insert(0, "evaluated the pinned layout; predictions not made on CPU")
@@ -300,5 +356,15 @@ def _cpu_report(req: PlanRequest, cands: list[_Scored], fam_rejected: dict[str, 
         if p.layout() not in seen and len(alts) < req.alternatives:
             seen.add(p.layout())
             alts.append(p)
-    return PlanReport(chosen=chosen, alternatives=alts, rejected=rejected, considered=considered, pruned=len(fam_rejected),
-                      evaluated=evaluated, predicted=False, model=req.shape.name, gpu="cpu", world_size=req.world)
+    return PlanReport(
+        chosen=chosen,
+        alternatives=alts,
+        rejected=rejected,
+        considered=considered,
+        pruned=len(fam_rejected),
+        evaluated=evaluated,
+        predicted=False,
+        model=req.shape.name,
+        gpu="cpu",
+        world_size=req.world,
+    )

@@ -84,8 +84,15 @@ def _ring(n: int, nbytes: float, bw: float, lat: float, factor: float) -> float:
     return factor * (n - 1) / n * nbytes / bw + factor * (n - 1) * lat
 
 
-def step_time(shape: ModelShape, c: Candidate, seq: int, gpu: GPUSpec, gpus_per_node: int,
-              efficiency: float, precision: str = "bf16") -> StepEstimate:
+def step_time(
+    shape: ModelShape,
+    c: Candidate,
+    seq: int,
+    gpu: GPUSpec,
+    gpus_per_node: int,
+    efficiency: float,
+    precision: str = "bf16",
+) -> StepEstimate:
     """Seconds per optimizer step of candidate `c` (see the module docstring for every term)."""
     peak = gpu.peak(precision) * efficiency
     ebytes = 2 if precision == "bf16" else 4
@@ -149,5 +156,13 @@ def step_time(shape: ModelShape, c: Candidate, seq: int, gpu: GPUSpec, gpus_per_
         dp_exposed = max(0.0, ar - bwd_frac * slot_max)
     opt = p_stage / c.shard * OPTIMIZER_BYTES_PER_PARAM / hbm_bw
     step = pipe + dp_exposed + opt
-    return StepEstimate(step, m * (body_mm + head_mm / c.pp), m * (body_hbm + head_hbm / c.pp), m * tp_s,
-                        m * pp_s, bubble, dp_exposed, opt)
+    return StepEstimate(
+        step,
+        m * (body_mm + head_mm / c.pp),
+        m * (body_hbm + head_hbm / c.pp),
+        m * tp_s,
+        m * pp_s,
+        bubble,
+        dp_exposed,
+        opt,
+    )

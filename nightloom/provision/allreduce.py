@@ -32,8 +32,10 @@ def main(argv: list[str] | None = None) -> int:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=a.timeout_s))
     rank, world = dist.get_rank(), dist.get_world_size()
-    print(f"rank {rank}/{world} on {socket.gethostname()} node={os.environ.get('SLURMD_NODENAME', '-')} "
-          f"tag={a.tag}", flush=True)
+    print(
+        f"rank {rank}/{world} on {socket.gethostname()} node={os.environ.get('SLURMD_NODENAME', '-')} tag={a.tag}",
+        flush=True,
+    )
     n = max(1, int(a.size_mib * 2**20 // 4))
     x = torch.ones(n, dtype=torch.float32, device="cuda" if cuda else "cpu")
     for _ in range(2):  # warm-up
@@ -52,9 +54,21 @@ def main(argv: list[str] | None = None) -> int:
     nbytes = n * 4
     algbw = nbytes / dt
     if rank == 0:
-        print(ALLREDUCE_MARK + json.dumps({"world": world, "bytes": nbytes, "seconds": dt, "algbw": algbw,
-                                           "busbw": busbw_allreduce(algbw, world), "correct": ok,
-                                           "backend": dist.get_backend()}), flush=True)
+        print(
+            ALLREDUCE_MARK
+            + json.dumps(
+                {
+                    "world": world,
+                    "bytes": nbytes,
+                    "seconds": dt,
+                    "algbw": algbw,
+                    "busbw": busbw_allreduce(algbw, world),
+                    "correct": ok,
+                    "backend": dist.get_backend(),
+                }
+            ),
+            flush=True,
+        )
     if a.hold_s:
         time.sleep(a.hold_s)
     dist.barrier()

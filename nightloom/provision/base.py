@@ -146,7 +146,9 @@ def torchrun_argv(python: str, cluster: Cluster, node_rank: int, module_args: li
     """The torchrun command line for one node (static rendezvous on the first node)."""
     node = cluster.nodes[node_rank]
     return [
-        python, "-m", "torch.distributed.run",
+        python,
+        "-m",
+        "torch.distributed.run",
         f"--nnodes={len(cluster.nodes)}",
         f"--node-rank={node_rank}",
         f"--nproc-per-node={node.slots}",

@@ -30,8 +30,9 @@ def _lit(v: str) -> str:
     return v.replace("$(", "$$(")
 
 
-def render_manifests(spec, module_args: list[str], env: dict[str, str] | None = None,
-                     python: str = "python") -> dict[str, dict]:
+def render_manifests(
+    spec, module_args: list[str], env: dict[str, str] | None = None, python: str = "python"
+) -> dict[str, dict]:
     """{'service': ..., 'job': ...} for `spec`; raises ProvisionError naming the field on bad values."""
     c, k = spec.cluster, spec.cluster.kubernetes
     name = k8s_name(spec.name)
@@ -43,8 +44,10 @@ def render_manifests(spec, module_args: list[str], env: dict[str, str] | None = 
         raise ProvisionError(f"cluster.kubernetes.image: {k.image!r} is not an image reference")
     svc = name
     master = f"{name}-0.{svc}"
-    nodes = [Node(name=f"{name}-{i}", address=f"{name}-{i}.{svc}", slots=c.gpus_per_node, python=python)
-             for i in range(c.nodes)]
+    nodes = [
+        Node(name=f"{name}-{i}", address=f"{name}-{i}.{svc}", slots=c.gpus_per_node, python=python)
+        for i in range(c.nodes)
+    ]
     cluster = Cluster(provider="kubernetes", name=c.name, nodes=nodes, master_addr=master, master_port=c.master_port)
     argv = torchrun_argv(python, cluster, 0, module_args)
     argv = ["--node-rank=$(JOB_COMPLETION_INDEX)" if a == "--node-rank=0" else _lit(a) for a in argv]
@@ -54,29 +57,47 @@ def render_manifests(spec, module_args: list[str], env: dict[str, str] | None = 
             raise ProvisionError(f"environment variable name {key!r} is not a valid identifier")
     resources: dict = {}
     if c.gpu_type != "cpu":
-        resources = {"limits": {k.gpu_resource: str(c.gpus_per_node)}, "requests": {k.gpu_resource: str(c.gpus_per_node)}}
+        resources = {
+            "limits": {k.gpu_resource: str(c.gpus_per_node)},
+            "requests": {k.gpu_resource: str(c.gpus_per_node)},
+        }
     labels = {"app.kubernetes.io/name": "nightloom", "nightloom/run": name}
     service = {
-        "apiVersion": "v1", "kind": "Service",
+        "apiVersion": "v1",
+        "kind": "Service",
         "metadata": {"name": svc, "namespace": k.namespace, "labels": labels},
-        "spec": {"clusterIP": "None", "selector": {"nightloom/run": name}, "publishNotReadyAddresses": True,
-                 "ports": [{"name": "rendezvous", "port": c.master_port, "targetPort": c.master_port}]},
+        "spec": {
+            "clusterIP": "None",
+            "selector": {"nightloom/run": name},
+            "publishNotReadyAddresses": True,
+            "ports": [{"name": "rendezvous", "port": c.master_port, "targetPort": c.master_port}],
+        },
     }
     job = {
-        "apiVersion": "batch/v1", "kind": "Job",
+        "apiVersion": "batch/v1",
+        "kind": "Job",
         "metadata": {"name": name, "namespace": k.namespace, "labels": labels},
         "spec": {
-            "completionMode": "Indexed", "completions": c.nodes, "parallelism": c.nodes, "backoffLimit": 0,
+            "completionMode": "Indexed",
+            "completions": c.nodes,
+            "parallelism": c.nodes,
+            "backoffLimit": 0,
             "template": {
                 "metadata": {"labels": labels},
                 "spec": {
-                    "subdomain": svc, "restartPolicy": "Never",
-                    "containers": [{
-                        "name": "trainer", "image": k.image, "command": [argv[0]], "args": argv[1:],
-                        "env": [{"name": key, "value": _lit(v)} for key, v in full_env.items()],
-                        "ports": [{"containerPort": c.master_port, "name": "rendezvous"}],
-                        "resources": resources,
-                    }],
+                    "subdomain": svc,
+                    "restartPolicy": "Never",
+                    "containers": [
+                        {
+                            "name": "trainer",
+                            "image": k.image,
+                            "command": [argv[0]],
+                            "args": argv[1:],
+                            "env": [{"name": key, "value": _lit(v)} for key, v in full_env.items()],
+                            "ports": [{"containerPort": c.master_port, "name": "rendezvous"}],
+                            "resources": resources,
+                        }
+                    ],
                 },
             },
         },
@@ -109,14 +130,18 @@ class KubernetesLaunch:
         ns, name = self.provider.spec.cluster.kubernetes.namespace, self.cluster.handle["job"]
         pods = core.list_namespaced_pod(ns, label_selector=f"nightloom/run={name}").items
         for pod in pods:
-            for line in core.read_namespaced_pod_log(pod.metadata.name, ns, follow=True,
-                                                     _preload_content=False).stream():
+            for line in core.read_namespaced_pod_log(
+                pod.metadata.name, ns, follow=True, _preload_content=False
+            ).stream():
                 yield f"[{pod.metadata.name}] {line.decode(errors='replace').rstrip()}"
 
     def poll(self) -> dict[str, int | None]:
         """The indexed Job's state for every node: 0 when all completions succeeded, 1 once one pod failed."""
-        st = self.provider.batch().read_namespaced_job_status(
-            self.cluster.handle["job"], self.provider.spec.cluster.kubernetes.namespace).status
+        st = (
+            self.provider.batch()
+            .read_namespaced_job_status(self.cluster.handle["job"], self.provider.spec.cluster.kubernetes.namespace)
+            .status
+        )
         rc = 1 if st.failed else (0 if (st.succeeded or 0) >= len(self.cluster.nodes) else None)
         return {n.name: rc for n in self.cluster.nodes}
 
@@ -151,8 +176,10 @@ class KubernetesProvider:
     def _config(self):
         kc = self.spec.cluster.kubernetes.kubeconfig
         if not kc:
-            raise ProvisionError("cluster.kubernetes.kubeconfig: not set; render_manifests() gives the manifests "
-                                 "to apply yourself (kubectl apply -f)")
+            raise ProvisionError(
+                "cluster.kubernetes.kubeconfig: not set; render_manifests() gives the manifests "
+                "to apply yourself (kubectl apply -f)"
+            )
         if not self._client_ready:
             from kubernetes import config
 
@@ -178,11 +205,20 @@ class KubernetesProvider:
         m = render_manifests(self.spec, [])
         name = m["job"]["metadata"]["name"]
         c = self.spec.cluster
-        nodes = [Node(name=f"{name}-{i}", address=f"{name}-{i}.{name}", slots=c.gpus_per_node, python="python")
-                 for i in range(c.nodes)]
-        return Cluster(provider="kubernetes", name=c.name, nodes=nodes, master_addr=f"{name}-0.{name}",
-                       master_port=c.master_port, env=render_nccl_env(c.nccl), handle={"job": name},
-                       time_to_ready_s=time.monotonic() - t0)
+        nodes = [
+            Node(name=f"{name}-{i}", address=f"{name}-{i}.{name}", slots=c.gpus_per_node, python="python")
+            for i in range(c.nodes)
+        ]
+        return Cluster(
+            provider="kubernetes",
+            name=c.name,
+            nodes=nodes,
+            master_addr=f"{name}-0.{name}",
+            master_port=c.master_port,
+            env=render_nccl_env(c.nccl),
+            handle={"job": name},
+            time_to_ready_s=time.monotonic() - t0,
+        )
 
     def preflight(self, cluster: Cluster) -> PreflightReport:
         """Per-pod checks run inside the pods at launch (the image pins python/torch); nothing to probe before."""
@@ -203,8 +239,10 @@ class KubernetesProvider:
         from kubernetes.client.exceptions import ApiException
 
         ns, name = self.spec.cluster.kubernetes.namespace, cluster.handle["job"]
-        for delete in (lambda: self.batch().delete_namespaced_job(name, ns, propagation_policy="Foreground"),
-                       lambda: self.core().delete_namespaced_service(name, ns)):
+        for delete in (
+            lambda: self.batch().delete_namespaced_job(name, ns, propagation_policy="Foreground"),
+            lambda: self.core().delete_namespaced_service(name, ns),
+        ):
             try:
                 delete()
             except ApiException as e:

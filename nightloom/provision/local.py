@@ -125,10 +125,24 @@ class LocalProvider:
         nodes = []
         for i in range(c.nodes):
             n0 = time.monotonic()
-            nodes.append(Node(name=f"local-{i}", address="127.0.0.1", slots=c.gpus_per_node, python=self.python,
-                              workdir=os.getcwd(), ready_s=time.monotonic() - n0))
-        cluster = Cluster(provider="local", name=c.name, nodes=nodes, master_addr="127.0.0.1", master_port=port,
-                          env={"OMP_NUM_THREADS": "1"})
+            nodes.append(
+                Node(
+                    name=f"local-{i}",
+                    address="127.0.0.1",
+                    slots=c.gpus_per_node,
+                    python=self.python,
+                    workdir=os.getcwd(),
+                    ready_s=time.monotonic() - n0,
+                )
+            )
+        cluster = Cluster(
+            provider="local",
+            name=c.name,
+            nodes=nodes,
+            master_addr="127.0.0.1",
+            master_port=port,
+            env={"OMP_NUM_THREADS": "1"},
+        )
         report = self.last_report = self.preflight(cluster)
         if report.failed:
             raise ProvisionError("; ".join(f"node {n.node}: {n.reason}" for n in report.failed))
@@ -140,10 +154,19 @@ class LocalProvider:
         reports = []
         for node in cluster.nodes:
             checks = []
-            r = subprocess.run([node.python, "-c", "import torch, sys; print(torch.__version__)"],
-                               capture_output=True, text=True, timeout=120)
-            checks.append(Check(name="torch", ok=r.returncode == 0,
-                                detail=r.stdout.strip() if r.returncode == 0 else r.stderr.strip()[-300:]))
+            r = subprocess.run(
+                [node.python, "-c", "import torch, sys; print(torch.__version__)"],
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            checks.append(
+                Check(
+                    name="torch",
+                    ok=r.returncode == 0,
+                    detail=r.stdout.strip() if r.returncode == 0 else r.stderr.strip()[-300:],
+                )
+            )
             marker = unhealthy_dir(self.spec) / node.name
             if marker.exists():
                 checks.append(Check(name="health", ok=False, detail=f"marked unhealthy by {marker} (chaos hook)"))
@@ -166,10 +189,17 @@ class LocalProvider:
                 break
             if name in used:
                 continue
-            node = Node(name=name, address="127.0.0.1", slots=c.gpus_per_node, python=self.python,
-                        workdir=os.getcwd(), ready_s=0.0)
-            probe = Cluster(provider="local", name=c.name, nodes=[node], master_addr="127.0.0.1",
-                            master_port=free_port())
+            node = Node(
+                name=name,
+                address="127.0.0.1",
+                slots=c.gpus_per_node,
+                python=self.python,
+                workdir=os.getcwd(),
+                ready_s=0.0,
+            )
+            probe = Cluster(
+                provider="local", name=c.name, nodes=[node], master_addr="127.0.0.1", master_port=free_port()
+            )
             report = self.preflight(probe)
             if report.failed:
                 excluded[name] = report.failed[0].reason
@@ -182,9 +212,16 @@ class LocalProvider:
         full_env = {**os.environ, **cluster.env, **env, "PYTHONUNBUFFERED": "1"}
         for i, node in enumerate(cluster.nodes):
             argv = torchrun_argv(node.python, cluster, i, module_args)
-            procs[node.name] = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                                preexec_fn=_die_with_parent,
-                                                bufsize=1, env=full_env, start_new_session=True)
+            procs[node.name] = subprocess.Popen(
+                argv,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                preexec_fn=_die_with_parent,
+                bufsize=1,
+                env=full_env,
+                start_new_session=True,
+            )
         launch = ProcessLaunch(procs, fail_grace_s=float(self.spec.train.collective_timeout_s) + 30)
         self._launches.append(launch)
         return launch

@@ -62,13 +62,31 @@ def prepare(args):
         f.write("\n".join(_base_paths()) + "\n")
     reqs = args.get("requirements") or []
     if reqs:
-        r = subprocess.run([sys.executable, "-m", "pip", "--python", os.path.join(tmp, "bin", "python"), "install",
-                            "--quiet", "--disable-pip-version-check", *reqs], capture_output=True, text=True)
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "--python",
+                os.path.join(tmp, "bin", "python"),
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+                *reqs,
+            ],
+            capture_output=True,
+            text=True,
+        )
         if r.returncode != 0:
             shutil.rmtree(tmp, ignore_errors=True)
             raise RuntimeError("pip install failed: " + (r.stderr or r.stdout)[-400:])
-    info = {"key": args["key"], "python": os.path.join(env_dir, "bin", "python"), "requirements": reqs,
-            "base_python": sys.executable, "created_unix": time.time()}
+    info = {
+        "key": args["key"],
+        "python": os.path.join(env_dir, "bin", "python"),
+        "requirements": reqs,
+        "base_python": sys.executable,
+        "created_unix": time.time(),
+    }
     with open(os.path.join(tmp, "ready.json.tmp"), "w") as f:
         json.dump(info, f)
     os.replace(os.path.join(tmp, "ready.json.tmp"), os.path.join(tmp, "ready.json"))
@@ -81,22 +99,36 @@ def prepare(args):
 
 
 def probe(args):
-    out = {"python": "%d.%d.%d" % sys.version_info[:3], "executable": sys.executable, "torch": None,
-           "torch_error": None, "cuda_devices": None, "gpus": None, "gpu_error": None}
+    out = {
+        "python": "%d.%d.%d" % sys.version_info[:3],
+        "executable": sys.executable,
+        "torch": None,
+        "torch_error": None,
+        "cuda_devices": None,
+        "gpus": None,
+        "gpu_error": None,
+    }
     try:
         import torch
 
         out["torch"] = torch.__version__
         out["cuda_devices"] = torch.cuda.device_count() if torch.cuda.is_available() else 0
     except Exception as e:  # noqa: BLE001 - reported, judged by the orchestrator
-        out["torch_error"] = "%s: %s" % (type(e).__name__, e)
+        out["torch_error"] = f"{type(e).__name__}: {e}"
     smi = shutil.which("nvidia-smi")
     if smi:
-        r = subprocess.run([smi, "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader,nounits"],
-                           capture_output=True, text=True, timeout=30)
+        r = subprocess.run(
+            [smi, "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         if r.returncode == 0:
-            out["gpus"] = [dict(zip(("name", "driver", "memory_mib"), (x.strip() for x in line.split(","))))
-                           for line in r.stdout.strip().splitlines() if line.strip()]
+            out["gpus"] = [
+                dict(zip(("name", "driver", "memory_mib"), (x.strip() for x in line.split(","))))
+                for line in r.stdout.strip().splitlines()
+                if line.strip()
+            ]
         else:
             out["gpu_error"] = "nvidia-smi exited %d: %s" % (r.returncode, (r.stderr or r.stdout).strip()[-200:])
     path = os.path.abspath(os.path.expanduser(args.get("workdir", ".")))
@@ -112,7 +144,7 @@ def main(argv):
     try:
         _emit({"ok": True, **({"prepare": prepare, "probe": probe}[cmd](args))})
     except Exception as e:  # noqa: BLE001 - one JSON line either way
-        _emit({"ok": False, "error": "%s: %s" % (type(e).__name__, e)})
+        _emit({"ok": False, "error": f"{type(e).__name__}: {e}"})
         return 1
     return 0
 

@@ -34,7 +34,7 @@ def parse_agent_output(node: str, text: str) -> dict:
     """The agent's JSON line; a clear error naming the node when it is missing or reports a failure."""
     for line in reversed(text.splitlines()):
         if line.startswith(JSON_MARK):
-            out = json.loads(line[len(JSON_MARK):])
+            out = json.loads(line[len(JSON_MARK) :])
             if not out.get("ok"):
                 raise ProvisionError(f"node {node}: {out.get('error', 'agent failed')}")
             return out
@@ -46,8 +46,10 @@ def env_key(base_python: str, requirements: list[str]) -> str:
     """The node environment's key: a hash of its base interpreter and its sorted requirements."""
     for r in requirements:
         if r.split("=")[0].split("<")[0].split(">")[0].strip().lower() == "torch":
-            raise ProvisionError(f"cluster.env_requirements: {r!r}: torch comes from the node's base image, "
-                                 "it is checked by preflight, never installed")
+            raise ProvisionError(
+                f"cluster.env_requirements: {r!r}: torch comes from the node's base image, "
+                "it is checked by preflight, never installed"
+            )
     blob = json.dumps({"python": base_python, "requirements": sorted(requirements), "layout": 1})
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -66,9 +68,13 @@ class Expect:
     @classmethod
     def from_spec(cls, spec, torch_version: str | None = None, python: str | None = None) -> Expect:
         c = spec.cluster
-        return cls(python=python or "%d.%d" % sys.version_info[:2],
-                   torch=torch_version or metadata.version("torch"), gpu_type=c.gpu_type,
-                   gpus=c.gpus_per_node, min_free_disk_gib=c.min_free_disk_gib)
+        return cls(
+            python=python or "%d.%d" % sys.version_info[:2],
+            torch=torch_version or metadata.version("torch"),
+            gpu_type=c.gpu_type,
+            gpus=c.gpus_per_node,
+            min_free_disk_gib=c.min_free_disk_gib,
+        )
 
 
 def _gpu_model_token(gpu_type: str) -> str:
@@ -89,15 +95,20 @@ def evaluate(node: str, probe: dict, expect: Expect, sent_unix: float, received_
     """Per-node checks from one probe result (sent/received: local clock around the probe's round trip)."""
     checks: list[Check] = []
     py = ".".join(probe["python"].split(".")[:2])
-    checks.append(Check(name="python", ok=py == expect.python, detail=f"{probe['python']} (expected {expect.python}.x)"))
+    checks.append(
+        Check(name="python", ok=py == expect.python, detail=f"{probe['python']} (expected {expect.python}.x)")
+    )
     if probe.get("torch") is None:
         checks.append(Check(name="torch", ok=False, detail=f"not importable: {probe.get('torch_error')}"))
     else:
-        checks.append(Check(name="torch", ok=probe["torch"] == expect.torch,
-                            detail=f"{probe['torch']} (expected {expect.torch})"))
+        checks.append(
+            Check(name="torch", ok=probe["torch"] == expect.torch, detail=f"{probe['torch']} (expected {expect.torch})")
+        )
     gpus = probe.get("gpus")
     if expect.gpu_type == "cpu":
-        checks.append(Check(name="gpus", ok=True, detail="cpu node" + (f"; nvidia-smi sees {len(gpus)}" if gpus else "")))
+        checks.append(
+            Check(name="gpus", ok=True, detail="cpu node" + (f"; nvidia-smi sees {len(gpus)}" if gpus else ""))
+        )
     elif gpus is None:
         checks.append(Check(name="gpus", ok=False, detail=probe.get("gpu_error") or "nvidia-smi not found"))
     else:
@@ -105,16 +116,34 @@ def evaluate(node: str, probe: dict, expect: Expect, sent_unix: float, received_
         wrong = [g["name"] for g in gpus if token not in g["name"].upper()]
         drivers = sorted({g["driver"] for g in gpus})
         ok = len(gpus) >= expect.gpus and not wrong and probe.get("cuda_devices", 0) >= expect.gpus
-        checks.append(Check(name="gpus", ok=ok, detail=(
-            f"{len(gpus)} × {gpus[0]['name'] if gpus else '-'} (driver {', '.join(drivers)}); torch sees "
-            f"{probe.get('cuda_devices')}; expected {expect.gpus} × {token}" + (f"; wrong model: {wrong}" if wrong else ""))))
+        checks.append(
+            Check(
+                name="gpus",
+                ok=ok,
+                detail=(
+                    f"{len(gpus)} × {gpus[0]['name'] if gpus else '-'} (driver {', '.join(drivers)}); torch sees "
+                    f"{probe.get('cuda_devices')}; expected {expect.gpus} × {token}"
+                    + (f"; wrong model: {wrong}" if wrong else "")
+                ),
+            )
+        )
     free = probe["free_disk_gib"]
-    checks.append(Check(name="disk", ok=free >= expect.min_free_disk_gib,
-                        detail=f"{free:.1f} GiB free (need {expect.min_free_disk_gib:g})"))
+    checks.append(
+        Check(
+            name="disk",
+            ok=free >= expect.min_free_disk_gib,
+            detail=f"{free:.1f} GiB free (need {expect.min_free_disk_gib:g})",
+        )
+    )
     skew = clock_skew(probe["time_unix"], sent_unix, received_unix)
-    checks.append(Check(name="clock", ok=abs(skew) <= expect.max_clock_skew_s,
-                        detail=f"skew {skew:+.3f} s beyond the {received_unix - sent_unix:.2f} s round trip "
-                               f"(max ±{expect.max_clock_skew_s:g})"))
+    checks.append(
+        Check(
+            name="clock",
+            ok=abs(skew) <= expect.max_clock_skew_s,
+            detail=f"skew {skew:+.3f} s beyond the {received_unix - sent_unix:.2f} s round trip "
+            f"(max ±{expect.max_clock_skew_s:g})",
+        )
+    )
     return NodeReport(node=node, ok=all(c.ok for c in checks), checks=checks)
 
 
@@ -136,12 +165,13 @@ def parse_allreduce(lines: list[str]) -> dict | None:
     for line in reversed(lines):
         i = line.find(ALLREDUCE_MARK)
         if i >= 0:
-            return json.loads(line[i + len(ALLREDUCE_MARK):])
+            return json.loads(line[i + len(ALLREDUCE_MARK) :])
     return None
 
 
-def run_allreduce(provider, cluster: Cluster, gpu_type: str, timeout_s: float = 120.0,
-                  size_mib: float = 4.0) -> tuple[bool, float | None, str]:
+def run_allreduce(
+    provider, cluster: Cluster, gpu_type: str, timeout_s: float = 120.0, size_mib: float = 4.0
+) -> tuple[bool, float | None, str]:
     """Launch the all-reduce test on every node through the provider; (ok, busbw GB/s, detail)."""
     args = ["-m", "nightloom.provision.allreduce", "--size-mib", str(size_mib), "--timeout-s", "60"]
     launch = provider.launch(cluster, args, {"OMP_NUM_THREADS": "1"})
@@ -160,8 +190,10 @@ def run_allreduce(provider, cluster: Cluster, gpu_type: str, timeout_s: float = 
         return False, None, f"all-reduce test exited {rc}: {tail or 'no output'}"
     base = baseline_busbw(gpu_type)
     ok = res["busbw"] >= base
-    detail = (f"{res['world']} ranks, {res['bytes'] / 2**20:.1f} MiB, busbw {res['busbw'] / 1e9:.3f} GB/s "
-              f"(algbw {res['algbw'] / 1e9:.3f} GB/s; baseline {base / 1e9:.3f} GB/s for {gpu_type})")
+    detail = (
+        f"{res['world']} ranks, {res['bytes'] / 2**20:.1f} MiB, busbw {res['busbw'] / 1e9:.3f} GB/s "
+        f"(algbw {res['algbw'] / 1e9:.3f} GB/s; baseline {base / 1e9:.3f} GB/s for {gpu_type})"
+    )
     return ok, res["busbw"] / 1e9, detail
 
 
@@ -174,8 +206,10 @@ def apply_preflight(cluster: Cluster, report: PreflightReport, min_nodes: int) -
         why = "; ".join(f"node {k}: {v}" for k, v in cluster.excluded.items()) or "no nodes"
         raise PreflightError(f"only {len(cluster.nodes)} healthy node(s) left, need at least {min_nodes}: {why}")
     if report.allreduce_ok is False:
-        raise PreflightError(f"cross-node all-reduce test failed on {', '.join(n.name for n in cluster.nodes)}: "
-                             f"{report.allreduce_detail}")
+        raise PreflightError(
+            f"cross-node all-reduce test failed on {', '.join(n.name for n in cluster.nodes)}: "
+            f"{report.allreduce_detail}"
+        )
     if cluster.nodes and cluster.master_addr not in {n.address for n in cluster.nodes}:
         cluster.master_addr = cluster.nodes[0].address
     return cluster

@@ -34,8 +34,9 @@ def env_argv(env: dict[str, str]) -> list[str]:
     return ["env", *(f"{k}={v}" for k, v in env.items())] if env else []
 
 
-def session_command(workdir: str, argv: list[str], env: dict[str, str] | None = None,
-                    pgid_file: str | None = None) -> str:
+def session_command(
+    workdir: str, argv: list[str], env: dict[str, str] | None = None, pgid_file: str | None = None
+) -> str:
     """One shell line: cd into `workdir`, start argv as a new session, print (and record) its PGID first."""
     if not argv:
         raise ProvisionError("empty command")
@@ -59,6 +60,8 @@ def kill_pgids_command(pid_glob_dir: str, pattern: str, sig: str) -> str:
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", pattern) or sig not in ("TERM", "KILL", "0"):
         raise ProvisionError(f"bad kill request {pattern!r} {sig!r}")
     d = quote_path(pid_glob_dir)
-    return (f'for f in {d}/{pattern}*.pgid; do [ -f "$f" ] || continue; g=$(cat "$f"); '
-            f'case "$g" in ""|*[!0-9]*) continue;; esac; '
-            f'kill -{sig} -- "-$g" 2>/dev/null && echo "alive $g"; done; true')
+    return (
+        f'for f in {d}/{pattern}*.pgid; do [ -f "$f" ] || continue; g=$(cat "$f"); '
+        f'case "$g" in ""|*[!0-9]*) continue;; esac; '
+        f'kill -{sig} -- "-$g" 2>/dev/null && echo "alive $g"; done; true'
+    )

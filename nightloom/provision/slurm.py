@@ -70,8 +70,13 @@ def job_state(job_id: str) -> SlurmJobState:
     r = run_cmd(["scontrol", "show", "job", "-o", job_id])
     if r.returncode == 0:
         f = dict(kv.split("=", 1) for kv in r.stdout.split() if "=" in kv)
-        return SlurmJobState(job_id=job_id, state=f.get("JobState", "UNKNOWN"), exit_code=f.get("ExitCode", ""),
-                             reason=f.get("Reason", ""), source="scontrol")
+        return SlurmJobState(
+            job_id=job_id,
+            state=f.get("JobState", "UNKNOWN"),
+            exit_code=f.get("ExitCode", ""),
+            reason=f.get("Reason", ""),
+            source="scontrol",
+        )
     return SlurmJobState(job_id=job_id, state="UNKNOWN", reason=(r.stderr or r.stdout).strip()[-200:], source="none")
 
 
@@ -88,8 +93,14 @@ def render_batch_script(spec, state_dir: str, avoid: list[str] | None = None, mi
     of min_nodes..nodes nodes (recovery takes what the partition has left rather than waiting for a full one)."""
     c, s = spec.cluster, spec.cluster.slurm
     size = f"{min_nodes}-{c.nodes}" if min_nodes is not None and min_nodes < c.nodes else f"{c.nodes}"
-    opts = [f"--job-name=nightloom-{spec.name}", f"--partition={s.partition}", f"--nodes={size}",
-            "--ntasks-per-node=1", f"--time={s.time_limit}", f"--output={state_dir}/batch-%j.out"]
+    opts = [
+        f"--job-name=nightloom-{spec.name}",
+        f"--partition={s.partition}",
+        f"--nodes={size}",
+        "--ntasks-per-node=1",
+        f"--time={s.time_limit}",
+        f"--output={state_dir}/batch-%j.out",
+    ]
     if c.gpu_type != "cpu":
         opts.append(f"--gpus-per-node={c.gpus_per_node}")
     if s.account:
@@ -102,32 +113,36 @@ def render_batch_script(spec, state_dir: str, avoid: list[str] | None = None, mi
         opts.append("--exclude=" + ",".join(exclude))
     for i, o in enumerate(s.extra_sbatch):
         if not _SBATCH_OPT.fullmatch(o):
-            raise ProvisionError(f"cluster.slurm.extra_sbatch[{i}]: {o!r} is not a single --option[=value] "
-                                 "(letters, digits and _.,:=/@+- only)")
+            raise ProvisionError(
+                f"cluster.slurm.extra_sbatch[{i}]: {o!r} is not a single --option[=value] "
+                "(letters, digits and _.,:=/@+- only)"
+            )
         opts.append(o)
     for o in opts:
         if "\n" in o:
             raise ProvisionError(f"slurm option with a newline: {o!r}")
     q = shlex.quote(state_dir)
-    return "\n".join([
-        "#!/bin/bash",
-        *(f"#SBATCH {o}" for o in opts),
-        "set -u",
-        f"state={q}",
-        "scontrol show hostnames \"$SLURM_JOB_NODELIST\" > \"$state/nodes.tmp\" && mv \"$state/nodes.tmp\" \"$state/nodes\"",
-        "k=1",
-        "while true; do",
-        "  if [ -f \"$state/launch-$k.sh\" ]; then",
-        "    . \"$state/launch-$k.env\"   # NL_N, NL_NODES: the healthy nodes (written by the orchestrator)",
-        "    srun --label --kill-on-bad-exit=1 -N \"$NL_N\" -n \"$NL_N\" --ntasks-per-node=1 -w \"$NL_NODES\" \\",
-        "      bash \"$state/launch-$k.sh\" > \"$state/launch-$k.out\" 2>&1",
-        "    echo $? > \"$state/launch-$k.rc.tmp\"; mv \"$state/launch-$k.rc.tmp\" \"$state/launch-$k.rc\"",
-        "    k=$((k+1))",
-        "  elif [ -f \"$state/release\" ]; then exit 0",
-        "  else sleep 0.2; fi",
-        "done",
-        "",
-    ])
+    return "\n".join(
+        [
+            "#!/bin/bash",
+            *(f"#SBATCH {o}" for o in opts),
+            "set -u",
+            f"state={q}",
+            'scontrol show hostnames "$SLURM_JOB_NODELIST" > "$state/nodes.tmp" && mv "$state/nodes.tmp" "$state/nodes"',
+            "k=1",
+            "while true; do",
+            '  if [ -f "$state/launch-$k.sh" ]; then',
+            '    . "$state/launch-$k.env"   # NL_N, NL_NODES: the healthy nodes (written by the orchestrator)',
+            '    srun --label --kill-on-bad-exit=1 -N "$NL_N" -n "$NL_N" --ntasks-per-node=1 -w "$NL_NODES" \\',
+            '      bash "$state/launch-$k.sh" > "$state/launch-$k.out" 2>&1',
+            '    echo $? > "$state/launch-$k.rc.tmp"; mv "$state/launch-$k.rc.tmp" "$state/launch-$k.rc"',
+            "    k=$((k+1))",
+            '  elif [ -f "$state/release" ]; then exit 0',
+            "  else sleep 0.2; fi",
+            "done",
+            "",
+        ]
+    )
 
 
 class SlurmLaunch:
@@ -188,8 +203,11 @@ class SlurmLaunch:
 
     def steps(self) -> list[str]:
         r = run_cmd(["squeue", "-h", "-s", "-j", self.job_id, "-o", "%i"])
-        return [s for s in r.stdout.split() if s.startswith(f"{self.job_id}.") and not s.endswith(".batch")
-                and not s.endswith(".extern")]
+        return [
+            s
+            for s in r.stdout.split()
+            if s.startswith(f"{self.job_id}.") and not s.endswith(".batch") and not s.endswith(".extern")
+        ]
 
     def terminate(self) -> None:
         """Cancel this launch's step (the allocation stays for release); idempotent."""
@@ -207,8 +225,14 @@ class SlurmProvider:
 
     name = "slurm"
 
-    def __init__(self, spec, expect: Expect | None = None, python: str | None = None,
-                 start_timeout_s: float = 120.0, state_root: str | None = None):
+    def __init__(
+        self,
+        spec,
+        expect: Expect | None = None,
+        python: str | None = None,
+        start_timeout_s: float = 120.0,
+        state_root: str | None = None,
+    ):
         self.spec = spec
         self.expect = expect
         self.python = python or spec.cluster.slurm.python or sys.executable  # on the shared file system
@@ -222,13 +246,16 @@ class SlurmProvider:
         r = run_cmd(["scontrol", "show", "partition", "-o", part])
         if r.returncode != 0 or not r.stdout.strip():
             avail = run_cmd(["sinfo", "-h", "-o", "%R"]).stdout.split()
-            raise ProvisionError(f"cluster.slurm.partition: partition {part!r} not found; available: "
-                                 f"{', '.join(sorted(set(avail))) or 'none (is slurmctld reachable?)'}")
+            raise ProvisionError(
+                f"cluster.slurm.partition: partition {part!r} not found; available: "
+                f"{', '.join(sorted(set(avail))) or 'none (is slurmctld reachable?)'}"
+            )
         f = dict(kv.split("=", 1) for kv in r.stdout.split() if "=" in kv)
         total = int(f.get("TotalNodes", "0"))
         if total < c.nodes:
-            raise ProvisionError(f"cluster.nodes: {c.nodes} nodes requested but partition {part!r} has {total} "
-                                 f"({f.get('Nodes', '?')})")
+            raise ProvisionError(
+                f"cluster.nodes: {c.nodes} nodes requested but partition {part!r} has {total} ({f.get('Nodes', '?')})"
+            )
 
     def acquire(self) -> Cluster:
         self.check_partition()
@@ -246,8 +273,12 @@ class SlurmProvider:
         self.release(cluster)
         new = self._allocate(avoid=sorted(failed), min_nodes=c.min_nodes or 1, flexible=True)
         new.excluded = {**failed, **new.excluded}
-        log.info("slurm: new allocation %s on %s (excluding %s)", new.handle["job_id"],
-                 ", ".join(n.name for n in new.nodes), ", ".join(sorted(failed)) or "none")
+        log.info(
+            "slurm: new allocation %s on %s (excluding %s)",
+            new.handle["job_id"],
+            ", ".join(n.name for n in new.nodes),
+            ", ".join(sorted(failed)) or "none",
+        )
         return new
 
     def _allocate(self, avoid: list[str], min_nodes: int, flexible: bool) -> Cluster:
@@ -261,11 +292,20 @@ class SlurmProvider:
         atomic_write_text(script, render_batch_script(self.spec, str(state), avoid, min_nodes if flexible else None))
         r = run_cmd(["sbatch", "--parsable", str(script)])
         if r.returncode != 0:
-            raise ProvisionError(f"slurm: sbatch refused the allocation ({c.nodes} nodes in partition "
-                                 f"{c.slurm.partition!r}): {r.stderr.strip()[-300:]}")
+            raise ProvisionError(
+                f"slurm: sbatch refused the allocation ({c.nodes} nodes in partition "
+                f"{c.slurm.partition!r}): {r.stderr.strip()[-300:]}"
+            )
         job_id = r.stdout.strip().split(";")[0]
-        cluster = Cluster(provider="slurm", name=c.name, nodes=[], master_addr="", master_port=c.master_port,
-                          env=env, handle={"job_id": job_id, "state_dir": str(state)})
+        cluster = Cluster(
+            provider="slurm",
+            name=c.name,
+            nodes=[],
+            master_addr="",
+            master_port=c.master_port,
+            env=env,
+            handle={"job_id": job_id, "state_dir": str(state)},
+        )
         try:
             nodes = self._wait_running(job_id, state)
             cluster.nodes = self._prepare(job_id, nodes)
@@ -291,13 +331,16 @@ class SlurmProvider:
                 raise ProvisionError(f"slurm job {job_id} ended before it ran: {js.state} {js.reason}")
             if time.monotonic() > deadline:
                 js = job_state(job_id)
-                raise ProvisionError(f"slurm job {job_id} not running after {self.start_timeout_s:g} s: "
-                                     f"{js.state} (reason: {js.reason})")
+                raise ProvisionError(
+                    f"slurm job {job_id} not running after {self.start_timeout_s:g} s: {js.state} (reason: {js.reason})"
+                )
             time.sleep(0.2)
 
     def _srun_on(self, job_id: str, node: str, argv: list[str], timeout: float = 300) -> subprocess.CompletedProcess:
-        return run_cmd(["srun", f"--jobid={job_id}", "--overlap", "-N1", "-n1", "-w", node, "--immediate=30",
-                        *argv], timeout=timeout)
+        return run_cmd(
+            ["srun", f"--jobid={job_id}", "--overlap", "-N1", "-n1", "-w", node, "--immediate=30", *argv],
+            timeout=timeout,
+        )
 
     def _prepare(self, job_id: str, names: list[str]) -> list[Node]:
         c = self.spec.cluster
@@ -305,11 +348,28 @@ class SlurmProvider:
         nodes = []
         for name in names:
             n0 = time.monotonic()
-            r = self._srun_on(job_id, name, [self.python, "-c", agent_source(), "prepare", json.dumps(
-                {"workdir": str(Path.cwd()), "key": key, "requirements": c.env_requirements})])
+            r = self._srun_on(
+                job_id,
+                name,
+                [
+                    self.python,
+                    "-c",
+                    agent_source(),
+                    "prepare",
+                    json.dumps({"workdir": str(Path.cwd()), "key": key, "requirements": c.env_requirements}),
+                ],
+            )
             info = parse_agent_output(name, r.stdout + r.stderr)
-            nodes.append(Node(name=name, address=name, slots=c.gpus_per_node, python=info["python"],
-                              workdir=info["workdir"], ready_s=time.monotonic() - n0))
+            nodes.append(
+                Node(
+                    name=name,
+                    address=name,
+                    slots=c.gpus_per_node,
+                    python=info["python"],
+                    workdir=info["workdir"],
+                    ready_s=time.monotonic() - n0,
+                )
+            )
             log.info("node %s ready in %.2f s (%s env)", name, nodes[-1].ready_s, "warm" if info["warm"] else "cold")
         return nodes
 
@@ -320,8 +380,9 @@ class SlurmProvider:
 
         def probe(node: Node) -> NodeReport:
             t_a = time.time()
-            r = self._srun_on(job_id, node.name, [node.python, "-c", agent_source(), "probe",
-                                                  json.dumps({"workdir": node.workdir})])
+            r = self._srun_on(
+                job_id, node.name, [node.python, "-c", agent_source(), "probe", json.dumps({"workdir": node.workdir})]
+            )
             t_b = time.time()
             try:
                 return evaluate(node.name, parse_agent_output(node.name, r.stdout + r.stderr), expect, t_a, t_b)
@@ -342,15 +403,16 @@ class SlurmProvider:
         state = Path(cluster.handle["state_dir"])
         k = len(list(state.glob("launch-*.sh"))) + 1  # the allocation's script runs launch-1, -2, ... in order
         if queued(cluster.handle["job_id"]) != "RUNNING":
-            raise ProvisionError(f"slurm job {cluster.handle['job_id']} is not running "
-                                 f"({job_state(cluster.handle['job_id']).state}); cannot launch")
+            raise ProvisionError(
+                f"slurm job {cluster.handle['job_id']} is not running "
+                f"({job_state(cluster.handle['job_id']).state}); cannot launch"
+            )
         node0 = cluster.nodes[0]
         argv = torchrun_argv(node0.python, cluster, 0, module_args)
         full_env = {**cluster.env, **env, "PYTHONUNBUFFERED": "1"}
         words = [shlex.quote(a) for a in [*env_argv(full_env), *argv]]
         words = ['--node-rank="$SLURM_NODEID"' if w == "--node-rank=0" else w for w in words]
-        script = "\n".join(["#!/bin/bash", f"cd {shlex.quote(node0.workdir)} || exit 1",
-                            "exec " + " ".join(words), ""])
+        script = "\n".join(["#!/bin/bash", f"cd {shlex.quote(node0.workdir)} || exit 1", "exec " + " ".join(words), ""])
         names = [n.name for n in cluster.nodes]
         for n in names:
             if not _NODE.fullmatch(n):

@@ -134,8 +134,14 @@ class SSHProvider:
 
     name = "ssh"
 
-    def __init__(self, spec, private_key: str | None = None, expect: Expect | None = None,
-                 connect_timeout_s: float = 10.0, command_timeout_s: float = 300.0):
+    def __init__(
+        self,
+        spec,
+        private_key: str | None = None,
+        expect: Expect | None = None,
+        connect_timeout_s: float = 10.0,
+        command_timeout_s: float = 300.0,
+    ):
         self.spec = spec
         self._private_key = private_key  # text; never logged, never put in an error
         self.expect = expect
@@ -162,14 +168,17 @@ class SSHProvider:
         if text is None:
             raw = os.environ.get(ssh.key_env)
             if not raw:
-                raise ProvisionError(f"no SSH key: set cluster.ssh.key_secret, or the env var {ssh.key_env} "
-                                     "(cluster.ssh.key_env) to a private key or a key file path")
+                raise ProvisionError(
+                    f"no SSH key: set cluster.ssh.key_secret, or the env var {ssh.key_env} "
+                    "(cluster.ssh.key_env) to a private key or a key file path"
+                )
             where = f"env var {ssh.key_env}"
             if "PRIVATE KEY" not in raw:
                 path = Path(raw).expanduser()
                 if not path.is_file():
-                    raise ProvisionError(f"{where} (cluster.ssh.key_env) is neither a private key nor a file path "
-                                         "that exists")
+                    raise ProvisionError(
+                        f"{where} (cluster.ssh.key_env) is neither a private key nor a file path that exists"
+                    )
                 try:
                     return asyncssh.read_private_key(str(path))
                 except (asyncssh.KeyImportError, OSError) as e:
@@ -183,8 +192,10 @@ class SSHProvider:
     def _known_hosts(self) -> str:
         p = Path(self.spec.cluster.ssh.known_hosts).expanduser()
         if not p.is_file():
-            raise ProvisionError(f"cluster.ssh.known_hosts: file not found: {p} (host keys are always verified; "
-                                 "add the nodes' keys, e.g. with ssh-keyscan, after checking them)")
+            raise ProvisionError(
+                f"cluster.ssh.known_hosts: file not found: {p} (host keys are always verified; "
+                "add the nodes' keys, e.g. with ssh-keyscan, after checking them)"
+            )
         return str(p)
 
     def _why(self, e: BaseException) -> str:
@@ -207,19 +218,35 @@ class SSHProvider:
         import asyncssh
 
         return await asyncio.wait_for(
-            asyncssh.connect(host.host, port=host.port, username=host.user, client_keys=[key],
-                             known_hosts=known_hosts, agent_path=None, connect_timeout=self.connect_timeout_s),
-            self.connect_timeout_s + 2)
+            asyncssh.connect(
+                host.host,
+                port=host.port,
+                username=host.user,
+                client_keys=[key],
+                known_hosts=known_hosts,
+                agent_path=None,
+                connect_timeout=self.connect_timeout_s,
+            ),
+            self.connect_timeout_s + 2,
+        )
 
     async def _conn(self, node: Node):
         conn = self._conns.get(node.name)
         if conn is None or conn.is_closed():
             import asyncssh
 
-            conn = await asyncio.wait_for(asyncssh.connect(
-                node.address, port=node.port or 22, username=node.user, client_keys=[self._key()],
-                known_hosts=self._known_hosts(), agent_path=None, connect_timeout=self.connect_timeout_s),
-                self.connect_timeout_s + 2)
+            conn = await asyncio.wait_for(
+                asyncssh.connect(
+                    node.address,
+                    port=node.port or 22,
+                    username=node.user,
+                    client_keys=[self._key()],
+                    known_hosts=self._known_hosts(),
+                    agent_path=None,
+                    connect_timeout=self.connect_timeout_s,
+                ),
+                self.connect_timeout_s + 2,
+            )
             self._conns[node.name] = conn
         return conn
 
@@ -227,7 +254,9 @@ class SSHProvider:
         import asyncssh
 
         conn = await self._conn(node)
-        r = await asyncio.wait_for(conn.run(cmd, check=False, stderr=asyncssh.STDOUT), timeout or self.command_timeout_s)
+        r = await asyncio.wait_for(
+            conn.run(cmd, check=False, stderr=asyncssh.STDOUT), timeout or self.command_timeout_s
+        )
         return (r.exit_status if r.exit_status is not None else 255), (r.stdout or "")
 
     async def _agent(self, node: Node, python: str, cmd: str, args: dict) -> dict:
@@ -257,13 +286,15 @@ class SSHProvider:
         if not c.ssh.hosts:
             raise ProvisionError("cluster.ssh.hosts: no hosts given")
         if len(c.ssh.hosts) < (c.min_nodes or c.nodes):
-            raise ProvisionError(f"cluster.ssh.hosts: {len(c.ssh.hosts)} host(s) listed but cluster.nodes="
-                                 f"{c.nodes} (min_nodes={c.min_nodes or c.nodes}): too few nodes")
+            raise ProvisionError(
+                f"cluster.ssh.hosts: {len(c.ssh.hosts)} host(s) listed but cluster.nodes="
+                f"{c.nodes} (min_nodes={c.min_nodes or c.nodes}): too few nodes"
+            )
         env = {"OMP_NUM_THREADS": "1", **render_nccl_env(c.nccl)}
         key, known = self._key(), self._known_hosts()
         names = node_names(c.ssh.hosts)
         active = [(n, h) for n, h in zip(names, c.ssh.hosts) if not h.spare]
-        spares = [(n, h) for n, h in zip(names, c.ssh.hosts) if h.spare] + active[c.nodes:]
+        spares = [(n, h) for n, h in zip(names, c.ssh.hosts) if h.spare] + active[c.nodes :]
         active = active[: c.nodes]
         failures: dict[str, str] = {}
 
@@ -306,19 +337,40 @@ class SSHProvider:
             raise ProvisionError(f"ssh: {len(nodes)} of {c.nodes} nodes prepared (need {min_nodes}): {why}")
         for n in nodes:
             self._nodes_by_name[n.name] = n
-        return Cluster(provider="ssh", name=c.name, nodes=nodes, master_addr=nodes[0].address,
-                       master_port=c.master_port, env=env, excluded=dict(failures),
-                       handle={"cluster_id": cluster_id, "code_key": code_key})
+        return Cluster(
+            provider="ssh",
+            name=c.name,
+            nodes=nodes,
+            master_addr=nodes[0].address,
+            master_port=c.master_port,
+            env=env,
+            excluded=dict(failures),
+            handle={"cluster_id": cluster_id, "code_key": code_key},
+        )
 
     async def _ready(self, name: str, host, code_root: Path, code_key: str) -> Node:
         """Prepare a connected host's environment (keyed by the requirements) and copy the code to it."""
         c = self.spec.cluster
         n0 = time.monotonic()
-        node = Node(name=name, address=host.host, port=host.port, user=host.user, slots=host.gpus,
-                    python=host.python, workdir=host.workdir)
-        info = await self._agent(node, host.python, "prepare",
-                                 {"workdir": host.workdir, "key": env_key(host.python, c.env_requirements),
-                                  "requirements": c.env_requirements})
+        node = Node(
+            name=name,
+            address=host.host,
+            port=host.port,
+            user=host.user,
+            slots=host.gpus,
+            python=host.python,
+            workdir=host.workdir,
+        )
+        info = await self._agent(
+            node,
+            host.python,
+            "prepare",
+            {
+                "workdir": host.workdir,
+                "key": env_key(host.python, c.env_requirements),
+                "requirements": c.env_requirements,
+            },
+        )
         node.workdir, node.python = info["workdir"], info["python"]
         await self._sync_code(node, code_root, code_key)
         node.ready_s = time.monotonic() - n0
@@ -357,8 +409,9 @@ class SSHProvider:
                 self._nodes_by_name[name] = node
                 keep.append(node)
         master = keep[0].address if keep and cluster.master_addr not in {n.address for n in keep} else None
-        return cluster.model_copy(deep=True, update={"nodes": keep, "excluded": excluded,
-                                                      "master_addr": master or cluster.master_addr})
+        return cluster.model_copy(
+            deep=True, update={"nodes": keep, "excluded": excluded, "master_addr": master or cluster.master_addr}
+        )
 
     async def _sync_code(self, node: Node, code_root: Path, code_key: str) -> None:
         """Copy the nightloom package to WORKDIR/.nightloom/code/KEY once (atomic rename; skipped when warm)."""
@@ -371,9 +424,14 @@ class SSHProvider:
         conn = await self._conn(node)
         async with conn.start_sftp_client() as sftp:
             await sftp.put(str(code_root), f"{tmp}/nightloom", recurse=True)
-        rc, out = await self._run(node, plain_command(["touch", f"{tmp}/.complete"]) + " && "
-                                  + plain_command(["mv", "-T", tmp, dest]) + " || "
-                                  + plain_command(["rm", "-rf", tmp]))
+        rc, out = await self._run(
+            node,
+            plain_command(["touch", f"{tmp}/.complete"])
+            + " && "
+            + plain_command(["mv", "-T", tmp, dest])
+            + " || "
+            + plain_command(["rm", "-rf", tmp]),
+        )
         if rc != 0:
             raise ProvisionError(f"node {node.name}: could not install code at {dest}: {out.strip()[-200:]}")
 

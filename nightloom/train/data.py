@@ -80,12 +80,14 @@ class PackedWindows:
         self.seed = seed
         self.manifest: ShardManifest = load_manifest(manifest)
         if self.manifest.tokenizer != "bytes":
-            raise DataError(f"{self.manifest_uri}: tokenizer {self.manifest.tokenizer!r} is not supported "
-                            "by the native trainer (only 'bytes')")
+            raise DataError(
+                f"{self.manifest_uri}: tokenizer {self.manifest.tokenizer!r} is not supported "
+                "by the native trainer (only 'bytes')"
+            )
         self.window = seq_len + 1
         base = _base_uri(manifest)
         spans, first = [], 0
-        for i, s in enumerate(sorted(self.manifest.shards, key=lambda s: s.index)):
+        for _i, s in enumerate(sorted(self.manifest.shards, key=lambda s: s.index)):
             stream = s.tokens + s.rows
             n = stream // self.window
             uri = f"{base}/{s.path}" if base.startswith("s3://") else str(Path(base) / s.path)
@@ -94,8 +96,10 @@ class PackedWindows:
         self.spans = spans
         self.total = first
         if self.total == 0:
-            raise DataError(f"{self.manifest_uri}: {self.manifest.tokens} tokens in {len(spans)} shards do not "
-                            f"fill one window of seq_len+1 = {self.window} tokens")
+            raise DataError(
+                f"{self.manifest_uri}: {self.manifest.tokens} tokens in {len(spans)} shards do not "
+                f"fill one window of seq_len+1 = {self.window} tokens"
+            )
         self._starts = np.array([s.first for s in spans])
         self._cache: OrderedDict[int, np.ndarray] = OrderedDict()
         self._cache_size = cache_shards
@@ -112,7 +116,8 @@ class PackedWindows:
         if len(stream) < span.count * self.window:
             raise DataError(
                 f"{span.uri}: manifest field shards[{k}] says tokens+rows = {span.stream_tokens} but the shard "
-                f"packs to {len(stream)} byte tokens (text field {self.manifest.text_field!r})")
+                f"packs to {len(stream)} byte tokens (text field {self.manifest.text_field!r})"
+            )
         arr = stream[: span.count * self.window].reshape(span.count, self.window)
         if self.seed is not None:
             arr = arr[np.random.default_rng([self.seed, span.index]).permutation(span.count)]

@@ -42,22 +42,27 @@ def stages_per_rank(plan: ParallelPlan) -> int:
     return plan.virtual_stages if plan.schedule == "interleaved_1f1b" else 1
 
 
-def validate_plan(shape: ModelShape, plan: ParallelPlan, seq_len: int, global_batch: int | None,
-                  world_size: int, device_type: str) -> ParallelDims:
+def validate_plan(
+    shape: ModelShape, plan: ParallelPlan, seq_len: int, global_batch: int | None, world_size: int, device_type: str
+) -> ParallelDims:
     """Every layout check that can run before a process group exists; raises LayoutError naming values."""
     if plan.world_size != world_size:
         raise LayoutError(
             f"plan {plan.layout()} needs tp({plan.tp})*pp({plan.pp})*dp_replicate({plan.dp_replicate})"
-            f"*dp_shard({plan.dp_shard})*cp({plan.cp}) = {plan.world_size} processes, but WORLD_SIZE={world_size}")
+            f"*dp_shard({plan.dp_shard})*cp({plan.cp}) = {plan.world_size} processes, but WORLD_SIZE={world_size}"
+        )
     dims = plan.dims()
     v = stages_per_rank(plan)
     if plan.schedule != "interleaved_1f1b" and plan.virtual_stages != 1:
-        raise LayoutError(f"virtual_stages={plan.virtual_stages} needs schedule 'interleaved_1f1b', "
-                          f"got {plan.schedule!r}")
+        raise LayoutError(
+            f"virtual_stages={plan.virtual_stages} needs schedule 'interleaved_1f1b', got {plan.schedule!r}"
+        )
     dims.check_model(shape.layers, shape.heads, shape.kv_heads, virtual_stages=v)
     if shape.tied_embeddings and (plan.pp > 1 or plan.tp > 1):
-        raise LayoutError(f"model {shape.name} ties embeddings: not supported with pp ({plan.pp}) > 1 "
-                          f"or tp ({plan.tp}) > 1 (use an untied model)")
+        raise LayoutError(
+            f"model {shape.name} ties embeddings: not supported with pp ({plan.pp}) > 1 "
+            f"or tp ({plan.tp}) > 1 (use an untied model)"
+        )
     if plan.sp and seq_len % plan.tp:
         raise LayoutError(f"sequence parallel needs seq_len ({seq_len}) divisible by tp ({plan.tp})")
     if plan.pp > 1:
@@ -67,8 +72,10 @@ def validate_plan(shape: ModelShape, plan: ParallelPlan, seq_len: int, global_ba
             raise LayoutError(f"interleaved 1F1B needs grad_accum ({plan.grad_accum}) divisible by pp ({plan.pp})")
     if plan.cp > 1:
         if device_type != "cuda":
-            raise LayoutError(f"context parallel (cp={plan.cp}) runs on CUDA only (no CPU sharding rule "
-                              "for SDPA); this node has no GPU")
+            raise LayoutError(
+                f"context parallel (cp={plan.cp}) runs on CUDA only (no CPU sharding rule "
+                "for SDPA); this node has no GPU"
+            )
         if plan.pp > 1:
             raise LayoutError(f"context parallel (cp={plan.cp}) with pp ({plan.pp}) > 1 is not supported")
         if seq_len % (2 * plan.cp):
@@ -77,7 +84,8 @@ def validate_plan(shape: ModelShape, plan: ParallelPlan, seq_len: int, global_ba
     if global_batch is not None and dp_batch != global_batch:
         raise LayoutError(
             f"train.global_batch ({global_batch}) != micro_batch({plan.micro_batch}) * grad_accum"
-            f"({plan.grad_accum}) * dp({dims.dp}) = {dp_batch}")
+            f"({plan.grad_accum}) * dp({dims.dp}) = {dp_batch}"
+        )
     if seq_len > shape.max_seq:
         raise LayoutError(f"train.seq_len ({seq_len}) exceeds model {shape.name} max_seq ({shape.max_seq})")
     return dims
@@ -106,19 +114,26 @@ def _apply_tp(model: Transformer, tp_mesh, sp: bool) -> None:
         parallelize_module(model, tp_mesh, top)
     for block in model.layers.values():
         plan = {
-            "attn.wq": ColwiseParallel(), "attn.wk": ColwiseParallel(), "attn.wv": ColwiseParallel(),
+            "attn.wq": ColwiseParallel(),
+            "attn.wk": ColwiseParallel(),
+            "attn.wv": ColwiseParallel(),
             "attn.wo": RowwiseParallel(output_layouts=seq),
-            "ffn.w1": ColwiseParallel(), "ffn.w2": RowwiseParallel(output_layouts=seq),
+            "ffn.w1": ColwiseParallel(),
+            "ffn.w2": RowwiseParallel(output_layouts=seq),
         }
         if block.ffn.w3 is not None:
             plan["ffn.w3"] = ColwiseParallel()
         if sp:
-            plan.update({
-                "attn_norm": SequenceParallel(), "ffn_norm": SequenceParallel(),
-                "attn": PrepareModuleInput(input_layouts=(Shard(1), None, None),
-                                           desired_input_layouts=(Replicate(), None, None)),
-                "ffn": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
-            })
+            plan.update(
+                {
+                    "attn_norm": SequenceParallel(),
+                    "ffn_norm": SequenceParallel(),
+                    "attn": PrepareModuleInput(
+                        input_layouts=(Shard(1), None, None), desired_input_layouts=(Replicate(), None, None)
+                    ),
+                    "ffn": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+                }
+            )
         parallelize_module(block, tp_mesh, plan)
 
 
@@ -163,8 +178,16 @@ def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
 
 
-def build_parts(shape: ModelShape, plan: ParallelPlan, dims: ParallelDims, mesh, seq_len: int, seed: int,
-                device: torch.device, param_dtype: torch.dtype | None) -> ModelParts:
+def build_parts(
+    shape: ModelShape,
+    plan: ParallelPlan,
+    dims: ParallelDims,
+    mesh,
+    seq_len: int,
+    seed: int,
+    device: torch.device,
+    param_dtype: torch.dtype | None,
+) -> ModelParts:
     """This rank's model chunks, parallelised; with pp > 1 also the pipeline schedule."""
     v = stages_per_rank(plan)
     n_stages = plan.pp * v

@@ -120,7 +120,9 @@ def _measure_peak(job: TrainJob, ctx: Context) -> tuple[float, str]:
         else:
             t[0] = perf.measure_cpu_matmul_peak().flops
     dist.broadcast(t, src=0)
-    src = "measured: torch.mm 8192 bf16 on GPU" if ctx.device.type == "cuda" else "measured: torch.mm 1024 fp32, 1 thread"
+    src = (
+        "measured: torch.mm 8192 bf16 on GPU" if ctx.device.type == "cuda" else "measured: torch.mm 1024 fp32, 1 thread"
+    )
     return float(t[0]), src
 
 
@@ -135,14 +137,22 @@ class Trainer:
         self.param_dtype = precision_dtype(job.train.precision, ctx.device.type)
         torch.manual_seed(job.train.seed)
         set_s3_endpoint(job.s3_endpoint_url)
-        self.parts = build_parts(self.shape, self.plan, self.dims, ctx.mesh, job.train.seq_len, job.train.seed,
-                                 ctx.device, self.param_dtype)
+        self.parts = build_parts(
+            self.shape, self.plan, self.dims, ctx.mesh, job.train.seq_len, job.train.seed, ctx.device, self.param_dtype
+        )
         t = job.train
-        self.optims = [torch.optim.AdamW(m.parameters(), lr=t.lr, weight_decay=t.weight_decay, betas=(0.9, 0.95),
-                                         foreach=True) for m in self.parts.parts]
+        self.optims = [
+            torch.optim.AdamW(m.parameters(), lr=t.lr, weight_decay=t.weight_decay, betas=(0.9, 0.95), foreach=True)
+            for m in self.parts.parts
+        ]
         dp_rank = self.dims.dp_rank(ctx.rank)
-        self.loader = StepLoader(PackedWindows(job.manifest, t.seq_len, seed=t.seed), self.plan.micro_batch,
-                                 self.plan.grad_accum, self.dims.dp, dp_rank)
+        self.loader = StepLoader(
+            PackedWindows(job.manifest, t.seq_len, seed=t.seed),
+            self.plan.micro_batch,
+            self.plan.grad_accum,
+            self.dims.dp,
+            dp_rank,
+        )
         self.tokens_per_step = self.loader.global_batch * t.seq_len
         self.pp_group = ctx.mesh["pp"].get_group() if self.plan.pp > 1 else None
         self.fsdp = self.dims.dp > 1
@@ -168,8 +178,9 @@ class Trainer:
         from torch.distributed.tensor.experimental import context_parallel
 
         bufs = [x, y, model.rope_cos, model.rope_sin]
-        return context_parallel(self.ctx.mesh["cp"], buffers=bufs, buffer_seq_dims=[1, 1, 0, 0],
-                                no_restore_buffers={x, y})
+        return context_parallel(
+            self.ctx.mesh["cp"], buffers=bufs, buffer_seq_dims=[1, 1, 0, 0], no_restore_buffers={x, y}
+        )
 
     def _forward_backward(self, step: int) -> torch.Tensor:
         """Local mean loss of this rank's share (0 on non-last pipeline stages)."""
@@ -183,7 +194,7 @@ class Trainer:
             with self._autocast():
                 self.parts.schedule.step(*args, **kwargs)
             if self.parts.has_last:
-                return torch.stack([l.detach().float() for l in losses]).mean()
+                return torch.stack([x.detach().float() for x in losses]).mean()
             return torch.zeros((), device=dev)
         model = self.parts.parts[0]
         total = torch.zeros((), device=dev)
@@ -201,8 +212,7 @@ class Trainer:
     def _should_stop(self, est_step_s: float) -> tuple[bool, float]:
         """All ranks agree on the deadline (MAX all-reduce); the all-reduce time is the collective latency."""
         dl = self.job.deadline_unix
-        flag = torch.tensor([1.0 if dl is not None and time.time() + est_step_s >= dl else 0.0],
-                            device=self.ctx.device)
+        flag = torch.tensor([1.0 if dl is not None and time.time() + est_step_s >= dl else 0.0], device=self.ctx.device)
         t0 = time.perf_counter()
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return bool(flag.item() > 0), time.perf_counter() - t0
@@ -228,10 +238,12 @@ class Trainer:
                 path, start = found
                 checkpoint.load(path, self.parts.parts, self.optims)
                 self._log(f"[nightloom.train] resumed from {path} at step {start} in layout {self.plan.layout()}")
-        self._log(f"[nightloom.train] run {job.run_id} attempt {job.attempt}: {self.shape.name} layout "
-                  f"{self.plan.layout()} world {self.ctx.world} device {self.ctx.device.type} steps {start}->{t.steps} "
-                  f"global batch {self.loader.global_batch}x{t.seq_len} peak {self.peak / 1e9:.1f} GFLOP/s "
-                  f"({self.peak_source})")
+        self._log(
+            f"[nightloom.train] run {job.run_id} attempt {job.attempt}: {self.shape.name} layout "
+            f"{self.plan.layout()} world {self.ctx.world} device {self.ctx.device.type} steps {start}->{t.steps} "
+            f"global batch {self.loader.global_batch}x{t.seq_len} peak {self.peak / 1e9:.1f} GFLOP/s "
+            f"({self.peak_source})"
+        )
         step, stopped, last_loss, last_ckpt, saved_at = start, "completed", None, None, None
         est = 0.0
         while step < t.steps:
@@ -262,18 +274,42 @@ class Trainer:
             mfu = perf.mfu(tps, self.flops_tok, self.ctx.world, self.peak)
             hfu = perf.mfu(tps, self.hflops_tok, self.ctx.world, self.peak)
             if self.ctx.rank == 0:
-                append_metrics(job.metrics_path, StepMetrics(
-                    step=step, loss=last_loss, grad_norm=gnorm, lr=lr, tokens=self.tokens_per_step,
-                    tokens_per_s=tps, step_time_s=dt, peak_mem_bytes=int(mem.item()), mfu=mfu, hfu=hfu,
-                    time=time.time(), attempt=job.attempt, gap=step == start + 1 and start > 0, world_size=self.ctx.world,
-                    collective_latency_s=latency))
-                print(f"step {step}/{t.steps} loss {last_loss:.4f} grad_norm {gnorm:.3f} lr {lr:.2e} "
-                      f"tok/s {tps:,.0f} step {dt * 1e3:.0f} ms mfu {mfu:.1%} mem {mem.item() / 2**20:.0f} MiB",
-                      flush=True)
+                append_metrics(
+                    job.metrics_path,
+                    StepMetrics(
+                        step=step,
+                        loss=last_loss,
+                        grad_norm=gnorm,
+                        lr=lr,
+                        tokens=self.tokens_per_step,
+                        tokens_per_s=tps,
+                        step_time_s=dt,
+                        peak_mem_bytes=int(mem.item()),
+                        mfu=mfu,
+                        hfu=hfu,
+                        time=time.time(),
+                        attempt=job.attempt,
+                        gap=step == start + 1 and start > 0,
+                        world_size=self.ctx.world,
+                        collective_latency_s=latency,
+                    ),
+                )
+                print(
+                    f"step {step}/{t.steps} loss {last_loss:.4f} grad_norm {gnorm:.3f} lr {lr:.2e} "
+                    f"tok/s {tps:,.0f} step {dt * 1e3:.0f} ms mfu {mfu:.1%} mem {mem.item() / 2**20:.0f} MiB",
+                    flush=True,
+                )
             if self.prom is not None:
-                self.prom.update(step=step, loss=last_loss, grad_norm=gnorm, tokens_per_s=tps, step_time_s=dt,
-                                 mfu=mfu, memory_bytes=peak_memory_bytes(self.ctx.device),
-                                 collective_latency_s=latency)
+                self.prom.update(
+                    step=step,
+                    loss=last_loss,
+                    grad_norm=gnorm,
+                    tokens_per_s=tps,
+                    step_time_s=dt,
+                    mfu=mfu,
+                    memory_bytes=peak_memory_bytes(self.ctx.device),
+                    collective_latency_s=latency,
+                )
             if t.checkpoint_every and step % t.checkpoint_every == 0 and step < t.steps:
                 last_ckpt = self._save(step)
                 saved_at = step
@@ -281,9 +317,17 @@ class Trainer:
             last_ckpt = self._save(step)
         elif saved_at is None and step == start and start > 0:
             last_ckpt = str(checkpoint.latest(job.checkpoint_dir)[0])
-        result = TrainResult(steps_done=step, total_steps=t.steps, stopped=stopped, final_loss=last_loss,
-                             tokens=step * self.tokens_per_step, wall_s=time.time() - t_start,
-                             last_checkpoint=last_ckpt, peak_flops=self.peak, peak_source=self.peak_source)
+        result = TrainResult(
+            steps_done=step,
+            total_steps=t.steps,
+            stopped=stopped,
+            final_loss=last_loss,
+            tokens=step * self.tokens_per_step,
+            wall_s=time.time() - t_start,
+            last_checkpoint=last_ckpt,
+            peak_flops=self.peak,
+            peak_source=self.peak_source,
+        )
         if self.ctx.rank == 0:
             atomic_write_text(job.result_path, result.model_dump_json(indent=2) + "\n")
             self._log(f"[nightloom.train] {stopped} at step {step}/{t.steps}; checkpoint {last_ckpt}")

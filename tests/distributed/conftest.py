@@ -19,8 +19,9 @@ def corpus(tmp_path_factory):
 @pytest.fixture(scope="session")
 def reference(corpus, tmp_path_factory):
     """Losses of the uninterrupted single-process run (5 AdamW steps, checkpoint at step 3)."""
-    job = make_job(tmp_path_factory.mktemp("ref") / "run", corpus, steps=STEPS,
-                   train_kw={"checkpoint_every": 3}, **REF_PLAN)
+    job = make_job(
+        tmp_path_factory.mktemp("ref") / "run", corpus, steps=STEPS, train_kw={"checkpoint_every": 3}, **REF_PLAN
+    )
     out = launch(1, job, timeout=180)
     assert len(out.losses) == STEPS, out.output[-3000:]
     return out

@@ -13,7 +13,36 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-WORDS = ["the", "night", "loom", "weaves", "long", "threads", "of", "data", "into", "models", "while", "the", "cluster", "sleeps", "and", "the", "gradients", "flow", "across", "ranks", "in", "quiet", "pipelines", "of", "tensors", "sharded", "by", "hash"]
+WORDS = [
+    "the",
+    "night",
+    "loom",
+    "weaves",
+    "long",
+    "threads",
+    "of",
+    "data",
+    "into",
+    "models",
+    "while",
+    "the",
+    "cluster",
+    "sleeps",
+    "and",
+    "the",
+    "gradients",
+    "flow",
+    "across",
+    "ranks",
+    "in",
+    "quiet",
+    "pipelines",
+    "of",
+    "tensors",
+    "sharded",
+    "by",
+    "hash",
+]
 
 
 def write_corpus(folder: Path, shards: int = 4, docs_per_shard: int = 60, seed: int = 0) -> Path:
@@ -32,18 +61,46 @@ def write_corpus(folder: Path, shards: int = 4, docs_per_shard: int = 60, seed: 
         pq.write_table(pa.table({"text": docs}), folder / name)
         data = (folder / name).read_bytes()
         toks = sum(len(d.encode("utf-8")) for d in docs)
-        infos.append(ShardInfo(index=i, path=name, rows=len(docs), tokens=toks, bytes=len(data),
-                               sha256=hashlib.sha256(data).hexdigest()))
+        infos.append(
+            ShardInfo(
+                index=i,
+                path=name,
+                rows=len(docs),
+                tokens=toks,
+                bytes=len(data),
+                sha256=hashlib.sha256(data).hexdigest(),
+            )
+        )
         rows_total, tokens_total, bytes_total = rows_total + len(docs), tokens_total + toks, bytes_total + len(data)
-    m = ShardManifest(num_shards=shards, key="<text>", salt="test", imbalance=0.0, imbalance_before_rebalance=0.0,
-                      balanced=True, rows=rows_total, tokens=tokens_total, bytes=bytes_total, shards=infos)
+    m = ShardManifest(
+        num_shards=shards,
+        key="<text>",
+        salt="test",
+        imbalance=0.0,
+        imbalance_before_rebalance=0.0,
+        balanced=True,
+        rows=rows_total,
+        tokens=tokens_total,
+        bytes=bytes_total,
+        shards=infos,
+    )
     (folder / "manifest.json").write_text(m.to_json(), encoding="utf-8")
     return folder
 
 
-def make_job(run_dir: Path, manifest: Path, *, model: str = "tiny", steps: int = 5, seq_len: int = 32,
-             global_batch: int = 8, timeout_s: int = 60, job_kw: dict | None = None, train_kw: dict | None = None,
-             **plan) -> Path:
+def make_job(
+    run_dir: Path,
+    manifest: Path,
+    *,
+    model: str = "tiny",
+    steps: int = 5,
+    seq_len: int = 32,
+    global_batch: int = 8,
+    timeout_s: int = 60,
+    job_kw: dict | None = None,
+    train_kw: dict | None = None,
+    **plan,
+) -> Path:
     """Write `<run_dir>/job.json` for a TrainJob; `plan` holds ParallelPlan fields."""
     from nightloom.catalog import get_model
     from nightloom.parallel import ParallelPlan
@@ -51,11 +108,25 @@ def make_job(run_dir: Path, manifest: Path, *, model: str = "tiny", steps: int =
     from nightloom.train.job import ModelConfig, TrainJob
 
     run_dir.mkdir(parents=True, exist_ok=True)
-    train = TrainSpec(steps=steps, seq_len=seq_len, global_batch=global_batch, lr=3e-3, warmup_steps=2,
-                      collective_timeout_s=timeout_s, seed=1234, **(train_kw or {}))
-    job = TrainJob(run_id=run_dir.name, run_dir=str(run_dir), model=ModelConfig.from_shape(get_model(model)),
-                   plan=ParallelPlan(**plan), train=train, manifest=str(manifest),
-                   **{"peak_flops": 50e9, "peak_source": "test constant", **(job_kw or {})})
+    train = TrainSpec(
+        steps=steps,
+        seq_len=seq_len,
+        global_batch=global_batch,
+        lr=3e-3,
+        warmup_steps=2,
+        collective_timeout_s=timeout_s,
+        seed=1234,
+        **(train_kw or {}),
+    )
+    job = TrainJob(
+        run_id=run_dir.name,
+        run_dir=str(run_dir),
+        model=ModelConfig.from_shape(get_model(model)),
+        plan=ParallelPlan(**plan),
+        train=train,
+        manifest=str(manifest),
+        **{"peak_flops": 50e9, "peak_source": "test constant", **(job_kw or {})},
+    )
     p = run_dir / "job.json"
     p.write_text(job.model_dump_json(indent=2), encoding="utf-8")
     return p
@@ -76,8 +147,18 @@ def env() -> dict[str, str]:
 def torchrun_cmd(nproc: int, job: Path) -> list[str]:
     if nproc == 1:
         return [sys.executable, "-m", "nightloom.train", "--job", str(job)]
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-            "--monitor-interval=0.2", "-m", "nightloom.train", "--job", str(job)]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        "--monitor-interval=0.2",
+        "-m",
+        "nightloom.train",
+        "--job",
+        str(job),
+    ]
 
 
 @dataclass
@@ -92,8 +173,9 @@ def launch(nproc: int, job: Path, timeout: float = 180, check: bool = True) -> R
     """Run the trainer for real (torchrun for nproc > 1) and read back its metrics."""
     from nightloom.metrics import read_metrics
 
-    p = subprocess.run(torchrun_cmd(nproc, job), cwd=ROOT, env=env(), capture_output=True, text=True, check=False,
-                       timeout=timeout)
+    p = subprocess.run(
+        torchrun_cmd(nproc, job), cwd=ROOT, env=env(), capture_output=True, text=True, check=False, timeout=timeout
+    )
     out = p.stdout + p.stderr
     if check and p.returncode != 0:
         raise AssertionError(f"trainer exited {p.returncode}:\n{out[-6000:]}")

@@ -23,7 +23,7 @@ def _copy_checkpoint(src_run, dst_run, step: int) -> None:
 def _check_resumed(out, reference, first_step: int) -> None:
     assert [m.step for m in out.metrics] == list(range(first_step, STEPS + 1)), out.output[-3000:]
     assert out.metrics[0].gap and not any(m.gap for m in out.metrics[1:])
-    diff = max(abs(a - b) for a, b in zip(out.losses, reference.losses[first_step - 1:]))
+    diff = max(abs(a - b) for a, b in zip(out.losses, reference.losses[first_step - 1 :]))
     print(f"resumed at step {first_step}: max |loss - ref| = {diff:.2e}")
     assert diff <= TOL, (out.losses, reference.losses)
 
@@ -31,8 +31,17 @@ def _check_resumed(out, reference, first_step: int) -> None:
 @pytest.mark.timeout(400)
 def test_save_tp2_dp2_resume_pp2_dp2_and_one_process(corpus, reference, tmp_path):
     saved = tmp_path / "tp2dp2"
-    job = make_job(saved, corpus, steps=STEPS, train_kw={"checkpoint_every": 3},
-                   tp=2, sp=True, dp_shard=2, micro_batch=2, grad_accum=2)
+    job = make_job(
+        saved,
+        corpus,
+        steps=STEPS,
+        train_kw={"checkpoint_every": 3},
+        tp=2,
+        sp=True,
+        dp_shard=2,
+        micro_batch=2,
+        grad_accum=2,
+    )
     out = launch(4, job, timeout=280)
     diff = max(abs(a - b) for a, b in zip(out.losses, reference.losses))
     print(f"tp2_dp2_sp: max |loss - ref| = {diff:.2e}")
@@ -42,8 +51,17 @@ def test_save_tp2_dp2_resume_pp2_dp2_and_one_process(corpus, reference, tmp_path
 
     pp_run = tmp_path / "resume_pp2dp2"
     _copy_checkpoint(saved, pp_run, 3)
-    job = make_job(pp_run, corpus, steps=STEPS, job_kw={"attempt": 1},
-                   pp=2, dp_shard=2, schedule="1f1b", micro_batch=2, grad_accum=2)
+    job = make_job(
+        pp_run,
+        corpus,
+        steps=STEPS,
+        job_kw={"attempt": 1},
+        pp=2,
+        dp_shard=2,
+        schedule="1f1b",
+        micro_batch=2,
+        grad_accum=2,
+    )
     _check_resumed(launch(4, job, timeout=280), reference, 4)
 
     one = tmp_path / "resume_1p"
@@ -71,8 +89,9 @@ def test_stop_after_steps_then_resume_continues_the_curve(corpus, reference, tmp
 
 @pytest.mark.timeout(120)
 def test_deadline_in_the_past_stops_before_training(corpus, tmp_path):
-    job = make_job(tmp_path / "late", corpus, steps=STEPS, job_kw={"deadline_unix": time.time() - 1},
-                   micro_batch=2, grad_accum=4)
+    job = make_job(
+        tmp_path / "late", corpus, steps=STEPS, job_kw={"deadline_unix": time.time() - 1}, micro_batch=2, grad_accum=4
+    )
     out = launch(1, job)
     r = result(job)
     assert (r["stopped"], r["steps_done"]) == ("deadline", 0) and out.losses == []
@@ -82,8 +101,15 @@ def test_deadline_in_the_past_stops_before_training(corpus, tmp_path):
 def test_deadline_mid_run_checkpoints_and_stops_in_time(corpus, tmp_path):
     """A window ending while training: all ranks agree to stop, checkpoint the last step, exit 0."""
     deadline = time.time() + 20
-    job = make_job(tmp_path / "window", corpus, steps=1_000_000, job_kw={"deadline_unix": deadline},
-                   dp_shard=2, micro_batch=2, grad_accum=2)
+    job = make_job(
+        tmp_path / "window",
+        corpus,
+        steps=1_000_000,
+        job_kw={"deadline_unix": deadline},
+        dp_shard=2,
+        micro_batch=2,
+        grad_accum=2,
+    )
     out = launch(2, job, timeout=150)
     r = result(job)
     ended = out.metrics[-1].time if out.metrics else deadline

@@ -20,6 +20,7 @@ from tests.distributed.harness import ROOT, env, free_port, make_job, torchrun_c
 
 TIMEOUT_S = 60
 
+
 def _wait_for(pred, limit: float, what: str):
     end = time.monotonic() + limit
     while time.monotonic() < end:
@@ -34,11 +35,20 @@ def _wait_for(pred, limit: float, what: str):
 def test_killed_rank_fails_the_job_fast_and_prometheus_serves_every_rank(corpus, tmp_path):
     port = free_port()
     run = tmp_path / "kill"
-    job = make_job(run, corpus, steps=100_000, timeout_s=TIMEOUT_S, train_kw={"metrics_port": port},
-                   dp_shard=2, micro_batch=2, grad_accum=2)
+    job = make_job(
+        run,
+        corpus,
+        steps=100_000,
+        timeout_s=TIMEOUT_S,
+        train_kw={"metrics_port": port},
+        dp_shard=2,
+        micro_batch=2,
+        grad_accum=2,
+    )
     with open(tmp_path / "log.txt", "w+") as log:
-        proc = subprocess.Popen(torchrun_cmd(2, job), cwd=ROOT, env=env(), stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            torchrun_cmd(2, job), cwd=ROOT, env=env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
         try:
             metrics = run / "metrics.jsonl"
             _wait_for(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 2, 150, "two steps")
@@ -68,16 +78,23 @@ def test_prometheus_names_are_the_dashboard_contract():
     assert sorted(NAMES.values()) == sorted(PROMETHEUS_METRICS)
 
 
-@pytest.mark.parametrize("plan,world,message", [
-    ({"tp": 2, "dp_shard": 2}, 2, "= 4 processes, but WORLD_SIZE=2"),
-    ({"tp": 8}, 8, "heads (4) and kv_heads (2) must be divisible by tp (8)"),
-    ({"pp": 3, "grad_accum": 3}, 3, "layers (4) must be divisible by pp*virtual_stages (3*1)"),
-    ({"pp": 2, "virtual_stages": 4, "schedule": "interleaved_1f1b", "grad_accum": 2}, 2, "divisible by pp*virtual_stages"),
-    ({"pp": 2, "virtual_stages": 2, "schedule": "1f1b", "grad_accum": 2}, 2, "needs schedule 'interleaved_1f1b'"),
-    ({"pp": 2, "grad_accum": 1}, 2, "grad_accum (= microbatches, 1) >= pp (2)"),
-    ({"cp": 2}, 2, "context parallel (cp=2) runs on CUDA only"),
-    ({"dp_shard": 2, "micro_batch": 3}, 2, "train.global_batch (8) != micro_batch(3) * grad_accum(1) * dp(2) = 6"),
-])
+@pytest.mark.parametrize(
+    "plan,world,message",
+    [
+        ({"tp": 2, "dp_shard": 2}, 2, "= 4 processes, but WORLD_SIZE=2"),
+        ({"tp": 8}, 8, "heads (4) and kv_heads (2) must be divisible by tp (8)"),
+        ({"pp": 3, "grad_accum": 3}, 3, "layers (4) must be divisible by pp*virtual_stages (3*1)"),
+        (
+            {"pp": 2, "virtual_stages": 4, "schedule": "interleaved_1f1b", "grad_accum": 2},
+            2,
+            "divisible by pp*virtual_stages",
+        ),
+        ({"pp": 2, "virtual_stages": 2, "schedule": "1f1b", "grad_accum": 2}, 2, "needs schedule 'interleaved_1f1b'"),
+        ({"pp": 2, "grad_accum": 1}, 2, "grad_accum (= microbatches, 1) >= pp (2)"),
+        ({"cp": 2}, 2, "context parallel (cp=2) runs on CUDA only"),
+        ({"dp_shard": 2, "micro_batch": 3}, 2, "train.global_batch (8) != micro_batch(3) * grad_accum(1) * dp(2) = 6"),
+    ],
+)
 def test_invalid_layouts_are_rejected_with_the_values(plan, world, message):
     p = ParallelPlan(**{"micro_batch": 8 // plan.get("dp_shard", 1), **plan})
     with pytest.raises(LayoutError) as e:

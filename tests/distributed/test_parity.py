@@ -14,14 +14,38 @@ LAYOUTS = [
     ("dp2_fsdp", 2, {"dp_shard": 2, "micro_batch": 2, "grad_accum": 2}),
     ("tp2_sp", 2, {"tp": 2, "sp": True, "micro_batch": 2, "grad_accum": 4}),
     ("pp2_1f1b", 2, {"pp": 2, "schedule": "1f1b", "micro_batch": 2, "grad_accum": 4}),
-    ("pp2_interleaved", 2, {"pp": 2, "virtual_stages": 2, "schedule": "interleaved_1f1b", "micro_batch": 2, "grad_accum": 4}),
+    (
+        "pp2_interleaved",
+        2,
+        {"pp": 2, "virtual_stages": 2, "schedule": "interleaved_1f1b", "micro_batch": 2, "grad_accum": 4},
+    ),
     ("pp2_dp2_gpipe", 4, {"pp": 2, "dp_shard": 2, "schedule": "gpipe", "micro_batch": 2, "grad_accum": 2}),
     ("pp2_tp2_sp", 4, {"pp": 2, "tp": 2, "sp": True, "schedule": "1f1b", "micro_batch": 2, "grad_accum": 4}),
-    ("hsdp2_tp2_selective", 4, {"dp_replicate": 2, "tp": 2, "recompute": "selective", "micro_batch": 2, "grad_accum": 2}),
-    ("tp2_sp_replicate2_full", 4,
-     {"tp": 2, "sp": True, "dp_replicate": 2, "zero": "none", "recompute": "full", "micro_batch": 2, "grad_accum": 2}),
-    pytest.param("dp2_pp2_tp2_sp", 8, {"dp_shard": 2, "pp": 2, "tp": 2, "sp": True, "micro_batch": 2, "grad_accum": 2},
-                 marks=pytest.mark.slow, id="dp2_pp2_tp2_sp"),
+    (
+        "hsdp2_tp2_selective",
+        4,
+        {"dp_replicate": 2, "tp": 2, "recompute": "selective", "micro_batch": 2, "grad_accum": 2},
+    ),
+    (
+        "tp2_sp_replicate2_full",
+        4,
+        {
+            "tp": 2,
+            "sp": True,
+            "dp_replicate": 2,
+            "zero": "none",
+            "recompute": "full",
+            "micro_batch": 2,
+            "grad_accum": 2,
+        },
+    ),
+    pytest.param(
+        "dp2_pp2_tp2_sp",
+        8,
+        {"dp_shard": 2, "pp": 2, "tp": 2, "sp": True, "micro_batch": 2, "grad_accum": 2},
+        marks=pytest.mark.slow,
+        id="dp2_pp2_tp2_sp",
+    ),
 ]
 
 

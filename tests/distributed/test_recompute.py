@@ -14,12 +14,16 @@ def test_recompute_lowers_peak_memory_with_identical_losses(corpus, tmp_path):
     runs = {}
     for mode in ("none", "selective", "full"):
         # activations dominate: 16 x 512 tokens per micro-batch on the tiny model
-        job = make_job(tmp_path / mode, corpus, steps=2, seq_len=512, global_batch=16, micro_batch=16,
-                       grad_accum=1, recompute=mode)
+        job = make_job(
+            tmp_path / mode, corpus, steps=2, seq_len=512, global_batch=16, micro_batch=16, grad_accum=1, recompute=mode
+        )
         runs[mode] = launch(1, job, timeout=380)
     peak = {m: max(x.peak_mem_bytes for x in r.metrics) for m, r in runs.items()}
-    print("peak RSS MiB: " + ", ".join(f"{m} {v / MiB:.0f}" for m, v in peak.items())
-          + f"; full saves {(peak['none'] - peak['full']) / MiB:.0f} MiB")
+    print(
+        "peak RSS MiB: "
+        + ", ".join(f"{m} {v / MiB:.0f}" for m, v in peak.items())
+        + f"; full saves {(peak['none'] - peak['full']) / MiB:.0f} MiB"
+    )
     assert runs["selective"].losses == runs["none"].losses
     assert runs["full"].losses == runs["none"].losses
     assert peak["full"] < peak["none"] - 32 * MiB

@@ -18,7 +18,13 @@ def test_training_from_s3_matches_local(s3_endpoint, corpus, reference, tmp_path
     client = boto3.client("s3", endpoint_url=url, region_name="us-east-1")
     for f in sorted(corpus.iterdir()):
         client.upload_file(str(f), bucket, f"trainer-corpus/{f.name}")
-    job = make_job(tmp_path / "s3", f"s3://{bucket}/trainer-corpus", steps=5, job_kw={"s3_endpoint_url": url},
-                   micro_batch=2, grad_accum=4)
+    job = make_job(
+        tmp_path / "s3",
+        f"s3://{bucket}/trainer-corpus",
+        steps=5,
+        job_kw={"s3_endpoint_url": url},
+        micro_batch=2,
+        grad_accum=4,
+    )
     out = launch(1, job)
     assert out.losses == reference.losses  # same bytes, same batches, same single-process arithmetic

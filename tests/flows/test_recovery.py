@@ -90,8 +90,14 @@ def mark_unhealthy(folder: Path, node: str) -> None:
 def recovery_spec(tmp_path: Path, nodes: int, ranks: int, steps: int, **recovery) -> Path:
     p = small_demo(tmp_path, steps=steps, checkpoint_every=4, seq_len=64, collective_timeout_s=20)
     data = yaml.safe_load(p.read_text())
-    data["cluster"].update({"nodes": nodes, "gpus_per_node": ranks, "name": f"rec-{tmp_path.name}",
-                            "master_port": 20000 + os.getpid() % 5000})
+    data["cluster"].update(
+        {
+            "nodes": nodes,
+            "gpus_per_node": ranks,
+            "name": f"rec-{tmp_path.name}",
+            "master_port": 20000 + os.getpid() % 5000,
+        }
+    )
     data["recovery"] = {"max_attempts": 2, "max_minutes": 10, "allow_relayout": True, **recovery}
     p.write_text(yaml.safe_dump(data))
     return p
@@ -115,8 +121,10 @@ def task_runs_named(flow_run_id, name: str) -> list:
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, TaskRunFilter, TaskRunFilterName
 
     with get_client(sync_client=True) as c:
-        return c.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])),
-                                task_run_filter=TaskRunFilter(name=TaskRunFilterName(like_=name)))
+        return c.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])),
+            task_run_filter=TaskRunFilter(name=TaskRunFilterName(like_=name)),
+        )
 
 
 def reference_losses(job_file: Path, spec_path: Path, out: Path) -> list[float]:
@@ -128,12 +136,20 @@ def reference_losses(job_file: Path, spec_path: Path, out: Path) -> list[float]:
 
     job = TrainJob.model_validate_json(job_file.read_text())
     plan = plan_for_spec(load_spec(spec_path), world_size=1).chosen
-    ref = job.model_copy(update={"run_dir": str(out), "plan": plan, "attempt": 0, "peak_flops": 1e9,
-                                 "peak_source": "test"})
+    ref = job.model_copy(
+        update={"run_dir": str(out), "plan": plan, "attempt": 0, "peak_flops": 1e9, "peak_source": "test"}
+    )
     out.mkdir()
     (out / "job.json").write_text(ref.model_dump_json())
-    r = subprocess.run([sys.executable, "-m", "nightloom.train", "--job", str(out / "job.json")], cwd=ROOT,
-                       capture_output=True, text=True, timeout=300, check=False, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    r = subprocess.run(
+        [sys.executable, "-m", "nightloom.train", "--job", str(out / "job.json")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     return [m.loss for m in read_metrics(out / "metrics.jsonl")]
 
@@ -162,9 +178,15 @@ def test_node_lost_mid_run_recovers_in_new_layout(prefect_backend, tmp_path):
     job0 = json.loads((run_dir / "job-attempt0.json").read_text())
     job1 = json.loads((run_dir / "job-attempt1.json").read_text())
     p0, p1 = job0["plan"], job1["plan"]
-    world = lambda p: p["tp"] * p["pp"] * p["dp_replicate"] * p["dp_shard"] * p.get("cp", 1)
+
+    def world(p):
+        return p["tp"] * p["pp"] * p["dp_replicate"] * p["dp_shard"] * p.get("cp", 1)
+
     assert (world(p0), world(p1)) == (4, 2) and job1["attempt"] == 1 and job1["resume"]
-    gb = lambda p: p["micro_batch"] * p["grad_accum"] * p["dp_replicate"] * p["dp_shard"]
+
+    def gb(p):
+        return p["micro_batch"] * p["grad_accum"] * p["dp_replicate"] * p["dp_shard"]
+
     assert gb(p0) == gb(p1) == spec.train.global_batch
 
     # one metrics file, one line per step, the gap marked at the resume (the last checkpoint before the kill)
@@ -236,16 +258,25 @@ def test_classify_budget_and_relayout():
     from nightloom.provision.base import Check, NodeReport, PreflightReport
     from nightloom.recovery import AttemptFailure, Budget, classify, relayout_reason
 
-    f = AttemptFailure(attempt=0, exit_code=1, stalled=False, cause="RuntimeError: Connection closed by peer",
-                       last_step=7, first_failed_node="n1")
+    f = AttemptFailure(
+        attempt=0,
+        exit_code=1,
+        stalled=False,
+        cause="RuntimeError: Connection closed by peer",
+        last_step=7,
+        first_failed_node="n1",
+    )
     assert f.signal == "collective-timeout"
     assert AttemptFailure(0, -9, False, "x", None).signal == "killed"
     assert AttemptFailure(0, 1, False, "[n1]   traceback : Signal 9 (SIGKILL) received by PID 7", 3).signal == "killed"
     assert AttemptFailure(0, 1, False, "ValueError: bad", 3).signal == "exit"
     assert AttemptFailure(0, None, True, "x", 3).signal == "stall"
-    sick = PreflightReport(nodes=[NodeReport(node="n0", ok=True),
-                                  NodeReport(node="n1", ok=False, checks=[Check(name="gpus", ok=False,
-                                                                                detail="3 of 8 visible")])])
+    sick = PreflightReport(
+        nodes=[
+            NodeReport(node="n0", ok=True),
+            NodeReport(node="n1", ok=False, checks=[Check(name="gpus", ok=False, detail="3 of 8 visible")]),
+        ]
+    )
     d = classify(f, sick)
     assert d.kind == "node" and d.bad_nodes == {"n1": "gpus: 3 of 8 visible"} and "first to exit: n1" in d.detail
     healthy = PreflightReport(nodes=[NodeReport(node="n0", ok=True), NodeReport(node="n1", ok=True)])

@@ -45,13 +45,29 @@ def run_reference(job_path: Path, run_dir: Path, stop_after: int, nproc: int) ->
     from nightloom.train.job import TrainJob
 
     job = TrainJob.model_validate_json(job_path.read_text())
-    job = job.model_copy(update={"run_dir": str(run_dir), "resume": False, "deadline_unix": None,
-                                 "stop_after_steps": stop_after, "attempt": 0})
+    job = job.model_copy(
+        update={
+            "run_dir": str(run_dir),
+            "resume": False,
+            "deadline_unix": None,
+            "stop_after_steps": stop_after,
+            "attempt": 0,
+        }
+    )
     run_dir.mkdir(parents=True)
     ref_job = run_dir / "job.json"
     ref_job.write_text(job.model_dump_json())
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           "-m", "nightloom.train", "--job", str(ref_job)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        "-m",
+        "nightloom.train",
+        "--job",
+        str(ref_job),
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     return [m.loss for m in read_metrics(run_dir / "metrics.jsonl")]
@@ -70,8 +86,7 @@ def test_split_resumes_next_window_and_continues_the_same_curve(prefect_backend,
     k1 = int(first.reason.split(" after ")[1].split("/")[0])
     assert 0 < k1 < steps and "continues at 2026-12-01T02:00:00+08:00" in first.reason, first.reason
 
-    second = training_pipeline(str(spec), resume_run_id=first.run_id,
-                               now=datetime(2026, 12, 1, 5, 59, 25, tzinfo=TZ))
+    second = training_pipeline(str(spec), resume_run_id=first.run_id, now=datetime(2026, 12, 1, 5, 59, 25, tzinfo=TZ))
     assert second.status == "split" and second.run_id == first.run_id
     metrics = read_metrics(Path(second.run_dir) / "metrics.jsonl")
     k2 = metrics[-1].step
@@ -109,8 +124,7 @@ def test_budget_stop_with_checkpoint(prefect_backend, tmp_path):
 
     steps = 100_000  # would never finish: the budget stops it
     # 2 ranks at 1800/rank-hour = 1 per second; a budget of 35 is spent 35 s after the gate
-    spec = window_spec(tmp_path, steps, policy="run-now", price_per_gpu_hour=1800.0, offpeak_discount=0.0,
-                       budget=35.0)
+    spec = window_spec(tmp_path, steps, policy="run-now", price_per_gpu_hour=1800.0, offpeak_discount=0.0, budget=35.0)
     outside = datetime(2026, 11, 30, 12, 0, tzinfo=TZ)
     summary = training_pipeline(str(spec), now=outside)
     assert summary.status == "stopped" and "budget" in summary.reason, summary

@@ -27,8 +27,15 @@ def corpus(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def bf16_reference(corpus, tmp_path_factory):
-    job = make_job(tmp_path_factory.mktemp("ref") / "run", corpus, steps=5, seq_len=64,
-                   train_kw={"precision": "bf16"}, micro_batch=2, grad_accum=4)
+    job = make_job(
+        tmp_path_factory.mktemp("ref") / "run",
+        corpus,
+        steps=5,
+        seq_len=64,
+        train_kw={"precision": "bf16"},
+        micro_batch=2,
+        grad_accum=4,
+    )
     out = launch(1, job, timeout=300)
     return out
 
@@ -43,11 +50,14 @@ def test_single_gpu_bf16_trains(bf16_reference):
 
 @pytest.mark.timeout(400)
 @pytest.mark.skipif(_gpus() < 2, reason="needs 2 GPUs")
-@pytest.mark.parametrize("name,plan", [
-    ("fsdp2_bf16", {"dp_shard": 2, "micro_batch": 2, "grad_accum": 2}),
-    ("cp2_bf16", {"cp": 2, "micro_batch": 2, "grad_accum": 4}),
-    ("tp2_sp_bf16", {"tp": 2, "sp": True, "micro_batch": 2, "grad_accum": 4}),
-])
+@pytest.mark.parametrize(
+    "name,plan",
+    [
+        ("fsdp2_bf16", {"dp_shard": 2, "micro_batch": 2, "grad_accum": 2}),
+        ("cp2_bf16", {"cp": 2, "micro_batch": 2, "grad_accum": 4}),
+        ("tp2_sp_bf16", {"tp": 2, "sp": True, "micro_batch": 2, "grad_accum": 4}),
+    ],
+)
 def test_two_gpu_layouts_match_one_gpu(name, plan, corpus, bf16_reference, tmp_path):
     job = make_job(tmp_path / name, corpus, steps=5, seq_len=64, train_kw={"precision": "bf16"}, **plan)
     out = launch(2, job, timeout=300)

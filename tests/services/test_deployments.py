@@ -33,8 +33,14 @@ def server():
     if not url:
         msg = "needs a Prefect server and a worker on pool local-pool (PREFECT_API_URL; .ci/services.sh starts them)"
         pytest.fail(msg) if in_ci() else pytest.skip(msg)
-    r = subprocess.run([sys.executable, "-m", "prefect", "--no-prompt", "deploy", "--all"], cwd=ROOT,
-                       capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    r = subprocess.run(
+        [sys.executable, "-m", "prefect", "--no-prompt", "deploy", "--all"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return url
 
@@ -90,10 +96,17 @@ def test_wait_outside_window_schedules_next_window_run(server, tmp_path):
     assert fr.state.is_completed(), fr.state.message
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").rglob("metrics.jsonl"))
     with client() as c:
-        runs = c.read_flow_runs(deployment_filter=DeploymentFilter(name=DeploymentFilterName(any_=["on-demand"])),
-                                flow_run_filter=FlowRunFilter())
-        scheduled = [r for r in runs if r.state and r.state.is_scheduled() and r.parameters.get("spec", {})
-                     .get("storage", {}).get("root") == spec["storage"]["root"]]
+        runs = c.read_flow_runs(
+            deployment_filter=DeploymentFilter(name=DeploymentFilterName(any_=["on-demand"])),
+            flow_run_filter=FlowRunFilter(),
+        )
+        scheduled = [
+            r
+            for r in runs
+            if r.state
+            and r.state.is_scheduled()
+            and r.parameters.get("spec", {}).get("storage", {}).get("root") == spec["storage"]["root"]
+        ]
         try:
             assert len(scheduled) == 1, [(r.name, r.state) for r in runs]
             when = scheduled[0].next_scheduled_start_time or scheduled[0].expected_start_time

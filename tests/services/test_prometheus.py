@@ -126,9 +126,17 @@ def prom(tmp_path_factory):
             f"      - targets: {json.dumps(targets)}\n"
         )
         log = open(tmp / "prometheus.log", "w")  # noqa: SIM115 - closed in the finally below, after the server
-        proc = subprocess.Popen([binary, f"--config.file={cfg}", f"--storage.tsdb.path={tmp / 'data'}",
-                                 f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=1h"],
-                                stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [
+                binary,
+                f"--config.file={cfg}",
+                f"--storage.tsdb.path={tmp / 'data'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+                "--storage.tsdb.retention.time=1h",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
         url = f"http://127.0.0.1:{port}"
     p = Prom(url)
     try:
@@ -136,8 +144,11 @@ def prom(tmp_path_factory):
             p.wait("/-/ready", lambda: urllib.request.urlopen(f"{url}/-/ready", timeout=2).status == 200)
         # every target has a scrape loop (up == 0 until its exporter exists); file_sd updates take ~5 s
         want = set(targets)
-        p.wait("scrape loops for the test targets",
-               lambda: want <= {r["metric"]["instance"] for r in p.query("up")}, timeout=60)
+        p.wait(
+            "scrape loops for the test targets",
+            lambda: want <= {r["metric"]["instance"] for r in p.query("up")},
+            timeout=60,
+        )
         yield p, a, b
     finally:
         if proc is not None:
@@ -164,8 +175,12 @@ def _extra(m: StepMetrics, field: str) -> float | None:
     return getattr(m, field, None) if field in StepMetrics.model_fields else (m.model_extra or {}).get(field)
 
 
-def _check_against_jsonl(samples: dict[float, dict[str, float]], by_step: dict[int, StepMetrics],
-                         where: str, names: tuple[str, ...] = tuple(FIELDS)) -> int:
+def _check_against_jsonl(
+    samples: dict[float, dict[str, float]],
+    by_step: dict[int, StepMetrics],
+    where: str,
+    names: tuple[str, ...] = tuple(FIELDS),
+) -> int:
     """Every scrape shows one JSONL step's values (a scrape may land between two gauge updates of one step,
     so a value may still be the previous step's); returns how many scrapes matched a step exactly."""
     exact = 0
@@ -186,7 +201,8 @@ def _check_against_jsonl(samples: dict[float, dict[str, float]], by_step: dict[i
                 continue
             full = False
             assert old is not None and math.isclose(got, old, rel_tol=1e-12), (
-                f"{where} @ {ts}: {name} = {got!r} at step {step}, JSONL has {want!r}")
+                f"{where} @ {ts}: {name} = {got!r} at step {step}, JSONL has {want!r}"
+            )
         exact += full
     return exact
 
@@ -198,20 +214,40 @@ def test_exporter_fed_from_jsonl_and_dashboard_queries(prom, tmp_path: Path):
     run = f"jsonl-{uuid.uuid4().hex[:8]}"
     path = tmp_path / "metrics.jsonl"
     for s in range(1, 5):
-        append_metrics(path, StepMetrics(step=s, loss=4.0 / s + 0.123456789, grad_norm=1.5 / s, tokens=4096,
-                                         tokens_per_s=1000.0 + s, step_time_s=4.096 / (1 + s / 1000),
-                                         peak_mem_bytes=2**20 * (100 + s), mfu=0.1 + s / 100,
-                                         collective_latency_s=1e-4 * s))
+        append_metrics(
+            path,
+            StepMetrics(
+                step=s,
+                loss=4.0 / s + 0.123456789,
+                grad_norm=1.5 / s,
+                tokens=4096,
+                tokens_per_s=1000.0 + s,
+                step_time_s=4.096 / (1 + s / 1000),
+                peak_mem_bytes=2**20 * (100 + s),
+                mfu=0.1 + s / 100,
+                collective_latency_s=1e-4 * s,
+            ),
+        )
     steps = read_metrics(path)
     ranks = [RankMetrics(port + r, run, r) for r in (0, 1)]
     try:
         for m in steps:
             for rm in ranks:
-                rm.update(step=m.step, loss=m.loss, grad_norm=m.grad_norm, tokens_per_s=m.tokens_per_s,
-                          step_time_s=m.step_time_s, mfu=m.mfu, memory_bytes=m.peak_mem_bytes,
-                          collective_latency_s=m.model_extra["collective_latency_s"])
-            p.wait(f"step {m.step} scraped from both ranks", lambda m=m: len(
-                p.query(f'nightloom_step{{run="{run}"}} == {m.step}')) == 2, timeout=30)
+                rm.update(
+                    step=m.step,
+                    loss=m.loss,
+                    grad_norm=m.grad_norm,
+                    tokens_per_s=m.tokens_per_s,
+                    step_time_s=m.step_time_s,
+                    mfu=m.mfu,
+                    memory_bytes=m.peak_mem_bytes,
+                    collective_latency_s=m.model_extra["collective_latency_s"],
+                )
+            p.wait(
+                f"step {m.step} scraped from both ranks",
+                lambda m=m: len(p.query(f'nightloom_step{{run="{run}"}} == {m.step}')) == 2,
+                timeout=30,
+            )
     finally:
         for rm in ranks:
             rm.close()
@@ -222,8 +258,7 @@ def test_exporter_fed_from_jsonl_and_dashboard_queries(prom, tmp_path: Path):
         assert {int(r["nightloom_step"]) for r in rows.values()} == set(by_step)  # every step was scraped
         assert _check_against_jsonl(rows, by_step, f"rank {rank}") >= len(by_step) - 1
         mem = {int(r["nightloom_step"]): r["nightloom_memory_bytes"] for r in rows.values()}
-        assert all(mem[s] in (by_step[s].peak_mem_bytes, by_step.get(s - 1, by_step[s]).peak_mem_bytes)
-                   for s in mem)
+        assert all(mem[s] in (by_step[s].peak_mem_bytes, by_step.get(s - 1, by_step[s]).peak_mem_bytes) for s in mem)
     assert {n for rows in got.values() for r in rows.values() for n in r} == set(PROMETHEUS_METRICS)
 
     # every dashboard query is valid PromQL on the real server and returns this run's data
@@ -244,10 +279,21 @@ def test_real_training_run_is_scraped(prom, tmp_path: Path):
     p, _, port = prom
     corpus = write_corpus(tmp_path / "corpus", shards=2, docs_per_shard=40)
     run_dir = tmp_path / f"train-{uuid.uuid4().hex[:8]}"
-    job = make_job(run_dir, corpus, steps=80, seq_len=32, global_batch=4, timeout_s=60, micro_batch=1,
-                   grad_accum=2, dp_shard=2, train_kw={"metrics_port": port})
-    proc = subprocess.run(torchrun_cmd(2, job), cwd=ROOT, env=env(), capture_output=True, text=True, timeout=240,
-                          check=False)
+    job = make_job(
+        run_dir,
+        corpus,
+        steps=80,
+        seq_len=32,
+        global_batch=4,
+        timeout_s=60,
+        micro_batch=1,
+        grad_accum=2,
+        dp_shard=2,
+        train_kw={"metrics_port": port},
+    )
+    proc = subprocess.run(
+        torchrun_cmd(2, job), cwd=ROOT, env=env(), capture_output=True, text=True, timeout=240, check=False
+    )
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     steps = read_metrics(run_dir / "metrics.jsonl")
     assert len(steps) == 80

@@ -26,10 +26,18 @@ def slurm():
 
 
 def make_spec(tmp_path, nodes=2, partition="debug", **slurm):
-    return RunSpec(name="slurm-test", dataset=DatasetSpec(path="/tmp"), storage=StorageSpec(root=str(tmp_path)),
-                   cluster=ClusterSpec(provider="slurm", nodes=nodes, gpus_per_node=1,
-                                       master_port=29000 + os.getpid() % 900 + 1,
-                                       slurm=SlurmSpec(partition=partition, **slurm)))
+    return RunSpec(
+        name="slurm-test",
+        dataset=DatasetSpec(path="/tmp"),
+        storage=StorageSpec(root=str(tmp_path)),
+        cluster=ClusterSpec(
+            provider="slurm",
+            nodes=nodes,
+            gpus_per_node=1,
+            master_port=29000 + os.getpid() % 900 + 1,
+            slurm=SlurmSpec(partition=partition, **slurm),
+        ),
+    )
 
 
 def test_two_node_torchrun_then_cancel_leaves_nothing(slurm, tmp_path):

@@ -38,8 +38,14 @@ def test_failed_slurm_node_is_excluded_from_a_new_allocation(prefect_backend, sl
     wrapper.chmod(0o755)
     spec_path = recovery_spec(tmp_path, nodes=2, ranks=1, steps=20)
     data = yaml.safe_load(spec_path.read_text())
-    data["cluster"].update({"provider": "slurm", "name": f"slurm-rec-{tmp_path.name}", "gpus_per_node": 1,
-                            "slurm": {"partition": "debug", "python": str(wrapper), "time_limit": "00:10:00"}})
+    data["cluster"].update(
+        {
+            "provider": "slurm",
+            "name": f"slurm-rec-{tmp_path.name}",
+            "gpus_per_node": 1,
+            "slurm": {"partition": "debug", "python": str(wrapper), "time_limit": "00:10:00"},
+        }
+    )
     spec_path.write_text(yaml.safe_dump(data))
     spec = load_spec(spec_path)
 
@@ -52,7 +58,8 @@ def test_failed_slurm_node_is_excluded_from_a_new_allocation(prefect_backend, sl
         envs.append(env)
         (site,) = env.glob("lib/python3*/site-packages")
         (site / "zz_test_sick_n2.pth").write_text(
-            f"import os, sys; os.environ.get('SLURMD_NODENAME') == 'n2' and sys.path.insert(0, {str(slot)!r})\n")
+            f"import os, sys; os.environ.get('SLURMD_NODENAME') == 'n2' and sys.path.insert(0, {str(slot)!r})\n"
+        )
 
     try:
         chaos, state = run_under_chaos(spec_path, tmp_path / "runs", [(0, 6, 1, break_n2)])
@@ -84,6 +91,8 @@ def test_failed_slurm_node_is_excluded_from_a_new_allocation(prefect_backend, sl
     assert it.kind == "node" and "n2" in it.detail and "torch: 0.0.1-fake" in it.detail, it.detail
 
     # nothing of ours left in the queue or running
-    q = subprocess.run(["squeue", "-h", "-n", f"nightloom-{spec.name}", "-o", "%i %T"], capture_output=True, text=True, check=False)
+    q = subprocess.run(
+        ["squeue", "-h", "-n", f"nightloom-{spec.name}", "-o", "%i %T"], capture_output=True, text=True, check=False
+    )
     assert q.stdout.strip() == "", q.stdout
     assert not processes_mentioning(str(run_dir))

@@ -35,15 +35,36 @@ def sshenv():
     return {"hosts": hosts, "user": os.environ.get("NIGHTLOOM_SSH_USER", "root")}
 
 
-def make_spec(sshenv, workdir, hosts=None, nodes=2, python=PY, known_hosts=None, key_env="NIGHTLOOM_SSH_KEY_FILE",
-              min_nodes=None, pythons=None):
+def make_spec(
+    sshenv,
+    workdir,
+    hosts=None,
+    nodes=2,
+    python=PY,
+    known_hosts=None,
+    key_env="NIGHTLOOM_SSH_KEY_FILE",
+    min_nodes=None,
+    pythons=None,
+):
     hosts = hosts or sshenv["hosts"]
-    entries = [SSHHost(host=h, port=p, user=sshenv["user"], gpus=1, python=(pythons or {}).get(i, python),
-                       workdir=str(workdir)) for i, (h, p) in enumerate(hosts)]
-    return RunSpec(name="ssh-test", dataset=DatasetSpec(path="/tmp"), cluster=ClusterSpec(
-        provider="ssh", nodes=nodes, gpus_per_node=1, master_port=29000 + os.getpid() % 900, min_nodes=min_nodes,
-        ssh=SSHSpec(hosts=entries, key_env=key_env,
-                    known_hosts=known_hosts or os.environ["NIGHTLOOM_KNOWN_HOSTS"])))
+    entries = [
+        SSHHost(
+            host=h, port=p, user=sshenv["user"], gpus=1, python=(pythons or {}).get(i, python), workdir=str(workdir)
+        )
+        for i, (h, p) in enumerate(hosts)
+    ]
+    return RunSpec(
+        name="ssh-test",
+        dataset=DatasetSpec(path="/tmp"),
+        cluster=ClusterSpec(
+            provider="ssh",
+            nodes=nodes,
+            gpus_per_node=1,
+            master_port=29000 + os.getpid() % 900,
+            min_nodes=min_nodes,
+            ssh=SSHSpec(hosts=entries, key_env=key_env, known_hosts=known_hosts or os.environ["NIGHTLOOM_KNOWN_HOSTS"]),
+        ),
+    )
 
 
 def ours_running(tag: str) -> list[int]:
@@ -108,7 +129,7 @@ def test_wrong_torch_on_one_node_is_excluded(sshenv, tmp_path):
     (fake / "torch").mkdir(parents=True)
     (fake / "torch" / "__init__.py").write_text("__version__ = '0.0.1-fake'\n")
     wrapper = tmp_path / "python-fake-torch"
-    wrapper.write_text(f"#!/bin/sh\nPYTHONPATH={fake} exec {PY} \"$@\"\n")
+    wrapper.write_text(f'#!/bin/sh\nPYTHONPATH={fake} exec {PY} "$@"\n')
     wrapper.chmod(0o755)
     spec = make_spec(sshenv, tmp_path / "w", min_nodes=1, pythons={1: str(wrapper)})
     p = SSHProvider(spec)

@@ -25,11 +25,29 @@ pytestmark = [pytest.mark.services, pytest.mark.timeout(400)]
 def ssh_recovery_spec(sshenv, tmp_path: Path, sick_python: str) -> Path:  # noqa: F811
     p = recovery_spec(tmp_path, nodes=2, ranks=1, steps=20)
     data = yaml.safe_load(p.read_text())
-    hosts = [{"host": h, "port": port, "user": sshenv["user"], "gpus": 1, "workdir": str(tmp_path / f"node{i}"),
-              "python": PY if i == 0 else sick_python} for i, (h, port) in enumerate(sshenv["hosts"][:2])]
-    data["cluster"].update({"provider": "ssh", "name": f"ssh-rec-{tmp_path.name}", "gpus_per_node": 1,
-                            "ssh": {"hosts": hosts, "key_env": "NIGHTLOOM_SSH_KEY_FILE",
-                                    "known_hosts": os.environ["NIGHTLOOM_KNOWN_HOSTS"]}})
+    hosts = [
+        {
+            "host": h,
+            "port": port,
+            "user": sshenv["user"],
+            "gpus": 1,
+            "workdir": str(tmp_path / f"node{i}"),
+            "python": PY if i == 0 else sick_python,
+        }
+        for i, (h, port) in enumerate(sshenv["hosts"][:2])
+    ]
+    data["cluster"].update(
+        {
+            "provider": "ssh",
+            "name": f"ssh-rec-{tmp_path.name}",
+            "gpus_per_node": 1,
+            "ssh": {
+                "hosts": hosts,
+                "key_env": "NIGHTLOOM_SSH_KEY_FILE",
+                "known_hosts": os.environ["NIGHTLOOM_KNOWN_HOSTS"],
+            },
+        }
+    )
     p.write_text(yaml.safe_dump(data))
     return p
 
@@ -45,7 +63,7 @@ def sick_node_python(tmp_path: Path) -> tuple[Path, Path]:
     slot = tmp_path / "sick-slot"
     slot.mkdir()
     wrapper = tmp_path / "python-node2"
-    wrapper.write_text(f"#!/bin/sh\nPYTHONPATH={slot} exec {PY} \"$@\"\n")
+    wrapper.write_text(f'#!/bin/sh\nPYTHONPATH={slot} exec {PY} "$@"\n')
     wrapper.chmod(0o755)
     return wrapper, slot
 
@@ -59,7 +77,6 @@ def test_unhealthy_ssh_node_is_excluded_and_the_run_finishes(prefect_backend, ss
     spec_path = ssh_recovery_spec(sshenv, tmp_path, str(wrapper))
     spec = load_spec(spec_path)
     bad = f"{sshenv['hosts'][1][0]}:{sshenv['hosts'][1][1]}"
-
 
     chaos, state = run_under_chaos(spec_path, tmp_path / "runs", [(0, 6, 1, lambda: plant_fake_torch(slot))])
     assert chaos.done, "the fault was never injected"
@@ -97,12 +114,20 @@ def test_failed_ssh_node_is_replaced_by_a_spare_host(prefect_backend, sshenv, tm
     spec_path = ssh_recovery_spec(sshenv, tmp_path, str(wrapper))
     data = yaml.safe_load(spec_path.read_text())
     h, port = sshenv["hosts"][0]
-    data["cluster"]["ssh"]["hosts"].append({"host": h, "port": port, "user": sshenv["user"], "gpus": 1,
-                                            "workdir": str(tmp_path / "spare"), "python": PY, "spare": True})
+    data["cluster"]["ssh"]["hosts"].append(
+        {
+            "host": h,
+            "port": port,
+            "user": sshenv["user"],
+            "gpus": 1,
+            "workdir": str(tmp_path / "spare"),
+            "python": PY,
+            "spare": True,
+        }
+    )
     spec_path.write_text(yaml.safe_dump(data))
     spec = load_spec(spec_path)
     spare = f"{h}:{port}#2"
-
 
     chaos, state = run_under_chaos(spec_path, tmp_path / "runs", [(0, 6, 1, lambda: plant_fake_torch(slot))])
     assert chaos.done, "the fault was never injected"

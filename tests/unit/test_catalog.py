@@ -28,8 +28,18 @@ def test_llama_counts_within_one_percent():
         assert abs(count_params(m) / m.published_params - 1) < 0.01, name
 
 
-REQUIRED_GPUS = ["a100-40gb", "a100-80gb", "a800-80gb", "h100-80gb", "h800", "h200", "h20", "l40s", "rtx-4090",
-                 "ascend-910b"]
+REQUIRED_GPUS = [
+    "a100-40gb",
+    "a100-80gb",
+    "a800-80gb",
+    "h100-80gb",
+    "h800",
+    "h200",
+    "h20",
+    "l40s",
+    "rtx-4090",
+    "ascend-910b",
+]
 
 
 @pytest.mark.parametrize("name", REQUIRED_GPUS)
@@ -53,9 +63,18 @@ def _write(tmp_path, cfg, name="config.json"):
 
 
 def test_llama_config_json_matches_catalog(tmp_path):
-    cfg = {"model_type": "llama", "hidden_size": 8192, "num_hidden_layers": 80, "num_attention_heads": 64,
-           "num_key_value_heads": 8, "intermediate_size": 28672, "vocab_size": 32000,
-           "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "tie_word_embeddings": False}
+    cfg = {
+        "model_type": "llama",
+        "hidden_size": 8192,
+        "num_hidden_layers": 80,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 8,
+        "intermediate_size": 28672,
+        "vocab_size": 32000,
+        "max_position_embeddings": 4096,
+        "rms_norm_eps": 1e-5,
+        "tie_word_embeddings": False,
+    }
     shape = shape_from_hf_config(_write(tmp_path, cfg))
     assert count_params(shape) == count_params(MODELS["llama2-70b"])
     assert resolve_model(str(tmp_path)).hidden == 8192  # a folder holding config.json works too
@@ -63,25 +82,41 @@ def test_llama_config_json_matches_catalog(tmp_path):
 
 def test_qwen2_and_mistral_configs(tmp_path):
     for mt in ("qwen2", "mistral"):
-        cfg = {"model_type": mt, "hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14,
-               "num_key_value_heads": 2, "intermediate_size": 4864, "vocab_size": 151936,
-               "max_position_embeddings": 32768, "tie_word_embeddings": True}
+        cfg = {
+            "model_type": mt,
+            "hidden_size": 896,
+            "num_hidden_layers": 24,
+            "num_attention_heads": 14,
+            "num_key_value_heads": 2,
+            "intermediate_size": 4864,
+            "vocab_size": 151936,
+            "max_position_embeddings": 32768,
+            "tie_word_embeddings": True,
+        }
         s = shape_from_hf_config(_write(tmp_path, cfg, f"{mt}.json"))
         assert (s.kv_heads, s.tied_embeddings, s.gated_mlp) == (2, True, True)
 
 
 def test_gpt2_config_matches_ptdp_shape(tmp_path):
-    cfg = {"model_type": "gpt2", "n_layer": 24, "n_embd": 2304, "n_head": 24, "vocab_size": 51200,
-           "n_positions": 2048}
+    cfg = {"model_type": "gpt2", "n_layer": 24, "n_embd": 2304, "n_head": 24, "vocab_size": 51200, "n_positions": 2048}
     s = shape_from_hf_config(_write(tmp_path, cfg))
     assert (s.ffn_hidden, s.gated_mlp, s.kv_heads) == (4 * 2304, False, 24)
     assert count_params(s) == count_params(MODELS["gpt-1.7b"])
 
 
 def test_config_errors_name_file_and_field(tmp_path):
-    bad = _write(tmp_path, {"model_type": "llama", "hidden_size": 1000, "num_hidden_layers": 2,
-                            "num_attention_heads": 3, "intermediate_size": 10, "vocab_size": 10,
-                            "max_position_embeddings": 8})
+    bad = _write(
+        tmp_path,
+        {
+            "model_type": "llama",
+            "hidden_size": 1000,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 3,
+            "intermediate_size": 10,
+            "vocab_size": 10,
+            "max_position_embeddings": 8,
+        },
+    )
     with pytest.raises(ValueError, match=r"config.json: .*hidden \(1000\) is not divisible by heads \(3\)"):
         shape_from_hf_config(bad)
     missing = _write(tmp_path, {"model_type": "gpt2", "n_layer": 2, "n_head": 2}, "m.json")
@@ -90,6 +125,6 @@ def test_config_errors_name_file_and_field(tmp_path):
     other = _write(tmp_path, {"model_type": "t5"}, "t5.json")
     with pytest.raises(ValueError, match=r"t5.json: model_type: unsupported 't5'"):
         shape_from_hf_config(other)
-    (tmp_path / "broken.json").write_text("{\n  \"a\": ,\n}")
+    (tmp_path / "broken.json").write_text('{\n  "a": ,\n}')
     with pytest.raises(ValueError, match=r"broken.json:2: invalid JSON"):
         shape_from_hf_config(tmp_path / "broken.json")

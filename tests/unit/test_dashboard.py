@@ -51,7 +51,9 @@ def test_dashboard_is_valid_grafana_json():
 def test_every_query_names_an_exported_metric_and_label(where, expr):
     metrics = set(re.findall(r"\bnightloom_\w+", expr))
     assert metrics, f"{where}: names no nightloom metric: {expr}"
-    assert metrics <= set(PROMETHEUS_METRICS), f"{where}: not exported by the trainer: {metrics - set(PROMETHEUS_METRICS)}"
+    assert metrics <= set(PROMETHEUS_METRICS), (
+        f"{where}: not exported by the trainer: {metrics - set(PROMETHEUS_METRICS)}"
+    )
     labels = set()
     for sel in re.findall(r"\{([^}]*)\}", expr):
         labels |= set(re.findall(r"(\w+)\s*(?:=~|!~|!=|=)", sel))

@@ -13,8 +13,15 @@ from nightloom.spec import ClusterSpec, DatasetSpec, KubernetesSpec, NCCLSpec, R
 
 
 def _spec(**cluster):
-    base = dict(provider="kubernetes", nodes=3, gpus_per_node=8, gpu_type="h100-80gb", master_port=29500,
-                nccl=NCCLSpec(ib_hca="=mlx5_0"), kubernetes=KubernetesSpec(namespace="train"))
+    base = dict(
+        provider="kubernetes",
+        nodes=3,
+        gpus_per_node=8,
+        gpu_type="h100-80gb",
+        master_port=29500,
+        nccl=NCCLSpec(ib_hca="=mlx5_0"),
+        kubernetes=KubernetesSpec(namespace="train"),
+    )
     base.update(cluster)
     return RunSpec(name="Llama_Run.1", dataset=DatasetSpec(path="/data"), cluster=ClusterSpec(**base))
 
@@ -51,8 +58,9 @@ def test_shell_and_kubernetes_expansions_are_carried_literally():
     assert c.command == ["python"]  # argv is a list: no shell ever parses it
 
 
-@pytest.mark.parametrize("field,value,needle", [
-    ("namespace", "Bad_NS", "namespace"), ("image", "img; rm -rf /", "image")])
+@pytest.mark.parametrize(
+    "field,value,needle", [("namespace", "Bad_NS", "namespace"), ("image", "img; rm -rf /", "image")]
+)
 def test_bad_values_name_the_field(field, value, needle):
     with pytest.raises(ProvisionError, match=needle):
         render_manifests(_spec(kubernetes=KubernetesSpec(**{field: value})), [])

@@ -30,16 +30,35 @@ def test_nightloom_never_imports_prefect():
                 names = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom) and node.module:
                 names = [node.module]
-            if any(n == "prefect" or n.startswith(("prefect.", "prefect_")) or n.startswith(("flows", "tasks"))
-                   for n in names):
+            if any(
+                n == "prefect" or n.startswith(("prefect.", "prefect_")) or n.startswith(("flows", "tasks"))
+                for n in names
+            ):
                 offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert not offenders, offenders
 
 
 def test_no_module_shadows_a_third_party_package():
     """No module or package of ours is named after a package we or the node environments import."""
-    shadows = {"datasets", "torch", "prefect", "xtuner", "boto3", "yaml", "pydantic", "transformers", "mmengine",
-               "peft", "deepspeed", "asyncssh", "kubernetes", "pyarrow", "xxhash", "sqlalchemy", "rich"}
+    shadows = {
+        "datasets",
+        "torch",
+        "prefect",
+        "xtuner",
+        "boto3",
+        "yaml",
+        "pydantic",
+        "transformers",
+        "mmengine",
+        "peft",
+        "deepspeed",
+        "asyncssh",
+        "kubernetes",
+        "pyarrow",
+        "xxhash",
+        "sqlalchemy",
+        "rich",
+    }
     for top in ("nightloom", "flows", "tasks"):
         for path in (ROOT / top).rglob("*.py"):
             rel = path.relative_to(ROOT).with_suffix("").parts

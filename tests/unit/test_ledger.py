@@ -20,8 +20,10 @@ from nightloom.parallel import ParallelPlan
 from nightloom.validate import Verdict
 
 T0 = datetime(2026, 6, 1, 2, 0, tzinfo=UTC)
-OK = [Verdict(name="mfu_floor", passed=True, measured=0.4, threshold=0.3, reason="ok"),
-      Verdict(name="loss_drop", passed=True, measured=0.3, threshold=0.05, reason="ok")]
+OK = [
+    Verdict(name="mfu_floor", passed=True, measured=0.4, threshold=0.3, reason="ok"),
+    Verdict(name="loss_drop", passed=True, measured=0.3, threshold=0.05, reason="ok"),
+]
 BAD = [Verdict(name="loss_drop", passed=False, measured=0.0, threshold=0.05, reason="flat")]
 
 
@@ -31,11 +33,22 @@ def ledger(tmp_path: Path):
         yield lg
 
 
-def start(lg: Ledger, run_id: str, *, model="llama2-7b", cluster="c1", gpu="h100-80gb", plan=None,
-          minutes=0, **kw) -> RunRecord:
-    return lg.start_run(run_id=run_id, spec_hash="h" + model, name="n", model=model, cluster=cluster,
-                        provider="slurm", gpu_type=gpu, world_size=8, plan=plan,
-                        started_at=T0 + timedelta(minutes=minutes), **kw)
+def start(
+    lg: Ledger, run_id: str, *, model="llama2-7b", cluster="c1", gpu="h100-80gb", plan=None, minutes=0, **kw
+) -> RunRecord:
+    return lg.start_run(
+        run_id=run_id,
+        spec_hash="h" + model,
+        name="n",
+        model=model,
+        cluster=cluster,
+        provider="slurm",
+        gpu_type=gpu,
+        world_size=8,
+        plan=plan,
+        started_at=T0 + timedelta(minutes=minutes),
+        **kw,
+    )
 
 
 def test_start_update_finish_roundtrip_typed(ledger: Ledger):
@@ -45,11 +58,22 @@ def test_start_update_finish_roundtrip_typed(ledger: Ledger):
     assert rec.layout == "TP2·PP2·FSDP2" and rec.plan == plan and rec.started_at == T0
     rec = ledger.update_run("r1", cost=12.5, currency="CNY")
     assert rec.cost == 12.5 and rec.currency == "CNY"
-    rec = ledger.record_interruption("r1", kind="node_lost", detail="n3 gone", recovery_s=30.0,
-                                     at=T0 + timedelta(minutes=5))
-    rec = ledger.finish_run("r1", status="succeeded", measured_mfu=0.41, hfu=0.5, tokens_per_s=1e5,
-                            duration_s=3600, verdicts=OK, precision="bf16", peak_source="datasheet: H100",
-                            final_loss=2.1, finished_at=T0 + timedelta(hours=1))
+    rec = ledger.record_interruption(
+        "r1", kind="node_lost", detail="n3 gone", recovery_s=30.0, at=T0 + timedelta(minutes=5)
+    )
+    rec = ledger.finish_run(
+        "r1",
+        status="succeeded",
+        measured_mfu=0.41,
+        hfu=0.5,
+        tokens_per_s=1e5,
+        duration_s=3600,
+        verdicts=OK,
+        precision="bf16",
+        peak_source="datasheet: H100",
+        final_loss=2.1,
+        finished_at=T0 + timedelta(hours=1),
+    )
     got = ledger.get("r1")
     assert got == rec
     assert got.verdicts == OK and got.verified
@@ -88,19 +112,20 @@ def test_best_is_the_fastest_verified_layout(ledger: Ledger):
     best = ledger.best("llama2-7b", "c1")
     assert best.run_id == "fast-ok" and best.layout == "TP2·PP1·FSDP4"
     assert ledger.best("llama2-70b", "c1") is None
-    assert [r.run_id for r in ledger.list_runs(cluster="c1", limit=3)] == ["other-model", "no-gates",
-                                                                            "fastest-crashed"]
+    assert [r.run_id for r in ledger.list_runs(cluster="c1", limit=3)] == ["other-model", "no-gates", "fastest-crashed"]
 
 
 def test_calibration_is_bounded_and_per_family(ledger: Ledger):
-    for i, (model, gpu, pred, meas, vs) in enumerate([
-        ("llama2-7b", "h100-80gb", 0.50, 0.40, OK),
-        ("llama2-13b", "h100-80gb", 0.50, 0.45, OK),
-        ("llama2-70b", "h100-80gb", 0.50, 0.30, OK),
-        ("llama2-7b", "h100-80gb", 0.50, 0.05, BAD),  # not verified: ignored
-        ("llama2-7b", "a100-80gb", 0.50, 0.10, OK),  # other GPU
-        ("llama3-8b", "h100-80gb", 0.50, 0.50, OK),  # other family
-    ]):
+    for i, (model, gpu, pred, meas, vs) in enumerate(
+        [
+            ("llama2-7b", "h100-80gb", 0.50, 0.40, OK),
+            ("llama2-13b", "h100-80gb", 0.50, 0.45, OK),
+            ("llama2-70b", "h100-80gb", 0.50, 0.30, OK),
+            ("llama2-7b", "h100-80gb", 0.50, 0.05, BAD),  # not verified: ignored
+            ("llama2-7b", "a100-80gb", 0.50, 0.10, OK),  # other GPU
+            ("llama3-8b", "h100-80gb", 0.50, 0.50, OK),  # other family
+        ]
+    ):
         start(ledger, f"r{i}", model=model, gpu=gpu, plan=ParallelPlan(dp_shard=8, mfu=pred), minutes=i)
         ledger.finish_run(f"r{i}", status="succeeded", measured_mfu=meas, tokens_per_s=1.0, verdicts=vs)
     cal = ledger.calibration("h100-80gb", "llama2")
@@ -177,9 +202,16 @@ WRITER = textwrap.dedent("""
 def test_two_processes_writing_at_once(tmp_path: Path):
     url = f"sqlite:///{tmp_path / 'concurrent.db'}"  # not created yet: both race on the schema too
     go, n = tmp_path / "go", 25
-    procs = [subprocess.Popen([sys.executable, "-c", WRITER, url, who, str(n), str(go)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              cwd=Path(__file__).resolve().parents[2]) for who in ("a", "b")]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", WRITER, url, who, str(n), str(go)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=Path(__file__).resolve().parents[2],
+        )
+        for who in ("a", "b")
+    ]
     time.sleep(0.5)  # both interpreters are up and polling
     go.touch()
     outs = []

@@ -29,8 +29,15 @@ ROWS = _rows()
 
 
 def _published_layout(row):
-    return plan(row["model"], row["gpu"], int(row["num_gpus"]) // 8, 8, int(row["seq_len"]), int(row["global_batch"]),
-                layout=f"tp={row['tp']},pp={row['pp']},dp={row['dp']},zero=none,sp=0,recompute={row['recompute']}")
+    return plan(
+        row["model"],
+        row["gpu"],
+        int(row["num_gpus"]) // 8,
+        8,
+        int(row["seq_len"]),
+        int(row["global_batch"]),
+        layout=f"tp={row['tp']},pp={row['pp']},dp={row['dp']},zero=none,sp=0,recompute={row['recompute']}",
+    )
 
 
 @pytest.mark.parametrize("row", ROWS, ids=lambda r: r["model"])
@@ -42,7 +49,12 @@ def test_published_layout_prediction_within_15_percent(row):
     r = _published_layout(row)
     p = r.chosen
     assert (p.tp, p.pp, p.dp_replicate * p.dp_shard, p.zero, p.recompute) == (
-        int(row["tp"]), int(row["pp"]), int(row["dp"]), "none", "full")
+        int(row["tp"]),
+        int(row["pp"]),
+        int(row["dp"]),
+        "none",
+        "full",
+    )
     assert p.fits, p.explanation
     f_ptdp = flops_per_token(shape, int(row["seq_len"]), "full", hardware=True, lm_head=True)
     predicted = p.tokens_per_s * f_ptdp / int(row["num_gpus"]) / 1e12
@@ -106,9 +118,15 @@ def test_memory_formulas_follow_korthikanti():
 
 
 def test_world_size_override_keeps_global_batch():
-    spec = parse_spec({"name": "t", "dataset": {"path": "x", "sample": True},
-                       "cluster": {"nodes": 4, "gpus_per_node": 8, "gpu_type": "h100-80gb"},
-                       "model": {"name": "llama2-7b"}, "train": {"seq_len": 4096, "global_batch": 64}})
+    spec = parse_spec(
+        {
+            "name": "t",
+            "dataset": {"path": "x", "sample": True},
+            "cluster": {"nodes": 4, "gpus_per_node": 8, "gpu_type": "h100-80gb"},
+            "model": {"name": "llama2-7b"},
+            "train": {"seq_len": 4096, "global_batch": 64},
+        }
+    )
     full = plan_for_spec(spec).chosen
     fewer = plan_for_spec(spec, world_size=16).chosen
     for p, ws in ((full, 32), (fewer, 16)):
@@ -117,10 +135,16 @@ def test_world_size_override_keeps_global_batch():
 
 
 def test_explicit_spec_layout_is_evaluated_not_searched():
-    spec = parse_spec({"name": "t", "dataset": {"path": "x", "sample": True},
-                       "cluster": {"nodes": 2, "gpus_per_node": 8, "gpu_type": "a100-80gb"},
-                       "model": {"name": "llama2-13b"}, "train": {"seq_len": 4096, "global_batch": 32},
-                       "parallel": {"tp": 4, "pp": 2, "micro_batch": 1, "recompute": "full"}})
+    spec = parse_spec(
+        {
+            "name": "t",
+            "dataset": {"path": "x", "sample": True},
+            "cluster": {"nodes": 2, "gpus_per_node": 8, "gpu_type": "a100-80gb"},
+            "model": {"name": "llama2-13b"},
+            "train": {"seq_len": 4096, "global_batch": 32},
+            "parallel": {"tp": 4, "pp": 2, "micro_batch": 1, "recompute": "full"},
+        }
+    )
     assert isinstance(spec.parallel, ParallelSpec)
     r = plan_for_spec(spec)
     c = r.chosen
@@ -129,9 +153,15 @@ def test_explicit_spec_layout_is_evaluated_not_searched():
 
 
 def test_explicit_spec_bad_divisibility_is_a_layout_error():
-    spec = parse_spec({"name": "t", "dataset": {"path": "x", "sample": True},
-                       "cluster": {"nodes": 1, "gpus_per_node": 8, "gpu_type": "a100-80gb"},
-                       "model": {"name": "llama2-7b"}, "parallel": {"tp": 8, "pp": 1, "dp_shard": 1}})
+    spec = parse_spec(
+        {
+            "name": "t",
+            "dataset": {"path": "x", "sample": True},
+            "cluster": {"nodes": 1, "gpus_per_node": 8, "gpu_type": "a100-80gb"},
+            "model": {"name": "llama2-7b"},
+            "parallel": {"tp": 8, "pp": 1, "dp_shard": 1},
+        }
+    )
     assert plan_for_spec(spec).chosen.tp == 8
     spec.parallel = ParallelSpec(tp=1, pp=3, dp_shard=-1)
     with pytest.raises(LayoutError, match=r"world size 8 is not divisible by .*= 3"):
@@ -139,9 +169,15 @@ def test_explicit_spec_bad_divisibility_is_a_layout_error():
 
 
 def test_cpu_demo_prefers_pure_data_parallel_and_predicts_nothing():
-    spec = parse_spec({"name": "demo", "dataset": {"path": "x", "sample": True},
-                       "cluster": {"nodes": 2, "gpus_per_node": 2, "gpu_type": "cpu"},
-                       "model": {"name": "tiny"}, "train": {"seq_len": 128, "global_batch": 8}})
+    spec = parse_spec(
+        {
+            "name": "demo",
+            "dataset": {"path": "x", "sample": True},
+            "cluster": {"nodes": 2, "gpus_per_node": 2, "gpu_type": "cpu"},
+            "model": {"name": "tiny"},
+            "train": {"seq_len": 128, "global_batch": 8},
+        }
+    )
     r = plan_for_spec(spec)
     c = r.chosen
     assert (c.tp, c.pp, c.dp_replicate * c.dp_shard, c.zero) == (1, 1, 4, "none")
@@ -171,11 +207,17 @@ def test_calibration_moves_efficiency_bounded_and_is_explained():
 def test_model_too_big_reports_min_memory():
     r = plan("llama3-405b", "rtx-4090", 1, 8, 4096, 8)
     assert r.chosen.fits is False and r.min_memory_gib > 24
-    assert r.rejected and all("does not fit" in x.reason or "does not divide" in x.reason or "span" in x.reason
-                              for x in r.rejected)
-    spec = parse_spec({"name": "t", "dataset": {"path": "x", "sample": True},
-                       "cluster": {"nodes": 1, "gpus_per_node": 8, "gpu_type": "rtx-4090"},
-                       "model": {"name": "llama3-405b"}})
+    assert r.rejected and all(
+        "does not fit" in x.reason or "does not divide" in x.reason or "span" in x.reason for x in r.rejected
+    )
+    spec = parse_spec(
+        {
+            "name": "t",
+            "dataset": {"path": "x", "sample": True},
+            "cluster": {"nodes": 1, "gpus_per_node": 8, "gpu_type": "rtx-4090"},
+            "model": {"name": "llama3-405b"},
+        }
+    )
     with pytest.raises(PlanError, match=r"smallest needs [0-9.]+ GiB per GPU"):
         plan_for_spec(spec)
 

@@ -7,8 +7,22 @@ import json
 
 from flows.commands import plan as plan_cmd
 
-KEYS = {"tp", "pp", "dp_replicate", "dp_shard", "sp", "micro_batch", "recompute", "memory_gib_per_gpu", "fits",
-        "tflops_per_gpu_model", "tflops_per_gpu_hardware", "mfu", "hfu", "tokens_per_s"}
+KEYS = {
+    "tp",
+    "pp",
+    "dp_replicate",
+    "dp_shard",
+    "sp",
+    "micro_batch",
+    "recompute",
+    "memory_gib_per_gpu",
+    "fits",
+    "tflops_per_gpu_model",
+    "tflops_per_gpu_hardware",
+    "mfu",
+    "hfu",
+    "tokens_per_s",
+}
 
 
 def _run(capsys, *argv):
@@ -20,8 +34,20 @@ def _run(capsys, *argv):
     return rc, out.out, out.err
 
 
-BASE = ["--model", "llama2-70b", "--gpu", "a800-80gb", "--nodes", "8", "--gpus-per-node", "4", "--seq-len", "4096",
-        "--global-batch", "32"]
+BASE = [
+    "--model",
+    "llama2-70b",
+    "--gpu",
+    "a800-80gb",
+    "--nodes",
+    "8",
+    "--gpus-per-node",
+    "4",
+    "--seq-len",
+    "4096",
+    "--global-batch",
+    "32",
+]
 
 
 def test_search_json(capsys):
@@ -47,8 +73,22 @@ def test_replicated_layout_does_not_fit_exit_1(capsys):
 
 
 def test_model_too_big_exit_1_names_min_memory(capsys):
-    rc, out, err = _run(capsys, "--model", "llama3-405b", "--gpu", "a100-40gb", "--nodes", "1", "--gpus-per-node",
-                        "8", "--seq-len", "4096", "--global-batch", "8", "--json")
+    rc, out, err = _run(
+        capsys,
+        "--model",
+        "llama3-405b",
+        "--gpu",
+        "a100-40gb",
+        "--nodes",
+        "1",
+        "--gpus-per-node",
+        "8",
+        "--seq-len",
+        "4096",
+        "--global-batch",
+        "8",
+        "--json",
+    )
     d = json.loads(out)
     assert rc == 1 and d["fits"] is False and d["min_memory_gib"] > 40
     assert f"{d['min_memory_gib']:.1f} GiB" in err
@@ -58,9 +98,19 @@ def test_bad_inputs_exit_2(capsys, tmp_path):
     rc, _, err = _run(capsys, "--model", "llama2-70b", "--gpu", "a800-80gb")
     assert rc == 2 and "missing: --nodes --gpus-per-node --seq-len --global-batch" in err
     cfg = tmp_path / "config.json"
-    cfg.write_text(json.dumps({"model_type": "llama", "hidden_size": 1000, "num_hidden_layers": 2,
-                               "num_attention_heads": 3, "intermediate_size": 10, "vocab_size": 10,
-                               "max_position_embeddings": 8}))
+    cfg.write_text(
+        json.dumps(
+            {
+                "model_type": "llama",
+                "hidden_size": 1000,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 3,
+                "intermediate_size": 10,
+                "vocab_size": 10,
+                "max_position_embeddings": 8,
+            }
+        )
+    )
     rc, _, err = _run(capsys, "--model", str(cfg), *BASE[2:])
     assert rc == 2 and "hidden (1000) is not divisible by heads (3)" in err and "config.json" in err
     rc, _, err = _run(capsys, *BASE, "--layout", "tp=four")
@@ -71,8 +121,10 @@ def test_bad_inputs_exit_2(capsys, tmp_path):
 
 def test_spec_on_cpu_pretty(capsys, tmp_path):
     spec = tmp_path / "s.yaml"
-    spec.write_text("name: demo\ndataset: {path: data.jsonl, sample: true}\nmodel: {name: tiny}\n"
-                    "cluster: {nodes: 2, gpus_per_node: 2, gpu_type: cpu}\ntrain: {seq_len: 128, global_batch: 8}\n")
+    spec.write_text(
+        "name: demo\ndataset: {path: data.jsonl, sample: true}\nmodel: {name: tiny}\n"
+        "cluster: {nodes: 2, gpus_per_node: 2, gpu_type: cpu}\ntrain: {seq_len: 128, global_batch: 8}\n"
+    )
     rc, out, _ = _run(capsys, str(spec))
     assert rc == 0 and "TP1·PP1·DP4" in out and "not predicted" in out
     spec.write_text("name: demo\ndataset: {path: data.jsonl, sample: true}\nmodel: {name: nope}\n")

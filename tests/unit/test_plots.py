@@ -16,8 +16,7 @@ def run(n=30, nan_at=None, gap_at=None):
     out = []
     for s in range(1, n + 1):
         loss = float("nan") if s == nan_at else 2 + 3 * math.exp(-s / 8)
-        out.append(StepMetrics(step=s, loss=loss, tokens_per_s=900 + s, mfu=0.3 + s / 1000, hfu=0.4,
-                               gap=s == gap_at))
+        out.append(StepMetrics(step=s, loss=loss, tokens_per_s=900 + s, mfu=0.3 + s / 1000, hfu=0.4, gap=s == gap_at))
     return out
 
 
@@ -40,7 +39,11 @@ def test_write_run_plots(tmp_path: Path):
     imgs = {k: decode(p) for k, p in paths.items()}
     assert not np.array_equal(imgs["loss"], imgs["tokens_per_s"])
     assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == [
-        "loss.png", "mfu.png", "mfu_vs_plan.png", "tokens_per_s.png"]  # no temp files left
+        "loss.png",
+        "mfu.png",
+        "mfu_vs_plan.png",
+        "tokens_per_s.png",
+    ]  # no temp files left
 
 
 def test_data_changes_the_picture_and_nan_is_marked(tmp_path: Path):

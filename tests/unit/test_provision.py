@@ -29,9 +29,17 @@ def test_session_command_carries_metacharacters_literally(tmp_path):
     workdir = tmp_path / "dir; touch pwn3 #"
     workdir.mkdir()
     pid_file = tmp_path / "x.pgid"
-    line = session_command(str(workdir), [sys.executable, "-c", "import sys, os, json; print(json.dumps("
-                                          "[os.getcwd(), os.environ['V'], *sys.argv[1:]]))", *values],
-                           env={"V": values[1]}, pgid_file=str(pid_file))
+    line = session_command(
+        str(workdir),
+        [
+            sys.executable,
+            "-c",
+            "import sys, os, json; print(json.dumps([os.getcwd(), os.environ['V'], *sys.argv[1:]]))",
+            *values,
+        ],
+        env={"V": values[1]},
+        pgid_file=str(pid_file),
+    )
     r = subprocess.run(["bash", "-c", line], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     first, second = r.stdout.splitlines()[0], r.stdout.splitlines()[-1]
@@ -57,15 +65,17 @@ def test_env_key_depends_on_requirements_and_refuses_torch():
 
 def test_node_agent_prepare_is_warm_the_second_time_and_probe_reports(tmp_path):
     def agent(cmd, args):
-        r = subprocess.run([sys.executable, "-c", agent_source(), cmd, json.dumps(args)], capture_output=True,
-                           text=True, timeout=120)
+        r = subprocess.run(
+            [sys.executable, "-c", agent_source(), cmd, json.dumps(args)], capture_output=True, text=True, timeout=120
+        )
         return parse_agent_output("local", r.stdout + r.stderr)
 
     args = {"workdir": str(tmp_path), "key": "k1", "requirements": []}
     cold, warm = agent("prepare", args), agent("prepare", args)
     assert (cold["warm"], warm["warm"]) == (False, True) and cold["python"] == warm["python"]
-    r = subprocess.run([cold["python"], "-c", "import torch; print(torch.__version__)"], capture_output=True,
-                       text=True, timeout=120)
+    r = subprocess.run(
+        [cold["python"], "-c", "import torch; print(torch.__version__)"], capture_output=True, text=True, timeout=120
+    )
     import torch
 
     assert r.stdout.strip() == torch.__version__  # the layered env sees the base interpreter's torch
@@ -81,8 +91,14 @@ def test_parse_agent_output_names_the_node():
 
 
 def _probe(**kw):
-    p = {"python": "3.11.7", "torch": "2.13.0", "gpus": None, "cuda_devices": 0, "free_disk_gib": 50.0,
-         "time_unix": 1000.0}
+    p = {
+        "python": "3.11.7",
+        "torch": "2.13.0",
+        "gpus": None,
+        "cuda_devices": 0,
+        "free_disk_gib": 50.0,
+        "time_unix": 1000.0,
+    }
     p.update(kw)
     return p
 
@@ -90,14 +106,17 @@ def _probe(**kw):
 EXP = Expect(python="3.11", torch="2.13.0", gpu_type="cpu", gpus=1, min_free_disk_gib=10)
 
 
-@pytest.mark.parametrize("kw,failing", [
-    ({}, set()),
-    ({"torch": "2.1.0"}, {"torch"}),
-    ({"torch": None, "torch_error": "ModuleNotFoundError"}, {"torch"}),
-    ({"python": "3.10.1"}, {"python"}),
-    ({"free_disk_gib": 2.0}, {"disk"}),
-    ({"time_unix": 1010.0}, {"clock"}),
-])
+@pytest.mark.parametrize(
+    "kw,failing",
+    [
+        ({}, set()),
+        ({"torch": "2.1.0"}, {"torch"}),
+        ({"torch": None, "torch_error": "ModuleNotFoundError"}, {"torch"}),
+        ({"python": "3.10.1"}, {"python"}),
+        ({"free_disk_gib": 2.0}, {"disk"}),
+        ({"time_unix": 1010.0}, {"clock"}),
+    ],
+)
 def test_evaluate(kw, failing):
     r = evaluate("n1", _probe(**kw), EXP, 999.0, 1001.0)
     assert {c.name for c in r.checks if not c.ok} == failing and r.ok == (not failing)

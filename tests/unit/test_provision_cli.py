@@ -7,8 +7,10 @@ from flows.cli import main
 
 def test_check_local_json(tmp_path, capsys):
     spec = tmp_path / "spec.yaml"
-    spec.write_text("name: chk\ndataset: {path: /tmp}\ncluster: {provider: local, nodes: 2, gpus_per_node: 1,"
-                    " nccl: {socket_ifname: lo}}\n")
+    spec.write_text(
+        "name: chk\ndataset: {path: /tmp}\ncluster: {provider: local, nodes: 2, gpus_per_node: 1,"
+        " nccl: {socket_ifname: lo}}\n"
+    )
     assert main(["provision", str(spec), "--check", "--json"]) == 0
     res = json.loads(capsys.readouterr().out)
     assert res["ok"] and res["provider"] == "local" and len(res["ready_s"]) == 2
@@ -17,8 +19,10 @@ def test_check_local_json(tmp_path, capsys):
 
 def test_check_bad_nccl_value_fails_with_the_field(tmp_path, capsys):
     spec = tmp_path / "spec.yaml"
-    spec.write_text("name: chk\ndataset: {path: /tmp}\ncluster: {provider: local, nodes: 1, gpus_per_node: 1,"
-                    " nccl: {ib_hca: '==mlx5_0'}}\n")
+    spec.write_text(
+        "name: chk\ndataset: {path: /tmp}\ncluster: {provider: local, nodes: 1, gpus_per_node: 1,"
+        " nccl: {ib_hca: '==mlx5_0'}}\n"
+    )
     assert main(["provision", str(spec), "--check"]) == 1
     out = capsys.readouterr().out
     assert "FAILED" in out and "cluster.nccl.ib_hca" in out

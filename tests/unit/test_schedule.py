@@ -111,11 +111,19 @@ def test_longer_than_the_window_under_each_policy():
 
 
 def test_several_windows_merge_and_order():
-    s = ScheduleSpec(windows=[WindowSpec(start="12:00", end="13:00"), WindowSpec(start="02:00", end="06:00"),
-                              WindowSpec(start="06:00", end="07:00")], policy="wait")
+    s = ScheduleSpec(
+        windows=[
+            WindowSpec(start="12:00", end="13:00"),
+            WindowSpec(start="02:00", end="06:00"),
+            WindowSpec(start="06:00", end="07:00"),
+        ],
+        policy="wait",
+    )
     ivs = windows_between(s, at(2026, 6, 1, 0), at(2026, 6, 2, 0))
-    assert [(iv.start, iv.end) for iv in ivs] == [(at(2026, 6, 1, 2), at(2026, 6, 1, 7)),
-                                                  (at(2026, 6, 1, 12), at(2026, 6, 1, 13))]
+    assert [(iv.start, iv.end) for iv in ivs] == [
+        (at(2026, 6, 1, 2), at(2026, 6, 1, 7)),
+        (at(2026, 6, 1, 12), at(2026, 6, 1, 13)),
+    ]
     assert decide(at(2026, 6, 1, 5), s, 1.5 * H).action == "run"  # 02–06 and 06–07 are one window
     assert decide(at(2026, 6, 1, 8), s, 0.5 * H).start_at == at(2026, 6, 1, 12)
 
@@ -136,7 +144,9 @@ def test_cost_split_at_the_window_edge_with_provisioning():
     s = sched(price_per_gpu_hour=2.0, offpeak_discount=0.18)
     c = estimate_cost(s, at(2026, 6, 1, 5), 1.5 * H, gpus=8, provisioning_s=0.5 * H)  # bills 05:00–07:00
     assert [(g.offpeak, g.start, g.end) for g in c.segments] == [
-        (True, at(2026, 6, 1, 5), at(2026, 6, 1, 6)), (False, at(2026, 6, 1, 6), at(2026, 6, 1, 7))]
+        (True, at(2026, 6, 1, 5), at(2026, 6, 1, 6)),
+        (False, at(2026, 6, 1, 6), at(2026, 6, 1, 7)),
+    ]
     assert c.gpu_hours == pytest.approx(16) and c.offpeak_gpu_hours == pytest.approx(8)
     assert c.cost == pytest.approx(8 * (2.0 * 0.82 + 2.0))
     assert c.currency == "USD"
@@ -203,7 +213,10 @@ def test_rent_vs_buy_defaults_and_break_even():
     big = rent_vs_buy(gpus=80, gpu_hours_per_month=30_000, rent_price_per_gpu_hour=4.0, purchase_price=1_800_000)
     assert big.cheaper == "buy" and not big.over_capacity
     assert big.break_even_purchase_price == pytest.approx((120_000 - 28_000) * 36)
-    assert r.over_capacity is False and rent_vs_buy(gpus=1, gpu_hours_per_month=700, rent_price_per_gpu_hour=1.0).over_capacity
+    assert (
+        r.over_capacity is False
+        and rent_vs_buy(gpus=1, gpu_hours_per_month=700, rent_price_per_gpu_hour=1.0).over_capacity
+    )
     assert rent_vs_buy(gpus=8, gpu_hours_per_month=10, rent_price_per_gpu_hour=2.0).cheaper == "unknown"
     with pytest.raises(ValueError, match="idle_fraction"):
         rent_vs_buy(gpus=8, gpu_hours_per_month=10, rent_price_per_gpu_hour=2.0, idle_fraction=1.0)
@@ -215,11 +228,20 @@ def test_rent_vs_buy_defaults_and_break_even():
 def write_spec(tmp_path, **schedule) -> str:
     import yaml
 
-    spec = {"name": "cost-test", "model": {"name": "llama2-7b"}, "dataset": {"path": "data", "sample": True},
-            "cluster": {"provider": "slurm", "nodes": 2, "gpus_per_node": 8, "gpu_type": "h100-80gb"},
-            "train": {"steps": 100, "seq_len": 4096, "global_batch": 64},
-            "schedule": {"timezone": "Asia/Shanghai", "policy": "wait", "price_per_gpu_hour": 2.5,
-                         "offpeak_discount": 0.18, **schedule}}
+    spec = {
+        "name": "cost-test",
+        "model": {"name": "llama2-7b"},
+        "dataset": {"path": "data", "sample": True},
+        "cluster": {"provider": "slurm", "nodes": 2, "gpus_per_node": 8, "gpu_type": "h100-80gb"},
+        "train": {"steps": 100, "seq_len": 4096, "global_batch": 64},
+        "schedule": {
+            "timezone": "Asia/Shanghai",
+            "policy": "wait",
+            "price_per_gpu_hour": 2.5,
+            "offpeak_discount": 0.18,
+            **schedule,
+        },
+    }
     p = tmp_path / "spec.yaml"
     p.write_text(yaml.safe_dump(spec))
     return str(p)
@@ -231,8 +253,21 @@ def test_cost_cli_json_matches_the_library(tmp_path, capsys):
     from flows.cli import main
 
     spec = write_spec(tmp_path, budget=1000.0)
-    rc = main(["cost", spec, "--hours", "3", "--provisioning-min", "30", "--at", "2026-06-01T04:00:00+08:00",
-               "--purchase-price", "4000000", "--json"])
+    rc = main(
+        [
+            "cost",
+            spec,
+            "--hours",
+            "3",
+            "--provisioning-min",
+            "30",
+            "--at",
+            "2026-06-01T04:00:00+08:00",
+            "--purchase-price",
+            "4000000",
+            "--json",
+        ]
+    )
     out = json.loads(capsys.readouterr().out)
     assert rc == 0 and out["over_budget"] is None
     assert out["decision"]["action"] == "wait"  # 3 h does not fit 04:00–06:00: next night

@@ -142,8 +142,10 @@ def test_text_folder_refuses_keep_columns(tmp_path):
     folder.mkdir()
     (folder / "a.txt").write_text("hello")
     with pytest.raises(BadInputError, match=r"dataset\.keep_columns: .*a\.txt is a plain text file"):
-        shard_dataset(DatasetSpec(path=str(folder), keep_columns=["title"]),
-                      ShardingSpec(num_shards=1, output=str(tmp_path / "out")))
+        shard_dataset(
+            DatasetSpec(path=str(folder), keep_columns=["title"]),
+            ShardingSpec(num_shards=1, output=str(tmp_path / "out")),
+        )
 
 
 def test_old_manifest_without_keep_columns_still_loads(tmp_path):

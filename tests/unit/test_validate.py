@@ -41,8 +41,16 @@ def healthy(n: int = 60, seed: int = 0, tps: float = 1000.0) -> list[StepMetrics
     for s in range(1, n + 1):
         loss = 2.0 + 3.0 * math.exp(-s / 15) + rng.gauss(0, 0.01)
         rate = (tps / 3 if s == 1 else tps) * (1 + rng.gauss(0, 0.01))
-        out.append(StepMetrics(step=s, loss=loss, grad_norm=1.0 + rng.random() * 0.2, tokens=1024,
-                               tokens_per_s=rate, step_time_s=1024 / rate))
+        out.append(
+            StepMetrics(
+                step=s,
+                loss=loss,
+                grad_norm=1.0 + rng.random() * 0.2,
+                tokens=1024,
+                tokens_per_s=rate,
+                step_time_s=1024 / rate,
+            )
+        )
     return out
 
 
@@ -88,10 +96,14 @@ def test_mfu_warmup_and_resume_steps_do_not_count():
 def test_mfu_counts_each_step_against_the_devices_that_ran_it():
     """A recovery shrank 4 devices to 2 after step 40 and per-device speed stayed the same: MFU is unchanged,
     not doubled for the steps that ran on 4 (dividing everything by the final 2 would report ~2× for them)."""
-    four = [m.model_copy(update={"tokens_per_s": 4000.0 * (1 + (m.step % 3) * 1e-3), "world_size": 4})
-            for m in healthy()[:40]]
-    two = [m.model_copy(update={"tokens_per_s": 2000.0 * (1 + (m.step % 3) * 1e-3), "world_size": 2})
-           for m in healthy()[40:]]
+    four = [
+        m.model_copy(update={"tokens_per_s": 4000.0 * (1 + (m.step % 3) * 1e-3), "world_size": 4})
+        for m in healthy()[:40]
+    ]
+    two = [
+        m.model_copy(update={"tokens_per_s": 2000.0 * (1 + (m.step % 3) * 1e-3), "world_size": 2})
+        for m in healthy()[40:]
+    ]
     got = measure_mfu(four + two, inputs(n_devices=2))
     assert got.mfu == pytest.approx(0.40, rel=0.01)
     legacy = [m.model_copy(update={"world_size": None}) for m in four + two]  # no per-step size recorded
@@ -160,12 +172,26 @@ def test_peak_resolution_never_defaults():
 
 def test_all_gates_pass_on_a_healthy_run(tmp_path: Path):
     golden = healthy(seed=1)
-    spec = ValidateSpec(mfu_floor=0.3, mfu_vs_plan=0.8, grad_norm_max=5.0, golden=GoldenSpec(rtol=0.05),
-                        parity=ParitySpec(enabled=True, tolerance=1e-6))
+    spec = ValidateSpec(
+        mfu_floor=0.3,
+        mfu_vs_plan=0.8,
+        grad_norm_max=5.0,
+        golden=GoldenSpec(rtol=0.05),
+        parity=ParitySpec(enabled=True, tolerance=1e-6),
+    )
     losses = [m.loss for m in healthy()[:5]]
     vs = validate_run(healthy(), spec, inputs(), golden=golden, parity=(losses, list(losses)))
-    assert [v.name for v in vs] == ["mfu_floor", "mfu_vs_plan", "hfu", "finite", "loss_drop", "spikes",
-                                    "grad_norm", "golden", "parity"]
+    assert [v.name for v in vs] == [
+        "mfu_floor",
+        "mfu_vs_plan",
+        "hfu",
+        "finite",
+        "loss_drop",
+        "spikes",
+        "grad_norm",
+        "golden",
+        "parity",
+    ]
     assert all(v.passed for v in vs), [v.reason for v in vs if not v.passed]
     require_passed(vs)
 
@@ -320,8 +346,18 @@ def test_golden_from_file_and_from_the_ledger(tmp_path: Path):
     mpath = tmp_path / "run1" / "metrics.jsonl"
     for m in healthy(seed=1):
         append_metrics(mpath, m)
-    lg.start_run(run_id="run1", spec_hash="h1", name="n", model="tiny", cluster="c", provider="local",
-                 gpu_type="cpu", world_size=2, metrics_path=str(mpath), started_at=datetime.now(UTC))
+    lg.start_run(
+        run_id="run1",
+        spec_hash="h1",
+        name="n",
+        model="tiny",
+        cluster="c",
+        provider="local",
+        gpu_type="cpu",
+        world_size=2,
+        metrics_path=str(mpath),
+        started_at=datetime.now(UTC),
+    )
     lg.finish_run("run1", status="succeeded", tokens_per_s=1.0, verdicts=validate_run(healthy(seed=1), ValidateSpec()))
     g = resolve_golden(spec.golden, lg, "h1")
     assert len(g.steps) == 60 and "ledger run run1" in g.source

@@ -14,8 +14,13 @@ from nightloom.finetune.run import TINY_MODEL_SCRIPT
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1",
-           "HF_HUB_DISABLE_TELEMETRY": "1"}
+OFFLINE = {
+    "HF_HUB_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "OMP_NUM_THREADS": "1",
+    "HF_HUB_DISABLE_TELEMETRY": "1",
+}
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -44,8 +49,10 @@ def xtuner_env():
         if os.environ.get("CI", "").lower() == "true":
             raise
         pytest.skip(f"XTuner env could not be created (set CI=true to fail instead): {e}")
-    print(f"\nxtuner env {'created' if env.created else 'found'} in {time.monotonic() - t0:.1f} s: {env.path}",
-          file=sys.stderr)
+    print(
+        f"\nxtuner env {'created' if env.created else 'found'} in {time.monotonic() - t0:.1f} s: {env.path}",
+        file=sys.stderr,
+    )
     return env
 
 
@@ -53,8 +60,13 @@ def xtuner_env():
 def base_model(xtuner_env, tmp_path_factory) -> Path:
     """A tiny random Llama + byte-level BPE tokenizer, saved by a script run in the XTuner env."""
     out = tmp_path_factory.mktemp("base_model")
-    r = subprocess.run([str(xtuner_env.python), str(TINY_MODEL_SCRIPT), str(out)],
-                       capture_output=True, text=True, timeout=300, check=False)
+    r = subprocess.run(
+        [str(xtuner_env.python), str(TINY_MODEL_SCRIPT), str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     return out
 

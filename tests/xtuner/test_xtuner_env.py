@@ -7,9 +7,9 @@ from pathlib import Path
 
 import yaml
 
-from nightloom.spec import RunSpec
 from nightloom.finetune import config as xcfg
 from nightloom.finetune.env import ensure_env, env_key, probe
+from nightloom.spec import RunSpec
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -37,8 +37,9 @@ def _run(gpu_env, base_model, tmp_path, ranks=1, **xt):
     from nightloom.finetune import run_xtuner
 
     shards = write_shards(tmp_path / "shards", alpaca_rows(48))
-    spec = make_spec(tmp_path, base_model, shards, ranks=ranks, global_batch=2 * ranks, steps=4,
-                     method=xt.pop("method", "lora"))
+    spec = make_spec(
+        tmp_path, base_model, shards, ranks=ranks, global_batch=2 * ranks, steps=4, method=xt.pop("method", "lora")
+    )
     for k, v in xt.items():
         setattr(spec.train.xtuner, k, v)
     spec.cluster.gpu_type = "h100"

@@ -71,7 +71,10 @@ def test_base_model_not_a_folder(tmp_path, shards, no_env):
 def test_shard_lacking_map_fn_columns(tmp_path, fake_base, no_env):
     shards = write_shards(tmp_path / "shards", [{"text": f"doc {i}"} for i in range(4)])
     spec = make_spec(tmp_path, fake_base, shards, map_fn="alpaca")
-    with pytest.raises(xcfg.XTunerConfigError, match=r"alpaca_map_fn reads column\(s\) \['instruction', 'input', 'output'\].*shard-00000\.parquet"):
+    with pytest.raises(
+        xcfg.XTunerConfigError,
+        match=r"alpaca_map_fn reads column\(s\) \['instruction', 'input', 'output'\].*shard-00000\.parquet",
+    ):
         xrun.run_xtuner(spec, shards, tmp_path / "run")
 
 
@@ -94,8 +97,10 @@ def test_missing_manifest(tmp_path, fake_base):
         xrun.run_xtuner(spec, tmp_path / "empty", tmp_path / "run")
 
 
-@pytest.mark.parametrize("method,sp,zero,field", [("qlora", 1, 0, "method"), ("lora", 2, 0, "sequence_parallel_size"),
-                                                  ("full", 1, 2, "zero_stage")])
+@pytest.mark.parametrize(
+    "method,sp,zero,field",
+    [("qlora", 1, 0, "method"), ("lora", 2, 0, "sequence_parallel_size"), ("full", 1, 2, "zero_stage")],
+)
 def test_cpu_profile_refuses_gpu_only_features(method, sp, zero, field):
     with pytest.raises(xcfg.XTunerConfigError, match=f"train.xtuner.{field}"):
         xcfg.check_profile("cpu", method, zero, sp)
@@ -103,11 +108,29 @@ def test_cpu_profile_refuses_gpu_only_features(method, sp, zero, field):
 
 
 def _inputs(tmp_path, profile="cpu", method="lora", **kw) -> xcfg.RenderInputs:
-    base = dict(profile=profile, method=method, base_model="/m", data_files=["/d/a.parquet"], data_format="parquet",
-                map_fn=xcfg.MAP_FNS["alpaca"], template="default", work_dir=str(tmp_path / "w"),
-                processed_dir=str(tmp_path / "p"), hf_cache_dir=str(tmp_path / "c"), max_length=64, batch_size=2,
-                max_iters=5, warmup_iters=1, lr=1e-3, min_lr_ratio=0.1, weight_decay=0.0, max_norm=1.0,
-                save_steps=5, seed=1, dist_timeout_s=60)
+    base = dict(
+        profile=profile,
+        method=method,
+        base_model="/m",
+        data_files=["/d/a.parquet"],
+        data_format="parquet",
+        map_fn=xcfg.MAP_FNS["alpaca"],
+        template="default",
+        work_dir=str(tmp_path / "w"),
+        processed_dir=str(tmp_path / "p"),
+        hf_cache_dir=str(tmp_path / "c"),
+        max_length=64,
+        batch_size=2,
+        max_iters=5,
+        warmup_iters=1,
+        lr=1e-3,
+        min_lr_ratio=0.1,
+        weight_decay=0.0,
+        max_norm=1.0,
+        save_steps=5,
+        seed=1,
+        dist_timeout_s=60,
+    )
     base.update(kw)
     return xcfg.RenderInputs(**base)
 
@@ -123,7 +146,7 @@ def test_rendered_configs_are_python_with_the_values(tmp_path, profile, method):
     exec(block, ns)
     assert ns["data_files"] == ["/d/it's.parquet"] and ns["method"] == method and ns["profile"] == profile
     assert "from xtuner.dataset.map_fns import alpaca_map_fn," in text
-    assert ("backend=\"gloo\"" in text) == (profile == "cpu")
+    assert ('backend="gloo"' in text) == (profile == "cpu")
     assert ("AmpOptimWrapper" in text) == (profile == "gpu")
 
 
@@ -152,12 +175,20 @@ def _launch(work: Path, stamp: str, rows: list[dict], tail: str = "") -> None:
 
 
 def test_logs_merge_launches_and_mark_resume_gap(tmp_path):
-    _launch(tmp_path, "20260101_000000", [{"step": s, "iter": s, "loss": 5.0 - s, "lr": 1e-3, "time": 0.5}
-                                          for s in (1, 2, 3)], tail='{"step": 4, "lo')
-    _launch(tmp_path, "20260101_000100", [{"step": s, "iter": s, "loss": 9.0 - s, "time": 0.25, "grad_norm": 1.5}
-                                          for s in (3, 4)])
-    steps = collect_steps(tmp_path, RunShape(tokens_per_step=100, flops_per_token=10.0, n_devices=2,
-                                             peak_flops_per_device=1000.0))
+    _launch(
+        tmp_path,
+        "20260101_000000",
+        [{"step": s, "iter": s, "loss": 5.0 - s, "lr": 1e-3, "time": 0.5} for s in (1, 2, 3)],
+        tail='{"step": 4, "lo',
+    )
+    _launch(
+        tmp_path,
+        "20260101_000100",
+        [{"step": s, "iter": s, "loss": 9.0 - s, "time": 0.25, "grad_norm": 1.5} for s in (3, 4)],
+    )
+    steps = collect_steps(
+        tmp_path, RunShape(tokens_per_step=100, flops_per_token=10.0, n_devices=2, peak_flops_per_device=1000.0)
+    )
     assert [m.step for m in steps] == [1, 2, 3, 4]
     assert [m.loss for m in steps] == [4.0, 3.0, 6.0, 5.0]  # the later launch wins
     assert [m.gap for m in steps] == [False, False, True, False]
@@ -171,7 +202,12 @@ def test_logs_merge_launches_and_mark_resume_gap(tmp_path):
 
 
 def test_logs_corrupt_middle_line_named(tmp_path):
-    _launch(tmp_path, "20260101_000000", [{"step": 1, "loss": 1.0}], tail="{bad\n" + json.dumps({"step": 2, "loss": 1.0}) + "\n")
+    _launch(
+        tmp_path,
+        "20260101_000000",
+        [{"step": 1, "loss": 1.0}],
+        tail="{bad\n" + json.dumps({"step": 2, "loss": 1.0}) + "\n",
+    )
     with pytest.raises(XTunerLogError, match=r"scalars\.json:2: corrupt JSON"):
         collect_steps(tmp_path, RunShape(1))
 
@@ -184,7 +220,8 @@ def test_logs_text_fallback_and_empty(tmp_path):
     (d / "20260101_000000.log").write_text(
         "11/29 22:00:18 - mmengine - INFO - Iter(train) [ 1/4]  lr: 1.0000e-05  eta: 0:00:01  time: 0.0398  "
         "data_time: 0.0070  grad_norm: 0.4412  loss: 5.7450\nother line\n"
-        "11/29 22:00:18 - mmengine - INFO - Iter(train) [ 2/4]  lr: 1.0000e-03  time: 0.0346  loss: 5.7321\n")
+        "11/29 22:00:18 - mmengine - INFO - Iter(train) [ 2/4]  lr: 1.0000e-03  time: 0.0346  loss: 5.7321\n"
+    )
     steps = collect_steps(tmp_path, RunShape(10))
     assert [(m.step, m.loss, m.lr) for m in steps] == [(1, 5.745, 1e-05), (2, 5.7321, 1e-3)]
     assert steps[0].grad_norm == pytest.approx(0.4412)
@@ -206,8 +243,11 @@ def test_env_key_follows_requirements(tmp_path, monkeypatch):
 
 
 def test_requirements_lock_pins_the_known_traps():
-    pins = dict(line.split("==") for line in xenv.PROFILES["cpu"]["requirements"].read_text().splitlines()
-                if line and not line.startswith("#"))
+    pins = dict(
+        line.split("==")
+        for line in xenv.PROFILES["cpu"]["requirements"].read_text().splitlines()
+        if line and not line.startswith("#")
+    )
     assert pins["xtuner"] == "0.2.0" and pins["transformers"] == "4.48.0" and pins["torch"] == "2.13.0"
     assert int(pins["datasets"].split(".")[0]) < 4  # LengthGroupedSampler breaks on datasets>=4
     assert "torchvision" not in pins  # the PyPI wheel is a CUDA build: breaks `import transformers` on CPU

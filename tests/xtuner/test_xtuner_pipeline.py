@@ -16,17 +16,31 @@ def test_full_pipeline_with_xtuner_backend(prefect_backend, xtuner_env, base_mod
 
     corpus = tmp_path / "alpaca.jsonl"
     corpus.write_text("".join(json.dumps(r) + "\n" for r in alpaca_rows(48)))
-    spec = parse_spec({
-        "name": "xt-pipeline",
-        "dataset": {"path": str(corpus), "text_field": "output", "keep_columns": ["instruction", "input", "output"]},
-        "sharding": {"num_shards": 2, "output": str(tmp_path / "shards"), "balance_by": "rows", "tolerance": 0.5},
-        "cluster": {"provider": "local", "nodes": 1, "gpus_per_node": 1, "gpu_type": "cpu"},
-        "train": {"backend": "xtuner", "steps": 4, "seq_len": 128, "global_batch": 2, "lr": 1e-3, "warmup_steps": 1,
-                  "checkpoint_every": 2, "xtuner": {"method": "lora", "base_model": str(base_model)}},
-        "validate": {"min_loss_drop": 0.0},
-        "storage": {"root": str(tmp_path / "runs")},
-        "ledger": {"url": f"sqlite:///{tmp_path / 'ledger.db'}"},
-    })
+    spec = parse_spec(
+        {
+            "name": "xt-pipeline",
+            "dataset": {
+                "path": str(corpus),
+                "text_field": "output",
+                "keep_columns": ["instruction", "input", "output"],
+            },
+            "sharding": {"num_shards": 2, "output": str(tmp_path / "shards"), "balance_by": "rows", "tolerance": 0.5},
+            "cluster": {"provider": "local", "nodes": 1, "gpus_per_node": 1, "gpu_type": "cpu"},
+            "train": {
+                "backend": "xtuner",
+                "steps": 4,
+                "seq_len": 128,
+                "global_batch": 2,
+                "lr": 1e-3,
+                "warmup_steps": 1,
+                "checkpoint_every": 2,
+                "xtuner": {"method": "lora", "base_model": str(base_model)},
+            },
+            "validate": {"min_loss_drop": 0.0},
+            "storage": {"root": str(tmp_path / "runs")},
+            "ledger": {"url": f"sqlite:///{tmp_path / 'ledger.db'}"},
+        }
+    )
     state = training_pipeline(spec, return_state=True)
     assert state.is_completed(), state.message
     summary = state.result()

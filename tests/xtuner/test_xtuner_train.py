@@ -12,11 +12,13 @@ import pytest
 from conftest import run_in_env
 from xt_data import alpaca_rows, make_spec, write_shards
 
-from nightloom.metrics import read_metrics
 from nightloom.finetune import XTunerConfigError, run_xtuner
 from nightloom.finetune.logs import launch_dirs, parse_launch
+from nightloom.metrics import read_metrics
 
-QUIET = lambda s: None
+
+def QUIET(s):
+    return None
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +55,9 @@ def test_lora_one_rank(lora_run):
 def test_convert_merge_round_trip(lora_run, base_model, xtuner_env):
     """Merged model == base + adapter merged by PEFT in memory (both fp16-rounded), and != base: LoRA trained."""
     _, r, _ = lora_run
-    out = run_in_env(xtuner_env, f"""
+    out = run_in_env(
+        xtuner_env,
+        f"""
 import torch, json
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from peft import PeftModel
@@ -71,7 +75,8 @@ with torch.no_grad():
     lm = AutoModelForCausalLM.from_pretrained({str(r.model_dir)!r}, torch_dtype=torch.float32).eval()(ids).logits
 d = lambda a, b: (a - b).abs().max().item()
 print(json.dumps({{"vs_peft16": d(lm, lp16), "vs_peft32": d(lm, lp32), "vs_base": d(lm, lb)}}))
-""")
+""",
+    )
     d = json.loads(out.strip().splitlines()[-1])
     assert d["vs_peft16"] < 1e-6, d  # the saved merged model is exactly base ⊕ adapter
     assert d["vs_base"] > 1e-3, d  # LoRA changed the model
@@ -88,8 +93,7 @@ def test_resume_continues_from_checkpoint(lora_run, xtuner_env):
     (work / "iter_4.pth").unlink()
     (work / "last_checkpoint").write_text(str(work / "iter_2.pth"))
     before = {m.step: m.loss for m in read_metrics(r.metrics_path)}
-    r2 = run_xtuner(spec, Path(spec.sharding.output), dst, log=QUIET,
-                    env=xtuner_env, convert=False)
+    r2 = run_xtuner(spec, Path(spec.sharding.output), dst, log=QUIET, env=xtuner_env, convert=False)
     newest = parse_launch(launch_dirs(work)[-1])
     assert [int(x["step"]) for x in newest] == [3, 4], "resume restarted from scratch instead of iter_2"
     after = read_metrics(r2.metrics_path)
@@ -101,21 +105,23 @@ def test_resume_continues_from_checkpoint(lora_run, xtuner_env):
 
 
 def test_full_finetune_two_ranks_gloo(xtuner_env, base_model, shards, tmp_path):
-    spec = make_spec(tmp_path, base_model, shards, method="full", ranks=2, steps=3, global_batch=4,
-                     checkpoint_every=3)
+    spec = make_spec(tmp_path, base_model, shards, method="full", ranks=2, steps=3, global_batch=4, checkpoint_every=3)
     r = run_xtuner(spec, shards, tmp_path / "run", log=QUIET, env=xtuner_env)
     steps = read_metrics(r.metrics_path)
     assert [m.step for m in steps] == [1, 2, 3] and all(m.tokens == 4 * 128 for m in steps)
     assert r.adapter_dir is None and r.model_dir
     assert "--nproc-per-node=2" in (tmp_path / "run" / "xtuner" / "logs" / "train.log").read_text()
-    out = run_in_env(xtuner_env, f"""
+    out = run_in_env(
+        xtuner_env,
+        f"""
 import torch, json
 from transformers import AutoModelForCausalLM
 a = AutoModelForCausalLM.from_pretrained({str(base_model)!r}).state_dict()
 b = AutoModelForCausalLM.from_pretrained({str(r.model_dir)!r}).state_dict()
 print(json.dumps({{"keys_equal": sorted(a) == sorted(b),
                    "changed": max((a[k] - b[k]).abs().max().item() for k in a)}}))
-""")
+""",
+    )
     d = json.loads(out.strip().splitlines()[-1])
     assert d["keys_equal"] and d["changed"] > 0
 

@@ -11,7 +11,26 @@ import pyarrow.parquet as pq
 from nightloom.sharding.manifest import ShardInfo, ShardManifest
 from nightloom.spec import RunSpec
 
-WORDS = ["what", "is", "the", "sum", "of", "a", "small", "list", "name", "city", "color", "number", "fast", "slow", "model", "data", "answer", "why"]
+WORDS = [
+    "what",
+    "is",
+    "the",
+    "sum",
+    "of",
+    "a",
+    "small",
+    "list",
+    "name",
+    "city",
+    "color",
+    "number",
+    "fast",
+    "slow",
+    "model",
+    "data",
+    "answer",
+    "why",
+]
 
 
 def alpaca_rows(n: int = 48, nooutput: bool = False) -> list[dict]:
@@ -35,26 +54,70 @@ def write_shards(out: Path, rows: list[dict], num_shards: int = 2, columns: list
         pq.write_table(table, out / rel)
         data = (out / rel).read_bytes()
         tokens = sum(len(str(v).encode()) for r in part for v in r.values())
-        shards.append(ShardInfo(index=s, path=rel, rows=len(part), tokens=tokens, bytes=len(data),
-                                sha256=hashlib.sha256(data).hexdigest()))
-    m = ShardManifest(num_shards=num_shards, key="<text>", salt="t", imbalance=0.0, imbalance_before_rebalance=0.0,
-                      balanced=True, rows=len(rows), tokens=sum(s.tokens for s in shards),
-                      bytes=sum(s.bytes for s in shards), shards=shards)
+        shards.append(
+            ShardInfo(
+                index=s,
+                path=rel,
+                rows=len(part),
+                tokens=tokens,
+                bytes=len(data),
+                sha256=hashlib.sha256(data).hexdigest(),
+            )
+        )
+    m = ShardManifest(
+        num_shards=num_shards,
+        key="<text>",
+        salt="t",
+        imbalance=0.0,
+        imbalance_before_rebalance=0.0,
+        balanced=True,
+        rows=len(rows),
+        tokens=sum(s.tokens for s in shards),
+        bytes=sum(s.bytes for s in shards),
+        shards=shards,
+    )
     (out / "manifest.json").write_text(m.to_json(), encoding="utf-8")
     return out
 
 
-def make_spec(tmp: Path, base_model: Path, shards: Path, *, method: str = "lora", steps: int = 4, ranks: int = 1,
-              global_batch: int = 2, checkpoint_every: int = 2, map_fn: str = "alpaca", template: str = "default",
-              seq_len: int = 128, merge_lora: bool = True) -> RunSpec:
-    return RunSpec.model_validate({
-        "name": "xt-test",
-        "dataset": {"path": str(shards)},
-        "sharding": {"output": str(shards)},
-        "cluster": {"provider": "local", "nodes": 1, "gpus_per_node": ranks, "gpu_type": "cpu"},
-        "train": {"backend": "xtuner", "steps": steps, "seq_len": seq_len, "global_batch": global_batch,
-                  "lr": 1e-3, "warmup_steps": 1, "checkpoint_every": checkpoint_every, "collective_timeout_s": 60,
-                  "xtuner": {"method": method, "base_model": str(base_model), "map_fn": map_fn,
-                             "template": template, "merge_lora": merge_lora}},
-        "storage": {"root": str(tmp / "runs")},
-    })
+def make_spec(
+    tmp: Path,
+    base_model: Path,
+    shards: Path,
+    *,
+    method: str = "lora",
+    steps: int = 4,
+    ranks: int = 1,
+    global_batch: int = 2,
+    checkpoint_every: int = 2,
+    map_fn: str = "alpaca",
+    template: str = "default",
+    seq_len: int = 128,
+    merge_lora: bool = True,
+) -> RunSpec:
+    return RunSpec.model_validate(
+        {
+            "name": "xt-test",
+            "dataset": {"path": str(shards)},
+            "sharding": {"output": str(shards)},
+            "cluster": {"provider": "local", "nodes": 1, "gpus_per_node": ranks, "gpu_type": "cpu"},
+            "train": {
+                "backend": "xtuner",
+                "steps": steps,
+                "seq_len": seq_len,
+                "global_batch": global_batch,
+                "lr": 1e-3,
+                "warmup_steps": 1,
+                "checkpoint_every": checkpoint_every,
+                "collective_timeout_s": 60,
+                "xtuner": {
+                    "method": method,
+                    "base_model": str(base_model),
+                    "map_fn": map_fn,
+                    "template": template,
+                    "merge_lora": merge_lora,
+                },
+            },
+            "storage": {"root": str(tmp / "runs")},
+        }
+    )
