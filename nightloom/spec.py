@@ -11,7 +11,7 @@ import hashlib
 import json
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -58,6 +58,26 @@ class DatasetSpec(_Section):
     )
 
 
+class DaskSpec(_Section):
+    """A Dask cluster for the shard stage's scan and write tasks (prefect-dask's DaskTaskRunner).
+
+    Output bytes do not depend on it: the same shards as on one machine."""
+
+    address: str | None = Field(None, description="Scheduler of a running cluster, e.g. tcp://10.0.0.2:8786.")
+    cluster_class: str | None = Field(
+        None, description="Or a cluster to start for the run, e.g. dask_jobqueue.SLURMCluster (pip install it)."
+    )
+    cluster_kwargs: dict[str, Any] = Field(default_factory=dict, description="Arguments of cluster_class.")
+
+    @model_validator(mode="after")
+    def _one_way(self) -> DaskSpec:
+        if (self.address is None) == (self.cluster_class is None):
+            raise ValueError("set exactly one of address (a running scheduler) and cluster_class (one to start)")
+        if self.cluster_kwargs and self.cluster_class is None:
+            raise ValueError("cluster_kwargs needs cluster_class")
+        return self
+
+
 class ShardingSpec(_Section):
     """Hash sharding: shard = xxhash64(key ‖ salt) mod num_shards, balanced within `tolerance`."""
 
@@ -73,6 +93,7 @@ class ShardingSpec(_Section):
     compression: Literal["zstd", "snappy", "lz4", "none"] = Field(
         "zstd", description="Parquet codec of the shards: zstd (level 1) is ~2.5× smaller than none on text."
     )
+    dask: DaskSpec | None = Field(None, description="Run the scan and write tasks on a Dask cluster.")
 
 
 class SSHHost(_Section):

@@ -132,7 +132,7 @@ def settings_hash(
         "format": dataset.format,
         "text_field": dataset.text_field,
         "tokenizer": dataset.tokenizer,
-        "sharding": sharding.model_dump(mode="json", exclude={"output"}),
+        "sharding": sharding.model_dump(mode="json", exclude={"output", "dask"}),  # where it runs: not what
     }
     if dataset.keep_columns:  # only when set: shards made before keep_columns existed keep their hash
         doc["keep_columns"] = list(dataset.keep_columns)

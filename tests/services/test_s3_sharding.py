@@ -8,24 +8,16 @@ from __future__ import annotations
 
 import secrets
 import time
-from pathlib import Path
 
 import pytest
 
 from nightloom.sharding import StorageError, load_manifest, read_shard, shard_dataset
 from nightloom.sharding import storage as st
 from nightloom.spec import DatasetSpec, ShardingSpec, StorageSpec
-from tests.support.s3 import free_ports
+from tests.support.s3 import free_ports, upload
 from tests.support.sharding import make_docs, write_jsonl, write_parquet
 
 pytestmark = pytest.mark.services
-
-
-def _upload(url: str, local: Path, uri: str) -> None:
-    import boto3
-
-    loc = st.S3Location.parse(uri)
-    boto3.client("s3", endpoint_url=url, region_name="us-east-1").upload_file(str(local), loc.bucket, loc.key)
 
 
 def test_s3_round_trip_matches_local_and_reruns_free(s3_endpoint, tmp_path):
@@ -39,7 +31,7 @@ def test_s3_round_trip_matches_local_and_reruns_free(s3_endpoint, tmp_path):
     ]
     prefix = f"s3://{bucket}/t1"
     for f in files:
-        _upload(url, f, f"{prefix}/in/{f.name}")
+        upload(url, f, f"{prefix}/in/{f.name}")
     storage = StorageSpec(s3_endpoint_url=url)
     sharding = {"num_shards": 3, "tolerance": 0.05}
     m_s3 = shard_dataset(DatasetSpec(path=f"{prefix}/in"), ShardingSpec(output=f"{prefix}/out", **sharding), storage)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from nightloom.sharding import storage as st
 from tests.support.ci import skip_or_fail
 
 
@@ -119,3 +120,11 @@ def s3_endpoint(tmp_path_factory):
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def upload(url: str, local: Path, uri: str) -> None:
+    """Put one local file at an s3:// uri (the way users upload: boto3, not nightloom's own storage)."""
+    import boto3
+
+    loc = st.S3Location.parse(uri)
+    boto3.client("s3", endpoint_url=url, region_name="us-east-1").upload_file(str(local), loc.bucket, loc.key)
