@@ -6,6 +6,7 @@ import os
 import shutil
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
@@ -19,7 +20,15 @@ if str(ROOT) not in sys.path:
 
 
 def in_ci() -> bool:
+    """The one place tests decide whether they run in CI (CI=1/true/yes), where a missing service is a failure."""
     return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def skip_or_fail(msg: str) -> NoReturn:
+    """A prerequisite (binary, service, environment) is missing: skip locally, fail in CI."""
+    if in_ci():
+        pytest.fail(msg)
+    pytest.skip(msg)
 
 
 def require_binary(name: str, *candidates: str) -> str:
@@ -28,10 +37,7 @@ def require_binary(name: str, *candidates: str) -> str:
         p = shutil.which(c) or (c if os.path.isabs(c) and os.path.exists(c) else None)
         if p:
             return p
-    msg = f"{name} is not installed (CI installs it via .ci/run)"
-    if in_ci():
-        pytest.fail(msg)
-    pytest.skip(msg)
+    skip_or_fail(f"{name} is not installed (CI installs it via .ci/run)")
 
 
 def pytest_collection_modifyitems(config, items):

