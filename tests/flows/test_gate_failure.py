@@ -10,7 +10,8 @@ import sys
 
 import yaml
 
-from tests.flows.test_pipeline import ROOT, artifacts_of, demo_data
+from tests.support.harness import ROOT
+from tests.support.pipeline import artifacts_of, demo_data
 
 
 def _flow_run(run_id: str):

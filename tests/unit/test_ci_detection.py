@@ -1,4 +1,4 @@
-"""Tests decide "am I in CI?" in one place (tests/conftest.py: in_ci / skip_or_fail), never by reading CI again."""
+"""Tests decide "am I in CI?" in one place (tests/support/ci.py: in_ci / skip_or_fail), never by reading CI again."""
 
 import re
 from pathlib import Path
@@ -11,13 +11,13 @@ def test_only_conftest_reads_the_ci_variable():
     readers = sorted(
         str(p.relative_to(TESTS)) for p in TESTS.rglob("*.py") if READS_CI.search(p.read_text(encoding="utf-8"))
     )
-    assert readers == ["conftest.py"], f"use tests.conftest.in_ci()/skip_or_fail() instead in: {readers}"
+    assert readers == ["support/ci.py"], f"use tests.support.ci.in_ci()/skip_or_fail() instead in: {readers}"
 
 
 def test_skip_or_fail(monkeypatch):
     import pytest
 
-    from tests.conftest import in_ci, skip_or_fail
+    from tests.support.ci import in_ci, skip_or_fail
 
     for value, ci in [("true", True), ("1", True), ("YES", True), ("", False), ("false", False)]:
         monkeypatch.setenv("CI", value)
