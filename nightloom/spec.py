@@ -195,6 +195,9 @@ class TrainSpec(_Section):
     warmup_steps: int = Field(3, ge=0)
     weight_decay: float = Field(0.01, ge=0)
     grad_clip: float = Field(1.0, gt=0)
+    optimizer: Literal["adamw", "sgd"] = Field(
+        "adamw", description="adamw (betas 0.9, 0.95), or plain sgd: its update scales with the gradient."
+    )
     seed: int = 1234
     precision: Literal["auto", "fp32", "bf16"] = Field("auto", description="auto = bf16 on GPU, fp32 on CPU.")
     checkpoint_every: int = Field(0, ge=0, description="Save a DCP checkpoint every K steps (0 = only at end).")

@@ -37,7 +37,9 @@ def _record(spec: RunSpec, plan, run_id: str, measured_step_s: float, *, gated: 
     cluster = Cluster(
         provider="slurm", name="c", nodes=[Node(name="n0", address="a", slots=8)], master_addr="a", master_port=1
     )
-    summary = RunSummary(run_id=run_id, name=spec.name, status="completed", run_dir="/tmp/x", layout=plan.layout())
+    summary = RunSummary(
+        run_id=run_id, name=spec.name, status="completed", run_dir="/tmp/x", layout=plan.layout(), shard_imbalance=0.0
+    )
     record_task(spec, summary, plan, cluster, outcome, 0.0, [], "succeeded")
 
 
