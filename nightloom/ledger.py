@@ -37,7 +37,7 @@ from sqlalchemy.types import TypeDecorator
 
 from nightloom.parallel import ParallelPlan
 from nightloom.util import atomic_write_text
-from nightloom.validate import Verdict
+from nightloom.validate import Verdict, gated
 
 SCHEMA_VERSION = 1
 RunStatus = Literal["running", "succeeded", "failed", "cancelled", "stopped", "deferred", "refused"]
@@ -102,8 +102,9 @@ class RunRecord(BaseModel):
 
     @property
     def verified(self) -> bool:
-        """Succeeded and every gate passed (at least one gate ran)."""
-        return self.status == "succeeded" and bool(self.verdicts) and all(v.passed for v in self.verdicts)
+        """Succeeded, at least one gate ran (a run whose every gate was skipped proves nothing), and every gate
+        passed."""
+        return self.status == "succeeded" and bool(gated(self.verdicts)) and all(v.passed for v in self.verdicts)
 
 
 class Calibration(BaseModel):
@@ -121,6 +122,15 @@ class Calibration(BaseModel):
 def model_family(model: str) -> str:
     """'llama2-70b' → 'llama2', 'tiny-tied' → 'tiny': the calibration key."""
     return model.split("-", 1)[0]
+
+
+def calibration_for_spec(spec) -> Calibration | None:
+    """The calibration a run of `spec` (a RunSpec) plans with: its ledger's verified runs on the same GPU type and
+    model family (the keys the pipeline records). None on CPU, where the planner predicts nothing to calibrate."""
+    if spec.cluster.gpu_type == "cpu":
+        return None
+    with Ledger(spec.ledger.url) as ledger:
+        return ledger.calibration(spec.cluster.gpu_type, model_family(spec.model.name))
 
 
 # ---------------------------------------------------------------------------------------------- schema

@@ -6,6 +6,7 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
+from nightloom.ledger import calibration_for_spec
 from nightloom.parallel import ParallelPlan
 from nightloom.planner import plan_for_spec
 from nightloom.spec import RunSpec
@@ -35,8 +36,12 @@ def plan_rows(report) -> list[dict]:
 
 @task(name="plan", cache_policy=NO_CACHE)
 def plan_task(spec: RunSpec, world_size: int, calibration: float | None = None, publish: bool = True) -> ParallelPlan:
-    """Plan for `world_size` GPUs; the explanation goes to the log and the table to an artifact."""
+    """Plan for `world_size` GPUs; the explanation goes to the log and the table to an artifact. Without an
+    explicit `calibration`, the ledger's (measured/predicted MFU of verified runs like this one) is used."""
     log = get_run_logger()
+    if calibration is None and (cal := calibration_for_spec(spec)) is not None:
+        calibration = cal.factor
+        log.info("calibration from %d ledger run(s): measured/predicted MFU %.3f", cal.runs, cal.raw_median)
     report = plan_for_spec(spec, world_size=world_size, calibration=calibration)
     plan = report.chosen
     log.info(

@@ -113,10 +113,7 @@ def record_task(
         {"field": "MFU planned", "value": f"{summary.mfu_predicted:.2%}" if summary.mfu_predicted else "-"},
         {"field": "time to ready", "value": f"{cluster.time_to_ready_s:.1f} s"},
         {"field": "cost", "value": f"{cost:.2f} {spec.schedule.currency}"},
-        *(
-            {"field": f"gate {v.name}", "value": ("pass: " if v.passed else "FAIL: ") + v.reason}
-            for v in outcome.verdicts
-        ),
+        *({"field": f"gate {v.name}", "value": f"{v.label}: {v.reason}"} for v in outcome.verdicts),
         *({"field": f"stage {s.stage}", "value": f"{s.seconds:.1f} s"} for s in stages),
         {"field": "ledger row", "value": summary.run_id},
     ]

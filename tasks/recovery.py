@@ -18,7 +18,7 @@ from prefect.cache_policies import NO_CACHE
 from nightloom import recovery as rec
 from nightloom.ledger import Ledger
 from nightloom.parallel import ParallelPlan
-from nightloom.provision.base import Cluster, Provider
+from nightloom.provision.base import Cluster, PreflightReport, Provider
 from nightloom.schedule import BillingSpan, estimate_cost
 from nightloom.spec import RunSpec
 from nightloom.train.job import TrainJob, TrainResult
@@ -77,7 +77,7 @@ def diagnose_task(provider: Provider, cluster: Cluster, failure: rec.AttemptFail
         report = provider.preflight(cluster)
     except Exception as e:  # noqa: BLE001 - no report: classified as transient, named in the detail
         log.warning("preflight after the failure could not run: %s: %s", type(e).__name__, e)
-        report = None
+        report = PreflightReport(nodes=[], unknown=f"preflight crashed: {type(e).__name__}: {e}")
     d = rec.classify(failure, report)
     log.warning("failure of attempt %d classified %s: %s", failure.attempt, d.kind, d.detail)
     return d

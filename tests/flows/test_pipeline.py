@@ -43,6 +43,8 @@ def test_full_pipeline_on_embedded_default(prefect_backend, tmp_path):
     row = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}").get(summary.ledger_id)
     assert row.run_id == summary.run_id and row.status == "succeeded" and row.verified
     assert row.measured_mfu == pytest.approx(summary.mfu)
+    floor = {v.name: v for v in row.verdicts}["mfu_floor"]  # the demo gates MFU against the measured CPU peak
+    assert floor.label == "pass" and floor.threshold > 0 and floor.measured >= floor.threshold
 
     # artifacts: summary table, plan table and a PNG loss curve
     keys = {a.key for a in artifacts_of(state.state_details.flow_run_id)}

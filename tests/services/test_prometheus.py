@@ -304,4 +304,6 @@ def test_real_training_run_is_scraped(prom, tmp_path: Path):
     for rank, rows in got.items():
         names = tuple(FIELDS) if rank == "0" else GLOBAL
         assert _check_against_jsonl(rows, by_step, f"training rank {rank}", names) >= 1
-        assert all(r.get("nightloom_memory_bytes", 1) > 0 for r in rows.values())
+        mem = [r["nightloom_memory_bytes"] for r in rows.values() if "nightloom_memory_bytes" in r]
+        assert mem, f"training rank {rank}: nightloom_memory_bytes was never scraped"
+        assert all(m > 0 for m in mem), f"training rank {rank}: nightloom_memory_bytes {min(mem)}"

@@ -113,14 +113,16 @@ def make_job(
 
     run_dir.mkdir(parents=True, exist_ok=True)
     train = TrainSpec(
-        steps=steps,
-        seq_len=seq_len,
-        global_batch=global_batch,
-        lr=3e-3,
-        warmup_steps=2,
-        collective_timeout_s=timeout_s,
-        seed=1234,
-        **(train_kw or {}),
+        **{
+            "steps": steps,
+            "seq_len": seq_len,
+            "global_batch": global_batch,
+            "lr": 3e-3,
+            "warmup_steps": 2,
+            "collective_timeout_s": timeout_s,
+            "seed": 1234,
+            **(train_kw or {}),  # may override the defaults above (lr, ...)
+        }
     )
     job = TrainJob(
         run_id=run_dir.name,

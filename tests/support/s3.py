@@ -106,6 +106,9 @@ def s3_endpoint(tmp_path_factory):
                 break
             except ClientError:
                 time.sleep(0.5)
+        else:
+            log_tail = (data / "weed.log").read_text()[-2000:]
+            pytest.fail(f"weed mini: bucket {bucket!r} did not appear within 30 s: {log_tail}")
         yield url, bucket
     finally:
         proc.terminate()
