@@ -111,6 +111,12 @@ class ParallelDims:
         n = self.pp * self.chunks_per_rank
         return (layers // n,) * n
 
+    def stage_bounds(self, layers: int) -> list[tuple[int, int]]:
+        """[first, last) global layer indices of every pipeline chunk (what the trainer's stages keep)."""
+        sizes = self.stage_sizes(layers)
+        starts = [sum(sizes[:i]) for i in range(len(sizes) + 1)]
+        return list(zip(starts[:-1], starts[1:]))
+
     def check(
         self,
         shape,

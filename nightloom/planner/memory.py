@@ -100,13 +100,15 @@ def memory_breakdown(shape: ModelShape, c: ParallelDims, seq: int, precision: st
     wb, gb, ob = _state_bytes(precision)
     unit = layer_params(shape, c.tp)
     params_of = rank_params(shape, c)
-    per_layer_act = activation_bytes_per_layer(shape, seq, c.micro_batch, c.tp, c.sp, c.recompute) / c.cp
+    # context parallel: each rank holds seq/cp tokens, and ring attention's blockwise scores are (seq/cp)² per step
+    local = seq / c.cp
+    per_layer_act = activation_bytes_per_layer(shape, local, c.micro_batch, c.tp, c.sp, c.recompute)
     m = c.grad_accum
     interleave = 1 + (c.pp - 1) / (c.pp * c.virtual_stages) if c.virtual_stages > 1 else 1.0
     # a layer being recomputed (full) or its attention core (selective) is briefly whole again in backward
     working = 0.0
     if c.recompute != "none":
-        whole = activation_bytes_per_layer(shape, seq, c.micro_batch, c.tp, c.sp, "none") / c.cp
+        whole = activation_bytes_per_layer(shape, local, c.micro_batch, c.tp, c.sp, "none")
         working = whole if c.recompute == "full" else whole - per_layer_act
     logits = LOGIT_BYTES * seq * c.micro_batch * shape.vocab / c.tp / c.cp
     if c.cp > 1:  # ring attention: the K,V block in use and the one arriving, and in backward their gradients

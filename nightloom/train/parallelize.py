@@ -163,13 +163,12 @@ def build_parts(
     n_stages = plan.pp * v
     pp_rank = mesh["pp"].get_local_rank() if mesh is not None else 0
     stage_ids = [pp_rank + i * plan.pp for i in range(v)]
-    sizes = dims.stage_sizes(shape.layers)  # layers of every stage (uneven when the plan says so)
-    starts = [sum(sizes[:i]) for i in range(n_stages + 1)]
+    bounds = dims.stage_bounds(shape.layers)  # layers of every stage (uneven when the plan says so)
     parts: list[nn.Module] = []
     for s in stage_ids:
         m = build_model(shape, seq_len, device="meta")
         if n_stages > 1:
-            m.keep_layers(starts[s], starts[s + 1], has_embed=s == 0, has_head=s == n_stages - 1)
+            m.keep_layers(*bounds[s], has_embed=s == 0, has_head=s == n_stages - 1)
         # shard while still on the meta device, then materialise only this rank's shards and initialise them
         if plan.tp > 1:
             _apply_tp(m, mesh["tp"], plan.sp)
