@@ -7,6 +7,7 @@ against the directory of that file; in a spec built in Python they resolve again
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import re
@@ -173,18 +174,44 @@ class ClusterSpec(_Section):
 
 
 class ParallelSpec(_Section):
-    """Explicit parallel degrees; leave `parallel: auto` in the spec to let the planner choose."""
+    """Explicit parallel degrees; leave `parallel: auto` in the spec to let the planner choose. The rules are
+    nightloom.parallel.ParallelDims.check's (run at load time when the model is known)."""
 
     tp: int = Field(1, gt=0)
     pp: int = Field(1, gt=0)
-    dp_replicate: int = Field(1, gt=0)
-    dp_shard: int = Field(-1, description="-1 = whatever is left of the world size.")
+    dp_replicate: int = Field(1, gt=0, description="Replicas (plain data parallel); HSDP's replica groups.")
+    dp_shard: int = Field(-1, description="Ranks sharding with FSDP2; -1 = whatever is left of the world size.")
     cp: int = Field(1, gt=0, description="Context parallel (GPU only).")
     sp: bool = Field(False, description="Sequence parallel with TP (Megatron-SP).")
     micro_batch: int = Field(1, gt=0)
     virtual_stages: int = Field(1, gt=0)
     schedule: Literal["gpipe", "1f1b", "interleaved_1f1b"] = "1f1b"
     recompute: Literal["none", "selective", "full"] = "none"
+    zero: Literal["fsdp", "zero2"] = Field(
+        "fsdp", description="How dp_shard shards: fsdp (ZeRO-3) or zero2 (parameters kept from forward to backward)."
+    )
+    stages: list[int] | None = Field(None, description="Transformer layers per pipeline stage (uneven split).")
+
+    @field_validator("zero", mode="before")
+    @classmethod
+    def _zero(cls, v):
+        if v == "none":
+            raise ValueError("'none' is not a sharding mode: plain data parallel is dp_replicate: N with dp_shard: 1")
+        return v
+
+    @field_validator("dp_shard")
+    @classmethod
+    def _dp_shard(cls, v: int) -> int:
+        if v == 0 or v < -1:
+            raise ValueError(f"must be >= 1, or -1 for the rest of the world size, got {v}")
+        return v
+
+    @model_validator(mode="after")
+    def _stages(self) -> ParallelSpec:
+        n = self.pp * (self.virtual_stages if self.schedule == "interleaved_1f1b" else 1)
+        if self.stages is not None and (len(self.stages) != n or min(self.stages) < 1):
+            raise ValueError(f"stages {self.stages}: give pp·virtual_stages ({n}) sizes, each >= 1")
+        return self
 
 
 class XTunerSpec(_Section):
@@ -453,31 +480,74 @@ def _semantic_errors(data: dict, base_dir: Path) -> list[tuple[tuple, str]]:
     dpath = local(_get(data, "dataset", "path"))
     if dpath is not None and _get(data, "dataset", "sample") is not True and not dpath.exists():
         errs.append((("dataset", "path"), f"not found: {dpath}"))
-    par = _get(data, "parallel")
     nodes, per = _get(data, "cluster", "nodes", default=2), _get(data, "cluster", "gpus_per_node", default=2)
-    if isinstance(par, dict) and all(isinstance(x, int) for x in (nodes, per)):
-        deg = {k: _get(par, k, default=1) for k in ("tp", "pp", "dp_replicate", "cp")}
-        shard = _get(par, "dp_shard", default=-1)
-        if all(isinstance(v, int) and v > 0 for v in deg.values()) and isinstance(shard, int):
-            world = nodes * per
-            fixed = deg["tp"] * deg["pp"] * deg["dp_replicate"] * deg["cp"]
-            if shard > 0 and fixed * shard != world:
-                errs.append(
-                    (
-                        ("parallel",),
-                        f"tp({deg['tp']})·pp({deg['pp']})·dp_replicate({deg['dp_replicate']})"
-                        f"·dp_shard({shard})·cp({deg['cp']}) = {fixed * shard} != world size {world} "
-                        "(cluster.nodes·cluster.gpus_per_node)",
-                    )
-                )
-            elif shard <= 0 and world % fixed:
-                errs.append((("parallel",), f"world size {world} is not divisible by tp·pp·dp_replicate·cp = {fixed}"))
+    errs += _parallel_errors(data, base_dir, nodes, per)
     if _get(data, "cluster", "provider") == "ssh":
         hosts = _get(data, "cluster", "ssh", "hosts", default=[]) or []
         active = [h for h in hosts if isinstance(h, dict) and not h.get("spare")]
         if isinstance(nodes, int) and len(active) < nodes:
             errs.append((("cluster", "ssh", "hosts"), f"{len(active)} non-spare hosts for cluster.nodes={nodes}"))
     return errs
+
+
+def _parallel_errors(data: dict, base_dir: Path, nodes, per) -> list[tuple[tuple, str]]:
+    """An explicit `parallel:` section against the world size and the model: ParallelDims.resolve fills
+    dp_shard=-1, ParallelDims.check gives the reasons (the rules the planner and the trainer apply)."""
+    from nightloom.catalog import MODELS, shape_from_hf_config
+    from nightloom.parallel import LayoutError, ParallelDims
+
+    par = _get(data, "parallel")
+    if not isinstance(par, dict) or not all(isinstance(x, int) and x > 0 for x in (nodes, per)):
+        return []
+    try:
+        p = ParallelSpec.model_validate(par)
+    except ValidationError:
+        return []  # the schema errors are reported already
+    try:
+        dims = ParallelDims.resolve(
+            nodes * per,
+            tp=p.tp,
+            pp=p.pp,
+            dp_replicate=p.dp_replicate,
+            dp_shard=p.dp_shard,
+            cp=p.cp,
+            sp=p.sp,
+            virtual_stages=p.virtual_stages,
+            schedule=p.schedule,
+            recompute=p.recompute,
+            zero=p.zero,
+            stages=tuple(p.stages) if p.stages else None,
+        )
+    except LayoutError as e:
+        return [(("parallel",), f"{e} (cluster.nodes·cluster.gpus_per_node)")]
+    name, config = _get(data, "model", "name", default="tiny"), _get(data, "model", "config")
+    try:
+        if isinstance(config, str) and "://" not in config:
+            q = Path(config).expanduser()
+            shape = shape_from_hf_config(q if q.is_absolute() else base_dir / q)
+        elif config is None and name in MODELS:
+            shape = MODELS[name]
+        else:
+            return []
+    except (OSError, ValueError, KeyError):
+        return []  # reported under model.*
+    seq = _get(data, "train", "seq_len", default=128)
+    gb = _get(data, "train", "global_batch", default=8)
+    if not (isinstance(seq, int) and isinstance(gb, int)):
+        return []
+    # micro_batch is pinned, grad_accum follows from the global batch (as the planner sets it)
+    per_rank = gb // dims.dp if gb % dims.dp == 0 else 0
+    accum = per_rank // p.micro_batch if per_rank and per_rank % p.micro_batch == 0 else 0
+    if accum:
+        dims = dataclasses.replace(dims, grad_accum=accum)
+    else:
+        return [
+            (
+                ("parallel", "micro_batch"),
+                f"train.global_batch ({gb}) is not divisible by micro_batch ({p.micro_batch}) · dp ({dims.dp})",
+            )
+        ]
+    return [(("parallel",), why) for why in dims.check(shape, seq, gb)]
 
 
 def parse_spec(data: object, source: str = "<spec>", text: str | None = None, base_dir: Path | None = None) -> RunSpec:

@@ -289,7 +289,9 @@ def test_cost_cli_budget_refusal_and_usage_errors(tmp_path, capsys):
     assert main(["cost", str(tmp_path / "missing.yaml"), "--hours", "1"]) == 2
     assert "file not found" in capsys.readouterr().err
     cpu = tmp_path / "cpu.yaml"
-    cpu.write_text(Path(spec).read_text().replace("h100-80gb", "cpu").replace("llama2-7b", "tiny"))
+    # tiny's max_seq is 512: the planner now applies the trainer's seq_len rule too
+    text = Path(spec).read_text().replace("h100-80gb", "cpu").replace("llama2-7b", "tiny")
+    cpu.write_text(text.replace("seq_len: 4096", "seq_len: 128"))
     assert main(["cost", str(cpu)]) == 2
     assert "give --hours" in capsys.readouterr().err
     # without --hours the planner's predicted step time sets the duration
