@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from datetime import UTC, datetime, timedelta
 
@@ -74,3 +75,21 @@ def test_a_schema_1_ledger_is_migrated_and_keeps_its_rows(tmp_path):
     con = sqlite3.connect(db)
     assert "nights" in [r[1] for r in con.execute("PRAGMA table_info(nightloom_runs)")]
     con.close()
+
+
+def test_ledger_list_shows_nights_used(tmp_path, capsys):
+    from flows.cli import main
+
+    url = f"sqlite:///{tmp_path / 'l.db'}"
+    with Ledger(url) as lg:
+        start(lg, "split-run")
+        lg.record_night("split-run", night(1, 3.0, 10))
+        lg.record_night("split-run", night(2, 4.5, 20))
+        start(lg, "plain-run")
+    assert main(["ledger", "--url", url, "list", "--json"]) == 0
+    rows = {r["run_id"]: r for r in json.loads(capsys.readouterr().out)}
+    assert rows["split-run"]["nights"] == 2 and rows["plain-run"]["nights"] == 0
+    assert rows["split-run"]["cost"] == pytest.approx(7.5)
+    assert main(["ledger", "--url", url, "list"]) == 0
+    out = capsys.readouterr().out
+    assert "nights" in out and "2 (last 4.50 vs 5.00 ± 1.00)" in out

@@ -495,3 +495,27 @@ def test_billing_spans_and_run_cost():
     assert run_cost(s, at(2026, 6, 1, 4, 30), 0.5 * H, 8, [span]) == pytest.approx(8 * 0.5 + 4 * 1.0 + 4 * 2.0)
     assert lost_time_cost(s, at(2026, 6, 1, 12), 0.0, 8) == 0.0
     assert lost_time_cost(s, at(2026, 6, 1, 12), H, 8) == pytest.approx(16.0)
+
+
+def test_cost_cli_prints_the_nights_and_refuses_too_many(tmp_path, capsys):
+    import json
+
+    from flows.cli import main
+
+    spec = write_spec(tmp_path, policy="split", max_nights=2)
+    args = ["cost", spec, "--hours", "10", "--provisioning-min", "10", "--at", "2026-06-01T02:00:00+08:00"]
+    assert main([*args, "--json"]) == 1  # 10 h of training in 4 h nights needs 3 nights
+    out = json.loads(capsys.readouterr().out)
+    plan = out["plan"]
+    assert plan["totals"]["nights"] == 3 and len(plan["nights"]) == 3
+    assert plan["totals"]["finish"].startswith("2026-06-03T") and plan["totals"]["finish"].endswith("+08:00")
+    assert plan["totals"]["offpeak_gpu_hours"] == pytest.approx(plan["totals"]["gpu_hours"])
+    assert plan["totals"]["cost"] == pytest.approx(sum(n["cost"] for n in plan["nights"]))
+    assert out["cost"]["cost"] == pytest.approx(plan["totals"]["cost"]) and "needs 3 nights" in out["over_budget"]
+    assert out["decision"]["action"] == "run" and out["decision"]["deadline"].startswith(
+        "2026-05-31T21:59"
+    )  # 06:00 CST less the checkpoint
+    assert main(args) == 1
+    captured = capsys.readouterr()
+    assert "nights: 3; predicted finish: 2026-06-03" in captured.out and "┃ night" in captured.out
+    assert "needs 3 nights" in captured.err and "max_nights is 2" in captured.err
