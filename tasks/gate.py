@@ -6,7 +6,6 @@ The decision, the budget and the night-count limit all come from one plan of nig
 
 from __future__ import annotations
 
-import time
 from datetime import UTC, datetime, timedelta
 
 from prefect import get_run_logger, task
@@ -17,7 +16,14 @@ from pydantic import BaseModel
 
 from nightloom.ledger import Ledger
 from nightloom.parallel import ParallelPlan
-from nightloom.schedule import NightPlan, budget_deadline, inputs_for_spec, plan_nights, refuse_if_over
+from nightloom.schedule import (
+    NightPlan,
+    budget_check,
+    budget_deadline,
+    inputs_for_spec,
+    plan_nights,
+    refuse_if_over,
+)
 from nightloom.spec import RunSpec
 
 
@@ -75,29 +81,11 @@ def night_plan(spec: RunSpec, plan: ParallelPlan, run_id: str, now: datetime) ->
     return plan_nights(spec.schedule, now, inputs)
 
 
-@task(name="window-gate", cache_policy=NO_CACHE)
-def gate_task(spec: RunSpec, plan: ParallelPlan, shape, run_id: str, now: datetime | None = None) -> GateDecision:
-    """Decide from the clock (`now` injectable), the windows and the plan of nights; refuse (RunRefused) a run
-    over budget or over schedule.max_nights before anything is rented."""
-    log = get_run_logger()
-    real_now = datetime.now(UTC)
-    now = now or real_now
-    nights = night_plan(spec, plan, run_id, now)
-    check = refuse_if_over(spec.schedule, nights)  # raises BudgetExceeded / TooManyNights
+def gate_decision(spec: RunSpec, nights: NightPlan, now: datetime, real_now: datetime) -> GateDecision:
+    """Run now or defer, from the plan of nights (no I/O): under split the trainer's deadline is the window end
+    less the checkpoint time; the budget deadline counts what earlier nights spent. Deadlines are mapped from
+    the gate's (possibly injected) clock `now` onto the real clock `real_now`."""
     first, inp = nights.nights[0], nights.inputs
-    total_n = "unknown" if nights.total_nights is None else str(nights.total_nights)
-    log.info(
-        "window gate: %s; night %d of %s, finish %s, cost %.2f ± %.2f %s; %s%s",
-        nights.reason,
-        first.index,
-        total_n,
-        nights.local(nights.finish),
-        nights.cost,
-        nights.uncertainty,
-        nights.currency,
-        check.message,
-        f"; {nights.note}" if nights.note else "",
-    )
     known = nights.complete
     fields = dict(
         predicted_duration_s=nights.training_s if known else None,
@@ -111,25 +99,16 @@ def gate_task(spec: RunSpec, plan: ParallelPlan, shape, run_id: str, now: dateti
         night_uncertainty=first.uncertainty,
         predicted_nights=nights.total_nights,
         predicted_finish=None if nights.finish is None else nights.finish.astimezone(_zone(spec)).isoformat(),
-        budget=check.message,
+        budget=budget_check(spec.schedule, nights).message,
     )
 
     def to_real(t: datetime) -> float:  # map a time on the (possibly injected) clock onto the real clock
-        return time.time() + (t - now).total_seconds()
+        return real_now.timestamp() + (t - now).total_seconds()
 
     if first.start > now:
-        params = {"spec": spec.model_dump(mode="json", by_alias=True), "resume_run_id": run_id if inp.resumed else None}
-        next_id = schedule_same_deployment(params, first.start)
-        where = f"scheduled flow run {next_id}" if next_id else "start it again then (not running from a deployment)"
         return GateDecision(
-            run_now=False,
-            status="deferred",
-            reason=f"{nights.reason}; {where}",
-            next_run_at=first.start.isoformat(),
-            next_flow_run_id=next_id,
-            **fields,
+            run_now=False, status="deferred", reason=nights.reason, next_run_at=first.start.isoformat(), **fields
         )
-
     deadline, kind = None, None
     if spec.schedule.policy == "split" and first.window is not None:  # also when predicted to fit: a safety
         deadline, kind = to_real(first.window.end - timedelta(seconds=inp.checkpoint_s)), "window"
@@ -139,6 +118,37 @@ def gate_task(spec: RunSpec, plan: ParallelPlan, shape, run_id: str, now: dateti
     return GateDecision(
         run_now=True, status="run", reason=nights.reason, deadline_unix=deadline, deadline_kind=kind, **fields
     )
+
+
+@task(name="window-gate", cache_policy=NO_CACHE)
+def gate_task(spec: RunSpec, plan: ParallelPlan, shape, run_id: str, now: datetime | None = None) -> GateDecision:
+    """Decide from the clock (`now` injectable), the windows and the plan of nights; refuse (RunRefused) a run
+    over budget or over schedule.max_nights before anything is rented; schedule the deferred run."""
+    log = get_run_logger()
+    real_now = datetime.now(UTC)
+    now = now or real_now
+    nights = night_plan(spec, plan, run_id, now)
+    refuse_if_over(spec.schedule, nights)  # raises BudgetExceeded / TooManyNights
+    decision = gate_decision(spec, nights, now, real_now)
+    log.info(
+        "window gate: %s; night %d of %s, finish %s, cost %.2f ± %.2f %s; %s%s",
+        nights.reason,
+        decision.night,
+        "unknown" if nights.total_nights is None else nights.total_nights,
+        nights.local(nights.finish),
+        nights.cost,
+        nights.uncertainty,
+        nights.currency,
+        decision.budget,
+        f"; {nights.note}" if nights.note else "",
+    )
+    if decision.run_now:
+        return decision
+    resume = run_id if nights.inputs.resumed else None
+    params = {"spec": spec.model_dump(mode="json", by_alias=True), "resume_run_id": resume}
+    next_id = schedule_same_deployment(params, nights.start)
+    where = f"scheduled flow run {next_id}" if next_id else "start it again then (not running from a deployment)"
+    return decision.model_copy(update={"reason": f"{decision.reason}; {where}", "next_flow_run_id": next_id})
 
 
 def _zone(spec: RunSpec):

@@ -60,7 +60,7 @@ def night_record(
     )
 
 
-@task(name="ledger-night", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=1)
+@task(name="ledger-night", cache_policy=NO_CACHE)  # no retries: an append must not run twice
 def record_night_task(spec: RunSpec, run_id: str, decision: GateDecision, night: NightRecord) -> NightsSoFar:
     """Append the night to the run's ledger row (its cost becomes the sum of its nights) and publish the table of
     nights, predicted vs actual."""

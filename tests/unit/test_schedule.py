@@ -519,3 +519,33 @@ def test_cost_cli_prints_the_nights_and_refuses_too_many(tmp_path, capsys):
     captured = capsys.readouterr()
     assert "nights: 3; predicted finish: 2026-06-03" in captured.out and "┃ night" in captured.out
     assert "needs 3 nights" in captured.err and "max_nights is 2" in captured.err
+
+
+def test_gate_deadline_counts_money_spent_by_earlier_nights():
+    from nightloom.spec import RunSpec
+    from tasks.gate import gate_decision
+
+    spec = RunSpec.model_validate(
+        {
+            "name": "g",
+            "dataset": {"path": "d"},
+            "cluster": {"nodes": 1, "gpus_per_node": 2, "gpu_type": "cpu"},
+            "schedule": {"policy": "split", "price_per_gpu_hour": 3600.0, "offpeak_discount": 0.0, "budget": 100.0},
+        }
+    )
+    now, real = at(2026, 6, 1, 5), datetime(2026, 1, 1, tzinfo=UTC)  # an injected clock, mapped onto the real one
+    fresh = night_inputs(steps=10_000, step=1.0, gpus=2, prov=0.0, ckpt=30.0)
+    d = gate_decision(spec, plan_nights(spec.schedule, now, fresh), now, real)
+    # budget 100 at 2/s is spent after 50 s; the window (06:00 less the 30 s checkpoint) is later
+    assert d.run_now and d.deadline_kind == "budget" and d.deadline_unix == pytest.approx(real.timestamp() + 50)
+    cont = dataclasses.replace(fresh, resumed=True, nights_used=1, spent=90.0, steps_done=500)
+    d = gate_decision(spec, plan_nights(spec.schedule, now, cont), now, real)
+    assert d.deadline_kind == "budget" and d.deadline_unix == pytest.approx(real.timestamp() + 5)  # 10 left
+    assert (d.night, d.spent, d.steps_done, d.clock_offset_s) == (2, 90.0, 500, (now - real).total_seconds())
+    rich = spec.model_copy(update={"schedule": spec.schedule.model_copy(update={"budget": None})})
+    d = gate_decision(rich, plan_nights(rich.schedule, now, fresh), now, real)
+    assert d.deadline_kind == "window" and d.deadline_unix == pytest.approx(real.timestamp() + 3600 - 30)
+    later = gate_decision(rich, plan_nights(rich.schedule, at(2026, 6, 1, 7), fresh), at(2026, 6, 1, 7), real)
+    assert not later.run_now and later.next_run_at == at(2026, 6, 2, 2).astimezone(UTC).isoformat()
+    nopred = gate_decision(spec, plan_nights(spec.schedule, now, night_inputs(step=None)), now, real)
+    assert nopred.predicted_cost is None and "not checked" in nopred.budget
