@@ -1,6 +1,6 @@
 """The `shard-dataset` flow: hash-shard the spec's dataset; runs as the pipeline's first sub-flow or alone.
 
-Inputs are scanned by one task each and shards written by one task each, so a distributed task runner
+Inputs are scanned by one task per scan unit (a file, or many small files together) and shards written by one task each, so a distributed task runner
 (prefect-dask's DaskTaskRunner, prefect-ray's RayTaskRunner) spreads them across machines when the work
 folder (`sharding.output` for local outputs) is on storage every worker sees.
 """
@@ -36,7 +36,7 @@ def shard_dataset_flow(spec: RunSpec | str) -> ShardManifest:
             log.info("inputs and settings unchanged (hash %s): reusing %s", job.settings_hash, output)
             report_shards(done, output, reused=True)
             return done
-        scans = [f.result() for f in scan_input_task.map(unmapped(job), range(len(job.sources)))]
+        scans = [f.result() for f in scan_input_task.map(unmapped(job), range(len(job.units)))]
         placement = place_documents_task(job, scans)
         infos = [f.result() for f in write_shard_task.map(unmapped(job), unmapped(scans), range(job.num_shards))]
         manifest = publish_manifest_task(job, scans, placement, infos)

@@ -74,10 +74,11 @@ def _progress_lines():
     seen: dict[str, int] = {}
     lock = threading.Lock()  # scan/write callbacks arrive from worker threads
 
-    def note(stage: str, done: int, total: int) -> None:
+    def note(stage: str, count: int, total: int) -> None:
         with lock:
-            seen[stage] = count = seen.get(stage, 0) + 1
-            if count in (1, total) or count % max(1, total // 10) == 0:
+            before, seen[stage] = seen.get(stage, 0), count
+            tenth = max(1, total // 10)
+            if before == 0 or count >= total or count // tenth > before // tenth:
                 unit = "input files" if stage == "scan" else "shards"
                 print(
                     f"[shard] {stage} {count}/{total} {unit}  {time.monotonic() - t0:6.1f} s",
@@ -141,5 +142,6 @@ def run(args: argparse.Namespace) -> int:
             f"plain hashing {summary.imbalance_before_rebalance:.4f}{', rebalanced' if summary.rebalanced else ''}); "
             f"{summary.dedup_dropped} duplicates dropped, {summary.empty_skipped} empty, {summary.bad_records} bad"
         )
+        print(summary.files_line())
         print("balanced" if summary.balanced else "NOT balanced")
     return 0 if summary.balanced else 1

@@ -9,7 +9,7 @@ import pytest
 
 from nightloom.sharding import TooSmallError, load_manifest, shard_dataset
 from nightloom.spec import RunSpec
-from tests.unit.sharding_helpers import make_docs, write_jsonl
+from tests.support.sharding import make_docs, write_jsonl
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 

@@ -20,7 +20,7 @@ from zoneinfo import ZoneInfo
 import pytest
 import yaml
 
-from tests.flows.test_pipeline import small_demo
+from tests.support.pipeline import small_demo
 
 TZ = ZoneInfo("Asia/Shanghai")
 WINDOW = {"start": "02:00", "end": "06:00"}

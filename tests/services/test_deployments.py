@@ -18,8 +18,8 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from tests.conftest import in_ci
-from tests.flows.test_pipeline import demo_data
+from tests.support.ci import in_ci
+from tests.support.pipeline import demo_data
 
 ROOT = Path(__file__).resolve().parents[2]
 POOL = os.environ.get("PREFECT_WORK_POOL", "local-pool")

@@ -6,8 +6,8 @@ import uuid
 import pytest
 
 from nightloom.provision.base import ProvisionError
-from tests.conftest import in_ci
-from tests.services.test_ssh import make_spec, sshenv  # noqa: F401 - fixture
+from tests.support.ci import in_ci
+from tests.support.ssh import make_spec
 
 pytestmark = [pytest.mark.services, pytest.mark.timeout(120)]
 

@@ -13,6 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+#: steps of the distributed tests' runs, and the single-process reference layout they are compared with:
+#: 1 process, global batch 8 = micro_batch 2 x grad_accum 4
+STEPS = 5
+REF_PLAN = {"micro_batch": 2, "grad_accum": 4}
 WORDS = [
     "the",
     "night",
