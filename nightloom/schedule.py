@@ -807,6 +807,7 @@ def inputs_for_spec(
             prov, prov_src = DEFAULT_PROVISIONING_S, "default: 10 min"
     params = count_params(resolve_model(spec.model.config or spec.model.name))
     ckpt = checkpoint_seconds(params, s.checkpoint_gb_per_s)
+    size = f"{params / 1e9:.2f}B" if params >= 1e9 else f"{params / 1e6:.2f}M"
     return NightInputs(
         steps=steps,
         gpus=spec.world_size,
@@ -816,7 +817,7 @@ def inputs_for_spec(
         provisioning_source=prov_src,
         checkpoint_s=ckpt,
         restore_s=ckpt,
-        checkpoint_source=f"{params / 1e9:.2f}B params × {CHECKPOINT_BYTES_PER_PARAM:g} B at {s.checkpoint_gb_per_s:g} GB/s",
+        checkpoint_source=f"{size} params × {CHECKPOINT_BYTES_PER_PARAM:g} B at {s.checkpoint_gb_per_s:g} GB/s",
         resumed=mine is not None,
         steps_done=steps_done,
         nights_used=len(mine.nights) if mine is not None else 0,
