@@ -400,7 +400,7 @@ def budget_deadline(
 # ---------------------------------------------------------------------------------------------- nights
 
 DEFAULT_PROVISIONING_S = 600.0  # 10 min from renting to ready when neither the ledger nor the spec says
-STOP_S = 10.0  # after the last checkpoint: processes exit and the nodes are released (billed, not planned)
+STOP_S = 30.0  # after the last checkpoint, up to this long for the processes to exit and the nodes to be released
 # A DCP checkpoint holds the fp32 master weights and Adam's m and v: the 12 of the 16 B/param of mixed-precision
 # Adam (DESIGN.md "Memory"; the bf16 working copy and the gradients are not saved).
 CHECKPOINT_BYTES_PER_PARAM = 12.0
