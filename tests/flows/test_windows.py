@@ -28,9 +28,12 @@ WINDOW = {"start": "02:00", "end": "06:00"}
 
 def window_spec(tmp_path: Path, steps: int, **schedule) -> Path:
     """One node × 2 ranks, a longer run, the given schedule section."""
+    from nightloom.provision.local import free_port
+
     p = small_demo(tmp_path, steps=steps, checkpoint_every=0, seq_len=128, global_batch=16)
     data = yaml.safe_load(p.read_text())
-    data["cluster"].update({"nodes": 1, "gpus_per_node": 2})
+    # its own rendezvous port: another run on this machine may hold the default 29500
+    data["cluster"].update({"nodes": 1, "gpus_per_node": 2, "master_port": free_port()})
     data["schedule"] = {"timezone": "Asia/Shanghai", "windows": [WINDOW], **schedule}
     p.write_text(yaml.safe_dump(data))
     return p
