@@ -18,15 +18,16 @@ from prefect.runtime import flow_run as current_run
 from flows.shard import shard_dataset_flow
 from nightloom.catalog import ModelShape, get_gpu, get_model
 from nightloom.report import RunSummary, StageTime
-from nightloom.schedule import BillingSpan, BudgetExceeded, next_window
+from nightloom.schedule import BillingSpan, RunRefused, next_window
 from nightloom.spec import RunSpec, coerce_spec
 from nightloom.train.job import ModelConfig, TrainJob
 from nightloom.validate import ValidationFailed
 from tasks.finetune import xtuner_train_task
 from tasks.gate import gate_task, schedule_same_deployment
+from tasks.nights import night_record, record_night_task
 from tasks.plan import plan_task
 from tasks.provision import acquire_cluster, make_provider, release_cluster
-from tasks.record import fail_record_task, record_task, run_cost, start_record_task
+from tasks.record import fail_record_task, record_task, start_record_task
 from tasks.recovery import train_with_recovery
 from tasks.teardown import kill_recorded_processes, record_cluster, teardown_hook
 from tasks.validate import validate_task
@@ -110,7 +111,7 @@ def training_pipeline(
         pre_plan = plan_task(spec, spec.world_size, publish=False)
         try:
             decision = gate_task(spec, pre_plan, shape, run_id=run_id, now=now)
-        except BudgetExceeded as e:  # refused before anything is rented; the ledger keeps the refusal
+        except RunRefused as e:  # over budget or max_nights: refused before renting; the ledger keeps it
             start_record_task(spec, run_id, pre_plan, resume=resume_run_id is not None)
             fail_record_task(spec, run_id, "refused", str(e), 0.0)
             raise
@@ -176,7 +177,11 @@ def training_pipeline(
     try:  # a crash here must still close the ledger row (never leave it "running")
         with watch.stage("validate"):
             outcome = validate_task(spec, run_dir, plan, result, shape, cluster.world_size)
-        cost = run_cost(spec, started, provisioning_s, first_gpus, spans)
+        night = night_record(spec, decision, started, provisioning_s, first_gpus, spans, result)
+        nights = record_night_task(spec, run_id, decision, night)
+        cost = nights.run_cost  # every night of the run, this one included
+        summary.nights_used, summary.nights_left = nights.nights_used, nights.nights_left
+        summary.predicted_finish = nights.predicted_finish
         status = "succeeded" if outcome.passed else "failed"
         summary.status = "completed" if outcome.passed else "failed"
         if result.stopped != "completed" and outcome.passed:

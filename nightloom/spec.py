@@ -307,6 +307,18 @@ class ScheduleSpec(_Section):
     offpeak_discount: float = Field(0.18, ge=0, lt=1)
     currency: str = "USD"
     budget: float | None = Field(None, gt=0, description="Refuse or stop a run whose cost would exceed it.")
+    max_nights: int | None = Field(
+        None, ge=1, description="Refuse, before renting, a run whose plan needs more nights (windows) than this."
+    )
+    provisioning_minutes: float | None = Field(
+        None,
+        ge=0,
+        description="Minutes from renting to ready, billed, when the ledger has no measured time to ready for "
+        "this cluster (default 10).",
+    )
+    checkpoint_gb_per_s: float = Field(
+        2.0, gt=0, description="Checkpoint storage bandwidth (GB/s, all ranks together): save and restore time."
+    )
 
     @field_validator("timezone")
     @classmethod
