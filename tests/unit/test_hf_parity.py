@@ -11,8 +11,7 @@ import json
 
 import pytest
 import torch
-
-transformers = pytest.importorskip("transformers")
+import transformers
 
 from nightloom.hf.config import HFConfigError, shape_from_hf_config
 from nightloom.hf.load import model_from_hf
