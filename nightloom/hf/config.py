@@ -92,8 +92,11 @@ def _refuse_unsupported(cfg: dict, mtype: str) -> None:
         raise ValueError("use_sliding_window: true is not supported (sliding-window attention)")
 
 
-def shape_from_config(cfg: dict, name: str = "hf") -> ModelShape:
-    """A ModelShape from a parsed config.json; raises ValueError naming the field."""
+def shape_from_config(cfg: dict, name: str = "hf", strict: bool = True) -> ModelShape:
+    """A ModelShape from a parsed config.json; raises ValueError naming the field.
+
+    strict=False reads the shape only (FLOP counts for a model another trainer runs, e.g. XTuner): fields the
+    native model cannot compute are then not refused and an unsupported RoPE scaling is left out."""
     mtype = cfg.get("model_type")
 
     def need(*keys: str) -> int:
@@ -106,11 +109,17 @@ def shape_from_config(cfg: dict, name: str = "hf") -> ModelShape:
         raise ValueError(f"{' or '.join(keys)}: required for model_type {mtype!r} but missing")
 
     if mtype in LLAMA_TYPES:
-        _refuse_unsupported(cfg, mtype)
+        if strict:
+            _refuse_unsupported(cfg, mtype)
         heads = need("num_attention_heads")
         hidden = need("hidden_size")
         head_dim = cfg.get("head_dim")
-        theta, scaling = _rope(cfg)
+        try:
+            theta, scaling = _rope(cfg)
+        except ValueError:
+            if strict:
+                raise
+            theta, scaling = float(cfg.get("rope_theta", 10000.0)), None
         attn_bias = bool(cfg.get("attention_bias", False))
         return ModelShape(
             name=name,
@@ -152,13 +161,13 @@ def shape_from_config(cfg: dict, name: str = "hf") -> ModelShape:
     raise ValueError(f"model_type: unsupported {mtype!r}; supported: {', '.join(LLAMA_TYPES)}, gpt2")
 
 
-def shape_from_hf_config(path: str | Path) -> ModelShape:
+def shape_from_hf_config(path: str | Path, strict: bool = True) -> ModelShape:
     """A ModelShape from a config.json file (or a folder holding one); errors start with the file name."""
     p = config_path(path)
     cfg = read_config(p)
     name = str(cfg.get("_name_or_path") or p.parent.name or p.stem)
     try:
-        return shape_from_config(cfg, name)
+        return shape_from_config(cfg, name, strict)
     except ValueError as err:
         raise HFConfigError(f"{p}: {err}") from None
 
