@@ -77,7 +77,6 @@ class TrainJob(BaseModel):
     s3_endpoint_url: str | None = None
     peak_flops: float | None = Field(None, description="Per-device peak FLOP/s for MFU; None = measure on CPU.")
     peak_source: str | None = None
-    export_dir: str | None = None  # the Hugging Face export written when training completed
     deadline_unix: float | None = Field(None, description="Checkpoint and stop cleanly at this wall-clock time.")
     resume: bool = True
     attempt: int = 0
