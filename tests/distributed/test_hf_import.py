@@ -135,15 +135,22 @@ def test_step1_loss_equals_transformers(layout, source, corpus, tmp_path):
     assert all(not v for v in info.values()), info
 
 
-def test_single_process_step1_loss_and_export(source, corpus, tmp_path):
-    out = launch(1, _job(tmp_path / "run", source, corpus, {"micro_batch": 4, "grad_accum": 2}, steps=2))
+def test_single_process_step1_loss_and_export(source, corpus, tmp_path, capsys):
+    from flows.cli import main as cli
+
+    run = tmp_path / "run"
+    out = launch(1, _job(run, source, corpus, {"micro_batch": 4, "grad_accum": 2}, steps=2))
     assert abs(out.losses[0] - _hf_loss(source, corpus)) < 1e-5
-    exported = model_from_hf(tmp_path / "run" / "export", SEQ)  # the trained weights, back through the importer
-    trained = _tensors(tmp_path / "run" / "export")
-    assert not torch.equal(
-        trained["model.layers.0.mlp.up_proj.weight"], _tensors(source)["model.layers.0.mlp.up_proj.weight"]
-    )
-    assert exported.shape.vocab == 301
+    trained = _tensors(run / "export")
+    key = "model.layers.0.mlp.up_proj.weight"
+    assert not torch.equal(trained[key], _tensors(source)[key])  # the export holds the trained weights
+    assert model_from_hf(run / "export", SEQ).shape.vocab == 301
+    # on demand: the same checkpoint through `nightloom export` gives the same tensors
+    assert cli(["export", str(run), "--step", "2", "--output", str(tmp_path / "again"), "--dtype", "fp32"]) == 0
+    again = _tensors(tmp_path / "again")
+    assert sorted(again) == sorted(trained) and all(torch.equal(again[k], trained[k]) for k in trained)
+    assert cli(["export", str(run), "--step", "7", "--output", str(tmp_path / "no")]) == 2
+    assert "no complete checkpoint at step 7" in capsys.readouterr().err and not (tmp_path / "no").exists()
 
 
 def test_resumed_checkpoint_wins_over_initial_weights(source, corpus, tmp_path):
