@@ -40,3 +40,4 @@ class RunSummary(BaseModel):
     next_run_at: str | None = None
     interruptions: int = 0  # failures recovered from (or given up on) during training
     recovery_s: float = 0.0  # total time to recover over those interruptions
+    export_dir: str | None = None  # the Hugging Face export (train.export: hf), written before the gates

@@ -47,6 +47,13 @@ def tokenizer_files(tokenizer: str | Path | None) -> list[Path]:
     return []
 
 
+def tokenizer_source(spec) -> str | None:
+    """The tokenizer file or folder a run spec names (`model.tokenizer`), or None for bytes / none."""
+    tok = getattr(spec.model, "tokenizer", None)
+    path = getattr(tok, "path", tok)
+    return path if isinstance(path, str) and path != "bytes" else None
+
+
 def _groups(names: list[str]) -> list[list[str]]:
     """Checkpoint model keys grouped per layer (and one group for the rest), in layer order."""
     by_layer: dict[int, list[str]] = {}
