@@ -193,3 +193,14 @@ def test_greedy_generation_equals_transformers(source):
     hf = transformers.AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).eval()
     ref = hf.generate(prompt, max_new_tokens=16, do_sample=False, attention_mask=torch.ones_like(prompt))
     assert ours.tolist() == ref.tolist()
+
+
+@pytest.mark.timeout(300)
+def test_tied_model_under_fsdp2(corpus, tmp_path):
+    """Tied embeddings stay tied through materialisation (to_empty) and FSDP2: step 1 equals transformers."""
+    tied = build_random_model(
+        tmp_path / "tied", "llama", seed=6, max_shard_size="100KB", **CONFIG, tie_word_embeddings=True
+    )
+    out = launch(2, _job(tmp_path / "run", tied, corpus, LAYOUTS["fsdp2"]), timeout=240)
+    assert abs(out.losses[0] - _hf_loss(tied, corpus)) < 1e-5
+    assert "lm_head.weight" not in _tensors(tmp_path / "run" / "export")
