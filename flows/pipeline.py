@@ -17,6 +17,7 @@ from prefect.runtime import flow_run as current_run
 
 from flows.shard import shard_dataset_flow
 from nightloom.catalog import ModelShape, get_gpu, get_model
+from nightloom.hf.export import tokenizer_source
 from nightloom.report import RunSummary, StageTime
 from nightloom.schedule import BillingSpan, RunRefused, next_window
 from nightloom.spec import RunSpec, coerce_spec
@@ -49,6 +50,10 @@ class Stopwatch:
 
 
 def model_shape(spec: RunSpec) -> ModelShape:
+    if spec.model.build_demo_weights and spec.model.weights:
+        from nightloom.hf.random_model import ensure_demo_weights
+
+        ensure_demo_weights(spec.model.weights)
     if spec.model.config:
         from nightloom.catalog import shape_from_hf_config
 
@@ -149,6 +154,9 @@ def training_pipeline(
                 peak_source=None,
                 deadline_unix=decision.deadline_unix,
                 stop_after_steps=decision.stop_after_steps,
+                weights=spec.model.weights,
+                hf_config=spec.model.config,
+                tokenizer_dir=tokenizer_source(spec),
             )
             if spec.cluster.gpu_type != "cpu":
                 gpu = get_gpu(spec.cluster.gpu_type)
@@ -165,6 +173,7 @@ def training_pipeline(
                     result, cluster, plan, spans = trained.result, trained.cluster, trained.plan, trained.spans
                     summary.layout, summary.world_size = plan.layout(), cluster.world_size
                     summary.interruptions, summary.recovery_s = trained.interruptions, round(trained.recovery_s, 2)
+                    summary.export_dir = result.export_dir
     except BaseException as e:
         status = "cancelled" if isinstance(e, (KeyboardInterrupt, SystemExit)) else "failed"
         fail_record_task(spec, run_id, status, f"{type(e).__name__}: {e}", sum(x.seconds for x in watch.stages))

@@ -34,7 +34,19 @@ class ModelSpec(_Section):
     """Which model to train: a catalog name (see nightloom/catalog.py) or a Hugging Face config.json."""
 
     name: str = Field("tiny", description="Catalog model name, e.g. tiny, llama2-7b, llama3-70b.")
-    config: str | None = Field(None, description="Path to a Hugging Face config.json; overrides `name`.")
+    config: str | None = Field(
+        None,
+        description="A Hugging Face config.json (llama, mistral, qwen2), or a folder holding one; overrides "
+        "`name`. Default: the `weights` folder's config.json.",
+    )
+    weights: str | None = Field(
+        None,
+        description="Hugging Face weights to start from: a local folder or s3:// prefix of *.safetensors "
+        "(+ model.safetensors.index.json), loaded into each rank's shards; a resumed checkpoint wins.",
+    )
+    build_demo_weights: bool = Field(
+        False, description="Build a small random Llama at `weights` on first use (demos and tests only)."
+    )
 
 
 class DatasetSpec(_Section):
@@ -251,6 +263,11 @@ class TrainSpec(_Section):
     checkpoint_every: int = Field(0, ge=0, description="Save a DCP checkpoint every K steps (0 = only at end).")
     collective_timeout_s: int = Field(120, gt=0)
     metrics_port: int | None = Field(None, description="Prometheus endpoint base port (rank r uses port+r).")
+    export: Literal["auto", "hf", "none"] = Field(
+        "auto",
+        description="When training completes, write <run_dir>/export/ (Hugging Face config, safetensors, "
+        "tokenizer) before the validation gates; auto = hf when the model comes from a Hugging Face config.",
+    )
     xtuner: XTunerSpec | None = None
 
 
@@ -403,6 +420,9 @@ class RunSpec(_Section):
         spec.sharding.output = fix(spec.sharding.output)
         spec.storage.root = fix(spec.storage.root)
         spec.model.config = fix(spec.model.config)
+        spec.model.weights = fix(spec.model.weights)
+        if spec.model.config is None and spec.model.weights is not None and "://" not in spec.model.weights:
+            spec.model.config = str(Path(spec.model.weights) / "config.json")
         spec.validate_.golden.path = fix(spec.validate_.golden.path)
         if spec.ledger.url.startswith("sqlite:///") and not spec.ledger.url.startswith("sqlite:////"):
             spec.ledger.url = "sqlite:///" + fix(spec.ledger.url[len("sqlite:///") :])
@@ -468,6 +488,37 @@ def _get(data: dict, *path, default=None):
     return data
 
 
+def _model_errors(data: dict, local) -> list[tuple[tuple, str]]:
+    """model.config parses (strictly: a field the native model cannot compute is named) and model.weights holds
+    safetensors; a demo whose weights are built on first use is checked when they exist."""
+    from nightloom.hf.config import config_path, shape_from_hf_config
+
+    config, weights = _get(data, "model", "config"), _get(data, "model", "weights")
+    build = _get(data, "model", "build_demo_weights") is True
+    if config is None and isinstance(weights, str) and "://" in weights:
+        return [(("model", "config"), "required when model.weights is an s3:// prefix")]
+    wdir = local(weights)
+    cfg = local(config) if config is not None else (wdir / "config.json" if wdir is not None else None)
+    errs: list[tuple[tuple, str]] = []
+    field = ("model", "config") if config is not None else ("model", "weights")
+    if cfg is not None and not (build and not config_path(cfg).exists()):
+        if not config_path(cfg).is_file():
+            errs.append((field, f"file not found: {config_path(cfg)}"))
+        else:
+            try:
+                shape_from_hf_config(cfg)
+            except ValueError as e:
+                errs.append((field, str(e)))
+    if wdir is not None and not (build and not wdir.exists()):
+        if not wdir.is_dir():
+            errs.append((("model", "weights"), f"folder not found: {wdir}"))
+        elif not any(wdir.glob("*.safetensors")):
+            errs.append((("model", "weights"), f"no *.safetensors files in {wdir}"))
+    if build and wdir is None:
+        errs.append((("model", "build_demo_weights"), "needs a local model.weights folder"))
+    return errs
+
+
 def _semantic_errors(data: dict, base_dir: Path) -> list[tuple[tuple, str]]:
     """Checks that need the filesystem or the catalog: (field path, reason), before anything is rented.
 
@@ -484,8 +535,7 @@ def _semantic_errors(data: dict, base_dir: Path) -> list[tuple[tuple, str]]:
     name, config = _get(data, "model", "name", default="tiny"), _get(data, "model", "config")
     if config is None and isinstance(name, str) and name not in MODELS:
         errs.append((("model", "name"), f"unknown model {name!r}; known: {', '.join(sorted(MODELS))}"))
-    if local(config) is not None and not local(config).is_file():
-        errs.append((("model", "config"), f"file not found: {local(config)}"))
+    errs += _model_errors(data, local)
     gpu = _get(data, "cluster", "gpu_type", default="cpu")
     if isinstance(gpu, str) and gpu != "cpu" and gpu not in GPUS:
         errs.append((("cluster", "gpu_type"), f"unknown GPU {gpu!r}; known: cpu, {', '.join(sorted(GPUS))}"))
