@@ -296,3 +296,80 @@ def load_tokenizer(spec: TokenizerSpec | str | None) -> Tokenizer:
     with _CACHE_LOCK:
         _CACHE[key] = tok
     return tok
+
+
+BPE_SPECIALS = ("<|endoftext|>",)  # id 0: the EOS of a trained BPE
+
+
+def ensure_trained(spec: TokenizerSpec, dataset) -> bool:
+    """`train_vocab`: train a byte-level BPE (`tokenizers`' BpeTrainer) on the dataset's local text and save
+    tokenizer.json + tokenizer_config.json at `spec.path`, once (a folder already holding them is kept).
+    Deterministic: the same corpus gives the same file. Written to a temporary folder, then renamed.
+    Returns True when it trained one."""
+    if spec.train_vocab is None:
+        return False
+    if spec.path is None:
+        raise TokenizerError("model.tokenizer.path: required with train_vocab (where the trained BPE is saved)")
+    out = Path(spec.path).expanduser()
+    if (out / "tokenizer.json").is_file():
+        return False
+    import shutil
+    import tempfile
+
+    from tokenizers import Tokenizer as RustTokenizer
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    from nightloom.sharding.sources import list_sources, read_records
+
+    def texts():
+        for src in list_sources(dataset.path, dataset.format):
+            if "://" in src.uri:
+                raise TokenizerError(f"{src.uri}: train_vocab trains on local files only")
+            for _, text, _, err, _ in read_records(Path(src.uri), src.format, dataset.text_field, None):
+                if err is None and text:
+                    yield text
+
+    tok = RustTokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=spec.train_vocab,
+        special_tokens=list(BPE_SPECIALS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts(), trainer=trainer)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
+    try:
+        tok.save(str(tmp / "tokenizer.json"))
+        config = {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "eos_token": BPE_SPECIALS[0],
+            "bos_token": None,
+            "model_max_length": 1 << 30,
+            "clean_up_tokenization_spaces": False,
+        }
+        (tmp / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+        try:
+            tmp.rename(out)
+        except OSError:
+            if not (out / "tokenizer.json").is_file():  # another process won the race: theirs is identical
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return True
+
+
+def resolve_vocab(model_spec, model_vocab: int) -> int:
+    """Embedding rows of the run's model: the model's own, `model.vocab` as a number, or the tokenizer's size
+    (`model.vocab: tokenizer`; a `train_vocab` tokenizer not trained yet counts as its requested size)."""
+    v = model_spec.vocab
+    if v is None:
+        return model_vocab
+    if isinstance(v, int):
+        return v
+    t = model_spec.tokenizer
+    if t.train_vocab is not None and not (Path(t.path or "").expanduser() / "tokenizer.json").is_file():
+        return t.train_vocab
+    return load_tokenizer(t).vocab_size

@@ -121,8 +121,11 @@ def run(args: argparse.Namespace) -> int:
         return _usage("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors()))
     if args.workers is not None and args.workers < 1:
         return _usage("--workers must be >= 1")
+    tokenizer = load_spec(args.spec).model.tokenizer if args.spec else None
     try:
-        manifest = shard_dataset(dataset, sharding, storage, workers=args.workers, progress=_progress_lines())
+        manifest = shard_dataset(
+            dataset, sharding, storage, workers=args.workers, progress=_progress_lines(), tokenizer=tokenizer
+        )
     except (ShardingError, OSError) as err:
         if args.json:
             print(json.dumps({"output": sharding.output, "balanced": False, "error": str(err)}, indent=2))

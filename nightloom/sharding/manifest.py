@@ -46,7 +46,7 @@ class ShardManifest(BaseModel):
     salt: str
     text_field: str = "text"
     keep_columns: list[str] = Field(default_factory=list)  # extra columns copied verbatim into every shard row
-    tokenizer: str = "bytes"
+    tokenizer: str = "bytes"  # "bytes" or the tokenizer's fingerprint (nightloom/tokenizer.py)
     compression: str = "zstd"  # Parquet codec of the shards
     balance_by: str = "tokens"
     tolerance: float = 0.02
@@ -63,6 +63,7 @@ class ShardManifest(BaseModel):
     bad_examples: list[BadRecord] = Field(default_factory=list)
     sources: list[SourceFile] = Field(default_factory=list)
     shards: list[ShardInfo]
+    heldout: ShardInfo | None = None  # held-out documents (sharding.heldout), never in a training shard
     settings_hash: str = ""  # hash of inputs + settings: a re-run with the same value does no work
 
     def to_json(self) -> str:

@@ -249,10 +249,20 @@ def _blank_rows(offsets: np.ndarray, data: np.ndarray, mv: memoryview) -> np.nda
     return blank
 
 
+def _counter(job: ShardJob):
+    """The job's tokenizer when it is not bytes (bytes: one token per UTF-8 byte, counted without it)."""
+    if job.tokenizer.is_bytes:
+        return None
+    from nightloom.tokenizer import load_tokenizer
+
+    return load_tokenizer(job.tokenizer)
+
+
 def _scan_fast(local: Path, src: SourceRef, job: ShardJob, spill: _Spill) -> tuple[int, int]:
     """(records, empty) via Arrow; hashes read straight from the string buffers."""
     salt = job.sharding.salt.encode("utf-8")
     xx64, xx3 = xxhash.xxh64, xxhash.xxh3_64_intdigest
+    tok = _counter(job)
     records = empty = 0
     for arr in _text_arrays(local, src, job.dataset.text_field):
         n = len(arr)
@@ -280,6 +290,8 @@ def _scan_fast(local: Path, src: SourceRef, job: ShardJob, spill: _Spill) -> tup
         meta["h1"], meta["h2"] = h1, h2
         meta["tokens"] = meta["nbytes"] = np.diff(offsets)[keep]  # tokenizer "bytes": one token per UTF-8 byte
         texts = arr if len(keep) == n else arr.take(pa.array(keep))
+        if tok is not None:
+            meta["tokens"] = tok.count_batch(texts.to_pylist())
         spill.add([texts], meta)
     return records, empty
 
@@ -298,10 +310,15 @@ def _scan_records(local: Path, src: SourceRef, job: ShardJob, spill: _Spill, res
     meta: list[tuple[int, int, int, int]] = []
     pending = 0
 
+    tok = _counter(job)
+
     def flush() -> None:
         cols = [_strings(texts)] + ([_strings(keys)] if separate_key else [])
         cols += [pa.array(values, type=pa.large_string()) for values in kept]
-        spill.add(cols, np.array(meta, dtype=META_DTYPE))
+        m = np.array(meta, dtype=META_DTYPE)
+        if tok is not None:
+            m["tokens"] = tok.count_batch([t.decode("utf-8") for t in texts])
+        spill.add(cols, m)
         texts.clear(), keys.clear(), meta.clear()
         for values in kept:
             values.clear()

@@ -10,7 +10,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from nightloom.parallel import ParallelPlan
-from nightloom.spec import TrainSpec
+from nightloom.spec import TokenizerSpec, TrainSpec
 
 
 class ModelConfig(BaseModel):
@@ -57,6 +57,10 @@ class TrainJob(BaseModel):
     resume: bool = True
     attempt: int = 0
     stop_after_steps: int | None = Field(None, description="Stop (with checkpoint) after this many total steps.")
+    tokenizer: TokenizerSpec = Field(default_factory=TokenizerSpec, description="model.tokenizer of the run.")
+    eval_every: int = Field(0, ge=0, description="Held-out eval after step 1, every K steps and at the end (0 = off).")
+    eval_windows: int = Field(16, gt=0, description="Eval windows (rounded to whole global batches).")
+    eval_data: str | None = Field(None, description="JSONL of eval documents; default the manifest's held-out split.")
 
     @property
     def metrics_path(self) -> Path:
