@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -341,6 +342,9 @@ def ensure_trained(spec: TokenizerSpec, dataset) -> bool:
     tok.train_from_iterator(texts(), trainer=trainer)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(tmp, 0o777 & ~mask)  # mkdtemp makes 0700; other accounts read the cache too
     try:
         tok.save(str(tmp / "tokenizer.json"))
         config = {
