@@ -488,6 +488,11 @@ def _semantic_errors(data: dict, base_dir: Path) -> list[tuple[tuple, str]]:
     if local(config) is not None and not local(config).is_file():
         errs.append((("model", "config"), f"file not found: {local(config)}"))
     errs += _tokenizer_errors(data, local)
+    every, eval_data = _get(data, "validate", "eval_every", default=0), _get(data, "validate", "eval_data")
+    if isinstance(every, int) and every > 0 and not eval_data and not _get(data, "sharding", "heldout", default=0):
+        errs.append((("validate", "eval_every"), "needs a held-out split (sharding.heldout) or validate.eval_data"))
+    if local(eval_data) is not None and not local(eval_data).is_file():
+        errs.append((("validate", "eval_data"), f"file not found: {local(eval_data)}"))
     gpu = _get(data, "cluster", "gpu_type", default="cpu")
     if isinstance(gpu, str) and gpu != "cpu" and gpu not in GPUS:
         errs.append((("cluster", "gpu_type"), f"unknown GPU {gpu!r}; known: cpu, {', '.join(sorted(GPUS))}"))

@@ -109,3 +109,37 @@ def test_heldout_count_and_fraction(tmp_path, corpus):
     assert none.heldout is None and none.rows == 12
     with pytest.raises(ValueError, match="whole count"):
         ShardingSpec(heldout=2.5)
+
+
+def test_eval_needs_a_heldout_split_or_eval_data(tmp_path, corpus):
+    data = {"name": "t", "dataset": {"path": str(corpus)}, "validate": {"eval_every": 5}}
+    (err,) = _errors(_write(tmp_path, data))
+    assert err.endswith(":5: validate.eval_every: needs a held-out split (sharding.heldout) or validate.eval_data")
+    data["validate"]["eval_data"] = "missing.jsonl"
+    (err,) = _errors(_write(tmp_path, data))
+    assert "validate.eval_data: file not found: " + str(tmp_path / "missing.jsonl") in err
+    data["validate"]["eval_data"] = str(corpus)
+    assert load_spec(_write(tmp_path, data)).validate_.eval_data == str(corpus)
+    data["validate"].pop("eval_data")
+    data["sharding"] = {"heldout": 0.1}
+    assert load_spec(_write(tmp_path, data)).sharding.heldout == 0.1
+
+
+def test_eval_windows_from_eval_data_and_heldout(tmp_path, corpus):
+    from nightloom.sharding import shard_dataset
+    from nightloom.spec import DatasetSpec, ShardingSpec
+    from nightloom.tokenizer import load_tokenizer
+    from nightloom.train.data import DataError, eval_windows, read_eval_texts
+
+    out = tmp_path / "shards"
+    shard_dataset(DatasetSpec(path=str(corpus)), ShardingSpec(output=str(out), num_shards=2, tolerance=0.9))
+    with pytest.raises(DataError, match="needs a held-out split"):
+        read_eval_texts(str(out), None)
+    where, texts = read_eval_texts(str(out), str(corpus))
+    assert where == str(corpus) and len(texts) == 12
+    tok = load_tokenizer("bytes")
+    w = eval_windows(texts, tok, 16, 5, where)
+    stream = tok.stream(texts)
+    assert w.shape == (5, 17) and w.flatten().tolist() == stream[: 5 * 17].tolist()
+    with pytest.raises(DataError, match="do not fill one window"):
+        eval_windows(["ab"], tok, 16, 5, "x")
