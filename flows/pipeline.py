@@ -21,6 +21,7 @@ from nightloom.hf.export import tokenizer_source
 from nightloom.report import RunSummary, StageTime
 from nightloom.schedule import BillingSpan, RunRefused, next_window
 from nightloom.spec import RunSpec, coerce_spec
+from nightloom.tokenizer import resolve_vocab
 from nightloom.train.job import ModelConfig, TrainJob
 from nightloom.validate import ValidationFailed
 from tasks.finetune import xtuner_train_task
@@ -109,6 +110,7 @@ def training_pipeline(
 
     with watch.stage("shard"):
         manifest = shard_dataset_flow(spec)
+    shape = shape.with_(vocab=resolve_vocab(spec.model, shape.vocab))  # a train_vocab tokenizer exists now
     summary.shards, summary.shard_imbalance = manifest.num_shards, manifest.imbalance
     summary.shards_balanced = manifest.balanced
 
@@ -157,6 +159,10 @@ def training_pipeline(
                 weights=spec.model.weights,
                 hf_config=spec.model.config,
                 tokenizer_dir=tokenizer_source(spec),
+                tokenizer=spec.model.tokenizer,
+                eval_every=spec.validate_.eval_every,
+                eval_windows=spec.validate_.eval_windows,
+                eval_data=spec.validate_.eval_data,
             )
             if spec.cluster.gpu_type != "cpu":
                 gpu = get_gpu(spec.cluster.gpu_type)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from prefect import flow, get_run_logger, unmapped
 
 from nightloom.sharding import ShardingError, ShardJob, ShardManifest
+from nightloom.sharding.pipeline import shard_indices
 from nightloom.spec import DaskSpec, RunSpec, coerce_spec
 from tasks.shard import (
     place_documents_task,
@@ -37,7 +38,7 @@ def shard_job(job: ShardJob) -> ShardManifest:
     """Scan every unit, place, write every shard, publish: the map steps, on the current flow's task runner."""
     scans = [f.result() for f in scan_input_task.map(unmapped(job), range(len(job.units)))]
     placement = place_documents_task(job, scans)
-    infos = [f.result() for f in write_shard_task.map(unmapped(job), unmapped(scans), range(job.num_shards))]
+    infos = [f.result() for f in write_shard_task.map(unmapped(job), unmapped(scans), shard_indices(job))]
     return publish_manifest_task(job, scans, placement, infos)
 
 
@@ -54,7 +55,7 @@ def shard_dataset_flow(spec: RunSpec | str) -> ShardManifest:
     log = get_run_logger()
     output, dask = run_spec.sharding.output, run_spec.sharding.dask
     try:
-        job = plan_shards_task(run_spec.dataset, run_spec.sharding, run_spec.storage)
+        job = plan_shards_task(run_spec.dataset, run_spec.sharding, run_spec.storage, run_spec.model.tokenizer)
         done = reuse_manifest_task(job)
         if done is not None:
             log.info("inputs and settings unchanged (hash %s): reusing %s", job.settings_hash, output)

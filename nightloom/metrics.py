@@ -19,6 +19,8 @@ PROMETHEUS_METRICS: tuple[str, ...] = (
     "nightloom_memory_bytes",
     "nightloom_collective_latency_seconds",
 )
+#: Exported only by runs with held-out evaluation (validate.eval_every > 0), from the first evaluation on.
+PROMETHEUS_EVAL_METRICS: tuple[str, ...] = ("nightloom_eval_loss", "nightloom_eval_perplexity")
 PROMETHEUS_LABELS: tuple[str, ...] = ("run", "rank")
 
 
@@ -44,6 +46,9 @@ class StepMetrics(BaseModel):
     attempt: int = 0  # recovery attempt that produced this step
     gap: bool = False  # first step after a resume (a gap in the curve)
     world_size: int | None = None  # devices that ran this step (a recovery may shrink the cluster mid-run)
+    eval_loss: float | None = None  # held-out token-weighted mean NLL after this step (when evaluated)
+    eval_ppl: float | None = None  # exp(eval_loss)
+    eval_tokens: int | None = None  # predicted tokens the eval loss averages over
 
 
 def append_metrics(path: Path, m: StepMetrics) -> None:

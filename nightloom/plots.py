@@ -78,6 +78,9 @@ def plot_loss(
     fig = Figure(figsize=(7, 4))
     ax = fig.add_subplot()
     ax.plot(*_series(steps, "loss"), lw=1.2, label="loss")
+    ex, ey = _series(steps, "eval_loss")
+    if ex:
+        ax.plot(ex, ey, marker="o", ms=3, lw=1, color="tab:purple", label="held-out eval loss")
     if golden:
         ax.plot(*_series(golden, "loss"), lw=1, ls=":", color="black", label="golden")
     _mark_events(ax, steps, nan=True)
@@ -123,6 +126,21 @@ def plot_mfu(
     return _save(fig, Path(path))
 
 
+def plot_eval(steps: Sequence[StepMetrics], path: str | Path, title: str = "held-out evaluation") -> Path:
+    """Held-out token-weighted mean NLL and perplexity at each evaluation."""
+    fig = Figure(figsize=(7, 4))
+    ax = fig.add_subplot()
+    ax.plot(*_series(steps, "eval_loss"), marker="o", ms=3, lw=1.2, color="tab:purple", label="eval loss")
+    ax.set(xlabel="step", ylabel="eval loss (NLL / token)", title=title)
+    ppl = ax.twinx()
+    ppl.plot(*_series(steps, "eval_ppl"), ls="--", lw=1, color="tab:gray", label="perplexity")
+    ppl.set_ylabel("perplexity")
+    _mark_events(ax, steps)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper right")
+    return _save(fig, Path(path))
+
+
 def plot_predicted_vs_measured(
     points: Sequence[MfuPoint], path: str | Path, title: str = "predicted vs measured MFU"
 ) -> Path:
@@ -151,13 +169,16 @@ def write_run_plots(
     golden: Sequence[StepMetrics] | None = None,
     history: Sequence[MfuPoint] = (),
 ) -> dict[str, Path]:
-    """All of a run's plots into `out_dir`: {'loss', 'tokens_per_s', 'mfu', and 'mfu_vs_plan' if history}."""
+    """All of a run's plots into `out_dir`: {'loss', 'tokens_per_s', 'mfu', 'eval' if the run evaluated, and
+    'mfu_vs_plan' if history}."""
     out = Path(out_dir)
     paths = {
         "loss": plot_loss(steps, out / "loss.png", golden),
         "tokens_per_s": plot_throughput(steps, out / "tokens_per_s.png"),
         "mfu": plot_mfu(steps, out / "mfu.png", predicted_mfu, mfu_floor),
     }
+    if any(m.eval_loss is not None for m in steps):
+        paths["eval"] = plot_eval(steps, out / "eval.png")
     if history:
         paths["mfu_vs_plan"] = plot_predicted_vs_measured(history, out / "mfu_vs_plan.png")
     return paths

@@ -30,6 +30,46 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+class TokenizerSpec(_Section):
+    """The run's tokenizer (nightloom/tokenizer.py). In a spec, a plain string is shorthand: `bytes`, or a path
+    (a folder with tokenizer.json, a SentencePiece `*.model`, or any other file = a tiktoken rank file)."""
+
+    kind: Literal["auto", "bytes", "hf", "tiktoken", "sentencepiece"] = Field(
+        "auto", description="auto: bytes without a path; else from the path (folder hf, *.model sentencepiece)."
+    )
+    path: str | None = Field(None, description="Tokenizer folder (tokenizer.json) or file (local path).")
+    pattern: str | None = Field(
+        None, description="tiktoken: the split regex, or a tiktoken encoding name (cl100k_base, o200k_base ...)."
+    )
+    special_tokens: dict[str, int] = Field(
+        default_factory=dict, description="tiktoken: special token text -> id (default: the named encoding's)."
+    )
+    bos: str | None = Field(None, description="BOS token text (default: tokenizer_config.json / the model's).")
+    eos: str | None = Field(None, description="EOS token text, appended after every document.")
+    add_bos: bool = Field(False, description="tiktoken/sentencepiece: prepend BOS (HF: its own template rules).")
+    train_vocab: int | None = Field(
+        None,
+        gt=0,
+        description="Train a byte-level BPE of at most this many tokens on dataset.path and save it at `path` "
+        "(tokenizer.json + tokenizer_config.json) on first use (demos).",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, v):
+        if isinstance(v, str):
+            return {"kind": "bytes"} if v == "bytes" else {"path": v}
+        return v
+
+    @classmethod
+    def coerce(cls, v: TokenizerSpec | str | dict | None) -> TokenizerSpec:
+        return v if isinstance(v, TokenizerSpec) else cls.model_validate(v if v is not None else "bytes")
+
+    @property
+    def is_bytes(self) -> bool:
+        return self.kind == "bytes" or (self.kind == "auto" and self.path is None)
+
+
 class ModelSpec(_Section):
     """Which model to train: a catalog name (see nightloom/catalog.py) or a Hugging Face config.json."""
 
@@ -46,6 +86,13 @@ class ModelSpec(_Section):
     )
     build_demo_weights: bool = Field(
         False, description="Build a small random Llama at `weights` on first use (demos and tests only)."
+    )
+    tokenizer: TokenizerSpec = Field(
+        default_factory=TokenizerSpec,
+        description="`bytes` (UTF-8 bytes, vocab 256), a tokenizer path, or a mapping (see TokenizerSpec).",
+    )
+    vocab: int | Literal["tokenizer"] | None = Field(
+        None, description="Embedding rows: the model's own (null), a number, or `tokenizer` (the tokenizer's size)."
     )
 
 
@@ -65,9 +112,6 @@ class DatasetSpec(_Section):
     sample: bool = Field(False, description="Build the deterministic sample corpus at `path` if it is missing.")
     sample_kind: Literal["docstrings", "alpaca"] = Field(
         "docstrings", description="docstrings: {id, text}; alpaca: {id, instruction, input, output} (fine-tuning)."
-    )
-    tokenizer: Literal["bytes"] = Field(
-        "bytes", description="Tokenizer for counting and training; `bytes` = UTF-8 bytes (vocab 256)."
     )
 
 
@@ -107,6 +151,19 @@ class ShardingSpec(_Section):
         "zstd", description="Parquet codec of the shards: zstd (level 1) is ~2.5× smaller than none on text."
     )
     dask: DaskSpec | None = Field(None, description="Run the scan and write tasks on a Dask cluster.")
+    heldout: float = Field(
+        0.0,
+        ge=0,
+        description="Held-out documents, never in a training shard: a fraction (< 1) or a count (>= 1), chosen "
+        "by hash; written as heldout.<hash>.parquet and listed in the manifest (0 = none).",
+    )
+
+    @field_validator("heldout")
+    @classmethod
+    def _heldout(cls, v: float) -> float:
+        if v >= 1 and v != int(v):
+            raise ValueError(f"a fraction below 1 or a whole count of documents, got {v}")
+        return v
 
 
 class SSHHost(_Section):
@@ -301,6 +358,16 @@ class ValidateSpec(_Section):
             )
         return data
 
+    eval_every: int = Field(0, ge=0, description="Held-out evaluation every K steps and at the end (0 = never).")
+    eval_windows: int = Field(16, gt=0, description="Fixed eval windows of seq_len+1 tokens (the first ones).")
+    eval_data: str | None = Field(
+        None, description="A JSONL file of eval documents (text field as the dataset's); default the held-out split."
+    )
+    eval_must_fall: bool = Field(True, description="Gate: the last eval loss is below the first.")
+    eval_max_rise: float = Field(
+        0.05, ge=0, description="Gate: the last eval loss is at most this fraction above the best (overfitting)."
+    )
+
 
 class WindowSpec(_Section):
     start: str = Field("02:00", description="HH:MM local time in the schedule's time zone.")
@@ -423,7 +490,9 @@ class RunSpec(_Section):
         spec.model.weights = fix(spec.model.weights)
         if spec.model.config is None and spec.model.weights is not None and "://" not in spec.model.weights:
             spec.model.config = str(Path(spec.model.weights) / "config.json")
+        spec.model.tokenizer.path = fix(spec.model.tokenizer.path)
         spec.validate_.golden.path = fix(spec.validate_.golden.path)
+        spec.validate_.eval_data = fix(spec.validate_.eval_data)
         if spec.ledger.url.startswith("sqlite:///") and not spec.ledger.url.startswith("sqlite:////"):
             spec.ledger.url = "sqlite:///" + fix(spec.ledger.url[len("sqlite:///") :])
         if spec.train.xtuner is not None:
@@ -536,6 +605,12 @@ def _semantic_errors(data: dict, base_dir: Path) -> list[tuple[tuple, str]]:
     if config is None and isinstance(name, str) and name not in MODELS:
         errs.append((("model", "name"), f"unknown model {name!r}; known: {', '.join(sorted(MODELS))}"))
     errs += _model_errors(data, local)
+    errs += _tokenizer_errors(data, local)
+    every, eval_data = _get(data, "validate", "eval_every", default=0), _get(data, "validate", "eval_data")
+    if isinstance(every, int) and every > 0 and not eval_data and not _get(data, "sharding", "heldout", default=0):
+        errs.append((("validate", "eval_every"), "needs a held-out split (sharding.heldout) or validate.eval_data"))
+    if local(eval_data) is not None and not local(eval_data).is_file():
+        errs.append((("validate", "eval_data"), f"file not found: {local(eval_data)}"))
     gpu = _get(data, "cluster", "gpu_type", default="cpu")
     if isinstance(gpu, str) and gpu != "cpu" and gpu not in GPUS:
         errs.append((("cluster", "gpu_type"), f"unknown GPU {gpu!r}; known: cpu, {', '.join(sorted(GPUS))}"))
@@ -612,6 +687,56 @@ def _parallel_errors(data: dict, base_dir: Path, nodes, per) -> list[tuple[tuple
     return [(("parallel",), why) for why in dims.check(shape, seq, gb)]
 
 
+def _tokenizer_errors(data: dict, local) -> list[tuple[tuple, str]]:
+    """model.tokenizer: the path exists, the tokenizer loads, and the model's vocab covers its ids."""
+    raw = _get(data, "model", "tokenizer", default="bytes")
+    try:
+        tspec = TokenizerSpec.coerce(raw)
+    except (ValidationError, ValueError):
+        return []  # reported by the schema check
+    if tspec.path is not None and local(tspec.path) is not None:
+        tspec = tspec.model_copy(update={"path": str(local(tspec.path))})
+    from nightloom.tokenizer import TokenizerError, load_tokenizer
+
+    if tspec.path is not None and tspec.train_vocab is None and not Path(tspec.path).expanduser().exists():
+        return [(("model", "tokenizer"), f"not found: {tspec.path}")]
+    if tspec.train_vocab is not None and not (Path(tspec.path or "") / "tokenizer.json").is_file():
+        tok_vocab, what = tspec.train_vocab, f"the BPE trained on first use (train_vocab {tspec.train_vocab})"
+    else:
+        try:
+            tok = load_tokenizer(tspec)
+        except (TokenizerError, OSError) as e:
+            return [(("model", "tokenizer"), str(e))]
+        tok_vocab, what = tok.vocab_size, f"tokenizer {tspec.path or 'bytes'}"
+    vocab = _get(data, "model", "vocab")
+    if vocab == "tokenizer":
+        return []
+    if isinstance(vocab, int) and not isinstance(vocab, bool):
+        model_vocab, who = vocab, "model.vocab"
+    else:
+        try:
+            from nightloom.catalog import get_model, shape_from_hf_config
+
+            config = local(_get(data, "model", "config"))
+            name = _get(data, "model", "name", default="tiny")
+            shape = shape_from_hf_config(config) if config is not None else get_model(name)
+        except Exception:  # noqa: BLE001 - model errors are reported by their own check
+            return []
+        model_vocab, who = shape.vocab, f"model {shape.name}"
+    if model_vocab < tok_vocab:
+        return [
+            (
+                ("model", "tokenizer"),
+                f"{who} has {model_vocab} embedding rows but {what} has {tok_vocab} ids: the vocabulary does not "
+                "cover the tokenizer (set model.vocab: tokenizer, a number >= the tokenizer's, or another model)",
+            )
+        ]
+    return []
+
+
+MOVED = {("dataset", "tokenizer"): "model.tokenizer"}
+
+
 def parse_spec(data: object, source: str = "<spec>", text: str | None = None, base_dir: Path | None = None) -> RunSpec:
     """Validate a mapping into a RunSpec; raise SpecError listing every problem (schema and semantic) at once."""
     if not isinstance(data, dict):
@@ -619,6 +744,11 @@ def parse_spec(data: object, source: str = "<spec>", text: str | None = None, ba
     base_dir = base_dir or Path.cwd()
     errors: list[str] = []
     spec = None
+    for (section, key), new in MOVED.items():  # a field that moved: say where, not "unknown key"
+        if isinstance(data.get(section), dict) and key in data[section]:
+            line = _yaml_line(Path(source), text, (section, key)) if text is not None else None
+            errors.append(f"{source}{f':{line}' if line else ''}: {section}.{key}: moved to {new} (set it there)")
+            data = {**data, section: {k: v for k, v in data[section].items() if k != key}}
     try:
         spec = RunSpec.model_validate(data)
     except ValidationError as err:

@@ -442,6 +442,51 @@ def check_grad_norm(steps: Sequence[StepMetrics], max_norm: float | None) -> Ver
     )
 
 
+def check_eval(steps: Sequence[StepMetrics], spec: ValidateSpec) -> list[Verdict]:
+    """Held-out gates (validate.eval_every > 0): `eval_falls` (last eval loss below the first) and `eval_overfit`
+    (last at most `eval_max_rise` above the best so far: held-out loss rising while training loss falls)."""
+    evals = [(m.step, m.eval_loss) for m in steps if m.eval_loss is not None]
+    if not evals:
+        reason = "validate.eval_every is set but no step recorded eval_loss"
+        return [Verdict(name="eval_falls", passed=False, reason=reason)]
+    bad = next(((s, v) for s, v in evals if not math.isfinite(v)), None)
+    if bad is not None:
+        return [Verdict(name="eval_falls", passed=False, step=bad[0], reason=f"eval loss {bad[1]} at step {bad[0]}")]
+    (s0, first), (s1, last) = evals[0], evals[-1]
+    out = []
+    if not spec.eval_must_fall:
+        out.append(Verdict(name="eval_falls", passed=True, skipped=True, reason="eval_must_fall is false"))
+    elif len(evals) < 2:
+        out.append(Verdict(name="eval_falls", passed=True, skipped=True, reason=f"one evaluation only (step {s0})"))
+    else:
+        ok = last < first
+        out.append(
+            Verdict(
+                name="eval_falls",
+                passed=ok,
+                measured=last,
+                threshold=first,
+                step=None if ok else s1,
+                reason=f"eval loss {first:.4f} at step {s0} -> {last:.4f} at step {s1} ({'fell' if ok else 'did not fall'})",
+            )
+        )
+    best_step, best = min(evals, key=lambda e: e[1])
+    limit = best * (1 + spec.eval_max_rise)
+    ok = last <= limit
+    out.append(
+        Verdict(
+            name="eval_overfit",
+            passed=ok,
+            measured=last,
+            threshold=limit,
+            step=None if ok else s1,
+            reason=f"last eval loss {last:.4f} {'<=' if ok else '>'} best {best:.4f} (step {best_step}) "
+            f"x (1 + {spec.eval_max_rise:g})",
+        )
+    )
+    return out
+
+
 def check_golden(
     steps: Sequence[StepMetrics], golden: Sequence[StepMetrics], rtol: float, source: str = "golden curve"
 ) -> Verdict:
@@ -550,6 +595,8 @@ def validate_run(
     out.append(check_loss_drop(steps, spec.min_loss_drop, spec.window))
     out.append(check_spikes(steps, spec.spike_k, min_rise=spec.spike_min_rise, sustain=spec.spike_sustain))
     out.append(check_grad_norm(steps, spec.grad_norm_max))
+    if spec.eval_every > 0:
+        out += check_eval(steps, spec)
     if isinstance(golden, GoldenCurve):
         if golden.steps is None:
             out.append(

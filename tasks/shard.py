@@ -24,15 +24,17 @@ from nightloom.sharding import (
 )
 from nightloom.sharding.job import existing_manifest
 from nightloom.sharding.manifest import ShardInfo
-from nightloom.spec import DatasetSpec, ShardingSpec, StorageSpec
+from nightloom.spec import DatasetSpec, ShardingSpec, StorageSpec, TokenizerSpec
 
 ARTIFACT_KEY = "shard-report"
 
 
 @task(name="plan-shards", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
-def plan_shards_task(dataset: DatasetSpec, sharding: ShardingSpec, storage: StorageSpec | None) -> ShardJob:
-    """List and fingerprint inputs (builds the sample corpus on first use)."""
-    job = plan_job(dataset, sharding, storage)
+def plan_shards_task(
+    dataset: DatasetSpec, sharding: ShardingSpec, storage: StorageSpec | None, tokenizer: TokenizerSpec | None = None
+) -> ShardJob:
+    """List and fingerprint inputs (builds the sample corpus, and a `train_vocab` tokenizer, on first use)."""
+    job = plan_job(dataset, sharding, storage, tokenizer=tokenizer)
     get_run_logger().info(
         "%d input file(s) in %d scan unit(s), %d ignored by name; settings hash %s",
         len(job.sources),

@@ -122,12 +122,13 @@ def _sections(args) -> tuple[DatasetSpec, ShardingSpec, StorageSpec]:
     return DatasetSpec(**data["dataset"]), ShardingSpec(**data["sharding"]), StorageSpec(**data["storage"])
 
 
-def _shard_on_dask(dataset: DatasetSpec, sharding: ShardingSpec, storage: StorageSpec):
+def _shard_on_dask(dataset: DatasetSpec, sharding: ShardingSpec, storage: StorageSpec, tokenizer):
     """The shard-dataset flow (a Prefect flow run) with its tasks on `sharding.dask`."""
     from flows.shard import shard_dataset_flow
-    from nightloom.spec import RunSpec
+    from nightloom.spec import ModelSpec, RunSpec
 
-    spec = RunSpec(name="shard", dataset=dataset, sharding=sharding, storage=storage)
+    model = ModelSpec(tokenizer=tokenizer) if tokenizer is not None else ModelSpec()
+    spec = RunSpec(name="shard", model=model, dataset=dataset, sharding=sharding, storage=storage)
     return shard_dataset_flow(spec)
 
 
@@ -140,11 +141,14 @@ def run(args: argparse.Namespace) -> int:
         return _usage("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors()))
     if args.workers is not None and args.workers < 1:
         return _usage("--workers must be >= 1")
+    tokenizer = load_spec(args.spec).model.tokenizer if args.spec else None
     try:
         if sharding.dask is not None:
-            manifest = _shard_on_dask(dataset, sharding, storage)
+            manifest = _shard_on_dask(dataset, sharding, storage, tokenizer)
         else:
-            manifest = shard_dataset(dataset, sharding, storage, workers=args.workers, progress=_progress_lines())
+            manifest = shard_dataset(
+                dataset, sharding, storage, workers=args.workers, progress=_progress_lines(), tokenizer=tokenizer
+            )
     except (ShardingError, OSError) as err:
         if args.json:
             print(json.dumps({"output": sharding.output, "balanced": False, "error": str(err)}, indent=2))

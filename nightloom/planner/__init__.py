@@ -101,6 +101,9 @@ def plan_for_spec(
     from nightloom.spec import ParallelSpec
 
     shape = shape_from_hf_config(spec.model.config) if spec.model.config else get_model(spec.model.name)
+    from nightloom.tokenizer import resolve_vocab
+
+    shape = shape.with_(vocab=resolve_vocab(spec.model, shape.vocab))
     cl, tr = spec.cluster, spec.train
     gpu = cl.gpu_type
     precision = tr.precision if tr.precision != "auto" else ("fp32" if gpu == "cpu" else "bf16")

@@ -13,14 +13,14 @@ import tempfile
 from pathlib import Path
 
 import pyarrow
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from nightloom.sharding import storage
 from nightloom.sharding.balance import VIRTUAL_BUCKETS
 from nightloom.sharding.corpus import ensure_sample_corpus
 from nightloom.sharding.manifest import MANIFEST_NAME, SCHEMA_VERSION, ShardManifest, load_manifest
 from nightloom.sharding.sources import SourceRef, check_keep_columns, list_inputs
-from nightloom.spec import DatasetSpec, ShardingSpec, StorageSpec
+from nightloom.spec import DatasetSpec, ShardingSpec, StorageSpec, TokenizerSpec
 
 ALGORITHM_VERSION = "nightloom-shard-1"  # bump when output bytes change for the same settings
 WORK_DIR_NAME = ".nightloom-work"
@@ -43,6 +43,8 @@ class ShardJob(BaseModel):
     units: list[list[int]] = []  # scan units: consecutive source indices scanned together
     settings_hash: str
     workdir: str
+    tokenizer: TokenizerSpec = Field(default_factory=TokenizerSpec)  # counts tokens (model.tokenizer)
+    tokenizer_id: str = "bytes"  # the tokenizer's fingerprint, recorded in the manifest
 
     @property
     def output(self) -> str:
@@ -61,7 +63,18 @@ class ShardJob(BaseModel):
         """`dataset.keep_columns` not already stored as the text or key column, in order, once each."""
         return extra_columns(self.dataset, self.sharding)
 
+    @property
+    def heldout_index(self) -> int:
+        """The held-out split is written like one more shard, after the training shards."""
+        return self.num_shards
+
+    @property
+    def has_heldout(self) -> bool:
+        return self.sharding.heldout > 0
+
     def shard_name(self, index: int) -> str:
+        if index == self.heldout_index:
+            return f"heldout.{self.settings_hash[:8]}.parquet"
         return f"shard-{index:05d}-of-{self.num_shards:05d}.{self.settings_hash[:8]}.parquet"
 
     def configure(self) -> None:
@@ -121,8 +134,13 @@ def fingerprint(src: SourceRef) -> SourceRef:
 
 
 def settings_hash(
-    dataset: DatasetSpec, sharding: ShardingSpec, sources: list[SourceRef], ignored: list[str] | None = None
+    dataset: DatasetSpec,
+    sharding: ShardingSpec,
+    sources: list[SourceRef],
+    ignored: list[str] | None = None,
+    tokenizer_id: str = "bytes",
 ) -> str:
+    """`tokenizer_id` is the tokenizer's content fingerprint ("bytes" keeps the hashes of earlier shards)."""
     doc = {
         "algorithm": ALGORITHM_VERSION,
         "schema": SCHEMA_VERSION,
@@ -131,9 +149,12 @@ def settings_hash(
         "sources": [[s.rel, s.size, s.format, s.fingerprint] for s in sources],
         "format": dataset.format,
         "text_field": dataset.text_field,
-        "tokenizer": dataset.tokenizer,
-        "sharding": sharding.model_dump(mode="json", exclude={"output", "dask"}),  # where it runs: not what
+        "tokenizer": tokenizer_id,
+        # where it runs (dask) is not what it makes; heldout is added below only when set
+        "sharding": sharding.model_dump(mode="json", exclude={"output", "dask", "heldout"}),
     }
+    if sharding.heldout:  # only when set: earlier shards keep their hash
+        doc["heldout"] = sharding.heldout
     if dataset.keep_columns:  # only when set: shards made before keep_columns existed keep their hash
         doc["keep_columns"] = list(dataset.keep_columns)
     if ignored:  # the manifest accounts for them: a new ignored file is a new manifest
@@ -169,9 +190,19 @@ def existing_manifest(output: str, shash: str) -> ShardManifest | None:
 
 
 def plan_job(
-    dataset: DatasetSpec, sharding: ShardingSpec, storage_spec: StorageSpec | None = None, workdir: str | None = None
+    dataset: DatasetSpec,
+    sharding: ShardingSpec,
+    storage_spec: StorageSpec | None = None,
+    workdir: str | None = None,
+    tokenizer: TokenizerSpec | str | None = None,
 ) -> ShardJob:
-    """List and fingerprint the inputs and fix the settings hash (reads inputs once to hash them, cached by mtime)."""
+    """List and fingerprint the inputs and fix the settings hash (reads inputs once to hash them, cached by mtime).
+
+    `tokenizer` (the run's model.tokenizer, default bytes) counts tokens; a `train_vocab` BPE is trained on the
+    corpus here on first use, so its fingerprint enters the hash."""
+    from nightloom.tokenizer import ensure_trained, load_tokenizer
+
+    tok_spec = TokenizerSpec.coerce(tokenizer)
     st = storage_spec or StorageSpec()
     storage.configure_s3(st.s3_endpoint_url, st.s3_region)
     for uri in (dataset.path, sharding.output):
@@ -182,8 +213,12 @@ def plan_job(
     listing = list_inputs(dataset.path, dataset.format)
     check_keep_columns(dataset.keep_columns, listing.sources)
     sources = [fingerprint(s) for s in listing.sources]
-    shash = settings_hash(dataset, sharding, sources, listing.ignored)
+    ensure_trained(tok_spec, dataset)
+    tok_id = load_tokenizer(tok_spec).fingerprint()
+    shash = settings_hash(dataset, sharding, sources, listing.ignored, tok_id)
     return ShardJob(
+        tokenizer=tok_spec,
+        tokenizer_id=tok_id,
         dataset=dataset,
         sharding=sharding,
         s3_endpoint_url=st.s3_endpoint_url,

@@ -48,7 +48,7 @@ class ShardManifest(BaseModel):
     salt: str
     text_field: str = "text"
     keep_columns: list[str] = Field(default_factory=list)  # extra columns copied verbatim into every shard row
-    tokenizer: str = "bytes"
+    tokenizer: str = "bytes"  # "bytes" or the tokenizer's fingerprint (nightloom/tokenizer.py)
     compression: str = "zstd"  # Parquet codec of the shards
     balance_by: str = "tokens"
     tolerance: float = 0.02
@@ -71,6 +71,7 @@ class ShardManifest(BaseModel):
     file_examples: dict[str, list[str]] = Field(default_factory=dict)  # status -> first few names
     sources: list[SourceFile] = Field(default_factory=list)
     shards: list[ShardInfo]
+    heldout: ShardInfo | None = None  # held-out documents (sharding.heldout), never in a training shard
     settings_hash: str = ""  # hash of inputs + settings: a re-run with the same value does no work
 
     def to_json(self) -> str:

@@ -20,7 +20,7 @@ from nightloom.sharding.manifest import MANIFEST_NAME, ShardInfo, ShardManifest
 from nightloom.sharding.placement import Placement, place_documents
 from nightloom.sharding.scan import MAX_BAD_EXAMPLES, ScanResult, scan_unit
 from nightloom.sharding.writer import write_shard
-from nightloom.spec import DatasetSpec, ShardingSpec, StorageSpec
+from nightloom.spec import DatasetSpec, ShardingSpec, StorageSpec, TokenizerSpec
 
 Progress = Callable[[str, int, int], None]  # (stage, items finished so far, total items)
 
@@ -43,6 +43,8 @@ def build_manifest(
 ) -> ShardManifest:
     scans = sorted(scans, key=lambda s: s.index)
     infos = sorted(infos, key=lambda i: i.index)
+    heldout = next((i for i in infos if i.index == job.heldout_index), None)
+    infos = [i for i in infos if i.index != job.heldout_index]
     examples = [e for s in scans for e in s.bad_examples][:MAX_BAD_EXAMPLES]
     sources, files = account_files(job, scans, placement)
     return ShardManifest(
@@ -51,7 +53,7 @@ def build_manifest(
         salt=job.sharding.salt,
         text_field=job.dataset.text_field,
         keep_columns=list(job.dataset.keep_columns),
-        tokenizer=job.dataset.tokenizer,
+        tokenizer=job.tokenizer_id,
         compression=job.sharding.compression,
         balance_by=job.sharding.balance_by,
         tolerance=job.sharding.tolerance,
@@ -74,6 +76,7 @@ def build_manifest(
         file_examples=files.examples,
         sources=sources,
         shards=infos,
+        heldout=heldout,
         settings_hash=job.settings_hash,
     )
 
@@ -83,14 +86,20 @@ def publish(job: ShardJob, scans: list[ScanResult], placement: Placement, infos:
     job.configure()
     manifest = build_manifest(job, scans, placement, infos)
     storage.write_bytes(storage.join(job.output, MANIFEST_NAME), manifest.to_json().encode())
-    keep = {s.path for s in manifest.shards}
+    keep = {s.path for s in manifest.shards} | ({manifest.heldout.path} if manifest.heldout else set())
     for rel, _ in storage.list_files(job.output):
-        if "/" not in rel and rel.startswith("shard-") and rel.endswith(".parquet") and rel not in keep:
+        old = rel.startswith(("shard-", "heldout.")) and rel.endswith(".parquet")
+        if "/" not in rel and old and rel not in keep:
             storage.delete(storage.join(job.output, rel))  # shards of an earlier, different run
     shutil.rmtree(job.workdir, ignore_errors=True)
     if not storage.is_s3(job.output):  # also work left by interrupted runs with other settings
         shutil.rmtree(Path(job.output) / WORK_DIR_NAME, ignore_errors=True)
     return manifest
+
+
+def shard_indices(job: ShardJob) -> list[int]:
+    """Every file to write: the training shards, then the held-out split if there is one."""
+    return list(range(job.num_shards)) + ([job.heldout_index] if job.has_heldout else [])
 
 
 def default_workers() -> int:
@@ -123,12 +132,14 @@ def run_job(job: ShardJob, workers: int | None = None, progress: Progress | None
     scans = _map(scan, range(len(job.units)), workers)
     placement = place_documents(job, scans)
 
+    indices = shard_indices(job)
+
     def write(i: int) -> ShardInfo:
         info = write_shard(job, scans, i)
-        note("write", 1, job.num_shards)
+        note("write", 1, len(indices))
         return info
 
-    infos = _map(write, range(job.num_shards), workers)
+    infos = _map(write, indices, workers)
     return publish(job, scans, placement, infos)
 
 
@@ -140,11 +151,12 @@ def shard_dataset(
     workers: int | None = None,
     workdir: str | None = None,
     progress: Progress | None = None,
+    tokenizer: TokenizerSpec | str | None = None,
 ) -> ShardManifest:
     """Hash-shard `dataset` into `sharding.num_shards` Parquet shards + manifest.json at `sharding.output`.
 
     Deterministic (same bytes for any `workers`), idempotent (same settings_hash ⇒ no work, same manifest),
     resumable (finished scans/shards of an interrupted run are reused). Raises ShardingError subclasses.
     """
-    job = plan_job(dataset, sharding, storage, workdir=workdir)
+    job = plan_job(dataset, sharding, storage, workdir=workdir, tokenizer=tokenizer)
     return run_job(job, workers=workers, progress=progress)

@@ -44,6 +44,7 @@ class Placement(BaseModel):
     rebalanced: bool
     loads: list[int]  # per shard, on the balance metric
     file_duplicates: list[tuple[int, int]] = []  # (source index, documents dropped as duplicates), where > 0
+    heldout: int = 0  # documents set aside as the held-out split
 
 
 def duplicates_per_file(scans: list[ScanResult], dup: np.ndarray) -> list[tuple[int, int]]:
@@ -123,6 +124,31 @@ def duplicate_mask(work: Path, scans: list[ScanResult], total: int) -> np.ndarra
     return dup
 
 
+def heldout_mask(work: Path, scans: list[ScanResult], dup: np.ndarray, amount: float) -> np.ndarray:
+    """True for the held-out documents among the kept ones, chosen by hash (score = h1 xor h2; h1 is salted).
+
+    A fraction f holds out every document whose score is below f·2^64 (each decided alone, so adding documents
+    never moves another one); a count n holds out the n lowest scores (ties: input order), keeping only n
+    candidates in memory."""
+    held = np.zeros(len(dup), dtype=bool)
+    if amount < 1:
+        limit = np.uint64(min(int(amount * 2**64), 2**64 - 1))
+        for _, g, c in _meta_chunks(work, scans):
+            held[g : g + len(c)] = ((c["h1"] ^ c["h2"]) < limit) & ~dup[g : g + len(c)]
+        return held
+    n = int(amount)
+    best_s, best_g = np.zeros(0, dtype=np.uint64), np.zeros(0, dtype=np.int64)
+    for _, g, c in _meta_chunks(work, scans):
+        live = np.flatnonzero(~dup[g : g + len(c)])
+        best_s = np.concatenate([best_s, (c["h1"] ^ c["h2"])[live]])
+        best_g = np.concatenate([best_g, live + g])
+        if len(best_s) > n:
+            order = np.lexsort((best_g, best_s))[:n]
+            best_s, best_g = best_s[order], best_g[order]
+    held[best_g] = True
+    return held
+
+
 def place_documents(job: ShardJob, scans: list[ScanResult]) -> Placement:
     """Dedup (first occurrence in input order wins), balance, and record each kept document's shard."""
     job.configure()
@@ -142,17 +168,21 @@ def place_documents(job: ShardJob, scans: list[ScanResult]) -> Placement:
         )
     dup = duplicate_mask(work, scans, total) if job.sharding.dedup else np.zeros(total, dtype=bool)
     kept = total - int(dup.sum())
-    check_enough_docs(kept, job.num_shards, job.dataset.path)
+    held = heldout_mask(work, scans, dup, job.sharding.heldout) if job.has_heldout else np.zeros(total, dtype=bool)
+    n_held = int(held.sum())
+    if job.has_heldout and n_held == 0:
+        raise BadInputError(f"{job.dataset.path}: sharding.heldout={job.sharding.heldout} selects no document")
+    check_enough_docs(kept - n_held, job.num_shards, job.dataset.path)
     metric = job.sharding.balance_by
     nb = np.uint64(job.num_shards * VIRTUAL_BUCKETS)
     bucket_weights = np.zeros(int(nb), dtype=np.int64)
     for _, g, c in _meta_chunks(work, scans):
-        keep = ~dup[g : g + len(c)]
+        keep = ~(dup[g : g + len(c)] | held[g : g + len(c)])
         buckets = (c["h1"][keep] % nb).astype(np.int64)
         w = None if metric == "rows" else c["tokens" if metric == "tokens" else "nbytes"][keep]
         bucket_weights += np.bincount(buckets, weights=w, minlength=int(nb)).astype(np.int64)
     mapping, before, after, rebalanced, loads = balance(
-        bucket_weights, job.num_shards, job.sharding.tolerance, metric, docs=kept
+        bucket_weights, job.num_shards, job.sharding.tolerance, metric, docs=kept - n_held
     )
     writer: ArrayWriter | None = None
     current: ScanResult | None = None
@@ -163,6 +193,7 @@ def place_documents(job: ShardJob, scans: list[ScanResult]) -> Placement:
             writer, current = ArrayWriter(work / dest_name(s.index), DEST_DTYPE), s
         dest = mapping[(c["h1"] % nb).astype(np.int64)].astype(DEST_DTYPE)
         dest[dup[g : g + len(c)]] = -1
+        dest[held[g : g + len(c)]] = job.heldout_index
         writer.append(dest)
     if writer is not None:
         writer.publish()
@@ -174,6 +205,7 @@ def place_documents(job: ShardJob, scans: list[ScanResult]) -> Placement:
         rebalanced=rebalanced,
         loads=[int(x) for x in loads],
         file_duplicates=duplicates_per_file(scans, dup),
+        heldout=n_held,
     )
     storage.write_bytes(out, p.model_dump_json().encode())
     return p

@@ -263,10 +263,20 @@ def _blank_rows(offsets: np.ndarray, data: np.ndarray, mv: memoryview) -> np.nda
     return blank
 
 
+def _counter(job: ShardJob):
+    """The job's tokenizer when it is not bytes (bytes: one token per UTF-8 byte, counted without it)."""
+    if job.tokenizer.is_bytes:
+        return None
+    from nightloom.tokenizer import load_tokenizer
+
+    return load_tokenizer(job.tokenizer)
+
+
 def _scan_fast(local: Path, src: SourceRef, job: ShardJob, spill: _Spill) -> tuple[int, int]:
     """(records, empty) via Arrow; hashes read straight from the string buffers."""
     salt = job.sharding.salt.encode("utf-8")
     xx64, xx3 = xxhash.xxh64, xxhash.xxh3_64_intdigest
+    tok = _counter(job)
     records = empty = 0
     for arr in _text_arrays(local, src, job.dataset.text_field):
         n = len(arr)
@@ -294,6 +304,8 @@ def _scan_fast(local: Path, src: SourceRef, job: ShardJob, spill: _Spill) -> tup
         meta["h1"], meta["h2"] = h1, h2
         meta["tokens"] = meta["nbytes"] = np.diff(offsets)[keep]  # tokenizer "bytes": one token per UTF-8 byte
         texts = arr if len(keep) == n else arr.take(pa.array(keep))
+        if tok is not None:
+            meta["tokens"] = tok.count_batch(texts.to_pylist())
         spill.add([texts], meta)
     return records, empty
 
@@ -311,6 +323,7 @@ class _RecordBuffer:
         self.meta: list[tuple[int, int, int, int]] = []
         self.pending = 0
         self.count = 0  # documents added so far (spilled or buffered)
+        self.tok = _counter(job)  # None for bytes (tokens = UTF-8 bytes, already in meta)
 
     def add(self, tb: bytes, kb: bytes, meta: tuple[int, int, int, int], extras) -> None:
         self.texts.append(tb)
@@ -330,7 +343,10 @@ class _RecordBuffer:
             return
         cols = [_strings(self.texts)] + ([_strings(self.keys)] if self.separate_key else [])
         cols += [pa.array(values, type=pa.large_string()) for values in self.kept]
-        self.spill.add(cols, np.array(self.meta, dtype=META_DTYPE))
+        meta = np.array(self.meta, dtype=META_DTYPE)
+        if self.tok is not None:
+            meta["tokens"] = self.tok.count_batch([t.decode("utf-8") for t in self.texts])
+        self.spill.add(cols, meta)
         self.texts.clear(), self.keys.clear(), self.meta.clear()
         for values in self.kept:
             values.clear()

@@ -1,7 +1,8 @@
 """Packed byte-token batches read through the shard manifest, deterministic per step and layout-independent.
 
 The dataset is one virtual stream of fixed windows of `seq_len + 1` tokens: shards in manifest order, each
-shard's documents as UTF-8 bytes with a separator token 0 after every document, cut into whole windows
+shard's documents as the run's tokenizer ids with its EOS after every document (tokenizer `bytes`: UTF-8 bytes
+and a separator token 0, the original stream), cut into whole windows
 (the tail of a shard that does not fill a window is dropped). Window counts come from the manifest
 (`tokens + rows` stream tokens per shard), so a rank can locate any window without reading other shards.
 
@@ -26,6 +27,8 @@ import numpy as np
 import torch
 
 from nightloom.sharding.manifest import MANIFEST_NAME, ShardManifest, load_manifest
+from nightloom.spec import TokenizerSpec
+from nightloom.tokenizer import Tokenizer, load_tokenizer
 
 SEPARATOR = 0
 
@@ -75,14 +78,22 @@ def pack_documents(texts: list[str]) -> np.ndarray:
 class PackedWindows:
     """Random access to the global window stream; shards are loaded lazily and a few are cached."""
 
-    def __init__(self, manifest: str, seq_len: int, cache_shards: int = 2, seed: int | None = None):
+    def __init__(
+        self,
+        manifest: str,
+        seq_len: int,
+        cache_shards: int = 2,
+        seed: int | None = None,
+        tokenizer: TokenizerSpec | str | None = None,
+    ):
         self.manifest_uri = str(manifest)
         self.seed = seed
         self.manifest: ShardManifest = load_manifest(manifest)
-        if self.manifest.tokenizer != "bytes":
+        self.tokenizer: Tokenizer = load_tokenizer(tokenizer)
+        if self.manifest.tokenizer != self.tokenizer.fingerprint():
             raise DataError(
-                f"{self.manifest_uri}: tokenizer {self.manifest.tokenizer!r} is not supported "
-                "by the native trainer (only 'bytes')"
+                f"{self.manifest_uri}: tokenizer: the shards were counted with {self.manifest.tokenizer!r}, the run "
+                f"uses {self.tokenizer.fingerprint()!r} (re-shard with the run's model.tokenizer)"
             )
         self.window = seq_len + 1
         base = _base_uri(manifest)
@@ -112,11 +123,12 @@ class PackedWindows:
 
         span = self.spans[k]
         table = pq.read_table(io.BytesIO(_read_bytes(span.uri)), columns=[self.manifest.text_field])
-        stream = pack_documents(table.column(self.manifest.text_field).to_pylist())
+        texts = table.column(self.manifest.text_field).to_pylist()
+        stream = pack_documents(texts) if self.tokenizer.kind == "bytes" else self.tokenizer.stream(texts)
         if len(stream) < span.count * self.window:
             raise DataError(
                 f"{span.uri}: manifest field shards[{k}] says tokens+rows = {span.stream_tokens} but the shard "
-                f"packs to {len(stream)} byte tokens (text field {self.manifest.text_field!r})"
+                f"packs to {len(stream)} {self.tokenizer.kind} tokens (text field {self.manifest.text_field!r})"
             )
         arr = stream[: span.count * self.window].reshape(span.count, self.window)
         if self.seed is not None:
@@ -134,6 +146,44 @@ class PackedWindows:
             k = int(np.searchsorted(self._starts, g, side="right") - 1)
             out[j] = self._shard(k)[g - self.spans[k].first]
         return torch.from_numpy(out)
+
+
+def read_eval_texts(manifest: str, eval_data: str | None, text_field: str | None = None) -> tuple[str, list[str]]:
+    """(where, documents) of the eval set: `eval_data` (a JSONL file) if given, else the manifest's held-out split."""
+    if eval_data:
+        from nightloom.sharding.sources import read_records
+
+        p = Path(eval_data)
+        if not p.is_file():
+            raise DataError(f"{p}: validate.eval_data: file not found")
+        field = text_field or load_manifest(manifest).text_field
+        texts = []
+        for where, text, _, err, _ in read_records(p, "jsonl", field, None):
+            if err is not None:
+                raise DataError(f"{p}:{where}: {err}")
+            if text:
+                texts.append(text)
+        return str(p), texts
+    m = load_manifest(manifest)
+    if m.heldout is None:
+        raise DataError(
+            f"{manifest}: validate.eval_every needs a held-out split (sharding.heldout) or validate.eval_data"
+        )
+    import pyarrow.parquet as pq
+
+    uri = f"{_base_uri(manifest)}/{m.heldout.path}"
+    table = pq.read_table(io.BytesIO(_read_bytes(uri)), columns=[m.text_field])
+    return uri, table.column(m.text_field).to_pylist()
+
+
+def eval_windows(texts: list[str], tokenizer: Tokenizer, seq_len: int, n: int, where: str) -> torch.Tensor:
+    """The first `n` windows of seq_len+1 tokens of the eval documents' stream (ids + EOS each): fixed for the
+    whole run, so every evaluation scores the same tokens. Fewer if the documents do not fill `n`."""
+    stream = tokenizer.stream(texts)
+    k = min(n, len(stream) // (seq_len + 1))
+    if k == 0:
+        raise DataError(f"{where}: {len(stream)} eval tokens do not fill one window of seq_len+1 = {seq_len + 1}")
+    return torch.from_numpy(stream[: k * (seq_len + 1)].astype(np.int64).reshape(k, seq_len + 1))
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from nightloom.parallel import ParallelPlan
-from nightloom.spec import TrainSpec
+from nightloom.spec import TokenizerSpec, TrainSpec
 
 
 class RopeScalingConfig(BaseModel):
@@ -95,6 +95,11 @@ class TrainJob(BaseModel):
     @property
     def export_dir(self) -> Path:
         return Path(self.run_dir) / "export"
+
+    tokenizer: TokenizerSpec = Field(default_factory=TokenizerSpec, description="model.tokenizer of the run.")
+    eval_every: int = Field(0, ge=0, description="Held-out eval after step 1, every K steps and at the end (0 = off).")
+    eval_windows: int = Field(16, gt=0, description="Eval windows (rounded to whole global batches).")
+    eval_data: str | None = Field(None, description="JSONL of eval documents; default the manifest's held-out split.")
 
     @property
     def metrics_path(self) -> Path:

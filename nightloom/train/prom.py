@@ -14,6 +14,7 @@ NAMES = {
     "memory_bytes": "nightloom_memory_bytes",
     "collective_latency_s": "nightloom_collective_latency_seconds",
 }
+EVAL_NAMES = {"eval_loss": "nightloom_eval_loss", "eval_ppl": "nightloom_eval_perplexity"}  # set when evaluated
 _HELP = {
     "step": "Last completed optimizer step",
     "loss": "Global mean training loss of the last step",
@@ -23,6 +24,8 @@ _HELP = {
     "mfu": "Model FLOPs utilisation of the last step (PaLM App. B)",
     "memory_bytes": "Peak memory of this rank (CUDA allocated, or CPU max RSS)",
     "collective_latency_s": "Latency of a one-element all-reduce over all ranks",
+    "eval_loss": "Held-out token-weighted mean NLL at the last evaluation",
+    "eval_ppl": "Held-out perplexity exp(eval_loss) at the last evaluation",
 }
 
 
@@ -32,7 +35,8 @@ class RankMetrics:
     def __init__(self, port: int, run: str, rank: int):
         self.registry = CollectorRegistry()
         self.labels = {"run": run, "rank": str(rank)}
-        self.gauges = {k: Gauge(n, _HELP[k], ["run", "rank"], registry=self.registry) for k, n in NAMES.items()}
+        names = {**NAMES, **EVAL_NAMES}
+        self.gauges = {k: Gauge(n, _HELP[k], ["run", "rank"], registry=self.registry) for k, n in names.items()}
         self.server, self.thread = start_http_server(port, addr="0.0.0.0", registry=self.registry)
 
     def update(self, **values: float | None) -> None:

@@ -18,11 +18,12 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
 from nightloom import perf
 from nightloom.metrics import StepMetrics, append_metrics
 from nightloom.train import checkpoint
-from nightloom.train.data import PackedWindows, StepLoader, set_s3_endpoint
+from nightloom.train.data import PackedWindows, StepLoader, eval_windows, read_eval_texts, set_s3_endpoint
 from nightloom.train.job import TrainJob, TrainResult
 from nightloom.train.parallelize import ModelParts, build_parts, loss_fn, validate_plan
 from nightloom.util import atomic_write_text
@@ -153,7 +154,7 @@ class Trainer:
         self.optims = [make_optimizer(m.parameters(), t) for m in self.parts.parts]
         dp_rank = self.dims.dp_rank(ctx.rank)
         self.loader = StepLoader(
-            PackedWindows(job.manifest, t.seq_len, seed=t.seed),
+            PackedWindows(job.manifest, t.seq_len, seed=t.seed, tokenizer=job.tokenizer),
             self.plan.micro_batch,
             self.plan.grad_accum,
             self.dims.dp,
@@ -165,6 +166,9 @@ class Trainer:
         self.flops_tok = perf.flops_per_token(self.shape, t.seq_len)
         self.hflops_tok = perf.flops_per_token(self.shape, t.seq_len, self.plan.recompute, hardware=True)
         self.peak, self.peak_source = _measure_peak(job, ctx)
+        self.eval_batches: list[torch.Tensor] = []
+        if job.eval_every:
+            self.eval_batches = self._eval_set()
         self.prom = None
         if t.metrics_port is not None:
             from nightloom.train.prom import RankMetrics
@@ -214,6 +218,62 @@ class Trainer:
                 loss.backward()
             total += loss.detach().float()
         return total
+
+    # -- held-out evaluation ---------------------------------------------------------------------------
+    def _eval_set(self) -> list[torch.Tensor]:
+        """This DP rank's slices of the fixed eval windows, one (mb·ga, seq_len+1) tensor per global batch.
+
+        The window count is rounded down to whole global batches (at least one), so the eval set depends only on
+        the spec (global_batch), never on the layout; each eval batch has a training batch's shape (PP schedule)."""
+        where, texts = read_eval_texts(self.job.manifest, self.job.eval_data)
+        wins = eval_windows(texts, self.loader.w.tokenizer, self.job.train.seq_len, self.job.eval_windows, where)
+        g = self.loader.global_batch
+        n = max(1, len(wins) // g) * g
+        if len(wins) < g:
+            reps = -(-g // len(wins))
+            wins = wins.repeat(reps, 1)  # fewer windows than one batch: repeat them (the mean is unchanged)
+        wins = wins[:n]
+        local = self.loader.mb * self.loader.ga
+        r = self.loader.dp_rank
+        return [wins[b + r * local : b + (r + 1) * local] for b in range(0, n, g)]
+
+    @torch.no_grad()
+    def evaluate(self) -> tuple[float, int]:
+        """(token-weighted mean NLL, predicted tokens) over the eval set: the NLL sum and token count of the last
+        pipeline stage of each rank are all-reduced over every rank; TP (and CP) ranks of one DP group count
+        the same windows alike, so the ratio is the global mean."""
+        dev = self.ctx.device
+        nll = torch.zeros((), dtype=torch.float64, device=dev)
+        count = torch.zeros((), dtype=torch.float64, device=dev)
+        for m in self.parts.parts:
+            m.eval()
+        try:
+            for seqs in self.eval_batches:
+                x, y = seqs[:, :-1].to(dev), seqs[:, 1:].to(dev)
+                if self.parts.schedule is not None:
+                    losses: list[torch.Tensor] = []
+                    args = (x,) if self.parts.has_first else ()
+                    kwargs = {"target": y, "losses": losses} if self.parts.has_last else {}
+                    with self._autocast():
+                        self.parts.schedule.eval(*args, **kwargs)
+                    if self.parts.has_last:  # loss_fn is a per-micro-batch mean; micro-batches are equal-sized
+                        per_mb = self.plan.micro_batch * y.shape[1]
+                        nll += torch.stack([v.detach().double() for v in losses]).sum() * per_mb
+                        count += per_mb * len(losses)
+                    continue
+                model = self.parts.parts[0]
+                for i in range(0, len(x), self.plan.micro_batch):
+                    xb, yb = x[i : i + self.plan.micro_batch], y[i : i + self.plan.micro_batch]
+                    with self._autocast(), self._context_parallel(model, xb, yb):
+                        logits = model(xb)
+                        nll += F.cross_entropy(logits.flatten(0, 1).float(), yb.flatten(), reduction="sum").double()
+                        count += yb.numel()
+        finally:
+            for m in self.parts.parts:
+                m.train()
+        t = torch.stack([nll, count]).to(torch.float64)
+        dist.all_reduce(t)
+        return float(t[0] / t[1]), int(round(float(t[1]) / self.plan.tp / self.plan.cp))
 
     def _should_stop(self, est_step_s: float) -> tuple[bool, float]:
         """All ranks agree on the deadline (MAX all-reduce); the all-reduce time is the collective latency."""
@@ -280,6 +340,11 @@ class Trainer:
             tps = self.tokens_per_step / dt
             mfu = perf.mfu(tps, self.flops_tok, self.ctx.world, self.peak)
             hfu = perf.mfu(tps, self.hflops_tok, self.ctx.world, self.peak)
+            ev_loss = ev_ppl = ev_tokens = None
+            if self.eval_batches and (step == 1 or step % job.eval_every == 0 or step == t.steps):
+                ev_loss, ev_tokens = self.evaluate()
+                ev_ppl = math.exp(min(ev_loss, 700.0))
+                self._log(f"eval step {step}: loss {ev_loss:.4f} ppl {ev_ppl:.2f} over {ev_tokens:,} tokens")
             if self.ctx.rank == 0:
                 append_metrics(
                     job.metrics_path,
@@ -299,6 +364,9 @@ class Trainer:
                         gap=step == start + 1 and start > 0,
                         world_size=self.ctx.world,
                         collective_latency_s=latency,
+                        eval_loss=ev_loss,
+                        eval_ppl=ev_ppl,
+                        eval_tokens=ev_tokens,
                     ),
                 )
                 print(
@@ -316,6 +384,8 @@ class Trainer:
                     mfu=mfu,
                     memory_bytes=peak_memory_bytes(self.ctx.device),
                     collective_latency_s=latency,
+                    eval_loss=ev_loss,
+                    eval_ppl=ev_ppl,
                 )
             if t.checkpoint_every and step % t.checkpoint_every == 0 and step < t.steps:
                 last_ckpt = self._save(step)

@@ -14,6 +14,7 @@ def demo_data(tmp_path: Path, **train) -> dict:
     data = yaml.safe_load((ROOT / "deployments" / "local-demo.yaml").read_text())
     data["dataset"]["path"] = str(ROOT / "datasets" / "sample" / "corpus.jsonl")
     data["sharding"]["output"] = str(tmp_path / "shards")
+    data["model"]["tokenizer"]["path"] = str(tmp_path / "tokenizer")  # the demo's BPE, trained on first use
     data["storage"]["root"] = str(tmp_path / "runs")
     data["ledger"]["url"] = f"sqlite:///{tmp_path / 'ledger.db'}"
     data["train"].update({"steps": 12, "checkpoint_every": 6, **train})

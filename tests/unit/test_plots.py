@@ -61,3 +61,18 @@ def test_overwrite_and_empty_series(tmp_path: Path):
     plot_loss([StepMetrics(step=1, loss=3.0)], p)
     decode(p)
     decode(plot_predicted_vs_measured([], tmp_path / "empty.png"))
+
+
+def test_eval_plot_only_when_the_run_evaluated(tmp_path: Path):
+    evaluated = [
+        m.model_copy(update={"eval_loss": 3 - m.step / 20, "eval_ppl": math.exp(3 - m.step / 20)})
+        if m.step % 10 == 0
+        else m
+        for m in run()
+    ]
+    paths = write_run_plots(evaluated, tmp_path / "with")
+    assert set(paths) == {"loss", "tokens_per_s", "mfu", "eval"}
+    decode(paths["eval"])
+    plain = write_run_plots(run(), tmp_path / "without")
+    assert "eval" not in plain
+    assert not np.array_equal(decode(paths["loss"]), decode(plain["loss"]))  # eval points drawn on the loss plot

@@ -1,0 +1,110 @@
+"""Score a run's latest checkpoint on documents (`nightloom eval`): mean NLL per predicted token and perplexity.
+
+Per document: the run's tokenizer ids (its own rules, no EOS appended), the first `seq_len` of them; every
+next-token prediction inside that prefix counts (a document of n ids predicts n-1 tokens). loss = the sum of
+those NLLs over all documents / their number, ppl = exp(loss). One process, fp32, the model rebuilt from the
+run's job file and filled from the DCP checkpoint (DCP reshards whatever layout saved it).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+
+class EvalError(ValueError):
+    """A run folder, checkpoint or data file that cannot be scored; the message names it."""
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    loss: float
+    tokens: int  # predicted tokens
+    ppl: float
+    documents: int
+    step: int
+    checkpoint: str
+
+
+def run_job(run_dir: Path):
+    """The run's TrainJob: the newest job*.json in the run folder (the pipeline writes one per attempt)."""
+    from nightloom.train.job import TrainJob
+
+    jobs = sorted(run_dir.glob("job*.json"), key=lambda p: p.stat().st_mtime)
+    if not jobs:
+        raise EvalError(f"{run_dir}: no job*.json (not a nightloom run folder?)")
+    return TrainJob.model_validate_json(jobs[-1].read_text(encoding="utf-8"))
+
+
+def load_model(run_dir: Path, seq_len: int):
+    """(model, step, checkpoint path) from the run's latest checkpoint, on CPU in fp32, in eval mode."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+
+    from nightloom.train import checkpoint
+    from nightloom.train.model import build_model
+
+    job = run_job(run_dir)
+    found = checkpoint.latest(job.checkpoint_dir)
+    if found is None:
+        raise EvalError(f"{job.checkpoint_dir}: no checkpoint (did the run save one?)")
+    path, step = found
+    model = build_model(job.model.to_shape(), seq_len, device="cpu")
+    state = {"model": get_model_state_dict(model)}
+    dcp.load(state, checkpoint_id=str(path), no_dist=True)
+    set_model_state_dict(model, state["model"])
+    model.eval()
+    return model, job, step, path
+
+
+def read_documents(path: Path, text_field: str = "text") -> list[str]:
+    from nightloom.sharding.sources import read_records
+
+    if not path.is_file():
+        raise EvalError(f"{path}: --data: file not found")
+    docs = []
+    for where, text, _, err, _ in read_records(path, "jsonl", text_field, None):
+        if err is not None:
+            raise EvalError(f"{path}:{where}: {err}")
+        docs.append(text or "")
+    return docs
+
+
+@torch.no_grad()
+def score(model, ids_per_doc: list[list[int]], seq_len: int) -> tuple[float, int]:
+    """(sum of NLL, predicted tokens) over documents, each cut to its first `seq_len` ids."""
+    total, count = 0.0, 0
+    for ids in ids_per_doc:
+        ids = ids[:seq_len]
+        if len(ids) < 2:
+            continue
+        x = torch.tensor([ids], dtype=torch.long)
+        logits = model(x[:, :-1]).float()
+        total += float(F.cross_entropy(logits[0], x[0, 1:], reduction="sum").double())
+        count += len(ids) - 1
+    return total, count
+
+
+def evaluate_run(run_dir: str | Path, data: str | Path, seq_len: int | None = None) -> EvalResult:
+    """Score the run's latest checkpoint on a JSONL file's documents (see the module docstring)."""
+    from nightloom.tokenizer import load_tokenizer
+
+    run_dir = Path(run_dir)
+    job = run_job(run_dir)
+    n = seq_len or job.train.seq_len
+    if n > job.model.max_seq:
+        raise EvalError(f"--seq-len {n} exceeds the model's max_seq {job.model.max_seq}")
+    docs = read_documents(Path(data))
+    tok = load_tokenizer(job.tokenizer)
+    if tok.vocab_size > job.model.vocab:
+        raise EvalError(f"tokenizer has {tok.vocab_size} ids but the run's model has {job.model.vocab} rows")
+    model, _, step, path = load_model(run_dir, n)
+    total, count = score(model, tok.encode_batch(docs), n)
+    if count == 0:
+        raise EvalError(f"{data}: no document has two tokens: nothing to predict")
+    loss = total / count
+    return EvalResult(loss, count, math.exp(min(loss, 700.0)), len(docs), step, str(path))
