@@ -174,3 +174,23 @@ def test_plan_table_has_one_owner_and_keeps_rejection_reasons():
     assert rows[0]["status"] == "chosen"
     rej = [row for row in rows if row["status"] == "rejected"]
     assert len(rej) == 5 and all(row["reason"] for row in rej)
+
+
+def test_spec_stages_reach_the_plan():
+    from nightloom.planner import plan_for_spec
+    from nightloom.spec import parse_spec
+
+    spec = parse_spec(
+        {
+            "name": "t",
+            "dataset": {"path": "x", "sample": True},
+            "cluster": {"nodes": 2, "gpus_per_node": 8, "gpu_type": "h100-80gb"},
+            "model": {"name": "llama2-7b"},
+            "train": {"seq_len": 4096, "global_batch": 16},
+            "parallel": {"tp": 8, "pp": 2, "stages": [17, 15], "recompute": "full"},
+        }
+    )
+    c = plan_for_spec(spec).chosen
+    assert (c.tp, c.pp, c.stages, c.grad_accum) == (8, 2, [17, 15], 16)
+    assert any("17:15" in x for x in c.explanation)
+    assert c.dims().check(MODELS["llama2-7b"], 4096, 16, device_type="cuda") == []
