@@ -1,8 +1,10 @@
-"""Parallelism planner: choose a hybrid layout (TP/PP/DP/SP, micro-batch, recompute) that fits and is fast.
+"""Parallelism planner: choose a hybrid layout (TP/PP with even or uneven stages/DP replicas, FSDP, ZeRO-2 or
+HSDP/CP/SP, micro-batch, recompute) that fits and is fast.
 
 `plan(...)` is the pure entry point (model name or HF config, GPU type, cluster, batch); `plan_for_spec` adapts
-a RunSpec (the pipeline's plan stage). Memory: planner/memory.py; step time: planner/steptime.py; search:
-planner/search.py.
+a RunSpec (the pipeline's plan stage). Every candidate is a nightloom.parallel.ParallelDims and passes its
+`check` (the rules the spec and the trainer apply) before it is scored. Memory: planner/memory.py; step time:
+planner/steptime.py; search: planner/search.py.
 """
 
 from __future__ import annotations

@@ -30,6 +30,7 @@ HEADROOM_FRACTION = 0.08
 LOGIT_BYTES = 4
 
 
+@lru_cache(maxsize=1024)
 def layer_params(shape: ModelShape, tp: int) -> float:
     """Parameters of one transformer layer held by one TP rank (matrices split, norms replicated)."""
     h, kv_dim = shape.hidden, shape.kv_heads * shape.head_dim
@@ -37,6 +38,7 @@ def layer_params(shape: ModelShape, tp: int) -> float:
     return mats / tp + 2 * h
 
 
+@lru_cache(maxsize=4096)
 def stage_params(shape: ModelShape, tp: int, pp: int) -> tuple[float, float]:
     """(first stage, last stage) parameters per GPU: layers + vocab-parallel embedding / output head."""
     body = layer_params(shape, tp) * shape.layers / pp

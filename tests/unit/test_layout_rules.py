@@ -174,3 +174,43 @@ def test_plan_table_has_one_owner_and_keeps_rejection_reasons():
     assert rows[0]["status"] == "chosen"
     rej = [row for row in rows if row["status"] == "rejected"]
     assert len(rej) == 5 and all(row["reason"] for row in rej)
+
+
+def test_spec_stages_reach_the_plan():
+    from nightloom.planner import plan_for_spec
+    from nightloom.spec import parse_spec
+
+    spec = parse_spec(
+        {
+            "name": "t",
+            "dataset": {"path": "x", "sample": True},
+            "cluster": {"nodes": 2, "gpus_per_node": 8, "gpu_type": "h100-80gb"},
+            "model": {"name": "llama2-7b"},
+            "train": {"seq_len": 4096, "global_batch": 16},
+            "parallel": {"tp": 8, "pp": 2, "stages": [17, 15], "recompute": "full"},
+        }
+    )
+    c = plan_for_spec(spec).chosen
+    assert (c.tp, c.pp, c.stages, c.grad_accum) == (8, 2, [17, 15], 16)
+    assert any("17:15" in x for x in c.explanation)
+    assert c.dims().check(MODELS["llama2-7b"], 4096, 16, device_type="cuda") == []
+
+
+def test_cli_stages_cp_and_json(capsys):
+    import argparse
+    import json
+
+    from flows.commands import plan as plan_cmd
+
+    parser = argparse.ArgumentParser(prog="nightloom")
+    plan_cmd.register(parser.add_subparsers(dest="command", required=True))
+    base = ["plan", "--model", "llama2-7b", "--gpu", "h100-80gb", "--nodes", "2", "--gpus-per-node", "8"]
+    args = parser.parse_args([*base, "--seq-len", "4096", "--global-batch", "16", "--stages", "17,15", "--json"])
+    assert args.func(args) == 0
+    e = json.loads(capsys.readouterr().out)["evaluated"]  # forced stages pin pp: evaluated
+    assert (e["pp"], e["stages"], e["cp"]) == (2, [17, 15], 1)
+    args = parser.parse_args([*base, "--seq-len", "4096", "--global-batch", "16", "--layout", "tp=4,cp=2", "--json"])
+    assert args.func(args) == 0
+    assert json.loads(capsys.readouterr().out)["evaluated"]["cp"] == 2
+    args = parser.parse_args([*base, "--seq-len", "4096", "--global-batch", "16", "--layout", "dp_shard=16,zero=none"])
+    assert args.func(args) == 2 and "plain data parallel is dp_replicate=16" in capsys.readouterr().err
