@@ -1,6 +1,6 @@
 """Honest fit of the planner's one efficiency factor against published runs: fitted rows and held-out rows apart.
 
-For every row of the reference table (default ../shared/reference/published_runs.csv, or the path given), the
+For every row of the reference table (default datasets/reference/published_runs.csv, or the path given), the
 published layout is evaluated (a what-if: PTD-P ties embeddings across TP/PP, which nightloom's trainer does not
 run) and its predicted TFLOP/s per GPU compared with the published figure in the same accounting (PTD-P's HFU).
 Three views: (1) the shipped DEFAULT_EFFICIENCY, fitted on rows 1–4, with rows 5–8 held out; (2) leave-one-out:
@@ -24,7 +24,7 @@ from nightloom.planner.search import search
 from nightloom.planner.steptime import DEFAULT_EFFICIENCY
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_CSV = ROOT.parent / "shared" / "reference" / "published_runs.csv"
+DEFAULT_CSV = ROOT / "datasets" / "reference" / "published_runs.csv"
 FITTED = 4  # DEFAULT_EFFICIENCY was fitted on the first four rows
 
 
@@ -64,8 +64,6 @@ def fit(train: list[dict]) -> float:
 
 def main() -> None:
     path = Path(sys.argv[1]) if len(sys.argv) > 1 else DEFAULT_CSV
-    if not path.is_file():
-        path = Path("/work/shared/reference/published_runs.csv")
     rs = rows(path)
     print(f"reference: {path} ({len(rs)} rows); shipped efficiency {DEFAULT_EFFICIENCY} (fitted on rows 1–{FITTED})")
     print(

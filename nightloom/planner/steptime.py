@@ -30,7 +30,7 @@ from nightloom.perf import flops_per_token
 from nightloom.planner.memory import rank_layers, rank_params
 
 #: The one compute efficiency factor: achieved/peak dense matmul FLOP/s in a tuned training stack. Fitted once
-#: (mean error zero) on the first four rows of shared/reference/published_runs.csv (PTD-P 1.7B–18.4B); the
+#: (mean error zero) on the first four rows of datasets/reference/published_runs.csv (PTD-P 1.7B–18.4B); the
 #: larger rows were not used to set it. Everything else in the model is counted physics; no per-model or
 #: per-row constants. Ledger calibration moves it within CALIBRATION_BOUNDS.
 DEFAULT_EFFICIENCY = 0.58

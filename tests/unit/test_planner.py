@@ -15,9 +15,8 @@ from nightloom.planner.memory import memory_breakdown
 from nightloom.planner.steptime import DEFAULT_EFFICIENCY, calibrated_efficiency
 from nightloom.spec import ParallelSpec, parse_spec
 
-REF = Path(__file__).resolve().parents[2].parent / "shared" / "reference" / "published_runs.csv"
-if not REF.is_file():
-    REF = Path("/work/shared/reference/published_runs.csv")
+#: the published runs the planner is checked against, kept in the repository (a clone has nothing beside it)
+REF = Path(__file__).resolve().parents[2] / "datasets" / "reference" / "published_runs.csv"
 
 
 def _rows():
