@@ -1,7 +1,8 @@
 """Import speed of a sharded Hugging Face checkpoint, one process on CPU, measured in one run (a ratio).
 
 A random Llama (transformers, fp32, saved in several safetensors files + index) is read (a) with
-`safetensors.torch.load_file` alone and (b) by nightloom.hf.load.load_hf_weights into the native model
+`safetensors.torch.load_file` alone, each tensor copied into its parameter (so every byte is touched: load_file
+maps the file lazily), and (b) by nightloom.hf.load.load_hf_weights into the native model
 (header scan + DCP HuggingFaceStorageReader + copy into the parameters). Interleaved repeats, medians; the
 page cache is warm for both after the first read.
 
@@ -19,6 +20,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+import torch
 
 
 def main() -> int:
@@ -44,11 +47,16 @@ def main() -> int:
         mib = sum(f.stat().st_size for f in files) / 2**20
         shape = shape_from_hf_config(folder)
         model = build_model(shape, 128, device="meta").to_empty(device="cpu")
+        from nightloom.hf.names import to_hf
+
+        dest = {to_hf(n): p for n, p in model.named_parameters()}
         plain, ours = [], []
         for _ in range(args.repeats):
             t0 = time.perf_counter()
-            for f in files:
-                load_file(str(f))
+            with torch.no_grad():
+                for f in files:
+                    for name, t in load_file(str(f)).items():
+                        dest[name].copy_(t)
             plain.append(time.perf_counter() - t0)
             t0 = time.perf_counter()
             load_hf_weights([model], folder, shape)

@@ -20,10 +20,11 @@ from nightloom.catalog import ModelShape
 
 def count_params(shape: ModelShape, include_embeddings: bool = True) -> int:
     """Exact parameter count of the Llama-style decoder built by nightloom.train.model."""
-    h, L = shape.hidden, shape.layers
-    kv_dim = shape.kv_heads * shape.head_dim
-    attn = h * h + 2 * h * kv_dim + h * h  # q, k, v, o (no biases)
-    mlp = (3 if shape.gated_mlp else 2) * h * shape.ffn_hidden
+    h, L, f = shape.hidden, shape.layers, shape.ffn_hidden
+    q_dim, kv_dim = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
+    attn = 2 * h * q_dim + 2 * h * kv_dim  # q, k, v, o
+    attn += (q_dim + 2 * kv_dim) * shape.qkv_bias + h * shape.o_bias
+    mlp = (3 if shape.gated_mlp else 2) * h * f + ((2 if shape.gated_mlp else 1) * f + h) * shape.mlp_bias
     norms = 2 * h
     per_layer = attn + mlp + norms
     body = L * per_layer + h  # + final norm

@@ -137,7 +137,7 @@ def load_hf_weights(parts: list, folder: str | Path, shape: ModelShape) -> Check
     import torch.distributed.checkpoint as dcp
     from safetensors import safe_open
     from torch.distributed.checkpoint import HuggingFaceStorageReader
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
     from nightloom.train.model import _copy_global
 
@@ -161,9 +161,7 @@ def load_hf_weights(parts: list, folder: str | Path, shape: ModelShape) -> Check
                 full = f.get_tensor(hf)
             rows = torch.zeros((shape.embed_rows - shape.vocab, full.shape[1]), dtype=full.dtype)
             _copy_global(t, torch.cat([full, rows]).to(t.dtype))
-    for m, sd in zip(parts, states):
-        set_model_state_dict(m, sd, options=StateDictOptions(strict=False))
-    return index
+    return index  # the state dicts share storage with the parameters: filled in place
 
 
 def model_from_hf(folder: str | Path, seq_len: int, config: str | Path | None = None):

@@ -106,3 +106,13 @@ def test_xtuner_flops_read_gpt2_configs(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     assert _hf_flops_per_token(tmp_path, 64) > 0
     assert _hf_flops_per_token(tmp_path / "missing", 64) is None
+
+
+def test_param_count_covers_head_dim_and_biases(tmp_path):
+    from nightloom.hf.config import shape_from_hf_config
+    from nightloom.perf import count_params
+    from nightloom.train.model import build_model, param_count
+
+    for change in ({"head_dim": 24, "attention_bias": True, "mlp_bias": True}, {"model_type": "qwen2"}):
+        shape = shape_from_hf_config(_config(tmp_path, **change))
+        assert count_params(shape) == param_count(build_model(shape, seq_len=16)), change
