@@ -17,17 +17,19 @@ from prefect.runtime import flow_run as current_run
 
 from flows.shard import shard_dataset_flow
 from nightloom.catalog import ModelShape, get_gpu, get_model
+from nightloom.hf.export import tokenizer_source
 from nightloom.report import RunSummary, StageTime
-from nightloom.schedule import BillingSpan, BudgetExceeded, next_window
+from nightloom.schedule import BillingSpan, RunRefused, next_window
 from nightloom.spec import RunSpec, coerce_spec
 from nightloom.tokenizer import resolve_vocab
 from nightloom.train.job import ModelConfig, TrainJob
 from nightloom.validate import ValidationFailed
 from tasks.finetune import xtuner_train_task
 from tasks.gate import gate_task, schedule_same_deployment
+from tasks.nights import night_record, record_night_task
 from tasks.plan import plan_task
 from tasks.provision import acquire_cluster, make_provider, release_cluster
-from tasks.record import fail_record_task, record_task, run_cost, start_record_task
+from tasks.record import fail_record_task, record_task, start_record_task
 from tasks.recovery import train_with_recovery
 from tasks.teardown import kill_recorded_processes, record_cluster, teardown_hook
 from tasks.validate import validate_task
@@ -49,6 +51,10 @@ class Stopwatch:
 
 
 def model_shape(spec: RunSpec) -> ModelShape:
+    if spec.model.build_demo_weights and spec.model.weights:
+        from nightloom.hf.random_model import ensure_demo_weights
+
+        ensure_demo_weights(spec.model.weights)
     if spec.model.config:
         from nightloom.catalog import shape_from_hf_config
 
@@ -112,7 +118,7 @@ def training_pipeline(
         pre_plan = plan_task(spec, spec.world_size, publish=False)
         try:
             decision = gate_task(spec, pre_plan, shape, run_id=run_id, now=now)
-        except BudgetExceeded as e:  # refused before anything is rented; the ledger keeps the refusal
+        except RunRefused as e:  # over budget or max_nights: refused before renting; the ledger keeps it
             start_record_task(spec, run_id, pre_plan, resume=resume_run_id is not None)
             fail_record_task(spec, run_id, "refused", str(e), 0.0)
             raise
@@ -154,6 +160,9 @@ def training_pipeline(
                 eval_every=spec.validate_.eval_every,
                 eval_windows=spec.validate_.eval_windows,
                 eval_data=spec.validate_.eval_data,
+                weights=spec.model.weights,
+                hf_config=spec.model.config,
+                tokenizer_dir=tokenizer_source(spec),
             )
             if spec.cluster.gpu_type != "cpu":
                 gpu = get_gpu(spec.cluster.gpu_type)
@@ -170,6 +179,7 @@ def training_pipeline(
                     result, cluster, plan, spans = trained.result, trained.cluster, trained.plan, trained.spans
                     summary.layout, summary.world_size = plan.layout(), cluster.world_size
                     summary.interruptions, summary.recovery_s = trained.interruptions, round(trained.recovery_s, 2)
+                    summary.export_dir = result.export_dir
     except BaseException as e:
         status = "cancelled" if isinstance(e, (KeyboardInterrupt, SystemExit)) else "failed"
         fail_record_task(spec, run_id, status, f"{type(e).__name__}: {e}", sum(x.seconds for x in watch.stages))
@@ -182,7 +192,11 @@ def training_pipeline(
     try:  # a crash here must still close the ledger row (never leave it "running")
         with watch.stage("validate"):
             outcome = validate_task(spec, run_dir, plan, result, shape, cluster.world_size)
-        cost = run_cost(spec, started, provisioning_s, first_gpus, spans)
+        night = night_record(spec, decision, started, provisioning_s, first_gpus, spans, result)
+        nights = record_night_task(spec, run_id, decision, night)
+        cost = nights.run_cost  # every night of the run, this one included
+        summary.nights_used, summary.nights_left = nights.nights_used, nights.nights_left
+        summary.predicted_finish = nights.predicted_finish
         status = "succeeded" if outcome.passed else "failed"
         summary.status = "completed" if outcome.passed else "failed"
         if result.stopped != "completed" and outcome.passed:

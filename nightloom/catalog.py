@@ -7,14 +7,30 @@ names its source, because MFU against a wrong peak is worse than no MFU.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 
 @dataclass(frozen=True)
+class RopeScaling:
+    """RoPE frequency scaling of a Hugging Face config (`rope_scaling` / `rope_parameters`).
+
+    kind "linear": every inverse frequency / factor (Chen et al. 2023, position interpolation);
+    kind "llama3": Meta's Llama 3.1 wavelength-dependent rule (transformers `_compute_llama3_parameters`)."""
+
+    kind: str  # "linear" | "llama3"
+    factor: float
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+
+@dataclass(frozen=True)
 class ModelShape:
-    """A Llama-style decoder shape (GPT-2 style models set `gated_mlp=False`, `kv_heads=heads`)."""
+    """A Llama-style decoder shape (GPT-2 style models set `gated_mlp=False`, `kv_heads=heads`).
+
+    The fields after `published_params` carry what a Hugging Face llama/mistral/qwen2 config.json may change
+    in the math (nightloom/hf/config.py fills them); their defaults are the plain Llama decoder."""
 
     name: str
     layers: int
@@ -29,16 +45,36 @@ class ModelShape:
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
     published_params: float | None = None  # parameter count as published, for checks
+    explicit_head_dim: int | None = None  # config.json `head_dim` when it is not hidden // heads
+    rope_scaling: RopeScaling | None = None
+    qkv_bias: bool = False  # q/k/v projections carry a bias (qwen2; llama attention_bias)
+    o_bias: bool = False  # output projection carries a bias (llama attention_bias)
+    mlp_bias: bool = False  # gate/up/down carry a bias (llama mlp_bias)
+    sliding_window: int | None = None  # attention window (mistral); training seq_len must not exceed it
+    padded_vocab: int = 0  # embedding/head rows when padded for TP (> vocab); logits are cut back to vocab
+    arch: str = "llama"  # Hugging Face model_type written on export
 
     def __post_init__(self) -> None:
-        if self.hidden % self.heads:
+        if self.explicit_head_dim is None and self.hidden % self.heads:
             raise ValueError(f"model {self.name}: hidden ({self.hidden}) is not divisible by heads ({self.heads})")
         if self.heads % self.kv_heads:
             raise ValueError(f"model {self.name}: heads ({self.heads}) is not divisible by kv_heads ({self.kv_heads})")
+        if self.padded_vocab and self.padded_vocab < self.vocab:
+            raise ValueError(f"model {self.name}: padded_vocab ({self.padded_vocab}) < vocab ({self.vocab})")
 
     @property
     def head_dim(self) -> int:
-        return self.hidden // self.heads
+        return self.explicit_head_dim or self.hidden // self.heads
+
+    @property
+    def embed_rows(self) -> int:
+        """Rows of the embedding and output matrices (the vocabulary, padded for TP when asked)."""
+        return max(self.vocab, self.padded_vocab)
+
+    def padded_for_tp(self, tp: int) -> ModelShape:
+        """The same model with its embedding rows rounded up to a multiple of `tp` (Megatron pads the same way)."""
+        rows = -(-self.vocab // tp) * tp
+        return replace(self, padded_vocab=rows if rows != self.vocab else 0)
 
     def with_(self, **kw) -> ModelShape:
         return replace(self, **kw)
@@ -97,69 +133,12 @@ MODELS.update(
     }
 )
 
-_HF_LLAMA_TYPES = ("llama", "mistral", "qwen2")
-
 
 def shape_from_hf_config(path: str | Path) -> ModelShape:
-    """A ModelShape from a Hugging Face config.json (model_type llama, mistral, qwen2 or gpt2)."""
-    p = Path(path)
-    try:
-        cfg = json.loads(p.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ValueError(f"{p}: config file not found") from None
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{p}:{err.lineno}: invalid JSON: {err.msg}") from None
-    if not isinstance(cfg, dict):
-        raise ValueError(f"{p}: expected a JSON object, got {type(cfg).__name__}")  # noqa: TRY004 (callers treat ValueError as bad input)
-    mtype = cfg.get("model_type")
+    """A ModelShape from a Hugging Face config.json (owner: nightloom/hf/config.py; kept here for callers)."""
+    from nightloom.hf.config import shape_from_hf_config as parse
 
-    def need(*keys: str) -> int:
-        for k in keys:
-            if cfg.get(k) is not None:
-                v = cfg[k]
-                if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-                    raise ValueError(f"{p}: {k}: expected a positive integer, got {v!r}")
-                return v
-        raise ValueError(f"{p}: {' or '.join(keys)}: required for model_type {mtype!r} but missing")
-
-    name = cfg.get("_name_or_path") or p.parent.name or p.stem
-    try:
-        if mtype in _HF_LLAMA_TYPES:
-            heads = need("num_attention_heads")
-            return ModelShape(
-                name=str(name),
-                layers=need("num_hidden_layers"),
-                hidden=need("hidden_size"),
-                heads=heads,
-                kv_heads=cfg.get("num_key_value_heads") or heads,
-                ffn_hidden=need("intermediate_size"),
-                vocab=need("vocab_size"),
-                max_seq=need("max_position_embeddings"),
-                tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-                gated_mlp=True,
-                norm_eps=float(cfg.get("rms_norm_eps", 1e-5)),
-                rope_theta=float(cfg.get("rope_theta", 10000.0)),
-            )
-        if mtype == "gpt2":
-            hidden = need("n_embd", "hidden_size")
-            return ModelShape(
-                name=str(name),
-                layers=need("n_layer", "num_hidden_layers"),
-                hidden=hidden,
-                heads=need("n_head", "num_attention_heads"),
-                kv_heads=need("n_head", "num_attention_heads"),
-                ffn_hidden=cfg.get("n_inner") or 4 * hidden,
-                vocab=need("vocab_size"),
-                max_seq=need("n_positions", "max_position_embeddings"),
-                tied_embeddings=bool(cfg.get("tie_word_embeddings", True)),
-                gated_mlp=False,
-                norm_eps=float(cfg.get("layer_norm_epsilon", 1e-5)),
-            )
-    except ValueError as err:
-        if str(err).startswith(str(p)):
-            raise
-        raise ValueError(f"{p}: {err}") from None
-    raise ValueError(f"{p}: model_type: unsupported {mtype!r}; supported: {', '.join(_HF_LLAMA_TYPES)}, gpt2")
+    return parse(path)
 
 
 def resolve_model(name_or_config: str | Path) -> ModelShape:

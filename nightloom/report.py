@@ -40,3 +40,13 @@ class RunSummary(BaseModel):
     next_run_at: str | None = None
     interruptions: int = 0  # failures recovered from (or given up on) during training
     recovery_s: float = 0.0  # total time to recover over those interruptions
+    export_dir: str | None = None  # the Hugging Face export (train.export: hf), written before the gates
+    nights_used: int = 0  # nights (stretches of renting) this run has used, this one included
+    nights_left: int | None = None  # predicted nights still to come (None: unknown, no prediction)
+    predicted_finish: str | None = None  # ISO time in the schedule's zone (None: unknown or finished)
+
+    def nights_text(self) -> str:
+        """'2 used, 1 left; predicted finish 2026-12-03T02:24:00+08:00' (the run-summary row)."""
+        left = "unknown" if self.nights_left is None else str(self.nights_left)
+        finish = f"; predicted finish {self.predicted_finish}" if self.predicted_finish else ""
+        return f"{self.nights_used} used, {left} left{finish}"

@@ -7,11 +7,12 @@ against the directory of that file; in a spec built in Python they resolve again
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -73,7 +74,19 @@ class ModelSpec(_Section):
     """Which model to train: a catalog name (see nightloom/catalog.py) or a Hugging Face config.json."""
 
     name: str = Field("tiny", description="Catalog model name, e.g. tiny, llama2-7b, llama3-70b.")
-    config: str | None = Field(None, description="Path to a Hugging Face config.json; overrides `name`.")
+    config: str | None = Field(
+        None,
+        description="A Hugging Face config.json (llama, mistral, qwen2), or a folder holding one; overrides "
+        "`name`. Default: the `weights` folder's config.json.",
+    )
+    weights: str | None = Field(
+        None,
+        description="Hugging Face weights to start from: a local folder or s3:// prefix of *.safetensors "
+        "(+ model.safetensors.index.json), loaded into each rank's shards; a resumed checkpoint wins.",
+    )
+    build_demo_weights: bool = Field(
+        False, description="Build a small random Llama at `weights` on first use (demos and tests only)."
+    )
     tokenizer: TokenizerSpec = Field(
         default_factory=TokenizerSpec,
         description="`bytes` (UTF-8 bytes, vocab 256), a tokenizer path, or a mapping (see TokenizerSpec).",
@@ -100,6 +113,26 @@ class DatasetSpec(_Section):
     sample_kind: Literal["docstrings", "alpaca"] = Field(
         "docstrings", description="docstrings: {id, text}; alpaca: {id, instruction, input, output} (fine-tuning)."
     )
+
+
+class DaskSpec(_Section):
+    """A Dask cluster for the shard stage's scan and write tasks (prefect-dask's DaskTaskRunner).
+
+    Output bytes do not depend on it: the same shards as on one machine."""
+
+    address: str | None = Field(None, description="Scheduler of a running cluster, e.g. tcp://10.0.0.2:8786.")
+    cluster_class: str | None = Field(
+        None, description="Or a cluster to start for the run, e.g. dask_jobqueue.SLURMCluster (pip install it)."
+    )
+    cluster_kwargs: dict[str, Any] = Field(default_factory=dict, description="Arguments of cluster_class.")
+
+    @model_validator(mode="after")
+    def _one_way(self) -> DaskSpec:
+        if (self.address is None) == (self.cluster_class is None):
+            raise ValueError("set exactly one of address (a running scheduler) and cluster_class (one to start)")
+        if self.cluster_kwargs and self.cluster_class is None:
+            raise ValueError("cluster_kwargs needs cluster_class")
+        return self
 
 
 class ShardingSpec(_Section):
@@ -130,6 +163,8 @@ class ShardingSpec(_Section):
         if v >= 1 and v != int(v):
             raise ValueError(f"a fraction below 1 or a whole count of documents, got {v}")
         return v
+
+    dask: DaskSpec | None = Field(None, description="Run the scan and write tasks on a Dask cluster.")
 
 
 class SSHHost(_Section):
@@ -209,18 +244,44 @@ class ClusterSpec(_Section):
 
 
 class ParallelSpec(_Section):
-    """Explicit parallel degrees; leave `parallel: auto` in the spec to let the planner choose."""
+    """Explicit parallel degrees; leave `parallel: auto` in the spec to let the planner choose. The rules are
+    nightloom.parallel.ParallelDims.check's (run at load time when the model is known)."""
 
     tp: int = Field(1, gt=0)
     pp: int = Field(1, gt=0)
-    dp_replicate: int = Field(1, gt=0)
-    dp_shard: int = Field(-1, description="-1 = whatever is left of the world size.")
+    dp_replicate: int = Field(1, gt=0, description="Replicas (plain data parallel); HSDP's replica groups.")
+    dp_shard: int = Field(-1, description="Ranks sharding with FSDP2; -1 = whatever is left of the world size.")
     cp: int = Field(1, gt=0, description="Context parallel (GPU only).")
     sp: bool = Field(False, description="Sequence parallel with TP (Megatron-SP).")
     micro_batch: int = Field(1, gt=0)
     virtual_stages: int = Field(1, gt=0)
     schedule: Literal["gpipe", "1f1b", "interleaved_1f1b"] = "1f1b"
     recompute: Literal["none", "selective", "full"] = "none"
+    zero: Literal["fsdp", "zero2"] = Field(
+        "fsdp", description="How dp_shard shards: fsdp (ZeRO-3) or zero2 (parameters kept from forward to backward)."
+    )
+    stages: list[int] | None = Field(None, description="Transformer layers per pipeline stage (uneven split).")
+
+    @field_validator("zero", mode="before")
+    @classmethod
+    def _zero(cls, v):
+        if v == "none":
+            raise ValueError("'none' is not a sharding mode: plain data parallel is dp_replicate: N with dp_shard: 1")
+        return v
+
+    @field_validator("dp_shard")
+    @classmethod
+    def _dp_shard(cls, v: int) -> int:
+        if v == 0 or v < -1:
+            raise ValueError(f"must be >= 1, or -1 for the rest of the world size, got {v}")
+        return v
+
+    @model_validator(mode="after")
+    def _stages(self) -> ParallelSpec:
+        n = self.pp * (self.virtual_stages if self.schedule == "interleaved_1f1b" else 1)
+        if self.stages is not None and (len(self.stages) != n or min(self.stages) < 1):
+            raise ValueError(f"stages {self.stages}: give pp·virtual_stages ({n}) sizes, each >= 1")
+        return self
 
 
 class XTunerSpec(_Section):
@@ -252,11 +313,19 @@ class TrainSpec(_Section):
     warmup_steps: int = Field(3, ge=0)
     weight_decay: float = Field(0.01, ge=0)
     grad_clip: float = Field(1.0, gt=0)
+    optimizer: Literal["adamw", "sgd"] = Field(
+        "adamw", description="adamw (betas 0.9, 0.95), or plain sgd: its update scales with the gradient."
+    )
     seed: int = 1234
     precision: Literal["auto", "fp32", "bf16"] = Field("auto", description="auto = bf16 on GPU, fp32 on CPU.")
     checkpoint_every: int = Field(0, ge=0, description="Save a DCP checkpoint every K steps (0 = only at end).")
     collective_timeout_s: int = Field(120, gt=0)
     metrics_port: int | None = Field(None, description="Prometheus endpoint base port (rank r uses port+r).")
+    export: Literal["auto", "hf", "none"] = Field(
+        "auto",
+        description="When training completes, write <run_dir>/export/ (Hugging Face config, safetensors, "
+        "tokenizer) before the validation gates; auto = hf when the model comes from a Hugging Face config.",
+    )
     xtuner: XTunerSpec | None = None
 
 
@@ -264,12 +333,6 @@ class GoldenSpec(_Section):
     path: str | None = Field(None, description="JSONL of {step, loss}; or use `from_ledger`.")
     from_ledger: bool = False
     rtol: float = Field(0.05, gt=0)
-
-
-class ParitySpec(_Section):
-    enabled: bool = False
-    steps: int = Field(5, gt=0)
-    tolerance: float = Field(1e-4, gt=0)
 
 
 class ValidateSpec(_Section):
@@ -284,7 +347,6 @@ class ValidateSpec(_Section):
     spike_sustain: int = Field(3, ge=1, description="... for this many consecutive steps (hard batches pass).")
     grad_norm_max: float | None = Field(None, gt=0)
     golden: GoldenSpec = Field(default_factory=GoldenSpec)
-    parity: ParitySpec = Field(default_factory=ParitySpec)
     eval_every: int = Field(0, ge=0, description="Held-out evaluation every K steps and at the end (0 = never).")
     eval_windows: int = Field(16, gt=0, description="Fixed eval windows of seq_len+1 tokens (the first ones).")
     eval_data: str | None = Field(
@@ -294,6 +356,17 @@ class ValidateSpec(_Section):
     eval_max_rise: float = Field(
         0.05, ge=0, description="Gate: the last eval loss is at most this fraction above the best (overfitting)."
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _parity_removed(cls, data):
+        if isinstance(data, dict) and "parity" in data:
+            raise ValueError(
+                "`parity` was removed: a run trains one layout, so no reference losses existed and the gate could "
+                "only fail. Layout parity is tested in tests/distributed/test_parity.py; to hold a run to a known "
+                "loss curve use validate.golden (a path or from_ledger)"
+            )
+        return data
 
 
 class WindowSpec(_Section):
@@ -318,6 +391,18 @@ class ScheduleSpec(_Section):
     offpeak_discount: float = Field(0.18, ge=0, lt=1)
     currency: str = "USD"
     budget: float | None = Field(None, gt=0, description="Refuse or stop a run whose cost would exceed it.")
+    max_nights: int | None = Field(
+        None, ge=1, description="Refuse, before renting, a run whose plan needs more nights (windows) than this."
+    )
+    provisioning_minutes: float | None = Field(
+        None,
+        ge=0,
+        description="Minutes from renting to ready, billed, when the ledger has no measured time to ready for "
+        "this cluster (default 10).",
+    )
+    checkpoint_gb_per_s: float = Field(
+        2.0, gt=0, description="Checkpoint storage bandwidth (GB/s, all ranks together): save and restore time."
+    )
 
     @field_validator("timezone")
     @classmethod
@@ -403,6 +488,9 @@ class RunSpec(_Section):
         spec.storage.root = fix(spec.storage.root)
         spec.model.config = fix(spec.model.config)
         spec.model.tokenizer.path = fix(spec.model.tokenizer.path)
+        spec.model.weights = fix(spec.model.weights)
+        if spec.model.config is None and spec.model.weights is not None and "://" not in spec.model.weights:
+            spec.model.config = str(Path(spec.model.weights) / "config.json")
         spec.validate_.golden.path = fix(spec.validate_.golden.path)
         spec.validate_.eval_data = fix(spec.validate_.eval_data)
         if spec.ledger.url.startswith("sqlite:///") and not spec.ledger.url.startswith("sqlite:////"):
@@ -469,6 +557,37 @@ def _get(data: dict, *path, default=None):
     return data
 
 
+def _model_errors(data: dict, local) -> list[tuple[tuple, str]]:
+    """model.config parses (strictly: a field the native model cannot compute is named) and model.weights holds
+    safetensors; a demo whose weights are built on first use is checked when they exist."""
+    from nightloom.hf.config import config_path, shape_from_hf_config
+
+    config, weights = _get(data, "model", "config"), _get(data, "model", "weights")
+    build = _get(data, "model", "build_demo_weights") is True
+    if config is None and isinstance(weights, str) and "://" in weights:
+        return [(("model", "config"), "required when model.weights is an s3:// prefix")]
+    wdir = local(weights)
+    cfg = local(config) if config is not None else (wdir / "config.json" if wdir is not None else None)
+    errs: list[tuple[tuple, str]] = []
+    field = ("model", "config") if config is not None else ("model", "weights")
+    if cfg is not None and not (build and not config_path(cfg).exists()):
+        if not config_path(cfg).is_file():
+            errs.append((field, f"file not found: {config_path(cfg)}"))
+        else:
+            try:
+                shape_from_hf_config(cfg)
+            except ValueError as e:
+                errs.append((field, str(e)))
+    if wdir is not None and not (build and not wdir.exists()):
+        if not wdir.is_dir():
+            errs.append((("model", "weights"), f"folder not found: {wdir}"))
+        elif not any(wdir.glob("*.safetensors")):
+            errs.append((("model", "weights"), f"no *.safetensors files in {wdir}"))
+    if build and wdir is None:
+        errs.append((("model", "build_demo_weights"), "needs a local model.weights folder"))
+    return errs
+
+
 def _semantic_errors(data: dict, base_dir: Path) -> list[tuple[tuple, str]]:
     """Checks that need the filesystem or the catalog: (field path, reason), before anything is rented.
 
@@ -485,8 +604,7 @@ def _semantic_errors(data: dict, base_dir: Path) -> list[tuple[tuple, str]]:
     name, config = _get(data, "model", "name", default="tiny"), _get(data, "model", "config")
     if config is None and isinstance(name, str) and name not in MODELS:
         errs.append((("model", "name"), f"unknown model {name!r}; known: {', '.join(sorted(MODELS))}"))
-    if local(config) is not None and not local(config).is_file():
-        errs.append((("model", "config"), f"file not found: {local(config)}"))
+    errs += _model_errors(data, local)
     errs += _tokenizer_errors(data, local)
     every, eval_data = _get(data, "validate", "eval_every", default=0), _get(data, "validate", "eval_data")
     if isinstance(every, int) and every > 0 and not eval_data and not _get(data, "sharding", "heldout", default=0):
@@ -499,31 +617,74 @@ def _semantic_errors(data: dict, base_dir: Path) -> list[tuple[tuple, str]]:
     dpath = local(_get(data, "dataset", "path"))
     if dpath is not None and _get(data, "dataset", "sample") is not True and not dpath.exists():
         errs.append((("dataset", "path"), f"not found: {dpath}"))
-    par = _get(data, "parallel")
     nodes, per = _get(data, "cluster", "nodes", default=2), _get(data, "cluster", "gpus_per_node", default=2)
-    if isinstance(par, dict) and all(isinstance(x, int) for x in (nodes, per)):
-        deg = {k: _get(par, k, default=1) for k in ("tp", "pp", "dp_replicate", "cp")}
-        shard = _get(par, "dp_shard", default=-1)
-        if all(isinstance(v, int) and v > 0 for v in deg.values()) and isinstance(shard, int):
-            world = nodes * per
-            fixed = deg["tp"] * deg["pp"] * deg["dp_replicate"] * deg["cp"]
-            if shard > 0 and fixed * shard != world:
-                errs.append(
-                    (
-                        ("parallel",),
-                        f"tp({deg['tp']})·pp({deg['pp']})·dp_replicate({deg['dp_replicate']})"
-                        f"·dp_shard({shard})·cp({deg['cp']}) = {fixed * shard} != world size {world} "
-                        "(cluster.nodes·cluster.gpus_per_node)",
-                    )
-                )
-            elif shard <= 0 and world % fixed:
-                errs.append((("parallel",), f"world size {world} is not divisible by tp·pp·dp_replicate·cp = {fixed}"))
+    errs += _parallel_errors(data, base_dir, nodes, per)
     if _get(data, "cluster", "provider") == "ssh":
         hosts = _get(data, "cluster", "ssh", "hosts", default=[]) or []
         active = [h for h in hosts if isinstance(h, dict) and not h.get("spare")]
         if isinstance(nodes, int) and len(active) < nodes:
             errs.append((("cluster", "ssh", "hosts"), f"{len(active)} non-spare hosts for cluster.nodes={nodes}"))
     return errs
+
+
+def _parallel_errors(data: dict, base_dir: Path, nodes, per) -> list[tuple[tuple, str]]:
+    """An explicit `parallel:` section against the world size and the model: ParallelDims.resolve fills
+    dp_shard=-1, ParallelDims.check gives the reasons (the rules the planner and the trainer apply)."""
+    from nightloom.catalog import MODELS, shape_from_hf_config
+    from nightloom.parallel import LayoutError, ParallelDims
+
+    par = _get(data, "parallel")
+    if not isinstance(par, dict) or not all(isinstance(x, int) and x > 0 for x in (nodes, per)):
+        return []
+    try:
+        p = ParallelSpec.model_validate(par)
+    except ValidationError:
+        return []  # the schema errors are reported already
+    try:
+        dims = ParallelDims.resolve(
+            nodes * per,
+            tp=p.tp,
+            pp=p.pp,
+            dp_replicate=p.dp_replicate,
+            dp_shard=p.dp_shard,
+            cp=p.cp,
+            sp=p.sp,
+            virtual_stages=p.virtual_stages,
+            schedule=p.schedule,
+            recompute=p.recompute,
+            zero=p.zero,
+            stages=tuple(p.stages) if p.stages else None,
+        )
+    except LayoutError as e:
+        return [(("parallel",), f"{e} (cluster.nodes·cluster.gpus_per_node)")]
+    name, config = _get(data, "model", "name", default="tiny"), _get(data, "model", "config")
+    try:
+        if isinstance(config, str) and "://" not in config:
+            q = Path(config).expanduser()
+            shape = shape_from_hf_config(q if q.is_absolute() else base_dir / q)
+        elif config is None and name in MODELS:
+            shape = MODELS[name]
+        else:
+            return []
+    except (OSError, ValueError, KeyError):
+        return []  # reported under model.*
+    seq = _get(data, "train", "seq_len", default=128)
+    gb = _get(data, "train", "global_batch", default=8)
+    if not (isinstance(seq, int) and isinstance(gb, int)):
+        return []
+    # micro_batch is pinned, grad_accum follows from the global batch (as the planner sets it)
+    per_rank = gb // dims.dp if gb % dims.dp == 0 else 0
+    accum = per_rank // p.micro_batch if per_rank and per_rank % p.micro_batch == 0 else 0
+    if accum:
+        dims = dataclasses.replace(dims, grad_accum=accum)
+    else:
+        return [
+            (
+                ("parallel", "micro_batch"),
+                f"train.global_batch ({gb}) is not divisible by micro_batch ({p.micro_batch}) · dp ({dims.dp})",
+            )
+        ]
+    return [(("parallel",), why) for why in dims.check(shape, seq, gb)]
 
 
 def _tokenizer_errors(data: dict, local) -> list[tuple[tuple, str]]:
@@ -554,12 +715,14 @@ def _tokenizer_errors(data: dict, local) -> list[tuple[tuple, str]]:
         model_vocab, who = vocab, "model.vocab"
     else:
         try:
-            from nightloom.catalog import get_model, shape_from_hf_config
+            from nightloom.catalog import get_model
+            from nightloom.hf.config import shape_from_hf_config
 
-            config = local(_get(data, "model", "config"))
+            config, weights = local(_get(data, "model", "config")), local(_get(data, "model", "weights"))
+            config = config if config is not None else (weights / "config.json" if weights is not None else None)
             name = _get(data, "model", "name", default="tiny")
             shape = shape_from_hf_config(config) if config is not None else get_model(name)
-        except Exception:  # noqa: BLE001 - model errors are reported by their own check
+        except Exception:  # noqa: BLE001 - model errors are reported by their own check (or built on first use)
             return []
         model_vocab, who = shape.vocab, f"model {shape.name}"
     if model_vocab < tok_vocab:

@@ -105,25 +105,15 @@ def shard_files(spec: RunSpec, manifest) -> list[Path]:
 
 
 def _hf_flops_per_token(base: Path, seq_len: int, frozen_base: bool = False) -> float | None:
-    """PaLM FLOPs/token (nightloom.perf) from a Llama-style HF config.json; None for other architectures.
+    """PaLM FLOPs/token (nightloom.perf) from the base model's config.json (nightloom.hf.config parses it);
+    None when it cannot be read or describes an architecture nightloom does not know.
     frozen_base for LoRA/QLoRA (no gradients for the base weights)."""
-    from nightloom.catalog import ModelShape
+    from nightloom.hf.config import shape_from_hf_config
     from nightloom.perf import flops_per_token
 
     try:
-        c = json.loads((base / "config.json").read_text(encoding="utf-8"))
-        shape = ModelShape(
-            name=c.get("model_type", "hf"),
-            layers=c["num_hidden_layers"],
-            hidden=c["hidden_size"],
-            heads=c["num_attention_heads"],
-            kv_heads=c.get("num_key_value_heads") or c["num_attention_heads"],
-            ffn_hidden=c["intermediate_size"],
-            vocab=c["vocab_size"],
-            max_seq=c.get("max_position_embeddings", seq_len),
-            tied_embeddings=bool(c.get("tie_word_embeddings", False)),
-        )
-    except (KeyError, ValueError, OSError):
+        shape = shape_from_hf_config(base / "config.json", strict=False)
+    except ValueError:
         return None
     return flops_per_token(shape, seq_len, frozen_base=frozen_base)
 

@@ -13,6 +13,17 @@ from nightloom.parallel import ParallelPlan
 from nightloom.spec import TokenizerSpec, TrainSpec
 
 
+class RopeScalingConfig(BaseModel):
+    """catalog.RopeScaling, serialisable."""
+
+    model_config = ConfigDict(extra="forbid")
+    kind: str
+    factor: float
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+
 class ModelConfig(BaseModel):
     """Shape of the model to build (mirrors catalog.ModelShape, serialisable)."""
 
@@ -29,15 +40,28 @@ class ModelConfig(BaseModel):
     gated_mlp: bool = True
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
+    explicit_head_dim: int | None = None
+    rope_scaling: RopeScalingConfig | None = None
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    sliding_window: int | None = None
+    arch: str = "llama"
 
     @classmethod
     def from_shape(cls, shape) -> ModelConfig:
-        return cls(**{k: getattr(shape, k) for k in cls.model_fields})
+        kw = {k: getattr(shape, k) for k in cls.model_fields}
+        if shape.rope_scaling is not None:
+            kw["rope_scaling"] = RopeScalingConfig(**vars(shape.rope_scaling))
+        return cls(**kw)
 
     def to_shape(self):
-        from nightloom.catalog import ModelShape
+        from nightloom.catalog import ModelShape, RopeScaling
 
-        return ModelShape(**self.model_dump())
+        kw = self.model_dump()
+        if self.rope_scaling is not None:
+            kw["rope_scaling"] = RopeScaling(**kw["rope_scaling"])
+        return ModelShape(**kw)
 
 
 class TrainJob(BaseModel):
@@ -61,6 +85,20 @@ class TrainJob(BaseModel):
     eval_every: int = Field(0, ge=0, description="Held-out eval after step 1, every K steps and at the end (0 = off).")
     eval_windows: int = Field(16, gt=0, description="Eval windows (rounded to whole global batches).")
     eval_data: str | None = Field(None, description="JSONL of eval documents; default the manifest's held-out split.")
+    weights: str | None = Field(None, description="Hugging Face safetensors folder or s3:// prefix to start from.")
+    hf_config: str | None = Field(None, description="The config.json the model came from (copied on export).")
+    tokenizer_dir: str | None = Field(None, description="Tokenizer file or folder whose files the export carries.")
+
+    @property
+    def export_format(self) -> str:
+        """`train.export` resolved: auto = hf when the model came from a Hugging Face config."""
+        if self.train.export != "auto":
+            return self.train.export
+        return "hf" if self.hf_config else "none"
+
+    @property
+    def export_dir(self) -> Path:
+        return Path(self.run_dir) / "export"
 
     @property
     def metrics_path(self) -> Path:
@@ -88,3 +126,4 @@ class TrainResult(BaseModel):
     last_checkpoint: str | None = None
     peak_flops: float | None = None  # per-device peak used for MFU (measured on CPU, datasheet on GPU)
     peak_source: str | None = None
+    export_dir: str | None = None  # the Hugging Face export written when training completed

@@ -9,6 +9,7 @@ the full model built in one process.
 
 from __future__ import annotations
 
+import math
 import zlib
 
 import torch
@@ -16,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from nightloom.catalog import ModelShape
+from nightloom.catalog import ModelShape, RopeScaling
 
 
 class RMSNorm(nn.Module):
@@ -31,20 +32,44 @@ class RMSNorm(nn.Module):
         return out.type_as(x) * self.weight
 
 
-def rope_tables(head_dim: int, seq_len: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin tables (seq_len, head_dim/2) of rotary embeddings (Su et al. 2021)."""
-    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
-    ang = torch.outer(torch.arange(seq_len, dtype=torch.float32), inv)
+def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None = None) -> torch.Tensor:
+    """Inverse frequencies (head_dim/2,) of rotary embeddings (Su et al. 2021), with a Hugging Face RoPE scaling.
+
+    linear: all / factor. llama3 (Meta's Llama 3.1 reference, as transformers' `_compute_llama3_parameters`):
+    wavelengths above original/low_freq_factor are divided by factor, below original/high_freq_factor kept,
+    and smoothly interpolated in between."""
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    if scaling is None:
+        return inv
+    if scaling.kind == "linear":
+        return inv / scaling.factor
+    if scaling.kind != "llama3":
+        raise ValueError(f"rope scaling {scaling.kind!r} is not supported")
+    old = scaling.original_max_position_embeddings
+    low_wavelen, high_wavelen = old / scaling.low_freq_factor, old / scaling.high_freq_factor
+    wavelen = 2 * math.pi / inv
+    scaled = torch.where(wavelen > low_wavelen, inv / scaling.factor, inv)
+    smooth = (old / wavelen - scaling.low_freq_factor) / (scaling.high_freq_factor - scaling.low_freq_factor)
+    smoothed = (1 - smooth) * scaled / scaling.factor + smooth * scaled
+    medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+    return torch.where(medium, smoothed, scaled)
+
+
+def rope_tables(
+    head_dim: int, seq_len: int, theta: float, scaling: RopeScaling | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin tables (seq_len, head_dim/2) of rotary embeddings."""
+    ang = torch.outer(torch.arange(seq_len, dtype=torch.float32), rope_inv_freq(head_dim, theta, scaling))
     return ang.cos(), ang.sin()
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate pairs (x[2i], x[2i+1]); x is (B, T, heads, head_dim), cos/sin are (T, head_dim/2)."""
-    xf = x.float().unflatten(-1, (-1, 2))
-    x0, x1 = xf[..., 0], xf[..., 1]
+    """Rotate pairs (x[i], x[i + head_dim/2]) (the rotate-half layout of Hugging Face checkpoints, so their Q/K
+    rows load unpermuted); x is (B, T, heads, head_dim), cos/sin are (T, head_dim/2)."""
+    xf = x.float()
+    x0, x1 = xf.chunk(2, dim=-1)
     c, s = cos[None, :, None, :], sin[None, :, None, :]
-    out = torch.stack((x0 * c - x1 * s, x0 * s + x1 * c), dim=-1).flatten(-2)
-    return out.type_as(x)
+    return torch.cat((x0 * c - x1 * s, x1 * c + x0 * s), dim=-1).type_as(x)
 
 
 class Attention(nn.Module):
@@ -52,11 +77,11 @@ class Attention(nn.Module):
         super().__init__()
         self.head_dim = shape.head_dim
         self.rep = shape.heads // shape.kv_heads
-        kv_dim = shape.kv_heads * shape.head_dim
-        self.wq = nn.Linear(shape.hidden, shape.hidden, bias=False)
-        self.wk = nn.Linear(shape.hidden, kv_dim, bias=False)
-        self.wv = nn.Linear(shape.hidden, kv_dim, bias=False)
-        self.wo = nn.Linear(shape.hidden, shape.hidden, bias=False)
+        q_dim, kv_dim = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
+        self.wq = nn.Linear(shape.hidden, q_dim, bias=shape.qkv_bias)
+        self.wk = nn.Linear(shape.hidden, kv_dim, bias=shape.qkv_bias)
+        self.wv = nn.Linear(shape.hidden, kv_dim, bias=shape.qkv_bias)
+        self.wo = nn.Linear(q_dim, shape.hidden, bias=shape.o_bias)
         self.recompute_core = False  # selective recompute: only softmax(QK^T)V is recomputed
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -87,9 +112,10 @@ class FeedForward(nn.Module):
     def __init__(self, shape: ModelShape):
         super().__init__()
         self.gated = shape.gated_mlp
-        self.w1 = nn.Linear(shape.hidden, shape.ffn_hidden, bias=False)
-        self.w2 = nn.Linear(shape.ffn_hidden, shape.hidden, bias=False)
-        self.w3 = nn.Linear(shape.hidden, shape.ffn_hidden, bias=False) if self.gated else None
+        bias = shape.mlp_bias
+        self.w1 = nn.Linear(shape.hidden, shape.ffn_hidden, bias=bias)
+        self.w2 = nn.Linear(shape.ffn_hidden, shape.hidden, bias=bias)
+        self.w3 = nn.Linear(shape.hidden, shape.ffn_hidden, bias=bias) if self.gated else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.w3 is not None:
@@ -121,17 +147,30 @@ class Transformer(nn.Module):
 
     def __init__(self, shape: ModelShape, seq_len: int | None = None):
         super().__init__()
+        seq_len = seq_len or shape.max_seq
+        if shape.sliding_window is not None and seq_len > shape.sliding_window:
+            raise ValueError(
+                f"model {shape.name}: sliding_window ({shape.sliding_window}) < sequence length ({seq_len}): "
+                "sliding-window attention is not supported; train with seq_len <= sliding_window"
+            )
         self.shape = shape
-        self.tok_embeddings: nn.Embedding | None = nn.Embedding(shape.vocab, shape.hidden)
+        self.tok_embeddings: nn.Embedding | None = nn.Embedding(shape.embed_rows, shape.hidden)
         self.layers = nn.ModuleDict({str(i): Block(shape) for i in range(shape.layers)})
         self.norm: RMSNorm | None = RMSNorm(shape.hidden, shape.norm_eps)
-        self.output: nn.Linear | None = nn.Linear(shape.hidden, shape.vocab, bias=False)
+        self.output: nn.Linear | None = nn.Linear(shape.hidden, shape.embed_rows, bias=False)
         if shape.tied_embeddings:
             self.output.weight = self.tok_embeddings.weight
-        cos, sin = rope_tables(shape.head_dim, seq_len or shape.max_seq, shape.rope_theta)
+        cos, sin = rope_tables(shape.head_dim, seq_len, shape.rope_theta, shape.rope_scaling)
         # non-persistent: recomputed, never checkpointed
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
+
+    def to_empty(self, *, device, recurse: bool = True) -> Transformer:
+        """Materialise on `device`; torch's to_empty gives the two users of a tied matrix two copies, so re-tie."""
+        super().to_empty(device=device, recurse=recurse)
+        if self.shape.tied_embeddings and self.output is not None and self.tok_embeddings is not None:
+            self.output.weight = self.tok_embeddings.weight
+        return self
 
     def keep_layers(self, first: int, last: int, has_embed: bool, has_head: bool) -> Transformer:
         """Drop everything a pipeline stage does not own (layers [first, last) keep their global names)."""
@@ -159,6 +198,8 @@ class Transformer(nn.Module):
             h = self.norm(h)
         if self.output is not None:
             h = self.output(h)
+            if self.shape.embed_rows != self.shape.vocab:  # rows padded for TP are never predicted
+                h = h[..., : self.shape.vocab]
         return h
 
     @torch.no_grad()
@@ -170,11 +211,16 @@ class Transformer(nn.Module):
             if name.endswith("norm.weight") or name == "norm.weight":
                 p.fill_(1.0)  # elementwise: the same on a shard as on the whole
                 continue
+            if name.endswith(".bias"):
+                p.zero_()
+                continue
             g = torch.Generator(device="cpu").manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
             s = out_std if name.endswith(("attn.wo.weight", "ffn.w2.weight")) else std
             full = torch.randn(p.shape, generator=g, dtype=torch.float32).mul_(s).to(p.dtype)
             _copy_global(p, full)
-        cos, sin = rope_tables(self.shape.head_dim, self.rope_cos.shape[0], self.shape.rope_theta)
+        cos, sin = rope_tables(
+            self.shape.head_dim, self.rope_cos.shape[0], self.shape.rope_theta, self.shape.rope_scaling
+        )
         self.rope_cos.copy_(cos)
         self.rope_sin.copy_(sin)
 

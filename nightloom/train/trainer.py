@@ -38,6 +38,13 @@ def lr_at(step: int, base: float, warmup: int, total: int, min_ratio: float) -> 
     return base * (min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
+def make_optimizer(params, t) -> torch.optim.Optimizer:
+    """AdamW (betas 0.9, 0.95), or plain SGD (whose update, unlike Adam's, scales with the gradient) per train.optimizer."""
+    if t.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=t.lr, weight_decay=t.weight_decay, foreach=True)
+    return torch.optim.AdamW(params, lr=t.lr, weight_decay=t.weight_decay, betas=(0.9, 0.95), foreach=True)
+
+
 def precision_dtype(precision: str, device_type: str) -> torch.dtype | None:
     """None = fp32 everywhere; bf16 = bf16 compute with fp32 master weights and reductions."""
     if precision == "bf16" or (precision == "auto" and device_type == "cuda"):
@@ -135,6 +142,8 @@ class Trainer:
         self.plan = job.plan
         self.dims = job.plan.dims()
         self.shape = job.model.to_shape()
+        if self.plan.tp > 1 and self.shape.vocab % self.plan.tp:  # embedding rows padded for TP, cut on export
+            self.shape = self.shape.padded_for_tp(self.plan.tp)
         self.param_dtype = precision_dtype(job.train.precision, ctx.device.type)
         torch.manual_seed(job.train.seed)
         set_s3_endpoint(job.s3_endpoint_url)
@@ -142,10 +151,7 @@ class Trainer:
             self.shape, self.plan, self.dims, ctx.mesh, job.train.seq_len, job.train.seed, ctx.device, self.param_dtype
         )
         t = job.train
-        self.optims = [
-            torch.optim.AdamW(m.parameters(), lr=t.lr, weight_decay=t.weight_decay, betas=(0.9, 0.95), foreach=True)
-            for m in self.parts.parts
-        ]
+        self.optims = [make_optimizer(m.parameters(), t) for m in self.parts.parts]
         dp_rank = self.dims.dp_rank(ctx.rank)
         self.loader = StepLoader(
             PackedWindows(job.manifest, t.seq_len, seed=t.seed, tokenizer=job.tokenizer),
@@ -292,12 +298,13 @@ class Trainer:
         job, t = self.job, self.job.train
         t_start = time.time()
         start = 0
-        if job.resume:
-            found = checkpoint.latest(job.checkpoint_dir)
-            if found is not None:
-                path, start = found
-                checkpoint.load(path, self.parts.parts, self.optims)
-                self._log(f"[nightloom.train] resumed from {path} at step {start} in layout {self.plan.layout()}")
+        found = checkpoint.latest(job.checkpoint_dir) if job.resume else None
+        if found is not None:  # a resumed native checkpoint wins over the initial weights
+            path, start = found
+            checkpoint.load(path, self.parts.parts, self.optims)
+            self._log(f"[nightloom.train] resumed from {path} at step {start} in layout {self.plan.layout()}")
+        elif job.weights:
+            self._load_weights(job.weights)
         self._log(
             f"[nightloom.train] run {job.run_id} attempt {job.attempt}: {self.shape.name} layout "
             f"{self.plan.layout()} world {self.ctx.world} device {self.ctx.device.type} steps {start}->{t.steps} "
@@ -403,6 +410,24 @@ class Trainer:
             self._log(f"[nightloom.train] {stopped} at step {step}/{t.steps}; checkpoint {last_ckpt}")
         return result
 
+    def _load_weights(self, uri: str) -> None:
+        """Hugging Face weights into this rank's shards (collective); every tensor checked before any step."""
+        import tempfile
+
+        from nightloom.hf.load import fetch_weights, load_hf_weights
+
+        cache = Path(tempfile.gettempdir()) / "nightloom-weights"
+        if int(os.environ.get("LOCAL_RANK", "0")) == 0:  # one download per node for an s3:// prefix
+            fetch_weights(uri, cache)
+        dist.barrier()
+        t0 = time.perf_counter()
+        index = load_hf_weights(self.parts.parts, fetch_weights(uri, cache), self.shape)
+        secs = time.perf_counter() - t0
+        self._log(
+            f"[nightloom.train] loaded {len(index.tensors)} tensors ({index.total_bytes / 2**20:.1f} MiB) from "
+            f"{uri} in {secs:.2f} s ({index.total_bytes / 2**20 / max(secs, 1e-9):.0f} MiB/s)"
+        )
+
     def _save(self, step: int) -> str:
         path, secs = checkpoint.save(self.job.checkpoint_dir, step, self.parts.parts, self.optims, self.ctx.rank)
         self._log(f"[nightloom.train] checkpoint step {step} -> {path} ({secs:.2f} s)")
@@ -420,15 +445,35 @@ def _write_pid(job: TrainJob, rank: int) -> None:
     (d / f"rank-{rank}.pid").write_text(f"{os.getpid()}\n", encoding="utf-8")
 
 
+def export_result(job: TrainJob, result: TrainResult, dtype: str) -> TrainResult:
+    """Rank 0, after the process group is gone (no peer waits on a collective meanwhile): the Hugging Face
+    export of the final checkpoint, then result.json again with its path."""
+    from nightloom.hf.export import export_checkpoint
+
+    t0 = time.perf_counter()
+    out = export_checkpoint(
+        Path(result.last_checkpoint),
+        job.model.to_shape(),
+        job.export_dir,
+        dtype=dtype,
+        source_config=job.hf_config,
+        tokenizer=job.tokenizer_dir,
+    )
+    result = result.model_copy(update={"export_dir": str(out)})
+    atomic_write_text(job.result_path, result.model_dump_json(indent=2) + "\n")
+    print(f"[nightloom.train] exported {out} ({dtype}, {time.perf_counter() - t0:.2f} s)", flush=True)
+    return result
+
+
 def main(job: TrainJob) -> int:
     ctx = _init_distributed(job)
     _write_pid(job, ctx.rank)
     trainer = None
+    result = None
     try:
         trainer = Trainer(job, ctx)
-        trainer.run()
+        result = trainer.run()
         dist.barrier()
-        return 0
     except Exception as e:
         print(f"[nightloom.train] rank {ctx.rank} failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
         raise
@@ -437,3 +482,6 @@ def main(job: TrainJob) -> int:
             trainer.close()
         if dist.is_initialized():
             dist.destroy_process_group()
+    if ctx.rank == 0 and job.export_format == "hf" and result.stopped == "completed" and result.last_checkpoint:
+        export_result(job, result, "fp32" if trainer.param_dtype is None else "bf16")
+    return 0

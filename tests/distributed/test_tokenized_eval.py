@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.distributed.harness import WORDS, launch
+from tests.support.harness import WORDS, launch
 
 EXTRA = ["数据", "模型", "🌙", "naïve", "café", "Straße"]
 

@@ -1,0 +1,80 @@
+"""Native parameter names <-> Hugging Face llama/mistral/qwen2 names (the same tensors, no permutation).
+
+The native model uses the rotate-half RoPE layout of transformers, so Q/K rows load as they are stored."""
+
+from __future__ import annotations
+
+import re
+
+from nightloom.catalog import ModelShape
+
+_TOP = {
+    "tok_embeddings.weight": "model.embed_tokens.weight",
+    "norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_LAYER = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attn.wq": "self_attn.q_proj",
+    "attn.wk": "self_attn.k_proj",
+    "attn.wv": "self_attn.v_proj",
+    "attn.wo": "self_attn.o_proj",
+    "ffn.w1": "mlp.gate_proj",
+    "ffn.w3": "mlp.up_proj",
+    "ffn.w2": "mlp.down_proj",
+}
+_LAYER_RE = re.compile(r"layers\.(\d+)\.(.+)")
+
+
+def to_hf(name: str) -> str:
+    """`layers.3.attn.wq.weight` -> `model.layers.3.self_attn.q_proj.weight`."""
+    if name in _TOP:
+        return _TOP[name]
+    m = _LAYER_RE.fullmatch(name)
+    if m:
+        rest = m.group(2)
+        for ours, theirs in _LAYER.items():
+            if rest == ours or rest.startswith(ours + "."):
+                return f"model.layers.{m.group(1)}.{theirs}{rest[len(ours) :]}"
+    raise KeyError(f"no Hugging Face name for parameter {name!r}")
+
+
+def expected_shapes(shape: ModelShape) -> dict[str, tuple[int, ...]]:
+    """Every tensor a Hugging Face checkpoint of this model holds, by HF name, with its shape (unpadded vocab).
+
+    A tied model's checkpoint may or may not hold `lm_head.weight` (transformers omits it): see `optional`."""
+    h, d, v = shape.hidden, shape.head_dim, shape.vocab
+    q, kv, f = shape.heads * d, shape.kv_heads * d, shape.ffn_hidden
+    out: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (v, h), "model.norm.weight": (h,)}
+    if not shape.tied_embeddings:
+        out["lm_head.weight"] = (v, h)
+    for i in range(shape.layers):
+        p = f"model.layers.{i}."
+        out |= {
+            p + "input_layernorm.weight": (h,),
+            p + "post_attention_layernorm.weight": (h,),
+            p + "self_attn.q_proj.weight": (q, h),
+            p + "self_attn.k_proj.weight": (kv, h),
+            p + "self_attn.v_proj.weight": (kv, h),
+            p + "self_attn.o_proj.weight": (h, q),
+            p + "mlp.gate_proj.weight": (f, h),
+            p + "mlp.up_proj.weight": (f, h),
+            p + "mlp.down_proj.weight": (h, f),
+        }
+        if shape.qkv_bias:
+            out |= {
+                p + "self_attn.q_proj.bias": (q,),
+                p + "self_attn.k_proj.bias": (kv,),
+                p + "self_attn.v_proj.bias": (kv,),
+            }
+        if shape.o_bias:
+            out[p + "self_attn.o_proj.bias"] = (h,)
+        if shape.mlp_bias:
+            out |= {p + "mlp.gate_proj.bias": (f,), p + "mlp.up_proj.bias": (f,), p + "mlp.down_proj.bias": (h,)}
+    return out
+
+
+def optional(shape: ModelShape) -> set[str]:
+    """Names a checkpoint may hold without the model needing them (a tied model's duplicate head)."""
+    return {"lm_head.weight"} if shape.tied_embeddings else set()

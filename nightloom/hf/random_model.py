@@ -1,0 +1,68 @@
+"""A small random Hugging Face model folder built with transformers: the continue-pretrain demo's starting
+checkpoint (nothing can be downloaded on the machines this demo runs on) and the tests' reference models.
+
+Deterministic (seeded); written to a temp folder and renamed, so a half-built folder is never picked up."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+DEMO_CONFIG = {
+    "vocab_size": 256,
+    "hidden_size": 64,
+    "intermediate_size": 176,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 512,
+    "rope_theta": 500000.0,
+    "initializer_range": 0.02,
+    "tie_word_embeddings": False,
+}
+
+
+def build_random_model(
+    out: str | Path, arch: str = "llama", seed: int = 0, max_shard_size: str = "5GB", bias_std: float = 0.0, **config
+) -> Path:
+    """Write `<out>` = config.json, generation_config.json, *.safetensors (+ index when sharded) of a random
+    `arch` (llama, mistral, qwen2) model. `bias_std` > 0 gives biases random values (transformers zeroes them),
+    so a bias that is not loaded shows in a parity check."""
+    import torch
+    from transformers import (
+        LlamaConfig,
+        LlamaForCausalLM,
+        MistralConfig,
+        MistralForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+    )
+
+    classes = {
+        "llama": (LlamaConfig, LlamaForCausalLM),
+        "mistral": (MistralConfig, MistralForCausalLM),
+        "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+    }
+    cfg_cls, model_cls = classes[arch]
+    final = Path(out)
+    tmp = final.with_name(f".{final.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    torch.manual_seed(seed)
+    model = model_cls(cfg_cls(**{**DEMO_CONFIG, **config}))
+    if bias_std:
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith(".bias"):
+                    p.normal_(0.0, bias_std)
+    model.save_pretrained(tmp, max_shard_size=max_shard_size)
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.rename(final)
+    return final
+
+
+def ensure_demo_weights(folder: str | Path) -> Path:
+    """The demo's starting checkpoint: built once, reused after."""
+    p = Path(folder)
+    if not (p / "config.json").is_file():
+        build_random_model(p, max_shard_size="200KB")
+    return p

@@ -1,0 +1,165 @@
+"""The native model against transformers (software we did not write) on Hugging Face checkpoints.
+
+Seeded tiny llama / mistral / qwen2 models, fp32, GQA, rope_theta != 1e4, llama3 and linear RoPE scaling,
+initializer_range 0.25 so that a wrong RoPE layout or a skipped scaling moves the logits far beyond 1e-4
+(notes/model-interop.md), saved with a small max_shard_size so the index and several files are used.
+The negative controls (Q/K rows in the interleaved layout; RoPE scaling ignored) must fail the same check."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import transformers
+
+from nightloom.hf.config import HFConfigError, shape_from_hf_config
+from nightloom.hf.load import model_from_hf
+from nightloom.hf.random_model import build_random_model
+
+TOL = 1e-4
+SEQ = 96
+LLAMA3 = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 32,
+}
+BASE = {
+    "vocab_size": 300,
+    "hidden_size": 64,
+    "intermediate_size": 160,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 256,
+    "initializer_range": 0.25,
+}
+CASES = {
+    "llama-untied-llama3": ("llama", {"rope_theta": 50000.0, "rope_scaling": LLAMA3, "tie_word_embeddings": False}),
+    "llama-tied-linear": (
+        "llama",
+        {"rope_theta": 20000.0, "rope_scaling": {"rope_type": "linear", "factor": 4.0}, "tie_word_embeddings": True},
+    ),
+    "llama-bias-headdim": (
+        "llama",
+        {"rope_theta": 30000.0, "attention_bias": True, "mlp_bias": True, "head_dim": 24},
+    ),
+    "mistral": ("mistral", {"rope_theta": 1e6, "sliding_window": 128}),
+    "qwen2-bias": ("qwen2", {"rope_theta": 1e6, "tie_word_embeddings": True}),
+}
+
+
+def _hf_logits(folder, ids):
+    m = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    with torch.no_grad():
+        return m(ids).logits
+
+
+def _ours(folder, ids, model=None):
+    model = model or model_from_hf(folder, SEQ)
+    with torch.no_grad():
+        return model.eval()(ids)
+
+
+def _parity(a, b) -> tuple[float, bool]:
+    return float((a - b).abs().max()), bool((a.argmax(-1) == b.argmax(-1)).all())
+
+
+@pytest.fixture(scope="module", params=sorted(CASES))
+def case(request, tmp_path_factory):
+    arch, cfg = CASES[request.param]
+    folder = build_random_model(
+        tmp_path_factory.mktemp(request.param) / "hf", arch, seed=3, max_shard_size="100KB", bias_std=0.5, **BASE, **cfg
+    )
+    ids = torch.randint(0, BASE["vocab_size"], (2, SEQ), generator=torch.Generator().manual_seed(5))
+    return request.param, folder, ids, _hf_logits(folder, ids)
+
+
+def test_logits_match_transformers(case):
+    name, folder, ids, ref = case
+    assert (folder / "model.safetensors.index.json").is_file() and len(list(folder.glob("*.safetensors"))) > 2
+    diff, same_argmax = _parity(ref, _ours(folder, ids))
+    assert diff < TOL and same_argmax, f"{name}: max |logit diff| {diff:.2e} over {SEQ} positions"
+
+
+def test_interleaved_qk_layout_fails_the_check(case):
+    """Negative control: Q/K rows permuted to the interleaved (Meta) RoPE layout, as a loader that forgot the
+    permutation between the two conventions would leave them."""
+    name, folder, ids, ref = case
+    model = model_from_hf(folder, SEQ)
+    d = model.shape.head_dim
+    perm = torch.arange(d).view(2, d // 2).t().reshape(-1)  # rotate-half rows -> interleaved pairs
+    with torch.no_grad():
+        for block in model.layers.values():
+            for lin in (block.attn.wq, block.attn.wk):
+                w = lin.weight.view(-1, d, lin.weight.shape[1])
+                lin.weight.copy_(w[:, perm].reshape_as(lin.weight))
+                if lin.bias is not None:
+                    lin.bias.copy_(lin.bias.view(-1, d)[:, perm].reshape(-1))
+    diff, _ = _parity(ref, _ours(folder, ids, model))
+    assert diff > 100 * TOL, f"{name}: the wrong Q/K layout went unnoticed ({diff:.2e})"
+
+
+def test_ignoring_rope_scaling_fails_the_check(tmp_path):
+    arch, cfg = CASES["llama-untied-llama3"]
+    folder = build_random_model(tmp_path / "hf", arch, seed=3, **BASE, **cfg)
+    ids = torch.randint(0, 300, (1, SEQ), generator=torch.Generator().manual_seed(1))
+    ref = _hf_logits(folder, ids)
+    plain = json.loads((folder / "config.json").read_text())
+    plain["rope_parameters"] = {"rope_type": "default", "rope_theta": plain["rope_parameters"]["rope_theta"]}
+    (tmp_path / "plain.json").write_text(json.dumps(plain))
+    model = model_from_hf(folder, SEQ, config=tmp_path / "plain.json")
+    diff, _ = _parity(ref, _ours(folder, ids, model))
+    assert diff > 100 * TOL, diff
+    assert _parity(ref, _ours(folder, ids))[0] < TOL
+
+
+def test_hub_rope_scaling_form_equals_transformers5_form(tmp_path):
+    """Llama 3.1 on the Hub: top-level rope_theta + rope_scaling; transformers 5 writes rope_parameters."""
+    arch, cfg = CASES["llama-untied-llama3"]
+    folder = build_random_model(tmp_path / "hf", arch, seed=3, **BASE, **cfg)
+    new = json.loads((folder / "config.json").read_text())
+    old = {k: v for k, v in new.items() if k != "rope_parameters"}
+    old["rope_theta"] = new["rope_parameters"]["rope_theta"]
+    old["rope_scaling"] = {k: v for k, v in new["rope_parameters"].items() if k != "rope_theta"}
+    (folder / "config.json").write_text(json.dumps(old))
+    s_old = shape_from_hf_config(folder)
+    (tmp_path / "new.json").write_text(json.dumps(new))
+    s_new = shape_from_hf_config(tmp_path / "new.json")
+    assert s_old.rope_scaling == s_new.rope_scaling and s_old.rope_scaling.kind == "llama3"
+    assert s_old.rope_theta == s_new.rope_theta == 50000.0
+    ids = torch.randint(0, 300, (1, SEQ), generator=torch.Generator().manual_seed(2))
+    ref = _hf_logits(folder, ids)  # transformers reads the old form too
+    assert _parity(ref, _ours(folder, ids))[0] < TOL
+
+
+@pytest.mark.parametrize(
+    "change,field",
+    [
+        ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}}, "rope_parameters.rope_type"),
+        ({"rope_scaling": {"type": "dynamic", "factor": 2.0}}, "rope_scaling.rope_type"),
+        ({"hidden_act": "gelu"}, "hidden_act"),
+        ({"attention_dropout": 0.1}, "attention_dropout"),
+        ({"model_type": "qwen2", "use_sliding_window": True}, "use_sliding_window"),
+        ({"layer_types": ["sliding_attention", "full_attention"]}, "layer_types"),
+        ({"partial_rotary_factor": 0.5}, "partial_rotary_factor"),
+    ],
+)
+def test_unsupported_math_is_an_error_naming_the_field(tmp_path, change, field):
+    cfg = {"model_type": "llama", **BASE, **change}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(HFConfigError, match=rf"config.json: {field}"):
+        shape_from_hf_config(tmp_path)
+
+
+def test_mistral_window_shorter_than_the_sequence_is_refused(tmp_path):
+    from nightloom.train.model import build_model
+
+    cfg = {"model_type": "mistral", **BASE, "sliding_window": 64}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    shape = shape_from_hf_config(tmp_path)
+    build_model(shape, seq_len=64)
+    with pytest.raises(ValueError, match=r"sliding_window \(64\) < sequence length \(65\)"):
+        build_model(shape, seq_len=65)

@@ -1,0 +1,108 @@
+"""model.config / model.weights / train.export in the spec: resolved, checked before anything is rented."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from nightloom.finetune.run import _hf_flops_per_token
+from nightloom.hf.random_model import build_random_model, ensure_demo_weights
+from nightloom.parallel import ParallelPlan
+from nightloom.spec import SpecError, TrainSpec, load_spec, parse_spec
+from nightloom.train.job import ModelConfig, TrainJob
+
+ROOT = Path(__file__).resolve().parents[2]
+DEMO = ROOT / "deployments" / "continue-pretrain-demo.yaml"
+BASE = {"name": "t", "dataset": {"path": "x.jsonl", "sample": True}}
+
+
+def _spec(tmp_path, model, **extra):
+    return parse_spec({**BASE, "model": model, **extra}, base_dir=tmp_path)
+
+
+def test_demo_spec_is_valid_before_and_after_its_weights_exist(tmp_path):
+    data = yaml.safe_load(DEMO.read_text())
+    data["model"]["weights"] = str(tmp_path / "demo")
+    spec = parse_spec(data, base_dir=DEMO.parent)  # weights not built yet: allowed with build_demo_weights
+    assert spec.model.config == str(tmp_path / "demo" / "config.json")
+    ensure_demo_weights(spec.model.weights)
+    spec = parse_spec(data, base_dir=DEMO.parent)
+    assert (tmp_path / "demo" / "model.safetensors.index.json").is_file()
+    assert spec.train.export == "hf" and load_spec(DEMO).model.build_demo_weights
+
+
+def test_weights_folder_errors(tmp_path):
+    with pytest.raises(SpecError, match=r"model.weights: folder not found"):
+        _spec(tmp_path, {"config": str(_config(tmp_path)), "weights": "nowhere"})
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SpecError, match=r"model.weights: no \*.safetensors files"):
+        _spec(tmp_path, {"config": str(_config(tmp_path)), "weights": "empty"})
+    with pytest.raises(SpecError, match=r"model.config: required when model.weights is an s3:// prefix"):
+        _spec(tmp_path, {"weights": "s3://bucket/llama"})
+
+
+def _config(tmp_path, **change):
+    cfg = {
+        "model_type": "llama",
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "intermediate_size": 128,
+        "vocab_size": 256,
+        "max_position_embeddings": 256,
+        **change,
+    }
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(cfg))
+    return p
+
+
+def test_config_with_unsupported_math_is_a_spec_error(tmp_path):
+    _config(tmp_path, rope_scaling={"rope_type": "yarn", "factor": 4.0})
+    with pytest.raises(SpecError, match=r"model.config: .*config.json: rope_scaling.rope_type: 'yarn'"):
+        _spec(tmp_path, {"config": "config.json"})
+    _config(tmp_path)
+    assert _spec(tmp_path, {"config": str(tmp_path)}).model.config == str(tmp_path)
+
+
+def test_export_auto_follows_the_model_source(tmp_path):
+    src = build_random_model(tmp_path / "w", "llama", hidden_size=32, intermediate_size=64, num_hidden_layers=2)
+    spec = _spec(tmp_path, {"weights": "w"})
+    assert spec.model.config == str(src / "config.json") and spec.train.export == "auto"
+
+    def job(hf_config, export="auto"):
+        from nightloom.catalog import get_model
+
+        return TrainJob(
+            run_id="r",
+            run_dir=str(tmp_path),
+            model=ModelConfig.from_shape(get_model("tiny")),
+            plan=ParallelPlan(),
+            train=TrainSpec(export=export),
+            manifest="m",
+            hf_config=hf_config,
+        )
+
+    assert job(spec.model.config).export_format == "hf"
+    assert job(None).export_format == "none" and job(None, "hf").export_format == "hf"
+    assert job(spec.model.config, "none").export_format == "none"
+
+
+def test_model_config_round_trips_rope_scaling(tmp_path):
+    from nightloom.hf.config import shape_from_hf_config
+
+    p = _config(tmp_path, rope_theta=5e5, rope_scaling={"rope_type": "linear", "factor": 2.0}, attention_bias=True)
+    shape = shape_from_hf_config(p)
+    again = ModelConfig.model_validate_json(ModelConfig.from_shape(shape).model_dump_json()).to_shape()
+    assert again == shape and again.rope_scaling.factor == 2.0 and again.o_bias
+
+
+def test_xtuner_flops_read_gpt2_configs(tmp_path):
+    """The one parser: finetune/run.py's copy returned None on GPT-2 keys."""
+    cfg = {"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 300, "n_positions": 128}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    assert _hf_flops_per_token(tmp_path, 64) > 0
+    assert _hf_flops_per_token(tmp_path / "missing", 64) is None
