@@ -156,13 +156,13 @@ def training_pipeline(
                 peak_source=None,
                 deadline_unix=decision.deadline_unix,
                 stop_after_steps=decision.stop_after_steps,
+                weights=spec.model.weights,
+                hf_config=spec.model.config,
+                tokenizer_dir=tokenizer_source(spec),
                 tokenizer=spec.model.tokenizer,
                 eval_every=spec.validate_.eval_every,
                 eval_windows=spec.validate_.eval_windows,
                 eval_data=spec.validate_.eval_data,
-                weights=spec.model.weights,
-                hf_config=spec.model.config,
-                tokenizer_dir=tokenizer_source(spec),
             )
             if spec.cluster.gpu_type != "cpu":
                 gpu = get_gpu(spec.cluster.gpu_type)

@@ -150,6 +150,7 @@ class ShardingSpec(_Section):
     compression: Literal["zstd", "snappy", "lz4", "none"] = Field(
         "zstd", description="Parquet codec of the shards: zstd (level 1) is ~2.5× smaller than none on text."
     )
+    dask: DaskSpec | None = Field(None, description="Run the scan and write tasks on a Dask cluster.")
     heldout: float = Field(
         0.0,
         ge=0,
@@ -163,8 +164,6 @@ class ShardingSpec(_Section):
         if v >= 1 and v != int(v):
             raise ValueError(f"a fraction below 1 or a whole count of documents, got {v}")
         return v
-
-    dask: DaskSpec | None = Field(None, description="Run the scan and write tasks on a Dask cluster.")
 
 
 class SSHHost(_Section):
@@ -347,15 +346,6 @@ class ValidateSpec(_Section):
     spike_sustain: int = Field(3, ge=1, description="... for this many consecutive steps (hard batches pass).")
     grad_norm_max: float | None = Field(None, gt=0)
     golden: GoldenSpec = Field(default_factory=GoldenSpec)
-    eval_every: int = Field(0, ge=0, description="Held-out evaluation every K steps and at the end (0 = never).")
-    eval_windows: int = Field(16, gt=0, description="Fixed eval windows of seq_len+1 tokens (the first ones).")
-    eval_data: str | None = Field(
-        None, description="A JSONL file of eval documents (text field as the dataset's); default the held-out split."
-    )
-    eval_must_fall: bool = Field(True, description="Gate: the last eval loss is below the first.")
-    eval_max_rise: float = Field(
-        0.05, ge=0, description="Gate: the last eval loss is at most this fraction above the best (overfitting)."
-    )
 
     @model_validator(mode="before")
     @classmethod
@@ -367,6 +357,16 @@ class ValidateSpec(_Section):
                 "loss curve use validate.golden (a path or from_ledger)"
             )
         return data
+
+    eval_every: int = Field(0, ge=0, description="Held-out evaluation every K steps and at the end (0 = never).")
+    eval_windows: int = Field(16, gt=0, description="Fixed eval windows of seq_len+1 tokens (the first ones).")
+    eval_data: str | None = Field(
+        None, description="A JSONL file of eval documents (text field as the dataset's); default the held-out split."
+    )
+    eval_must_fall: bool = Field(True, description="Gate: the last eval loss is below the first.")
+    eval_max_rise: float = Field(
+        0.05, ge=0, description="Gate: the last eval loss is at most this fraction above the best (overfitting)."
+    )
 
 
 class WindowSpec(_Section):
@@ -487,10 +487,10 @@ class RunSpec(_Section):
         spec.sharding.output = fix(spec.sharding.output)
         spec.storage.root = fix(spec.storage.root)
         spec.model.config = fix(spec.model.config)
-        spec.model.tokenizer.path = fix(spec.model.tokenizer.path)
         spec.model.weights = fix(spec.model.weights)
         if spec.model.config is None and spec.model.weights is not None and "://" not in spec.model.weights:
             spec.model.config = str(Path(spec.model.weights) / "config.json")
+        spec.model.tokenizer.path = fix(spec.model.tokenizer.path)
         spec.validate_.golden.path = fix(spec.validate_.golden.path)
         spec.validate_.eval_data = fix(spec.validate_.eval_data)
         if spec.ledger.url.startswith("sqlite:///") and not spec.ledger.url.startswith("sqlite:////"):

@@ -122,12 +122,13 @@ def _sections(args) -> tuple[DatasetSpec, ShardingSpec, StorageSpec]:
     return DatasetSpec(**data["dataset"]), ShardingSpec(**data["sharding"]), StorageSpec(**data["storage"])
 
 
-def _shard_on_dask(dataset: DatasetSpec, sharding: ShardingSpec, storage: StorageSpec, tokenizer=None):
+def _shard_on_dask(dataset: DatasetSpec, sharding: ShardingSpec, storage: StorageSpec, tokenizer):
     """The shard-dataset flow (a Prefect flow run) with its tasks on `sharding.dask`."""
     from flows.shard import shard_dataset_flow
     from nightloom.spec import ModelSpec, RunSpec
 
-    model = ModelSpec() if tokenizer is None else ModelSpec(tokenizer=tokenizer, vocab="tokenizer")
+    # sharding only counts tokens: the model's vocab is the tokenizer's (the spec check must not refuse it)
+    model = ModelSpec(tokenizer=tokenizer, vocab="tokenizer") if tokenizer is not None else ModelSpec()
     spec = RunSpec(name="shard", model=model, dataset=dataset, sharding=sharding, storage=storage)
     return shard_dataset_flow(spec)
 

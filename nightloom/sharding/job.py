@@ -150,7 +150,8 @@ def settings_hash(
         "format": dataset.format,
         "text_field": dataset.text_field,
         "tokenizer": tokenizer_id,
-        "sharding": sharding.model_dump(mode="json", exclude={"output", "dask", "heldout"}),  # where it runs: not what
+        # where it runs (dask) is not what it makes; heldout is added below only when set
+        "sharding": sharding.model_dump(mode="json", exclude={"output", "dask", "heldout"}),
     }
     if sharding.heldout:  # only when set: earlier shards keep their hash
         doc["heldout"] = sharding.heldout

@@ -132,12 +132,14 @@ def run_job(job: ShardJob, workers: int | None = None, progress: Progress | None
     scans = _map(scan, range(len(job.units)), workers)
     placement = place_documents(job, scans)
 
+    indices = shard_indices(job)
+
     def write(i: int) -> ShardInfo:
         info = write_shard(job, scans, i)
-        note("write", 1, job.num_shards)
+        note("write", 1, len(indices))
         return info
 
-    infos = _map(write, shard_indices(job), workers)
+    infos = _map(write, indices, workers)
     return publish(job, scans, placement, infos)
 
 

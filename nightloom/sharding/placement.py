@@ -43,8 +43,8 @@ class Placement(BaseModel):
     imbalance: float
     rebalanced: bool
     loads: list[int]  # per shard, on the balance metric
-    heldout: int = 0  # documents set aside as the held-out split
     file_duplicates: list[tuple[int, int]] = []  # (source index, documents dropped as duplicates), where > 0
+    heldout: int = 0  # documents set aside as the held-out split
 
 
 def duplicates_per_file(scans: list[ScanResult], dup: np.ndarray) -> list[tuple[int, int]]:
@@ -204,8 +204,8 @@ def place_documents(job: ShardJob, scans: list[ScanResult]) -> Placement:
         imbalance=after,
         rebalanced=rebalanced,
         loads=[int(x) for x in loads],
-        heldout=n_held,
         file_duplicates=duplicates_per_file(scans, dup),
+        heldout=n_held,
     )
     storage.write_bytes(out, p.model_dump_json().encode())
     return p

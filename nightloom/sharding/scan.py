@@ -323,7 +323,7 @@ class _RecordBuffer:
         self.meta: list[tuple[int, int, int, int]] = []
         self.pending = 0
         self.count = 0  # documents added so far (spilled or buffered)
-        self.tok = _counter(job)  # None for bytes (the meta's byte count is the token count)
+        self.tok = _counter(job)  # None for bytes (tokens = UTF-8 bytes, already in meta)
 
     def add(self, tb: bytes, kb: bytes, meta: tuple[int, int, int, int], extras) -> None:
         self.texts.append(tb)

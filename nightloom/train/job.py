@@ -81,10 +81,6 @@ class TrainJob(BaseModel):
     resume: bool = True
     attempt: int = 0
     stop_after_steps: int | None = Field(None, description="Stop (with checkpoint) after this many total steps.")
-    tokenizer: TokenizerSpec = Field(default_factory=TokenizerSpec, description="model.tokenizer of the run.")
-    eval_every: int = Field(0, ge=0, description="Held-out eval after step 1, every K steps and at the end (0 = off).")
-    eval_windows: int = Field(16, gt=0, description="Eval windows (rounded to whole global batches).")
-    eval_data: str | None = Field(None, description="JSONL of eval documents; default the manifest's held-out split.")
     weights: str | None = Field(None, description="Hugging Face safetensors folder or s3:// prefix to start from.")
     hf_config: str | None = Field(None, description="The config.json the model came from (copied on export).")
     tokenizer_dir: str | None = Field(None, description="Tokenizer file or folder whose files the export carries.")
@@ -99,6 +95,11 @@ class TrainJob(BaseModel):
     @property
     def export_dir(self) -> Path:
         return Path(self.run_dir) / "export"
+
+    tokenizer: TokenizerSpec = Field(default_factory=TokenizerSpec, description="model.tokenizer of the run.")
+    eval_every: int = Field(0, ge=0, description="Held-out eval after step 1, every K steps and at the end (0 = off).")
+    eval_windows: int = Field(16, gt=0, description="Eval windows (rounded to whole global batches).")
+    eval_data: str | None = Field(None, description="JSONL of eval documents; default the manifest's held-out split.")
 
     @property
     def metrics_path(self) -> Path:

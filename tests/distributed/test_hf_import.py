@@ -25,7 +25,7 @@ from nightloom.parallel import ParallelPlan
 from nightloom.spec import TrainSpec
 from nightloom.train.data import PackedWindows
 from nightloom.train.job import ModelConfig, TrainJob
-from tests.distributed.harness import ROOT, env, free_port, launch, result, write_corpus
+from tests.support.harness import ROOT, env, free_port, launch, result, write_corpus
 
 SEQ, BATCH = 32, 8
 CONFIG = {

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.distributed.conftest import STEPS
-from tests.distributed.harness import launch, make_job
+from tests.support.harness import STEPS, launch, make_job
 
 TOL = 1e-5
 

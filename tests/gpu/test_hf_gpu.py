@@ -22,7 +22,7 @@ from nightloom.parallel import ParallelPlan
 from nightloom.spec import TrainSpec
 from nightloom.train.data import PackedWindows
 from nightloom.train.job import ModelConfig, TrainJob
-from tests.distributed.harness import launch, result, write_corpus
+from tests.support.harness import launch, result, write_corpus
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 CONFIG = {
