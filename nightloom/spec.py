@@ -715,12 +715,14 @@ def _tokenizer_errors(data: dict, local) -> list[tuple[tuple, str]]:
         model_vocab, who = vocab, "model.vocab"
     else:
         try:
-            from nightloom.catalog import get_model, shape_from_hf_config
+            from nightloom.catalog import get_model
+            from nightloom.hf.config import shape_from_hf_config
 
-            config = local(_get(data, "model", "config"))
+            config, weights = local(_get(data, "model", "config")), local(_get(data, "model", "weights"))
+            config = config if config is not None else (weights / "config.json" if weights is not None else None)
             name = _get(data, "model", "name", default="tiny")
             shape = shape_from_hf_config(config) if config is not None else get_model(name)
-        except Exception:  # noqa: BLE001 - model errors are reported by their own check
+        except Exception:  # noqa: BLE001 - model errors are reported by their own check (or built on first use)
             return []
         model_vocab, who = shape.vocab, f"model {shape.name}"
     if model_vocab < tok_vocab:

@@ -127,7 +127,8 @@ def _shard_on_dask(dataset: DatasetSpec, sharding: ShardingSpec, storage: Storag
     from flows.shard import shard_dataset_flow
     from nightloom.spec import ModelSpec, RunSpec
 
-    model = ModelSpec(tokenizer=tokenizer) if tokenizer is not None else ModelSpec()
+    # sharding only counts tokens: the model's vocab is the tokenizer's (the spec check must not refuse it)
+    model = ModelSpec(tokenizer=tokenizer, vocab="tokenizer") if tokenizer is not None else ModelSpec()
     spec = RunSpec(name="shard", model=model, dataset=dataset, sharding=sharding, storage=storage)
     return shard_dataset_flow(spec)
 

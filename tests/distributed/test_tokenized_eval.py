@@ -156,3 +156,36 @@ def test_nightloom_eval_equals_plain_pytorch(single, data, tmp_path):
     assert got["tokens"] == count
     assert abs(got["loss"] - total / count) < 1e-5
     assert abs(got["ppl"] - torch.tensor(total / count).exp().item()) < 1e-4
+
+
+def test_nightloom_eval_equals_transformers(single, data, tmp_path):
+    """The same checkpoint exported to Hugging Face (nightloom.hf.export) and scored by transformers'
+    LlamaForCausalLM with AutoTokenizer's ids: mean NLL per predicted token within 1e-5 of `nightloom eval`."""
+    from transformers import AutoTokenizer, LlamaForCausalLM
+
+    from nightloom.hf.export import export_checkpoint
+    from nightloom.train import checkpoint
+    from nightloom.train.evaluate import evaluate_run, run_job
+
+    job_path, _ = single
+    root, tspec, _, _, docs, _ = data
+    job = run_job(job_path.parent)
+    ckpt, _ = checkpoint.latest(job.checkpoint_dir)
+    out = export_checkpoint(ckpt, job.model.to_shape(), tmp_path / "hf", dtype="fp32", tokenizer=tspec.path)
+    hf_tok = AutoTokenizer.from_pretrained(str(out))
+    model = LlamaForCausalLM.from_pretrained(str(out), torch_dtype=torch.float32).eval()
+    eval_docs = docs[5:12] + ["数据 🌙 café naïve", "x"]
+    total, count = 0.0, 0
+    for d in eval_docs:
+        ids = hf_tok(d)["input_ids"][:24]
+        if len(ids) < 2:
+            continue
+        with torch.no_grad():
+            logits = model(torch.tensor([ids])).logits[0, :-1].float()
+        total += F.cross_entropy(logits, torch.tensor(ids[1:]), reduction="sum").item()
+        count += len(ids) - 1
+    f = tmp_path / "eval.jsonl"
+    f.write_text("".join(json.dumps({"text": d}) + "\n" for d in eval_docs), encoding="utf-8")
+    ours = evaluate_run(job_path.parent, f, 24)
+    assert ours.tokens == count
+    assert abs(ours.loss - total / count) < 1e-5, (ours.loss, total / count)
