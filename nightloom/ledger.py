@@ -4,11 +4,15 @@ SQLite (the default) is made safe for several writers at once: WAL journal, a bu
 opened with BEGIN IMMEDIATE (so a read-modify-write such as `record_interruption` is atomic), and retries on
 "database is locked". Other databases use SELECT ... FOR UPDATE for the same read-modify-write.
 The planner reads `calibration()` back to correct its efficiency factors with measured runs.
+The schema is migrated by Alembic (scripts in nightloom/ledger_migrations/) when the ledger is opened, in one
+transaction: a new ledger is built at the newest revision, a ledger from before Alembic (an integer in
+`nightloom_schema`, no version table) is stamped at its revision and upgraded, a newer ledger is refused.
 """
 
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import json
 import random
@@ -19,15 +23,21 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal, Self, TypeVar
 
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import (
     JSON,
+    Connection,
     DateTime,
     Float,
     Integer,
     String,
     create_engine,
     event,
+    inspect,
     select,
 )
 from sqlalchemy.engine import Engine, make_url
@@ -35,11 +45,12 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 from sqlalchemy.types import TypeDecorator
 
+from nightloom import ledger_migrations
 from nightloom.parallel import ParallelPlan
 from nightloom.util import atomic_write_text
 from nightloom.validate import Verdict, gated
 
-SCHEMA_VERSION = 2  # 2: the `nights` column (per-night predicted vs actual); 1 → 2 migrates in place
+SCHEMA_VERSION = 2  # the newest Alembic revision's number; 2: the `nights` column (per-night predicted vs actual)
 RunStatus = Literal["running", "succeeded", "failed", "cancelled", "stopped", "deferred", "refused"]
 RUN_STATUSES: tuple[str, ...] = RunStatus.__args__  # type: ignore[attr-defined]
 
@@ -177,7 +188,10 @@ class _Base(DeclarativeBase):
 
 
 class _SchemaVersion(_Base):
-    __tablename__ = "nightloom_schema"
+    """The version row nightloom kept before Alembic; each revision still writes its number here (see
+    nightloom/ledger_migrations), so an older nightloom refuses a newer ledger."""
+
+    __tablename__ = ledger_migrations.LEGACY_TABLE
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     version: Mapped[int] = mapped_column(Integer)
 
@@ -237,13 +251,29 @@ def _from_row(row: _Run) -> RunRecord:
     return RunRecord.model_validate(d)
 
 
-def _migrate_1_to_2(conn) -> None:
-    """Schema 1 → 2: add the nullable `nights` JSON column (old rows read as no nights)."""
-    col = JSON().compile(dialect=conn.dialect)
-    conn.exec_driver_sql(f"ALTER TABLE {_Run.__tablename__} ADD COLUMN nights {col}")
+def _revision(version: int) -> str:
+    """Schema version → Alembic revision id: 2 → '0002'."""
+    return f"{version:04d}"
 
 
-_MIGRATIONS: dict[int, Callable[[Any], None]] = {1: _migrate_1_to_2}  # from version N to N + 1
+@functools.cache
+def _scripts() -> ScriptDirectory:
+    """The migration scripts shipped in the package (loaded once per process)."""
+    return ScriptDirectory(str(ledger_migrations.SCRIPT_DIR))
+
+
+def _alembic_config(conn: Connection) -> Config:
+    """An Alembic config whose env.py migrates `conn`, inside the transaction the caller holds."""
+    cfg = Config()
+    cfg.set_main_option("script_location", str(ledger_migrations.SCRIPT_DIR))
+    cfg.attributes["connection"] = conn
+    return cfg
+
+
+def _current_revisions(conn: Connection) -> tuple[str, ...]:
+    """The ledger's Alembic revision(s); () for a ledger without the version table (new, or from before Alembic)."""
+    ctx = MigrationContext.configure(conn, opts={"version_table": ledger_migrations.VERSION_TABLE})
+    return tuple(ctx.get_current_heads())
 
 
 # ---------------------------------------------------------------------------------------------- the ledger
@@ -288,33 +318,55 @@ class Ledger:
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _init_schema(self) -> None:
-        with Session(self.engine) as s, s.begin():
-            _Base.metadata.create_all(s.connection())
-            row = s.get(_SchemaVersion, 1)
-            if row is None:
-                s.add(_SchemaVersion(id=1, version=SCHEMA_VERSION))
-            elif row.version > SCHEMA_VERSION:
+        """Bring the ledger to the newest revision, in one transaction (on SQLite BEGIN IMMEDIATE: one process
+        migrates while the others wait, then find it done)."""
+        scripts = _scripts()
+        with self.engine.begin() as conn:
+            cfg = _alembic_config(conn)
+            revs = _current_revisions(conn)
+            if not revs:
+                legacy = self._legacy_version(conn)
+                if legacy is not None:  # written before Alembic: record what it is, then migrate from there
+                    command.stamp(cfg, _revision(legacy))
+                    revs = (_revision(legacy),)
+            known = {s.revision for s in scripts.walk_revisions()}
+            for rev in revs:
+                if rev not in known:
+                    raise LedgerError(
+                        f"ledger {self._where()} is at schema revision {rev!r}, which this nightloom does not know "
+                        f"(its newest is {scripts.get_current_head()!r}): upgrade nightloom"
+                    )
+            if set(revs) != {scripts.get_current_head()}:
+                command.upgrade(cfg, "head")
+
+    def _legacy_version(self, conn: Connection) -> int | None:
+        """The integer schema version of a ledger from before Alembic; None for an empty database."""
+        tables = set(inspect(conn).get_table_names())
+        if ledger_migrations.LEGACY_TABLE not in tables:
+            if _Run.__tablename__ in tables:
                 raise LedgerError(
-                    f"ledger {self._where()} has schema version {row.version}; this nightloom "
-                    f"understands up to {SCHEMA_VERSION}: upgrade nightloom"
+                    f"ledger {self._where()} has a {_Run.__tablename__} table but no schema version "
+                    f"({ledger_migrations.VERSION_TABLE} or {ledger_migrations.LEGACY_TABLE}): not a ledger "
+                    "nightloom wrote"
                 )
-            else:
-                while row.version < SCHEMA_VERSION:
-                    step = _MIGRATIONS.get(row.version)
-                    if step is None:
-                        raise LedgerError(
-                            f"ledger {self._where()} has schema version {row.version}; no migration to "
-                            f"{SCHEMA_VERSION} exists"
-                        )
-                    step(s.connection())
-                    row.version += 1
+            return None
+        version = conn.execute(select(_SchemaVersion.version).where(_SchemaVersion.id == 1)).scalar_one_or_none()
+        if version is None or version < 1:
+            raise LedgerError(f"ledger {self._where()} has no valid version in {ledger_migrations.LEGACY_TABLE}")
+        if version > SCHEMA_VERSION:
+            raise LedgerError(
+                f"ledger {self._where()} has schema version {version}; this nightloom understands up to "
+                f"{SCHEMA_VERSION}: upgrade nightloom"
+            )
+        return version
 
     def _where(self) -> str:
         return make_url(self.url).render_as_string(hide_password=True)
 
     def schema_version(self) -> int:
-        with Session(self.engine) as s:
-            return s.get(_SchemaVersion, 1).version
+        """The ledger's schema version: the number of its Alembic revision ('0002' → 2)."""
+        with self.engine.connect() as conn:
+            return int(_current_revisions(conn)[0])
 
     def _modify(self, run_id: str, change: Callable[[_Run], None]) -> RunRecord:
         def tx() -> RunRecord:

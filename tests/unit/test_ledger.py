@@ -170,10 +170,12 @@ def test_newer_schema_is_refused(tmp_path: Path):
     url = f"sqlite:///{tmp_path / 'l.db'}"
     Ledger(url).close()
     eng = create_engine(url)
+    newer = f"{SCHEMA_VERSION + 1:04d}"  # what a newer nightloom's Alembic revision would leave
     with eng.begin() as c:
+        c.execute(text("UPDATE nightloom_alembic_version SET version_num = :v"), {"v": newer})
         c.execute(text("UPDATE nightloom_schema SET version = :v"), {"v": SCHEMA_VERSION + 1})
     eng.dispose()
-    with pytest.raises(LedgerError, match=f"schema version {SCHEMA_VERSION + 1}.*upgrade nightloom"):
+    with pytest.raises(LedgerError, match=f"l.db is at schema revision '{newer}'.*upgrade nightloom"):
         Ledger(url)
 
 

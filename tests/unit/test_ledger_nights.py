@@ -58,10 +58,11 @@ def test_a_schema_1_ledger_is_migrated_and_keeps_its_rows(tmp_path):
     with Ledger(url) as lg:
         start(lg, "old-run")
         lg.finish_run("old-run", status="succeeded", cost=12.5)
-    # make it what nightloom with schema 1 wrote: no `nights` column, version 1
+    # make it what nightloom with schema 1 wrote: no `nights` column, version 1, no Alembic version table
     con = sqlite3.connect(db)
     con.execute("ALTER TABLE nightloom_runs DROP COLUMN nights")
     con.execute("UPDATE nightloom_schema SET version = 1")
+    con.execute("DROP TABLE nightloom_alembic_version")
     con.commit()
     assert "nights" not in [r[1] for r in con.execute("PRAGMA table_info(nightloom_runs)")]
     con.close()

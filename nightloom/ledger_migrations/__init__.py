@@ -1,0 +1,13 @@
+"""Alembic migrations of the run ledger's schema; `nightloom.ledger.Ledger` runs them on the ledger's own connection.
+
+Revision ids are the schema version as four digits (0001 = schema 1, 0002 = schema 2 ...). A schema change is a new
+file in versions/ whose `down_revision` is the previous head, a bump of `nightloom.ledger.SCHEMA_VERSION`, and a test
+that opens a ledger written before the change. Each revision also writes its number into the legacy
+`nightloom_schema` row, so a nightloom from before Alembic refuses a ledger newer than it instead of using it.
+"""
+
+from pathlib import Path
+
+SCRIPT_DIR = Path(__file__).resolve().parent
+VERSION_TABLE = "nightloom_alembic_version"  # not `alembic_version`: the ledger may share a database with other apps
+LEGACY_TABLE = "nightloom_schema"  # the integer version nightloom kept before Alembic (schemas 1 and 2)
