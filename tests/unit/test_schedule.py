@@ -551,3 +551,32 @@ def test_gate_deadline_counts_money_spent_by_earlier_nights():
     assert not later.run_now and later.next_run_at == at(2026, 6, 2, 2).astimezone(UTC).isoformat()
     nopred = gate_decision(spec, plan_nights(spec.schedule, now, night_inputs(step=None)), now, real)
     assert nopred.predicted_cost is None and "not checked" in nopred.budget
+
+
+def test_a_night_is_priced_on_the_gate_clock_and_compared_with_its_prediction():
+    from nightloom.spec import RunSpec
+    from nightloom.train.job import TrainResult
+    from tasks.gate import gate_decision
+    from tasks.nights import night_record
+
+    spec = RunSpec.model_validate(
+        {
+            "name": "n",
+            "dataset": {"path": "d"},
+            "cluster": {"nodes": 1, "gpus_per_node": 2, "gpu_type": "cpu"},
+            "schedule": {"policy": "split", "price_per_gpu_hour": 3600.0, "offpeak_discount": 0.5},
+        }
+    )
+    now, real = at(2026, 6, 1, 5, 59), datetime(2026, 1, 1, 12, tzinfo=UTC)  # 60 s left on the gate's clock
+    cont = night_inputs(steps=1000, step=1.0, gpus=2, prov=5.0, ckpt=1.0, resumed=True, nights_used=1, steps_done=40)
+    d = gate_decision(spec, plan_nights(spec.schedule, now, cont), now, real)
+    assert d.night == 2 and d.predicted_steps == 53  # 60 − 5 provisioning − 1 restore − 1 checkpoint
+    # what the real clock saw: ready 5 s after the gate, trained to the deadline, 3 s more to stop
+    spans = [BillingSpan.between(real + timedelta(seconds=5), real + timedelta(seconds=62), 2)]
+    result = TrainResult(steps_done=93, total_steps=1040, stopped="deadline", final_loss=1.0, tokens=0, wall_s=57)
+    d = d.model_copy(update={"deadline_kind": "window"})
+    n = night_record(spec, d, real, 5.0, 2, spans, result)
+    assert n.start == now and n.end == now + timedelta(seconds=62) and (n.steps, n.steps_done) == (53, 93)
+    # 60 s off-peak (1/s for 2 ranks) + 2 s at the peak (2/s): priced on the gate's clock, not the real one
+    assert n.cost == pytest.approx(60 * 1.0 + 2 * 2.0) and n.stopped == "window"
+    assert n.predicted_cost == pytest.approx(60.0) and abs(n.cost - n.predicted_cost) <= n.uncertainty
