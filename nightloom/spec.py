@@ -676,7 +676,7 @@ def _parallel_errors(data: dict, base_dir: Path, nodes, per) -> list[tuple[tuple
     per_rank = gb // dims.dp if gb % dims.dp == 0 else 0
     accum = per_rank // p.micro_batch if per_rank and per_rank % p.micro_batch == 0 else 0
     if accum:
-        dims = dataclasses.replace(dims, grad_accum=accum)
+        dims = dataclasses.replace(dims, micro_batch=p.micro_batch, grad_accum=accum)
     else:
         return [
             (
