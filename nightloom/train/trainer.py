@@ -38,11 +38,23 @@ def lr_at(step: int, base: float, warmup: int, total: int, min_ratio: float) -> 
     return base * (min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
+def _groups_by_mesh(params) -> list[dict]:
+    """One param group per device mesh (plain tensors in their own): a foreach kernel cannot mix a DTensor with a
+    plain tensor (TP without SP leaves the norms plain) or DTensors of two meshes; each group steps on its own."""
+    from torch.distributed.tensor import DTensor
+
+    groups: dict[object, list] = {}
+    for p in params:
+        groups.setdefault(p.device_mesh if isinstance(p, DTensor) else None, []).append(p)
+    return [{"params": g} for g in groups.values()]
+
+
 def make_optimizer(params, t) -> torch.optim.Optimizer:
     """AdamW (betas 0.9, 0.95), or plain SGD (whose update, unlike Adam's, scales with the gradient) per train.optimizer."""
+    groups = _groups_by_mesh(params)
     if t.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=t.lr, weight_decay=t.weight_decay, foreach=True)
-    return torch.optim.AdamW(params, lr=t.lr, weight_decay=t.weight_decay, betas=(0.9, 0.95), foreach=True)
+        return torch.optim.SGD(groups, lr=t.lr, weight_decay=t.weight_decay, foreach=True)
+    return torch.optim.AdamW(groups, lr=t.lr, weight_decay=t.weight_decay, betas=(0.9, 0.95), foreach=True)
 
 
 def precision_dtype(precision: str, device_type: str) -> torch.dtype | None:

@@ -31,6 +31,8 @@ LAYOUTS = [
     ("dp2_fsdp", 2, {"dp_shard": 2, "micro_batch": 2, "grad_accum": 2}, {}),
     ("dp2_fsdp_sgd_noclip", 2, {"dp_shard": 2, "micro_batch": 2, "grad_accum": 2}, SGD),
     ("tp2_sp", 2, {"tp": 2, "sp": True, "micro_batch": 2, "grad_accum": 4}, {}),
+    # TP without SP leaves the norms plain tensors beside DTensors: one optimizer group per mesh
+    ("tp2_nosp", 2, {"tp": 2, "sp": False, "micro_batch": 2, "grad_accum": 4}, {}),
     ("pp2_1f1b", 2, {"pp": 2, "schedule": "1f1b", "micro_batch": 2, "grad_accum": 4}, {}),
     ("pp2_1f1b_sgd_noclip", 2, {"pp": 2, "schedule": "1f1b", "micro_batch": 2, "grad_accum": 4}, SGD),
     (
