@@ -50,3 +50,33 @@ class RunSummary(BaseModel):
         left = "unknown" if self.nights_left is None else str(self.nights_left)
         finish = f"; predicted finish {self.predicted_finish}" if self.predicted_finish else ""
         return f"{self.nights_used} used, {left} left{finish}"
+
+
+#: what a table cell shows for a figure that is not there; never "-", which the Prefect UI's markdown renders
+#: as a list bullet
+NOT_MEASURED = "n/a"
+
+
+def summary_rows(
+    summary: RunSummary, verdicts, time_to_ready_s: float, cost: float, currency: str, stages: list[StageTime]
+) -> list[dict[str, str]]:
+    """The run-summary table artifact: one (field, value) row per figure, gate and stage."""
+
+    def fmt(x, spec: str) -> str:
+        return spec.format(x) if x else NOT_MEASURED
+
+    return [
+        {"field": "status", "value": summary.status},
+        {"field": "shards", "value": f"{summary.shards} (imbalance {summary.shard_imbalance:.2%})"},
+        {"field": "layout", "value": f"{summary.layout} on {summary.world_size} ranks"},
+        {"field": "loss", "value": f"{summary.first_loss:.4f} -> {summary.last_loss:.4f} ({summary.steps} steps)"},
+        {"field": "tokens/s", "value": fmt(summary.tokens_per_s, "{:,.0f}")},
+        {"field": "MFU", "value": fmt(summary.mfu, "{:.2%}") + (f" ({summary.peak_source})" if summary.mfu else "")},
+        {"field": "MFU planned", "value": fmt(summary.mfu_predicted, "{:.2%}")},
+        {"field": "time to ready", "value": f"{time_to_ready_s:.1f} s"},
+        {"field": "cost", "value": f"{cost:.2f} {currency}"},
+        {"field": "nights", "value": summary.nights_text()},
+        *({"field": f"gate {v.name}", "value": f"{v.label}: {v.reason}"} for v in verdicts),
+        *({"field": f"stage {s.stage}", "value": f"{s.seconds:.1f} s"} for s in stages),
+        {"field": "ledger row", "value": summary.run_id},
+    ]

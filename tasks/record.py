@@ -8,7 +8,7 @@ from prefect.cache_policies import NO_CACHE
 
 from nightloom.ledger import Ledger, LedgerError
 from nightloom.parallel import ParallelPlan
-from nightloom.report import RunSummary, StageTime
+from nightloom.report import RunSummary, StageTime, summary_rows
 from nightloom.spec import RunSpec
 
 
@@ -96,21 +96,7 @@ def record_task(
             verdicts=[v.model_dump() for v in outcome.verdicts],
         )
     )
-    rows = [
-        {"field": "status", "value": summary.status},
-        {"field": "shards", "value": f"{summary.shards} (imbalance {summary.shard_imbalance:.2%})"},
-        {"field": "layout", "value": f"{summary.layout} on {summary.world_size} ranks"},
-        {"field": "loss", "value": f"{summary.first_loss:.4f} -> {summary.last_loss:.4f} ({summary.steps} steps)"},
-        {"field": "tokens/s", "value": f"{summary.tokens_per_s:,.0f}" if summary.tokens_per_s else "-"},
-        {"field": "MFU", "value": f"{summary.mfu:.2%} ({summary.peak_source})" if summary.mfu else "-"},
-        {"field": "MFU planned", "value": f"{summary.mfu_predicted:.2%}" if summary.mfu_predicted else "-"},
-        {"field": "time to ready", "value": f"{cluster.time_to_ready_s:.1f} s"},
-        {"field": "cost", "value": f"{cost:.2f} {spec.schedule.currency}"},
-        {"field": "nights", "value": summary.nights_text()},
-        *({"field": f"gate {v.name}", "value": f"{v.label}: {v.reason}"} for v in outcome.verdicts),
-        *({"field": f"stage {s.stage}", "value": f"{s.seconds:.1f} s"} for s in stages),
-        {"field": "ledger row", "value": summary.run_id},
-    ]
+    rows = summary_rows(summary, outcome.verdicts, cluster.time_to_ready_s, cost, spec.schedule.currency, stages)
     create_table_artifact(key="run-summary", table=rows, description=f"nightloom run {summary.run_id}")
     log.info("recorded run %s in the ledger (%s)", summary.run_id, status)
     return summary
