@@ -11,6 +11,7 @@ import math
 
 from nightloom.catalog import ModelShape, get_gpu, get_model, resolve_model, shape_from_hf_config
 from nightloom.parallel import LayoutError, ParallelDims
+from nightloom.perf import resolve_precision
 from nightloom.planner.request import (
     RECOMPUTE_MODES,
     FixedLayout,
@@ -92,7 +93,7 @@ def plan_for_spec(
     shape = shape_from_hf_config(spec.model.config) if spec.model.config else get_model(spec.model.name)
     cl, tr = spec.cluster, spec.train
     gpu = cl.gpu_type
-    precision = tr.precision if tr.precision != "auto" else ("fp32" if gpu == "cpu" else "bf16")
+    precision = resolve_precision(tr.precision, gpu)
     ws = world_size or spec.world_size
     nodes = max(1, math.ceil(ws / cl.gpus_per_node))
     fixed = None

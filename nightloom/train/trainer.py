@@ -14,13 +14,14 @@ import time
 from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from nightloom import perf
 from nightloom.metrics import StepMetrics, append_metrics
+from nightloom.perf import resolve_precision
+from nightloom.runfiles import RunFiles
 from nightloom.train import checkpoint
 from nightloom.train.data import PackedWindows, StepLoader, set_s3_endpoint
 from nightloom.train.job import TrainJob, TrainResult
@@ -39,7 +40,7 @@ def lr_at(step: int, base: float, warmup: int, total: int, min_ratio: float) -> 
 
 def precision_dtype(precision: str, device_type: str) -> torch.dtype | None:
     """None = fp32 everywhere; bf16 = bf16 compute with fp32 master weights and reductions."""
-    if precision == "bf16" or (precision == "auto" and device_type == "cuda"):
+    if resolve_precision(precision, device_type) == "bf16":
         return torch.bfloat16
     return None
 
@@ -345,9 +346,9 @@ class Trainer:
 
 def _write_pid(job: TrainJob, rank: int) -> None:
     """`<run_dir>/pids/rank-N.pid`: lets an operator (or a test) find and signal one rank."""
-    d = Path(job.run_dir) / "pids"
-    d.mkdir(parents=True, exist_ok=True)
-    (d / f"rank-{rank}.pid").write_text(f"{os.getpid()}\n", encoding="utf-8")
+    path = RunFiles(job.run_dir).rank_pid(rank)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"{os.getpid()}\n", encoding="utf-8")
 
 
 def main(job: TrainJob) -> int:
