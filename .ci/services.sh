@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Real services on 127.0.0.1 for the test suite: 2x sshd, munge + Slurm (slurmctld, slurmd n1 n2), Prometheus,
-# SeaweedFS S3 (`weed mini`), a Prefect server + process work pool + worker.
+# SeaweedFS S3 (`weed mini`), a Prefect server + process work pool + worker, a Dask scheduler + 2 workers.
 #
 #   .ci/services.sh start   # install what is missing (apt, --no-install-recommends), start, poll each until healthy
 #   .ci/services.sh env     # export lines for the tests (eval "$(.ci/services.sh env)")
@@ -8,7 +8,7 @@
 #
 # State lives under $SVC_DIR (default $PWD/.ci-state); the venv is $VENV (default .venv).
 # Daemons run in the foreground, started with `&`; their PIDs go to $SVC_DIR/pids/NAME.pid.
-# SKIP_PREFECT=1 / SKIP_S3=1 / SKIP_PROM=1 leave those services out (faster local iterations).
+# SKIP_PREFECT=1 / SKIP_S3=1 / SKIP_PROM=1 / SKIP_DASK=1 leave those services out (faster local iterations).
 set -uo pipefail
 
 ROOT=$(pwd)
@@ -22,6 +22,7 @@ SSH_PORTS=(2201 2202)
 PROM_PORT=19090
 S3_PORT=8333
 PREFECT_PORT=4200
+DASK_PORT=8786
 WORK_POOL=${WORK_POOL:-local-pool}
 
 log() { echo "[services] $*" >&2; }
@@ -222,6 +223,23 @@ start_prefect_worker() {
 
 http_ok() { curl -fsS -o /dev/null "$1"; }
 
+# ------------------------------------------------------------------------------------------------- dask
+start_dask() {  # a scheduler and two single-thread workers, each its own process (a test kills one)
+    launch dask-scheduler "$VENV/bin/dask" scheduler --host 127.0.0.1 --port $DASK_PORT --no-dashboard
+    local i
+    for i in 1 2; do  # workers import the project from this checkout, like workers on a cluster from their install
+        launch "dask-worker-$i" env PYTHONPATH="$ROOT" OMP_NUM_THREADS=1 "$VENV/bin/dask" worker \
+            "tcp://127.0.0.1:$DASK_PORT" --nthreads 1 --memory-limit 2GiB --no-dashboard --name "w$i"
+    done
+}
+
+dask_ready() {  # both workers registered with the scheduler
+    "$VENV/bin/python" -c "
+from distributed import Client
+with Client('tcp://127.0.0.1:$DASK_PORT', timeout=5) as c:
+    assert len(c.scheduler_info()['workers']) >= 2"
+}
+
 # ------------------------------------------------------------------------------------------------- commands
 do_start() {
     mkdir -p "$PIDS" "$LOGS"
@@ -231,11 +249,13 @@ do_start() {
     [[ -n ${SKIP_S3:-} ]] || start_s3
     start_sshd
     [[ -n ${SKIP_PROM:-} ]] || start_prometheus
+    [[ -n ${SKIP_DASK:-} ]] || start_dask
     start_slurm || ok=1
     local port
     for port in "${SSH_PORTS[@]}"; do wait_until 20 "sshd:$port" ssh_ok "$port" || ok=1; done
     [[ -n ${SKIP_PROM:-} ]] || wait_until 30 prometheus http_ok "http://127.0.0.1:$PROM_PORT/-/ready" || ok=1
     [[ -n ${SKIP_S3:-} ]] || wait_until 60 "s3 (weed mini)" s3_ready || ok=1
+    [[ -n ${SKIP_DASK:-} ]] || wait_until 90 "dask (scheduler + 2 workers)" dask_ready || ok=1
     if [[ -z ${SKIP_PREFECT:-} ]]; then
         if wait_until 180 "prefect server" http_ok "http://127.0.0.1:$PREFECT_PORT/api/health"; then
             start_prefect_worker && wait_until 60 "prefect worker ($WORK_POOL READY)" pool_ready || ok=1
@@ -286,6 +306,7 @@ do_env() {
         echo "export AWS_SECRET_ACCESS_KEY=$AWS_SECRET_ACCESS_KEY"
         echo "export AWS_DEFAULT_REGION=us-east-1"
     fi
+    [[ -n ${SKIP_DASK:-} ]] || echo "export DASK_SCHEDULER_ADDRESS=tcp://127.0.0.1:$DASK_PORT"
     if [[ -z ${SKIP_PREFECT:-} ]]; then
         echo "export PREFECT_HOME=$d/prefect"
         echo "export PREFECT_API_URL=http://127.0.0.1:$PREFECT_PORT/api"
@@ -340,7 +361,8 @@ do_stop() {
     fi
     stop_worker
     local name
-    for name in prefect-server weed prometheus sshd2201 sshd2202 slurmd-n1 slurmd-n2 slurmctld munged; do
+    for name in dask-worker-1 dask-worker-2 dask-scheduler prefect-server weed prometheus sshd2201 sshd2202 slurmd-n1 \
+        slurmd-n2 slurmctld munged; do
         stop_pid "$name" 5
     done
     for p in $(stray_stepds); do log "killing stray slurmstepd tree $p"; kill_tree "$p" KILL; done

@@ -1,11 +1,15 @@
 """Planner speed: Llama-3-405B on 16,384 H100 (2,048 nodes × 8), seq 8192, global batch 2048 (16M tokens).
 
-Prints the wall time, layouts considered and pruned, and the choice. Target: under 2 s on this machine."""
+Prints the wall time, layouts considered and pruned, and the choice. Target: under 2 s on this machine.
+Then the layout Meta trained 405B with (TP8·PP16·DP128, 126 layers on uneven stages) evaluated beside the
+choice, and a long-context case (Llama 3.1 405B at 128k tokens: context parallel)."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
+from nightloom.catalog import MODELS
 from nightloom.planner import plan
 
 
@@ -22,6 +26,27 @@ def main() -> None:
     print(
         f"chosen {c.layout()} mb={c.micro_batch} accum={c.grad_accum} v={c.virtual_stages} recompute={c.recompute}: "
         f"{c.memory_gib_per_gpu:.1f} GiB/GPU, MFU {c.mfu:.3f}, HFU {c.hfu:.3f}, {c.tokens_per_s / 1e6:.2f} M tokens/s"
+    )
+    meta = plan(
+        "llama3-405b",
+        "h100-80gb",
+        nodes=2048,
+        gpus_per_node=8,
+        seq_len=8192,
+        global_batch=2048,
+        layout="tp=8,pp=16,dp=128",
+    ).chosen
+    print(
+        f"Meta's layout {meta.layout()} stages {':'.join(map(str, meta.stages or []))} v={meta.virtual_stages} "
+        f"mb={meta.micro_batch} recompute={meta.recompute}: {meta.memory_gib_per_gpu:.1f} GiB/GPU, MFU {meta.mfu:.3f} "
+        f"(chosen: {c.mfu:.3f})"
+    )
+    long = dataclasses.replace(MODELS["llama3-405b"], name="llama3.1-405b", max_seq=131072)
+    t0 = time.perf_counter()
+    lc = plan(long, "h100-80gb", nodes=2048, gpus_per_node=8, seq_len=131072, global_batch=128).chosen
+    print(
+        f"long context llama3.1-405b seq 131072 × 128: {time.perf_counter() - t0:.3f} s, chosen {lc.layout()} "
+        f"mb={lc.micro_batch} recompute={lc.recompute}: {lc.memory_gib_per_gpu:.1f} GiB/GPU, MFU {lc.mfu:.3f}"
     )
     t0 = time.perf_counter()
     r2 = plan("llama2-70b", "a800-80gb", nodes=8, gpus_per_node=4, seq_len=4096, global_batch=32)

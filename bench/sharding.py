@@ -42,6 +42,14 @@ m = shard_dataset(DatasetSpec(path=sys.argv[1]), ShardingSpec(output=sys.argv[2]
                   tolerance=0.02, compression=sys.argv[5]), workers=int(sys.argv[4]) or None)
 print("IMBALANCE", m.imbalance_before_rebalance, m.imbalance, m.dedup_dropped, m.rows, file=sys.stderr)
 """,
+    "files": """
+import sys
+from nightloom.sharding import shard_dataset
+from nightloom.spec import DatasetSpec, ShardingSpec
+m = shard_dataset(DatasetSpec(path=sys.argv[1], format=sys.argv[3]), ShardingSpec(output=sys.argv[2], num_shards=16,
+                  tolerance=0.05), workers=None)
+print("IMBALANCE", m.imbalance_before_rebalance, m.imbalance, m.dedup_dropped, m.rows, m.files_read, file=sys.stderr)
+""",
     "datasets": """
 import sys, os
 from datasets import load_dataset
@@ -68,6 +76,24 @@ u = resource.getrusage(resource.RUSAGE_SELF)
 print('PEAK_RSS_KB', u.ru_maxrss, file=sys.stderr)
 print('CPU_S', u.ru_utime + u.ru_stime, file=sys.stderr)
 """
+
+
+def explode(jsonl: Path, folder: Path, files: int, same: Path) -> int:
+    """The first `files` documents of `jsonl`, one .txt file each in 64 sub-folders (a source tree's shape), and
+    the same documents as one JSONL at `same`; returns their bytes."""
+    folder.mkdir(parents=True, exist_ok=True)
+    total = 0
+    with open(jsonl, "rb") as f, open(same, "wb") as out:
+        for i, line in enumerate(f):
+            if i >= files:
+                break
+            text = json.loads(line)["text"]
+            sub = folder / f"d{i % 64:02d}"
+            sub.mkdir(exist_ok=True)
+            (sub / f"f{i:06d}.txt").write_text(text, encoding="utf-8")
+            out.write(json.dumps({"text": text}, ensure_ascii=False).encode() + b"\n")
+            total += len(text.encode())
+    return total
 
 
 def make_corpus(path: Path, size_mb: float, seed: int = 0) -> int:
@@ -152,6 +178,12 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=2, help="runs per route; the best is reported (default 2)")
     ap.add_argument("--skip-datasets", action="store_true")
     ap.add_argument("--dir", default=None, help="scratch folder (default: a temp dir, removed after)")
+    ap.add_argument(
+        "--many-files",
+        type=int,
+        default=0,
+        help="also shard N documents as N small text files against the same documents as one JSONL (0: skip)",
+    )
     a = ap.parse_args()
     global REPEAT
     REPEAT = max(1, a.repeat)
@@ -188,6 +220,20 @@ def main() -> int:
             ds_t, ds_rss, _, ds_cpu = run_child("datasets", str(big), str(hf), str(a.shards), out=hf)
             line("(c) datasets load+shard+to_parquet", ds_t, ds_cpu, ds_rss)
             print(f"    ratio nightloom / datasets = {ds_t / nl_t:.2f}  (target > 1)")
+        if a.many_files:
+            folder, same = scratch / "files", scratch / "same.jsonl"
+            nbytes = explode(big, folder, a.many_files, same)
+            fmb = nbytes / 2**20
+            ft, _, finfo, fcpu = run_child("files", str(folder), str(scratch / "out-f"), "text", out=scratch / "out-f")
+            jt, _, _, jcpu = run_child("files", str(same), str(scratch / "out-j"), "jsonl", out=scratch / "out-j")
+            print(f"many files: {a.many_files} text files, {fmb:.0f} MiB of text ({finfo})")
+            print(
+                f"{'(g) nightloom, one file per document':<36} {fmb / ft:7.1f} MB/s  ({ft:.1f} s wall, {fcpu:.1f} CPU-s)"
+            )
+            print(
+                f"{'(h) nightloom, the same as one JSONL':<36} {fmb / jt:7.1f} MB/s  ({jt:.1f} s wall, {jcpu:.1f} CPU-s)"
+            )
+            print(f"    ratio many files / one JSONL = {jt / ft:.2f}  (target ≥ 0.5)")
         print(
             f"peak RSS nightloom: {nsmall / 2**20:.0f} MiB corpus → {nl_small_rss / 1024:.0f} MiB; "
             f"{mb:.0f} MiB corpus → {nl_rss / 1024:.0f} MiB  (ratio {nl_rss / nl_small_rss:.2f} for "

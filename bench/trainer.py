@@ -30,7 +30,7 @@ from nightloom.train.data import PackedWindows, StepLoader
 from nightloom.train.model import build_model
 from nightloom.train.parallelize import loss_fn
 from nightloom.train.trainer import lr_at
-from tests.distributed.harness import launch, make_job, write_corpus
+from tests.support.harness import launch, make_job, write_corpus
 
 WARMUP = 3
 

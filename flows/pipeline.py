@@ -16,6 +16,7 @@ from flows.stages import (
     ledger_row,
     make_run_id,
     model_shape,
+    night_stage,
     rented_cluster,
     run_folder,
     shard_stage,
@@ -26,7 +27,7 @@ from nightloom.spec import RunSpec, coerce_spec
 from nightloom.train.job import TrainJob
 from nightloom.validate import ValidationFailed
 from tasks.plan import plan_task
-from tasks.record import record_task, run_cost
+from tasks.record import record_task
 from tasks.teardown import teardown_hook
 from tasks.validate import validate_task
 
@@ -67,10 +68,11 @@ def training_pipeline(spec: RunSpec | str, resume_run_id: str | None = None) -> 
             outcome = validate_task(spec, run_dir, trained.plan, trained.result, shape, trained.cluster.world_size)
         status = run_status(outcome.passed, trained.result, gate.deadline_kind)
         summary.status, summary.reason = status.summary, status.reason
-        cost = run_cost(spec, rental.started, rental.first.time_to_ready_s, rental.first.world_size, trained.spans)
+        nights = night_stage(spec, run_id, gate, rental, trained)  # this night's cost, recorded; nights left
+        summary.add_nights(nights.nights_used, nights.nights_left, nights.predicted_finish)
         with watch.stage("record"):
             summary = record_task(
-                spec, summary, trained.plan, trained.cluster, outcome, cost, watch.stages, status.ledger
+                spec, summary, trained.plan, trained.cluster, outcome, nights.run_cost, watch.stages, status.ledger
             )
     if not outcome.passed:
         raise ValidationFailed([v for v in outcome.verdicts if not v.passed])

@@ -1,16 +1,17 @@
 """The `shard-dataset` flow: hash-shard the spec's dataset; runs as the pipeline's first sub-flow or alone.
 
-Inputs are scanned by one task each and shards written by one task each, so a distributed task runner
-(prefect-dask's DaskTaskRunner, prefect-ray's RayTaskRunner) spreads them across machines when the work
-folder (`sharding.output` for local outputs) is on storage every worker sees.
+Inputs are scanned by one task per scan unit (a file, or many small files together) and shards written by one
+task each. With `sharding.dask` set, those tasks run on a Dask cluster (prefect-dask's DaskTaskRunner) in a
+`shard-on-dask` sub-flow; every worker must import this project and see the inputs, the output and the work
+folder (`<output>/.nightloom-work` for local output, `$NIGHTLOOM_SHARD_WORKDIR` for S3).
 """
 
 from __future__ import annotations
 
 from prefect import flow, get_run_logger, unmapped
 
-from nightloom.sharding import ShardingError, ShardManifest
-from nightloom.spec import RunSpec, coerce_spec
+from nightloom.sharding import ShardingError, ShardJob, ShardManifest
+from nightloom.spec import DaskSpec, RunSpec, coerce_spec
 from tasks.shard import (
     place_documents_task,
     plan_shards_task,
@@ -23,12 +24,35 @@ from tasks.shard import (
 )
 
 
+def dask_runner(dask: DaskSpec):
+    """The DaskTaskRunner for `sharding.dask`: a running scheduler's address, or a cluster class to start."""
+    from prefect_dask import DaskTaskRunner
+
+    if dask.address:
+        return DaskTaskRunner(address=dask.address)
+    return DaskTaskRunner(cluster_class=dask.cluster_class, cluster_kwargs=dict(dask.cluster_kwargs))
+
+
+def shard_job(job: ShardJob) -> ShardManifest:
+    """Scan every unit, place, write every shard, publish: the map steps, on the current flow's task runner."""
+    scans = [f.result() for f in scan_input_task.map(unmapped(job), range(len(job.units)))]
+    placement = place_documents_task(job, scans)
+    infos = [f.result() for f in write_shard_task.map(unmapped(job), unmapped(scans), range(job.num_shards))]
+    return publish_manifest_task(job, scans, placement, infos)
+
+
+@flow(name="shard-on-dask")
+def shard_on_dask_flow(job: ShardJob) -> ShardManifest:
+    """`shard_job` in a sub-flow whose task runner is the Dask cluster (set with `with_options`)."""
+    return shard_job(job)
+
+
 @flow(name="shard-dataset", validate_parameters=True)
 def shard_dataset_flow(spec: RunSpec | str) -> ShardManifest:
     """Shard `spec.dataset` per `spec.sharding`; returns the manifest (reused when nothing changed)."""
     run_spec = coerce_spec(spec)
     log = get_run_logger()
-    output = run_spec.sharding.output
+    output, dask = run_spec.sharding.output, run_spec.sharding.dask
     try:
         job = plan_shards_task(run_spec.dataset, run_spec.sharding, run_spec.storage)
         done = reuse_manifest_task(job)
@@ -36,10 +60,11 @@ def shard_dataset_flow(spec: RunSpec | str) -> ShardManifest:
             log.info("inputs and settings unchanged (hash %s): reusing %s", job.settings_hash, output)
             report_shards(done, output, reused=True)
             return done
-        scans = [f.result() for f in scan_input_task.map(unmapped(job), range(len(job.sources)))]
-        placement = place_documents_task(job, scans)
-        infos = [f.result() for f in write_shard_task.map(unmapped(job), unmapped(scans), range(job.num_shards))]
-        manifest = publish_manifest_task(job, scans, placement, infos)
+        if dask is None:
+            manifest = shard_job(job)
+        else:
+            log.info("scan and write tasks on Dask (%s)", dask.address or dask.cluster_class)
+            manifest = shard_on_dask_flow.with_options(task_runner=dask_runner(dask))(job)
     except ShardingError as err:
         report_failure(str(err))
         raise

@@ -37,9 +37,9 @@ from sqlalchemy.types import TypeDecorator
 
 from nightloom.parallel import ParallelPlan
 from nightloom.util import atomic_write_text
-from nightloom.validate import Verdict
+from nightloom.validate import Verdict, gated
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: the `nights` column (per-night predicted vs actual); 1 → 2 migrates in place
 RunStatus = Literal["running", "succeeded", "failed", "cancelled", "stopped", "deferred", "refused"]
 RUN_STATUSES: tuple[str, ...] = RunStatus.__args__  # type: ignore[attr-defined]
 
@@ -63,6 +63,24 @@ class Interruption(BaseModel):
     recovery_s: float | None = None
     lost_s: float | None = None  # wall time lost: detection + recovery + steps redone since the checkpoint
     cost: float | None = None  # what the lost time cost (GPUs × lost_s at the schedule's price)
+
+
+class NightRecord(BaseModel):
+    """One night (one stretch of renting) of a run: what the plan predicted for it and what it did and cost."""
+
+    model_config = ConfigDict(extra="forbid")
+    night: int  # 1-based
+    start: datetime
+    end: datetime
+    steps: int  # trained this night
+    steps_done: int  # at the end of this night (the checkpoint it left)
+    cost: float  # actual, from the billing spans
+    stopped: str = ""  # completed | window | budget | failed ...
+    predicted_steps: int | None = None
+    predicted_cost: float | None = None
+    uncertainty: float | None = None  # ± on predicted_cost
+    predicted_nights: int | None = None  # the whole run's, as planned at this night's start
+    predicted_finish: datetime | None = None
 
 
 class RunRecord(BaseModel):
@@ -99,11 +117,13 @@ class RunRecord(BaseModel):
     interruption_count: int = 0
     recovery_s: float = 0.0
     metrics_path: str | None = None
+    nights: list[NightRecord] = Field(default_factory=list)
 
     @property
     def verified(self) -> bool:
-        """Succeeded and every gate passed (at least one gate ran)."""
-        return self.status == "succeeded" and bool(self.verdicts) and all(v.passed for v in self.verdicts)
+        """Succeeded, at least one gate ran (a run whose every gate was skipped proves nothing), and every gate
+        passed."""
+        return self.status == "succeeded" and bool(gated(self.verdicts)) and all(v.passed for v in self.verdicts)
 
 
 class Calibration(BaseModel):
@@ -121,6 +141,15 @@ class Calibration(BaseModel):
 def model_family(model: str) -> str:
     """'llama2-70b' → 'llama2', 'tiny-tied' → 'tiny': the calibration key."""
     return model.split("-", 1)[0]
+
+
+def calibration_for_spec(spec) -> Calibration | None:
+    """The calibration a run of `spec` (a RunSpec) plans with: its ledger's verified runs on the same GPU type and
+    model family (the keys the pipeline records). None on CPU, where the planner predicts nothing to calibrate."""
+    if spec.cluster.gpu_type == "cpu":
+        return None
+    with Ledger(spec.ledger.url) as ledger:
+        return ledger.calibration(spec.cluster.gpu_type, model_family(spec.model.name))
 
 
 # ---------------------------------------------------------------------------------------------- schema
@@ -185,10 +214,11 @@ class _Run(_Base):
     interruption_count: Mapped[int] = mapped_column(Integer)
     recovery_s: Mapped[float] = mapped_column(Float)
     metrics_path: Mapped[str | None] = mapped_column(String(1024))
+    nights: Mapped[Any | None] = mapped_column(JSON, nullable=True)
 
 
 _COLUMNS = tuple(c.name for c in _Run.__table__.columns)
-_MUTABLE = frozenset(_COLUMNS) - {"run_id", "interruptions", "interruption_count", "recovery_s"}
+_MUTABLE = frozenset(_COLUMNS) - {"run_id", "interruptions", "interruption_count", "recovery_s", "nights"}
 assert set(_COLUMNS) == set(RunRecord.model_fields), "ledger table and RunRecord drifted apart"
 
 
@@ -197,11 +227,23 @@ def _to_row(rec: RunRecord) -> dict[str, Any]:
     d["plan"] = rec.plan.model_dump(mode="json") if rec.plan else None
     d["verdicts"] = [v.model_dump(mode="json") for v in rec.verdicts]
     d["interruptions"] = [i.model_dump(mode="json") for i in rec.interruptions]
+    d["nights"] = [n.model_dump(mode="json") for n in rec.nights]
     return d
 
 
 def _from_row(row: _Run) -> RunRecord:
-    return RunRecord.model_validate({c: getattr(row, c) for c in _COLUMNS})
+    d = {c: getattr(row, c) for c in _COLUMNS}
+    d["nights"] = d["nights"] or []  # rows migrated from schema 1 hold NULL
+    return RunRecord.model_validate(d)
+
+
+def _migrate_1_to_2(conn) -> None:
+    """Schema 1 → 2: add the nullable `nights` JSON column (old rows read as no nights)."""
+    col = JSON().compile(dialect=conn.dialect)
+    conn.exec_driver_sql(f"ALTER TABLE {_Run.__tablename__} ADD COLUMN nights {col}")
+
+
+_MIGRATIONS: dict[int, Callable[[Any], None]] = {1: _migrate_1_to_2}  # from version N to N + 1
 
 
 # ---------------------------------------------------------------------------------------------- the ledger
@@ -256,10 +298,16 @@ class Ledger:
                     f"ledger {self._where()} has schema version {row.version}; this nightloom "
                     f"understands up to {SCHEMA_VERSION}: upgrade nightloom"
                 )
-            elif row.version < SCHEMA_VERSION:  # pragma: no cover - no migrations yet
-                raise LedgerError(
-                    f"ledger {self._where()} has schema version {row.version}; no migration to {SCHEMA_VERSION} exists"
-                )
+            else:
+                while row.version < SCHEMA_VERSION:
+                    step = _MIGRATIONS.get(row.version)
+                    if step is None:
+                        raise LedgerError(
+                            f"ledger {self._where()} has schema version {row.version}; no migration to "
+                            f"{SCHEMA_VERSION} exists"
+                        )
+                    step(s.connection())
+                    row.version += 1
 
     def _where(self) -> str:
         return make_url(self.url).render_as_string(hide_password=True)
@@ -407,6 +455,16 @@ class Ledger:
 
         return self._modify(run_id, change)
 
+    def record_night(self, run_id: str, night: NightRecord) -> RunRecord:
+        """Append one night (atomic under concurrent writers) and set the run's cost to the sum of its nights."""
+
+        def change(row: _Run) -> None:
+            nights = [*(row.nights or []), night.model_dump(mode="json")]
+            row.nights = nights
+            row.cost = sum(n["cost"] for n in nights)
+
+        return self._modify(run_id, change)
+
     # -- reads
 
     def get(self, run_id: str) -> RunRecord:
@@ -501,7 +559,7 @@ class Ledger:
         w.writeheader()
         for rec in self.list_runs(**filters):
             row = _to_row(rec)
-            for k in ("plan", "verdicts", "interruptions"):
+            for k in ("plan", "verdicts", "interruptions", "nights"):
                 row[k] = json.dumps(row[k], sort_keys=True) if row[k] is not None else ""
             for k in ("started_at", "finished_at"):
                 row[k] = row[k].isoformat() if row[k] is not None else ""

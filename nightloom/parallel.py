@@ -1,4 +1,4 @@
-"""ParallelDims and ParallelPlan: the layout records shared by planner, trainer and ledger.
+"""ParallelDims and ParallelPlan: the layout record (degrees, knobs, rules) and the plan record built on it.
 
 All rank arithmetic lives here (mesh order, degrees, the data-parallel size), following torchtitan's
 ParallelDims: degrees are validated against the world size with messages that print the values, and the
@@ -10,10 +10,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 Recompute = Literal["none", "selective", "full"]
 Schedule = Literal["gpipe", "1f1b", "interleaved_1f1b"]
+#: how the dp_shard ranks shard: "fsdp" = ZeRO-3 (FSDP2 reshards parameters after forward), "zero2" = ZeRO-2-like
+#: (FSDP2 reshard_after_forward=False: gradients and optimizer states sharded, parameters kept gathered from
+#: forward to backward); "none" only with dp_shard == 1 (plain data parallel is spelled dp_replicate).
+Zero = Literal["none", "fsdp", "zero2"]
 
 #: mesh dimension order, outermost first: pp spans nodes, tp stays innermost (fastest links).
 MESH_ORDER = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
@@ -23,49 +27,170 @@ class LayoutError(ValueError):
     """A parallel layout that cannot run; the message prints the offending values."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ParallelDims:
-    """Degrees of each parallel axis; their product must equal the world size."""
+    """One layout: the degree of every parallel axis and the knobs the layout rules need (the one owner).
 
-    world_size: int
-    dp_replicate: int = 1
-    dp_shard: int = 1
+    The spec, the planner (its search candidates are ParallelDims) and the trainer build this record and ask
+    `check(...)` whether the layout can run; `resolve(...)` fills a `-1` degree from the world size.
+    `stages`: transformer layers per pipeline chunk (pp·v chunks, chunk c on pp rank c mod pp) when the split is
+    uneven (None: layers / (pp·v) each)."""
+
     tp: int = 1
     pp: int = 1
+    dp_replicate: int = 1
+    dp_shard: int = 1
     cp: int = 1
     sp: bool = False
+    micro_batch: int = 1
+    grad_accum: int = 1
+    virtual_stages: int = 1
+    schedule: str = "1f1b"
+    recompute: str = "none"
+    zero: str = "fsdp"
+    stages: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
-        degrees = dict(dp_replicate=self.dp_replicate, dp_shard=self.dp_shard, tp=self.tp, pp=self.pp, cp=self.cp)
+        degrees = {k: getattr(self, k) for k in ("dp_replicate", "dp_shard", "tp", "pp", "cp")}
         bad = {k: v for k, v in degrees.items() if v < 1}
         if bad:
             raise LayoutError(f"parallel degrees must be >= 1, got {bad}")
-        prod = self.dp_replicate * self.dp_shard * self.tp * self.pp * self.cp
-        if prod != self.world_size:
-            raise LayoutError(
-                f"dp_replicate({self.dp_replicate}) * dp_shard({self.dp_shard}) * tp({self.tp}) * pp({self.pp}) "
-                f"* cp({self.cp}) = {prod} != world_size({self.world_size})"
-            )
         if self.sp and self.tp == 1:
             raise LayoutError("sequence parallel (sp=True) needs tp > 1, got tp=1")
+        if self.zero == "none" and self.dp_shard > 1:
+            raise LayoutError(
+                f"dp_shard={self.dp_shard} with zero='none' is plain data parallel: spell it "
+                f"dp_replicate={self.dp_replicate * self.dp_shard}, dp_shard=1"
+            )
+        if self.dp_shard == 1 and self.zero != "none":
+            object.__setattr__(self, "zero", "none")  # nothing is sharded over one rank
+
+    @classmethod
+    def resolve(cls, world_size: int, *, dp_shard: int = -1, **knobs) -> ParallelDims:
+        """The layout with `dp_shard=-1` filled by what the other degrees leave of `world_size`."""
+        tp, pp, dpr, cp = (knobs.get(k, 1) for k in ("tp", "pp", "dp_replicate", "cp"))
+        fixed = tp * pp * dpr * cp
+        if dp_shard is None or dp_shard < 1:
+            if world_size % fixed:
+                raise LayoutError(
+                    f"parallel: world size {world_size} is not divisible by tp({tp})·pp({pp})·"
+                    f"dp_replicate({dpr})·cp({cp}) = {fixed}"
+                )
+            dp_shard = world_size // fixed
+        elif fixed * dp_shard != world_size:
+            raise LayoutError(
+                f"parallel: tp({tp})·pp({pp})·dp_replicate({dpr})·dp_shard({dp_shard})·cp({cp}) = "
+                f"{fixed * dp_shard} != world size {world_size}"
+            )
+        return cls(dp_shard=dp_shard, **knobs)
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp * self.dp_replicate * self.dp_shard * self.cp
 
     @property
     def dp(self) -> int:
         """Data-parallel size: ranks that see different data."""
         return self.dp_replicate * self.dp_shard
 
-    def check_model(self, layers: int, heads: int, kv_heads: int, virtual_stages: int = 1) -> None:
-        """Divisibility of the model by the layout (raise before any process group starts)."""
-        if heads % self.tp or kv_heads % self.tp:
-            raise LayoutError(f"heads ({heads}) and kv_heads ({kv_heads}) must be divisible by tp ({self.tp})")
-        stages = self.pp * virtual_stages
-        if layers % stages:
-            raise LayoutError(f"layers ({layers}) must be divisible by pp*virtual_stages ({self.pp}*{virtual_stages})")
+    @property
+    def shard(self) -> int:
+        """Degree the gradients and optimizer states are divided by (ZeRO-2 and ZeRO-3/FSDP shard over
+        dp_shard × cp: context-parallel ranks hold the same parameters); 1 for replicas."""
+        return self.dp_shard * self.cp if self.dp_shard > 1 else 1
+
+    @property
+    def chunks_per_rank(self) -> int:
+        """Pipeline chunks (virtual stages) each pp rank holds."""
+        return self.virtual_stages if self.schedule == "interleaved_1f1b" else 1
+
+    def stage_sizes(self, layers: int) -> tuple[int, ...]:
+        """Transformer layers of every pipeline chunk, in order (even split unless `stages` is given)."""
+        if self.stages is not None:
+            return self.stages
+        n = self.pp * self.chunks_per_rank
+        return (layers // n,) * n
+
+    def stage_bounds(self, layers: int) -> list[tuple[int, int]]:
+        """[first, last) global layer indices of every pipeline chunk (what the trainer's stages keep)."""
+        sizes = self.stage_sizes(layers)
+        starts = [sum(sizes[:i]) for i in range(len(sizes) + 1)]
+        return list(zip(starts[:-1], starts[1:]))
+
+    def check(
+        self,
+        shape,
+        seq_len: int,
+        global_batch: int | None,
+        *,
+        device_type: str | None = None,
+        native_trainer: bool = True,
+    ) -> list[str]:
+        """Every reason this layout cannot train `shape` (a ModelShape) at `seq_len` × `global_batch`; [] = runs.
+
+        The one rule set: the spec, the planner's pruning and the trainer all call it. `device_type` (the
+        trainer's) adds the device rules; `native_trainer=False` drops the rules that are limits of nightloom's
+        trainer, not of the layout (what-if predictions for layouts other trainers run)."""
+        why: list[str] = []
+        t, p = self.tp, self.pp
+        if shape.heads % t or shape.kv_heads % t:
+            why.append(
+                f"heads ({shape.heads}) and kv_heads ({shape.kv_heads}) must be divisible by tp ({t}): "
+                f"tp={t} does not divide them"
+            )
+        if shape.ffn_hidden % t:
+            why.append(f"tp={t} does not divide ffn_hidden ({shape.ffn_hidden})")
+        v = self.chunks_per_rank
+        if self.schedule != "interleaved_1f1b" and self.virtual_stages != 1:
+            why.append(f"virtual_stages={self.virtual_stages} needs schedule 'interleaved_1f1b', got {self.schedule!r}")
+        if self.stages is None:
+            if shape.layers % (p * v):
+                why.append(
+                    f"pp={p} does not divide layers ({shape.layers}): layers ({shape.layers}) must be divisible by "
+                    f"pp*virtual_stages ({p}*{v}), or give uneven stages=[...]"
+                )
+        elif len(self.stages) != p * v or sum(self.stages) != shape.layers or min(self.stages) < 1:
+            why.append(
+                f"stages {list(self.stages)} must be pp*virtual_stages ({p}*{v}) sizes >= 1 summing to layers "
+                f"({shape.layers}), got {len(self.stages)} summing to {sum(self.stages)}"
+            )
+        if native_trainer and shape.tied_embeddings and (p > 1 or t > 1):
+            why.append(
+                f"model {shape.name} ties embeddings: not supported with pp ({p}) > 1 "
+                f"or tp ({t}) > 1 (use an untied model)"
+            )
+        if self.sp and seq_len % t:
+            why.append(f"sequence parallel needs seq_len ({seq_len}) divisible by tp ({t})")
+        if p > 1:
+            if self.grad_accum < p:
+                why.append(f"pipeline needs grad_accum (= microbatches, {self.grad_accum}) >= pp ({p})")
+            if self.schedule == "interleaved_1f1b" and self.grad_accum % p:
+                why.append(f"interleaved 1F1B needs grad_accum ({self.grad_accum}) divisible by pp ({p})")
+        if self.cp > 1:
+            if device_type is not None and device_type != "cuda":
+                why.append(
+                    f"context parallel (cp={self.cp}) runs on CUDA only (no CPU sharding rule "
+                    "for SDPA); this node has no GPU"
+                )
+            if native_trainer and p > 1:
+                why.append(f"context parallel (cp={self.cp}) with pp ({p}) > 1 is not supported")
+            if seq_len % (2 * self.cp):
+                why.append(f"context parallel needs seq_len ({seq_len}) divisible by 2*cp ({2 * self.cp})")
+        if global_batch is not None:
+            dp_batch = self.micro_batch * self.grad_accum * self.dp
+            if global_batch % self.dp:
+                why.append(f"global batch {global_batch} is not divisible by dp={self.dp}")
+            elif dp_batch != global_batch:
+                why.append(
+                    f"train.global_batch ({global_batch}) != micro_batch({self.micro_batch}) * grad_accum"
+                    f"({self.grad_accum}) * dp({self.dp}) = {dp_batch}"
+                )
+        if seq_len > shape.max_seq:
+            why.append(f"train.seq_len ({seq_len}) exceeds model {shape.name} max_seq ({shape.max_seq})")
+        return why
 
     def mesh_shape(self) -> tuple[tuple[str, ...], tuple[int, ...]]:
-        names = tuple(n for n in MESH_ORDER)
-        sizes = tuple(getattr(self, n) for n in MESH_ORDER)
-        return names, sizes
+        return MESH_ORDER, tuple(getattr(self, n) for n in MESH_ORDER)
 
     def coords(self, rank: int) -> dict[str, int]:
         """This rank's coordinate on every mesh dim (row-major over MESH_ORDER, as init_device_mesh)."""
@@ -86,6 +211,25 @@ class ParallelDims:
 
         names, sizes = self.mesh_shape()
         return init_device_mesh(device_type, sizes, mesh_dim_names=names)
+
+    def layout(self) -> str:
+        return layout_name(self.tp, self.pp, self.dp_replicate, self.dp_shard, self.cp, self.sp, self.zero)
+
+
+def layout_name(tp: int, pp: int, dp_replicate: int, dp_shard: int, cp: int = 1, sp: bool = False, zero: str = "fsdp"):
+    """Short name of a layout's degrees, e.g. TP8·PP16·DP128 (replicas), TP8·PP1·DPr2·FSDP4·SP (HSDP)."""
+    parts = [f"TP{tp}", f"PP{pp}"]
+    if dp_shard == 1:
+        parts.append(f"DP{dp_replicate}")
+    else:
+        if dp_replicate > 1:
+            parts.append(f"DPr{dp_replicate}")
+        parts.append(f"{'ZeRO2-' if zero == 'zero2' else 'FSDP'}{dp_shard}")
+    if cp > 1:
+        parts.append(f"CP{cp}")
+    if sp:
+        parts.append("SP")
+    return "·".join(parts)
 
 
 class MemoryBreakdown(BaseModel):
@@ -109,8 +253,16 @@ class Rejection(BaseModel):
     reason: str
 
 
+#: the fields of ParallelPlan that are the layout (ParallelDims's fields); the rest are predictions
+LAYOUT_FIELDS = tuple(ParallelDims.__dataclass_fields__)
+
+
 class ParallelPlan(BaseModel):
-    """A chosen layout plus what the planner predicts for it. The trainer needs only the first block."""
+    """A layout (the fields of ParallelDims, flat for JSON, job files and the ledger) plus what the planner
+    predicts for it. The trainer needs only the layout: `dims()`.
+
+    Old plans that spelled plain data parallel `dp_shard=N, zero="none"` are read as `dp_replicate=N` (the
+    same ranks: dp_replicate and dp_shard are adjacent mesh dims), with a note in the explanation."""
 
     model_config = ConfigDict(extra="forbid")
     tp: int = 1
@@ -124,7 +276,8 @@ class ParallelPlan(BaseModel):
     virtual_stages: int = 1
     schedule: Schedule = "1f1b"
     recompute: Recompute = "none"
-    zero: Literal["none", "fsdp"] = "fsdp"
+    zero: Zero = "fsdp"
+    stages: list[int] | None = None
     # predictions (None when not predicted, e.g. CPU)
     memory: MemoryBreakdown | None = None
     memory_gib_per_gpu: float | None = None
@@ -138,20 +291,37 @@ class ParallelPlan(BaseModel):
     explanation: list[str] = Field(default_factory=list)
     rejected: list[Rejection] = Field(default_factory=list)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _plain_dp_is_dp_replicate(cls, data):
+        if isinstance(data, dict) and data.get("zero") == "none" and (data.get("dp_shard") or 1) > 1:
+            n, r = data["dp_shard"], data.get("dp_replicate") or 1
+            note = f"read dp_shard={n} with zero=none (replicas, an old spelling) as dp_replicate={n * r}"
+            data = {**data, "dp_replicate": n * r, "dp_shard": 1, "explanation": [*data.get("explanation", []), note]}
+        return data
+
+    @model_validator(mode="after")
+    def _zero_needs_shards(self) -> ParallelPlan:
+        if self.dp_shard == 1 and self.zero != "none":
+            self.zero = "none"  # nothing is sharded over one rank (as ParallelDims)
+        return self
+
+    @classmethod
+    def of(cls, dims: ParallelDims, **predictions) -> ParallelPlan:
+        """The plan record of a layout (plus any predictions)."""
+        d = {k: getattr(dims, k) for k in LAYOUT_FIELDS}
+        d["stages"] = list(dims.stages) if dims.stages is not None else None
+        return cls(**d, **predictions)
+
     @property
     def world_size(self) -> int:
         return self.tp * self.pp * self.dp_replicate * self.dp_shard * self.cp
 
     def dims(self) -> ParallelDims:
-        return ParallelDims(self.world_size, self.dp_replicate, self.dp_shard, self.tp, self.pp, self.cp, self.sp)
+        """The layout as the record every rule and all rank arithmetic lives on (raises LayoutError)."""
+        d = {k: getattr(self, k) for k in LAYOUT_FIELDS}
+        d["stages"] = tuple(self.stages) if self.stages is not None else None
+        return ParallelDims(**d)
 
     def layout(self) -> str:
-        parts = [f"TP{self.tp}", f"PP{self.pp}"]
-        if self.dp_replicate > 1:
-            parts.append(f"DPr{self.dp_replicate}")
-        parts.append(f"DP{self.dp_shard}" if self.zero == "none" else f"FSDP{self.dp_shard}")
-        if self.cp > 1:
-            parts.append(f"CP{self.cp}")
-        if self.sp:
-            parts.append("SP")
-        return "·".join(parts)
+        return layout_name(self.tp, self.pp, self.dp_replicate, self.dp_shard, self.cp, self.sp, self.zero)

@@ -151,6 +151,9 @@ def classify(failure: AttemptFailure, report: PreflightReport | None) -> Diagnos
         return Diagnosis(
             "network", {}, f"{head}; all nodes healthy but the all-reduce test failed: {report.allreduce_detail}"
         )
+    if report is None or report.outcome == "unknown":  # never claim a pass nothing checked
+        why = "no report" if report is None else report.unknown_reason
+        return Diagnosis("transient", {}, f"{head}; preflight outcome unknown: {why}")
     return Diagnosis("transient", {}, f"{head}; preflight passed on every node")
 
 

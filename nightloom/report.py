@@ -49,6 +49,15 @@ class RunSummary(BaseModel):
     next_run_at: str | None = None
     interruptions: int = 0  # failures recovered from (or given up on) during training
     recovery_s: float = 0.0  # total time to recover over those interruptions
+    nights_used: int = 0  # nights (stretches of renting) this run has used, this one included
+    nights_left: int | None = None  # predicted nights still to come (None: unknown, no prediction)
+    predicted_finish: str | None = None  # ISO time in the schedule's zone (None: unknown or finished)
+
+    def nights_text(self) -> str:
+        """'2 used, 1 left; predicted finish 2026-12-03T02:24:00+08:00' (the run-summary row)."""
+        left = "unknown" if self.nights_left is None else str(self.nights_left)
+        finish = f"; predicted finish {self.predicted_finish}" if self.predicted_finish else ""
+        return f"{self.nights_used} used, {left} left{finish}"
 
     def add_shards(self, manifest: ShardManifest) -> None:
         """The shard stage's figures."""
@@ -62,6 +71,10 @@ class RunSummary(BaseModel):
         """The summary of a run the window gate did not start now (deferred to `next_run_at`)."""
         self.status, self.reason, self.next_run_at, self.stages = status, reason, next_run_at, stages
         return self
+
+    def add_nights(self, used: int, left: int | None, predicted_finish: str | None) -> None:
+        """Nights used (this one included), nights predicted to come, and the predicted finish."""
+        self.nights_used, self.nights_left, self.predicted_finish = used, left, predicted_finish
 
     def add_training(self, trained: TrainOutcome, predicted_mfu: float | None) -> None:
         """The train stage's figures: the layout and size the run finished on, the plan's MFU, interruptions."""

@@ -7,11 +7,12 @@ against the directory of that file; in a spec built in Python they resolve again
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -58,6 +59,26 @@ class DatasetSpec(_Section):
     )
 
 
+class DaskSpec(_Section):
+    """A Dask cluster for the shard stage's scan and write tasks (prefect-dask's DaskTaskRunner).
+
+    Output bytes do not depend on it: the same shards as on one machine."""
+
+    address: str | None = Field(None, description="Scheduler of a running cluster, e.g. tcp://10.0.0.2:8786.")
+    cluster_class: str | None = Field(
+        None, description="Or a cluster to start for the run, e.g. dask_jobqueue.SLURMCluster (pip install it)."
+    )
+    cluster_kwargs: dict[str, Any] = Field(default_factory=dict, description="Arguments of cluster_class.")
+
+    @model_validator(mode="after")
+    def _one_way(self) -> DaskSpec:
+        if (self.address is None) == (self.cluster_class is None):
+            raise ValueError("set exactly one of address (a running scheduler) and cluster_class (one to start)")
+        if self.cluster_kwargs and self.cluster_class is None:
+            raise ValueError("cluster_kwargs needs cluster_class")
+        return self
+
+
 class ShardingSpec(_Section):
     """Hash sharding: shard = xxhash64(key ‖ salt) mod num_shards, balanced within `tolerance`."""
 
@@ -73,6 +94,7 @@ class ShardingSpec(_Section):
     compression: Literal["zstd", "snappy", "lz4", "none"] = Field(
         "zstd", description="Parquet codec of the shards: zstd (level 1) is ~2.5× smaller than none on text."
     )
+    dask: DaskSpec | None = Field(None, description="Run the scan and write tasks on a Dask cluster.")
 
 
 class SSHHost(_Section):
@@ -152,18 +174,44 @@ class ClusterSpec(_Section):
 
 
 class ParallelSpec(_Section):
-    """Explicit parallel degrees; leave `parallel: auto` in the spec to let the planner choose."""
+    """Explicit parallel degrees; leave `parallel: auto` in the spec to let the planner choose. The rules are
+    nightloom.parallel.ParallelDims.check's (run at load time when the model is known)."""
 
     tp: int = Field(1, gt=0)
     pp: int = Field(1, gt=0)
-    dp_replicate: int = Field(1, gt=0)
-    dp_shard: int = Field(-1, description="-1 = whatever is left of the world size.")
+    dp_replicate: int = Field(1, gt=0, description="Replicas (plain data parallel); HSDP's replica groups.")
+    dp_shard: int = Field(-1, description="Ranks sharding with FSDP2; -1 = whatever is left of the world size.")
     cp: int = Field(1, gt=0, description="Context parallel (GPU only).")
     sp: bool = Field(False, description="Sequence parallel with TP (Megatron-SP).")
     micro_batch: int = Field(1, gt=0)
     virtual_stages: int = Field(1, gt=0)
     schedule: Literal["gpipe", "1f1b", "interleaved_1f1b"] = "1f1b"
     recompute: Literal["none", "selective", "full"] = "none"
+    zero: Literal["fsdp", "zero2"] = Field(
+        "fsdp", description="How dp_shard shards: fsdp (ZeRO-3) or zero2 (parameters kept from forward to backward)."
+    )
+    stages: list[int] | None = Field(None, description="Transformer layers per pipeline stage (uneven split).")
+
+    @field_validator("zero", mode="before")
+    @classmethod
+    def _zero(cls, v):
+        if v == "none":
+            raise ValueError("'none' is not a sharding mode: plain data parallel is dp_replicate: N with dp_shard: 1")
+        return v
+
+    @field_validator("dp_shard")
+    @classmethod
+    def _dp_shard(cls, v: int) -> int:
+        if v == 0 or v < -1:
+            raise ValueError(f"must be >= 1, or -1 for the rest of the world size, got {v}")
+        return v
+
+    @model_validator(mode="after")
+    def _stages(self) -> ParallelSpec:
+        n = self.pp * (self.virtual_stages if self.schedule == "interleaved_1f1b" else 1)
+        if self.stages is not None and (len(self.stages) != n or min(self.stages) < 1):
+            raise ValueError(f"stages {self.stages}: give pp·virtual_stages ({n}) sizes, each >= 1")
+        return self
 
 
 class XTunerSpec(_Section):
@@ -195,6 +243,9 @@ class TrainSpec(_Section):
     warmup_steps: int = Field(3, ge=0)
     weight_decay: float = Field(0.01, ge=0)
     grad_clip: float = Field(1.0, gt=0)
+    optimizer: Literal["adamw", "sgd"] = Field(
+        "adamw", description="adamw (betas 0.9, 0.95), or plain sgd: its update scales with the gradient."
+    )
     seed: int = 1234
     precision: Literal["auto", "fp32", "bf16"] = Field("auto", description="auto = bf16 on GPU, fp32 on CPU.")
     checkpoint_every: int = Field(0, ge=0, description="Save a DCP checkpoint every K steps (0 = only at end).")
@@ -209,12 +260,6 @@ class GoldenSpec(_Section):
     rtol: float = Field(0.05, gt=0)
 
 
-class ParitySpec(_Section):
-    enabled: bool = False
-    steps: int = Field(5, gt=0)
-    tolerance: float = Field(1e-4, gt=0)
-
-
 class ValidateSpec(_Section):
     """Gates a run must pass; a failing gate fails the flow with its reason."""
 
@@ -227,7 +272,17 @@ class ValidateSpec(_Section):
     spike_sustain: int = Field(3, ge=1, description="... for this many consecutive steps (hard batches pass).")
     grad_norm_max: float | None = Field(None, gt=0)
     golden: GoldenSpec = Field(default_factory=GoldenSpec)
-    parity: ParitySpec = Field(default_factory=ParitySpec)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _parity_removed(cls, data):
+        if isinstance(data, dict) and "parity" in data:
+            raise ValueError(
+                "`parity` was removed: a run trains one layout, so no reference losses existed and the gate could "
+                "only fail. Layout parity is tested in tests/distributed/test_parity.py; to hold a run to a known "
+                "loss curve use validate.golden (a path or from_ledger)"
+            )
+        return data
 
 
 class WindowSpec(_Section):
@@ -252,6 +307,18 @@ class ScheduleSpec(_Section):
     offpeak_discount: float = Field(0.18, ge=0, lt=1)
     currency: str = "USD"
     budget: float | None = Field(None, gt=0, description="Refuse or stop a run whose cost would exceed it.")
+    max_nights: int | None = Field(
+        None, ge=1, description="Refuse, before renting, a run whose plan needs more nights (windows) than this."
+    )
+    provisioning_minutes: float | None = Field(
+        None,
+        ge=0,
+        description="Minutes from renting to ready, billed, when the ledger has no measured time to ready for "
+        "this cluster (default 10).",
+    )
+    checkpoint_gb_per_s: float = Field(
+        2.0, gt=0, description="Checkpoint storage bandwidth (GB/s, all ranks together): save and restore time."
+    )
 
     @field_validator("timezone")
     @classmethod
@@ -425,31 +492,74 @@ def _semantic_errors(data: dict, base_dir: Path) -> list[tuple[tuple, str]]:
     dpath = local(_get(data, "dataset", "path"))
     if dpath is not None and _get(data, "dataset", "sample") is not True and not dpath.exists():
         errs.append((("dataset", "path"), f"not found: {dpath}"))
-    par = _get(data, "parallel")
     nodes, per = _get(data, "cluster", "nodes", default=2), _get(data, "cluster", "gpus_per_node", default=2)
-    if isinstance(par, dict) and all(isinstance(x, int) for x in (nodes, per)):
-        deg = {k: _get(par, k, default=1) for k in ("tp", "pp", "dp_replicate", "cp")}
-        shard = _get(par, "dp_shard", default=-1)
-        if all(isinstance(v, int) and v > 0 for v in deg.values()) and isinstance(shard, int):
-            world = nodes * per
-            fixed = deg["tp"] * deg["pp"] * deg["dp_replicate"] * deg["cp"]
-            if shard > 0 and fixed * shard != world:
-                errs.append(
-                    (
-                        ("parallel",),
-                        f"tp({deg['tp']})·pp({deg['pp']})·dp_replicate({deg['dp_replicate']})"
-                        f"·dp_shard({shard})·cp({deg['cp']}) = {fixed * shard} != world size {world} "
-                        "(cluster.nodes·cluster.gpus_per_node)",
-                    )
-                )
-            elif shard <= 0 and world % fixed:
-                errs.append((("parallel",), f"world size {world} is not divisible by tp·pp·dp_replicate·cp = {fixed}"))
+    errs += _parallel_errors(data, base_dir, nodes, per)
     if _get(data, "cluster", "provider") == "ssh":
         hosts = _get(data, "cluster", "ssh", "hosts", default=[]) or []
         active = [h for h in hosts if isinstance(h, dict) and not h.get("spare")]
         if isinstance(nodes, int) and len(active) < nodes:
             errs.append((("cluster", "ssh", "hosts"), f"{len(active)} non-spare hosts for cluster.nodes={nodes}"))
     return errs
+
+
+def _parallel_errors(data: dict, base_dir: Path, nodes, per) -> list[tuple[tuple, str]]:
+    """An explicit `parallel:` section against the world size and the model: ParallelDims.resolve fills
+    dp_shard=-1, ParallelDims.check gives the reasons (the rules the planner and the trainer apply)."""
+    from nightloom.catalog import MODELS, shape_from_hf_config
+    from nightloom.parallel import LayoutError, ParallelDims
+
+    par = _get(data, "parallel")
+    if not isinstance(par, dict) or not all(isinstance(x, int) and x > 0 for x in (nodes, per)):
+        return []
+    try:
+        p = ParallelSpec.model_validate(par)
+    except ValidationError:
+        return []  # the schema errors are reported already
+    try:
+        dims = ParallelDims.resolve(
+            nodes * per,
+            tp=p.tp,
+            pp=p.pp,
+            dp_replicate=p.dp_replicate,
+            dp_shard=p.dp_shard,
+            cp=p.cp,
+            sp=p.sp,
+            virtual_stages=p.virtual_stages,
+            schedule=p.schedule,
+            recompute=p.recompute,
+            zero=p.zero,
+            stages=tuple(p.stages) if p.stages else None,
+        )
+    except LayoutError as e:
+        return [(("parallel",), f"{e} (cluster.nodes·cluster.gpus_per_node)")]
+    name, config = _get(data, "model", "name", default="tiny"), _get(data, "model", "config")
+    try:
+        if isinstance(config, str) and "://" not in config:
+            q = Path(config).expanduser()
+            shape = shape_from_hf_config(q if q.is_absolute() else base_dir / q)
+        elif config is None and name in MODELS:
+            shape = MODELS[name]
+        else:
+            return []
+    except (OSError, ValueError, KeyError):
+        return []  # reported under model.*
+    seq = _get(data, "train", "seq_len", default=128)
+    gb = _get(data, "train", "global_batch", default=8)
+    if not (isinstance(seq, int) and isinstance(gb, int)):
+        return []
+    # micro_batch is pinned, grad_accum follows from the global batch (as the planner sets it)
+    per_rank = gb // dims.dp if gb % dims.dp == 0 else 0
+    accum = per_rank // p.micro_batch if per_rank and per_rank % p.micro_batch == 0 else 0
+    if accum:
+        dims = dataclasses.replace(dims, grad_accum=accum)
+    else:
+        return [
+            (
+                ("parallel", "micro_batch"),
+                f"train.global_batch ({gb}) is not divisible by micro_batch ({p.micro_batch}) · dp ({dims.dp})",
+            )
+        ]
+    return [(("parallel",), why) for why in dims.check(shape, seq, gb)]
 
 
 def parse_spec(data: object, source: str = "<spec>", text: str | None = None, base_dir: Path | None = None) -> RunSpec:

@@ -51,6 +51,24 @@ class Verdict(BaseModel):
     precision: str | None = None  # MFU figures: the precision of the peak
     peak_source: str | None = None  # MFU figures: datasheet entry or measurement
 
+    @property
+    def label(self) -> str:
+        """What to print for this verdict: "pass", "FAIL", or, for a gate that did not run, "SKIP" (nothing
+        measured) or "not gated" (a figure was measured and reported, but no threshold judged it)."""
+        if self.skipped:
+            return "not gated" if self.measured is not None else "SKIP"
+        return "pass" if self.passed else "FAIL"
+
+
+def verdict_label(v: Verdict | dict) -> str:
+    """Verdict.label for a verdict or its model_dump() (the run summary keeps verdicts as dicts)."""
+    return (v if isinstance(v, Verdict) else Verdict.model_validate(v)).label
+
+
+def gated(verdicts: Sequence[Verdict]) -> list[Verdict]:
+    """The verdicts of gates that ran (not skipped): a run is verified only if at least one did."""
+    return [v for v in verdicts if not v.skipped]
+
 
 @dataclass(frozen=True)
 class MfuInputs:
@@ -432,7 +450,8 @@ def check_golden(
 def check_parity(
     reference: Sequence[float], target: Sequence[float], tolerance: float, label: str = "target layout vs reference"
 ) -> Verdict:
-    """Two loss lists (same steps, two layouts) agree: max |a − b| <= tolerance, and they have equal length."""
+    """Two loss lists (same steps, two layouts) agree: max |a − b| <= tolerance, and they have equal length.
+    A library check (layout comparisons, tests): a run trains one layout, so it is not one of validate_run's gates."""
     if len(reference) != len(target) or not reference:
         return Verdict(
             name="parity",
@@ -491,7 +510,6 @@ def validate_run(
     mfu_inputs: MfuInputs | None = None,
     golden: GoldenCurve | Sequence[StepMetrics] | None = None,
     golden_source: str = "golden curve",
-    parity: tuple[Sequence[float], Sequence[float]] | None = None,
 ) -> list[Verdict]:
     """Every configured gate, in a fixed order. Pass `mfu_inputs=None` only when MFU is not gated at all."""
     if not steps:
@@ -521,17 +539,6 @@ def validate_run(
                 passed=False,
                 threshold=spec.golden.rtol,
                 reason="a golden curve is configured but none was loaded",
-            )
-        )
-    if parity is not None:
-        out.append(check_parity(parity[0], parity[1], spec.parity.tolerance))
-    elif spec.parity.enabled:
-        out.append(
-            Verdict(
-                name="parity",
-                passed=False,
-                threshold=spec.parity.tolerance,
-                reason="parity is enabled but no reference/target losses were given",
             )
         )
     return out

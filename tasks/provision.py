@@ -75,6 +75,8 @@ def acquire_cluster(provider: Provider) -> Cluster:
     report = provider.last_report
     if report is not None and report.allreduce_detail:
         log.info("all-reduce: %s", report.allreduce_detail)
+    if report is not None and report.outcome == "unknown":
+        log.warning("preflight outcome unknown: %s", report.unknown_reason)
     try:
         _artifact(cluster)
     except Exception as e:  # noqa: BLE001 - an artifact must never fail provisioning

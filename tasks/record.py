@@ -10,7 +10,6 @@ from nightloom.ledger import Ledger, LedgerError
 from nightloom.parallel import ParallelPlan
 from nightloom.report import RunSummary, StageTime
 from nightloom.runfiles import RunFiles
-from nightloom.schedule import BillingSpan, cost_of_spans, estimate_cost
 from nightloom.spec import RunSpec
 
 
@@ -45,12 +44,6 @@ def fail_record_task(spec: RunSpec, run_id: str, status: str, reason: str, durat
     """Close the row of a run that did not complete (failed, stopped, refused), with the reason."""
     with Ledger(spec.ledger.url) as ledger:
         ledger.finish_run(run_id, status=status, reason=reason[:2000], duration_s=duration_s)
-
-
-def run_cost(spec: RunSpec, started, provisioning_s: float, gpus: int, training: list[BillingSpan]) -> float:
-    """Provisioning from `started` on the cluster first acquired, then every training span at its own size."""
-    boot = estimate_cost(spec.schedule, started, 0.0, gpus, provisioning_s=provisioning_s).cost if gpus else 0.0
-    return boot + cost_of_spans(spec.schedule, training)
 
 
 @task(name="record", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=1)
@@ -114,10 +107,8 @@ def record_task(
         {"field": "MFU planned", "value": f"{summary.mfu_predicted:.2%}" if summary.mfu_predicted else "-"},
         {"field": "time to ready", "value": f"{cluster.time_to_ready_s:.1f} s"},
         {"field": "cost", "value": f"{cost:.2f} {spec.schedule.currency}"},
-        *(
-            {"field": f"gate {v.name}", "value": ("pass: " if v.passed else "FAIL: ") + v.reason}
-            for v in outcome.verdicts
-        ),
+        {"field": "nights", "value": summary.nights_text()},
+        *({"field": f"gate {v.name}", "value": f"{v.label}: {v.reason}"} for v in outcome.verdicts),
         *({"field": f"stage {s.stage}", "value": f"{s.seconds:.1f} s"} for s in stages),
         {"field": "ledger row", "value": summary.run_id},
     ]

@@ -16,8 +16,8 @@ from prefect.cache_policies import NO_CACHE
 
 from nightloom import recovery as rec
 from nightloom.ledger import Ledger
-from nightloom.provision.base import Cluster, Provider
-from nightloom.schedule import BillingSpan, estimate_cost
+from nightloom.provision.base import Cluster, PreflightReport, Provider
+from nightloom.schedule import BillingSpan, lost_time_cost
 from nightloom.spec import RunSpec
 from nightloom.train.job import TrainJob, TrainOutcome, TrainResult
 from tasks.plan import plan_task
@@ -42,7 +42,7 @@ def diagnose_task(provider: Provider, cluster: Cluster, failure: rec.AttemptFail
         report = provider.preflight(cluster)
     except Exception as e:  # noqa: BLE001 - no report: classified as transient, named in the detail
         log.warning("preflight after the failure could not run: %s: %s", type(e).__name__, e)
-        report = None
+        report = PreflightReport(nodes=[], unknown=f"preflight crashed: {type(e).__name__}: {e}")
     d = rec.classify(failure, report)
     log.warning("failure of attempt %d classified %s: %s", failure.attempt, d.kind, d.detail)
     return d
@@ -57,9 +57,7 @@ def record_interruption_task(ledger_url: str, run_id: str, e: rec.Event) -> None
 
 
 def _cost(spec: RunSpec, at: datetime, seconds: float, gpus: int) -> float:
-    if spec.cluster.gpu_type == "cpu" or gpus <= 0 or seconds <= 0:
-        return 0.0
-    return estimate_cost(spec.schedule, at, seconds, gpus).cost
+    return 0.0 if spec.cluster.gpu_type == "cpu" else lost_time_cost(spec.schedule, at, seconds, gpus)
 
 
 def _close(spec: RunSpec, p: rec.Pending, job: TrainJob, finished: bool = False) -> None:
@@ -110,7 +108,7 @@ def _artifact(events: list[rec.Event], train_s: float, outcome: str) -> None:
 
 
 def _span(start: datetime, gpus: int) -> BillingSpan:
-    return BillingSpan(start=start, seconds=(datetime.now(UTC) - start).total_seconds(), gpus=gpus)
+    return BillingSpan.between(start, datetime.now(UTC), gpus)
 
 
 def train_with_recovery(spec: RunSpec, provider: Provider, cluster: Cluster, job: TrainJob) -> TrainOutcome:

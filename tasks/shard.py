@@ -18,7 +18,7 @@ from nightloom.sharding import (
     place_documents,
     plan_job,
     publish,
-    scan_source,
+    scan_unit,
     summarize,
     write_shard,
 )
@@ -33,7 +33,13 @@ ARTIFACT_KEY = "shard-report"
 def plan_shards_task(dataset: DatasetSpec, sharding: ShardingSpec, storage: StorageSpec | None) -> ShardJob:
     """List and fingerprint inputs (builds the sample corpus on first use)."""
     job = plan_job(dataset, sharding, storage)
-    get_run_logger().info("%d input file(s), settings hash %s", len(job.sources), job.settings_hash)
+    get_run_logger().info(
+        "%d input file(s) in %d scan unit(s), %d ignored by name; settings hash %s",
+        len(job.sources),
+        len(job.units),
+        len(job.ignored),
+        job.settings_hash,
+    )
     return job
 
 
@@ -46,7 +52,8 @@ def reuse_manifest_task(job: ShardJob) -> ShardManifest | None:
 
 @task(name="scan-input", cache_policy=NO_CACHE, task_run_name="scan-input-{index}")
 def scan_input_task(job: ShardJob, index: int) -> ScanResult:
-    return scan_source(job, index)
+    """Scan unit `index`: one input file, or several small ones in order."""
+    return scan_unit(job, index)
 
 
 @task(name="place-documents", cache_policy=NO_CACHE)

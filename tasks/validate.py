@@ -87,7 +87,7 @@ def validate_task(
     verdicts = validate_run(steps, spec.validate_, mfu_inputs=inputs, golden=golden)
     report: MfuReport | None = measure_mfu(steps, inputs)
     for v in verdicts:
-        (log.info if v.passed else log.error)("gate %-12s %s: %s", v.name, "pass" if v.passed else "FAIL", v.reason)
+        (log.info if v.passed else log.error)("gate %-12s %s: %s", v.name, v.label, v.reason)
 
     plots = write_run_plots(
         steps,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 from pathlib import Path
 
@@ -18,20 +17,13 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 
-def in_ci() -> bool:
-    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
-
-
-def require_binary(name: str, *candidates: str) -> str:
-    """Path of a system binary; skip the test without it, fail instead in CI."""
-    for c in (name, *candidates):
-        p = shutil.which(c) or (c if os.path.isabs(c) and os.path.exists(c) else None)
-        if p:
-            return p
-    msg = f"{name} is not installed (CI installs it via .ci/run)"
-    if in_ci():
-        pytest.fail(msg)
-    pytest.skip(msg)
+#: fixtures shared across folders (tests/support/): a test names the fixture, it never imports a test module
+pytest_plugins = [
+    "tests.support.ssh",
+    "tests.support.slurm",
+    "tests.support.s3",
+    "tests.support.xtuner_fixtures",
+]
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,33 +1,45 @@
-"""`nightloom cost SPEC`: when the run would start, what it would cost (off-peak discount, provisioning
-counted, budget), and renting vs a self-built cluster of the same size.
+"""`nightloom cost SPEC`: the plan of nights the run would use (start, end, steps and cost of each, priced at the
+rate of the time each part falls in), its finish time and total, the budget, and renting vs a self-built cluster.
 
-The run's duration is the planner's predicted step time × train.steps, or --hours (required on CPU, where
-the planner predicts no step time). Exit codes: 0 ok, 1 the predicted cost exceeds schedule.budget, 2 usage.
+The step time is --hours / train.steps when given, else the ledger's measured rate for the same spec, cluster and
+size, else the planner's prediction (none on CPU: then give --hours). Time to ready is --provisioning-min, else
+the ledger's measurement on the cluster, else schedule.provisioning_minutes, else 10 min. The gate, the budget
+check and the run summary use the same plan (nightloom.schedule.plan_nights).
+Exit codes: 0 ok, 1 the plan exceeds schedule.budget or schedule.max_nights, 2 usage.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import sys
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
-from nightloom.schedule import BudgetExceeded, check_budget, decide, estimate_cost, rent_vs_buy
-from nightloom.spec import SpecError, load_spec
+from nightloom.schedule import (
+    NightPlan,
+    RunRefused,
+    inputs_for_spec,
+    plan_nights,
+    refuse_if_over,
+    rent_vs_buy,
+)
+from nightloom.spec import RunSpec, SpecError, load_spec
 
 
 def register(sub) -> None:
     p = sub.add_parser(
         "cost",
-        help="predicted cost of a spec's run (windows, budget) and rent vs buy",
+        help="the plan of nights of a spec's run: cost, finish time, budget; and rent vs buy",
         description=__doc__.splitlines()[0],
     )
     p.add_argument("spec", help="run spec YAML")
-    p.add_argument("--hours", type=float, help="run duration in hours (default: planner prediction)")
+    p.add_argument("--hours", type=float, help="training time in hours (default: ledger measurement or planner)")
     p.add_argument(
-        "--provisioning-min", type=float, default=10.0, help="minutes from renting to ready, billed too (default 10)"
+        "--provisioning-min",
+        type=float,
+        help="minutes from renting to ready, billed each night (default: ledger, spec, else 10)",
     )
-    p.add_argument("--at", help="decide as if now were this ISO time (default: the current time)")
+    p.add_argument("--at", help="plan as if now were this ISO time (default: the current time)")
     p.add_argument("--runs-per-month", type=float, default=30.0, help="for rent vs buy (default 30: nightly)")
     p.add_argument("--purchase-price", type=float, help="price of a self-built cluster of the same GPUs")
     p.add_argument("--amortisation-months", type=int, default=36)
@@ -37,17 +49,26 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def _duration_s(spec, hours: float | None) -> tuple[float, str]:
-    if hours is not None:
-        if hours <= 0:
-            raise ValueError(f"--hours must be > 0, got {hours}")
-        return hours * 3600.0, "--hours"
+def _planner_step(spec: RunSpec) -> tuple[float | None, str]:
     from nightloom.planner import plan_for_spec
 
     chosen = plan_for_spec(spec, require_fit=False).chosen
-    if chosen.step_time_s is None:
-        raise ValueError(f"the planner predicts no step time for gpu_type {spec.cluster.gpu_type!r}: give --hours")
-    return chosen.step_time_s * spec.train.steps, f"planner: {chosen.layout()} at {chosen.step_time_s:.3f} s/step"
+    return chosen.step_time_s, chosen.layout()
+
+
+def _ledger_runs(spec: RunSpec) -> list:
+    """Past runs on this cluster (measured step time, time to ready); none when the ledger does not exist yet."""
+    url = spec.ledger.url
+    if url.startswith("sqlite:///") and not Path(url[len("sqlite:///") :]).expanduser().is_file():
+        return []
+    from nightloom.ledger import Ledger, LedgerError
+
+    try:
+        with Ledger(url) as lg:
+            return lg.list_runs(cluster=spec.cluster.name)
+    except (LedgerError, Exception) as e:  # noqa: BLE001 - the estimate still works from the planner
+        print(f"nightloom cost: ledger {url} not read ({type(e).__name__}); using the planner", file=sys.stderr)
+        return []
 
 
 def _now(at: str | None) -> datetime:
@@ -59,25 +80,61 @@ def _now(at: str | None) -> datetime:
     return t
 
 
+def build_plan(spec: RunSpec, now: datetime, hours: float | None, provisioning_min: float | None) -> NightPlan:
+    """The plan `nightloom cost` prints; ValueError when no step time is known from any source."""
+    step, layout = (None, "") if hours is not None else _planner_step(spec)
+    inputs = inputs_for_spec(
+        spec,
+        planner_step_s=step,
+        planner_detail=layout,
+        runs=_ledger_runs(spec),
+        hours=hours,
+        provisioning_s=None if provisioning_min is None else provisioning_min * 60.0,
+    )
+    if inputs.step_time_s is None:
+        raise ValueError(
+            f"the planner predicts no step time for gpu_type {spec.cluster.gpu_type!r} and the ledger has no "
+            "measured run of this spec: give --hours"
+        )
+    return plan_nights(spec.schedule, now, inputs)
+
+
+def _decision(plan: NightPlan, now: datetime) -> dict:
+    first = plan.nights[0]
+    cut = first.ends_run is False and first.window is not None
+    deadline = first.window.end - timedelta(seconds=plan.inputs.checkpoint_s) if cut else None
+    return {
+        "action": "run" if first.start <= now else "wait",
+        "start_at": first.start.isoformat(),
+        "deadline": deadline.isoformat() if deadline else None,
+        "reason": plan.reason,
+    }
+
+
 def run(args) -> int:
     try:
         spec = load_spec(args.spec)
-        dur, source = _duration_s(spec, args.hours)
         now = _now(args.at)
+        if args.provisioning_min is not None and args.provisioning_min < 0:
+            raise ValueError(f"--provisioning-min must be >= 0, got {args.provisioning_min}")
+        plan = build_plan(spec, now, args.hours, args.provisioning_min)
     except SpecError as e:
         print(str(e), file=sys.stderr)
         return 2
-    except (ValueError, KeyError) as e:
+    except (ValueError, KeyError) as e:  # ScheduleError is a ValueError: a run that never fits
         print(f"nightloom cost: {e}", file=sys.stderr)
         return 2
     s = spec.schedule
     gpus = spec.world_size
-    decision = decide(now, s, dur)
-    est = estimate_cost(s, decision.start_at, dur, gpus, provisioning_s=args.provisioning_min * 60)
-    blended = est.cost / est.gpu_hours if est.gpu_hours else s.price_per_gpu_hour
+    refused = None
+    try:
+        check = refuse_if_over(s, plan)
+    except RunRefused as e:
+        refused, check = str(e), None
+    blended = plan.cost / plan.gpu_hours if plan.gpu_hours else s.price_per_gpu_hour
     rvb = rent_vs_buy(
         gpus=gpus,
-        gpu_hours_per_month=est.gpu_hours * args.runs_per_month,
+        gpu_hours_per_month=plan.gpu_hours * args.runs_per_month,
         rent_price_per_gpu_hour=blended,
         purchase_price=args.purchase_price,
         amortisation_months=args.amortisation_months,
@@ -85,74 +142,129 @@ def run(args) -> int:
         idle_fraction=args.idle,
         currency=s.currency,
     )
-    over = None
-    try:
-        check_budget(s, est)
-    except BudgetExceeded as e:
-        over = str(e)
     if args.json:
-        out = {
-            "decision": {
-                "action": decision.action,
-                "start_at": decision.start_at.isoformat(),
-                "deadline": decision.deadline.isoformat() if decision.deadline else None,
-                "reason": decision.reason,
-            },
-            "duration_s": dur,
-            "duration_source": source,
-            "cost": {k: v for k, v in dataclasses.asdict(est).items() if k != "segments"}
-            | {"segments": [{**dataclasses.asdict(g)} for g in est.segments]},
-            "budget": s.budget,
-            "over_budget": over,
-            "rent_vs_buy": dataclasses.asdict(rvb),
-        }
-        print(json.dumps(out, indent=2, default=lambda o: o.isoformat()))
+        _print_json(plan, now, s, refused, rvb)
     else:
-        cur = s.currency
-        print(
-            f"{spec.name}: {gpus} × {spec.cluster.gpu_type}, {dur / 3600:.2f} h ({source}) "
-            f"+ {args.provisioning_min:.0f} min provisioning"
-        )
-        print(f"  window: {decision.action}: {decision.reason}")
-        print(
-            f"  cost: {est.cost:,.2f} {cur} for {est.gpu_hours:,.2f} GPU-hours "
-            f"({est.offpeak_gpu_hours:,.2f} off-peak at −{s.offpeak_discount:.0%}; list "
-            f"{s.price_per_gpu_hour:,.2f} {cur}/GPU-hour)"
-        )
-        if s.budget is not None:
-            print(f"  budget: {s.budget:,.2f} {cur}: {'EXCEEDED' if over else 'ok'}")
-        print(f"  rent vs buy at {args.runs_per_month:g} runs/month ({rvb.gpu_hours_per_month:,.0f} GPU-hours):")
-        print(f"    rent: {rvb.rent_per_month:,.0f} {cur}/month")
-        if rvb.own_per_month is not None:
-            print(
-                f"    own:  {rvb.own_per_month:,.0f} {cur}/month ({args.purchase_price:,.0f} over "
-                f"{rvb.amortisation_months} months + {rvb.operations_per_month:,.0f} operations); "
-                f"{rvb.own_per_useful_gpu_hour:,.2f} {cur} per useful GPU-hour at {rvb.idle_fraction:.0%} idle"
-            )
-            print(
-                f"    cheaper: {rvb.cheaper}; break-even at {rvb.break_even_gpu_hours_per_month:,.0f} GPU-hours/month"
-            )
-        elif rvb.break_even_purchase_price > 0:
-            print(
-                f"    own:  owning is cheaper only if the cluster costs under "
-                f"{rvb.break_even_purchase_price:,.0f} {cur} (give --purchase-price to compare)"
-            )
-        else:
-            print(
-                f"    own:  operations alone ({rvb.operations_per_month:,.0f} {cur}/month) cost more than renting "
-                f"at this usage"
-            )
-        if rvb.over_capacity:
-            print(
-                f"    note: this usage needs more than the {rvb.own_useful_gpu_hours:,.0f} useful GPU-hours a month "
-                f"{gpus} owned GPUs give at {rvb.idle_fraction:.0%} idle"
-            )
-        lo, hi = rvb.lead_time_rent
-        print(
-            f"    buying takes {rvb.lead_time_days[0]}–{rvb.lead_time_days[1]} days; renting meanwhile costs "
-            f"{lo:,.0f}–{hi:,.0f} {cur}"
-        )
-    if over:
-        print(f"nightloom cost: {over}", file=sys.stderr)
+        _print_text(spec, plan, now, check, refused, rvb, args)
+    if refused:
+        print(f"nightloom cost: {refused}", file=sys.stderr)
         return 1
     return 0
+
+
+def _print_json(plan: NightPlan, now: datetime, s, refused: str | None, rvb) -> None:
+    import dataclasses
+
+    segs = [g for n in plan.nights for g in n.segments]
+    out = {
+        "decision": _decision(plan, now),
+        "duration_s": plan.training_s,
+        "duration_source": plan.inputs.step_source,
+        "cost": {
+            "gpus": plan.inputs.gpus,
+            "start": plan.start.isoformat(),
+            "end": plan.nights[-1].end.isoformat(),
+            "provisioning_s": plan.inputs.provisioning_s,
+            "gpu_hours": plan.gpu_hours,
+            "offpeak_gpu_hours": plan.offpeak_gpu_hours,
+            "cost": plan.cost,
+            "uncertainty": plan.uncertainty,
+            "currency": plan.currency,
+            "segments": [{**dataclasses.asdict(g)} for g in segs],
+        },
+        "plan": plan.to_json(),
+        "budget": s.budget,
+        "max_nights": s.max_nights,
+        "over_budget": refused,
+        "rent_vs_buy": dataclasses.asdict(rvb),
+    }
+    print(json.dumps(out, indent=2, default=lambda o: o.isoformat()))
+
+
+def _print_text(spec: RunSpec, plan: NightPlan, now: datetime, check, refused: str | None, rvb, args) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    s, cur, inp = spec.schedule, spec.schedule.currency, plan.inputs
+    print(
+        f"{spec.name}: {inp.gpus} × {spec.cluster.gpu_type}, {inp.steps} steps, {plan.training_s / 3600:.2f} h of "
+        f"training ({inp.step_source}); provisioning {inp.provisioning_s / 60:.1f} min ({inp.provisioning_source}); "
+        f"checkpoint {inp.checkpoint_s:.0f} s ({inp.checkpoint_source})"
+    )
+    print(f"  window: {'run' if plan.start <= now else 'wait'}: {plan.reason}")
+    t = Table(title=f"nights (policy {plan.policy}, {plan.timezone})")
+    for c in (
+        "night",
+        "start",
+        "end",
+        "steps",
+        "provision",
+        "restore",
+        "train",
+        "checkpoint",
+        "GPU-h off/peak",
+        "cost",
+    ):
+        t.add_column(c, justify="right" if c not in ("start", "end") else "left")
+    shown = plan.nights if len(plan.nights) <= 12 else plan.nights[:6] + plan.nights[-6:]
+    for i, n in enumerate(shown):
+        if i == 6 and len(plan.nights) > 12:
+            t.add_row("…", f"{len(plan.nights) - 12} more", "", "", "", "", "", "", "", "")
+
+        def m(what: str, n=n) -> str:
+            sec = n.seconds(what)
+            return "—" if sec == 0 else f"{sec / 60:.0f} min" if sec < 5400 else f"{sec / 3600:.2f} h"
+
+        t.add_row(
+            str(n.index),
+            plan.local(n.start),
+            plan.local(n.end),
+            "?" if n.steps is None else f"{n.steps:,}" + (" (end)" if n.ends_run else ""),
+            m("provisioning"),
+            m("restore"),
+            m("training"),
+            m("checkpoint"),
+            f"{n.offpeak_gpu_hours:,.1f} / {n.gpu_hours - n.offpeak_gpu_hours:,.1f}",
+            f"{n.cost:,.2f} ± {n.uncertainty:,.2f}",
+        )
+    Console(width=None if sys.stdout.isatty() else 160).print(t)
+    nights = "unknown" if plan.total_nights is None else str(plan.total_nights)
+    print(f"  nights: {nights}; predicted finish: {plan.local(plan.finish)}")
+    print(
+        f"  cost: {plan.cost:,.2f} ± {plan.uncertainty:,.2f} {cur} for {plan.gpu_hours:,.2f} GPU-hours "
+        f"({plan.offpeak_gpu_hours:,.2f} off-peak at −{s.offpeak_discount:.0%}; list {s.price_per_gpu_hour:,.2f} "
+        f"{cur}/GPU-hour)" + (f"; {inp.spent:,.2f} {cur} already spent" if inp.spent else "")
+    )
+    if plan.note:
+        print(f"  note: {plan.note}")
+    if s.budget is not None or s.max_nights is not None:
+        print(f"  limits: {'REFUSED: ' + refused if refused else check.message}")
+    print(f"  rent vs buy at {args.runs_per_month:g} runs/month ({rvb.gpu_hours_per_month:,.0f} GPU-hours):")
+    print(f"    rent: {rvb.rent_per_month:,.0f} {cur}/month")
+    if rvb.own_per_month is not None:
+        print(
+            f"    own:  {rvb.own_per_month:,.0f} {cur}/month ({args.purchase_price:,.0f} over "
+            f"{rvb.amortisation_months} months + {rvb.operations_per_month:,.0f} operations); "
+            f"{rvb.own_per_useful_gpu_hour:,.2f} {cur} per useful GPU-hour at {rvb.idle_fraction:.0%} idle"
+        )
+        print(f"    cheaper: {rvb.cheaper}; break-even at {rvb.break_even_gpu_hours_per_month:,.0f} GPU-hours/month")
+    elif rvb.break_even_purchase_price > 0:
+        print(
+            f"    own:  owning is cheaper only if the cluster costs under "
+            f"{rvb.break_even_purchase_price:,.0f} {cur} (give --purchase-price to compare)"
+        )
+    else:
+        print(
+            f"    own:  operations alone ({rvb.operations_per_month:,.0f} {cur}/month) cost more than renting "
+            f"at this usage"
+        )
+    if rvb.over_capacity:
+        print(
+            f"    note: this usage needs more than the {rvb.own_useful_gpu_hours:,.0f} useful GPU-hours a month "
+            f"{inp.gpus} owned GPUs give at {rvb.idle_fraction:.0%} idle"
+        )
+    lo, hi = rvb.lead_time_rent
+    print(
+        f"    buying takes {rvb.lead_time_days[0]}–{rvb.lead_time_days[1]} days; renting meanwhile costs "
+        f"{lo:,.0f}–{hi:,.0f} {cur}"
+    )

@@ -1,4 +1,4 @@
-"""`nightloom ledger list|best|export`: read the run ledger (layouts, MFU, times, cost, verdicts).
+"""`nightloom ledger list|best|export`: read the run ledger (layouts, MFU, times, cost, nights, verdicts).
 
 The ledger URL comes from --url, else the spec given with --spec (ledger.url), else $NIGHTLOOM_LEDGER_URL,
 else the spec default (sqlite:///.nightloom/ledger.db). Exit codes: 0 ok, 1 nothing found (`best`), 2 usage.
@@ -68,7 +68,17 @@ def ledger_url(args) -> str:
 
 def _row(r: RunRecord) -> dict:
     d = r.model_dump(mode="json")
-    return {k: d[k] for k in LIST_COLUMNS}
+    return {k: d[k] for k in LIST_COLUMNS} | {"nights": len(r.nights)}
+
+
+def _nights(r: RunRecord) -> str:
+    """Nights used, and the last one's actual vs predicted cost: '2 (last 11.90 vs 12.30 ± 0.40)'."""
+    if not r.nights:
+        return "—"
+    last = r.nights[-1]
+    if last.predicted_cost is None:
+        return str(len(r.nights))
+    return f"{len(r.nights)} (last {last.cost:,.2f} vs {last.predicted_cost:,.2f} ± {last.uncertainty or 0:,.2f})"
 
 
 def _print_table(rows: list[RunRecord], title: str) -> None:
@@ -87,6 +97,7 @@ def _print_table(rows: list[RunRecord], title: str) -> None:
         "tokens/s",
         "duration",
         "cost",
+        "nights",
         "started",
     ):
         t.add_column(c)
@@ -106,6 +117,7 @@ def _print_table(rows: list[RunRecord], title: str) -> None:
             "—" if r.tokens_per_s is None else f"{r.tokens_per_s:,.0f}",
             "—" if r.duration_s is None else f"{r.duration_s / 60:.1f} min",
             "—" if r.cost is None else f"{r.cost:,.2f} {r.currency}",
+            _nights(r),
             r.started_at.strftime("%Y-%m-%d %H:%M"),
         )
     Console(width=None if sys.stdout.isatty() else 160).print(t)

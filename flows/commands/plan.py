@@ -17,10 +17,12 @@ JSON_KEYS = (
     "pp",
     "dp_replicate",
     "dp_shard",
+    "cp",
     "sp",
     "micro_batch",
     "grad_accum",
     "virtual_stages",
+    "stages",
     "schedule",
     "recompute",
     "zero",
@@ -52,7 +54,18 @@ def register(sub) -> None:
     p.add_argument(
         "--layout",
         help="evaluate this layout instead of searching, e.g. tp=8,pp=4,dp=32 "
-        "(also sp=, mb=, v=, recompute=, zero=none|fsdp, dp_replicate=, dp_shard=)",
+        "(also cp=, sp=, mb=, v=, recompute=, zero=none|fsdp|zero2, dp_replicate=, dp_shard=, stages=7:8:8:7)",
+    )
+    p.add_argument(
+        "--stages",
+        help="force uneven pipeline stages: transformer layers per stage, e.g. 7,8,8,8,8,8,8,8,8,8,8,8,8,8,8,7 "
+        "(sets pp to their count unless --layout pins it)",
+    )
+    p.add_argument(
+        "--other-trainer",
+        action="store_true",
+        help="what-if: also layouts only other trainers run (e.g. tied embeddings across TP/PP, as Megatron); "
+        "nightloom's own trainer rules are not applied",
     )
     p.add_argument("--recompute", choices=RECOMPUTE_MODES, help="restrict activation recompute to this mode")
     p.add_argument("--precision", choices=("bf16", "fp32"), default="bf16")
@@ -68,6 +81,8 @@ def _report(args) -> PlanReport:
     if args.spec:
         from nightloom.spec import load_spec
 
+        if args.layout or args.stages or args.other_trainer:
+            raise ValueError("--layout, --stages and --other-trainer apply to --model plans; a spec pins its own")
         spec = load_spec(args.spec)
         return plan_for_spec(spec, calibration=args.calibration, require_fit=False)
     missing = [
@@ -92,6 +107,8 @@ def _report(args) -> PlanReport:
         precision=args.precision,
         allow_zero=not args.no_zero,
         calibration=args.calibration,
+        stages=args.stages,
+        native_trainer=not args.other_trainer,
     )
 
 
@@ -127,10 +144,11 @@ def _print_pretty(r: PlanReport) -> None:
     title = f"{'evaluated' if r.evaluated else 'plan'}: {r.model} on {r.world_size} × {r.gpu}"
     t = Table(title=title)
     rows = r.table_rows()
-    for col in rows[0]:
-        t.add_column(col or " ", justify="right" if col not in ("", "layout", "recompute") else "left")
+    cols = [c for c in rows[0] if c not in ("stages", "reason") or any(row[c] is not None for row in rows)]
+    for col in cols:
+        t.add_column(col, justify="right" if col not in ("status", "layout", "stages", "recompute") else "left")
     for row in rows:
-        t.add_row(*("—" if v is None else str(v) for v in row.values()))
+        t.add_row(*("—" if row[c] is None else str(row[c]) for c in cols))
     con.print(t)
     for line in r.chosen.explanation:
         con.print(f"  • {line}", highlight=False)

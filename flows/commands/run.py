@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 from nightloom.spec import SpecError, load_spec
+from nightloom.validate import verdict_label
 
 
 def register(sub) -> None:
@@ -43,7 +44,7 @@ def print_summary(summary) -> None:
     if summary.cost is not None:
         t.add_row("cost", f"{summary.cost:.2f} {summary.currency}")
     for v in summary.verdicts:
-        t.add_row(f"gate {v.get('name')}", ("pass" if v.get("passed") else "FAIL") + f": {v.get('reason', '')}")
+        t.add_row(f"gate {v.get('name')}", f"{verdict_label(v)}: {v.get('reason', '')}")
     t.add_row("stages", ", ".join(f"{s.stage} {s.seconds:.1f}s" for s in summary.stages))
     t.add_row("ledger row", str(summary.ledger_id))
     t.add_row("run dir", summary.run_dir)

@@ -1,6 +1,7 @@
 """`nightloom shard SPEC` or `nightloom shard --input … --output … --shards N`: hash-shard a corpus.
 
-Pure command (no Prefect): calls nightloom.sharding.shard_dataset. Exit 0 balanced, 1 not balanced or
+Pure command (no Prefect): calls nightloom.sharding.shard_dataset; with `--dask ADDRESS` (or `sharding.dask` in
+SPEC) it runs the `shard-dataset` Prefect flow with its scan and write tasks on that Dask cluster instead. Exit 0 balanced, 1 not balanced or
 failed, 2 usage. `--json` prints the summary (per-shard figures, imbalance, balanced, dedup_dropped).
 """
 
@@ -63,6 +64,12 @@ def register(subparsers) -> None:
         default=None,
         help="threads for scanning and writing (default: the CPU count; the output is identical for any value)",
     )
+    p.add_argument(
+        "--dask",
+        metavar="ADDRESS",
+        help="run the scan and write tasks on a Dask cluster (scheduler address, e.g. tcp://10.0.0.2:8786) "
+        "through the shard-dataset Prefect flow; the output is the same as on one machine",
+    )
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(func=run)
 
@@ -74,10 +81,11 @@ def _progress_lines():
     seen: dict[str, int] = {}
     lock = threading.Lock()  # scan/write callbacks arrive from worker threads
 
-    def note(stage: str, done: int, total: int) -> None:
+    def note(stage: str, count: int, total: int) -> None:
         with lock:
-            seen[stage] = count = seen.get(stage, 0) + 1
-            if count in (1, total) or count % max(1, total // 10) == 0:
+            before, seen[stage] = seen.get(stage, 0), count
+            tenth = max(1, total // 10)
+            if before == 0 or count >= total or count // tenth > before // tenth:
                 unit = "input files" if stage == "scan" else "shards"
                 print(
                     f"[shard] {stage} {count}/{total} {unit}  {time.monotonic() - t0:6.1f} s",
@@ -109,7 +117,18 @@ def _sections(args) -> tuple[DatasetSpec, ShardingSpec, StorageSpec]:
             data[section][field] = value
     if args.no_dedup:
         data["sharding"]["dedup"] = False
+    if args.dask:
+        data["sharding"]["dask"] = {"address": args.dask}
     return DatasetSpec(**data["dataset"]), ShardingSpec(**data["sharding"]), StorageSpec(**data["storage"])
+
+
+def _shard_on_dask(dataset: DatasetSpec, sharding: ShardingSpec, storage: StorageSpec):
+    """The shard-dataset flow (a Prefect flow run) with its tasks on `sharding.dask`."""
+    from flows.shard import shard_dataset_flow
+    from nightloom.spec import RunSpec
+
+    spec = RunSpec(name="shard", dataset=dataset, sharding=sharding, storage=storage)
+    return shard_dataset_flow(spec)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -122,7 +141,10 @@ def run(args: argparse.Namespace) -> int:
     if args.workers is not None and args.workers < 1:
         return _usage("--workers must be >= 1")
     try:
-        manifest = shard_dataset(dataset, sharding, storage, workers=args.workers, progress=_progress_lines())
+        if sharding.dask is not None:
+            manifest = _shard_on_dask(dataset, sharding, storage)
+        else:
+            manifest = shard_dataset(dataset, sharding, storage, workers=args.workers, progress=_progress_lines())
     except (ShardingError, OSError) as err:
         if args.json:
             print(json.dumps({"output": sharding.output, "balanced": False, "error": str(err)}, indent=2))
@@ -141,5 +163,6 @@ def run(args: argparse.Namespace) -> int:
             f"plain hashing {summary.imbalance_before_rebalance:.4f}{', rebalanced' if summary.rebalanced else ''}); "
             f"{summary.dedup_dropped} duplicates dropped, {summary.empty_skipped} empty, {summary.bad_records} bad"
         )
+        print(summary.files_line())
         print("balanced" if summary.balanced else "NOT balanced")
     return 0 if summary.balanced else 1

@@ -19,6 +19,7 @@ from nightloom.planner.request import (
     PlanReport,
     PlanRequest,
     parse_layout,
+    parse_stages,
 )
 from nightloom.planner.search import search
 from nightloom.planner.steptime import DEFAULT_EFFICIENCY, calibrated_efficiency
@@ -32,6 +33,7 @@ __all__ = [
     "PlanRequest",
     "calibrated_efficiency",
     "parse_layout",
+    "parse_stages",
     "plan",
     "plan_for_spec",
     "search",
@@ -51,10 +53,13 @@ def plan(
     allow_zero: bool = True,
     calibration: float | None = None,
     world_size: int | None = None,
+    stages: str | tuple[int, ...] | None = None,
+    native_trainer: bool = True,
 ) -> PlanReport:
     """Plan from plain values (the CLI path). `model`: catalog name, HF config.json path, or a ModelShape;
     `gpu`: catalog GPU type or "cpu"; `layout`: pins such as "tp=8,pp=4,dp=32" (evaluated, not searched);
-    `recompute`: one mode (restricts the search) or a tuple of allowed modes."""
+    `recompute`: one mode (restricts the search) or a tuple of allowed modes; `stages`: forced pipeline stage
+    sizes ("7,8,...,8,7"); `native_trainer=False`: also layouts only other trainers run (what-if)."""
     shape = model if isinstance(model, ModelShape) else resolve_model(model)
     gspec = None if gpu == "cpu" else get_gpu(gpu)
     if precision not in ("bf16", "fp32"):
@@ -63,6 +68,11 @@ def plan(
     modes = RECOMPUTE_MODES if recompute is None else ((recompute,) if isinstance(recompute, str) else recompute)
     if fixed is not None and fixed.recompute is None and recompute is not None and len(modes) == 1:
         fixed = FixedLayout(**{**vars(fixed), "recompute": modes[0]})
+    if stages is not None:
+        sizes = parse_stages(stages) if isinstance(stages, str) else tuple(stages)
+        pins = vars(fixed or FixedLayout())
+        pp = pins["pp"] or len(sizes) // (pins["virtual_stages"] or 1)
+        fixed = FixedLayout(**{**pins, "stages": sizes, "pp": pp})
     req = PlanRequest(
         shape=shape,
         gpu=gspec,
@@ -76,6 +86,7 @@ def plan(
         fixed=fixed,
         calibration=calibration,
         world_size=world_size,
+        native_trainer=native_trainer,
     )
     return search(req)
 
@@ -98,35 +109,7 @@ def plan_for_spec(
     nodes = max(1, math.ceil(ws / cl.gpus_per_node))
     fixed = None
     if isinstance(spec.parallel, ParallelSpec):
-        p = spec.parallel
-        fixed_deg = p.tp * p.pp * p.dp_replicate * p.cp
-        if p.dp_shard > 0:
-            dp_shard = p.dp_shard
-        elif ws % fixed_deg == 0:
-            dp_shard = ws // fixed_deg
-        else:
-            raise LayoutError(
-                f"parallel: world size {ws} is not divisible by tp({p.tp})·pp({p.pp})·"
-                f"dp_replicate({p.dp_replicate})·cp({p.cp}) = {fixed_deg}"
-            )
-        dims = ParallelDims(ws, p.dp_replicate, dp_shard, p.tp, p.pp, p.cp, p.sp)
-        dims.check_model(shape.layers, shape.heads, shape.kv_heads, p.virtual_stages)
-        if tr.global_batch % (p.micro_batch * dims.dp):
-            raise LayoutError(
-                f"parallel: global batch {tr.global_batch} is not divisible by micro_batch "
-                f"({p.micro_batch}) · dp ({dims.dp})"
-            )
-        fixed = FixedLayout(
-            tp=p.tp,
-            pp=p.pp,
-            dp_replicate=p.dp_replicate,
-            dp_shard=dp_shard,
-            sp=p.sp,
-            micro_batch=p.micro_batch,
-            virtual_stages=p.virtual_stages,
-            recompute=p.recompute,
-            zero="fsdp" if dp_shard > 1 else "none",
-        )
+        fixed = spec_layout(spec.parallel, ws)
     report = plan(
         shape,
         gpu,
@@ -140,7 +123,13 @@ def plan_for_spec(
         world_size=ws,
     )
     if fixed is not None:
-        report.chosen.schedule = spec.parallel.schedule if spec.parallel.pp > 1 else report.chosen.schedule
+        p = spec.parallel
+        if p.pp > 1 and p.schedule != report.chosen.schedule:
+            report.chosen.schedule = p.schedule
+            # the spec's schedule is part of the layout: the same rules apply to it
+            why = report.chosen.dims().check(shape, tr.seq_len, tr.global_batch)
+            if why:
+                raise LayoutError("parallel: " + "; ".join(why))
         return report
     if require_fit and not report.feasible:
         raise PlanError(
@@ -148,3 +137,24 @@ def plan_for_spec(
             f"{report.min_memory_gib:.1f} GiB per GPU, {report.usable_memory_gib:.1f} GiB usable"
         )
     return report
+
+
+def spec_layout(p, world_size: int) -> FixedLayout:
+    """The pins of an explicit `parallel:` section (a ParallelSpec) on `world_size` ranks: every knob pinned,
+    dp_shard=-1 filled by ParallelDims (LayoutError when the world size does not divide)."""
+    dims = ParallelDims.resolve(
+        world_size, tp=p.tp, pp=p.pp, dp_replicate=p.dp_replicate, dp_shard=p.dp_shard, cp=p.cp, sp=p.sp
+    )
+    return FixedLayout(
+        tp=p.tp,
+        pp=p.pp,
+        dp_replicate=p.dp_replicate,
+        dp_shard=dims.dp_shard,
+        cp=p.cp,
+        sp=p.sp,
+        micro_batch=p.micro_batch,
+        virtual_stages=p.virtual_stages,
+        recompute=p.recompute,
+        zero=p.zero if dims.dp_shard > 1 else "none",
+        stages=tuple(p.stages) if p.stages else None,
+    )

@@ -16,10 +16,10 @@ GPipe keeps all of them. The last stage adds the logits (fp32, vocab sharded by 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from functools import lru_cache
 
 from nightloom.catalog import ModelShape
-from nightloom.parallel import MemoryBreakdown
+from nightloom.parallel import MemoryBreakdown, ParallelDims
 
 GIB = 1024**3
 #: CUDA context, NCCL/HCCL buffers, cuBLAS workspaces: a fixed cost per GPU.
@@ -28,41 +28,6 @@ FRAMEWORK_OVERHEAD_GIB = 1.5
 HEADROOM_FRACTION = 0.08
 #: Bytes per element of the saved fp32 logits (upcast for the cross-entropy) on the last stage.
 LOGIT_BYTES = 4
-
-
-@dataclass(frozen=True, slots=True)
-class Candidate:
-    """One fully specified layout the search evaluates (cheap to build; turned into a ParallelPlan at the end)."""
-
-    tp: int
-    pp: int
-    dp_replicate: int
-    dp_shard: int
-    sp: bool
-    micro_batch: int
-    virtual_stages: int
-    recompute: str
-    grad_accum: int
-    zero: str = (
-        "none"  # "none": dp_shard ranks hold replicas (plain DP); "fsdp": they shard (ZeRO-3), HSDP if dp_replicate > 1
-    )
-
-    @property
-    def dp(self) -> int:
-        return self.dp_replicate * self.dp_shard
-
-    @property
-    def shard(self) -> int:
-        """Degree the weights, grads and optimizer states are divided by."""
-        return self.dp_shard if self.zero == "fsdp" else 1
-
-    @property
-    def schedule(self) -> str:
-        return "interleaved_1f1b" if self.virtual_stages > 1 else "1f1b"
-
-    @property
-    def world(self) -> int:
-        return self.tp * self.pp * self.dp
 
 
 def layer_params(shape: ModelShape, tp: int) -> float:
@@ -103,43 +68,83 @@ def _state_bytes(precision: str) -> tuple[float, float, float]:
     return (2.0, 2.0, 12.0) if precision == "bf16" else (4.0, 4.0, 8.0)
 
 
-def memory_breakdown(shape: ModelShape, c: Candidate, seq: int, precision: str = "bf16") -> MemoryBreakdown:
-    """Predicted memory of the busiest pipeline stage (max of first and last stage)."""
-    wb, gb, ob = _state_bytes(precision)
+def rank_layers(shape: ModelShape, c: ParallelDims) -> tuple[int, ...]:
+    """Transformer layers each pipeline rank holds (its chunks summed: chunk k lives on rank k mod pp)."""
+    if c.stages is None:
+        return (shape.layers // c.pp,) * c.pp
+    return _per_rank(c.stages, c.pp)
+
+
+@lru_cache(maxsize=4096)
+def _per_rank(stages: tuple[int, ...], pp: int) -> tuple[int, ...]:
+    return tuple(sum(stages[r::pp]) for r in range(pp))
+
+
+def rank_params(shape: ModelShape, c: ParallelDims) -> list[float]:
+    """Parameters per GPU of every pipeline rank: its layers plus the embedding (first) or head (last)."""
     first_p, last_p = stage_params(shape, c.tp, c.pp)
-    per_layer_act = activation_bytes_per_layer(shape, seq, c.micro_batch, c.tp, c.sp, c.recompute)
-    layers_per_stage = shape.layers // c.pp
-    m = c.grad_accum
     if c.pp == 1:
-        in_flight = 1.0
-    else:
-        in_flight = float(min(c.pp, m))
-        if c.virtual_stages > 1:
-            in_flight *= 1 + (c.pp - 1) / (c.pp * c.virtual_stages)
+        return [first_p]
+    unit = layer_params(shape, c.tp)
+    even = unit * shape.layers / c.pp
+    sizes = rank_layers(shape, c)
+    out = [n * unit for n in sizes]
+    out[0] += first_p - even
+    out[-1] += last_p - even
+    return out
+
+
+def memory_breakdown(shape: ModelShape, c: ParallelDims, seq: int, precision: str = "bf16") -> MemoryBreakdown:
+    """Predicted memory of the busiest pipeline rank: every rank's layers, embedding or head, and the
+    micro-batches it holds in flight (1F1B: rank i holds min(pp − i, m)), the largest total wins."""
+    wb, gb, ob = _state_bytes(precision)
+    unit = layer_params(shape, c.tp)
+    params_of = rank_params(shape, c)
+    # context parallel: each rank holds seq/cp tokens, and ring attention's blockwise scores are (seq/cp)² per step
+    local = seq / c.cp
+    per_layer_act = activation_bytes_per_layer(shape, local, c.micro_batch, c.tp, c.sp, c.recompute)
+    m = c.grad_accum
+    interleave = 1 + (c.pp - 1) / (c.pp * c.virtual_stages) if c.virtual_stages > 1 else 1.0
     # a layer being recomputed (full) or its attention core (selective) is briefly whole again in backward
     working = 0.0
     if c.recompute != "none":
-        whole = activation_bytes_per_layer(shape, seq, c.micro_batch, c.tp, c.sp, "none")
+        whole = activation_bytes_per_layer(shape, local, c.micro_batch, c.tp, c.sp, "none")
         working = whole if c.recompute == "full" else whole - per_layer_act
-    logits = LOGIT_BYTES * seq * c.micro_batch * shape.vocab / c.tp
+    logits = LOGIT_BYTES * seq * c.micro_batch * shape.vocab / c.tp / c.cp
+    if c.cp > 1:  # ring attention: the K,V block in use and the one arriving, and in backward their gradients
+        working += 4 * 2 * seq / c.cp * c.micro_batch * shape.kv_heads * shape.head_dim / c.tp * wb
+    d = c.shard
+    # ZeRO-3 without PP gathers 2 layers at a time; under PP, or ZeRO-2, the rank's whole stage stays gathered
+    keep_gathered = c.pp > 1 or c.zero == "zero2"
 
-    def stage(params: float, acts: float) -> MemoryBreakdown:
-        d = c.shard
+    def stage(params: float, acts: float) -> tuple[float, ...]:
         gathered = 0.0
-        if d > 1:  # FSDP working set: gathered bf16 params (whole stage under PP, else 2 layers) + 1 layer of grads
-            unit = layer_params(shape, c.tp)
-            gathered = (params if c.pp > 1 else 2 * unit) * wb + unit * gb
-        return MemoryBreakdown(
-            weights_gib=params * wb / d / GIB,
-            grads_gib=params * gb / d / GIB,
-            optimizer_gib=params * ob / d / GIB,
-            activations_gib=acts / GIB,
-            overhead_gib=FRAMEWORK_OVERHEAD_GIB + gathered / GIB,
-        )
+        if d > 1:  # FSDP working set: gathered bf16 params + 1 layer of grads
+            gathered = (params if keep_gathered else 2 * unit) * wb + unit * gb
+        return (params * wb / d, params * gb / d, params * ob / d, acts, gathered)
 
-    first = stage(first_p, layers_per_stage * per_layer_act * in_flight + working)
-    last = stage(last_p, layers_per_stage * per_layer_act + working + logits)
-    return first if first.total_gib >= last.total_gib else last
+    sizes = rank_layers(shape, c)
+    last = c.pp - 1
+    best, seen = None, set()
+    for i, n in enumerate(sizes):
+        if 0 < i < last and n in seen:  # a later middle rank of the same size holds fewer micro-batches
+            continue
+        seen.add(n)
+        if i == last:
+            acts = n * per_layer_act + working + logits
+        else:
+            acts = n * per_layer_act * min(c.pp - i, m) * interleave + working
+        parts = stage(params_of[i], acts)
+        if best is None or sum(parts) > sum(best):
+            best = parts
+    w, g, o, a, gathered = best
+    return MemoryBreakdown(
+        weights_gib=w / GIB,
+        grads_gib=g / GIB,
+        optimizer_gib=o / GIB,
+        activations_gib=a / GIB,
+        overhead_gib=FRAMEWORK_OVERHEAD_GIB + gathered / GIB,
+    )
 
 
 def usable_gib(capacity_gib: float) -> float:

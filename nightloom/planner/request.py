@@ -19,18 +19,33 @@ class PlanError(ValueError):
 
 @dataclass(frozen=True)
 class FixedLayout:
-    """Degrees and knobs the user pinned (`--layout`, or an explicit ParallelSpec); None = let the planner choose."""
+    """The pins of a partly fixed layout (`--layout`, `--stages`, or an explicit ParallelSpec): the fields of
+    ParallelDims the user chose, None = the planner chooses. `dp` pins the data-parallel total only; `zero="none"`
+    pins plain data parallel (all of dp on dp_replicate)."""
 
     tp: int | None = None
     pp: int | None = None
     dp: int | None = None  # total data parallel; split into replicate × shard by the planner unless pinned
     dp_replicate: int | None = None
     dp_shard: int | None = None
+    cp: int | None = None
     sp: bool | None = None
     micro_batch: int | None = None
     virtual_stages: int | None = None
     recompute: Literal["none", "selective", "full"] | None = None
-    zero: Literal["none", "fsdp"] | None = None
+    zero: Literal["none", "fsdp", "zero2"] | None = None
+    stages: tuple[int, ...] | None = None  # transformer layers per pipeline stage (uneven split)
+
+    def __post_init__(self) -> None:
+        if self.zero == "none" and self.dp_shard is not None and self.dp_shard > 1:
+            raise ValueError(
+                f"layout: dp_shard={self.dp_shard} with zero=none would be replicas: plain data parallel is "
+                f"dp_replicate={self.dp_shard * (self.dp_replicate or 1)} (or dp={self.dp_shard}, zero=none)"
+            )
+        if self.stages is not None and self.pp is not None and len(self.stages) % self.pp:
+            raise ValueError(
+                f"layout: stages {list(self.stages)} has {len(self.stages)} sizes, not a multiple of pp={self.pp}"
+            )
 
 
 _LAYOUT_KEYS = {
@@ -41,6 +56,7 @@ _LAYOUT_KEYS = {
     "dpr": "dp_replicate",
     "dp_shard": "dp_shard",
     "fsdp": "dp_shard",
+    "cp": "cp",
     "sp": "sp",
     "mb": "micro_batch",
     "micro_batch": "micro_batch",
@@ -48,11 +64,13 @@ _LAYOUT_KEYS = {
     "virtual_stages": "virtual_stages",
     "recompute": "recompute",
     "zero": "zero",
+    "stages": "stages",
 }
 
 
 def parse_layout(text: str) -> FixedLayout:
-    """Parse `tp=8,pp=4,dp=32[,sp=1,mb=2,v=2,recompute=full,zero=fsdp]` into a FixedLayout (clear errors)."""
+    """Parse `tp=8,pp=4,dp=32[,cp=2,sp=1,mb=2,v=2,recompute=full,zero=fsdp|zero2|none,stages=7:8:8:7]` into a
+    FixedLayout (clear errors). Stage sizes are separated by ':' (a comma separates keys)."""
     vals: dict[str, object] = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
         key, sep, raw = part.partition("=")
@@ -66,9 +84,11 @@ def parse_layout(text: str) -> FixedLayout:
                 raise ValueError(f"--layout: recompute={raw!r}; expected one of {', '.join(RECOMPUTE_MODES)}")
             vals[name] = raw
         elif name == "zero":
-            if raw not in ("none", "fsdp"):
-                raise ValueError(f"--layout: zero={raw!r}; expected none or fsdp")
+            if raw not in ("none", "fsdp", "zero2"):
+                raise ValueError(f"--layout: zero={raw!r}; expected none, fsdp or zero2")
             vals[name] = raw
+        elif name == "stages":
+            vals[name] = parse_stages(raw, "--layout: stages")
         elif name == "sp":
             if raw.lower() not in ("0", "1", "true", "false", "yes", "no"):
                 raise ValueError(f"--layout: sp={raw!r}; expected 0/1 or true/false")
@@ -86,6 +106,18 @@ def parse_layout(text: str) -> FixedLayout:
     return FixedLayout(**vals)
 
 
+def parse_stages(text: str, where: str = "--stages") -> tuple[int, ...]:
+    """`7,8,8,7` or `7:8:8:7` (or `[7, 8, 8, 7]`) into stage sizes, each >= 1."""
+    parts = [p.strip() for p in text.strip().strip("[]").replace(":", ",").split(",") if p.strip()]
+    try:
+        sizes = tuple(int(p) for p in parts)
+    except ValueError:
+        raise ValueError(f"{where}: {text!r} is not a list of integers, e.g. 7,8,8,7") from None
+    if not sizes or min(sizes) < 1:
+        raise ValueError(f"{where}: {text!r}: give one size >= 1 per pipeline stage")
+    return sizes
+
+
 @dataclass(frozen=True)
 class PlanRequest:
     """Everything the planner needs: model shape, cluster, training setup and what the user allows or pins.
@@ -100,7 +132,8 @@ class PlanRequest:
     global_batch: int
     precision: Literal["bf16", "fp32"] = "bf16"
     recompute: tuple[str, ...] = RECOMPUTE_MODES  # modes the search may use
-    allow_zero: bool = True  # ZeRO-3/FSDP (and HSDP) over the data-parallel ranks
+    allow_zero: bool = True  # ZeRO-3/FSDP, ZeRO-2 (and HSDP) over the data-parallel ranks
+    native_trainer: bool = True  # False: also layouts only other trainers run (what-if predictions)
     tp_across_nodes: bool = False
     fixed: FixedLayout | None = None
     calibration: float | None = None  # measured/predicted MFU of past runs on this GPU type
@@ -150,14 +183,16 @@ class PlanReport(BaseModel):
     def feasible(self) -> bool:
         return self.chosen.fits is not False
 
-    def table_rows(self) -> list[dict[str, object]]:
-        """Chosen + alternatives as flat rows (the Prefect table artifact, the CLI table)."""
+    def table_rows(self, rejected: int = 0) -> list[dict[str, object]]:
+        """The plan table (the CLI table and the Prefect artifact): chosen + alternatives, then up to `rejected`
+        rejected families with their reason. Every row has every column (a table shows the first row's keys)."""
         rows = []
-        for tag, p in [("chosen", self.chosen)] + [("alt", a) for a in self.alternatives]:
+        for tag, p in [("chosen", self.chosen)] + [("alternative", a) for a in self.alternatives]:
             rows.append(
                 {
-                    "": tag,
+                    "status": tag,
                     "layout": p.layout(),
+                    "stages": ":".join(map(str, p.stages)) if p.stages else None,
                     "mb": p.micro_batch,
                     "accum": p.grad_accum,
                     "v": p.virtual_stages,
@@ -168,8 +203,12 @@ class PlanReport(BaseModel):
                     "tokens_per_s": _r(p.tokens_per_s, 0),
                     "mfu": _r(p.mfu, 3),
                     "hfu": _r(p.hfu, 3),
+                    "reason": None,
                 }
             )
+        blank = dict.fromkeys(rows[0])
+        for r in self.rejected[:rejected]:
+            rows.append(blank | {"status": "rejected", "layout": r.layout, "reason": r.reason})
         return rows
 
 

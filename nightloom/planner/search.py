@@ -1,99 +1,164 @@
-"""Layout search: enumerate tp × pp × (dp_replicate × dp_shard) × sp × micro-batch × v × recompute, prune, rank.
+"""Layout search: enumerate tp × pp (× stage split) × (dp_replicate × dp_shard, zero) × cp × sp × micro-batch × v ×
+recompute, prune, rank.
 
-Pruned by divisibility (heads and kv heads by tp, layers by pp·v, global batch by micro-batch·dp, tp within a
-node unless allowed), then by memory (nightloom.planner.memory); the survivors are ranked by predicted
-tokens/s (nightloom.planner.steptime). Every family (tp, pp, dp split) that loses gets one reason.
+Every candidate is a ParallelDims and is pruned by its `check` (the rules the spec and the trainer apply too),
+then by memory (nightloom.planner.memory); the survivors are ranked by predicted tokens/s
+(nightloom.planner.steptime). A family (tp, pp, dp split, cp) is rejected once, with the reason of its most
+permissive member, when the rules fail it; every family that loses gets one reason. Beyond the checks, the
+search space itself: tp stays within a node unless allowed; pipeline splits are even, or equal inner stages with
+lighter end stages (Llama 3's 126 layers on 16 stages: 7 + 14·8 + 7); any other split is forced by the user.
+Context parallel is searched when the sequence is long (>= LONG_SEQ) and the native trainer's rules allow it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
-from nightloom.parallel import ParallelPlan, Rejection
+from nightloom.parallel import ParallelDims, ParallelPlan, Rejection, layout_name
 from nightloom.perf import count_params, flops_per_token, mfu
-from nightloom.planner.memory import Candidate, memory_breakdown, usable_gib
+from nightloom.planner.memory import memory_breakdown, rank_layers, usable_gib
 from nightloom.planner.request import FixedLayout, PlanError, PlanReport, PlanRequest
-from nightloom.planner.steptime import DEFAULT_EFFICIENCY, StepEstimate, calibrated_efficiency, step_time
+from nightloom.planner.steptime import (
+    DEFAULT_EFFICIENCY,
+    StepEstimate,
+    bubble_fraction,
+    calibrated_efficiency,
+    step_time,
+)
 
 MAX_VIRTUAL_STAGES = 8
+#: end stages the search makes lighter hold at most this many layers fewer than the inner ones
+MAX_LIGHTER = 2
+#: sequences at least this long make the search consider context parallel
+LONG_SEQ = 32768
 
 
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def _family(tp: int, pp: int, dpr: int, dps: int, zero: str) -> str:
-    return ParallelPlan(tp=tp, pp=pp, dp_replicate=dpr, dp_shard=dps, zero=zero).layout()
-
-
 @dataclass
 class _Scored:
-    c: Candidate
+    c: ParallelDims
     mem: object  # MemoryBreakdown
     step: StepEstimate | None
     tokens_per_s: float | None
 
 
-def _families(req: PlanRequest, fixed: FixedLayout, rejected: dict[str, str]) -> list[tuple[int, int, int, int, str]]:
-    """(tp, pp, dp_replicate, dp_shard) degrees that satisfy the structural divisibility rules.
+@lru_cache(maxsize=4096)
+def stage_splits(layers: int, pp: int, pinned: bool = False) -> tuple[tuple[int, ...] | None, ...]:
+    """Pipeline splits (layers per chunk, `pp` chunks: pp·v with interleaving) the search tries: None (even)
+    when pp divides the layers, and the splits with equal inner chunks and lighter end chunks (both ends, or
+    the last one that also holds the output head). A pinned pp with neither gets the near-even split (the
+    extra layers on the inner stages)."""
+    if pp == 1:
+        return (None,)
+    out: list[tuple[int, ...] | None] = [None] if layers % pp == 0 else []
+    # ends lighter by j <= MAX_LIGHTER layers (the output head costs about one layer or less), each keeping >= 1
+    for j in range(1, MAX_LIGHTER + 1):
+        if pp >= 3 and (layers + 2 * j) % pp == 0 and (layers + 2 * j) // pp - j >= 1:
+            k = (layers + 2 * j) // pp
+            out.append((k - j,) + (k,) * (pp - 2) + (k - j,))
+        if (layers + j) % pp == 0 and (layers + j) // pp - j >= 1:
+            k = (layers + j) // pp
+            out.append((k,) * (pp - 1) + (k - j,))
+    if not out and pinned and layers >= pp:
+        base, extra = divmod(layers, pp)
+        inner = list(range(1, pp - 1))
+        bumped = set(inner[len(inner) - extra :] if extra <= len(inner) else range(pp - extra, pp))
+        out.append(tuple(base + (i in bumped) for i in range(pp)))
+    return tuple(out)
+
+
+def _families(req: PlanRequest, fixed: FixedLayout, rejected: dict[str, str]):
+    """(tp, pp, stage split, dp_replicate, dp_shard, zero, cp) that pass the layout rules in their most
+    permissive form (micro-batch 1, all the batch as accumulation steps).
 
     A tp (or tp·pp) that fails is rejected once for all its data-parallel splits (`TP16·*`)."""
-    shape, world, gpn = req.shape, req.world, req.gpus_per_node
+    shape, world, gpn, seq, gb = req.shape, req.world, req.gpus_per_node, req.seq_len, req.global_batch
+    native = req.native_trainer
     out = []
     for tp in _divisors(world):
         if fixed.tp is not None and tp != fixed.tp:
             continue
-        if shape.heads % tp or shape.kv_heads % tp:
-            rejected[f"TP{tp}·*"] = f"tp={tp} does not divide heads ({shape.heads}) and kv_heads ({shape.kv_heads})"
-            continue
-        if shape.ffn_hidden % tp:
-            rejected[f"TP{tp}·*"] = f"tp={tp} does not divide ffn_hidden ({shape.ffn_hidden})"
+        why = ParallelDims(tp=tp).check(shape, seq, None, native_trainer=native)
+        if why:
+            rejected[f"TP{tp}·*"] = why[0]
             continue
         if tp > gpn and not req.tp_across_nodes:
             rejected[f"TP{tp}·*"] = (
                 f"tp={tp} would span nodes ({gpn} GPUs per node); tensor parallel stays on the intra-node links"
             )
             continue
-        for pp in _divisors(world // tp):
-            if fixed.pp is not None and pp != fixed.pp:
+        if fixed.cp is not None:
+            cps = [fixed.cp]
+        elif seq >= LONG_SEQ:
+            cps = [c for c in _divisors(world // tp) if c <= 32]
+        else:
+            cps = [1]
+        for cp in cps:
+            if (world // tp) % cp:
                 continue
-            dp = world // (tp * pp)
-            if fixed.dp is not None and dp != fixed.dp:
-                continue
-            if shape.layers % pp:
-                rejected[f"TP{tp}·PP{pp}·*"] = f"pp={pp} does not divide layers ({shape.layers})"
-                continue
-            if req.global_batch % dp:
-                rejected[f"TP{tp}·PP{pp}·*"] = f"global batch {req.global_batch} is not divisible by dp={dp}"
-                continue
-            # plain DP: dp_shard=dp ranks hold replicas (zero=none); FSDP over d ranks, HSDP with dp/d replicas
-            splits = [(1, dp, "none")] + [(dp // d, d, "fsdp") for d in _divisors(dp) if d > 1]
-            if dp > 1 and fixed.dp_replicate == dp:  # replicas pinned on the dp_replicate dim instead
-                splits.append((dp, 1, "none"))
-            for dpr, dps, zero in splits:
-                if fixed.zero is not None and zero != fixed.zero and dp > 1:
+            for pp in _divisors(world // (tp * cp)):
+                if fixed.pp is not None and pp != fixed.pp:
                     continue
-                if fixed.dp_shard is not None and dps != fixed.dp_shard:
+                dp = world // (tp * pp * cp)
+                if fixed.dp is not None and dp != fixed.dp:
                     continue
-                if fixed.dp_replicate is not None and dpr != fixed.dp_replicate:
+                name = f"TP{tp}·PP{pp}·" + (f"CP{cp}·" if cp > 1 else "") + "*"
+                splits = _splits(req, fixed, pp)
+                if not splits:
+                    rejected[name] = (
+                        f"pp={pp} does not divide layers ({shape.layers}) and no split with equal inner stages and "
+                        "lighter end stages exists (force one with stages=...)"
+                    )
                     continue
-                if zero == "fsdp" and not req.allow_zero:
+                accum = gb // dp if gb % dp == 0 else 1
+                v0, split0 = splits[0]
+                sched = "interleaved_1f1b" if v0 > 1 else "1f1b"
+                probe = ParallelDims(tp, pp, dp, 1, cp, False, 1, accum, v0, sched, "none", "none", split0)
+                why = probe.check(shape, seq, gb, native_trainer=native)
+                if why:
+                    rejected[name] = why[0]
                     continue
-                out.append((tp, pp, dpr, dps, zero))
+                # plain DP: all of dp on dp_replicate; FSDP/ZeRO-2 over d ranks, HSDP with dp/d replicas
+                dps = [(dp, 1, "none")]
+                if req.allow_zero:
+                    for d in _divisors(dp)[1:]:
+                        dps.append((dp // d, d, "fsdp"))
+                        if pp == 1:  # under PP the trainer keeps stages gathered anyway: ZeRO-2 is FSDP there
+                            dps.append((dp // d, d, "zero2"))
+                for dpr, dsh, zero in dps:
+                    if fixed.zero is not None and zero != fixed.zero and dp > 1:
+                        continue
+                    if fixed.dp_shard is not None and dsh != fixed.dp_shard:
+                        continue
+                    if fixed.dp_replicate is not None and dpr != fixed.dp_replicate:
+                        continue
+                    out.append((tp, pp, dpr, dsh, zero, cp))
     return out
 
 
+def _splits(req: PlanRequest, fixed: FixedLayout, pp: int) -> list[tuple[int, tuple[int, ...] | None]]:
+    """(virtual stages, chunk split) pairs of pipeline degree `pp`: v ≤ MAX_VIRTUAL_STAGES, or as pinned."""
+    layers, pinned = req.shape.layers, fixed.pp == pp
+    if fixed.stages is not None:
+        v = fixed.virtual_stages or max(1, len(fixed.stages) // pp)
+        return [(v, fixed.stages)]
+    if pp == 1:
+        return [(1, None)]
+    vs = [fixed.virtual_stages] if fixed.virtual_stages is not None else range(1, MAX_VIRTUAL_STAGES + 1)
+    return [(v, split) for v in vs for split in stage_splits(layers, pp * v, pinned and v == 1)]
+
+
 def _knobs(req: PlanRequest, fixed: FixedLayout, tp: int, pp: int, dp: int):
-    """(sp, micro_batch, virtual_stages, recompute, grad_accum) choices of one family."""
+    """(sp, micro_batch, virtual_stages, stage split, recompute, grad_accum) choices of one family."""
     per_rank = req.global_batch // dp
     sps = [fixed.sp] if fixed.sp is not None else ([False, True] if tp > 1 else [False])
     rcs = [fixed.recompute] if fixed.recompute is not None else list(req.recompute)
     mbs = [fixed.micro_batch] if fixed.micro_batch is not None else _divisors(per_rank)
-    lps = req.shape.layers // pp
-    if fixed.virtual_stages is not None:
-        vs = [fixed.virtual_stages]
-    else:
-        vs = [1] if pp == 1 else [v for v in _divisors(lps) if v <= MAX_VIRTUAL_STAGES]
+    splits = _splits(req, fixed, pp)
     for sp in sps:
         if sp and tp == 1:
             continue
@@ -101,28 +166,16 @@ def _knobs(req: PlanRequest, fixed: FixedLayout, tp: int, pp: int, dp: int):
             if per_rank % mb:
                 continue
             m = per_rank // mb
-            for v in vs:
-                if v > 1 and (pp == 1 or lps % v or m % pp):  # interleaving needs m % pp == 0 (Megatron)
+            for v, split in splits:
+                if v > 1 and (pp == 1 or m % pp):  # interleaving needs m % pp == 0 (Megatron)
                     continue
                 for rc in rcs:
-                    yield sp, mb, v, rc, m
+                    yield sp, mb, v, split, rc, m
 
 
 def _plan_from(req: PlanRequest, s: _Scored, eff: float | None) -> ParallelPlan:
     c = s.c
-    p = ParallelPlan(
-        tp=c.tp,
-        pp=c.pp,
-        dp_replicate=c.dp_replicate,
-        dp_shard=c.dp_shard,
-        sp=c.sp,
-        micro_batch=c.micro_batch,
-        grad_accum=c.grad_accum,
-        virtual_stages=c.virtual_stages,
-        schedule=c.schedule,
-        recompute=c.recompute,
-        zero=c.zero,
-    )
+    p = ParallelPlan.of(c)
     if req.gpu is None or s.step is None:
         return p
     world, seq = req.world, req.seq_len
@@ -161,10 +214,32 @@ def _explain(req: PlanRequest, s: _Scored, eff: float, runner_up: _Scored | None
             f"step {st.step_s:.3f} s: matmul {st.matmul_s:.3f} s at efficiency {eff:.2f} of "
             f"{gpu.peak(req.precision) / 1e12:.0f} TFLOP/s, memory-bound {st.hbm_s:.3f}, TP comm {st.tp_comm_s:.3f}, "
             f"PP p2p {st.pp_comm_s:.3f}, bubble {st.bubble_s:.3f} ((p−1)/(v·m) = "
-            f"{(c.pp - 1) / (c.virtual_stages * c.grad_accum):.3f}), DP exposed {st.dp_exposed_s:.3f}, "
-            f"optimizer {st.optimizer_s:.3f}"
+            f"{bubble_fraction(c.pp, c.virtual_stages, c.grad_accum):.3f}), DP exposed {st.dp_exposed_s:.3f}, "
+            f"optimizer {st.optimizer_s:.3f}" + (f", CP ring exposed {st.cp_comm_s:.3f}" if c.cp > 1 else "")
         ),
     ]
+    if c.zero == "zero2":
+        lines[1] += " (ZeRO-2: parameters kept gathered from forward to backward)"
+    if c.pp > 1:
+        sizes = c.stage_sizes(req.shape.layers)
+        ranks = rank_layers(req.shape, c)
+        split = "even" if c.stages is None else "uneven"
+        lines.insert(
+            1,
+            f"pipeline: {len(sizes)} chunks ({split}, v={c.virtual_stages}) of {':'.join(map(str, sizes))} "
+            f"transformer layers, {':'.join(map(str, ranks))} per pp rank (embedding on the first, output head on "
+            f"the last); memory is the busiest rank's ({m.total_gib:.1f} GiB), step time the slowest rank's "
+            f"(slot {st.slot_max_s * 1e3:.1f} ms per micro-batch, mean {st.slot_avg_s * 1e3:.1f} ms)",
+        )
+    if c.cp > 1:
+        lines.insert(
+            1,
+            f"context parallel cp={c.cp}: each rank holds seq/cp = {req.seq_len // c.cp} tokens of activations; "
+            f"ring attention passes K,V blocks around the cp group, {st.cp_comm_s:.3f} s not hidden behind the "
+            "attention compute",
+        )
+    if not req.native_trainer:
+        lines.append("layout rules of nightloom's trainer not applied (a prediction for another trainer)")
     if req.calibration is not None:
         lines.append(
             f"efficiency calibrated from the ledger: {DEFAULT_EFFICIENCY:.2f} × measured/predicted "
@@ -174,7 +249,7 @@ def _explain(req: PlanRequest, s: _Scored, eff: float, runner_up: _Scored | None
         gain = s.tokens_per_s / runner_up.tokens_per_s - 1
         rc = runner_up.c
         lines.append(
-            f"next best {_family(rc.tp, rc.pp, rc.dp_replicate, rc.dp_shard, rc.zero)} (mb={rc.micro_batch}, "
+            f"next best {rc.layout()} (mb={rc.micro_batch}, "
             f"v={rc.virtual_stages}, recompute={rc.recompute}) is {100 * gain:.1f}% slower"
         )
     return lines
@@ -195,11 +270,15 @@ def search(req: PlanRequest) -> PlanReport:
     smallest_by_family: dict[str, _Scored] = {}
     fitting: list[_Scored] = []
     overall_min: _Scored | None = None
-    for tp, pp, dpr, dps, zero in families:
-        fam = _family(tp, pp, dpr, dps, zero)
-        for sp, mb, v, rc, m in _knobs(req, fixed, tp, pp, dpr * dps):
+    for tp, pp, dpr, dps, zero, cp in families:
+        fam = layout_name(tp, pp, dpr, dps, cp, False, zero)
+        for sp, mb, v, split, rc, m in _knobs(req, fixed, tp, pp, dpr * dps):
             considered += 1
-            c = Candidate(tp, pp, dpr, dps, sp, mb, v, rc, m, zero)
+            sched = "interleaved_1f1b" if v > 1 else "1f1b"
+            c = ParallelDims(tp, pp, dpr, dps, cp, sp, mb, m, v, sched, rc, zero, split)
+            if c.check(req.shape, req.seq_len, req.global_batch, native_trainer=req.native_trainer):
+                pruned += 1
+                continue
             if req.gpu is None:
                 fitting.append(_Scored(c, None, None, None))
                 continue
@@ -305,8 +384,12 @@ def _pct(reason: str) -> float:
         return 0.0
 
 
-def _knob_str(c: Candidate) -> str:
-    return f"mb={c.micro_batch}, accum={c.grad_accum}, v={c.virtual_stages}, sp={int(c.sp)}, recompute={c.recompute}"
+def _knob_str(c: ParallelDims) -> str:
+    split = f", stages={':'.join(map(str, c.stages))}" if c.stages is not None else ""
+    return (
+        f"mb={c.micro_batch}, accum={c.grad_accum}, v={c.virtual_stages}, sp={int(c.sp)}, recompute={c.recompute}"
+        + split
+    )
 
 
 def _nofit(s: _Scored, usable: float) -> str:
@@ -317,7 +400,7 @@ def _nofit(s: _Scored, usable: float) -> str:
 
 
 def _pins(f: FixedLayout) -> str:
-    return ",".join(f"{k}={v}" for k, v in vars(f).items() if v is not None)
+    return ",".join(f"{k}={':'.join(map(str, v)) if k == 'stages' else v}" for k, v in vars(f).items() if v is not None)
 
 
 def _cpu_report(
@@ -330,7 +413,17 @@ def _cpu_report(
 
     def key(s: _Scored):
         c = s.c
-        return (c.tp * c.pp, c.pp, c.tp, c.zero == "fsdp", c.sp, c.recompute != "none", c.virtual_stages, c.grad_accum)
+        return (
+            c.tp * c.pp * c.cp,
+            c.pp,
+            c.tp,
+            c.zero != "none",
+            c.sp,
+            c.recompute != "none",
+            c.virtual_stages,
+            c.stages is not None,
+            c.grad_accum,
+        )
 
     ranked = sorted(cands, key=key)
     best = ranked[0]

@@ -12,9 +12,10 @@ Per micro-batch and pipeline stage (per GPU):
               reduce-scatter pair moves the same), not overlapped.
   p2p       = pipeline send/recv of the stage boundary activation forward and its gradient backward (× v),
               split over the t TP ranks' links (SP, or Megatron's scatter/gather, Narayanan et al. 2021 §4.1).
-The pipeline runs (m + (p − 1)/v) such micro-batch slots (bubble (p−1)/(v·m), Narayanan et al. 2021).
-Data parallel: gradient all-reduce (replicated) or reduce-scatter + all-gather (FSDP; HSDP adds an all-reduce
-over replicas) overlapped with backward compute; only the excess is exposed. The optimizer step is HBM-bound.
+The pipeline runs m slots of its slowest rank plus (p − 1)/v average slots (bubble (p−1)/(v·m), Narayanan et
+al. 2021); with uneven stages each rank's slot counts its own layers, the last adds the output head.
+Data parallel: gradient all-reduce (replicated) or reduce-scatter + all-gather (FSDP/ZeRO-3 gathers in forward
+and backward, ZeRO-2 in forward only; HSDP adds an all-reduce over replicas) overlapped with backward compute; only the excess is exposed. The optimizer step is HBM-bound.
 A group's bus bandwidth is the intra-node link when it stays in a node, else min(intra, k · NIC) with k of its
 members per node each using their own NIC (rail-optimised clusters, as the catalog assumes).
 """
@@ -24,9 +25,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from nightloom.catalog import GPUSpec, ModelShape
-from nightloom.parallel import MESH_ORDER
+from nightloom.parallel import MESH_ORDER, ParallelDims
 from nightloom.perf import flops_per_token
-from nightloom.planner.memory import Candidate, stage_params
+from nightloom.planner.memory import rank_layers, rank_params
 
 #: The one compute efficiency factor: achieved/peak dense matmul FLOP/s in a tuned training stack. Fitted once
 #: (mean error zero) on the first four rows of shared/reference/published_runs.csv (PTD-P 1.7B–18.4B); the
@@ -51,6 +52,9 @@ class StepEstimate:
     bubble_s: float
     dp_exposed_s: float
     optimizer_s: float
+    cp_comm_s: float = 0.0
+    slot_max_s: float = 0.0  # one micro-batch on the slowest pipeline rank
+    slot_avg_s: float = 0.0
 
 
 def calibrated_efficiency(calibration: float | None, base: float = DEFAULT_EFFICIENCY) -> float:
@@ -61,9 +65,9 @@ def calibrated_efficiency(calibration: float | None, base: float = DEFAULT_EFFIC
     return min(MAX_EFFICIENCY, base * min(hi, max(lo, calibration)))
 
 
-def group_bandwidth(dim: str, c: Candidate, gpus_per_node: int, gpu: GPUSpec) -> tuple[float, float]:
+def group_bandwidth(dim: str, c: ParallelDims, gpus_per_node: int, gpu: GPUSpec) -> tuple[float, float]:
     """(bus bandwidth bytes/s, latency s) of the process group along mesh dim `dim` (MESH_ORDER placement)."""
-    sizes = {"pp": c.pp, "dp_replicate": c.dp_replicate, "dp_shard": c.dp_shard, "cp": 1, "tp": c.tp}
+    sizes = {"pp": c.pp, "dp_replicate": c.dp_replicate, "dp_shard": c.dp_shard, "cp": c.cp, "tp": c.tp}
     stride = 1
     for name in reversed(MESH_ORDER):
         if name == dim:
@@ -77,6 +81,11 @@ def group_bandwidth(dim: str, c: Candidate, gpus_per_node: int, gpu: GPUSpec) ->
     return min(gpu.intra_node_bw, per_node * gpu.inter_node_bw), gpu.inter_node_latency_s
 
 
+def bubble_fraction(pp: int, virtual_stages: int, microbatches: int) -> float:
+    """Pipeline bubble over useful time: (p − 1)/(v·m) (Narayanan et al. 2021 §2.2); the one copy of it."""
+    return (pp - 1) / (virtual_stages * microbatches)
+
+
 def _ring(n: int, nbytes: float, bw: float, lat: float, factor: float) -> float:
     """Ring collective time: factor·(n−1)/n·bytes/busbw + latency per hop (factor 2 all-reduce, 1 AG/RS)."""
     if n <= 1:
@@ -86,7 +95,7 @@ def _ring(n: int, nbytes: float, bw: float, lat: float, factor: float) -> float:
 
 def step_time(
     shape: ModelShape,
-    c: Candidate,
+    c: ParallelDims,
     seq: int,
     gpu: GPUSpec,
     gpus_per_node: int,
@@ -97,8 +106,8 @@ def step_time(
     peak = gpu.peak(precision) * efficiency
     ebytes = 2 if precision == "bf16" else 4
     L, h, t = shape.layers, shape.hidden, c.tp
-    lps = L // c.pp
-    tokens = seq * c.micro_batch
+    lps = L / c.pp  # layers per rank on average (uneven stages: see the slots below)
+    tokens = seq * c.micro_batch / c.cp  # context parallel: each rank computes seq/cp of every sequence
     # compute: per-layer HFU FLOPs per token (recompute included) and the head's on the last stage
     layer_flops = flops_per_token(shape, seq, c.recompute, hardware=True) / L
     head_flops = flops_per_token(shape, seq, lm_head=True) - flops_per_token(shape, seq)
@@ -125,34 +134,48 @@ def step_time(
             pp_bw = gpu.inter_node_bw
         msg = tokens * h * ebytes / t  # SP shards it; without SP, Megatron's scatter/gather does (PTD-P §4.1)
         pp_s = 2 * c.virtual_stages * (msg / pp_bw + pp_lat)
-    t_first = body_mm + body_hbm + tp_s + pp_s
-    t_last = t_first + head_mm + head_hbm
-    if c.pp == 1:
-        t_first = t_last
+    # context parallel: ring attention passes each rank's K,V block (s/cp tokens, kv heads / t) to its neighbour
+    # cp − 1 times per layer forward; backward passes K,V and dK,dV (2×), a full recompute one forward more.
+    # It overlaps the attention core's compute (12·s·h FLOPs per token per layer, PaLM App. B); the rest shows.
+    cp_s = 0.0
+    if c.cp > 1:
+        cp_bw, cp_lat = group_bandwidth("cp", c, gpus_per_node, gpu)
+        if cp_bw != gpu.intra_node_bw:
+            cp_bw = gpu.inter_node_bw
+        block = tokens * 2 * shape.kv_heads * shape.head_dim / t * ebytes
+        hops = (c.cp - 1) * (4 if c.recompute == "full" else 3)
+        attn = tokens * 12 * h * seq / t / peak * (4 / 3 if c.recompute == "full" else 1)
+        cp_s = lps * max(0.0, hops * (block / cp_bw + cp_lat) - attn)
+    # every pipeline rank's slot (uneven stages: its own layer count); the last adds the output head
+    per_layer = (body_mm + body_hbm + tp_s + cp_s) / lps
+    sizes = rank_layers(shape, c)
+    slots = [n * per_layer + pp_s for n in sizes]
+    slots[-1] += head_mm + head_hbm
     m = c.grad_accum
-    slot_max = max(t_first, t_last)
-    slot_avg = (t_first * (c.pp - 1) + t_last) / c.pp
-    bubble = (c.pp - 1) / c.virtual_stages * slot_avg
+    slot_max = max(slots)
+    slot_avg = sum(slots) / c.pp
+    bubble = bubble_fraction(c.pp, c.virtual_stages, m) * m * slot_avg
     pipe = m * slot_max + bubble
     # data parallel gradient sync, overlapped with backward compute
-    p_stage = max(stage_params(shape, c.tp, c.pp))
+    p_stage = max(rank_params(shape, c))
     gbytes = p_stage * ebytes
     bwd_frac = 0.75 if c.recompute == "full" else 2 / 3
     dp_exposed = 0.0
-    if c.zero == "fsdp" and c.dp_shard > 1:
+    if c.dp_shard > 1:  # ZeRO-3/FSDP or ZeRO-2
         sh_bw, sh_lat = group_bandwidth("dp_shard", c, gpus_per_node, gpu)
-        ag = _ring(c.dp_shard, gbytes, sh_bw, sh_lat, 1.0)
-        gathers_per_mb = 2 if c.pp == 1 else 0  # pp > 1: stage stays gathered (one gather per step)
+        ag = _ring(c.shard, gbytes, sh_bw, sh_lat, 1.0)  # the trainer shards over dp_shard × cp
+        # pp > 1: the stage stays gathered (one gather per step); ZeRO-2 gathers in forward only, ZeRO-3 in
+        # forward and again in backward
+        gathers_per_mb = 0 if c.pp > 1 else (1 if c.zero == "zero2" else 2)
         per_mb = ag * gathers_per_mb + ag  # + reduce-scatter of this micro-batch's grads
         dp_exposed = m * max(0.0, per_mb - slot_max) + (ag if c.pp > 1 else ag / max(lps, 1))
         if c.dp_replicate > 1:
             r_bw, r_lat = group_bandwidth("dp_replicate", c, gpus_per_node, gpu)
-            ar = _ring(c.dp_replicate, gbytes / c.dp_shard, r_bw, r_lat, 2.0)
+            ar = _ring(c.dp_replicate, gbytes / c.shard, r_bw, r_lat, 2.0)
             dp_exposed += max(0.0, ar - bwd_frac * slot_max)
     else:  # replicas: one gradient all-reduce per step over every data-parallel rank
-        dim = "dp_shard" if c.dp_replicate == 1 else "dp_replicate"
-        r_bw, r_lat = group_bandwidth(dim, c, gpus_per_node, gpu)
-        ar = _ring(c.dp, gbytes, r_bw, r_lat, 2.0)
+        r_bw, r_lat = group_bandwidth("dp_replicate", c, gpus_per_node, gpu)
+        ar = _ring(c.dp * c.cp, gbytes, r_bw, r_lat, 2.0)  # cp ranks hold the same parameters
         dp_exposed = max(0.0, ar - bwd_frac * slot_max)
     opt = p_stage / c.shard * OPTIMIZER_BYTES_PER_PARAM / hbm_bw
     step = pipe + dp_exposed + opt
@@ -165,4 +188,7 @@ def step_time(
         bubble,
         dp_exposed,
         opt,
+        m * cp_s,
+        slot_max,
+        slot_avg,
     )

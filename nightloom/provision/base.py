@@ -9,7 +9,7 @@ from __future__ import annotations
 import queue
 import time
 from collections.abc import Iterator
-from typing import Protocol
+from typing import Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -90,10 +90,25 @@ class PreflightReport(BaseModel):
     bus_bandwidth_gbps: float | None = None
     allreduce_ok: bool | None = None
     allreduce_detail: str = ""
+    unknown: str = ""  # why no verdict could be reached (the provider cannot probe nodes, preflight crashed)
 
     @property
     def failed(self) -> list[NodeReport]:
         return [n for n in self.nodes if not n.ok]
+
+    @property
+    def outcome(self) -> Literal["passed", "failed", "unknown"]:
+        """failed: a node or the all-reduce test failed; unknown: no node was checked (an empty report is not a
+        healthy one) or `unknown` says why; passed: every node was checked and passed."""
+        if self.failed or self.allreduce_ok is False:
+            return "failed"
+        if self.unknown or not self.nodes:
+            return "unknown"
+        return "passed"
+
+    @property
+    def unknown_reason(self) -> str:
+        return self.unknown or ("no node was checked" if not self.nodes else "")
 
 
 class Launch(Protocol):

@@ -21,6 +21,9 @@ class CheckResult(BaseModel):
     time_to_ready_s: float | None = None
     bus_bandwidth_gbps: float | None = None
     allreduce: str = ""
+    preflight: str = "unknown"  # passed | failed | unknown (PreflightReport.outcome; unknown without a report)
+    preflight_unknown: str = ""  # why the outcome is unknown
+    notes: list[str] = Field(default_factory=list)  # what the provider says about itself (e.g. never run live)
     nccl_env: dict[str, str] = Field(default_factory=dict)
     wall_s: float = 0.0
 
@@ -29,7 +32,7 @@ def check(provider) -> CheckResult:
     """Run acquire (which preflights) and release; failures become `error`, never an exception."""
     t0 = time.monotonic()
     spec = provider.spec
-    res = CheckResult(ok=False, provider=provider.name)
+    res = CheckResult(ok=False, provider=provider.name, notes=list(getattr(provider, "check_notes", ())))
     cluster = None
     try:
         res.nccl_env = render_nccl_env(spec.cluster.nccl)
@@ -48,6 +51,9 @@ def check(provider) -> CheckResult:
         res.nodes = report.nodes
         res.bus_bandwidth_gbps = report.bus_bandwidth_gbps
         res.allreduce = report.allreduce_detail
+        res.preflight, res.preflight_unknown = report.outcome, report.unknown_reason
+    else:
+        res.preflight_unknown = "the provider produced no preflight report"
     res.wall_s = time.monotonic() - t0
     return res
 
@@ -55,6 +61,8 @@ def check(provider) -> CheckResult:
 def format_check(res: CheckResult) -> str:
     """Human-readable report: one block per node, then the cluster line."""
     out = [f"provider {res.provider}: {'OK' if res.ok else 'FAILED'}"]
+    out += [f"  note: {n}" for n in res.notes]
+    out.append(f"  preflight: {res.preflight}" + (f" ({res.preflight_unknown})" if res.preflight == "unknown" else ""))
     for n in res.nodes:
         ready = f", env ready in {res.ready_s[n.node]:.2f} s" if n.node in res.ready_s else ""
         out.append(f"  node {n.node}: {'ok' if n.ok else 'FAIL'}{ready}")

@@ -17,6 +17,12 @@ from nightloom.provision.base import Cluster, Node, PreflightReport, ProvisionEr
 from nightloom.provision.nccl import render_nccl_env
 
 _DNS = re.compile(r"[a-z0-9]([-a-z0-9]{0,50}[a-z0-9])?")
+#: said by `provision --check` and the README until a test runs the provider against a real cluster
+UNTESTED_LIVE = (
+    "the kubernetes provider has never run against a live cluster: its tests validate the manifests against "
+    "the kubernetes client's models and call a fake API; none applies them to a real cluster"
+)
+K8S_PREFLIGHT_UNKNOWN = "kubernetes: pods do not exist before launch, so no node was probed (outcome unknown)"
 
 
 def k8s_name(run_name: str) -> str:
@@ -174,10 +180,12 @@ class KubernetesProvider:
 
     name = "kubernetes"
     last_report: PreflightReport | None = None  # of the last acquire
+    check_notes = (UNTESTED_LIVE,)  # printed by `provision --check`
 
     def __init__(self, spec):
         self.spec = spec
         self._client_ready = False
+        self.last_report: PreflightReport | None = None
 
     def _config(self):
         kc = self.spec.cluster.kubernetes.kubeconfig
@@ -215,7 +223,7 @@ class KubernetesProvider:
             Node(name=f"{name}-{i}", address=f"{name}-{i}.{name}", slots=c.gpus_per_node, python="python")
             for i in range(c.nodes)
         ]
-        return Cluster(
+        cluster = Cluster(
             provider="kubernetes",
             name=c.name,
             nodes=nodes,
@@ -225,10 +233,13 @@ class KubernetesProvider:
             handle={"job": name},
             time_to_ready_s=time.monotonic() - t0,
         )
+        self.last_report = self.preflight(cluster)
+        return cluster
 
     def preflight(self, cluster: Cluster) -> PreflightReport:
-        """Per-pod checks run inside the pods at launch (the image pins python/torch); nothing to probe before."""
-        return PreflightReport(nodes=[])
+        """No pod exists before launch (the image pins python/torch), so nothing is probed: the outcome is
+        "unknown", never "passed"."""
+        return PreflightReport(nodes=[], unknown=K8S_PREFLIGHT_UNKNOWN)
 
     def launch(self, cluster: Cluster, module_args: list[str], env: dict[str, str]) -> KubernetesLaunch:
         m = render_manifests(self.spec, module_args, env)

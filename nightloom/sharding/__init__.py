@@ -1,7 +1,7 @@
 """Hash sharding: deterministic, deduplicated, balanced Parquet shards plus a manifest, local or on S3.
 
 Pure logic (no Prefect): `shard_dataset` runs everything in-process; flows/shard.py maps the same steps
-(`plan_job`, `scan_source`, `place_documents`, `write_shard`, `publish`) over Prefect tasks.
+(`plan_job`, `scan_unit`, `place_documents`, `write_shard`, `publish`) over Prefect tasks.
 """
 
 from nightloom.sharding.assign import DPAssignment, RankShards, assign_shards
@@ -12,7 +12,7 @@ from nightloom.sharding.manifest import ShardManifest, load_manifest
 from nightloom.sharding.pipeline import publish, run_job, shard_dataset
 from nightloom.sharding.placement import Placement, place_documents
 from nightloom.sharding.read import iter_texts, read_shard
-from nightloom.sharding.scan import ScanResult, scan_source
+from nightloom.sharding.scan import ScanResult, scan_unit
 from nightloom.sharding.summary import ShardSummary, summarize
 from nightloom.sharding.writer import write_shard
 
@@ -37,7 +37,7 @@ __all__ = [
     "publish",
     "read_shard",
     "run_job",
-    "scan_source",
+    "scan_unit",
     "shard_dataset",
     "summarize",
     "write_shard",

@@ -19,11 +19,15 @@ from nightloom.sharding import storage
 from nightloom.sharding.balance import VIRTUAL_BUCKETS
 from nightloom.sharding.corpus import ensure_sample_corpus
 from nightloom.sharding.manifest import MANIFEST_NAME, SCHEMA_VERSION, ShardManifest, load_manifest
-from nightloom.sharding.sources import SourceRef, check_keep_columns, list_sources
+from nightloom.sharding.sources import SourceRef, check_keep_columns, list_inputs
 from nightloom.spec import DatasetSpec, ShardingSpec, StorageSpec
 
 ALGORITHM_VERSION = "nightloom-shard-1"  # bump when output bytes change for the same settings
 WORK_DIR_NAME = ".nightloom-work"
+#: small input files are scanned together, in order, in units of up to this many bytes or files: a scan unit
+#: is one task (and one spill), so 13k small files cost tens of tasks, not 13k. Output bytes do not depend on it.
+UNIT_BYTES = 16 * 1024 * 1024
+UNIT_FILES = 4096
 
 
 class ShardJob(BaseModel):
@@ -35,6 +39,8 @@ class ShardJob(BaseModel):
     s3_endpoint_url: str | None = None
     s3_region: str = "us-east-1"
     sources: list[SourceRef]
+    ignored: list[str] = []  # files under the dataset path ignored by name (hidden, writers' markers)
+    units: list[list[int]] = []  # scan units: consecutive source indices scanned together
     settings_hash: str
     workdir: str
 
@@ -63,14 +69,33 @@ class ShardJob(BaseModel):
         storage.configure_s3(self.s3_endpoint_url, self.s3_region)
 
 
+def plan_units(sources: list[SourceRef]) -> list[list[int]]:
+    """Consecutive sources grouped into scan units of at most UNIT_BYTES / UNIT_FILES; a big file is alone."""
+    units: list[list[int]] = []
+    size = 0
+    for i, src in enumerate(sources):
+        if not units or size + src.size > UNIT_BYTES or len(units[-1]) >= UNIT_FILES:
+            units.append([])
+            size = 0
+        units[-1].append(i)
+        size += src.size
+    return units
+
+
 def extra_columns(dataset: DatasetSpec, sharding: ShardingSpec) -> tuple[str, ...]:
     stored = (dataset.text_field, sharding.key_field)
     return tuple(c for c in dict.fromkeys(dataset.keep_columns) if c not in stored)
 
 
+FINGERPRINT_CACHE_MIN_BYTES = 4 * 1024 * 1024  # smaller files are hashed again: cheaper than a cache file
+
+
 def fingerprint_local(path: Path) -> str:
-    """Content hash (xxh3-128: ~10× faster than sha256 on big corpora), cached by (path, size, mtime_ns)."""
+    """Content hash (xxh3-128: ~10× faster than sha256 on big corpora), cached by (path, size, mtime_ns) for
+    files big enough that hashing costs more than reading a cache entry."""
     st = path.stat()
+    if st.st_size < FINGERPRINT_CACHE_MIN_BYTES:
+        return "xxh3-128:" + storage.xxh3_file(path)
     cache_dir = Path(os.environ.get("NIGHTLOOM_CACHE", Path.home() / ".cache" / "nightloom")) / "fingerprints"
     token = hashlib.sha256(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:32]
     cached = cache_dir / token
@@ -95,7 +120,9 @@ def fingerprint(src: SourceRef) -> SourceRef:
     return src.model_copy(update={"fingerprint": fp})
 
 
-def settings_hash(dataset: DatasetSpec, sharding: ShardingSpec, sources: list[SourceRef]) -> str:
+def settings_hash(
+    dataset: DatasetSpec, sharding: ShardingSpec, sources: list[SourceRef], ignored: list[str] | None = None
+) -> str:
     doc = {
         "algorithm": ALGORITHM_VERSION,
         "schema": SCHEMA_VERSION,
@@ -105,14 +132,16 @@ def settings_hash(dataset: DatasetSpec, sharding: ShardingSpec, sources: list[So
         "format": dataset.format,
         "text_field": dataset.text_field,
         "tokenizer": dataset.tokenizer,
-        "sharding": sharding.model_dump(mode="json", exclude={"output"}),
+        "sharding": sharding.model_dump(mode="json", exclude={"output", "dask"}),  # where it runs: not what
     }
     if dataset.keep_columns:  # only when set: shards made before keep_columns existed keep their hash
         doc["keep_columns"] = list(dataset.keep_columns)
+    if ignored:  # the manifest accounts for them: a new ignored file is a new manifest
+        doc["ignored"] = sorted(ignored)
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:32]
 
 
-WORK_FORMAT = 2  # layout of the work files (2: raw .bin arrays); work left by another layout is not resumed
+WORK_FORMAT = 3  # layout of the work files (2: raw .bin arrays; 3: one scan per unit of files); others not resumed
 
 
 def default_workdir(output: str, shash: str) -> str:
@@ -150,16 +179,18 @@ def plan_job(
             storage.check_bucket(uri)
     if dataset.sample and not storage.is_s3(dataset.path):
         ensure_sample_corpus(dataset.path, kind=dataset.sample_kind)
-    listed = list_sources(dataset.path, dataset.format)
-    check_keep_columns(dataset.keep_columns, listed)
-    sources = [fingerprint(s) for s in listed]
-    shash = settings_hash(dataset, sharding, sources)
+    listing = list_inputs(dataset.path, dataset.format)
+    check_keep_columns(dataset.keep_columns, listing.sources)
+    sources = [fingerprint(s) for s in listing.sources]
+    shash = settings_hash(dataset, sharding, sources, listing.ignored)
     return ShardJob(
         dataset=dataset,
         sharding=sharding,
         s3_endpoint_url=st.s3_endpoint_url,
         s3_region=st.s3_region,
         sources=sources,
+        ignored=listing.ignored,
+        units=plan_units(sources),
         settings_hash=shash,
         workdir=workdir or default_workdir(sharding.output, shash),
     )

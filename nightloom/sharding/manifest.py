@@ -7,7 +7,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: per-file status and the file counts (every input file accounted for)
 MANIFEST_NAME = "manifest.json"
 
 
@@ -33,6 +33,8 @@ class SourceFile(BaseModel):
     path: str
     size: int
     fingerprint: str  # sha256 of content, or ETag for S3
+    status: str = "read"  # read | empty | bad | duplicate (nightloom.sharding.accounting)
+    documents: int | None = None  # documents of this file in the shards (None: manifest before schema 2)
 
 
 class ShardManifest(BaseModel):
@@ -61,6 +63,12 @@ class ShardManifest(BaseModel):
     empty_skipped: int = 0
     bad_records: int = 0
     bad_examples: list[BadRecord] = Field(default_factory=list)
+    files_read: int | None = None  # input files with documents in the shards (None: manifest before schema 2)
+    files_empty: int = 0
+    files_bad: int = 0  # no good document, at least one bad record
+    files_duplicate: int = 0  # every document an exact duplicate of an earlier one
+    files_ignored: int = 0  # hidden files and writers' markers, by name
+    file_examples: dict[str, list[str]] = Field(default_factory=dict)  # status -> first few names
     sources: list[SourceFile] = Field(default_factory=list)
     shards: list[ShardInfo]
     settings_hash: str = ""  # hash of inputs + settings: a re-run with the same value does no work

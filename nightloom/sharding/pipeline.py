@@ -8,19 +8,34 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from nightloom.sharding import storage
+from nightloom.sharding.accounting import account_files
 from nightloom.sharding.job import WORK_DIR_NAME, ShardJob, existing_manifest, plan_job
-from nightloom.sharding.manifest import MANIFEST_NAME, ShardInfo, ShardManifest, SourceFile
+from nightloom.sharding.manifest import MANIFEST_NAME, ShardInfo, ShardManifest
 from nightloom.sharding.placement import Placement, place_documents
-from nightloom.sharding.scan import MAX_BAD_EXAMPLES, ScanResult, scan_source
+from nightloom.sharding.scan import MAX_BAD_EXAMPLES, ScanResult, scan_unit
 from nightloom.sharding.writer import write_shard
 from nightloom.spec import DatasetSpec, ShardingSpec, StorageSpec
 
-Progress = Callable[[str, int, int], None]  # (stage, done, total)
+Progress = Callable[[str, int, int], None]  # (stage, items finished so far, total items)
+
+
+class _Counter:
+    """Finished items per stage, counted across worker threads, reported to a Progress callback."""
+
+    def __init__(self, progress: Progress | None):
+        self.progress, self.done, self.lock = progress, {}, threading.Lock()
+
+    def add(self, stage: str, finished: int, total: int) -> None:
+        with self.lock:
+            self.done[stage] = done = self.done.get(stage, 0) + finished
+            if self.progress is not None:
+                self.progress(stage, done, total)
 
 
 def build_manifest(
@@ -29,6 +44,7 @@ def build_manifest(
     scans = sorted(scans, key=lambda s: s.index)
     infos = sorted(infos, key=lambda i: i.index)
     examples = [e for s in scans for e in s.bad_examples][:MAX_BAD_EXAMPLES]
+    sources, files = account_files(job, scans, placement)
     return ShardManifest(
         num_shards=job.num_shards,
         key=job.key_name,
@@ -50,7 +66,13 @@ def build_manifest(
         empty_skipped=sum(s.empty for s in scans),
         bad_records=sum(s.bad for s in scans),
         bad_examples=examples,
-        sources=[SourceFile(path=s.rel, size=s.size, fingerprint=s.fingerprint) for s in job.sources],
+        files_read=files.read,
+        files_empty=files.empty,
+        files_bad=files.bad,
+        files_duplicate=files.duplicate,
+        files_ignored=files.ignored,
+        file_examples=files.examples,
+        sources=sources,
         shards=infos,
         settings_hash=job.settings_hash,
     )
@@ -90,20 +112,20 @@ def run_job(job: ShardJob, workers: int | None = None, progress: Progress | None
     done = existing_manifest(job.output, job.settings_hash)
     if done is not None:
         return done
-    note = progress or (lambda stage, i, n: None)
+    note = _Counter(progress).add
     n_src = len(job.sources)
 
     def scan(i: int) -> ScanResult:
-        r = scan_source(job, i)
-        note("scan", i + 1, n_src)
+        r = scan_unit(job, i)
+        note("scan", len(job.units[i]), n_src)
         return r
 
-    scans = _map(scan, range(n_src), workers)
+    scans = _map(scan, range(len(job.units)), workers)
     placement = place_documents(job, scans)
 
     def write(i: int) -> ShardInfo:
         info = write_shard(job, scans, i)
-        note("write", i + 1, job.num_shards)
+        note("write", 1, job.num_shards)
         return info
 
     infos = _map(write, range(job.num_shards), workers)

@@ -43,6 +43,17 @@ class Placement(BaseModel):
     imbalance: float
     rebalanced: bool
     loads: list[int]  # per shard, on the balance metric
+    file_duplicates: list[tuple[int, int]] = []  # (source index, documents dropped as duplicates), where > 0
+
+
+def duplicates_per_file(scans: list[ScanResult], dup: np.ndarray) -> list[tuple[int, int]]:
+    """(source, duplicates) for every input file that lost documents to dedup; documents are in input order."""
+    files = [f for s in sorted(scans, key=lambda s: s.index) for f in s.files if f.docs]
+    if not files or not dup.any():
+        return []
+    starts = np.cumsum([0] + [f.docs for f in files[:-1]])
+    counts = np.add.reduceat(dup.astype(np.int64), starts)
+    return [(f.source, int(c)) for f, c in zip(files, counts.tolist()) if c]
 
 
 def check_bad_fraction(job: ShardJob, scans: list[ScanResult]) -> None:
@@ -126,7 +137,7 @@ def place_documents(job: ShardJob, scans: list[ScanResult]) -> Placement:
         records = sum(s.records for s in scans)
         empty, bad = sum(s.empty for s in scans), sum(s.bad for s in scans)
         raise BadInputError(
-            f"{job.dataset.path}: zero documents in the whole input ({len(scans)} files, {records} records: "
+            f"{job.dataset.path}: zero documents in the whole input ({len(job.sources)} files, {records} records: "
             f"{empty} empty, {bad} bad)"
         )
     dup = duplicate_mask(work, scans, total) if job.sharding.dedup else np.zeros(total, dtype=bool)
@@ -162,6 +173,7 @@ def place_documents(job: ShardJob, scans: list[ScanResult]) -> Placement:
         imbalance=after,
         rebalanced=rebalanced,
         loads=[int(x) for x in loads],
+        file_duplicates=duplicates_per_file(scans, dup),
     )
     storage.write_bytes(out, p.model_dump_json().encode())
     return p

@@ -1,6 +1,7 @@
-"""Map step: stream one input file, hash and count every record, spill kept records to Arrow IPC parts.
+"""Map step: stream one scan unit (one input file, or several small ones in order), hash and count every record,
+spill kept records to Arrow IPC parts.
 
-One call per input file, independent of the others (a Prefect task; Dask/Ray can spread them). Spill parts
+One call per scan unit, independent of the others (a Prefect task; Dask/Ray can spread them). Spill parts
 hold the text (and key); a META_DTYPE array file holds both hashes, tokens and bytes per record; the result
 marker is written last, so a re-run skips files already scanned (resume). Bad records fail at once (`on_error=fail`) or are
 counted (`skip`).
@@ -41,9 +42,22 @@ NEWLINE_SEARCH = 1 << 16  # the last newline of a piece is looked for here first
 META_DTYPE = np.dtype([("h1", "<u8"), ("h2", "<u8"), ("tokens", "<i8"), ("nbytes", "<i8")])
 
 
+class FileScan(BaseModel):
+    """What one input file held: the counts the manifest's per-file accounting is built from."""
+
+    model_config = ConfigDict(extra="forbid")
+    source: int  # index into ShardJob.sources
+    records: int = 0
+    docs: int = 0  # non-empty good documents spilled (before dedup)
+    empty: int = 0
+    bad: int = 0
+    first_bad: BadRecord | None = None
+
+
 class ScanResult(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    index: int
+    index: int  # the scan unit's index (ShardJob.units)
+    files: list[FileScan] = Field(default_factory=list)  # one per source of the unit, in order
     spills: list[str] = Field(default_factory=list)  # Arrow IPC parts of kept records, in order
     meta: str | None = None  # META_DTYPE file: (h1, h2, tokens, nbytes) per spilled record; None if none kept
     records: int = 0  # records seen (good + empty + bad)
@@ -284,29 +298,52 @@ def _scan_fast(local: Path, src: SourceRef, job: ShardJob, spill: _Spill) -> tup
     return records, empty
 
 
-def _scan_records(local: Path, src: SourceRef, job: ShardJob, spill: _Spill, res: ScanResult) -> None:
+class _RecordBuffer:
+    """Good records of the record path, batched across the files of a unit before they reach the spill (one
+    small file per batch would make the writers walk thousands of tiny batches)."""
+
+    def __init__(self, job: ShardJob, spill: _Spill):
+        self.spill = spill
+        self.separate_key = job.sharding.key_field is not None and job.sharding.key_field != job.dataset.text_field
+        self.kept: list[list[str | None]] = [[] for _ in job.extra_columns]
+        self.texts: list[bytes] = []
+        self.keys: list[bytes] = []
+        self.meta: list[tuple[int, int, int, int]] = []
+        self.pending = 0
+        self.count = 0  # documents added so far (spilled or buffered)
+
+    def add(self, tb: bytes, kb: bytes, meta: tuple[int, int, int, int], extras) -> None:
+        self.texts.append(tb)
+        if self.separate_key:
+            self.keys.append(kb)
+        self.meta.append(meta)
+        self.pending += meta[3]
+        for values, v in zip(self.kept, extras):
+            values.append(v)
+            self.pending += len(v) if v is not None else 0  # bounds memory only; never counted in meta
+        self.count += 1
+        if len(self.texts) >= SPILL_BATCH or self.pending >= SPILL_BATCH_BYTES:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.texts:
+            return
+        cols = [_strings(self.texts)] + ([_strings(self.keys)] if self.separate_key else [])
+        cols += [pa.array(values, type=pa.large_string()) for values in self.kept]
+        self.spill.add(cols, np.array(self.meta, dtype=META_DTYPE))
+        self.texts.clear(), self.keys.clear(), self.meta.clear()
+        for values in self.kept:
+            values.clear()
+        self.pending = 0
+
+
+def _scan_records(local: Path, src: SourceRef, job: ShardJob, buf: _RecordBuffer, res: ScanResult) -> None:
     """Record path: exact file:line for every problem; honours on_error."""
     text_field, key_field = job.dataset.text_field, job.sharding.key_field
-    separate_key = key_field is not None and key_field != text_field
-    keep = job.extra_columns
-    kept: list[list[str | None]] = [[] for _ in keep]
     salt = job.sharding.salt.encode("utf-8")
     fail = job.sharding.on_error == "fail"
     xx64, xx3 = xxhash.xxh64_intdigest, xxhash.xxh3_64_intdigest
-    texts: list[bytes] = []
-    keys: list[bytes] = []
-    meta: list[tuple[int, int, int, int]] = []
-    pending = 0
-
-    def flush() -> None:
-        cols = [_strings(texts)] + ([_strings(keys)] if separate_key else [])
-        cols += [pa.array(values, type=pa.large_string()) for values in kept]
-        spill.add(cols, np.array(meta, dtype=META_DTYPE))
-        texts.clear(), keys.clear(), meta.clear()
-        for values in kept:
-            values.clear()
-
-    for where, text, key, err, extras in read_records(local, src.format, text_field, key_field, keep):
+    for where, text, key, err, extras in read_records(local, src.format, text_field, key_field, job.extra_columns):
         res.records += 1
         if err is not None:
             if fail:
@@ -320,63 +357,78 @@ def _scan_records(local: Path, src: SourceRef, job: ShardJob, spill: _Spill, res
             continue
         tb = text.encode("utf-8")
         kb = tb if key is None else _key_bytes(key)
-        texts.append(tb)
         nb = len(tb)  # tokenizer "bytes": one token per UTF-8 byte
-        if separate_key:
-            keys.append(kb)
-            nb_all = nb + len(kb)
+        nb_all = nb + len(kb) if buf.separate_key else nb
+        buf.add(tb, kb, (xx64(kb + salt), xx3(kb, seed=DEDUP_SEED), nb, nb_all), extras)
+
+
+def _scan_file(job: ShardJob, work: Path, source: int, buf: _RecordBuffer, res: ScanResult, fast: bool) -> None:
+    """Scan one input file into the unit's spill, adding its counts to `res` and its FileScan to `res.files`."""
+    src = job.sources[source]
+    local = Path(src.uri)
+    downloaded = None
+    if storage.is_s3(src.uri):
+        downloaded = work / "inputs" / f"{source:05d}-{Path(src.rel).name}"
+        local = storage.get_file(src.uri, downloaded)
+    before = (res.records, res.empty, res.bad, len(res.bad_examples), buf.count)
+    try:
+        if fast:
+            buf.flush()  # keep input order: buffered records of earlier files go first
+            records, empty = _scan_fast(local, src, job, buf.spill)
+            res.records, res.empty = res.records + records, res.empty + empty
+            buf.count += records - empty  # the fast path spills every non-blank row
         else:
-            nb_all = nb
-        meta.append((xx64(kb + salt), xx3(kb, seed=DEDUP_SEED), nb, nb_all))
-        pending += nb_all
-        for values, v in zip(kept, extras):
-            values.append(v)
-            pending += len(v) if v is not None else 0  # bounds memory only; never counted in meta
-        if len(texts) >= SPILL_BATCH or pending >= SPILL_BATCH_BYTES:
-            flush()
-            pending = 0
-    if texts:
-        flush()
+            _scan_records(local, src, job, buf, res)
+    finally:
+        if downloaded is not None:
+            downloaded.unlink(missing_ok=True)
+    bad = res.bad - before[2]
+    first_bad = None
+    if bad:
+        first_bad = next((b for b in res.bad_examples[before[3] :] if b.file == src.rel), None)
+        if first_bad is None:  # examples are capped; the file still names its first bad line
+            first_bad = BadRecord(file=src.rel, line=0, reason="bad records (examples cap reached)")
+    res.files.append(
+        FileScan(
+            source=source,
+            records=res.records - before[0],
+            docs=buf.count - before[4],
+            empty=res.empty - before[1],
+            bad=bad,
+            first_bad=first_bad,
+        )
+    )
 
 
-def scan_source(job: ShardJob, index: int) -> ScanResult:
-    """Scan input `index` of the job; idempotent (a finished scan is read back, not redone)."""
+def _fast_path(job: ShardJob, src: SourceRef) -> bool:
+    return job.sharding.key_field is None and src.format != "text" and not job.extra_columns
+
+
+def scan_unit(job: ShardJob, index: int) -> ScanResult:
+    """Scan unit `index` of the job (its files in order, into one spill); idempotent (a finished scan is read
+    back, not redone). Any doubt on the fast path rescans the whole unit on the record path (same output)."""
     job.configure()
     work = Path(job.workdir)
     marker = work / f"scan-{index:05d}.json"
     if marker.is_file():
         return ScanResult.model_validate_json(marker.read_bytes())
     work.mkdir(parents=True, exist_ok=True)
-    src = job.sources[index]
-    local = Path(src.uri)
-    downloaded = None
-    if storage.is_s3(src.uri):
-        downloaded = work / "inputs" / f"{index:05d}-{Path(src.rel).name}"
-        local = storage.get_file(src.uri, downloaded)
+    sources = job.units[index]
     schema = spill_schema(job)
-    res = ScanResult(index=index)
+    buf, res = _RecordBuffer(job, _Spill(work, index, schema)), ScanResult(index=index)
     try:
-        spill = _Spill(work, index, schema)
-        fast = job.sharding.key_field is None and src.format != "text" and not job.extra_columns
         try:
-            if not fast:
-                raise _Fallback
-            res.records, res.empty = _scan_fast(local, src, job, spill)
+            for i in sources:
+                _scan_file(job, work, i, buf, res, _fast_path(job, job.sources[i]))
         except _Fallback:
-            spill.abort()
-            spill = _Spill(work, index, schema)
-            res = ScanResult(index=index)
-            try:
-                _scan_records(local, src, job, spill, res)
-            except BaseException:
-                spill.abort()
-                raise
-        except BaseException:
-            spill.abort()
-            raise
-        res.spills, res.meta, res.docs = spill.finish()
-    finally:
-        if downloaded is not None:
-            downloaded.unlink(missing_ok=True)
+            buf.spill.abort()
+            buf, res = _RecordBuffer(job, _Spill(work, index, schema)), ScanResult(index=index)
+            for i in sources:
+                _scan_file(job, work, i, buf, res, fast=False)
+        buf.flush()
+    except BaseException:
+        buf.spill.abort()
+        raise
+    res.spills, res.meta, res.docs = buf.spill.finish()
     storage.write_bytes(marker, res.model_dump_json().encode())
     return res

@@ -38,6 +38,27 @@ class SourceRef(BaseModel):
     fingerprint: str = ""
 
 
+#: names Spark, Hadoop, Databricks and Parquet writers leave beside the data; ignored (and counted), like hidden files
+MARKER_NAMES = frozenset({"_SUCCESS", "_metadata", "_common_metadata"})
+MARKER_PREFIXES = ("_committed_", "_started_")
+IGNORED_EXAMPLES = 10
+
+
+def ignored_by_name(rel: str) -> bool:
+    """A hidden file (any path part starting with "."; our work folder is one) or a known writer's marker file."""
+    parts = rel.split("/")
+    name = parts[-1]
+    return any(p.startswith(".") for p in parts) or name in MARKER_NAMES or name.startswith(MARKER_PREFIXES)
+
+
+class InputListing(BaseModel):
+    """Every file under the dataset path: the inputs, in order, and the ones ignored by name (nothing else)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    sources: list[SourceRef]
+    ignored: list[str] = []
+
+
 def _strip_compression(name: str) -> str:
     for c in _COMPRESSED:
         if name.endswith(c):
@@ -94,6 +115,12 @@ def _hf_files(root: str) -> list[str] | None:
 
 def list_sources(path: str, forced: str = "auto") -> list[SourceRef]:
     """Every input file under `path` (a file, a folder or an s3:// prefix), sorted, with its format."""
+    return list_inputs(path, forced).sources
+
+
+def list_inputs(path: str, forced: str = "auto") -> InputListing:
+    """The input files under `path` (a file, a folder or an s3:// prefix), sorted, with their formats, and the
+    files ignored by name (hidden files and writers' markers). Any other file must be readable input."""
     s3 = storage.is_s3(path)
     if not s3 and not Path(path).exists():
         raise BadInputError(f"{path}: dataset path not found")
@@ -115,27 +142,31 @@ def list_sources(path: str, forced: str = "auto") -> list[SourceRef]:
         if fmt is None:
             raise BadInputError(f"{path}: cannot tell the format from the name; set dataset.format")
         size = Path(path).stat().st_size if not s3 else single[0][1]
-        return [SourceRef(rel=name, uri=str(path), size=size, format=fmt)]
+        return InputListing(sources=[SourceRef(rel=name, uri=str(path), size=size, format=fmt)])
     hf = _hf_files(path) if forced in ("auto", "hf") else None
     if hf is not None:
         sizes = dict(storage.list_files(path))
         missing = [f for f in hf if f not in sizes]
         if missing:
             raise BadInputError(f"{storage.join(path, missing[0])}: listed in the Hugging Face dataset but missing")
-        return [SourceRef(rel=f, uri=storage.join(path, f), size=sizes[f], format="arrow") for f in hf]
+        return InputListing(
+            sources=[SourceRef(rel=f, uri=storage.join(path, f), size=sizes[f], format="arrow") for f in hf]
+        )
     if forced == "hf":
         raise BadInputError(f"{path}: not a Hugging Face save_to_disk folder (no state.json or dataset_dict.json)")
-    out = []
+    out, ignored = [], []
     for rel, size in storage.list_files(path) if s3 else storage.list_files(str(path)):
-        if any(part.startswith((".", "_")) for part in rel.split("/")):
-            continue  # hidden files, _SUCCESS markers, our own work folders
+        if ignored_by_name(rel):
+            ignored.append(rel)
+            continue
         fmt = detect_format(rel, forced)
         if fmt is None:
             raise BadInputError(f"{storage.join(path, rel)}: unknown input format; set dataset.format or remove it")
         out.append(SourceRef(rel=rel, uri=storage.join(path, rel), size=size, format=fmt))
     if not out:
-        raise BadInputError(f"{path}: folder holds no input files")
-    return out
+        shown = f" (ignored by name: {', '.join(ignored[:IGNORED_EXAMPLES])})" if ignored else ""
+        raise BadInputError(f"{path}: folder holds no input files{shown}")
+    return InputListing(sources=out, ignored=ignored)
 
 
 def _open_binary(path: Path) -> io.BufferedIOBase:

@@ -31,8 +31,28 @@ class ShardSummary(BaseModel):
     dedup_dropped: int
     empty_skipped: int
     bad_records: int
+    files_read: int | None
+    files_empty: int
+    files_bad: int
+    files_duplicate: int
+    files_ignored: int
+    file_examples: dict[str, list[str]]
     settings_hash: str
     shards: list[ShardFigures]
+
+    def files_line(self) -> str:
+        """Where every input file went, e.g. "files: 120 read, 3 empty, 1 bad, 0 duplicate, 2 ignored (.DS_Store, ...)"."""
+        if self.files_read is None:
+            return "files: not accounted (manifest written before per-file accounting)"
+        parts = [
+            f"{self.files_read} read",
+            f"{self.files_empty} empty",
+            f"{self.files_bad} bad",
+            f"{self.files_duplicate} duplicate",
+            f"{self.files_ignored} ignored",
+        ]
+        shown = [f"{k}: {', '.join(v[:3])}{', ...' if len(v) > 3 else ''}" for k, v in self.file_examples.items() if v]
+        return "files: " + ", ".join(parts) + (f" ({'; '.join(shown)})" if shown else "")
 
     def table(self) -> list[dict]:
         """Rows for a table artifact: one per shard, then a verdict row."""
@@ -44,7 +64,8 @@ class ShardSummary(BaseModel):
         verdict = (
             f"{'balanced' if self.balanced else 'NOT balanced'}: imbalance {self.imbalance:.4f} on {self.balance_by} "
             f"(tolerance {self.tolerance:g}; before rebalancing {self.imbalance_before_rebalance:.4f}); "
-            f"dedup dropped {self.dedup_dropped}, empty {self.empty_skipped}, bad {self.bad_records}"
+            f"dedup dropped {self.dedup_dropped}, empty {self.empty_skipped}, bad {self.bad_records}; "
+            f"{self.files_line()}"
         )
         rows.append(
             {
@@ -78,6 +99,12 @@ def summarize(manifest: ShardManifest, output: str) -> ShardSummary:
                 "dedup_dropped",
                 "empty_skipped",
                 "bad_records",
+                "files_read",
+                "files_empty",
+                "files_bad",
+                "files_duplicate",
+                "files_ignored",
+                "file_examples",
                 "settings_hash",
             }
         ),

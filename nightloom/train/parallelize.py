@@ -1,5 +1,6 @@
-"""Apply a ParallelPlan to the model in a fixed order: pipeline split -> TP (+SP) -> recompute -> FSDP2/HSDP
-(zero="fsdp") or replicate (zero="none", DDP semantics on FSDP2 machinery).
+"""Apply a ParallelPlan to the model in a fixed order: pipeline split (even, or the plan's uneven `stages`) ->
+TP (+SP) -> recompute -> FSDP2/HSDP over dp_shard (zero="fsdp"; "zero2" keeps parameters gathered from forward
+to backward) or replicate over dp_replicate (plain data parallel: DDP semantics on FSDP2 machinery).
 
 Follows torchtitan's parallelize_llama. Every rank builds only its pipeline stages on the meta device, applies
 TP and FSDP/replicate there, and only then materialises its own shards and initialises them per parameter from
@@ -39,55 +40,23 @@ class ModelParts:
 
 
 def stages_per_rank(plan: ParallelPlan) -> int:
-    return plan.virtual_stages if plan.schedule == "interleaved_1f1b" else 1
+    return plan.dims().chunks_per_rank
 
 
 def validate_plan(
     shape: ModelShape, plan: ParallelPlan, seq_len: int, global_batch: int | None, world_size: int, device_type: str
 ) -> ParallelDims:
-    """Every layout check that can run before a process group exists; raises LayoutError naming values."""
+    """Every layout check that can run before a process group exists (ParallelDims.check, the rules the spec
+    and the planner apply too); raises LayoutError naming the values."""
     if plan.world_size != world_size:
         raise LayoutError(
             f"plan {plan.layout()} needs tp({plan.tp})*pp({plan.pp})*dp_replicate({plan.dp_replicate})"
             f"*dp_shard({plan.dp_shard})*cp({plan.cp}) = {plan.world_size} processes, but WORLD_SIZE={world_size}"
         )
     dims = plan.dims()
-    v = stages_per_rank(plan)
-    if plan.schedule != "interleaved_1f1b" and plan.virtual_stages != 1:
-        raise LayoutError(
-            f"virtual_stages={plan.virtual_stages} needs schedule 'interleaved_1f1b', got {plan.schedule!r}"
-        )
-    dims.check_model(shape.layers, shape.heads, shape.kv_heads, virtual_stages=v)
-    if shape.tied_embeddings and (plan.pp > 1 or plan.tp > 1):
-        raise LayoutError(
-            f"model {shape.name} ties embeddings: not supported with pp ({plan.pp}) > 1 "
-            f"or tp ({plan.tp}) > 1 (use an untied model)"
-        )
-    if plan.sp and seq_len % plan.tp:
-        raise LayoutError(f"sequence parallel needs seq_len ({seq_len}) divisible by tp ({plan.tp})")
-    if plan.pp > 1:
-        if plan.grad_accum < plan.pp:
-            raise LayoutError(f"pipeline needs grad_accum (= microbatches, {plan.grad_accum}) >= pp ({plan.pp})")
-        if plan.schedule == "interleaved_1f1b" and plan.grad_accum % plan.pp:
-            raise LayoutError(f"interleaved 1F1B needs grad_accum ({plan.grad_accum}) divisible by pp ({plan.pp})")
-    if plan.cp > 1:
-        if device_type != "cuda":
-            raise LayoutError(
-                f"context parallel (cp={plan.cp}) runs on CUDA only (no CPU sharding rule "
-                "for SDPA); this node has no GPU"
-            )
-        if plan.pp > 1:
-            raise LayoutError(f"context parallel (cp={plan.cp}) with pp ({plan.pp}) > 1 is not supported")
-        if seq_len % (2 * plan.cp):
-            raise LayoutError(f"context parallel needs seq_len ({seq_len}) divisible by 2*cp ({2 * plan.cp})")
-    dp_batch = plan.micro_batch * plan.grad_accum * dims.dp
-    if global_batch is not None and dp_batch != global_batch:
-        raise LayoutError(
-            f"train.global_batch ({global_batch}) != micro_batch({plan.micro_batch}) * grad_accum"
-            f"({plan.grad_accum}) * dp({dims.dp}) = {dp_batch}"
-        )
-    if seq_len > shape.max_seq:
-        raise LayoutError(f"train.seq_len ({seq_len}) exceeds model {shape.name} max_seq ({shape.max_seq})")
+    why = dims.check(shape, seq_len, global_batch, device_type=device_type)
+    if why:
+        raise LayoutError("; ".join(why))
     return dims
 
 
@@ -149,7 +118,7 @@ def _dp_mesh(dims: ParallelDims, mesh):
 
 
 def _replicate_mesh(dims: ParallelDims, mesh):
-    """zero='none': one flattened mesh over every data-parallel dim (dp_replicate, dp_shard, cp)."""
+    """dp_shard == 1: one flattened mesh over every data-parallel dim (dp_replicate, cp)."""
     names = tuple(n for n in ("dp_replicate", "dp_shard", "cp") if getattr(dims, n) > 1)
     return mesh[names[0]] if len(names) == 1 else mesh[names]._flatten("dp_all")
 
@@ -162,15 +131,16 @@ def _apply_replicate(model: nn.Module, dp_mesh, param_dtype: torch.dtype | None)
     replicate(model, mesh=dp_mesh, mp_policy=MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32))
 
 
-def _apply_fsdp(model: nn.Module, dp_mesh, param_dtype: torch.dtype | None, pp: bool) -> None:
+def _apply_fsdp(model: nn.Module, dp_mesh, param_dtype: torch.dtype | None, keep_gathered: bool) -> None:
+    """FSDP2 per block, then the root. `keep_gathered` (reshard_after_forward=False): parameters stay gathered
+    from forward to backward: ZeRO-2-like (zero="zero2"), and always with PP (the schedule interleaves
+    micro-batches; resharding after forward is also wrong with zero-bubble schedules on torch 2.13, see notes)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
-    # With PP, keep blocks unsharded between forward and backward (the schedule interleaves micro-batches;
-    # resharding after forward is also wrong with zero-bubble schedules on torch 2.13, see notes).
     for block in model.layers.values():
-        fully_shard(block, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=not pp)
-    fully_shard(model, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=not pp)
+        fully_shard(block, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=not keep_gathered)
+    fully_shard(model, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=not keep_gathered)
 
 
 def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -189,25 +159,25 @@ def build_parts(
     param_dtype: torch.dtype | None,
 ) -> ModelParts:
     """This rank's model chunks, parallelised; with pp > 1 also the pipeline schedule."""
-    v = stages_per_rank(plan)
+    v = dims.chunks_per_rank
     n_stages = plan.pp * v
     pp_rank = mesh["pp"].get_local_rank() if mesh is not None else 0
     stage_ids = [pp_rank + i * plan.pp for i in range(v)]
-    per_stage = shape.layers // n_stages
+    bounds = dims.stage_bounds(shape.layers)  # layers of every stage (uneven when the plan says so)
     parts: list[nn.Module] = []
     for s in stage_ids:
         m = build_model(shape, seq_len, device="meta")
         if n_stages > 1:
-            m.keep_layers(s * per_stage, (s + 1) * per_stage, has_embed=s == 0, has_head=s == n_stages - 1)
+            m.keep_layers(*bounds[s], has_embed=s == 0, has_head=s == n_stages - 1)
         # shard while still on the meta device, then materialise only this rank's shards and initialise them
         if plan.tp > 1:
             _apply_tp(m, mesh["tp"], plan.sp)
         m.set_recompute(plan.recompute)
-        if dims.dp > 1:
-            if plan.zero == "none":
+        if dims.dp * dims.cp > 1:  # cp ranks hold the same parameters: their gradients are reduced too
+            if dims.dp_shard == 1:
                 _apply_replicate(m, _replicate_mesh(dims, mesh), param_dtype)
             else:
-                _apply_fsdp(m, _dp_mesh(dims, mesh), param_dtype, pp=plan.pp > 1)
+                _apply_fsdp(m, _dp_mesh(dims, mesh), param_dtype, keep_gathered=plan.pp > 1 or dims.zero == "zero2")
         m.to_empty(device=device)
         m.init_weights(seed)
         parts.append(m)

@@ -38,6 +38,13 @@ def lr_at(step: int, base: float, warmup: int, total: int, min_ratio: float) -> 
     return base * (min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
+def make_optimizer(params, t) -> torch.optim.Optimizer:
+    """AdamW (betas 0.9, 0.95), or plain SGD (whose update, unlike Adam's, scales with the gradient) per train.optimizer."""
+    if t.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=t.lr, weight_decay=t.weight_decay, foreach=True)
+    return torch.optim.AdamW(params, lr=t.lr, weight_decay=t.weight_decay, betas=(0.9, 0.95), foreach=True)
+
+
 def precision_dtype(precision: str, device_type: str) -> torch.dtype | None:
     """None = fp32 everywhere; bf16 = bf16 compute with fp32 master weights and reductions."""
     if resolve_precision(precision, device_type) == "bf16":
@@ -142,10 +149,7 @@ class Trainer:
             self.shape, self.plan, self.dims, ctx.mesh, job.train.seq_len, job.train.seed, ctx.device, self.param_dtype
         )
         t = job.train
-        self.optims = [
-            torch.optim.AdamW(m.parameters(), lr=t.lr, weight_decay=t.weight_decay, betas=(0.9, 0.95), foreach=True)
-            for m in self.parts.parts
-        ]
+        self.optims = [make_optimizer(m.parameters(), t) for m in self.parts.parts]
         dp_rank = self.dims.dp_rank(ctx.rank)
         self.loader = StepLoader(
             PackedWindows(job.manifest, t.seq_len, seed=t.seed),

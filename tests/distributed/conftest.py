@@ -4,11 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.distributed.harness import launch, make_job, write_corpus
-
-STEPS = 5
-#: the reference layout: 1 process, global batch 8 = micro_batch 2 x grad_accum 4
-REF_PLAN = {"micro_batch": 2, "grad_accum": 4}
+from tests.support.harness import REF_PLAN, STEPS, launch, make_job, write_corpus
 
 
 @pytest.fixture(scope="session")

@@ -7,8 +7,7 @@ import time
 
 import pytest
 
-from tests.distributed.conftest import STEPS
-from tests.distributed.harness import launch, make_job, result
+from tests.support.harness import STEPS, launch, make_job, result
 
 TOL = 1e-5
 

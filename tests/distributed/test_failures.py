@@ -16,7 +16,7 @@ from nightloom.metrics import PROMETHEUS_METRICS
 from nightloom.parallel import LayoutError, ParallelPlan
 from nightloom.train.parallelize import validate_plan
 from nightloom.train.prom import NAMES
-from tests.distributed.harness import ROOT, env, free_port, make_job, torchrun_cmd
+from tests.support.harness import ROOT, env, free_port, make_job, torchrun_cmd
 
 TIMEOUT_S = 60
 

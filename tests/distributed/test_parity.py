@@ -1,30 +1,51 @@
-"""Loss parity of every layout against the single-process reference: same model, seed, data; 5 AdamW steps."""
+"""Parity of every layout with a single-process reference written here as a plain PyTorch loop (not the trainer).
+
+Per step: the loss (abs 1e-5) and the pre-clip gradient norm (relative 1e-5); after the last step: every parameter
+(read back from the trainer's final DCP checkpoint) and a checksum over all of them. AdamW is invariant to a
+constant gradient scale and clipping normalises it, so a layout that summed gradients instead of averaging them
+would still match losses; the grad norm sees it, and so does the SGD, no-clip case, whose update is the gradient.
+"""
 
 from __future__ import annotations
 
+import math
+from pathlib import Path
+
 import pytest
+import torch
+import torch.nn.functional as F
 
-from tests.distributed.conftest import STEPS
-from tests.distributed.harness import launch, make_job
+from tests.support.harness import STEPS, launch, make_job
 
-TOL = 1e-5
+LOSS_TOL = 1e-5
+GRAD_NORM_RTOL = 1e-5
+SEED, SEQ_LEN, GLOBAL_BATCH = 1234, 32, 8
+NO_CLIP = 1e9  # grad_clip must be > 0: a bound no gradient reaches
+SGD = {"optimizer": "sgd", "grad_clip": NO_CLIP, "weight_decay": 0.0, "lr": 0.05}
+#: final parameters, elementwise: SGD moves them by lr × gradient (seen ≤ 1e-8 apart); AdamW by ~lr × m/√v, which
+#: amplifies rounding where a gradient element is tiny (seen ≤ 5e-6 apart over 5 steps)
+PARAM_ATOL = {"sgd": 1e-6, "adamw": 1e-5}
 
-# (id, processes, plan): every plan has global batch micro_batch * grad_accum * dp = 8
+# (id, processes, plan, train overrides): every plan has global batch micro_batch * grad_accum * dp = 8
 LAYOUTS = [
-    ("dp2_fsdp", 2, {"dp_shard": 2, "micro_batch": 2, "grad_accum": 2}),
-    ("tp2_sp", 2, {"tp": 2, "sp": True, "micro_batch": 2, "grad_accum": 4}),
-    ("pp2_1f1b", 2, {"pp": 2, "schedule": "1f1b", "micro_batch": 2, "grad_accum": 4}),
+    ("dp2_fsdp", 2, {"dp_shard": 2, "micro_batch": 2, "grad_accum": 2}, {}),
+    ("dp2_fsdp_sgd_noclip", 2, {"dp_shard": 2, "micro_batch": 2, "grad_accum": 2}, SGD),
+    ("tp2_sp", 2, {"tp": 2, "sp": True, "micro_batch": 2, "grad_accum": 4}, {}),
+    ("pp2_1f1b", 2, {"pp": 2, "schedule": "1f1b", "micro_batch": 2, "grad_accum": 4}, {}),
+    ("pp2_1f1b_sgd_noclip", 2, {"pp": 2, "schedule": "1f1b", "micro_batch": 2, "grad_accum": 4}, SGD),
     (
         "pp2_interleaved",
         2,
         {"pp": 2, "virtual_stages": 2, "schedule": "interleaved_1f1b", "micro_batch": 2, "grad_accum": 4},
+        {},
     ),
-    ("pp2_dp2_gpipe", 4, {"pp": 2, "dp_shard": 2, "schedule": "gpipe", "micro_batch": 2, "grad_accum": 2}),
-    ("pp2_tp2_sp", 4, {"pp": 2, "tp": 2, "sp": True, "schedule": "1f1b", "micro_batch": 2, "grad_accum": 4}),
+    ("pp2_dp2_gpipe", 4, {"pp": 2, "dp_shard": 2, "schedule": "gpipe", "micro_batch": 2, "grad_accum": 2}, {}),
+    ("pp2_tp2_sp", 4, {"pp": 2, "tp": 2, "sp": True, "schedule": "1f1b", "micro_batch": 2, "grad_accum": 4}, {}),
     (
         "hsdp2_tp2_selective",
         4,
         {"dp_replicate": 2, "tp": 2, "recompute": "selective", "micro_batch": 2, "grad_accum": 2},
+        {},
     ),
     (
         "tp2_sp_replicate2_full",
@@ -38,26 +59,204 @@ LAYOUTS = [
             "micro_batch": 2,
             "grad_accum": 2,
         },
+        {},
+    ),
+    (
+        "replicate2_sgd_noclip",
+        2,
+        {"dp_replicate": 2, "zero": "none", "micro_batch": 2, "grad_accum": 2},
+        SGD,
     ),
     pytest.param(
         "dp2_pp2_tp2_sp",
         8,
         {"dp_shard": 2, "pp": 2, "tp": 2, "sp": True, "micro_batch": 2, "grad_accum": 2},
+        {},
         marks=pytest.mark.slow,
         id="dp2_pp2_tp2_sp",
     ),
 ]
 
 
+# ---------------------------------------------------------------------------------------------- the reference
+
+
+class Reference:
+    """Per-step losses and pre-clip grad norms, and the final parameters, of one plain single-process loop."""
+
+    def __init__(self, losses: list[float], grad_norms: list[float], params: dict[str, torch.Tensor]):
+        self.losses, self.grad_norms, self.params = losses, grad_norms, params
+
+
+def lr_at(step: int, train) -> float:
+    """Linear warmup, then cosine decay to lr·min_lr_ratio at the last step (the schedule TrainSpec documents)."""
+    if step < train.warmup_steps:
+        return train.lr * (step + 1) / train.warmup_steps
+    progress = min(1.0, (step - train.warmup_steps) / max(1, train.steps - train.warmup_steps - 1))
+    return train.lr * (train.min_lr_ratio + (1 - train.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def reference_run(job_path: Path) -> Reference:
+    """The job's model, data and hyper-parameters trained in one process: whole global batch, one backward."""
+    from nightloom.train.data import PackedWindows
+    from nightloom.train.job import TrainJob
+    from nightloom.train.model import build_model
+
+    job = TrainJob.model_validate_json(job_path.read_text())
+    t = job.train
+    model = build_model(job.model.to_shape(), t.seq_len, device="meta")
+    model.to_empty(device="cpu")
+    model.init_weights(t.seed)
+    params = [p for p in model.parameters()]
+    if t.optimizer == "sgd":
+        opt = torch.optim.SGD(params, lr=t.lr, weight_decay=t.weight_decay)
+    else:
+        opt = torch.optim.AdamW(params, lr=t.lr, weight_decay=t.weight_decay, betas=(0.9, 0.95))
+    data = PackedWindows(job.manifest, t.seq_len, seed=t.seed)
+    losses, norms = [], []
+    for step in range(t.steps):
+        seqs = data.windows(step * t.global_batch, t.global_batch)  # the global batch of step k: windows k·G…
+        x, y = seqs[:, :-1], seqs[:, 1:]
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, t)
+        loss = F.cross_entropy(model(x).flatten(0, 1).float(), y.flatten())
+        loss.backward()
+        norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in params]))
+        if norm > t.grad_clip:
+            for p in params:
+                p.grad.mul_(t.grad_clip / (norm + 1e-6))
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+        norms.append(norm.item())
+    return Reference(losses, norms, {k: v.detach().clone() for k, v in model.state_dict().items() if "rope" not in k})
+
+
+def final_params(run_dir: Path) -> dict[str, torch.Tensor]:
+    """The model state of the trainer's last DCP checkpoint, gathered to full tensors without a process group."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    latest = (run_dir / "checkpoints" / "latest").read_text().strip()
+    out = run_dir / "final.pt"
+    dcp_to_torch_save(run_dir / "checkpoints" / latest, out)
+    return {k: v for k, v in torch.load(out, weights_only=True)["model"].items() if "rope" not in k}
+
+
+def checksum(params: dict[str, torch.Tensor]) -> tuple[float, float]:
+    """(Σ p, Σ p²) over every parameter, in float64."""
+    return (
+        sum(float(p.double().sum()) for p in params.values()),
+        sum(float(p.double().pow(2).sum()) for p in params.values()),
+    )
+
+
+@pytest.fixture(scope="session")
+def references(corpus, tmp_path_factory):
+    """One plain-loop reference per optimizer setting, computed on first use."""
+    cache: dict[tuple, Reference] = {}
+
+    def get(train: dict) -> Reference:
+        key = tuple(sorted(train.items()))
+        if key not in cache:
+            job = make_job(tmp_path_factory.mktemp("plain-ref") / "run", corpus, steps=STEPS, train_kw=dict(train))
+            cache[key] = reference_run(job)
+        return cache[key]
+
+    return get
+
+
+# ---------------------------------------------------------------------------------------------- the tests
+
+
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("name,nproc,plan", LAYOUTS, ids=[c[0] if isinstance(c, tuple) else c.id for c in LAYOUTS])
-def test_layout_matches_single_process(name, nproc, plan, corpus, reference, tmp_path):
-    job = make_job(tmp_path / name, corpus, steps=STEPS, **plan)
+@pytest.mark.parametrize(
+    "name,nproc,plan,train", LAYOUTS, ids=[c[0] if isinstance(c, tuple) else c.id for c in LAYOUTS]
+)
+def test_layout_matches_a_plain_single_process_loop(name, nproc, plan, train, corpus, references, tmp_path):
+    ref = references(train)
+    job = make_job(tmp_path / name, corpus, steps=STEPS, train_kw=dict(train), **plan)
     out = launch(nproc, job, timeout=280)
     assert len(out.losses) == STEPS, out.output[-3000:]
-    diff = max(abs(a - b) for a, b in zip(out.losses, reference.losses))
-    print(f"{name}: max |loss - ref| = {diff:.2e}")
-    assert diff <= TOL, (out.losses, reference.losses)
+    loss_diff = max(abs(a - b) for a, b in zip(out.losses, ref.losses))
+    norms = [m.grad_norm for m in out.metrics]
+    norm_rel = max(abs(a - b) / b for a, b in zip(norms, ref.grad_norms))
+    print(f"{name}: max |loss - ref| = {loss_diff:.2e}, max rel |grad_norm - ref| = {norm_rel:.2e}")
+    assert loss_diff <= LOSS_TOL, (out.losses, ref.losses)
+    assert norm_rel <= GRAD_NORM_RTOL, (norms, ref.grad_norms)
+
+    got = final_params(tmp_path / name)
+    assert set(got) == set(ref.params), sorted(set(got) ^ set(ref.params))
+    atol = PARAM_ATOL[train.get("optimizer", "adamw")]
+    total = sum(p.numel() for p in ref.params.values())
+    beyond = sum(int(((got[k] - p).abs() > atol).sum()) for k, p in ref.params.items())
+    worst = max(float((got[k] - p).abs().max()) for k, p in ref.params.items())
+    print(f"{name}: {beyond}/{total} parameter elements beyond {atol:g} (max {worst:.2e})")
+    assert beyond == 0, f"{beyond}/{total} elements differ by more than {atol:g} (max {worst:.3g})"
+    (s, s2), (rs, rs2) = checksum(got), checksum(ref.params)
+    assert s2 == pytest.approx(rs2, rel=1e-5) and s == pytest.approx(rs, abs=1e-5 * math.sqrt(rs2 * total)), (
+        (s, s2),
+        (rs, rs2),
+    )
     # every step logged the contract fields
     m = out.metrics[-1]
-    assert m.tokens == 8 * 32 and m.mfu is not None and m.mfu > 0 and m.peak_mem_bytes > 0 and m.grad_norm > 0
+    assert m.tokens == GLOBAL_BATCH * SEQ_LEN and m.mfu is not None and m.mfu > 0 and m.peak_mem_bytes > 0
+
+
+def test_the_reference_sees_gradient_scale(corpus, references, tmp_path):
+    """The checks above can fail: summing gradients over 2 DP ranks (2× the mean) leaves AdamW losses almost
+    unchanged, but doubles the pre-clip grad norm and moves SGD parameters twice as far."""
+    base = references(SGD)
+    job = make_job(tmp_path / "scaled", corpus, steps=STEPS, train_kw={**SGD, "lr": SGD["lr"] * 2})
+    doubled = reference_run(job)  # SGD with the gradient doubled == SGD at twice the lr
+    assert doubled.grad_norms[0] == pytest.approx(base.grad_norms[0], rel=1e-6)  # same first gradient
+    worst = max(float((doubled.params[k] - p).abs().max()) for k, p in base.params.items())
+    assert worst > 100 * PARAM_ATOL["sgd"]
+    assert checksum(doubled.params)[1] != pytest.approx(checksum(base.params)[1], rel=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------- what each rank holds
+
+SPLITS = [
+    ("pp2", 2, {"pp": 2, "micro_batch": 2, "grad_accum": 4}),
+    ("fsdp2", 2, {"dp_shard": 2, "micro_batch": 2, "grad_accum": 2}),
+    ("hsdp_rep2_shard2", 4, {"dp_replicate": 2, "dp_shard": 2, "micro_batch": 1, "grad_accum": 2}),
+    ("replicate2", 2, {"dp_replicate": 2, "zero": "none", "micro_batch": 2, "grad_accum": 2}),
+]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name,nproc,plan", SPLITS, ids=[s[0] for s in SPLITS])
+def test_layout_splits_parameters_as_it_should(name, nproc, plan, corpus, tmp_path):
+    """Local parameter counts per rank: PP gives each stage its own layers (disjoint, covering the model), FSDP and
+    HSDP shard every parameter over dp_shard (HSDP keeps dp_replicate copies), replicate keeps a full copy."""
+    import json
+    import subprocess
+    import sys
+
+    from nightloom.catalog import get_model
+    from nightloom.train.model import build_model
+    from tests.support.harness import ROOT, env
+
+    full = {k: p.numel() for k, p in build_model(get_model("tiny"), SEQ_LEN).named_parameters()}
+    job = make_job(tmp_path / name, corpus, steps=1, **plan)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
+    cmd += ["-m", "tests.support.local_params", "--job", str(job)]
+    r = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=110, check=False)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    ranks: list[dict[str, int]] = json.loads((tmp_path / name / "local_params.json").read_text())
+    assert len(ranks) == nproc
+    held = {k: sum(r.get(k, 0) for r in ranks) for k in full}  # elements of each parameter over all ranks
+    if name == "pp2":
+        a, b = (set(r) for r in ranks)
+        assert not a & b and a | b == set(full), sorted(a & b)
+        assert "tok_embeddings.weight" in a and "layers.0.attn.wq.weight" in a and "layers.3.attn.wq.weight" in b
+        assert all(r[k] == full[k] for r in ranks for k in r)  # a stage holds its layers whole
+        assert held == full
+    elif name == "replicate2":
+        assert all(r == full for r in ranks)  # a full copy on every rank, nothing split
+    else:
+        copies = plan.get("dp_replicate", 1)
+        assert held == {k: copies * n for k, n in full.items()}
+        big = [k for k, n in full.items() if n >= 2 * 64]
+        assert all(r[k] < full[k] for r in ranks for k in big), "a rank holds a whole matrix under FSDP"
+        assert sum(ranks[0].values()) <= sum(full.values()) / 2 + 64 * len(full)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.distributed.harness import launch, make_job
+from tests.support.harness import launch, make_job
 
 MiB = 2**20
 

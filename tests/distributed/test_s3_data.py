@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.distributed.harness import launch, make_job
-from tests.services.test_s3_sharding import s3_endpoint  # noqa: F401  (the shared weed-mini fixture)
+from tests.support.harness import launch, make_job
 
 pytestmark = pytest.mark.services
 

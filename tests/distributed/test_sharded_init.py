@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from tests.distributed.harness import env, free_port
+from tests.support.harness import env, free_port
 
 SCRIPT = r"""
 import json, os, resource, torch, torch.distributed as dist

@@ -7,7 +7,7 @@ from pathlib import Path
 import nbformat
 from nbclient import NotebookClient
 
-from tests.flows.test_pipeline import small_demo
+from tests.support.pipeline import small_demo
 
 ROOT = Path(__file__).resolve().parents[2]
 

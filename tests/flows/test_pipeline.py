@@ -10,34 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.support.pipeline import artifacts_of, demo_data, small_demo
+
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def demo_data(tmp_path: Path, **train) -> dict:
-    """The demo spec as a mapping, with its outputs in tmp_path and a short training run."""
-    data = yaml.safe_load((ROOT / "deployments" / "local-demo.yaml").read_text())
-    data["dataset"]["path"] = str(ROOT / "datasets" / "sample" / "corpus.jsonl")
-    data["sharding"]["output"] = str(tmp_path / "shards")
-    data["storage"]["root"] = str(tmp_path / "runs")
-    data["ledger"]["url"] = f"sqlite:///{tmp_path / 'ledger.db'}"
-    data["train"].update({"steps": 12, "checkpoint_every": 6, **train})
-    return data
-
-
-def small_demo(tmp_path: Path, **train) -> Path:
-    """demo_data written as a spec file."""
-    p = tmp_path / "spec.yaml"
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    p.write_text(yaml.safe_dump(demo_data(tmp_path, **train)))
-    return p
-
-
-def artifacts_of(flow_run_id) -> list:
-    from prefect import get_client
-    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
-
-    with get_client(sync_client=True) as c:
-        return c.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
 
 
 def test_full_pipeline_on_embedded_default(prefect_backend, tmp_path):
@@ -69,6 +44,8 @@ def test_full_pipeline_on_embedded_default(prefect_backend, tmp_path):
     row = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}").get(summary.ledger_id)
     assert row.run_id == summary.run_id and row.status == "succeeded" and row.verified
     assert row.measured_mfu == pytest.approx(summary.mfu)
+    floor = {v.name: v for v in row.verdicts}["mfu_floor"]  # the demo gates MFU against the measured CPU peak
+    assert floor.label == "pass" and floor.threshold > 0 and floor.measured >= floor.threshold
 
     # artifacts: summary table, plan table and a PNG loss curve
     keys = {a.key for a in artifacts_of(state.state_details.flow_run_id)}

@@ -6,10 +6,11 @@ import json
 import os
 
 import pytest
+import yaml
 
 from nightloom.sharding import TooSmallError, load_manifest, shard_dataset
 from nightloom.spec import RunSpec
-from tests.unit.sharding_helpers import make_docs, write_jsonl
+from tests.support.sharding import make_docs, write_jsonl
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
@@ -59,8 +60,12 @@ def test_flow_shards_reports_and_reuses(prefect_api, tmp_path):
     rows = json.loads(table.data) if isinstance(table.data, str) else table.data
     assert [r["rows"] for r in rows[:-1]] == [s.rows for s in manifest.shards]
     assert ("balanced: imbalance" in rows[-1]["verdict"]) == manifest.balanced
-    again = shard_dataset_flow(str_spec := spec, return_state=True)
-    assert again.result() == manifest and str_spec is spec
+    # the string path (a spec YAML, as the CLI and a deployment pass it) gives the same manifest, reused
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec.model_dump(mode="json", by_alias=True)))
+    again = shard_dataset_flow(str(path), return_state=True)
+    assert again.is_completed(), again
+    assert again.result() == manifest
     reused = next(a for a in _artifacts(again.state_details.flow_run_id) if a.key == "shard-report")
     assert "reused" in (reused.description or "")
 

@@ -1,13 +1,15 @@
 """Off-peak windows and budgets through the real flow (injected clock, real training).
 
 - `split`: a run stopped at a (short, injected) window end resumes in the next window's run and continues the same
-  loss curve as an uninterrupted run (compared step by step).
+  loss curve as an uninterrupted run (compared step by step); the ledger records both nights, each night's actual
+  cost within its predicted cost's stated uncertainty.
 - budget: a run whose predicted cost exceeds the budget is refused before anything is rented (and the ledger says
   so); a run that would exceed it while training stops with a checkpoint.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -15,9 +17,10 @@ from datetime import datetime
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
+import pytest
 import yaml
 
-from tests.flows.test_pipeline import small_demo
+from tests.support.pipeline import small_demo
 
 TZ = ZoneInfo("Asia/Shanghai")
 WINDOW = {"start": "02:00", "end": "06:00"}
@@ -25,9 +28,12 @@ WINDOW = {"start": "02:00", "end": "06:00"}
 
 def window_spec(tmp_path: Path, steps: int, **schedule) -> Path:
     """One node × 2 ranks, a longer run, the given schedule section."""
+    from nightloom.provision.local import free_port
+
     p = small_demo(tmp_path, steps=steps, checkpoint_every=0, seq_len=128, global_batch=16)
     data = yaml.safe_load(p.read_text())
-    data["cluster"].update({"nodes": 1, "gpus_per_node": 2})
+    # its own rendezvous port: another run on this machine may hold the default 29500
+    data["cluster"].update({"nodes": 1, "gpus_per_node": 2, "master_port": free_port()})
     data["schedule"] = {"timezone": "Asia/Shanghai", "windows": [WINDOW], **schedule}
     p.write_text(yaml.safe_dump(data))
     return p
@@ -73,15 +79,24 @@ def run_reference(job_path: Path, run_dir: Path, stop_after: int, nproc: int) ->
     return [m.loss for m in read_metrics(run_dir / "metrics.jsonl")]
 
 
-def test_split_resumes_next_window_and_continues_the_same_curve(prefect_backend, tmp_path):
+def test_split_resumes_next_window_and_continues_the_same_curve(prefect_backend, tmp_path, capsys):
     """Window 1 ends mid-run (checkpoint, continuation scheduled); window 2 resumes from it and also ends; the
-    curve over both windows equals an uninterrupted run of the same job to the same step."""
+    curve over both windows equals an uninterrupted run of the same job to the same step. The ledger row holds
+    both nights, predicted vs actual."""
     from flows.pipeline import training_pipeline
     from flows.stages import clock_at
     from nightloom.metrics import read_metrics
 
     steps = 100_000  # never finishes: each window's end stops it, whatever this machine's speed
-    spec = window_spec(tmp_path / "split", steps, policy="split")
+    # 1 per rank-second at the peak, half that off-peak; local nodes are ready in seconds, not the default 10 min
+    spec = window_spec(
+        tmp_path / "split",
+        steps,
+        policy="split",
+        price_per_gpu_hour=3600.0,
+        offpeak_discount=0.5,
+        provisioning_minutes=0.05,
+    )
     with clock_at(datetime(2026, 11, 30, 5, 59, 25, tzinfo=TZ)):  # 35 s left
         first = training_pipeline(str(spec))
     assert first.status == "split", first
@@ -95,6 +110,21 @@ def test_split_resumes_next_window_and_continues_the_same_curve(prefect_backend,
     k2 = metrics[-1].step
     assert k2 > k1 and [m.step for m in metrics] == list(range(1, k2 + 1))
     assert [m.step for m in metrics if m.gap] == [k1 + 1]
+
+    # the ledger row holds both nights, each actual cost within its prediction's stated uncertainty
+    from flows.cli import main
+    from nightloom.ledger import Ledger
+
+    url = yaml.safe_load(spec.read_text())["ledger"]["url"]
+    row = Ledger(url).get(second.run_id)
+    assert [(n.night, n.steps_done, n.stopped) for n in row.nights] == [(1, k1, "window"), (2, k2, "window")]
+    for n in row.nights:
+        assert n.predicted_cost is not None and abs(n.cost - n.predicted_cost) <= n.uncertainty, n
+    assert row.nights[1].predicted_steps is not None  # night 2 predicts from night 1's measured step time
+    assert row.cost == pytest.approx(sum(n.cost for n in row.nights)) and second.cost == pytest.approx(row.cost)
+    assert second.nights_used == 2
+    assert main(["ledger", "--url", url, "list", "--json"]) == 0
+    assert [r["nights"] for r in json.loads(capsys.readouterr().out)] == [2]
 
     ref = run_reference(Path(second.run_dir) / "job-attempt0.json", tmp_path / "ref", k2, nproc=2)
     assert len(ref) == k2

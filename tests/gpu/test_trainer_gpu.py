@@ -10,9 +10,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from tests.distributed.harness import launch, make_job, write_corpus
+from tests.support.harness import launch, make_job, write_corpus
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+pytestmark = pytest.mark.gpu  # tests/conftest.py skips every gpu-marked test without CUDA
 BF16_TOL = 2e-2
 
 

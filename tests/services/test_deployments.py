@@ -18,8 +18,8 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from tests.conftest import in_ci
-from tests.flows.test_pipeline import demo_data
+from tests.support.ci import skip_or_fail
+from tests.support.pipeline import demo_data
 
 ROOT = Path(__file__).resolve().parents[2]
 POOL = os.environ.get("PREFECT_WORK_POOL", "local-pool")
@@ -32,7 +32,7 @@ def server():
     url = os.environ.get("PREFECT_API_URL")
     if not url:
         msg = "needs a Prefect server and a worker on pool local-pool (PREFECT_API_URL; .ci/services.sh starts them)"
-        pytest.fail(msg) if in_ci() else pytest.skip(msg)
+        skip_or_fail(msg)
     r = subprocess.run(
         [sys.executable, "-m", "prefect", "--no-prompt", "deploy", "--all"],
         cwd=ROOT,

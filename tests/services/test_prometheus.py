@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from nightloom.metrics import PROMETHEUS_METRICS, StepMetrics, append_metrics, read_metrics
-from tests.conftest import require_binary
+from tests.support.ci import require_binary
 
 pytestmark = [pytest.mark.services, pytest.mark.timeout(300)]
 
@@ -274,7 +274,7 @@ def test_exporter_fed_from_jsonl_and_dashboard_queries(prom, tmp_path: Path):
 
 @pytest.mark.timeout(300)
 def test_real_training_run_is_scraped(prom, tmp_path: Path):
-    from tests.distributed.harness import env, make_job, torchrun_cmd, write_corpus
+    from tests.support.harness import env, make_job, torchrun_cmd, write_corpus
 
     p, _, port = prom
     corpus = write_corpus(tmp_path / "corpus", shards=2, docs_per_shard=40)
@@ -304,4 +304,6 @@ def test_real_training_run_is_scraped(prom, tmp_path: Path):
     for rank, rows in got.items():
         names = tuple(FIELDS) if rank == "0" else GLOBAL
         assert _check_against_jsonl(rows, by_step, f"training rank {rank}", names) >= 1
-        assert all(r.get("nightloom_memory_bytes", 1) > 0 for r in rows.values())
+        mem = [r["nightloom_memory_bytes"] for r in rows.values() if "nightloom_memory_bytes" in r]
+        assert mem, f"training rank {rank}: nightloom_memory_bytes was never scraped"
+        assert all(m > 0 for m in mem), f"training rank {rank}: nightloom_memory_bytes {min(mem)}"

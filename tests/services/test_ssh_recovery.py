@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.flows.test_recovery import processes_mentioning, recovery_spec, run_under_chaos
-from tests.services.test_ssh import PY, sshenv  # noqa: F401 - the fixture
+from tests.support.recovery import processes_mentioning, recovery_spec, run_under_chaos
+from tests.support.ssh import PY, plant_fake_torch
 
 pytestmark = [pytest.mark.services, pytest.mark.timeout(400)]
 
@@ -50,12 +50,6 @@ def ssh_recovery_spec(sshenv, tmp_path: Path, sick_python: str) -> Path:  # noqa
     )
     p.write_text(yaml.safe_dump(data))
     return p
-
-
-def plant_fake_torch(folder: Path) -> None:
-    """A `torch` package reporting version 0.0.1-fake: preflight's torch check fails where it is imported first."""
-    (folder / "torch").mkdir()
-    (folder / "torch" / "__init__.py").write_text("__version__ = '0.0.1-fake'\n")
 
 
 def sick_node_python(tmp_path: Path) -> tuple[Path, Path]:

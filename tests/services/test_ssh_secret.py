@@ -6,8 +6,8 @@ import uuid
 import pytest
 
 from nightloom.provision.base import ProvisionError
-from tests.conftest import in_ci
-from tests.services.test_ssh import make_spec, sshenv  # noqa: F401 - fixture
+from tests.support.ci import skip_or_fail
+from tests.support.ssh import make_spec
 
 pytestmark = [pytest.mark.services, pytest.mark.timeout(120)]
 
@@ -15,7 +15,7 @@ pytestmark = [pytest.mark.services, pytest.mark.timeout(120)]
 def test_key_from_secret_block_logs_in(sshenv, tmp_path):  # noqa: F811
     if not os.environ.get("PREFECT_API_URL"):
         msg = "PREFECT_API_URL not set: run `.ci/services.sh start`"
-        pytest.fail(msg) if in_ci() else pytest.skip(msg)
+        skip_or_fail(msg)
     from prefect.blocks.system import Secret
 
     from tasks.provision import make_provider

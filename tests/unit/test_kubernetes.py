@@ -4,6 +4,7 @@ No cluster here: nothing is applied (the provider applies only when a kubeconfig
 """
 
 import copy
+import json
 
 import pytest
 
@@ -72,3 +73,53 @@ def test_model_validation_catches_a_broken_manifest():
     del broken["job"]["spec"]["template"]["spec"]["containers"][0]["name"]  # required by V1Container
     with pytest.raises(ProvisionError, match="V1Job"):
         validate_manifests(broken)
+
+
+def test_preflight_outcome_is_unknown_never_passed():
+    """No pod exists before launch, so nothing was probed: the report says unknown (an empty report is not a
+    healthy one), and recovery does not write "preflight passed on every node"."""
+    from nightloom.provision.base import Cluster
+    from nightloom.provision.k8s import K8S_PREFLIGHT_UNKNOWN, KubernetesProvider
+    from nightloom.recovery import AttemptFailure, classify
+
+    p = KubernetesProvider(_spec())
+    c = Cluster(provider="kubernetes", name="c", nodes=[], master_addr="m", master_port=1)
+    report = p.preflight(c)
+    assert report.outcome == "unknown" and report.unknown_reason == K8S_PREFLIGHT_UNKNOWN
+    d = classify(AttemptFailure(attempt=0, exit_code=1, stalled=False, cause="boom", last_step=None), report)
+    assert d.kind == "transient" and "outcome unknown" in d.detail and "passed" not in d.detail
+
+
+class _FakeCore:
+    """The one call acquire makes: list pods (the API answers)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def list_namespaced_pod(self, namespace, limit):
+        self.calls.append((namespace, limit))
+
+
+def test_provision_check_says_kubernetes_never_ran_live(tmp_path, capsys, monkeypatch):
+    from flows.cli import main
+    from nightloom.provision.k8s import UNTESTED_LIVE, KubernetesProvider
+
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(
+        "name: k\ndataset: {path: /tmp}\ncluster: {provider: kubernetes, nodes: 2, gpus_per_node: 8, "
+        "gpu_type: h100-80gb, kubernetes: {namespace: train}}\n"
+    )
+    # without a kubeconfig: fails with the field, and still says it never ran live
+    assert main(["provision", str(spec), "--check"]) == 1
+    out = capsys.readouterr().out
+    assert "FAILED" in out and "cluster.kubernetes.kubeconfig" in out and UNTESTED_LIVE in out
+    # an API that answers: acquired, but preflight is "unknown", not a pass
+    fake = _FakeCore()
+    monkeypatch.setattr(KubernetesProvider, "core", lambda self: fake)
+    assert main(["provision", str(spec), "--check"]) == 0
+    out = capsys.readouterr().out
+    assert fake.calls == [("train", 1)]
+    assert UNTESTED_LIVE in out and "preflight: unknown (kubernetes: pods do not exist before launch" in out
+    assert main(["provision", str(spec), "--check", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["preflight"] == "unknown" and res["notes"] == [UNTESTED_LIVE] and res["nodes"] == []

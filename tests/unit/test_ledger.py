@@ -25,6 +25,10 @@ OK = [
     Verdict(name="loss_drop", passed=True, measured=0.3, threshold=0.05, reason="ok"),
 ]
 BAD = [Verdict(name="loss_drop", passed=False, measured=0.0, threshold=0.05, reason="flat")]
+SKIPPED = [
+    Verdict(name="mfu_floor", passed=True, skipped=True, measured=0.4, threshold=0.0, reason="no floor set"),
+    Verdict(name="grad_norm", passed=True, skipped=True, reason="grad_norm_max not set"),
+]
 
 
 @pytest.fixture
@@ -103,6 +107,7 @@ def test_best_is_the_fastest_verified_layout(ledger: Ledger):
         ("faster-failed-gate", "llama2-7b", "c1", 3.0e5, "succeeded", BAD),
         ("fastest-crashed", "llama2-7b", "c1", 4.0e5, "failed", OK),
         ("no-gates", "llama2-7b", "c1", 5.0e5, "succeeded", []),
+        ("all-skipped", "llama2-7b", "c1", 6.0e5, "succeeded", SKIPPED),
         ("other-cluster", "llama2-7b", "c2", 9.0e5, "succeeded", OK),
         ("other-model", "llama3-8b", "c1", 9.0e5, "succeeded", OK),
     ]
@@ -112,7 +117,8 @@ def test_best_is_the_fastest_verified_layout(ledger: Ledger):
     best = ledger.best("llama2-7b", "c1")
     assert best.run_id == "fast-ok" and best.layout == "TP2·PP1·FSDP4"
     assert ledger.best("llama2-70b", "c1") is None
-    assert [r.run_id for r in ledger.list_runs(cluster="c1", limit=3)] == ["other-model", "no-gates", "fastest-crashed"]
+    assert [r.run_id for r in ledger.list_runs(cluster="c1", limit=3)] == ["other-model", "all-skipped", "no-gates"]
+    assert not ledger.get("all-skipped").verified  # every gate skipped proves nothing
 
 
 def test_calibration_is_bounded_and_per_family(ledger: Ledger):

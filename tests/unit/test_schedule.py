@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -12,15 +13,23 @@ import pytest
 from nightloom.schedule import (
     BillingSpan,
     BudgetExceeded,
+    NightInputs,
     ScheduleError,
+    TooManyNights,
+    budget_check,
     budget_deadline,
     check_budget,
     cost_of_spans,
     current_window,
     decide,
     estimate_cost,
+    inputs_for_spec,
+    lost_time_cost,
     next_window,
+    plan_nights,
+    refuse_if_over,
     rent_vs_buy,
+    run_cost,
     windows_between,
 )
 from nightloom.spec import ScheduleSpec, WindowSpec
@@ -289,9 +298,256 @@ def test_cost_cli_budget_refusal_and_usage_errors(tmp_path, capsys):
     assert main(["cost", str(tmp_path / "missing.yaml"), "--hours", "1"]) == 2
     assert "file not found" in capsys.readouterr().err
     cpu = tmp_path / "cpu.yaml"
-    cpu.write_text(Path(spec).read_text().replace("h100-80gb", "cpu").replace("llama2-7b", "tiny"))
+    # tiny's max_seq is 512: the planner now applies the trainer's seq_len rule too
+    text = Path(spec).read_text().replace("h100-80gb", "cpu").replace("llama2-7b", "tiny")
+    cpu.write_text(text.replace("seq_len: 4096", "seq_len: 128"))
     assert main(["cost", str(cpu)]) == 2
     assert "give --hours" in capsys.readouterr().err
     # without --hours the planner's predicted step time sets the duration
     assert main(["cost", write_spec(tmp_path), "--at", "2026-06-01T03:00:00+08:00"]) == 0
     assert "planner: " in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------------------------------------- plan of nights
+
+
+def night_inputs(steps=100, step=60.0, gpus=8, prov=600.0, ckpt=120.0, **kw) -> NightInputs:
+    return NightInputs(
+        steps=steps,
+        gpus=gpus,
+        step_time_s=step,
+        step_source="planner: test" if step else "none",
+        provisioning_s=prov,
+        provisioning_source="spec",
+        checkpoint_s=ckpt,
+        restore_s=ckpt,
+        checkpoint_source="test",
+        **kw,
+    )
+
+
+def test_split_run_that_fits_one_window():
+    s = sched("split", price_per_gpu_hour=2.0)
+    p = plan_nights(s, at(2026, 6, 1, 1), night_inputs(steps=100, step=60.0))  # 10 min + 100 min < 4 h
+    assert p.complete and p.total_nights == 1 and len(p.nights) == 1
+    (n,) = p.nights
+    assert n.start == at(2026, 6, 1, 2) and n.ends_run and n.steps == 100
+    assert [g.what for g in n.segments] == ["provisioning", "training"]  # no restore, no checkpoint
+    assert p.finish == at(2026, 6, 1, 3, 50) and p.local(p.finish) == "2026-06-01 03:50 CST"
+    assert p.cost == pytest.approx(8 * 2.0 * 0.82 * (110 / 60))
+
+
+def test_split_run_of_exactly_n_windows():
+    """Each 4 h night: 10 min provisioning, 2 min restore (not the first), 2 min checkpoint; 1-minute steps."""
+    s = sched("split", price_per_gpu_hour=1.0, offpeak_discount=0.5)
+    first, later = 240 - 10 - 2, 240 - 10 - 2 - 2  # steps per night
+    steps = first + 2 * later
+    p = plan_nights(s, at(2026, 6, 1, 2), night_inputs(steps=steps, step=60.0, gpus=1))
+    assert [n.steps for n in p.nights] == [first, later, later] and p.total_nights == 3
+    assert [n.ends_run for n in p.nights] == [False, False, True]
+    assert [g.what for g in p.nights[1].segments] == ["provisioning", "restore", "training", "checkpoint"]
+    # every night fills its window exactly; the last one needs no window-end checkpoint, so it ends 2 min early
+    assert [n.end for n in p.nights] == [at(2026, 6, 1, 6), at(2026, 6, 2, 6), at(2026, 6, 3, 5, 58)]
+    assert p.offpeak_gpu_hours == pytest.approx(p.gpu_hours) == pytest.approx(12 - 2 / 60)
+    one_more = plan_nights(s, at(2026, 6, 1, 2), night_inputs(steps=steps + 1, step=60.0, gpus=1))
+    assert one_more.total_nights == 4 and one_more.nights[-1].steps == 1
+
+
+def test_split_nights_across_midnight_and_a_dst_change():
+    """A 22:00–02:00 window in New York over the fall-back night (2026-10-31 → 11-01): that night is 5 real hours."""
+    s = sched("split", start="22:00", end="02:00", tz="America/New_York", price_per_gpu_hour=1.0)
+    p = plan_nights(s, at(2026, 10, 30, 21, tz=NY), night_inputs(steps=13, step=H, gpus=1, ckpt=0.0, prov=0.0))
+    assert [n.start for n in p.nights] == [at(2026, 10, d, 22, tz=NY) for d in (30, 31)] + [at(2026, 11, 1, 22, tz=NY)]
+    assert [n.steps for n in p.nights] == [4, 5, 4]  # the DST night fits one more one-hour step
+    assert p.nights[1].window.seconds == 5 * H and p.nights[1].end == at(2026, 11, 1, 2, tz=NY)
+    assert p.finish == at(2026, 11, 2, 2, tz=NY) and p.local(p.finish) == "2026-11-02 02:00 EST"
+    assert p.local(p.nights[0].end) == "2026-10-31 02:00 EDT"  # each night ends the day after it starts
+    assert p.gpu_hours == pytest.approx(13) and p.offpeak_gpu_hours == pytest.approx(13)
+
+
+def test_split_windows_of_different_lengths():
+    s = ScheduleSpec(
+        windows=[WindowSpec(start="12:00", end="13:00"), WindowSpec(start="02:00", end="06:00")],
+        policy="split",
+        price_per_gpu_hour=1.0,
+    )
+    p = plan_nights(s, at(2026, 6, 1, 1), night_inputs(steps=300, step=60.0, gpus=1, prov=0.0, ckpt=0.0))
+    # 240 steps in 02–06, 60 in 12–13
+    assert [(n.start, n.steps) for n in p.nights] == [(at(2026, 6, 1, 2), 240), (at(2026, 6, 1, 12), 60)]
+    assert p.finish == at(2026, 6, 1, 13)
+    # a window too short for provisioning + restore + checkpoint + a step is skipped, the long one used
+    q = plan_nights(s, at(2026, 6, 1, 1), night_inputs(steps=480, step=60.0, gpus=1, prov=59.5 * 60, ckpt=0.0))
+    assert [n.start.astimezone(SH).hour for n in q.nights] == [2, 2, 2]
+
+
+def test_split_provisioning_longer_than_a_window_never_fits():
+    s = sched("split", start="02:00", end="03:00")
+    with pytest.raises(ScheduleError, match="never fits.*longer than any window"):
+        plan_nights(s, at(2026, 6, 1, 1), night_inputs(prov=2 * H))
+    # what is left of tonight is too short: the plan starts at the next window instead of renting now
+    p = plan_nights(sched("split"), at(2026, 6, 1, 5, 55), night_inputs(steps=10))
+    assert p.start == at(2026, 6, 2, 2) and "what is left of this window" in p.reason
+
+
+def test_plan_cost_is_the_sum_of_its_segments():
+    s = sched("split", price_per_gpu_hour=1.7, offpeak_discount=0.3)
+    p = plan_nights(s, at(2026, 6, 1, 4), night_inputs(steps=700, step=47.0, gpus=16))
+    assert len(p.nights) > 2
+    segs = [g for n in p.nights for g in n.segments]
+    assert p.cost == pytest.approx(sum(g.cost for g in segs))
+    for g in segs:  # each segment is priced at the rate of the time it falls in
+        want = estimate_cost(s, g.start, (g.end - g.start).total_seconds(), 16)
+        assert g.cost == pytest.approx(want.cost) and g.offpeak == (want.offpeak_gpu_hours > 0)
+    # run-now rents once: the plan equals estimate_cost over provisioning + training
+    once = plan_nights(
+        s.model_copy(update={"policy": "run-now"}), at(2026, 6, 1, 4), night_inputs(steps=700, step=47.0)
+    )
+    assert once.total_nights == 1
+    assert once.cost == pytest.approx(estimate_cost(s, at(2026, 6, 1, 4), 700 * 47.0, 8, provisioning_s=600).cost)
+
+
+def test_without_a_step_time_the_plan_says_so_and_the_budget_is_not_claimed():
+    s = sched("split", price_per_gpu_hour=1.0, budget=1.0)
+    p = plan_nights(s, at(2026, 6, 1, 3), night_inputs(step=None))
+    assert not p.complete and p.total_nights is None and p.finish is None and len(p.nights) == 1
+    assert "no step-time prediction" in p.note and p.nights[0].end == at(2026, 6, 1, 6)
+    check = refuse_if_over(s, p)  # not refused on a guess, but never "within budget"
+    assert check.ok is None and "not checked" in check.message and "within" not in check.message
+    once = plan_nights(sched("run-now", budget=1.0), at(2026, 6, 1, 3), night_inputs(step=None))
+    assert "no step-time prediction" in once.note and budget_check(sched("run-now", budget=1.0), once).ok is None
+
+
+def test_budget_and_max_nights_refuse_with_the_figures():
+    s = sched("split", price_per_gpu_hour=1.0, offpeak_discount=0.5, budget=100.0, max_nights=2)
+    inp = night_inputs(steps=600, step=60.0, gpus=1)
+    with pytest.raises(TooManyNights, match=r"needs 3 nights .*max_nights is 2"):
+        refuse_if_over(s, plan_nights(s, at(2026, 6, 1, 2), inp))
+    # money spent in earlier nights counts against the budget
+    cont = dataclasses.replace(inp, steps=10, resumed=True, nights_used=1, spent=99.9)
+    with pytest.raises(BudgetExceeded, match=r"99.90 USD already spent"):
+        refuse_if_over(s, plan_nights(s, at(2026, 6, 2, 2), cont))
+    assert plan_nights(s, at(2026, 6, 2, 2), cont).nights[0].index == 2
+
+
+def test_seed_case_prices_every_training_hour_offpeak():
+    """Llama-2-70B on 8 × 4 A800, 02:00–06:00 Asia/Shanghai at −18%, split, 1.80 USD/GPU-hour (issue 20)."""
+    from nightloom.planner import plan_for_spec
+    from nightloom.spec import RunSpec
+
+    spec = RunSpec.model_validate(
+        {
+            "name": "seed",
+            "model": {"name": "llama2-70b"},
+            "dataset": {"path": "data"},
+            "cluster": {"provider": "slurm", "nodes": 8, "gpus_per_node": 4, "gpu_type": "a800-80gb"},
+            "train": {"steps": 2000, "seq_len": 4096, "global_batch": 32},
+            "schedule": {"policy": "split", "price_per_gpu_hour": 1.8, "offpeak_discount": 0.18},
+        }
+    )
+    chosen = plan_for_spec(spec, require_fit=False).chosen
+    inp = inputs_for_spec(spec, planner_step_s=chosen.step_time_s, planner_detail=chosen.layout())
+    assert inp.provisioning_source.startswith("default") and inp.checkpoint_s > 60
+    p = plan_nights(spec.schedule, at(2026, 12, 1, 2), inp)
+    assert p.total_nights >= 2 and p.nights[0].ends_run is False and p.nights[-1].ends_run
+    assert p.offpeak_gpu_hours == pytest.approx(p.gpu_hours)  # nothing at the peak price
+    assert all(g.offpeak for n in p.nights for g in n.segments)
+    assert p.cost == pytest.approx(p.gpu_hours * 1.8 * 0.82)
+    assert sum(n.steps for n in p.nights) == 2000
+    assert p.uncertainty > 0.2 * 0.25 * p.training_s / 3600 * 32 * 1.8  # the step-time error is stated
+
+
+def test_inputs_from_the_ledger_and_a_continuation():
+    from types import SimpleNamespace as NS
+
+    from nightloom.ledger import NightRecord
+    from nightloom.spec import RunSpec
+
+    spec = RunSpec.model_validate(
+        {
+            "name": "x",
+            "dataset": {"path": "d"},
+            "cluster": {"name": "c1", "nodes": 1, "gpus_per_node": 2, "gpu_type": "cpu"},
+            "train": {"steps": 50, "seq_len": 16, "global_batch": 4},
+            "schedule": {"provisioning_minutes": 0.5},
+        }
+    )
+    base = inputs_for_spec(spec, planner_step_s=None)
+    assert base.step_time_s is None and base.provisioning_s == 30 and base.provisioning_source.startswith("spec")
+    night = NightRecord(night=1, start=at(2026, 6, 1, 2), end=at(2026, 6, 1, 6), steps=20, steps_done=20, cost=3.0)
+
+    def row(**kw):
+        d = dict(run_id="r1", spec_hash=spec.spec_hash(), cluster="c1", provider="local", world_size=2)
+        return NS(**(d | dict(status="stopped", tokens_per_s=32.0, time_to_ready_s=4.0, nights=[night], cost=3.0) | kw))
+
+    runs = [row(), row(run_id="other", spec_hash="zz", tokens_per_s=1.0)]
+    inp = inputs_for_spec(spec, planner_step_s=None, runs=runs, run_id="r1")
+    assert inp.step_time_s == pytest.approx(4 * 16 / 32.0) and inp.step_source.startswith("ledger")
+    assert inp.provisioning_s == 4.0 and inp.provisioning_source.startswith("ledger")
+    assert (inp.resumed, inp.steps, inp.steps_done, inp.nights_used, inp.spent) == (True, 30, 20, 1, 3.0)
+    fresh = inputs_for_spec(spec, planner_step_s=None, runs=runs, run_id="new")
+    assert not fresh.resumed and fresh.steps == 50 and fresh.step_time_s == pytest.approx(2.0)
+
+
+def test_billing_spans_and_run_cost():
+    s = sched(price_per_gpu_hour=2.0, offpeak_discount=0.5)
+    span = BillingSpan.between(at(2026, 6, 1, 5), at(2026, 6, 1, 7), 4)
+    assert span.seconds == 2 * H and span.shifted(-H).start == at(2026, 6, 1, 4)
+    assert BillingSpan.between(at(2026, 6, 1, 7), at(2026, 6, 1, 5), 4).seconds == 0.0
+    # 30 min provisioning on 8 GPUs from 04:30 (off-peak), then the span: 1 h off-peak + 1 h peak on 4 GPUs
+    assert run_cost(s, at(2026, 6, 1, 4, 30), 0.5 * H, 8, [span]) == pytest.approx(8 * 0.5 + 4 * 1.0 + 4 * 2.0)
+    assert lost_time_cost(s, at(2026, 6, 1, 12), 0.0, 8) == 0.0
+    assert lost_time_cost(s, at(2026, 6, 1, 12), H, 8) == pytest.approx(16.0)
+
+
+def test_cost_cli_prints_the_nights_and_refuses_too_many(tmp_path, capsys):
+    import json
+
+    from flows.cli import main
+
+    spec = write_spec(tmp_path, policy="split", max_nights=2)
+    args = ["cost", spec, "--hours", "10", "--provisioning-min", "10", "--at", "2026-06-01T02:00:00+08:00"]
+    assert main([*args, "--json"]) == 1  # 10 h of training in 4 h nights needs 3 nights
+    out = json.loads(capsys.readouterr().out)
+    plan = out["plan"]
+    assert plan["totals"]["nights"] == 3 and len(plan["nights"]) == 3
+    assert plan["totals"]["finish"].startswith("2026-06-03T") and plan["totals"]["finish"].endswith("+08:00")
+    assert plan["totals"]["offpeak_gpu_hours"] == pytest.approx(plan["totals"]["gpu_hours"])
+    assert plan["totals"]["cost"] == pytest.approx(sum(n["cost"] for n in plan["nights"]))
+    assert out["cost"]["cost"] == pytest.approx(plan["totals"]["cost"]) and "needs 3 nights" in out["over_budget"]
+    assert out["decision"]["action"] == "run" and out["decision"]["deadline"].startswith(
+        "2026-05-31T21:59"
+    )  # 06:00 CST less the checkpoint
+    assert main(args) == 1
+    captured = capsys.readouterr()
+    assert "nights: 3; predicted finish: 2026-06-03" in captured.out and "┃ night" in captured.out
+    assert "needs 3 nights" in captured.err and "max_nights is 2" in captured.err
+
+
+def test_gate_deadline_counts_money_spent_by_earlier_nights():
+    from nightloom.spec import RunSpec
+    from tasks.gate import gate_decision
+
+    spec = RunSpec.model_validate(
+        {
+            "name": "g",
+            "dataset": {"path": "d"},
+            "cluster": {"nodes": 1, "gpus_per_node": 2, "gpu_type": "cpu"},
+            "schedule": {"policy": "split", "price_per_gpu_hour": 3600.0, "offpeak_discount": 0.0, "budget": 100.0},
+        }
+    )
+    now, real = at(2026, 6, 1, 5), datetime(2026, 1, 1, tzinfo=UTC)  # an injected clock, mapped onto the real one
+    fresh = night_inputs(steps=10_000, step=1.0, gpus=2, prov=0.0, ckpt=30.0)
+    d = gate_decision(spec, plan_nights(spec.schedule, now, fresh), now, real)
+    # budget 100 at 2/s is spent after 50 s; the window (06:00 less the 30 s checkpoint) is later
+    assert d.run_now and d.deadline_kind == "budget" and d.deadline_unix == pytest.approx(real.timestamp() + 50)
+    cont = dataclasses.replace(fresh, resumed=True, nights_used=1, spent=90.0, steps_done=500)
+    d = gate_decision(spec, plan_nights(spec.schedule, now, cont), now, real)
+    assert d.deadline_kind == "budget" and d.deadline_unix == pytest.approx(real.timestamp() + 5)  # 10 left
+    assert (d.night, d.spent, d.steps_done, d.clock_offset_s) == (2, 90.0, 500, (now - real).total_seconds())
+    rich = spec.model_copy(update={"schedule": spec.schedule.model_copy(update={"budget": None})})
+    d = gate_decision(rich, plan_nights(rich.schedule, now, fresh), now, real)
+    assert d.deadline_kind == "window" and d.deadline_unix == pytest.approx(real.timestamp() + 3600 - 30)
+    later = gate_decision(rich, plan_nights(rich.schedule, at(2026, 6, 1, 7), fresh), at(2026, 6, 1, 7), real)
+    assert not later.run_now and later.next_run_at == at(2026, 6, 2, 2).astimezone(UTC).isoformat()
+    nopred = gate_decision(spec, plan_nights(spec.schedule, now, night_inputs(step=None)), now, real)
+    assert nopred.predicted_cost is None and "not checked" in nopred.budget

@@ -24,7 +24,7 @@ from nightloom.sharding import (
 )
 from nightloom.sharding.balance import imbalance
 from nightloom.spec import DatasetSpec, ShardingSpec
-from tests.unit.sharding_helpers import make_docs, shard_texts, tree_bytes, write_jsonl, write_parquet
+from tests.support.sharding import make_docs, shard_texts, tree_bytes, write_jsonl, write_parquet
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -73,7 +73,7 @@ def test_errors_are_clear():
 def test_on_a_real_manifest(tmp_path):
     from nightloom.sharding import shard_dataset
     from nightloom.spec import DatasetSpec, ShardingSpec
-    from tests.unit.sharding_helpers import make_docs, write_jsonl
+    from tests.support.sharding import make_docs, write_jsonl
 
     src = write_jsonl(tmp_path / "c.jsonl", make_docs(800, seed=4))
     man = shard_dataset(

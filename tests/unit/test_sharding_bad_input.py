@@ -8,7 +8,7 @@ import pytest
 
 from nightloom.sharding import BadInputError, ShardingError, shard_dataset
 from nightloom.spec import DatasetSpec, ShardingSpec
-from tests.unit.sharding_helpers import make_docs, write_jsonl, write_parquet
+from tests.support.sharding import make_docs, write_jsonl, write_parquet
 
 
 def _run(path, out, **kw):

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from flows.commands import shard as shard_cmd
-from tests.unit.sharding_helpers import make_docs, write_jsonl
+from tests.support.sharding import make_docs, write_jsonl
 
 
 def _cli(argv: list[str]) -> int:

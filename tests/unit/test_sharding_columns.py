@@ -12,7 +12,7 @@ import pytest
 from nightloom.sharding import BadInputError, load_manifest, shard_dataset
 from nightloom.sharding.manifest import ShardManifest
 from nightloom.spec import DatasetSpec, ShardingSpec
-from tests.unit.sharding_helpers import shard_texts
+from tests.support.sharding import shard_texts
 
 
 def _rows(n: int) -> list[dict]:

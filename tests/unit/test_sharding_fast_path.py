@@ -13,7 +13,7 @@ import pytest
 from nightloom.sharding import scan
 from nightloom.sharding.scan import _blank_rows, _line_chunks, _prefetched
 from nightloom.spec import DatasetSpec, ShardingSpec
-from tests.unit.sharding_helpers import make_docs, write_jsonl
+from tests.support.sharding import make_docs, write_jsonl
 
 
 @pytest.mark.parametrize("size", [1, 7, 64, 1 << 20])
@@ -117,7 +117,7 @@ def test_partitioned_dedup_gives_the_same_shards_as_in_memory(tmp_path, monkeypa
     """Above PARTITION_DOCS documents dedup runs per hash partition through work files; the shards (and the
     manifest's counts) must be byte-identical to the single in-memory partition."""
     from nightloom.sharding import placement, shard_dataset
-    from tests.unit.sharding_helpers import tree_bytes
+    from tests.support.sharding import tree_bytes
 
     docs = make_docs(1200, seed=4, dup_every=5)
     src = tmp_path / "in"

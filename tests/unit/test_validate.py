@@ -11,7 +11,7 @@ import pytest
 from nightloom.catalog import get_model
 from nightloom.metrics import MetricsError, StepMetrics, append_metrics, read_metrics
 from nightloom.perf import PeakMeasurement, flops_per_token, mfu
-from nightloom.spec import GoldenSpec, ParitySpec, ValidateSpec
+from nightloom.spec import GoldenSpec, ValidateSpec
 from nightloom.validate import (
     MfuInputs,
     Peak,
@@ -24,6 +24,7 @@ from nightloom.validate import (
     check_mfu,
     check_parity,
     check_spikes,
+    gated,
     load_golden,
     measure_mfu,
     mfu_inputs,
@@ -31,6 +32,7 @@ from nightloom.validate import (
     resolve_peak,
     theil_sen,
     validate_run,
+    verdict_label,
 )
 
 
@@ -172,15 +174,8 @@ def test_peak_resolution_never_defaults():
 
 def test_all_gates_pass_on_a_healthy_run(tmp_path: Path):
     golden = healthy(seed=1)
-    spec = ValidateSpec(
-        mfu_floor=0.3,
-        mfu_vs_plan=0.8,
-        grad_norm_max=5.0,
-        golden=GoldenSpec(rtol=0.05),
-        parity=ParitySpec(enabled=True, tolerance=1e-6),
-    )
-    losses = [m.loss for m in healthy()[:5]]
-    vs = validate_run(healthy(), spec, inputs(), golden=golden, parity=(losses, list(losses)))
+    spec = ValidateSpec(mfu_floor=0.3, mfu_vs_plan=0.8, grad_norm_max=5.0, golden=GoldenSpec(rtol=0.05))
+    vs = validate_run(healthy(), spec, inputs(), golden=golden)
     assert [v.name for v in vs] == [
         "mfu_floor",
         "mfu_vs_plan",
@@ -190,10 +185,38 @@ def test_all_gates_pass_on_a_healthy_run(tmp_path: Path):
         "spikes",
         "grad_norm",
         "golden",
-        "parity",
     ]
     assert all(v.passed for v in vs), [v.reason for v in vs if not v.passed]
     require_passed(vs)
+    # the same gates on a run that is not the golden curve's: only golden fails
+    far = [m.model_copy(update={"loss": m.loss * 1.2}) for m in healthy()]
+    assert [v.name for v in validate_run(far, spec, inputs(), golden=golden) if not v.passed] == ["golden"]
+
+
+def test_parity_setting_was_removed_with_a_clear_error():
+    """validate.parity never ran (a run trains one layout): a spec that sets it is refused, naming the field."""
+    from nightloom.spec import SpecError, parse_spec
+
+    with pytest.raises(SpecError, match=r"validate.*`parity` was removed.*test_parity.py.*validate.golden"):
+        parse_spec({"name": "x", "dataset": {"path": "/d"}, "validate": {"parity": {"enabled": True}}})
+    assert "parity" not in ValidateSpec.model_fields
+
+
+def test_skipped_gates_print_skip_or_not_gated_never_pass():
+    """A gate that did not run is not a pass: SKIP when nothing was measured, "not gated" for a reported figure
+    (MFU with no floor, HFU); only a gate that ran and held says "pass"."""
+    vs = {v.name: v for v in validate_run(healthy(), ValidateSpec(), inputs())}
+    assert vs["mfu_floor"].skipped and vs["mfu_floor"].label == "not gated"
+    assert vs["mfu_vs_plan"].label == "not gated" and vs["hfu"].label == "not gated"
+    assert vs["grad_norm"].label == "SKIP"
+    assert vs["loss_drop"].label == "pass" and vs["finite"].label == "pass"
+    assert {v.label for v in vs.values() if v.skipped} <= {"SKIP", "not gated"}
+    assert verdict_label(vs["mfu_floor"].model_dump()) == "not gated"
+    floor = {v.name: v for v in validate_run(healthy(), ValidateSpec(mfu_floor=0.3), inputs())}["mfu_floor"]
+    assert floor.label == "pass" and not floor.skipped
+    low = {v.name: v for v in validate_run(healthy(tps=500), ValidateSpec(mfu_floor=0.3), inputs())}["mfu_floor"]
+    assert low.label == "FAIL"
+    assert [v.name for v in gated(list(vs.values()))] == ["finite", "loss_drop", "spikes"]
 
 
 def test_nan_at_step_k_fails_and_names_the_step():

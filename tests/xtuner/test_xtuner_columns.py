@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import json
 
-from xt_data import make_spec
-
 from nightloom.finetune.run import plan_xtuner, prepare_data
 from nightloom.sharding import shard_dataset
 from nightloom.spec import DatasetSpec, ShardingSpec
+from tests.support.xtuner_data import make_spec
 
 
 def test_openai_messages_from_keep_columns_prepare(xtuner_env, base_model, tmp_path):

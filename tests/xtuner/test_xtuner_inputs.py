@@ -6,12 +6,12 @@ import json
 from pathlib import Path
 
 import pytest
-from xt_data import alpaca_rows, make_spec, write_shards
 
 from nightloom.finetune import config as xcfg
 from nightloom.finetune import env as xenv
 from nightloom.finetune import run as xrun
 from nightloom.finetune.logs import RunShape, XTunerLogError, collect_steps, write_metrics
+from tests.support.xtuner_data import alpaca_rows, make_spec, write_shards
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.xtuner.xt_data import alpaca_rows
+from tests.support.xtuner_data import alpaca_rows
 
 
 def test_full_pipeline_with_xtuner_backend(prefect_backend, xtuner_env, base_model, tmp_path):

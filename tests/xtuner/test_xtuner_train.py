@@ -9,12 +9,11 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import run_in_env
-from xt_data import alpaca_rows, make_spec, write_shards
 
 from nightloom.finetune import XTunerConfigError, run_xtuner
 from nightloom.finetune.logs import launch_dirs, parse_launch
 from nightloom.metrics import read_metrics
+from tests.support.xtuner_data import alpaca_rows, make_spec, run_in_env, write_shards
 
 
 def QUIET(s):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import subprocess
 from pathlib import Path
 
 import pyarrow as pa
@@ -121,3 +122,10 @@ def make_spec(
             "storage": {"root": str(tmp / "runs")},
         }
     )
+
+
+def run_in_env(env, code: str, timeout: float = 300) -> str:
+    """Run Python `code` in the XTuner env; return stdout (assert success)."""
+    r = subprocess.run([str(env.python), "-c", code], capture_output=True, text=True, timeout=timeout, check=False)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r.stdout

@@ -9,9 +9,9 @@ import math
 from pathlib import Path
 
 import pytest
-from xt_data import alpaca_rows, make_spec, write_shards
 
 from nightloom.metrics import read_metrics
+from tests.support.xtuner_data import alpaca_rows, make_spec, write_shards
 
 pytestmark = pytest.mark.gpu
 

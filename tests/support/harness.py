@@ -13,6 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+#: steps of the distributed tests' runs, and the single-process reference layout they are compared with:
+#: 1 process, global batch 8 = micro_batch 2 x grad_accum 4
+STEPS = 5
+REF_PLAN = {"micro_batch": 2, "grad_accum": 4}
 WORDS = [
     "the",
     "night",
@@ -109,14 +113,16 @@ def make_job(
 
     run_dir.mkdir(parents=True, exist_ok=True)
     train = TrainSpec(
-        steps=steps,
-        seq_len=seq_len,
-        global_batch=global_batch,
-        lr=3e-3,
-        warmup_steps=2,
-        collective_timeout_s=timeout_s,
-        seed=1234,
-        **(train_kw or {}),
+        **{
+            "steps": steps,
+            "seq_len": seq_len,
+            "global_batch": global_batch,
+            "lr": 3e-3,
+            "warmup_steps": 2,
+            "collective_timeout_s": timeout_s,
+            "seed": 1234,
+            **(train_kw or {}),  # may override the defaults above (lr, ...)
+        }
     )
     job = TrainJob(
         run_id=run_dir.name,

@@ -1,0 +1,66 @@
+"""Every input file accounted for: read, empty, bad, duplicate, or ignored by name; the counts add up.
+
+A file is `read` when at least one of its documents is in a shard; `duplicate` when it had documents and every
+one was an exact duplicate of an earlier one; `bad` when it had no good document and at least one bad record
+(its first bad line is kept); `empty` otherwise (zero bytes, blank lines, whitespace-only text).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from nightloom.sharding.manifest import BadRecord, SourceFile
+
+FileStatus = Literal["read", "empty", "bad", "duplicate"]
+EXAMPLES = 10
+
+
+class FileCounts(BaseModel):
+    """How many input files ended each way, with the first few names of every way but `read`."""
+
+    model_config = ConfigDict(extra="forbid")
+    files: int = 0  # every file under the dataset path = read + empty + bad + duplicate + ignored
+    read: int = 0
+    empty: int = 0
+    bad: int = 0
+    duplicate: int = 0
+    ignored: int = 0
+    examples: dict[str, list[str]] = Field(default_factory=dict)  # status -> first names (bad: file:line)
+
+
+def file_status(docs: int, duplicates: int, bad: int) -> FileStatus:
+    if docs > duplicates:
+        return "read"
+    if docs:
+        return "duplicate"
+    return "bad" if bad else "empty"
+
+
+def account_files(job, scans, placement) -> tuple[list[SourceFile], FileCounts]:
+    """Per-file entries for the manifest and the totals, from the scans' per-file counts and dedup's drops."""
+    per_file = {f.source: f for s in scans for f in s.files}
+    dups = dict(placement.file_duplicates)
+    counts = FileCounts(files=len(job.sources) + len(job.ignored), ignored=len(job.ignored))
+    if job.ignored:
+        counts.examples["ignored"] = job.ignored[:EXAMPLES]
+    entries = []
+    for i, src in enumerate(job.sources):
+        f = per_file[i]
+        status = file_status(f.docs, dups.get(i, 0), f.bad)
+        setattr(counts, status, getattr(counts, status) + 1)
+        shown = counts.examples.setdefault(status, []) if status != "read" else None
+        if shown is not None and len(shown) < EXAMPLES:
+            fb: BadRecord | None = f.first_bad
+            shown.append(f"{src.rel}:{fb.line}: {fb.reason}" if status == "bad" and fb else src.rel)
+        entries.append(
+            SourceFile(
+                path=src.rel,
+                size=src.size,
+                fingerprint=src.fingerprint,
+                status=status,
+                documents=f.docs - dups.get(i, 0),
+            )
+        )
+    return entries, counts

@@ -1,0 +1,143 @@
+"""Every input file accounted for (read, empty, bad, duplicate, ignored by name), and small files scanned in units."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from nightloom.sharding import job as job_module
+from nightloom.sharding import load_manifest, plan_job, shard_dataset
+from nightloom.sharding.sources import ignored_by_name
+from nightloom.spec import DatasetSpec, ShardingSpec
+from tests.support.harness import ROOT
+from tests.support.sharding import make_docs, shard_texts, tree_bytes
+
+
+def _folder(tmp_path):
+    """A text folder as users have them: code with __init__ files, junk beside the data, one broken file."""
+    src = tmp_path / "src"
+    docs = make_docs(40, seed=7)
+    for i, d in enumerate(docs):
+        (src / f"pkg{i % 4}").mkdir(parents=True, exist_ok=True)
+        (src / f"pkg{i % 4}" / f"mod{i}.txt").write_text(d)
+    (src / "pkg0" / "__init__.txt").write_text("from . import mod0  # a real document, underscore or not\n")
+    (src / "pkg1" / "_private.txt").write_text("def _helper(): return 42\n")
+    (src / "pkg2" / "zz_copy_of_mod2.txt").write_text(docs[2])  # sorts after mod2.txt: a duplicate of it
+    (src / "pkg3" / "empty.txt").write_bytes(b"")
+    (src / "pkg3" / "blank.txt").write_text("  \n\t\n")
+    (src / "pkg3" / "latin1.txt").write_bytes("caf\xe9".encode("latin-1"))  # not UTF-8
+    (src / ".hidden.txt").write_text("not data")
+    (src / ".git").mkdir()
+    (src / ".git" / "config").write_text("[core]")
+    (src / "_SUCCESS").write_bytes(b"")
+    (src / "_committed_1234").write_text("{}")
+    (src / "_started_1234").write_text("{}")
+    return src, docs
+
+
+def test_every_file_is_accounted_for_and_the_counts_add_up(tmp_path):
+    src, docs = _folder(tmp_path)
+    on_disk = [p for p in src.rglob("*") if p.is_file()]
+    m = shard_dataset(
+        DatasetSpec(path=str(src), format="text"),
+        ShardingSpec(output=str(tmp_path / "out"), num_shards=2, tolerance=0.5, on_error="skip", max_bad_fraction=0.1),
+        workers=1,
+    )
+    counts = (m.files_read, m.files_empty, m.files_bad, m.files_duplicate, m.files_ignored)
+    assert counts == (42, 2, 1, 1, 5), counts
+    assert sum(counts) == len(on_disk)
+    status = {s.path: s.status for s in m.sources}
+    assert len(status) + m.files_ignored == len(on_disk)  # each input file listed once, with its status
+    assert status["pkg0/__init__.txt"] == status["pkg1/_private.txt"] == "read"
+    assert status["pkg2/zz_copy_of_mod2.txt"] == "duplicate"
+    assert status["pkg3/empty.txt"] == status["pkg3/blank.txt"] == "empty"
+    assert status["pkg3/latin1.txt"] == "bad"
+    assert m.file_examples["bad"] == ["pkg3/latin1.txt:1: non-UTF-8 byte 0xe9 at byte offset 3"]
+    assert sorted(m.file_examples["ignored"]) == [
+        ".git/config",
+        ".hidden.txt",
+        "_SUCCESS",
+        "_committed_1234",
+        "_started_1234",
+    ]
+    # the documents of the read files are exactly what the shards hold
+    texts = sorted(t for shard in shard_texts(tmp_path / "out") for t in shard)
+    assert len(texts) == sum(s.documents for s in m.sources) == m.rows
+    assert "def _helper(): return 42\n" in texts
+
+
+def test_cli_json_and_text_name_the_files(tmp_path):
+    src, _ = _folder(tmp_path)
+    cmd = [sys.executable, "-m", "flows.cli", "shard", "--input", str(src), "--output", str(tmp_path / "o")]
+    cmd += [
+        "--shards",
+        "2",
+        "--tolerance",
+        "0.5",
+        "--format",
+        "text",
+        "--on-error",
+        "skip",
+        "--max-bad-fraction",
+        "0.1",
+    ]
+    out = subprocess.run([*cmd, "--json"], capture_output=True, text=True, cwd=ROOT, check=False)
+    summary = json.loads(out.stdout)
+    assert (summary["files_read"], summary["files_ignored"]) == (42, 5), out.stderr[-2000:]
+    assert {"rows", "dedup_dropped", "empty_skipped", "bad_records"} <= summary.keys()
+    text = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, check=False).stdout
+    assert "files: 42 read, 2 empty, 1 bad, 1 duplicate, 5 ignored" in text, text
+    assert "pkg3/latin1.txt:1" in text
+
+
+@pytest.mark.parametrize(
+    "rel, ignored",
+    [
+        (".DS_Store", True),
+        ("a/.cache/x.jsonl", True),
+        ("_SUCCESS", True),
+        ("part/_committed_99", True),
+        ("_started_1", True),
+        ("_metadata", True),
+        ("_common_metadata", True),
+        ("__init__.py", False),
+        ("pkg/_private.jsonl", False),
+        ("_data/train.jsonl", False),
+    ],
+)
+def test_only_hidden_files_and_known_markers_are_ignored(rel, ignored):
+    assert ignored_by_name(rel) is ignored
+
+
+def test_small_files_are_scanned_in_units_with_identical_output(tmp_path, monkeypatch):
+    src = tmp_path / "src"
+    src.mkdir()
+    for i, d in enumerate(make_docs(300, seed=5, dup_every=7)):
+        (src / f"f{i:04d}.txt").write_text(d)
+    ds, sharding = DatasetSpec(path=str(src), format="text"), ShardingSpec(output=str(tmp_path / "a"), num_shards=3)
+    job = plan_job(ds, sharding)
+    assert len(job.units) == 1 and job.units[0] == list(range(300))  # 300 small files: one scan
+    grouped = shard_dataset(ds, sharding, workers=2)
+
+    monkeypatch.setattr(job_module, "UNIT_FILES", 1)  # one file per unit, as before units existed
+    alone = ShardingSpec(output=str(tmp_path / "b"), num_shards=3)
+    assert len(plan_job(ds, alone).units) == 300
+    single = shard_dataset(ds, alone, workers=2)
+    assert tree_bytes(tmp_path / "a") == tree_bytes(tmp_path / "b")
+    assert grouped.model_dump() == single.model_dump() == load_manifest(tmp_path / "a").model_dump()
+
+
+def test_unit_bounds(tmp_path):
+    from nightloom.sharding.sources import SourceRef
+
+    def ref(i, size):
+        return SourceRef(rel=f"{i}", uri=f"/x/{i}", size=size, format="jsonl")
+
+    mib = 1 << 20
+    sizes = [1 * mib, 2 * mib, 20 * mib, 3 * mib, 15 * mib, 1 * mib]
+    units = job_module.plan_units([ref(i, s) for i, s in enumerate(sizes)])
+    assert units == [[0, 1], [2], [3], [4, 5]]  # a big file alone; never past UNIT_BYTES; order kept
+    assert [i for u in units for i in u] == list(range(len(sizes)))
