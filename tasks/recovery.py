@@ -24,10 +24,6 @@ from tasks.plan import plan_task
 from tasks.teardown import record_cluster
 from tasks.train import TrainingFailed, train_task
 
-# the recovery records, re-exported where the stage's callers found them before
-Event, Pending = rec.Event, rec.Pending
-Recovered = TrainOutcome
-
 
 class RecoveryGaveUp(TrainingFailed):
     """Training failed and recovery stopped: out of attempts or time, or too few GPUs for any layout.
