@@ -25,12 +25,13 @@ from nightloom.catalog import ModelShape, get_model
 from nightloom.parallel import ParallelPlan
 from nightloom.provision.base import Cluster, Provider
 from nightloom.report import StageTime
-from nightloom.schedule import BillingSpan, BudgetExceeded, next_window
+from nightloom.schedule import BillingSpan, RunRefused, next_window
 from nightloom.sharding import ShardManifest
 from nightloom.spec import RunSpec
 from nightloom.train.job import TrainJob, TrainOutcome
 from tasks.finetune import xtuner_train_task
 from tasks.gate import GateDecision, gate_task, schedule_same_deployment
+from tasks.nights import NightsSoFar, night_record, record_night_task
 from tasks.plan import plan_task
 from tasks.provision import acquire_cluster, make_provider, release_cluster
 from tasks.record import fail_record_task, start_record_task
@@ -102,12 +103,12 @@ def shard_stage(spec: RunSpec) -> ShardManifest:
 
 
 def gate_stage(spec: RunSpec, shape: ModelShape, run_id: str, resume: bool) -> tuple[ParallelPlan, GateDecision]:
-    """Plan on the requested size and ask the window gate; a budget refusal is recorded in the ledger (nothing
-    was rented) and raised."""
+    """Plan on the requested size and ask the window gate; a refusal (budget, max_nights) is recorded in the ledger
+    (nothing was rented) and raised."""
     pre_plan = plan_task(spec, spec.world_size, publish=False)
     try:
         decision = gate_task(spec, pre_plan, shape, run_id=run_id, now=clock())
-    except BudgetExceeded as e:
+    except RunRefused as e:  # over budget or max_nights: refused before renting; the ledger keeps it
         start_record_task(spec, run_id, pre_plan, resume=resume)
         fail_record_task(spec, run_id, "refused", str(e), 0.0)
         raise
@@ -184,6 +185,16 @@ def train_stage(spec: RunSpec, rental: Rental, job: TrainJob) -> TrainOutcome:
     trained = train_with_recovery(spec, rental.provider, rental.cluster, job)
     rental.cluster = trained.cluster
     return trained
+
+
+def night_stage(spec: RunSpec, run_id: str, gate: GateDecision, rental: Rental, trained: TrainOutcome) -> NightsSoFar:
+    """Price this night (provisioning of the cluster first rented, then every training span at its size) and
+    append it to the run's ledger row; the run's cost over all its nights and the nights left."""
+    first = rental.first
+    night = night_record(
+        spec, gate, rental.started, first.time_to_ready_s, first.world_size, trained.spans, trained.result
+    )
+    return record_night_task(spec, run_id, gate, night)
 
 
 def continue_in_next_window(spec: RunSpec, run_id: str) -> tuple[str, str | None]:
