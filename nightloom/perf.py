@@ -1,4 +1,5 @@
-"""FLOPs per token and MFU: the one formula, used by planner, trainer and validation.
+"""FLOPs per token, MFU and the peak FLOP/s it divides by: the one formula and the one peak rule, used by
+planner, trainer and validation.
 
 Source (cited once, here): Chowdhery et al. 2022, "PaLM", Appendix B:
     FLOPs/token = 6·N + 12·L·H·Q·T     (N non-embedding params, L layers, H heads, Q head dim, T seq len)
@@ -12,10 +13,11 @@ costs 4·N (the attention term is all activation work and stays). The adapters' 
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
-from nightloom.catalog import ModelShape
+from nightloom.catalog import GPUS, ModelShape
 
 
 def count_params(shape: ModelShape, include_embeddings: bool = True) -> int:
@@ -67,11 +69,44 @@ def mfu(tokens_per_s: float, flops_per_tok: float, n_devices: int, peak_flops_pe
     return tokens_per_s * flops_per_tok / (n_devices * peak_flops_per_device)
 
 
+class PeakError(ValueError):
+    """No trustworthy peak FLOP/s for a device type (never silently defaulted: that is how MFU > 100% happens)."""
+
+
 @dataclass(frozen=True)
-class PeakMeasurement:
+class Peak:
+    """Per-device peak FLOP/s, its precision and where it came from ("datasheet: ..." or "measured: ...")."""
+
     flops: float
     precision: str
     source: str
+
+
+#: a measured peak is a Peak whose source says how it was measured (one record, two names)
+PeakMeasurement = Peak
+
+
+def resolve_precision(precision: str, device: str) -> str:
+    """The spec's `auto` precision, the one rule: fp32 on CPU (`device == "cpu"`), bf16 on any GPU; an
+    explicit fp32/bf16 is kept."""
+    if precision == "auto":
+        return "fp32" if device == "cpu" else "bf16"
+    return precision
+
+
+def resolve_peak(gpu_type: str, precision: str, measured: Peak | None = None) -> Peak:
+    """The peak for a device type: the catalog datasheet for a GPU, a measurement for `cpu`; else PeakError."""
+    precision = resolve_precision(precision, gpu_type)
+    if gpu_type == "cpu":
+        if measured is None:
+            raise PeakError("gpu_type 'cpu': no measured peak given (use nightloom.perf.measure_cpu_matmul_peak)")
+        if not (measured.flops > 0 and math.isfinite(measured.flops)):
+            raise PeakError(f"gpu_type 'cpu': measured peak must be a positive number, got {measured.flops}")
+        return Peak(measured.flops, measured.precision, measured.source)
+    spec = GPUS.get(gpu_type)
+    if spec is None:
+        raise PeakError(f"no peak FLOP/s for GPU type {gpu_type!r}; known: cpu, {', '.join(sorted(GPUS))}")
+    return Peak(spec.peak(precision), precision, f"datasheet: {spec.source}")
 
 
 def measure_cpu_matmul_peak(n: int = 1024, repeats: int = 5, dtype: str = "fp32") -> PeakMeasurement:

@@ -8,14 +8,17 @@ can be read and tested without processes:
 - classify: preflight is re-run on every node; a node that fails it now is a node problem (excluded, or
   replaced by a spare), a failed cross-node all-reduce with healthy nodes is a network problem, anything
   else is transient (retried on the same nodes);
-- decide: within `recovery.max_attempts` and `recovery.max_minutes` (the sum of time-to-recover), with
-  enough GPUs left and `allow_relayout` when the world size changes; otherwise give up with the reason.
+- decide (`next_attempt`): within `recovery.max_attempts` and `recovery.max_minutes` (the sum of
+  time-to-recover), with enough GPUs left and `allow_relayout` when the world size changes, relaunch;
+  otherwise give up with the reason;
+- account: each interruption is an `Event`, timed (`close_interruption`) once the next attempt reports
+  its first step; `RecoveryState` holds the loop's state between attempts.
 
-Provider interface for recovery (`Reacquirer`): `reacquire(cluster, exclude) -> Cluster` returns the nodes
-to relaunch on: the healthy ones plus any spare the provider can add, with a fresh rendezvous. `local`
-implements it with spare process groups, `ssh` drops the failed host (spares come from the spec's `spare`
-hosts at acquire time), Slurm would resubmit with `--exclude=<failed hostnames>`. A provider without it
-gets `without_nodes` (drop the failed nodes, keep the rest).
+Every provider implements `Provider.reacquire(cluster, exclude) -> Cluster`: the nodes to relaunch on, the
+healthy ones plus any spare the provider can add, with a fresh rendezvous. `local` adds spare process
+groups, `ssh` adds spare (or not yet used) hosts after preflighting them, `slurm` releases the allocation
+and submits a new one with `--exclude=<failed hostnames>`, `kubernetes` drops the failed nodes
+(`Cluster.without`).
 """
 
 from __future__ import annotations
@@ -23,11 +26,17 @@ from __future__ import annotations
 import json
 import re
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Literal
 
-from nightloom.provision.base import Cluster, PreflightReport
+from nightloom.parallel import ParallelPlan
+from nightloom.provision.base import Cluster, PreflightReport, Provider
+from nightloom.runfiles import RunFiles
+from nightloom.schedule import BillingSpan
+from nightloom.train.job import TrainJob
 from nightloom.util import atomic_write_text
 
 #: a run "stops reporting" after this many median step times without a new step (or the collective timeout)
@@ -43,12 +52,6 @@ Kind = Literal["node", "network", "transient"]
 _STEP = re.compile(r"^\[(?P<node>[^\]]+)\] step (?P<step>\d+)/(?P<total>\d+) ")
 _KILLED = re.compile(r"Signal \d+ \(SIG\w+\) received by PID")
 _TIMEOUT = re.compile(r"(?i)(timed out|timeout|DistBackendError|Connection closed by peer|Connection reset)")
-
-
-class Reacquirer(Protocol):
-    """A provider that can hand back a cluster without some nodes (and with spares, where it has them)."""
-
-    def reacquire(self, cluster: Cluster, exclude: dict[str, str]) -> Cluster: ...
 
 
 def parse_step(line: str) -> int | None:
@@ -104,6 +107,11 @@ class AttemptFailure:
     first_failed_node: str | None = None  # the node whose processes exited non-zero first
     at_unix: float = 0.0  # when the failure was detected
     silent_s: float = 0.0  # how long the run had been silent when it was detected
+
+    @classmethod
+    def unexplained(cls, attempt: int, cause: str, at_unix: float) -> AttemptFailure:
+        """A failure the attempt did not describe (an error raised before or around the launch)."""
+        return cls(attempt=attempt, exit_code=None, stalled=False, cause=cause, last_step=None, at_unix=at_unix)
 
     @property
     def signal(self) -> Signal:
@@ -190,17 +198,12 @@ def relayout_reason(
 
 def without_nodes(cluster: Cluster, exclude: dict[str, str]) -> Cluster:
     """The cluster minus `exclude` (name -> reason); rendezvous moves to the first node left."""
-    nodes = [n for n in cluster.nodes if n.name not in exclude]
-    out = cluster.model_copy(deep=True, update={"nodes": nodes, "excluded": {**cluster.excluded, **exclude}})
-    if nodes and cluster.master_addr not in {n.address for n in nodes}:
-        out.master_addr = nodes[0].address
-    return out
+    return cluster.without(exclude)
 
 
-def reacquire(provider, cluster: Cluster, exclude: dict[str, str]) -> Cluster:
-    """The provider's `reacquire` where it has one, else `without_nodes`."""
-    fn = getattr(provider, "reacquire", None)
-    return fn(cluster, exclude) if callable(fn) else without_nodes(cluster, exclude)
+def reacquire(provider: Provider, cluster: Cluster, exclude: dict[str, str]) -> Cluster:
+    """The nodes to relaunch on after excluding `exclude` (the provider's own rule: spares, resubmission)."""
+    return provider.reacquire(cluster, exclude)
 
 
 def interruption_rate(interruptions: int, train_s: float) -> float:
@@ -234,7 +237,7 @@ def rewind_metrics(metrics_path, resume_step: int) -> Rewind:
             continue
         (keep if step <= resume_step else drop).append(line)
     if drop:
-        with open(path.with_name("metrics-discarded.jsonl"), "a", encoding="utf-8") as f:
+        with open(RunFiles(path.parent).discarded_metrics, "a", encoding="utf-8") as f:
             f.write("".join(x + "\n" for x in drop))
     atomic_write_text(path, "".join(x + "\n" for x in keep))
     secs = 0.0
@@ -260,3 +263,144 @@ def first_step_time(metrics_path, attempt: int, after_unix: float = 0.0) -> floa
         if obj.get("attempt", 0) == attempt and obj.get("time") is not None and obj["time"] > after_unix:
             return float(obj["time"])
     return None
+
+
+# ------------------------------------------------------------------------------------------------ decide
+
+
+@dataclass(frozen=True)
+class Relaunch:
+    """Go on: the next attempt runs on `cluster` with `plan` (re-planned when the world size changed)."""
+
+    cluster: Cluster
+    plan: ParallelPlan
+
+
+@dataclass(frozen=True)
+class GiveUp:
+    """Stop: `reason` says why; `cluster` holds the nodes reacquired before deciding (teardown must reach them)."""
+
+    reason: str
+    cluster: Cluster | None = None
+
+
+def next_attempt(
+    budget: Budget,
+    relaunches: int,
+    spent_s: float,
+    current: Cluster,
+    plan: ParallelPlan,
+    *,
+    min_nodes: int,
+    allow_relayout: bool,
+    reacquire: Callable[[], Cluster],
+    replan: Callable[[int], ParallelPlan],
+) -> Relaunch | GiveUp:
+    """Relaunch or give up after a failure, in this order: the budget (nothing reacquired when it is spent),
+    the nodes `reacquire()` gives back (enough of them, relayout allowed), then a layout for their world
+    size (`replan(world)`, only when it changed; an error there is the reason to give up)."""
+    reason = budget.give_up_reason(relaunches, spent_s)
+    if reason is not None:
+        return GiveUp(reason)
+    nxt = reacquire()
+    reason = relayout_reason(current.world_size, nxt.world_size, len(nxt.nodes), min_nodes, allow_relayout)
+    if reason is not None:
+        return GiveUp(reason, nxt)
+    if nxt.world_size == current.world_size:
+        return Relaunch(nxt, plan)
+    try:
+        return Relaunch(nxt, replan(nxt.world_size))
+    except Exception as e:  # noqa: BLE001 - PlanError/LayoutError: named in the reason
+        return GiveUp(f"no layout for {nxt.world_size} GPU(s): {type(e).__name__}: {e}", nxt)
+
+
+# ------------------------------------------------------------------------------------------------ account
+
+
+@dataclass
+class Event:
+    """One interruption as recorded: cause, time to recover (None: not recovered), time lost and its cost."""
+
+    attempt: int
+    kind: str
+    detail: str
+    at: datetime
+    recovery_s: float | None = None
+    lost_s: float | None = None
+    cost: float | None = None
+    redone_steps: int = 0
+    world_before: int = 0
+    world_after: int | None = None
+    layout_after: str | None = None
+
+
+@dataclass
+class Pending:
+    """An interruption recovered from, waiting for the next attempt's first step to time the recovery."""
+
+    event: Event
+    detected_unix: float
+    silent_s: float  # silence before detection (part of the time lost)
+    redone_s: float  # step time of the discarded steps (redone after the resume)
+    gpus: int
+
+
+def close_interruption(p: Pending, first_step_unix: float | None, now_unix: float, finished: bool = False) -> Event:
+    """Time `p.event`: recovery_s from detection to the next attempt's first step (`now_unix` when that attempt
+    finished with no step left to redo; None, "not recovered", when it never reported one); lost_s adds the
+    silence before detection and the redone steps. Cost is the caller's (it depends on the price schedule)."""
+    e = p.event
+    first = first_step_unix if first_step_unix is not None else (now_unix if finished else None)
+    if first is not None:
+        e.recovery_s = round(max(0.0, first - p.detected_unix), 3)
+    else:
+        e.detail += "; not recovered"
+    spent = e.recovery_s if e.recovery_s is not None else max(0.0, now_unix - p.detected_unix)
+    e.lost_s = round(p.silent_s + spent + p.redone_s, 3)
+    return e
+
+
+def recovery_summary(events: list[Event], train_s: float) -> str:
+    """One line: interruptions, their rate per hour of training, and the mean time to recover."""
+    rate = interruption_rate(len(events), train_s)
+    recovered = [e.recovery_s for e in events if e.recovery_s is not None]
+    mean = sum(recovered) / len(recovered) if recovered else None
+    return f"{len(events)} interruption(s) in {train_s:.0f} s of training: {rate:.2f}/h; mean time to recover " + (
+        f"{mean:.1f} s" if mean is not None else "-"
+    )
+
+
+@dataclass
+class RecoveryState:
+    """The recovery loop between attempts: where the next attempt runs, what recovery has spent, what is open."""
+
+    budget: Budget
+    cluster: Cluster  # the nodes of the current attempt
+    job: TrainJob  # the current attempt's job
+    seen: Cluster  # every node held so far (what teardown must reach)
+    started: float  # monotonic time the train stage began
+    relaunches: int = 0
+    spent_s: float = 0.0  # time-to-recover summed (recovery.max_minutes)
+    events: list[Event] = field(default_factory=list)
+    pending: Pending | None = None
+    spans: list[BillingSpan] = field(default_factory=list)  # each attempt (and the recovery after it) at its size
+
+    def startup_timeout_s(self) -> float | None:
+        """How long a relaunch may take to its first step: the recovery time left (None: the first attempt)."""
+        return None if self.relaunches == 0 else max(1.0, self.budget.remaining_s(self.spent_s))
+
+    def charge(self, failed_at_unix: float) -> None:
+        """Count the pending interruption's time to recover (until this failure when it never recovered; the
+        caller closed it first) and clear it."""
+        if self.pending is None:
+            return
+        r = self.pending.event.recovery_s
+        self.spent_s += r if r is not None else max(0.0, failed_at_unix - self.pending.detected_unix)
+        self.pending = None
+
+    def advance(self, to: Relaunch, pending: Pending) -> None:
+        """Move on to the next attempt: on `to.cluster` with `to.plan`, resuming from the latest checkpoint."""
+        self.relaunches += 1
+        self.pending = pending
+        self.cluster = to.cluster
+        self.job = self.job.model_copy(update={"plan": to.plan, "attempt": self.job.attempt + 1, "resume": True})

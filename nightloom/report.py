@@ -1,8 +1,17 @@
-"""RunSummary: what one pipeline run did, returned by the flow and printed by the CLI."""
+"""RunSummary: what one pipeline run did, returned by the flow and printed by the CLI; and the rule that
+gives a run its status."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
 from pydantic import BaseModel, ConfigDict, Field
+
+from nightloom.train.job import TrainOutcome, TrainResult
+
+if TYPE_CHECKING:
+    from nightloom.sharding.manifest import ShardManifest
 
 
 class StageTime(BaseModel):
@@ -80,3 +89,54 @@ def summary_rows(
         *({"field": f"stage {s.stage}", "value": f"{s.seconds:.1f} s"} for s in stages),
         {"field": "ledger row", "value": summary.run_id},
     ]
+
+    def add_shards(self, manifest: ShardManifest) -> None:
+        """The shard stage's figures."""
+        self.shards, self.shard_imbalance, self.shards_balanced = (
+            manifest.num_shards,
+            manifest.imbalance,
+            manifest.balanced,
+        )
+
+    def not_run(self, status: str, reason: str, next_run_at: str | None, stages: list[StageTime]) -> RunSummary:
+        """The summary of a run the window gate did not start now (deferred to `next_run_at`)."""
+        self.status, self.reason, self.next_run_at, self.stages = status, reason, next_run_at, stages
+        return self
+
+    def add_nights(self, used: int, left: int | None, predicted_finish: str | None) -> None:
+        """Nights used (this one included), nights predicted to come, and the predicted finish."""
+        self.nights_used, self.nights_left, self.predicted_finish = used, left, predicted_finish
+
+    def add_training(self, trained: TrainOutcome, predicted_mfu: float | None) -> None:
+        """The train stage's figures: the layout and size the run finished on, the plan's MFU, interruptions."""
+        self.layout, self.world_size, self.mfu_predicted = (
+            trained.plan.layout(),
+            trained.cluster.world_size,
+            predicted_mfu,
+        )
+        self.interruptions, self.recovery_s = trained.interruptions, round(trained.recovery_s, 2)
+        self.export_dir = trained.result.export_dir
+
+
+@dataclass(frozen=True)
+class RunStatus:
+    """How a run that trained ends: the summary's status, the ledger row's status, and the reason."""
+
+    summary: str  # completed | failed | split | stopped
+    ledger: str  # succeeded | failed | stopped
+    reason: str = ""
+
+
+def run_status(passed: bool, result: TrainResult, deadline_kind: str | None) -> RunStatus:
+    """The status rule: the gates decide completed/failed; a run that passed but stopped before its last step
+    (a window end under `split`, or the budget) is split (continues in the next window) or stopped."""
+    if not passed:
+        return RunStatus("failed", "failed")
+    if result.stopped == "completed":
+        return RunStatus("completed", "succeeded")
+    kind = deadline_kind or "deadline"
+    reason = (
+        f"stopped at the {kind} end after {result.steps_done}/{result.total_steps} steps "
+        f"(checkpoint {result.last_checkpoint})"
+    )
+    return RunStatus("split" if kind == "window" else "stopped", "stopped", reason)

@@ -15,9 +15,17 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from nightloom.catalog import GPUS, ModelShape
+from nightloom.catalog import ModelShape
 from nightloom.metrics import StepMetrics, read_metrics
-from nightloom.perf import PeakMeasurement, flops_per_token, mfu
+from nightloom.perf import (  # noqa: F401 - Peak, PeakError and the resolvers are imported from here too
+    Peak,
+    PeakError,
+    PeakMeasurement,
+    flops_per_token,
+    mfu,
+    resolve_peak,
+    resolve_precision,
+)
 from nightloom.spec import GoldenSpec, ValidateSpec
 
 
@@ -27,10 +35,6 @@ class ValidationFailed(RuntimeError):
     def __init__(self, failed: list[Verdict]):
         self.failed = failed
         super().__init__("validation failed:\n  " + "\n  ".join(f"{v.name}: {v.reason}" for v in failed))
-
-
-class PeakError(ValueError):
-    """No trustworthy peak FLOP/s for a device type (never silently defaulted: that is how MFU > 100% happens)."""
 
 
 class Verdict(BaseModel):
@@ -64,37 +68,6 @@ def verdict_label(v: Verdict | dict) -> str:
 def gated(verdicts: Sequence[Verdict]) -> list[Verdict]:
     """The verdicts of gates that ran (not skipped): a run is verified only if at least one did."""
     return [v for v in verdicts if not v.skipped]
-
-
-@dataclass(frozen=True)
-class Peak:
-    """Per-device peak FLOP/s, its precision and where it came from."""
-
-    flops: float
-    precision: str
-    source: str
-
-
-def resolve_precision(precision: str, gpu_type: str) -> str:
-    """The spec's `auto` precision: bf16 on GPUs, fp32 on CPU."""
-    if precision == "auto":
-        return "fp32" if gpu_type == "cpu" else "bf16"
-    return precision
-
-
-def resolve_peak(gpu_type: str, precision: str, measured: PeakMeasurement | None = None) -> Peak:
-    """The peak for a device type: the catalog datasheet for a GPU, a measurement for `cpu`; else PeakError."""
-    precision = resolve_precision(precision, gpu_type)
-    if gpu_type == "cpu":
-        if measured is None:
-            raise PeakError("gpu_type 'cpu': no measured peak given (use nightloom.perf.measure_cpu_matmul_peak)")
-        if not (measured.flops > 0 and math.isfinite(measured.flops)):
-            raise PeakError(f"gpu_type 'cpu': measured peak must be a positive number, got {measured.flops}")
-        return Peak(measured.flops, measured.precision, measured.source)
-    spec = GPUS.get(gpu_type)
-    if spec is None:
-        raise PeakError(f"no peak FLOP/s for GPU type {gpu_type!r}; known: cpu, {', '.join(sorted(GPUS))}")
-    return Peak(spec.peak(precision), precision, f"datasheet: {spec.source}")
 
 
 @dataclass(frozen=True)

@@ -72,7 +72,7 @@ def acquire_cluster(provider: Provider) -> Cluster:
     )
     for name, reason in cluster.excluded.items():
         log.warning("node %s excluded: %s", name, reason)
-    report = getattr(provider, "last_report", None)
+    report = provider.last_report
     if report is not None and report.allreduce_detail:
         log.info("all-reduce: %s", report.allreduce_detail)
     if report is not None and report.outcome == "unknown":

@@ -9,6 +9,7 @@ from prefect.cache_policies import NO_CACHE
 from nightloom.ledger import Ledger, LedgerError
 from nightloom.parallel import ParallelPlan
 from nightloom.report import RunSummary, StageTime, summary_rows
+from nightloom.runfiles import RunFiles
 from nightloom.spec import RunSpec
 
 
@@ -65,7 +66,7 @@ def record_task(
             plan=plan,
             world_size=cluster.world_size,
             time_to_ready_s=cluster.time_to_ready_s,
-            metrics_path=f"{summary.run_dir}/metrics.jsonl",
+            metrics_path=str(RunFiles(summary.run_dir).metrics),
         )
         ledger.finish_run(
             summary.run_id,

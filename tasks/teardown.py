@@ -1,7 +1,7 @@
 """Teardown that survives the flow's own process: a record on disk, read by state hooks.
 
 After provisioning the flow writes `cluster.json`, and after launching `processes.json` (process-group ids),
-into the run folder. On cancellation or crash the hook re-creates the provider from the spec, releases the
+into the run folder (names: nightloom.runfiles). On cancellation or crash the hook re-creates the provider from the spec, releases the
 recorded cluster (scancel, delete the Job, ...) and kills the recorded process groups.
 """
 
@@ -14,18 +14,18 @@ import time
 from pathlib import Path
 
 from nightloom.provision.base import Cluster
+from nightloom.runfiles import RunFiles
 from nightloom.util import atomic_write_text
-
-CLUSTER_FILE = "cluster.json"
-PROCESSES_FILE = "processes.json"
 
 
 def record_cluster(run_dir: Path, cluster: Cluster) -> None:
-    atomic_write_text(Path(run_dir) / CLUSTER_FILE, cluster.model_dump_json())
+    """Every node the run holds, for a teardown that runs outside the flow."""
+    atomic_write_text(RunFiles(run_dir).cluster, cluster.model_dump_json())
 
 
 def record_processes(run_dir: Path, pgids: list[int]) -> None:
-    atomic_write_text(Path(run_dir) / PROCESSES_FILE, json.dumps({"pgids": pgids, "host_pid": os.getpid()}))
+    """The launch's local process groups, for a teardown that runs outside the flow."""
+    atomic_write_text(RunFiles(run_dir).processes, json.dumps({"pgids": pgids, "host_pid": os.getpid()}))
 
 
 def _alive(pgid: int) -> bool:
@@ -38,7 +38,7 @@ def _alive(pgid: int) -> bool:
 
 def kill_recorded_processes(run_dir: Path, grace_s: float = 5.0) -> list[int]:
     """TERM, wait, KILL every recorded process group; return the groups that were still alive."""
-    path = Path(run_dir) / PROCESSES_FILE
+    path = RunFiles(run_dir).processes
     if not path.is_file():
         return []
     pgids = [g for g in json.loads(path.read_text()).get("pgids", []) if _alive(g)]
@@ -75,7 +75,7 @@ def teardown_hook(flow, flow_run, state) -> None:
         dirs.append(Path(spec.storage.root) / resume)
     for run_dir in dirs:
         killed = kill_recorded_processes(run_dir)
-        cfile = run_dir / CLUSTER_FILE
+        cfile = RunFiles(run_dir).cluster
         if cfile.is_file():
             cluster = Cluster.model_validate_json(cfile.read_text())
             make_provider(spec).release(cluster)

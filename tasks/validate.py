@@ -16,6 +16,7 @@ from nightloom.metrics import read_metrics
 from nightloom.parallel import ParallelPlan
 from nightloom.perf import PeakMeasurement
 from nightloom.plots import write_run_plots
+from nightloom.runfiles import RunFiles
 from nightloom.spec import RunSpec
 from nightloom.train.job import TrainResult
 from nightloom.validate import (
@@ -62,7 +63,7 @@ def validate_task(
     """Run every configured gate; publish the loss/throughput/MFU plots. Failing gates are returned, not raised,
     so the ledger records them before the flow fails."""
     log = get_run_logger()
-    steps = read_metrics(Path(run_dir) / "metrics.jsonl")
+    steps = read_metrics(RunFiles(run_dir).metrics)
     gpu_type = spec.cluster.gpu_type
     measured = None
     if gpu_type == "cpu" and result.peak_flops:

@@ -31,6 +31,7 @@ from nightloom.finetune.launcher import (
 )
 from nightloom.finetune.logs import RunShape, write_metrics
 from nightloom.finetune.node_wrapper import EXIT_EMPTY_DATASET
+from nightloom.runfiles import RunFiles
 from nightloom.spec import RunSpec
 from nightloom.train.job import TrainResult
 from nightloom.util import atomic_write_text
@@ -122,11 +123,11 @@ def _peak(spec: RunSpec, profile: str, peak_flops: float | None) -> tuple[float 
     if peak_flops is not None:
         return peak_flops, "given"
     from nightloom.catalog import GPUS
+    from nightloom.perf import resolve_peak, resolve_precision
 
     if spec.cluster.gpu_type in GPUS:
-        g = GPUS[spec.cluster.gpu_type]
-        prec = "fp32" if profile == "cpu" else "bf16"
-        return g.peak(prec), f"datasheet: {g.source}"
+        peak = resolve_peak(spec.cluster.gpu_type, resolve_precision("auto", profile))
+        return peak.flops, peak.source
     if profile == "cpu":
         from nightloom.perf import measure_cpu_matmul_peak
 
@@ -383,7 +384,7 @@ def _launch_once(plan: XTunerPlan, *, cluster, provider, resume: bool, log: Log,
 
 def write_step_metrics(plan: XTunerPlan, attempt: int = 0) -> Path:
     """metrics.jsonl in the run dir from every launch's mmengine logs."""
-    out = Path(plan.run_dir) / "metrics.jsonl"
+    out = RunFiles(plan.run_dir).metrics
     shape = RunShape(plan.tokens_per_step, plan.flops_per_token, plan.world_size, plan.peak_flops)
     write_metrics(Path(plan.work_dir), out, shape, attempt)
     return out
@@ -506,5 +507,5 @@ def run_xtuner(
         peak_source=plan.peak_source,  # the MFU peak (validation needs it on CPU)
         stage_s={k: round(v, 2) for k, v in stage.items()},
     )
-    atomic_write_text(run_dir / "result.json", result.model_dump_json(indent=2) + "\n")
+    atomic_write_text(RunFiles(run_dir).result, result.model_dump_json(indent=2) + "\n")
     return result

@@ -13,6 +13,7 @@ import math
 
 from nightloom.catalog import ModelShape, get_gpu, get_model, resolve_model, shape_from_hf_config
 from nightloom.parallel import LayoutError, ParallelDims
+from nightloom.perf import resolve_precision
 from nightloom.planner.request import (
     RECOMPUTE_MODES,
     FixedLayout,
@@ -108,7 +109,7 @@ def plan_for_spec(
     shape = shape.with_(vocab=resolve_vocab(spec.model, shape.vocab))
     cl, tr = spec.cluster, spec.train
     gpu = cl.gpu_type
-    precision = tr.precision if tr.precision != "auto" else ("fp32" if gpu == "cpu" else "bf16")
+    precision = resolve_precision(tr.precision, gpu)
     ws = world_size or spec.world_size
     nodes = max(1, math.ceil(ws / cl.gpus_per_node))
     fixed = None

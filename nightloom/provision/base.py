@@ -52,6 +52,19 @@ class Cluster(BaseModel):
     def world_size(self) -> int:
         return sum(n.slots for n in self.nodes)
 
+    def union(self, other: Cluster) -> Cluster:
+        """`other` plus every node of this cluster it lacks: what teardown must reach after a node swap."""
+        names = {n.name for n in other.nodes}
+        return other.model_copy(update={"nodes": other.nodes + [n for n in self.nodes if n.name not in names]})
+
+    def without(self, exclude: dict[str, str]) -> Cluster:
+        """This cluster minus `exclude` (name -> reason); rendezvous moves to the first node left."""
+        nodes = [n for n in self.nodes if n.name not in exclude]
+        out = self.model_copy(deep=True, update={"nodes": nodes, "excluded": {**self.excluded, **exclude}})
+        if nodes and self.master_addr not in {n.address for n in nodes}:
+            out.master_addr = nodes[0].address
+        return out
+
 
 class Check(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -106,6 +119,9 @@ class Launch(Protocol):
     def poll(self) -> dict[str, int | None]: ...  # exit code per node so far (None: running); never blocks
     def terminate(self) -> None: ...  # idempotent; kills every process of ours
 
+    @property
+    def pids(self) -> list[int]: ...  # local process-group leaders teardown must kill; [] when remote
+
 
 class MergedLaunch:
     """What every provider's launch shares: node output merged through one queue (a `None` marks the end of a
@@ -115,6 +131,11 @@ class MergedLaunch:
     def __init__(self, n_nodes: int, fail_grace_s: float):
         self.n_nodes, self.fail_grace_s = n_nodes, fail_grace_s
         self._q: queue.Queue[str | None] = queue.Queue()
+
+    @property
+    def pids(self) -> list[int]:
+        """Local process groups of this launch (none: the processes run on remote nodes)."""
+        return []
 
     def poll(self) -> dict[str, int | None]:
         raise NotImplementedError
@@ -149,12 +170,20 @@ class MergedLaunch:
 
 
 class Provider(Protocol):
+    """Every provider has all of these; callers never probe with getattr."""
+
     name: str
+    last_report: PreflightReport | None  # the preflight report of the last acquire (None before, or not run)
 
     def acquire(self) -> Cluster: ...
     def preflight(self, cluster: Cluster) -> PreflightReport: ...
     def launch(self, cluster: Cluster, module_args: list[str], env: dict[str, str]) -> Launch: ...
     def release(self, cluster: Cluster) -> None: ...
+
+    def reacquire(self, cluster: Cluster, exclude: dict[str, str]) -> Cluster:
+        """Recovery: the nodes to relaunch on, without `exclude` (name -> reason), with any spare the
+        provider can add and a fresh rendezvous; `cluster.without(exclude)` where it has no spares."""
+        ...
 
 
 def torchrun_argv(python: str, cluster: Cluster, node_rank: int, module_args: list[str]) -> list[str]:

@@ -46,7 +46,7 @@ def check(provider) -> CheckResult:
     finally:
         if cluster is not None:
             provider.release(cluster)
-    report = getattr(provider, "last_report", None)
+    report = provider.last_report
     if report is not None:
         res.nodes = report.nodes
         res.bus_bandwidth_gbps = report.bus_bandwidth_gbps

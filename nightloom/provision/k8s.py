@@ -169,11 +169,17 @@ class KubernetesLaunch:
     def terminate(self) -> None:
         self.provider.release(self.cluster)
 
+    @property
+    def pids(self) -> list[int]:
+        """No local processes: the pods are the Job's, deleted by terminate/release."""
+        return []
+
 
 class KubernetesProvider:
     """Applies the manifests with the kubernetes client when a kubeconfig is given; renders them otherwise."""
 
     name = "kubernetes"
+    last_report: PreflightReport | None = None  # of the last acquire
     check_notes = (UNTESTED_LIVE,)  # printed by `provision --check`
 
     def __init__(self, spec):
@@ -242,6 +248,10 @@ class KubernetesProvider:
         self.core().create_namespaced_service(ns, m["service"])
         self.batch().create_namespaced_job(ns, m["job"])
         return KubernetesLaunch(self, cluster)
+
+    def reacquire(self, cluster: Cluster, exclude: dict[str, str]) -> Cluster:
+        """Recovery: the same Job without the failed nodes (no spares on Kubernetes yet)."""
+        return cluster.without(exclude)
 
     def release(self, cluster: Cluster) -> None:
         """Delete the Job (foreground: its pods first) and the Service; 404 means already gone (idempotent)."""

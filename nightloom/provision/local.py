@@ -112,6 +112,7 @@ class LocalProvider:
     nodes (local-N, local-N+1, ...) replace failed ones in `reacquire`."""
 
     name = "local"
+    last_report: PreflightReport | None = None  # of the last acquire
 
     def __init__(self, spec):
         self.spec = spec

@@ -163,6 +163,11 @@ class SlurmLaunch:
             self._rc = 1  # the allocation itself ended (cancelled, time limit, node failure)
         return self._rc
 
+    @property
+    def pids(self) -> list[int]:
+        """No local processes: the step runs on the allocation's nodes (scancel kills it)."""
+        return []
+
     def poll(self) -> dict[str, int | None]:
         """One srun step spans every node: they share its exit code."""
         rc = self._finished()
@@ -224,6 +229,7 @@ class SlurmProvider:
     """Nodes are the allocation of one sbatch job in `spec.cluster.slurm.partition`."""
 
     name = "slurm"
+    last_report: PreflightReport | None = None  # of the last acquire
 
     def __init__(
         self,

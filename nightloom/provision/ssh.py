@@ -133,6 +133,7 @@ class SSHProvider:
     """Nodes are SSH hosts from `spec.cluster.ssh.hosts` (spares replace unreachable ones)."""
 
     name = "ssh"
+    last_report: PreflightReport | None = None  # of the last acquire
 
     def __init__(
         self,

@@ -5,12 +5,17 @@ Pure pydantic, no torch, so the orchestrator can build it without importing torc
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from nightloom.parallel import ParallelPlan
-from nightloom.spec import TokenizerSpec, TrainSpec
+from nightloom.perf import resolve_peak
+from nightloom.provision.base import Cluster
+from nightloom.runfiles import RunFiles
+from nightloom.schedule import BillingSpan
+from nightloom.spec import RunSpec, TokenizerSpec, TrainSpec
 
 
 class RopeScalingConfig(BaseModel):
@@ -101,17 +106,61 @@ class TrainJob(BaseModel):
     eval_windows: int = Field(16, gt=0, description="Eval windows (rounded to whole global batches).")
     eval_data: str | None = Field(None, description="JSONL of eval documents; default the manifest's held-out split.")
 
+    @classmethod
+    def for_run(
+        cls,
+        spec: RunSpec,
+        run_id: str,
+        run_dir: str | Path,
+        shape,
+        plan: ParallelPlan,
+        *,
+        deadline_unix: float | None = None,
+        stop_after_steps: int | None = None,
+    ) -> TrainJob:
+        """The first attempt's job of a run: the spec's model `shape` (catalog.ModelShape), training settings
+        and data, the plan, the gate's stop conditions, and on a GPU the datasheet peak for the spec's
+        precision (on CPU the trainer measures it)."""
+        from nightloom.hf.export import tokenizer_source
+
+        gpu = spec.cluster.gpu_type
+        peak = None if gpu == "cpu" else resolve_peak(gpu, spec.train.precision)
+        return cls(
+            run_id=run_id,
+            run_dir=str(run_dir),
+            model=ModelConfig.from_shape(shape),
+            plan=plan,
+            train=spec.train,
+            manifest=spec.sharding.output,
+            s3_endpoint_url=spec.storage.s3_endpoint_url,
+            peak_flops=peak.flops if peak else None,
+            peak_source=peak.source if peak else None,
+            deadline_unix=deadline_unix,
+            stop_after_steps=stop_after_steps,
+            weights=spec.model.weights,
+            hf_config=spec.model.config,
+            tokenizer_dir=tokenizer_source(spec),
+            tokenizer=spec.model.tokenizer,
+            eval_every=spec.validate_.eval_every,
+            eval_windows=spec.validate_.eval_windows,
+            eval_data=spec.validate_.eval_data,
+        )
+
+    @property
+    def files(self) -> RunFiles:
+        return RunFiles(self.run_dir)
+
     @property
     def metrics_path(self) -> Path:
-        return Path(self.run_dir) / "metrics.jsonl"
+        return self.files.metrics
 
     @property
     def checkpoint_dir(self) -> Path:
-        return Path(self.run_dir) / "checkpoints"
+        return self.files.checkpoints
 
     @property
     def result_path(self) -> Path:
-        return Path(self.run_dir) / "result.json"
+        return self.files.result
 
 
 class TrainResult(BaseModel):
@@ -128,3 +177,17 @@ class TrainResult(BaseModel):
     peak_flops: float | None = None  # per-device peak used for MFU (measured on CPU, datasheet on GPU)
     peak_source: str | None = None
     export_dir: str | None = None  # the Hugging Face export written when training completed
+
+
+@dataclass
+class TrainOutcome:
+    """What the train stage returns, whichever backend ran it: the result, the cluster and plan the run finished
+    on (recovery may have changed both), the billed spans, and the interruptions recovered from."""
+
+    result: TrainResult
+    cluster: Cluster
+    plan: ParallelPlan
+    spans: list[BillingSpan] = field(default_factory=list)  # each attempt (and its recovery) at its size
+    train_s: float = 0.0
+    interruptions: int = 0
+    recovery_s: float = 0.0

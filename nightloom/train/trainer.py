@@ -22,6 +22,8 @@ import torch.nn.functional as F
 
 from nightloom import perf
 from nightloom.metrics import StepMetrics, append_metrics
+from nightloom.perf import resolve_precision
+from nightloom.runfiles import RunFiles
 from nightloom.train import checkpoint
 from nightloom.train.data import PackedWindows, StepLoader, eval_windows, read_eval_texts, set_s3_endpoint
 from nightloom.train.job import TrainJob, TrainResult
@@ -59,7 +61,7 @@ def make_optimizer(params, t) -> torch.optim.Optimizer:
 
 def precision_dtype(precision: str, device_type: str) -> torch.dtype | None:
     """None = fp32 everywhere; bf16 = bf16 compute with fp32 master weights and reductions."""
-    if precision == "bf16" or (precision == "auto" and device_type == "cuda"):
+    if resolve_precision(precision, device_type) == "bf16":
         return torch.bfloat16
     return None
 
@@ -452,9 +454,9 @@ class Trainer:
 
 def _write_pid(job: TrainJob, rank: int) -> None:
     """`<run_dir>/pids/rank-N.pid`: lets an operator (or a test) find and signal one rank."""
-    d = Path(job.run_dir) / "pids"
-    d.mkdir(parents=True, exist_ok=True)
-    (d / f"rank-{rank}.pid").write_text(f"{os.getpid()}\n", encoding="utf-8")
+    path = RunFiles(job.run_dir).rank_pid(rank)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"{os.getpid()}\n", encoding="utf-8")
 
 
 def export_result(job: TrainJob, result: TrainResult, dtype: str) -> TrainResult:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -76,3 +77,40 @@ def test_a_crash_after_training_still_closes_the_ledger_row(prefect_backend, tmp
     assert state.is_failed() and "golden.jsonl:2" in state.message, state.message
     (row,) = Ledger(data["ledger"]["url"]).list_runs()
     assert row.status == "failed" and "golden.jsonl:2" in row.reason
+
+
+#: the input kinds the default Prefect UI (3.9.1) renders on a task run page; it throws `Invalid TaskInputResponse`
+#: on any other (a sub-flow's result, `flow_run`) and shows the page blank (its mapper in server/ui/assets/index-*.js)
+UI_INPUT_KINDS = {"constant", "parameter", "task_run"}
+
+
+def test_every_task_input_renders_in_the_ui(prefect_backend, tmp_path):
+    """Every task run of a pipeline run (and of its shard sub-flow) has only inputs the default UI renders; the
+    Run form has no test-only field."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, FlowRunFilterParentFlowRunId
+
+    from flows.pipeline import training_pipeline
+
+    assert set(training_pipeline.parameters.properties) == {"spec", "resume_run_id"}
+    data = demo_data(tmp_path, steps=4, checkpoint_every=0)
+    data["cluster"]["master_port"] = 20000 + os.getpid() % 5000  # not the default port a concurrent run may hold
+    (spec := tmp_path / "spec.yaml").write_text(yaml.safe_dump(data))
+    state = training_pipeline(str(spec), return_state=True)
+    assert state.is_completed(), state.message
+    root = state.state_details.flow_run_id
+    with get_client(sync_client=True) as c:
+        children = c.read_flow_runs(
+            flow_run_filter=FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[root]))
+        )
+        ids = [root, *(r.id for r in children)]
+        runs = c.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=ids)))
+    assert len(children) == 1 and {r.name.split("-")[0] for r in runs} >= {"train", "validate", "record"}, runs
+    bad = {
+        (r.name, arg, i.input_type)
+        for r in runs
+        for arg, inputs in r.task_inputs.items()
+        for i in inputs
+        if i.input_type not in UI_INPUT_KINDS
+    }
+    assert not bad, bad

@@ -84,6 +84,7 @@ def test_split_resumes_next_window_and_continues_the_same_curve(prefect_backend,
     curve over both windows equals an uninterrupted run of the same job to the same step. The ledger row holds
     both nights, predicted vs actual."""
     from flows.pipeline import training_pipeline
+    from flows.stages import clock_at
     from nightloom.metrics import read_metrics
 
     steps = 100_000  # never finishes: each window's end stops it, whatever this machine's speed
@@ -96,12 +97,14 @@ def test_split_resumes_next_window_and_continues_the_same_curve(prefect_backend,
         offpeak_discount=0.5,
         provisioning_minutes=0.05,
     )
-    first = training_pipeline(str(spec), now=datetime(2026, 11, 30, 5, 59, 25, tzinfo=TZ))  # 35 s left
+    with clock_at(datetime(2026, 11, 30, 5, 59, 25, tzinfo=TZ)):  # 35 s left
+        first = training_pipeline(str(spec))
     assert first.status == "split", first
     k1 = int(first.reason.split(" after ")[1].split("/")[0])
     assert 0 < k1 < steps and "continues at 2026-12-01T02:00:00+08:00" in first.reason, first.reason
 
-    second = training_pipeline(str(spec), resume_run_id=first.run_id, now=datetime(2026, 12, 1, 5, 59, 25, tzinfo=TZ))
+    with clock_at(datetime(2026, 12, 1, 5, 59, 25, tzinfo=TZ)):
+        second = training_pipeline(str(spec), resume_run_id=first.run_id)
     assert second.status == "split" and second.run_id == first.run_id
     metrics = read_metrics(Path(second.run_dir) / "metrics.jsonl")
     k2 = metrics[-1].step
@@ -150,13 +153,15 @@ def test_budget_refusal_before_renting(prefect_backend, tmp_path):
 
 def test_budget_stop_with_checkpoint(prefect_backend, tmp_path):
     from flows.pipeline import training_pipeline
+    from flows.stages import clock_at
     from nightloom.ledger import Ledger
 
     steps = 100_000  # would never finish: the budget stops it
     # 2 ranks at 1800/rank-hour = 1 per second; a budget of 35 is spent 35 s after the gate
     spec = window_spec(tmp_path, steps, policy="run-now", price_per_gpu_hour=1800.0, offpeak_discount=0.0, budget=35.0)
     outside = datetime(2026, 11, 30, 12, 0, tzinfo=TZ)
-    summary = training_pipeline(str(spec), now=outside)
+    with clock_at(outside):
+        summary = training_pipeline(str(spec))
     assert summary.status == "stopped" and "budget" in summary.reason, summary
     assert summary.cost is not None and summary.cost <= 35.0 + 1.0
     ckpts = list((Path(summary.run_dir) / "checkpoints").glob("step-*"))
