@@ -17,6 +17,7 @@ from prefect.cache_policies import NO_CACHE
 from nightloom import recovery as rec
 from nightloom.ledger import Ledger
 from nightloom.provision.base import Cluster, PreflightReport, Provider
+from nightloom.report import NOT_MEASURED
 from nightloom.schedule import BillingSpan, lost_time_cost
 from nightloom.spec import RunSpec
 from nightloom.train.job import TrainJob, TrainOutcome, TrainResult
@@ -79,7 +80,7 @@ def _artifact(events: list[rec.Event], train_s: float, outcome: str) -> None:
             "cost": e.cost,
             "redone_steps": e.redone_steps,
             "gpus": f"{e.world_before} -> {e.world_after if e.world_after is not None else '-'}",
-            "layout_after": e.layout_after or "-",
+            "layout_after": e.layout_after or NOT_MEASURED,
             "detail": e.detail[:300],
         }
         for e in events
