@@ -319,19 +319,7 @@ def search(req: PlanRequest) -> PlanReport:
             )
         ] + _explain(req, s, eff, None)
         chosen.rejected = rejected
-        return PlanReport(
-            chosen=chosen,
-            rejected=rejected,
-            considered=considered,
-            pruned=pruned,
-            evaluated=evaluated,
-            model=req.shape.name,
-            gpu=req.gpu.name,
-            world_size=req.world,
-            efficiency=eff,
-            min_memory_gib=overall_min.mem.total_gib,
-            usable_memory_gib=usable,
-        )
+        return _report(req, chosen, [], rejected, (considered, pruned, evaluated), eff, overall_min, usable)
     ranked = sorted(best_by_family.values(), key=_key)
     best = ranked[0]
     for fam, sm in smallest_by_family.items():
@@ -352,20 +340,7 @@ def search(req: PlanRequest) -> PlanReport:
         chosen.explanation.insert(0, "evaluated the pinned layout " + _pins(fixed) + "; free knobs searched")
     chosen.rejected = rejected[:20]
     alts = [_plan_from(req, s, eff) for s in ranked[1 : 1 + req.alternatives]]
-    return PlanReport(
-        chosen=chosen,
-        alternatives=alts,
-        rejected=rejected,
-        considered=considered,
-        pruned=pruned,
-        evaluated=evaluated,
-        model=req.shape.name,
-        gpu=req.gpu.name,
-        world_size=req.world,
-        efficiency=eff,
-        min_memory_gib=overall_min.mem.total_gib,
-        usable_memory_gib=usable,
-    )
+    return _report(req, chosen, alts, rejected, (considered, pruned, evaluated), eff, overall_min, usable)
 
 
 def _key(s: _Scored):
@@ -460,4 +435,23 @@ def _cpu_report(
         model=req.shape.name,
         gpu="cpu",
         world_size=req.world,
+    )
+
+
+def _report(req, chosen, alternatives, rejected, counts: tuple[int, int, int], eff, overall_min, usable) -> PlanReport:
+    """The search's outcome: the chosen plan (or the smallest that did not fit), alternatives and the counts."""
+    considered, pruned, evaluated = counts
+    return PlanReport(
+        chosen=chosen,
+        alternatives=alternatives,
+        rejected=rejected,
+        considered=considered,
+        pruned=pruned,
+        evaluated=evaluated,
+        model=req.shape.name,
+        gpu=req.gpu.name,
+        world_size=req.world,
+        efficiency=eff,
+        min_memory_gib=overall_min.mem.total_gib,
+        usable_memory_gib=usable,
     )
