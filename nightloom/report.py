@@ -60,6 +60,33 @@ class RunSummary(BaseModel):
         finish = f"; predicted finish {self.predicted_finish}" if self.predicted_finish else ""
         return f"{self.nights_used} used, {left} left{finish}"
 
+    def add_shards(self, manifest: ShardManifest) -> None:
+        """The shard stage's figures."""
+        self.shards, self.shard_imbalance, self.shards_balanced = (
+            manifest.num_shards,
+            manifest.imbalance,
+            manifest.balanced,
+        )
+
+    def not_run(self, status: str, reason: str, next_run_at: str | None, stages: list[StageTime]) -> RunSummary:
+        """The summary of a run the window gate did not start now (deferred to `next_run_at`)."""
+        self.status, self.reason, self.next_run_at, self.stages = status, reason, next_run_at, stages
+        return self
+
+    def add_nights(self, used: int, left: int | None, predicted_finish: str | None) -> None:
+        """Nights used (this one included), nights predicted to come, and the predicted finish."""
+        self.nights_used, self.nights_left, self.predicted_finish = used, left, predicted_finish
+
+    def add_training(self, trained: TrainOutcome, predicted_mfu: float | None) -> None:
+        """The train stage's figures: the layout and size the run finished on, the plan's MFU, interruptions."""
+        self.layout, self.world_size, self.mfu_predicted = (
+            trained.plan.layout(),
+            trained.cluster.world_size,
+            predicted_mfu,
+        )
+        self.interruptions, self.recovery_s = trained.interruptions, round(trained.recovery_s, 2)
+        self.export_dir = trained.result.export_dir
+
 
 #: what a table cell shows for a figure that is not there; never "-", which the Prefect UI's markdown renders
 #: as a list bullet
@@ -89,33 +116,6 @@ def summary_rows(
         *({"field": f"stage {s.stage}", "value": f"{s.seconds:.1f} s"} for s in stages),
         {"field": "ledger row", "value": summary.run_id},
     ]
-
-    def add_shards(self, manifest: ShardManifest) -> None:
-        """The shard stage's figures."""
-        self.shards, self.shard_imbalance, self.shards_balanced = (
-            manifest.num_shards,
-            manifest.imbalance,
-            manifest.balanced,
-        )
-
-    def not_run(self, status: str, reason: str, next_run_at: str | None, stages: list[StageTime]) -> RunSummary:
-        """The summary of a run the window gate did not start now (deferred to `next_run_at`)."""
-        self.status, self.reason, self.next_run_at, self.stages = status, reason, next_run_at, stages
-        return self
-
-    def add_nights(self, used: int, left: int | None, predicted_finish: str | None) -> None:
-        """Nights used (this one included), nights predicted to come, and the predicted finish."""
-        self.nights_used, self.nights_left, self.predicted_finish = used, left, predicted_finish
-
-    def add_training(self, trained: TrainOutcome, predicted_mfu: float | None) -> None:
-        """The train stage's figures: the layout and size the run finished on, the plan's MFU, interruptions."""
-        self.layout, self.world_size, self.mfu_predicted = (
-            trained.plan.layout(),
-            trained.cluster.world_size,
-            predicted_mfu,
-        )
-        self.interruptions, self.recovery_s = trained.interruptions, round(trained.recovery_s, 2)
-        self.export_dir = trained.result.export_dir
 
 
 @dataclass(frozen=True)

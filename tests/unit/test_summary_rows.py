@@ -30,3 +30,26 @@ def test_measured_figures_are_formatted():
     assert values["tokens/s"] == "12,346"
     assert values["MFU"] == "4.12% (measured: CPU matmul)" and values["MFU planned"] == "5.00%"
     assert values["cost"] == "1.25 USD"
+
+
+def test_summary_collects_each_stage_figures():
+    from nightloom.sharding.manifest import ShardManifest
+
+    m = ShardManifest(
+        num_shards=4,
+        key="<text>",
+        salt="s",
+        imbalance=0.01,
+        imbalance_before_rebalance=0.05,
+        balanced=True,
+        rows=10,
+        tokens=100,
+        bytes=1000,
+        shards=[],
+    )
+    s = _summary(shards=0, shard_imbalance=None)
+    s.add_shards(m)
+    s.add_nights(2, 1, "2026-12-03T02:24:00+08:00")
+    assert (s.shards, s.shard_imbalance, s.shards_balanced) == (4, 0.01, True)
+    assert s.nights_text() == "2 used, 1 left; predicted finish 2026-12-03T02:24:00+08:00"
+    assert s.not_run("deferred", "outside the window", "2026-12-01T02:00", []) is s and s.status == "deferred"
