@@ -30,7 +30,7 @@ def start_record_task(spec: RunSpec, run_id: str, plan: ParallelPlan | None, res
             name=spec.name,
             model=spec.model.name,
             cluster=spec.cluster.name,
-            provider=spec.cluster.provider,
+            provider=spec.cluster.provider.kind,
             gpu_type=spec.cluster.gpu_type,
             world_size=spec.world_size,
             plan=plan,
