@@ -251,9 +251,7 @@ class NCCLSpec(_Section):
 
 
 class ClusterSpec(_Section):
-    """Where training runs: `provider` holds the chosen provider's settings (`kind: local`, the embedded default,
-    is process groups on this machine). The older spelling `provider: slurm` with a sibling `slurm:` section is
-    read as `provider: {kind: slurm, ...}`; sections of providers not chosen are dropped, as they were unused."""
+    """Where training runs: the provider (its `kind` and only its settings) and the nodes to rent."""
 
     provider: ProviderSpec = Field(
         default_factory=LocalSpec, description="The provider (`kind`) and its settings: local, ssh, slurm, kubernetes."
@@ -280,7 +278,8 @@ class ClusterSpec(_Section):
     @model_validator(mode="before")
     @classmethod
     def _one_provider_section(cls, data):
-        """`provider: <kind>` plus a `<kind>:` section (the spelling before the union) -> `provider: {kind, ...}`."""
+        """The spelling before the union, `provider: slurm` beside a `slurm:` section, reads as
+        `provider: {kind: slurm, ...}`; sections of providers not chosen are dropped (they were never read)."""
         if not isinstance(data, dict) or not isinstance(data.get("provider", "local"), str):
             return data
         data = dict(data)
