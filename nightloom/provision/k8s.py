@@ -176,7 +176,8 @@ class KubernetesLaunch:
 
 
 class KubernetesProvider:
-    """Applies the manifests with the kubernetes client when a kubeconfig is given; renders them otherwise."""
+    """Applies the manifests with the kubernetes client; without `kubeconfig`, acquire refuses and points at
+    render_manifests() (to apply them yourself)."""
 
     name = "kubernetes"
     last_report: PreflightReport | None = None  # of the last acquire
@@ -250,7 +251,8 @@ class KubernetesProvider:
         return KubernetesLaunch(self, cluster)
 
     def reacquire(self, cluster: Cluster, exclude: dict[str, str]) -> Cluster:
-        """Recovery: the same Job without the failed nodes (no spares on Kubernetes yet)."""
+        """Recovery: the cluster without `exclude` (no spares on Kubernetes yet). Preflight never names a failed
+        pod, so recovery excludes nothing here, and launch renders a fresh Job of the spec's size."""
         return cluster.without(exclude)
 
     def release(self, cluster: Cluster) -> None:

@@ -130,7 +130,8 @@ class SSHLaunch(MergedLaunch):
 
 
 class SSHProvider:
-    """Nodes are SSH hosts from `spec.cluster.provider.hosts` (spares replace unreachable ones)."""
+    """Nodes are SSH hosts from `spec.cluster.provider.hosts`; spares replace unreachable hosts in acquire and
+    failed nodes in reacquire."""
 
     name = "ssh"
     last_report: PreflightReport | None = None  # of the last acquire
