@@ -2,8 +2,10 @@
 
 Inputs are scanned by one task per scan unit (a file, or many small files together) and shards written by one
 task each. With `sharding.dask` set, those tasks run on a Dask cluster (prefect-dask's DaskTaskRunner) in a
-`shard-on-dask` sub-flow; every worker must import this project and see the inputs, the output and the work
-folder (`<output>/.nightloom-work` for local output, `$NIGHTLOOM_SHARD_WORKDIR` for S3).
+`shard-on-dask` sub-flow; every worker must import this project and reach the inputs, the output and the work
+folder. With an s3:// output the work folder is `<output>/.nightloom-work/<hash>` on S3 (or
+`$NIGHTLOOM_SHARD_WORKDIR`), so workers on other machines need nothing shared but S3; with a local output it is
+`<output>/.nightloom-work`, which the workers must share.
 """
 
 from __future__ import annotations

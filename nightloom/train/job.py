@@ -15,6 +15,7 @@ from nightloom.perf import resolve_peak
 from nightloom.provision.base import Cluster
 from nightloom.runfiles import RunFiles
 from nightloom.schedule import BillingSpan
+from nightloom.sharding.storage import S3Config
 from nightloom.spec import RunSpec, TokenizerSpec, TrainSpec
 
 
@@ -79,7 +80,7 @@ class TrainJob(BaseModel):
     plan: ParallelPlan
     train: TrainSpec
     manifest: str  # folder, manifest.json path, or s3:// prefix
-    s3_endpoint_url: str | None = None
+    s3: S3Config = Field(default_factory=S3Config)  # where s3:// shards and weights live (storage.*, no secrets)
     peak_flops: float | None = Field(None, description="Per-device peak FLOP/s for MFU; None = measure on CPU.")
     peak_source: str | None = None
     deadline_unix: float | None = Field(None, description="Checkpoint and stop cleanly at this wall-clock time.")
@@ -132,7 +133,7 @@ class TrainJob(BaseModel):
             plan=plan,
             train=spec.train,
             manifest=spec.sharding.output,
-            s3_endpoint_url=spec.storage.s3_endpoint_url,
+            s3=S3Config.from_spec(spec.storage),
             peak_flops=peak.flops if peak else None,
             peak_source=peak.source if peak else None,
             deadline_unix=deadline_unix,

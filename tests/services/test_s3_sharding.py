@@ -39,10 +39,10 @@ def test_s3_round_trip_matches_local_and_reruns_free(s3_endpoint, tmp_path):
     assert [s.sha256 for s in m_s3.shards] == [s.sha256 for s in m_local.shards]
     assert m_s3.dedup_dropped == m_local.dedup_dropped > 0
     assert all(s.fingerprint.startswith("etag:") for s in m_s3.sources)
-    st.configure_s3(url)
-    assert load_manifest(f"{prefix}/out") == m_s3
-    assert read_shard(f"{prefix}/out", 2).num_rows == m_s3.shards[2].rows
-    names = sorted(n for n, _ in st.list_files(f"{prefix}/out"))
+    s3 = st.S3Config(endpoint_url=url)
+    assert load_manifest(f"{prefix}/out", s3) == m_s3
+    assert read_shard(f"{prefix}/out", 2, s3=s3).num_rows == m_s3.shards[2].rows
+    names = sorted(n for n, _ in st.list_files(f"{prefix}/out", s3))
     assert names == sorted(["manifest.json"] + [s.path for s in m_s3.shards])
     import boto3
 
