@@ -61,6 +61,11 @@ class WorkDir:
                 if not self.path(name).is_file():
                     storage.get_file(storage.join(self.uri, name), self.path(name), self.s3)
 
+    def drop_cache(self) -> None:
+        """Delete this machine's cached copies (a worker's, once the run is published)."""
+        if self.remote:
+            shutil.rmtree(self.local, ignore_errors=True)
+
     def remove(self) -> None:
         """Delete the work folder (and this machine's cache of it)."""
         if self.remote:
