@@ -295,8 +295,7 @@ def get_file(uri: str, local: Path, s3: S3Config | None = None) -> Path:
 def list_files(uri: str, s3: S3Config | None = None) -> list[tuple[str, int]]:
     """(relative name, size) of every object/file under a folder or prefix, sorted by name."""
     if not is_s3(uri):
-        root = Path(uri)
-        return sorted((p.relative_to(root).as_posix(), p.stat().st_size) for p in root.rglob("*") if p.is_file())
+        return sorted(_walk_local(str(uri), ""))
     loc = S3Location.parse(uri)
     prefix = loc.key.rstrip("/") + "/" if loc.key else ""
     out: list[tuple[str, int]] = []
@@ -309,6 +308,23 @@ def list_files(uri: str, s3: S3Config | None = None) -> list[tuple[str, int]]:
 
     _s3_call(uri, "list", run, s3)
     return sorted(out)
+
+
+def _walk_local(folder: str, rel: str) -> list[tuple[str, int]]:
+    """(relative name, size) of the files under `folder` (os.scandir: one stat per entry, no pathlib objects;
+    a folder of 13k small files is listed in milliseconds). Symlinks are followed, as Path.rglob's is_file did."""
+    out: list[tuple[str, int]] = []
+    try:
+        entries = list(os.scandir(folder))
+    except (FileNotFoundError, NotADirectoryError):
+        return out
+    for e in entries:
+        name = rel + e.name
+        if e.is_dir():
+            out += _walk_local(e.path, name + "/")
+        elif e.is_file():
+            out.append((name, e.stat().st_size))
+    return out
 
 
 def delete(uri: str, s3: S3Config | None = None) -> None:
@@ -346,7 +362,7 @@ def xxh3_file(path: Path, chunk: int = 1 << 22) -> str:
     import xxhash
 
     h = xxhash.xxh3_128()
-    with open(path, "rb") as f:
+    with open(path, "rb", buffering=0) as f:
         while b := f.read(chunk):
             h.update(b)
     return h.hexdigest()
