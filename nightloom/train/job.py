@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from nightloom.parallel import ParallelPlan
 from nightloom.perf import resolve_peak
@@ -90,6 +90,16 @@ class TrainJob(BaseModel):
     weights: str | None = Field(None, description="Hugging Face safetensors folder or s3:// prefix to start from.")
     hf_config: str | None = Field(None, description="The config.json the model came from (copied on export).")
     tokenizer_dir: str | None = Field(None, description="Tokenizer file or folder whose files the export carries.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_s3_field(cls, data):
+        """job.json files written before `s3` had a bare `s3_endpoint_url`: still readable (export, evaluate)."""
+        if isinstance(data, dict) and "s3_endpoint_url" in data:
+            data = dict(data)
+            url = data.pop("s3_endpoint_url")
+            data.setdefault("s3", {"endpoint_url": url} if url else {})
+        return data
 
     @property
     def export_format(self) -> str:

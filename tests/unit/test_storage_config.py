@@ -80,3 +80,19 @@ def test_workdir_local_and_cache_path(monkeypatch, tmp_path):
     assert remote.remote and remote.local == tmp_path / "cache" / "bkt" / "out/.nightloom-work/h-w3"
     local.remove()
     assert not (tmp_path / "w").exists()
+
+
+def test_old_train_job_with_bare_endpoint_still_loads(tmp_path):
+    import json
+
+    from nightloom.train.job import TrainJob
+    from tests.support.harness import make_job
+
+    path = make_job(tmp_path / "run", tmp_path / "shards", job_kw={"s3": st.S3Config(endpoint_url="http://s3:1")})
+    data = json.loads(path.read_text())
+    assert TrainJob.model_validate(data).s3.endpoint_url == "http://s3:1"
+    del data["s3"]
+    data["s3_endpoint_url"] = "http://old:2"  # a job.json written before the S3Config field
+    assert TrainJob.model_validate(data).s3 == st.S3Config(endpoint_url="http://old:2")
+    data["s3_endpoint_url"] = None
+    assert TrainJob.model_validate(data).s3 == st.S3Config()
