@@ -2,7 +2,9 @@
 spill kept records to Arrow IPC parts.
 
 One call per scan unit, independent of the others (a Prefect task; Dask/Ray can spread them). Spill parts
-hold the text (and key); a META_DTYPE array file holds both hashes, tokens and bytes per record; the result
+hold the text (and key); a META_DTYPE array file holds both hashes, tokens and bytes per record; with a tokenizer
+other than `bytes` an ids file holds every record's token ids (tokenized once, here: they give the counts the
+balancer uses and the shard's .bin token file); the result
 marker is written last, so a re-run skips files already scanned (resume). Bad records fail at once (`on_error=fail`) or are
 counted (`skip`).
 
