@@ -12,6 +12,13 @@ RSS, the ratios, nightloom's peak RSS at two sizes, and a Markdown table of the 
     python bench/sharding.py --size-mb 1024 --shards 16            # the library's defaults (zstd, 1 thread/CPU)
     python bench/sharding.py --size-mb 1024 --compression none     # what the codec costs
     python bench/sharding.py --size-mb 1024 --skip-datasets --many-files 13000   # + small files vs one JSONL
+    python bench/sharding.py --tokens-only --tokens-mb 64          # tokens/s per core with a real tokenizer
+
+With `--tokens-mb N` (or `--tokens-only`): the whole shard stage with a real tokenizer (a byte-level BPE of 32k
+trained with `tokenizers` on the corpus, or `--tokenizer PATH`), writing Parquet + .bin/.idx token files, against
+`tokenizers`' own `encode_batch` (and `encode_batch_fast`) of the same documents on the same cores, in tokens/s
+per core. The shard stage's time covers everything (parse, hash, tokenize, dedup, write); the library's only the
+encode calls (reading the JSONL is not counted), so the ratio is conservative.
 """
 
 from __future__ import annotations
@@ -86,6 +93,116 @@ with pq.ParquetWriter(sys.argv[2], schema, **parquet_options(sys.argv[3])) as w:
         w.write_table(pj.read_json(piece, parse_options=parse))
 """,
 }
+TOKEN_CHILD = {
+    "encode": """
+import os, sys, time, orjson
+from tokenizers import Tokenizer
+tok = Tokenizer.from_file(sys.argv[1] + "/tokenizer.json")
+with open(sys.argv[2], "rb") as f:
+    texts = [orjson.loads(line)["text"] for line in f]
+method = getattr(tok, sys.argv[3])
+n, t0 = 0, time.perf_counter()
+for a in range(0, len(texts), 8192):
+    n += sum(len(e.ids) for e in method(texts[a : a + 8192]))
+print("TOKENS", n, time.perf_counter() - t0, file=sys.stderr)
+""",
+    "shard": """
+import sys, time
+from nightloom.sharding import shard_dataset
+from nightloom.spec import DatasetSpec, ShardingSpec, TokenizerSpec
+from nightloom.tokenizer import load_tokenizer
+spec = TokenizerSpec(path=sys.argv[1])
+load_tokenizer(spec)
+t0 = time.perf_counter()
+m = shard_dataset(DatasetSpec(path=sys.argv[2]), ShardingSpec(output=sys.argv[3], num_shards=16, tolerance=0.05),
+                  workers=int(sys.argv[4]), tokenizer=spec)
+dt = time.perf_counter() - t0
+files = sum(1 for s in m.shards if s.token_files)
+print("TOKENS", m.tokens, dt, files, file=sys.stderr)
+""",
+}
+
+
+def train_bpe(corpus: Path, folder: Path, vocab: int = 32_000, sample_mb: float = 8) -> None:
+    """A byte-level BPE trained with `tokenizers` on the first `sample_mb` of the corpus (EOS <|endoftext|>)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    def texts():
+        seen = 0
+        with open(corpus, "rb") as f:
+            for line in f:
+                seen += len(line)
+                if seen > sample_mb * 2**20:
+                    return
+                yield json.loads(line)["text"]
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab,
+        special_tokens=["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts(), trainer=trainer)
+    folder.mkdir(parents=True, exist_ok=True)
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|endoftext|>"}))
+
+
+def token_child(kind: str, cores: int, *args: str) -> tuple[int, float, str]:
+    """(tokens, seconds of the timed part, extra) of one child run with `cores` threads for Rayon and the sharder."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), RAYON_NUM_THREADS=str(cores))
+    env["TOKENIZERS_PARALLELISM"] = "true"
+    p = subprocess.run(
+        [sys.executable, "-c", TOKEN_CHILD[kind], *args], env=env, capture_output=True, text=True, check=False
+    )
+    if p.returncode:
+        raise SystemExit(f"{kind} failed:\n{p.stderr[-3000:]}")
+    parts = next(ln for ln in p.stderr.splitlines() if ln.startswith("TOKENS")).split()
+    return int(parts[1]), float(parts[2]), " ".join(parts[3:])
+
+
+def token_bench(scratch: Path, size_mb: float, tokenizer: str | None, cores: int) -> None:
+    """The shard stage with a real tokenizer against `tokenizers`' own batch encode: tokens/s per core."""
+    corpus = scratch / "tokens.jsonl"
+    make_corpus(corpus, size_mb, seed=3)
+    folder = Path(tokenizer) if tokenizer else scratch / "bpe-32k"
+    if tokenizer is None:
+        t = time.perf_counter()
+        train_bpe(corpus, folder)
+        print(f"tokenizer: byte-level BPE 32k trained with `tokenizers` in {time.perf_counter() - t:.1f} s")
+    mb = corpus.stat().st_size / 2**20
+    best: dict[str, tuple[int, float, str]] = {}
+    out = scratch / "tok-out"
+    for _ in range(REPEAT):  # rounds of every route in turn: a shared machine's load drifts, not one route's
+        for route in ("encode_batch", "encode_batch_fast", "shard"):
+            if route == "shard":
+                _remove(out)
+                r = token_child("shard", cores, str(folder), str(corpus), str(out), str(cores))
+                _remove(out)
+            else:
+                r = token_child("encode", cores, str(folder), str(corpus), route)
+            if route not in best or r[1] < best[route][1]:
+                best[route] = r
+    runs = {k: v[:2] for k, v in best.items()}
+    total = runs["encode_batch"][0]  # every document's tokens (the sharder tokenizes duplicates too, before dedup)
+    kept, nl_t, files = best["shard"]
+    print(f"tokens: {mb:.0f} MiB JSONL, {total:,} tokens ({kept:,} kept after dedup), {cores} core(s)")
+
+    def row(label: str, seconds: float) -> float:
+        per_core = total / seconds / cores
+        print(f"{label:<44} {per_core / 1e6:6.3f} M tokens/s per core  ({seconds:.1f} s, {mb / seconds:.1f} MB/s)")
+        return per_core
+
+    nl = row(f"(t) nightloom shard (16 shards, {files} .bin/.idx)", nl_t)
+    ref = row("(u) tokenizers encode_batch", runs["encode_batch"][1])
+    fast = row("(v) tokenizers encode_batch_fast", runs["encode_batch_fast"][1])
+    print(f"    ratio nightloom / encode_batch      = {nl / ref:.2f}  (goal ≥ 0.8)")
+    print(f"    ratio nightloom / encode_batch_fast = {nl / fast:.2f}")
+
+
 RSS = """
 import resource, sys
 u = resource.getrusage(resource.RUSAGE_SELF)
@@ -201,12 +318,23 @@ def main() -> int:
         default=0,
         help="also shard N documents as N small text files against the same documents as one JSONL (0: skip)",
     )
+    ap.add_argument("--tokens-mb", type=float, default=0, help="also the real-tokenizer route on N MB (0: skip)")
+    ap.add_argument("--tokens-only", action="store_true", help="only the real-tokenizer route (default 64 MB)")
+    ap.add_argument("--tokenizer", default=None, help="HF tokenizer folder for it (default: train a 32k BPE)")
     a = ap.parse_args()
     global REPEAT
     REPEAT = max(1, a.repeat)
     small_mb = a.small_mb or a.size_mb / 4
     scratch = Path(a.dir or tempfile.mkdtemp(prefix="nl-bench-"))
     scratch.mkdir(parents=True, exist_ok=True)
+    cores = a.workers or os.cpu_count() or 1
+    if a.tokens_only:
+        try:
+            token_bench(scratch, a.tokens_mb or 64, a.tokenizer, cores)
+        finally:
+            if a.dir is None:
+                shutil.rmtree(scratch, ignore_errors=True)
+        return 0
     try:
         big, small = scratch / "big.jsonl", scratch / "small.jsonl"
         t = time.perf_counter()
@@ -268,6 +396,8 @@ def main() -> int:
         print("|---|---|---|---|")
         for label, speed, cpu, rss in table:
             print(f"| {label} | {speed:.0f} | {cpu:.1f} | {rss / 1024:.0f} MiB |")
+        if a.tokens_mb:
+            token_bench(scratch, a.tokens_mb, a.tokenizer, cores)
         plateau = a.shards * 16  # MiB: below this each shard is less than one 16 MiB row group (smaller buffers)
         if nsmall / 2**20 < plateau:
             print(

@@ -10,6 +10,7 @@ hash and a run's checkpoint know which tokenizer made their tokens. Libraries ar
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import threading
@@ -47,6 +48,14 @@ class Tokenizer:
         """Ids per document (as `encode` gives them), int64."""
         return np.fromiter((len(ids) for ids in self.encode_batch(texts)), dtype=np.int64, count=len(texts))
 
+    def encode_ids(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """(ids per document, every document's ids back to back), both int64: `encode_batch` as two arrays (what
+        the shard stage writes to token files)."""
+        batch = self.encode_batch(texts)
+        lengths = np.fromiter(map(len, batch), dtype=np.int64, count=len(batch))
+        ids = np.fromiter(itertools.chain.from_iterable(batch), dtype=np.int64, count=int(lengths.sum()))
+        return lengths, ids
+
     def stream(self, texts: Sequence[str]) -> np.ndarray:
         """Every document's ids followed by EOS, concatenated: the packed training stream (int64)."""
         parts = []
@@ -79,6 +88,11 @@ class BytesTokenizer(Tokenizer):
 
     def count_batch(self, texts: Sequence[str]) -> np.ndarray:
         return np.fromiter((len(t.encode("utf-8")) for t in texts), dtype=np.int64, count=len(texts))
+
+    def encode_ids(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        raw = [t.encode("utf-8") for t in texts]
+        lengths = np.fromiter(map(len, raw), dtype=np.int64, count=len(raw))
+        return lengths, np.frombuffer(b"".join(raw), dtype=np.uint8).astype(np.int64)
 
     def stream(self, texts: Sequence[str]) -> np.ndarray:
         sep = bytes([BYTES_EOS])

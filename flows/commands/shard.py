@@ -2,7 +2,8 @@
 
 Pure command (no Prefect): calls nightloom.sharding.shard_dataset; with `--dask ADDRESS` (or `sharding.dask` in
 SPEC) it runs the `shard-dataset` Prefect flow with its scan and write tasks on that Dask cluster instead. Exit 0 balanced, 1 not balanced or
-failed, 2 usage. `--json` prints the summary (per-shard figures, imbalance, balanced, dedup_dropped).
+failed, 2 usage. `--json` prints the summary (per-shard figures, imbalance, balanced, dedup_dropped, token files).
+`--tokenizer` (or SPEC's model.tokenizer) sets the tokenizer whose ids go to each shard's .bin/.idx token files.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ import time
 from pydantic import ValidationError
 
 from nightloom.sharding import ShardingError, shard_dataset, summarize
-from nightloom.spec import DatasetSpec, ShardingSpec, SpecError, StorageSpec, load_spec
+from nightloom.spec import DatasetSpec, ShardingSpec, SpecError, StorageSpec, TokenizerSpec, load_spec
+from nightloom.tokenizer import TokenizerError, load_tokenizer
 
 # flag → (section, field)
 _OVERRIDES = {
@@ -69,6 +71,17 @@ def register(subparsers) -> None:
         metavar="ADDRESS",
         help="run the scan and write tasks on a Dask cluster (scheduler address, e.g. tcp://10.0.0.2:8786) "
         "through the shard-dataset Prefect flow; the output is the same as on one machine",
+    )
+    p.add_argument(
+        "--tokenizer",
+        metavar="PATH",
+        help="tokenizer for the .bin/.idx token files and token counts: a Hugging Face folder (tokenizer.json), "
+        "a tiktoken rank file, a SentencePiece .model, or `bytes` (default; overrides SPEC's model.tokenizer)",
+    )
+    p.add_argument(
+        "--tokenizer-pattern",
+        metavar="NAME_OR_REGEX",
+        help="with a tiktoken rank file: its split pattern, or an encoding name such as cl100k_base",
     )
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(func=run)
@@ -133,6 +146,21 @@ def _shard_on_dask(dataset: DatasetSpec, sharding: ShardingSpec, storage: Storag
     return shard_dataset_flow(spec)
 
 
+def _tokenizer(args) -> TokenizerSpec | None:
+    """--tokenizer/--tokenizer-pattern over SPEC's model.tokenizer, loaded once here so that a bad path or file
+    is a usage error before any input is read (a `train_vocab` tokenizer is trained by the shard stage)."""
+    spec = load_spec(args.spec).model.tokenizer if args.spec else None
+    if args.tokenizer is not None:
+        spec = TokenizerSpec.coerce(args.tokenizer)
+    if args.tokenizer_pattern is not None:
+        if spec is None or spec.is_bytes:
+            raise TokenizerError("--tokenizer-pattern: needs --tokenizer PATH (a tiktoken rank file)")
+        spec = spec.model_copy(update={"pattern": args.tokenizer_pattern})
+    if spec is not None and spec.train_vocab is None:
+        load_tokenizer(spec)
+    return spec
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         dataset, sharding, storage = _sections(args)
@@ -142,7 +170,12 @@ def run(args: argparse.Namespace) -> int:
         return _usage("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors()))
     if args.workers is not None and args.workers < 1:
         return _usage("--workers must be >= 1")
-    tokenizer = load_spec(args.spec).model.tokenizer if args.spec else None
+    try:
+        tokenizer = _tokenizer(args)
+    except TokenizerError as err:
+        return _usage(str(err))
+    except ValidationError as err:
+        return _usage("; ".join(f"--tokenizer: {e['msg']}" for e in err.errors()))
     try:
         if sharding.dask is not None:
             manifest = _shard_on_dask(dataset, sharding, storage, tokenizer)
@@ -172,5 +205,6 @@ def run(args: argparse.Namespace) -> int:
             f"{summary.dedup_dropped} duplicates dropped, {summary.empty_skipped} empty, {summary.bad_records} bad"
         )
         print(summary.files_line())
+        print(summary.tokens_line())
         print("balanced" if summary.balanced else "NOT balanced")
     return 0 if summary.balanced else 1

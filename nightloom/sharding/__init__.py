@@ -1,4 +1,5 @@
-"""Hash sharding: deterministic, deduplicated, balanced Parquet shards plus a manifest, local or on S3.
+"""Hash sharding: deterministic, deduplicated, balanced Parquet shards, each with its token ids as a Megatron
+indexed dataset (.bin/.idx), plus a manifest, local or on S3.
 
 Pure logic (no Prefect): `shard_dataset` runs everything in-process; flows/shard.py maps the same steps
 (`plan_job`, `scan_unit`, `place_documents`, `write_shard`, `publish`) over Prefect tasks.

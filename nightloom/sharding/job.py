@@ -46,6 +46,8 @@ class ShardJob(BaseModel):
     workdir: str
     tokenizer: TokenizerSpec = Field(default_factory=TokenizerSpec)  # counts tokens (model.tokenizer)
     tokenizer_id: str = "bytes"  # the tokenizer's fingerprint, recorded in the manifest
+    token_dtype: str = "uint16"  # of the token files: uint16 when the vocab has < 65,500 ids, else int32
+    eos_id: int = 0  # appended after every document in the token files
 
     @property
     def output(self) -> str:
@@ -73,10 +75,14 @@ class ShardJob(BaseModel):
     def has_heldout(self) -> bool:
         return self.sharding.heldout > 0
 
-    def shard_name(self, index: int) -> str:
+    def shard_stem(self, index: int) -> str:
+        """A shard's files share this name: `.parquet` (text), `.bin` + `.idx` (token ids; Megatron's prefix)."""
         if index == self.heldout_index:
-            return f"heldout.{self.settings_hash[:8]}.parquet"
-        return f"shard-{index:05d}-of-{self.num_shards:05d}.{self.settings_hash[:8]}.parquet"
+            return f"heldout.{self.settings_hash[:8]}"
+        return f"shard-{index:05d}-of-{self.num_shards:05d}.{self.settings_hash[:8]}"
+
+    def shard_name(self, index: int) -> str:
+        return self.shard_stem(index) + ".parquet"
 
     @property
     def work(self) -> WorkDir:
@@ -164,7 +170,9 @@ def settings_hash(
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:32]
 
 
-WORK_FORMAT = 3  # layout of the work files (2: raw .bin arrays; 3: one scan per unit of files); others not resumed
+WORK_FORMAT = (
+    4  # layout of the work files (2: raw .bin arrays; 3: one scan per unit; 4: token id spills); others not resumed
+)
 
 
 def default_workdir(output: str, shash: str, distributed: bool = False) -> str:
@@ -190,7 +198,8 @@ def existing_manifest(output: str, shash: str, s3: S3Config | None = None) -> Sh
         return None
     if m.settings_hash != shash:
         return None
-    if not all(storage.exists(storage.join(output, s.path), s3) for s in m.shards):
+    shards = m.shards + ([m.heldout] if m.heldout else [])
+    if not all(storage.exists(storage.join(output, f), s3) for s in shards for f in s.files()):
         return None
     return m
 
@@ -206,9 +215,12 @@ def plan_job(
 
     `tokenizer` (the run's model.tokenizer, default bytes) counts tokens; a `train_vocab` BPE is trained on the
     corpus here on first use, so its fingerprint enters the hash."""
+    from nightloom.sharding.tokens import token_dtype
     from nightloom.tokenizer import ensure_trained, load_tokenizer
 
     tok_spec = TokenizerSpec.coerce(tokenizer)
+    if tok_spec.train_vocab is None:
+        load_tokenizer(tok_spec)  # a bad tokenizer fails here, before any input is read
     s3 = S3Config.from_spec(storage_spec)
     for uri in (dataset.path, sharding.output):
         if storage.is_s3(uri):
@@ -219,11 +231,14 @@ def plan_job(
     check_keep_columns(dataset.keep_columns, listing.sources)
     sources = [fingerprint(s, s3) for s in listing.sources]
     ensure_trained(tok_spec, dataset)
-    tok_id = load_tokenizer(tok_spec).fingerprint()
+    tok = load_tokenizer(tok_spec)
+    tok_id = tok.fingerprint()
     shash = settings_hash(dataset, sharding, sources, listing.ignored, tok_id)
     return ShardJob(
         tokenizer=tok_spec,
         tokenizer_id=tok_id,
+        token_dtype=token_dtype(tok.vocab_size),
+        eos_id=tok.eos_id,
         dataset=dataset,
         sharding=sharding,
         s3=s3,

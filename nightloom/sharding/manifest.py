@@ -7,8 +7,29 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-SCHEMA_VERSION = 2  # 2: per-file status and the file counts (every input file accounted for)
+SCHEMA_VERSION = 3  # 2: per-file status and the file counts (every input file accounted for); 3: token files
+READABLE_SCHEMAS = (1, 2, 3)  # older manifests load with defaults (no token files: the trainer reads the text)
 MANIFEST_NAME = "manifest.json"
+
+
+class TokenFiles(BaseModel):
+    """A shard's Megatron indexed dataset (nightloom/sharding/tokens.py): `prefix.bin` + `prefix.idx`, one sequence
+    per document (the tokenizer's ids, then EOS) in the Parquet shard's row order."""
+
+    model_config = ConfigDict(extra="forbid")
+    bin: str  # relative to the manifest's folder/prefix
+    idx: str
+    dtype: str  # uint16 (vocab < 65,500) or int32
+    eos_id: int
+    documents: int  # = the shard's rows
+    tokens: int  # ids in the .bin, EOS included (= the shard's tokens + rows)
+    bin_sha256: str
+    idx_sha256: str
+
+    @property
+    def prefix(self) -> str:
+        """What Megatron's `IndexedDataset(path_prefix)` takes."""
+        return self.bin.removesuffix(".bin")
 
 
 class ShardInfo(BaseModel):
@@ -19,6 +40,11 @@ class ShardInfo(BaseModel):
     tokens: int
     bytes: int
     sha256: str
+    token_files: TokenFiles | None = None  # None: a manifest before schema 3 (text only)
+
+    def files(self) -> list[str]:
+        """Every file of this shard, relative to the manifest: the Parquet text, then the token files if any."""
+        return [self.path] + ([self.token_files.bin, self.token_files.idx] if self.token_files else [])
 
 
 class BadRecord(BaseModel):
@@ -90,10 +116,20 @@ def load_manifest(output_or_manifest: str | Path, s3=None) -> ShardManifest:
         from nightloom.sharding.storage import read_bytes
 
         uri = s if s.endswith(".json") else manifest_uri(s)
-        return ShardManifest.model_validate_json(read_bytes(uri, s3))
+        return _validate(read_bytes(uri, s3), uri)
     p = Path(s)
     if p.is_dir():
         p = p / MANIFEST_NAME
     if not p.is_file():
         raise FileNotFoundError(f"{p}: no shard manifest (was the dataset sharded to completion?)")
-    return ShardManifest.model_validate_json(p.read_text(encoding="utf-8"))
+    return _validate(p.read_text(encoding="utf-8"), str(p))
+
+
+def _validate(data: str | bytes, where: str) -> ShardManifest:
+    m = ShardManifest.model_validate_json(data)
+    if m.schema_version not in READABLE_SCHEMAS:
+        raise ValueError(
+            f"{where}: schema_version {m.schema_version} is not one this nightloom reads {READABLE_SCHEMAS} "
+            "(written by a newer version?)"
+        )
+    return m

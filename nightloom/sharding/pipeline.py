@@ -1,4 +1,5 @@
-"""shard_dataset: plan → scan each input → place (dedup + balance) → write each shard → manifest (last).
+"""shard_dataset: plan → scan each input → place (dedup + balance) → write each shard (Parquet text + .bin/.idx
+token files) → manifest (last).
 
 Each step is a pure, idempotent function of a `ShardJob` and the previous steps' small results, so the flow
 (flows/shard.py) can map them over Prefect tasks and this module can run them in a plain loop or a pool.
@@ -83,9 +84,10 @@ def publish(job: ShardJob, scans: list[ScanResult], placement: Placement, infos:
     """Write manifest.json (the last write: its presence means a complete dataset), then clean up."""
     manifest = build_manifest(job, scans, placement, infos)
     storage.write_bytes(storage.join(job.output, MANIFEST_NAME), manifest.to_json().encode(), job.s3)
-    keep = {s.path for s in manifest.shards} | ({manifest.heldout.path} if manifest.heldout else set())
+    shards = manifest.shards + ([manifest.heldout] if manifest.heldout else [])
+    keep = {f for s in shards for f in s.files()}
     for rel, _ in storage.list_files(job.output, job.s3):
-        old = rel.startswith(("shard-", "heldout.")) and rel.endswith(".parquet")
+        old = rel.startswith(("shard-", "heldout.")) and rel.endswith((".parquet", ".bin", ".idx"))
         if "/" not in rel and old and rel not in keep:
             storage.delete(storage.join(job.output, rel), job.s3)  # shards of an earlier, different run
     job.work.remove()

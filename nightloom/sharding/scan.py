@@ -2,7 +2,9 @@
 spill kept records to Arrow IPC parts.
 
 One call per scan unit, independent of the others (a Prefect task; Dask/Ray can spread them). Spill parts
-hold the text (and key); a META_DTYPE array file holds both hashes, tokens and bytes per record; the result
+hold the text (and key); a META_DTYPE array file holds both hashes, tokens and bytes per record; with a tokenizer
+other than `bytes` an ids file holds every record's token ids (tokenized once, here: they give the counts the
+balancer uses and the shard's .bin token file); the result
 marker is written last, so a re-run skips files already scanned (resume). Bad records fail at once (`on_error=fail`) or are
 counted (`skip`).
 
@@ -31,6 +33,7 @@ from nightloom.sharding.hashing import DEDUP_SEED
 from nightloom.sharding.job import ShardJob
 from nightloom.sharding.manifest import BadRecord
 from nightloom.sharding.sources import SourceRef, _arrow_batches, read_records
+from nightloom.sharding.tokens import np_dtype
 
 MAX_BAD_EXAMPLES = 10
 SPILL_BATCH = 8192  # records per Arrow batch on the record path …
@@ -60,6 +63,7 @@ class ScanResult(BaseModel):
     files: list[FileScan] = Field(default_factory=list)  # one per source of the unit, in order
     spills: list[str] = Field(default_factory=list)  # Arrow IPC parts of kept records, in order
     meta: str | None = None  # META_DTYPE file: (h1, h2, tokens, nbytes) per spilled record; None if none kept
+    ids: str | None = None  # job.token_dtype file: every spilled record's token ids, back to back (not for bytes)
     records: int = 0  # records seen (good + empty + bad)
     docs: int = 0  # non-empty good documents spilled (before dedup)
     empty: int = 0
@@ -93,20 +97,27 @@ def _strings(values: list[bytes]) -> pa.Array:
 
 
 class _Spill:
-    """Appends (columns, meta) batches to size-bounded IPC parts (each published with a rename) and the meta
-    records to one array file written as it goes (memory does not grow with the input)."""
+    """Appends (columns, meta[, token ids]) batches to size-bounded IPC parts (each published with a rename), the
+    meta records and the token ids to array files written as they go (memory does not grow with the input)."""
 
-    def __init__(self, work: Path, index: int, schema: pa.Schema):
-        self.work, self.index, self.schema = work, index, schema
+    def __init__(self, work: Path, index: int, schema: pa.Schema, id_dtype: str = "int32"):
+        self.work, self.index, self.schema, self.id_dtype = work, index, schema, id_dtype
         self.parts: list[str] = []
         self.meta_name = f"meta-{index:05d}.bin"
+        self.ids_name = f"ids-{index:05d}.bin"
         self.meta: ArrayWriter | None = None
+        self.ids: ArrayWriter | None = None
         self.writer = None
         self.part_bytes = 0
 
-    def add(self, columns: list[pa.Array], meta: np.ndarray) -> None:
+    def add(self, columns: list[pa.Array], meta: np.ndarray, ids: np.ndarray | None = None) -> None:
+        """`ids`: the records' token ids back to back (meta["tokens"] of them per record), or None for bytes."""
         if not len(meta):
             return
+        if ids is not None:
+            if self.ids is None:
+                self.ids = ArrayWriter(self.work / self.ids_name, np_dtype(self.id_dtype))
+            self.ids.append(ids)
         if self.writer is None:
             self.parts.append(f"spill-{self.index:05d}-{len(self.parts):04d}.arrow")
             self.writer = pa.ipc.new_file(str(self.work / f".{self.parts[-1]}.tmp"), self.schema)
@@ -132,14 +143,22 @@ class _Spill:
         if self.meta is not None:
             self.meta.abort()
             self.meta = None
+        if self.ids is not None:
+            self.ids.abort()
+            self.ids = None
         for p in self.parts:
             (self.work / p).unlink(missing_ok=True)
 
-    def finish(self) -> tuple[list[str], str | None, int]:
+    def finish(self) -> tuple[list[str], str | None, int, str | None]:
+        """(spill parts, meta file, records, ids file), all published."""
         self.close_part()
+        ids = None
+        if self.ids is not None:
+            self.ids.publish()
+            ids = self.ids_name
         if self.meta is None:
-            return self.parts, None, 0
-        return self.parts, self.meta_name, self.meta.publish()
+            return self.parts, None, 0, ids
+        return self.parts, self.meta_name, self.meta.publish(), ids
 
 
 def _line_chunks(local: Path, size: int = JSON_CHUNK):
@@ -264,7 +283,8 @@ def _blank_rows(offsets: np.ndarray, data: np.ndarray, mv: memoryview) -> np.nda
 
 
 def _counter(job: ShardJob):
-    """The job's tokenizer when it is not bytes (bytes: one token per UTF-8 byte, counted without it)."""
+    """The job's tokenizer when it is not bytes (bytes: one token per UTF-8 byte, counted without it; the writer
+    takes the ids straight from the text). Its ids are spilled once here, so no step tokenizes twice."""
     if job.tokenizer.is_bytes:
         return None
     from nightloom.tokenizer import load_tokenizer
@@ -304,9 +324,10 @@ def _scan_fast(local: Path, src: SourceRef, job: ShardJob, spill: _Spill) -> tup
         meta["h1"], meta["h2"] = h1, h2
         meta["tokens"] = meta["nbytes"] = np.diff(offsets)[keep]  # tokenizer "bytes": one token per UTF-8 byte
         texts = arr if len(keep) == n else arr.take(pa.array(keep))
+        ids = None
         if tok is not None:
-            meta["tokens"] = tok.count_batch(texts.to_pylist())
-        spill.add([texts], meta)
+            meta["tokens"], ids = tok.encode_ids(texts.to_pylist())
+        spill.add([texts], meta, ids)
     return records, empty
 
 
@@ -344,9 +365,10 @@ class _RecordBuffer:
         cols = [_strings(self.texts)] + ([_strings(self.keys)] if self.separate_key else [])
         cols += [pa.array(values, type=pa.large_string()) for values in self.kept]
         meta = np.array(self.meta, dtype=META_DTYPE)
+        ids = None
         if self.tok is not None:
-            meta["tokens"] = self.tok.count_batch([t.decode("utf-8") for t in self.texts])
-        self.spill.add(cols, meta)
+            meta["tokens"], ids = self.tok.encode_ids([t.decode("utf-8") for t in self.texts])
+        self.spill.add(cols, meta, ids)
         self.texts.clear(), self.keys.clear(), self.meta.clear()
         for values in self.kept:
             values.clear()
@@ -432,21 +454,21 @@ def scan_unit(job: ShardJob, index: int) -> ScanResult:
     work.mkdir(parents=True, exist_ok=True)
     sources = job.units[index]
     schema = spill_schema(job)
-    buf, res = _RecordBuffer(job, _Spill(work, index, schema)), ScanResult(index=index)
+    buf, res = _RecordBuffer(job, _Spill(work, index, schema, job.token_dtype)), ScanResult(index=index)
     try:
         try:
             for i in sources:
                 _scan_file(job, work, i, buf, res, _fast_path(job, job.sources[i]))
         except _Fallback:
             buf.spill.abort()
-            buf, res = _RecordBuffer(job, _Spill(work, index, schema)), ScanResult(index=index)
+            buf, res = _RecordBuffer(job, _Spill(work, index, schema, job.token_dtype)), ScanResult(index=index)
             for i in sources:
                 _scan_file(job, work, i, buf, res, fast=False)
         buf.flush()
     except BaseException:
         buf.spill.abort()
         raise
-    res.spills, res.meta, res.docs = buf.spill.finish()
-    wd.publish(*res.spills, *([res.meta] if res.meta else []))  # files first, the marker last
+    res.spills, res.meta, res.docs, res.ids = buf.spill.finish()
+    wd.publish(*res.spills, *(f for f in (res.meta, res.ids) if f))  # files first, the marker last
     wd.write_marker(marker, res.model_dump_json().encode())
     return res

@@ -39,6 +39,19 @@ class ShardSummary(BaseModel):
     file_examples: dict[str, list[str]]
     settings_hash: str
     shards: list[ShardFigures]
+    tokenizer: str = "bytes"  # the tokenizer's fingerprint
+    token_files: int = 0  # .bin/.idx pairs written (training shards + held-out split)
+    token_file_tokens: int = 0  # ids in those .bin files, one EOS per document included
+    token_dtype: str | None = None  # uint16 or int32; None when the manifest lists no token files
+
+    def tokens_line(self) -> str:
+        """e.g. "token files: 4 .bin/.idx pairs (uint16), 1,234,567 tokens incl. EOS; tokenizer bytes"."""
+        if not self.token_files:
+            return "token files: none (manifest written before token files; the trainer reads the text)"
+        return (
+            f"token files: {self.token_files} .bin/.idx pairs ({self.token_dtype}), {self.token_file_tokens:,} "
+            f"tokens incl. EOS; tokenizer {self.tokenizer}"
+        )
 
     def files_line(self) -> str:
         """Where every input file went, e.g. "files: 120 read, 3 empty, 1 bad, 0 duplicate, 2 ignored (.DS_Store, ...)"."""
@@ -65,7 +78,7 @@ class ShardSummary(BaseModel):
             f"{'balanced' if self.balanced else 'NOT balanced'}: imbalance {self.imbalance:.4f} on {self.balance_by} "
             f"(tolerance {self.tolerance:g}; before rebalancing {self.imbalance_before_rebalance:.4f}); "
             f"dedup dropped {self.dedup_dropped}, empty {self.empty_skipped}, bad {self.bad_records}; "
-            f"{self.files_line()}"
+            f"{self.files_line()}; {self.tokens_line()}"
         )
         rows.append(
             {
@@ -81,8 +94,13 @@ class ShardSummary(BaseModel):
 
 
 def summarize(manifest: ShardManifest, output: str) -> ShardSummary:
+    files = [s.token_files for s in manifest.shards + ([manifest.heldout] if manifest.heldout else [])]
+    files = [f for f in files if f is not None]
     return ShardSummary(
         output=output,
+        token_files=len(files),
+        token_file_tokens=sum(f.tokens for f in files),
+        token_dtype=files[0].dtype if files else None,
         shards=[ShardFigures(index=s.index, rows=s.rows, tokens=s.tokens, bytes=s.bytes) for s in manifest.shards],
         **manifest.model_dump(
             include={
@@ -106,6 +124,7 @@ def summarize(manifest: ShardManifest, output: str) -> ShardSummary:
                 "files_ignored",
                 "file_examples",
                 "settings_hash",
+                "tokenizer",
             }
         ),
     )

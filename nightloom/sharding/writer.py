@@ -1,8 +1,10 @@
-"""Write step: one Parquet shard from the spills, in input order, with deterministic row groups.
+"""Write step: one Parquet shard and its token files (.bin/.idx) from the spills, in input order.
 
 Row groups are cut after 16 MiB of text or 65,536 rows, counted over the shard's own row sequence, so the
-bytes depend only on the data and settings, never on how inputs were split across workers. The shard is
-published with os.replace (local) or a multipart upload (S3): it appears complete or not at all.
+bytes depend only on the data and settings, never on how inputs were split across workers. The token files
+(nightloom/sharding/tokens.py) hold the same documents in the same order: ids from the scan's id spill, or for
+the `bytes` tokenizer the text's UTF-8 bytes. Each file is published with os.replace (local) or a multipart
+upload (S3), token files first, the Parquet shard last, then the marker: a shard appears complete or not at all.
 """
 
 from __future__ import annotations
@@ -15,10 +17,12 @@ import pyarrow.parquet as pq
 
 from nightloom.sharding import storage
 from nightloom.sharding.arrays import DEST_DTYPE, ArrayReader
+from nightloom.sharding.errors import ShardingError
 from nightloom.sharding.job import ShardJob
-from nightloom.sharding.manifest import ShardInfo
+from nightloom.sharding.manifest import ShardInfo, TokenFiles
 from nightloom.sharding.placement import dest_name
 from nightloom.sharding.scan import META_DTYPE, ScanResult
+from nightloom.sharding.tokens import TokenFileWriter, np_dtype, utf8_ids
 
 ROW_GROUP_BYTES = 16 * 1024 * 1024
 ROW_GROUP_ROWS = 65_536
@@ -51,25 +55,33 @@ def _cut(nbytes: np.ndarray) -> int:
     return 0
 
 
-def _rows_of_shard(work: Path, s: ScanResult, index: int, cols: list[str], schema: pa.Schema):
-    """(shard `index`'s rows of scan `s` as a table, their META_DTYPE records), batch by batch in input order.
-    The shard per row and the meta are read in step with the spill's batches; takes copy, so nothing handed out
-    refers to a mapped spill part."""
+def _rows_of_shard(work: Path, s: ScanResult, index: int, cols: list[str], schema: pa.Schema, id_dtype: str):
+    """(shard `index`'s rows of scan `s` as a table, their META_DTYPE records, their token ids back to back or
+    None when the scan spilled none), batch by batch in input order. The shard per row, the meta and the ids are
+    read in step with the spill's batches; takes copy, so nothing handed out refers to a mapped spill part."""
     with (
         ArrayReader(work / dest_name(s.index), DEST_DTYPE) as dest_file,
         ArrayReader(work / s.meta, META_DTYPE) as meta_file,
     ):
-        for part in s.spills:
-            # map one bounded part at a time: what the process touches never grows with the corpus
-            with pa.memory_map(str(work / part)) as src:
-                reader = pa.ipc.open_file(src)
-                for b in range(reader.num_record_batches):
-                    batch = reader.get_batch(b)
-                    dest, meta = dest_file.read(batch.num_rows), meta_file.read(batch.num_rows)
-                    idx = np.flatnonzero(dest == index)
-                    if len(idx):
-                        t = pa.Table.from_batches([batch.take(pa.array(idx))]).select(cols)
-                        yield t.cast(schema), meta[idx]
+        ids_file = ArrayReader(work / s.ids, np_dtype(id_dtype)) if s.ids else None
+        try:
+            for part in s.spills:
+                # map one bounded part at a time: what the process touches never grows with the corpus
+                with pa.memory_map(str(work / part)) as src:
+                    reader = pa.ipc.open_file(src)
+                    for b in range(reader.num_record_batches):
+                        batch = reader.get_batch(b)
+                        dest, meta = dest_file.read(batch.num_rows), meta_file.read(batch.num_rows)
+                        ids = ids_file.read(int(meta["tokens"].sum())) if ids_file is not None else None
+                        mine = dest == index
+                        idx = np.flatnonzero(mine)
+                        if len(idx):
+                            t = pa.Table.from_batches([batch.take(pa.array(idx))]).select(cols)
+                            sel = ids[np.repeat(mine, meta["tokens"])] if ids is not None else None
+                            yield t.cast(schema), meta[idx], sel
+        finally:
+            if ids_file is not None:
+                ids_file.close()
 
 
 def write_shard(job: ShardJob, scans: list[ScanResult], index: int) -> ShardInfo:
@@ -78,17 +90,22 @@ def write_shard(job: ShardJob, scans: list[ScanResult], index: int) -> ShardInfo
     marker = f"shard-{index:05d}.json"
     name = job.shard_name(index)
     final = storage.join(job.output, name)
+    stem = job.shard_stem(index)
+    bin_name, idx_name = f"{stem}.bin", f"{stem}.idx"
     done = wd.marker(marker)
-    if done is not None and storage.exists(final, job.s3):
+    if done is not None and storage.exists(final, job.s3):  # the Parquet shard is published after its token files
         return ShardInfo.model_validate_json(done)
     work = wd.local
     for s in scans:  # what other machines scanned and placed (an S3 work folder; cached per machine)
         if s.spills:
-            wd.fetch(dest_name(s.index), s.meta, *s.spills)
+            wd.fetch(dest_name(s.index), *(f for f in (s.meta, s.ids) if f), *s.spills)
     cols = _output_columns(job)
     local_out = not storage.is_s3(job.output)
-    tmp = (Path(job.output) if local_out else work) / f".{name}.tmp"
+    tmp_dir = Path(job.output) if local_out else work
+    tmp = tmp_dir / f".{name}.tmp"
     tmp.parent.mkdir(parents=True, exist_ok=True)
+    bin_tmp, idx_tmp = tmp_dir / f".{bin_name}.tmp", tmp_dir / f".{idx_name}.tmp"
+    tokens_out = TokenFileWriter(bin_tmp, work / f"lengths-{index:05d}.bin", job.token_dtype, job.eos_id)
     rows = tokens = nbytes = 0
     out_schema = pa.schema([(c, pa.string()) for c in cols])
     pending: list[pa.Table] = []  # rows taken for this shard, not yet written
@@ -115,7 +132,12 @@ def write_shard(job: ShardJob, scans: list[ScanResult], index: int) -> ShardInfo
         for s in sorted(scans, key=lambda s: s.index):
             if not s.spills:
                 continue
-            for t, sel in _rows_of_shard(work, s, index, cols, out_schema):
+            for t, sel, ids in _rows_of_shard(work, s, index, cols, out_schema, job.token_dtype):
+                if ids is None:  # bytes: the ids are the text's UTF-8 bytes
+                    lengths, ids = utf8_ids(t.column(0))
+                else:
+                    lengths = sel["tokens"]
+                tokens_out.add(lengths, ids)
                 rows += len(sel)
                 tokens += int(sel["tokens"].sum())
                 nbytes += int(sel["nbytes"].sum())
@@ -132,11 +154,33 @@ def write_shard(job: ShardJob, scans: list[ScanResult], index: int) -> ShardInfo
         writer.close()
         writer = None
         digest = storage.sha256_file(tmp)
+        counts = tokens_out.finish(idx_tmp)
+        if counts.documents != rows or counts.tokens != tokens + rows:
+            raise ShardingError(
+                f"internal: {bin_name} holds {counts.documents} documents and {counts.tokens} ids, the shard "
+                f"{rows} documents of {tokens} tokens (+1 EOS each)"
+            )
+        storage.put_file(idx_tmp, storage.join(job.output, idx_name), job.s3)
+        storage.put_file(bin_tmp, storage.join(job.output, bin_name), job.s3)
         storage.put_file(tmp, final, job.s3)
     finally:
         if writer is not None:
             writer.close()
-        tmp.unlink(missing_ok=True)
-    info = ShardInfo(index=index, path=name, rows=rows, tokens=tokens, bytes=nbytes, sha256=digest)
+        tokens_out.abort()
+        for t in (tmp, bin_tmp, idx_tmp):
+            t.unlink(missing_ok=True)
+    token_files = TokenFiles(
+        bin=bin_name,
+        idx=idx_name,
+        dtype=job.token_dtype,
+        eos_id=job.eos_id,
+        documents=counts.documents,
+        tokens=counts.tokens,
+        bin_sha256=counts.bin_sha256,
+        idx_sha256=counts.idx_sha256,
+    )
+    info = ShardInfo(
+        index=index, path=name, rows=rows, tokens=tokens, bytes=nbytes, sha256=digest, token_files=token_files
+    )
     wd.write_marker(marker, info.model_dump_json().encode())
     return info

@@ -1,10 +1,15 @@
-"""Packed byte-token batches read through the shard manifest, deterministic per step and layout-independent.
+"""Packed token batches read through the shard manifest, deterministic per step and layout-independent.
 
 The dataset is one virtual stream of fixed windows of `seq_len + 1` tokens: shards in manifest order, each
 shard's documents as the run's tokenizer ids with its EOS after every document (tokenizer `bytes`: UTF-8 bytes
 and a separator token 0, the original stream), cut into whole windows
 (the tail of a shard that does not fill a window is dropped). Window counts come from the manifest
 (`tokens + rows` stream tokens per shard), so a rank can locate any window without reading other shards.
+
+A shard's stream is its token file (`.bin`, Megatron's indexed dataset, written by the shard stage: exactly
+that stream), memory-mapped, so training tokenizes nothing and touches only the windows it reads. Shards of a
+manifest written before token files existed (schema < 3) are read from their Parquet text and tokenized at
+load time, as before; both give the same windows.
 
 With a seed, each shard's windows are permuted (numpy PCG64 seeded by (seed, shard index)): a shard spans the
 whole corpus, so neighbouring windows no longer come from neighbouring documents (runs of hard batches from one
@@ -47,6 +52,9 @@ class ShardWindows:
     first: int  # global index of this shard's first window
     count: int
     stream_tokens: int  # tokens + rows (one separator per document), from the manifest
+    bin_uri: str | None = None  # the shard's token file (None: an older manifest; read the text)
+    bin_dtype: str = "uint16"
+    bin_tokens: int = 0  # ids in the token file, per the manifest
 
 
 def _base_uri(manifest: str) -> str:
@@ -70,6 +78,18 @@ def pack_documents(texts: list[str]) -> np.ndarray:
     """UTF-8 bytes of each document followed by the separator token, as one uint8 stream."""
     sep = bytes([SEPARATOR])
     return np.frombuffer(b"".join(t.encode("utf-8") + sep for t in texts), dtype=np.uint8)
+
+
+class _TokenShard:
+    """One shard's windows straight from its token ids (a memory map locally): window j is ids[w·o : w·o + w]
+    with o = order[j] (the seeded permutation) or j."""
+
+    def __init__(self, ids: np.ndarray, window: int, order: np.ndarray | None):
+        self.ids, self.window, self.order = ids, window, order
+
+    def __getitem__(self, j: int) -> np.ndarray:
+        o = int(self.order[j]) if self.order is not None else j
+        return self.ids[o * self.window : (o + 1) * self.window]
 
 
 class PackedWindows:
@@ -97,11 +117,23 @@ class PackedWindows:
         self.window = seq_len + 1
         base = _base_uri(manifest)
         spans, first = [], 0
-        for _i, s in enumerate(sorted(self.manifest.shards, key=lambda s: s.index)):
+
+        def at(rel: str) -> str:
+            return f"{base}/{rel}" if base.startswith("s3://") else str(Path(base) / rel)
+
+        for i, s in enumerate(sorted(self.manifest.shards, key=lambda s: s.index)):
             stream = s.tokens + s.rows
             n = stream // self.window
-            uri = f"{base}/{s.path}" if base.startswith("s3://") else str(Path(base) / s.path)
-            spans.append(ShardWindows(s.index, uri, first, n, stream))
+            tf = s.token_files
+            if tf is None:
+                spans.append(ShardWindows(s.index, at(s.path), first, n, stream))
+            else:
+                if tf.eos_id != self.tokenizer.eos_id:
+                    raise DataError(
+                        f"{self.manifest_uri}: shards[{i}].token_files.eos_id = {tf.eos_id}, the run's tokenizer "
+                        f"ends documents with {self.tokenizer.eos_id}"
+                    )
+                spans.append(ShardWindows(s.index, at(s.path), first, n, stream, at(tf.bin), tf.dtype, tf.tokens))
             first += n
         self.spans = spans
         self.total = first
@@ -114,10 +146,44 @@ class PackedWindows:
         self._cache: OrderedDict[int, np.ndarray] = OrderedDict()
         self._cache_size = cache_shards
 
-    def _shard(self, k: int) -> np.ndarray:
+    def _shard(self, k: int) -> np.ndarray | _TokenShard:
         if k in self._cache:
             self._cache.move_to_end(k)
             return self._cache[k]
+        span = self.spans[k]
+        arr = self._load_text(k) if span.bin_uri is None else self._load_tokens(k)
+        self._cache[k] = arr
+        if len(self._cache) > self._cache_size:
+            self._cache.popitem(last=False)
+        return arr
+
+    def _order(self, span: ShardWindows) -> np.ndarray | None:
+        """The shard's window order: seeded permutation (numpy PCG64 seeded by (seed, shard index)), or None."""
+        if self.seed is None:
+            return None
+        return np.random.default_rng([self.seed, span.index]).permutation(span.count)
+
+    def _load_tokens(self, k: int) -> _TokenShard:
+        from nightloom.sharding.tokens import np_dtype
+
+        span = self.spans[k]
+        dtype = np_dtype(span.bin_dtype)
+        if span.bin_uri.startswith("s3://"):
+            ids = np.frombuffer(_read_bytes(span.bin_uri, self.s3), dtype=dtype)
+        else:
+            p = Path(span.bin_uri)
+            if not p.is_file():
+                raise DataError(f"{p}: token file listed in the manifest does not exist")
+            size = p.stat().st_size
+            ids = np.memmap(p, dtype=dtype, mode="r") if size else np.zeros(0, dtype=dtype)
+        if len(ids) != span.bin_tokens or len(ids) < span.count * self.window:
+            raise DataError(
+                f"{span.bin_uri}: manifest field shards[{k}] says tokens+rows = {span.stream_tokens} "
+                f"(token_files.tokens = {span.bin_tokens}) but the token file holds {len(ids)} {span.bin_dtype} ids"
+            )
+        return _TokenShard(ids, self.window, self._order(span))
+
+    def _load_text(self, k: int) -> np.ndarray:
         import pyarrow.parquet as pq
 
         span = self.spans[k]
@@ -130,12 +196,8 @@ class PackedWindows:
                 f"packs to {len(stream)} {self.tokenizer.kind} tokens (text field {self.manifest.text_field!r})"
             )
         arr = stream[: span.count * self.window].reshape(span.count, self.window)
-        if self.seed is not None:
-            arr = arr[np.random.default_rng([self.seed, span.index]).permutation(span.count)]
-        self._cache[k] = arr
-        if len(self._cache) > self._cache_size:
-            self._cache.popitem(last=False)
-        return arr
+        order = self._order(span)
+        return arr if order is None else arr[order]
 
     def windows(self, start: int, n: int) -> torch.Tensor:
         """Global windows [start, start+n) (mod total), as int64 (n, seq_len+1)."""

@@ -36,6 +36,13 @@ def _artifacts(flow_run_id):
         return c.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
 
 
+def table_verdict(state) -> str:
+    arts = _artifacts(state.state_details.flow_run_id)
+    table = next(a for a in arts if a.key == "shard-report")
+    rows = json.loads(table.data) if isinstance(table.data, str) else table.data
+    return rows[-1]["verdict"]
+
+
 def _spec(tmp_path, **sharding) -> RunSpec:
     src = write_jsonl(tmp_path / "c.jsonl", make_docs(900, seed=8, dup_every=6, skew=True))
     return RunSpec(
@@ -53,6 +60,10 @@ def test_flow_shards_reports_and_reuses(prefect_api, tmp_path):
     assert state.is_completed(), state
     manifest = state.result()
     assert manifest == load_manifest(tmp_path / "out")
+    # token files (.bin/.idx) next to every Parquet shard, as the shard-only deployment writes them
+    assert all(s.token_files is not None and s.token_files.documents == s.rows for s in manifest.shards)
+    assert all((tmp_path / "out" / f).is_file() for s in manifest.shards for f in s.files())
+    assert "token files: 4 .bin/.idx pairs" in table_verdict(state)
     # the same function outside Prefect gives the same manifest (flow = orchestration only)
     assert manifest == shard_dataset(spec.dataset, spec.sharding.model_copy(update={"output": str(tmp_path / "o2")}))
     arts = _artifacts(state.state_details.flow_run_id)

@@ -43,7 +43,8 @@ def test_s3_round_trip_matches_local_and_reruns_free(s3_endpoint, tmp_path):
     assert load_manifest(f"{prefix}/out", s3) == m_s3
     assert read_shard(f"{prefix}/out", 2, s3=s3).num_rows == m_s3.shards[2].rows
     names = sorted(n for n, _ in st.list_files(f"{prefix}/out", s3))
-    assert names == sorted(["manifest.json"] + [s.path for s in m_s3.shards])
+    assert names == sorted(["manifest.json"] + [f for s in m_s3.shards for f in s.files()])
+    assert [s.token_files for s in m_s3.shards] == [s.token_files for s in m_local.shards]  # same .bin/.idx
     import boto3
 
     client = boto3.client("s3", endpoint_url=url, region_name="us-east-1")

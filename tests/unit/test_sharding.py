@@ -56,7 +56,7 @@ def test_byte_identical_across_runs_and_worker_counts(multi, tmp_path):
     m3 = _run(src, tmp_path / "o3", workers=3)
     assert m1 == m3
     b1, b3 = tree_bytes(tmp_path / "o1"), tree_bytes(tmp_path / "o3")
-    assert b1 == b3 and len(b1) == 5  # 4 shards + manifest, nothing else left behind
+    assert b1 == b3 and len(b1) == 1 + 4 * 3  # manifest + 4 shards (.parquet, .bin, .idx), nothing else left behind
     assert not (tmp_path / "o1" / ".nightloom-work").exists()
     assert [s.path for s in m1.sources] == ["a.jsonl", "b.jsonl.gz", "c.jsonl.zst", "d.parquet", "sub/e.jsonl"]
 
@@ -159,7 +159,9 @@ def test_rerun_does_no_work_and_settings_change_replaces(multi, tmp_path):
     assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == stamps  # nothing rewritten
     m3 = _run(src, out, num_shards=3)
     assert m3.settings_hash != m1.settings_hash
-    assert sorted(p.name for p in out.iterdir()) == sorted(["manifest.json"] + [s.path for s in m3.shards])
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        ["manifest.json"] + [f for s in m3.shards for f in s.files()]
+    )
     assert load_manifest(out) == m3
 
 

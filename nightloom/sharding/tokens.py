@@ -1,0 +1,146 @@
+"""Megatron indexed datasets (.bin + .idx) per shard: every document's token ids then EOS, in the shard's row order.
+
+One sequence per document (the tokenizer's ids exactly as its own rules produce them, then the EOS id), so a
+shard's .bin is the trainer's packed stream as is, and Megatron-LM (`GPTDataset`), NeMo and nightloom read the
+same files. Layout, from megatron-core 0.16.1 `megatron/core/datasets/indexed_dataset.py` (`_IndexWriter`):
+
+    .bin  the ids back to back, little-endian uint16 (vocab < 65,500) or int32 (`DType.optimal_dtype`)
+    .idx  b"MMIDIDX\\x00\\x00", <Q version (1), <B dtype code (uint16 8, int32 4), <Q sequence count n,
+          <Q document count (n + 1), int32 sequence lengths [n], int64 byte pointers [n],
+          int64 document indices [n + 1] (0, 1, …, n: each document is one sequence)
+
+Written with numpy a chunk at a time (lengths spill to a work file), so memory does not grow with the shard;
+both files are hashed while they are written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from nightloom.sharding.arrays import CHUNK_RECORDS, ArrayReader, ArrayWriter
+
+INDEX_HEADER = b"MMIDIDX\x00\x00"
+INDEX_VERSION = 1
+DTYPE_CODES = {"uint16": 8, "int32": 4}  # megatron.core.datasets.indexed_dataset.DType
+LENGTH_DTYPE = np.dtype("<i4")
+
+
+def token_dtype(vocab_size: int) -> str:
+    """Megatron's rule (`DType.optimal_dtype`): uint16 when the vocabulary has fewer than 65,500 ids, else int32."""
+    return "uint16" if vocab_size < 65_500 else "int32"
+
+
+def np_dtype(name: str) -> np.dtype:
+    if name not in DTYPE_CODES:
+        raise ValueError(f"token dtype {name!r}: expected one of {sorted(DTYPE_CODES)}")
+    return np.dtype(name).newbyteorder("<")
+
+
+def with_eos(lengths: np.ndarray, ids: np.ndarray, eos_id: int, dtype: np.dtype) -> np.ndarray:
+    """`ids` (documents back to back, `lengths` ids each) with `eos_id` after every document, as `dtype`."""
+    return np.insert(ids.astype(dtype, copy=False), np.cumsum(lengths), np.asarray(eos_id, dtype=dtype))
+
+
+def utf8_ids(texts: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
+    """(bytes per document, every document's UTF-8 bytes back to back): the `bytes` tokenizer's ids, read straight
+    from the Arrow string buffers (no Python strings)."""
+    if isinstance(texts, pa.ChunkedArray):
+        texts = texts.combine_chunks()
+    if pa.types.is_large_string(texts.type):
+        off_type = np.int64
+    elif pa.types.is_string(texts.type):
+        off_type = np.int32
+    else:
+        raise TypeError(f"utf8_ids: a string array expected, got {texts.type}")
+    n = len(texts)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.uint8)
+    offsets = np.frombuffer(texts.buffers()[1], dtype=off_type)[texts.offset : texts.offset + n + 1].astype(np.int64)
+    buf = texts.buffers()[2]
+    data = np.frombuffer(buf, dtype=np.uint8) if buf is not None else np.zeros(0, dtype=np.uint8)
+    return np.diff(offsets), data[offsets[0] : offsets[-1]]
+
+
+@dataclass(frozen=True)
+class TokenCounts:
+    """What one finished .bin/.idx pair holds, and the files' sha256."""
+
+    documents: int
+    tokens: int  # ids in the .bin, one EOS per document included
+    bin_sha256: str
+    idx_sha256: str
+
+
+class TokenFileWriter:
+    """Append documents to a .bin (temp path) and build its .idx at `finish`; the caller renames both into place.
+
+    `lengths_path` is a work file for the per-document lengths (the .idx needs them all before the pointers)."""
+
+    def __init__(self, bin_tmp: Path, lengths_path: Path, dtype: str, eos_id: int):
+        self.dtype, self.eos_id = np_dtype(dtype), int(eos_id)
+        self.bin_tmp = Path(bin_tmp)
+        self.bin_tmp.parent.mkdir(parents=True, exist_ok=True)
+        self._bin = open(self.bin_tmp, "wb")  # noqa: SIM115 - closed by finish/abort
+        self._bin_hash = hashlib.sha256()
+        self._lengths = ArrayWriter(lengths_path, LENGTH_DTYPE)
+        self.documents = self.tokens = 0
+
+    def add(self, lengths: np.ndarray, ids: np.ndarray) -> None:
+        """Documents with `lengths` ids each (EOS not included), their ids back to back."""
+        if not len(lengths):
+            return
+        lengths = np.asarray(lengths, dtype=np.int64)
+        if int(lengths.sum()) != len(ids):
+            raise ValueError(f"token ids: {len(ids)} ids for documents of {int(lengths.sum())} ids in all")
+        if len(ids) and np.issubdtype(ids.dtype, np.signedinteger) and int(ids.min()) < 0:
+            raise ValueError("token ids: negative id")
+        if self.dtype == np.uint16 and len(ids) and int(ids.max()) > np.iinfo(np.uint16).max:
+            raise ValueError(f"token ids: id {int(ids.max())} does not fit uint16 (vocab too small in the manifest?)")
+        data = with_eos(lengths, ids, self.eos_id, self.dtype).tobytes()
+        self._bin.write(data)
+        self._bin_hash.update(data)
+        self._lengths.append(lengths + 1)
+        self.documents += len(lengths)
+        self.tokens += len(ids) + len(lengths)
+
+    def finish(self, idx_tmp: Path) -> TokenCounts:
+        """Close the .bin and write the .idx at `idx_tmp` (both still temp paths)."""
+        self._bin.flush()
+        self._bin.close()
+        self._lengths.publish()
+        n = self.documents
+        h = hashlib.sha256()
+        with open(idx_tmp, "wb") as f:
+
+            def put(b: bytes) -> None:
+                f.write(b)
+                h.update(b)
+
+            put(INDEX_HEADER + struct.pack("<Q", INDEX_VERSION) + struct.pack("<B", DTYPE_CODES[self.dtype.name]))
+            put(struct.pack("<Q", n) + struct.pack("<Q", n + 1))
+            with ArrayReader(self._lengths.path, LENGTH_DTYPE) as r:
+                for chunk in r.chunks():
+                    put(chunk.tobytes())
+            pos = 0
+            with ArrayReader(self._lengths.path, LENGTH_DTYPE) as r:
+                for chunk in r.chunks():
+                    ends = np.cumsum(chunk.astype(np.int64) * self.dtype.itemsize) + pos
+                    put((ends - chunk.astype(np.int64) * self.dtype.itemsize).astype("<i8").tobytes())
+                    pos = int(ends[-1])
+            for a in range(0, n + 1, CHUNK_RECORDS):
+                put(np.arange(a, min(a + CHUNK_RECORDS, n + 1), dtype="<i8").tobytes())
+        self._lengths.path.unlink(missing_ok=True)
+        return TokenCounts(n, self.tokens, self._bin_hash.hexdigest(), h.hexdigest())
+
+    def abort(self) -> None:
+        if not self._bin.closed:
+            self._bin.close()
+        self.bin_tmp.unlink(missing_ok=True)
+        self._lengths.abort()  # closes and removes the temp file (a no-op after publish)
+        self._lengths.path.unlink(missing_ok=True)
