@@ -9,7 +9,7 @@ import pytest
 
 from nightloom.sharding import StorageError
 from nightloom.sharding import storage as st
-from nightloom.sharding.job import WORK_DIR_NAME, default_workdir, plan_job
+from nightloom.sharding.job import WORK_DIR_NAME, WORK_FORMAT, default_workdir, plan_job
 from nightloom.sharding.workdir import WorkDir
 from nightloom.spec import DaskSpec, DatasetSpec, ShardingSpec, StorageSpec
 from tests.support.sharding import make_docs, write_jsonl
@@ -58,11 +58,11 @@ def test_secret_resolver_gives_the_client_its_keys_and_errors_hide_them(monkeypa
 
 def test_work_folder_placement(monkeypatch, tmp_path):
     monkeypatch.delenv("NIGHTLOOM_SHARD_WORKDIR", raising=False)
-    assert default_workdir(str(tmp_path), "h") == f"{tmp_path}/{WORK_DIR_NAME}/h-w3"
-    assert default_workdir("s3://b/out", "h", distributed=True) == f"s3://b/out/{WORK_DIR_NAME}/h-w3"
+    assert default_workdir(str(tmp_path), "h") == f"{tmp_path}/{WORK_DIR_NAME}/h-w{WORK_FORMAT}"
+    assert default_workdir("s3://b/out", "h", distributed=True) == f"s3://b/out/{WORK_DIR_NAME}/h-w{WORK_FORMAT}"
     assert not default_workdir("s3://b/out", "h").startswith("s3://")  # one machine: the local temp dir
     monkeypatch.setenv("NIGHTLOOM_SHARD_WORKDIR", "s3://b/work")
-    assert default_workdir(str(tmp_path), "h") == "s3://b/work/h-w3"
+    assert default_workdir(str(tmp_path), "h") == f"s3://b/work/h-w{WORK_FORMAT}"
     monkeypatch.delenv("NIGHTLOOM_SHARD_WORKDIR")
     sharding = ShardingSpec(output="s3://b/out", num_shards=2, dask=DaskSpec(address="tcp://127.0.0.1:1"))
     assert default_workdir(sharding.output, "h", distributed=sharding.dask is not None).startswith("s3://b/out/")
