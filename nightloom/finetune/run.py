@@ -20,8 +20,11 @@ from nightloom.finetune import config as xcfg
 from nightloom.finetune.convert import check_hf_model, find_checkpoint, merge_lora, pth_to_hf, publish
 from nightloom.finetune.env import XTunerEnv, ensure_env
 from nightloom.finetune.launcher import (
+    WRAPPER,
+    Runner,
     XTunerLaunchError,
     check,
+    local_runner,
     node_env,
     run_streaming,
     tail,
@@ -31,6 +34,7 @@ from nightloom.finetune.launcher import (
 )
 from nightloom.finetune.logs import RunShape, write_metrics
 from nightloom.finetune.node_wrapper import EXIT_EMPTY_DATASET
+from nightloom.finetune.remote import NodeEnv, ensure_node_envs, is_remote, node_runner, profile_of, wrapper_path
 from nightloom.runfiles import RunFiles
 from nightloom.spec import RunSpec
 from nightloom.train.job import TrainResult
@@ -63,6 +67,8 @@ class XTunerPlan(BaseModel):
     deepspeed: str | None = None
     data_files: list[str]
     prepare_key: str
+    wrapper: str = str(WRAPPER)  # node_wrapper.py as the nodes see it (remote.wrapper_path)
+    node_pythons: dict[str, str] = Field(default_factory=dict)  # node name -> its XTuner env's interpreter
 
 
 class XTunerResult(TrainResult):
@@ -79,6 +85,8 @@ class XTunerResult(TrainResult):
     env_key: str = ""
     profile: str = ""
     stage_s: dict[str, float] = Field(default_factory=dict)
+    node_ready_s: dict[str, float] = Field(default_factory=dict)  # XTuner env time to ready per remote node
+    node_env_cold: dict[str, bool] = Field(default_factory=dict)  # whether that node built its env (cold)
 
 
 # ------------------------------------------------------------------------------------------------ inputs
@@ -283,17 +291,19 @@ def fetch_base_model(uri: str, dest: Path, endpoint_url: str | None) -> Path:
 # ------------------------------------------------------------------------------------------------ stages
 
 
-def prepare_data(plan: XTunerPlan, log: Log = print, timeout_s: float | None = 3600) -> dict:
-    """Tokenize and pack the shards once (skipped when inputs are unchanged); error when nothing is left."""
+def prepare_data(
+    plan: XTunerPlan, log: Log = print, timeout_s: float | None = 3600, runner: Runner | None = None
+) -> dict:
+    """Tokenize and pack the shards once (skipped when inputs are unchanged); error when nothing is left.
+    `runner`: where the XTuner env runs it (default: this machine; node 0 for remote clusters)."""
     processed = Path(plan.processed_dir)
     key_file = processed / "nightloom_prepare_key"
     if key_file.is_file() and key_file.read_text(encoding="utf-8").strip() == plan.prepare_key:
         log(f"xtuner: processed dataset is up to date: {processed}")
         return xcfg.read_processed_stats(processed)
     log_file = Path(plan.log_dir) / "prepare.log"
-    code = run_streaming(
-        tool_command(plan.python, "prepare", plan.config_path), log_file, log, step="prepare", timeout_s=timeout_s
-    )
+    cmd = tool_command(plan.python, "prepare", plan.config_path, wrapper=plan.wrapper)
+    code = (runner or local_runner(timeout_s))(cmd, log_file, log, "prepare")
     if code == EXIT_EMPTY_DATASET:
         raise xcfg.XTunerConfigError(
             f"processed dataset is empty: {len(plan.data_files)} shard(s) gave no trainable sample "
@@ -350,10 +360,12 @@ def _launch_once(plan: XTunerPlan, *, cluster, provider, resume: bool, log: Log,
         log(f"xtuner: resuming from {ckpt}")
     log_file = Path(plan.log_dir) / "train.log"
     if cluster is not None and provider is not None:
-        nodes = [n.model_copy(update={"python": plan.python}) for n in cluster.nodes]
+        nodes = [n.model_copy(update={"python": plan.node_pythons.get(n.name, plan.python)}) for n in cluster.nodes]
         launch = provider.launch(
             cluster.model_copy(update={"nodes": nodes}),
-            train_args(Path(plan.config_path), distributed=True, resume=ckpt, deepspeed=plan.deepspeed),
+            train_args(
+                Path(plan.config_path), distributed=True, resume=ckpt, deepspeed=plan.deepspeed, wrapper=plan.wrapper
+            ),
             node_env(),
         )
         log_file.parent.mkdir(parents=True, exist_ok=True)
@@ -397,8 +409,10 @@ def convert_checkpoint(
     log: Log = print,
     publish_to: str | None = None,
     s3_endpoint_url: str | None = None,
+    runner: Runner | None = None,
 ) -> dict[str, str | None]:
-    """pth → HF (adapter for LoRA), merge when asked, then publish the final model folder."""
+    """pth → HF (adapter for LoRA), merge when asked, then publish the final model folder. `runner`: where the
+    XTuner env runs the tools (node 0, the node whose rank 0 wrote the checkpoint, for remote clusters)."""
     run_dir = Path(plan.run_dir)
     log_file = Path(plan.log_dir) / "convert.log"
     lora = plan.method in ("lora", "qlora")
@@ -410,6 +424,8 @@ def convert_checkpoint(
         lora=lora,
         log_file=log_file,
         log=log,
+        runner=runner,
+        wrapper=plan.wrapper,
     )
     out: dict[str, str | None] = {"adapter_dir": str(hf) if lora else None, "model_dir": None if lora else str(hf)}
     if lora and plan.merge_lora:
@@ -421,6 +437,8 @@ def convert_checkpoint(
             device="cpu" if plan.profile == "cpu" else "cuda",
             log_file=log_file,
             log=log,
+            runner=runner,
+            wrapper=plan.wrapper,
         )
         out["model_dir"] = str(check_hf_model(merged))
     final = out["model_dir"] or out["adapter_dir"]
@@ -459,10 +477,22 @@ def run_xtuner(
     run_dir = Path(run_dir).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     world = cluster.world_size if cluster is not None else spec.world_size
+    runner: Runner | None = None
+    node_envs: dict[str, NodeEnv] = {}
+    if is_remote(cluster):  # the XTuner env on every node; XTuner's tools run on node 0
+        node_envs = ensure_node_envs(
+            provider, cluster, profile_of(spec.cluster.gpu_type), python=spec.train.xtuner.python, log=log
+        )
+        env = node_envs[cluster.nodes[0].name].as_env()
+        runner = node_runner(provider, cluster, cluster.nodes[0])
+        stage["node_env_s"] = time.monotonic() - t0
     plan = plan_xtuner(spec, manifest, run_dir, world_size=world, env=env, peak_flops=peak_flops, log=log)
+    if is_remote(cluster):
+        pythons = {name: e.python for name, e in node_envs.items()}
+        plan = plan.model_copy(update={"wrapper": wrapper_path(cluster), "node_pythons": pythons})
     stage["plan_s"] = time.monotonic() - t0
     t = time.monotonic()
-    stats = prepare_data(plan, log=log)
+    stats = prepare_data(plan, log=log, runner=runner)
     stage["prepare_s"] = time.monotonic() - t
     t = time.monotonic()
     ckpt = launch_training(plan, cluster=cluster, provider=provider, resume=resume, log=log, timeout_s=timeout_s)
@@ -482,7 +512,7 @@ def run_xtuner(
         if publish_to is None and spec.storage.root.startswith("s3://"):
             publish_to = f"{spec.storage.root.rstrip('/')}/{spec.name}/{run_dir.name}/model"
         conv = convert_checkpoint(
-            plan, ckpt, log=log, publish_to=publish_to, s3_endpoint_url=spec.storage.s3_endpoint_url
+            plan, ckpt, log=log, publish_to=publish_to, s3_endpoint_url=spec.storage.s3_endpoint_url, runner=runner
         )
         stage["convert_s"] = time.monotonic() - t
     result = XTunerResult(
@@ -506,6 +536,8 @@ def run_xtuner(
         peak_flops=plan.peak_flops,
         peak_source=plan.peak_source,  # the MFU peak (validation needs it on CPU)
         stage_s={k: round(v, 2) for k, v in stage.items()},
+        node_ready_s={k: e.ready_s for k, e in node_envs.items()},
+        node_env_cold={k: e.created for k, e in node_envs.items()},
     )
     atomic_write_text(RunFiles(run_dir).result, result.model_dump_json(indent=2) + "\n")
     return result
