@@ -22,6 +22,8 @@ OFFLINE_FLAGS = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"
 class XTunerLaunchError(RuntimeError):
     """A launched XTuner step failed; names the step, the exit code and the full log file."""
 
+    code: int | None = None  # the exit code, when the step exited
+
 
 @dataclass(frozen=True)
 class Command:
@@ -184,4 +186,6 @@ def tail(log_file: Path, n: int = 40) -> str:
 
 def check(code: int, step: str, log_file: Path) -> None:
     if code != 0:
-        raise XTunerLaunchError(f"{step} failed with exit code {code}; full log: {log_file}\n{tail(log_file)}")
+        err = XTunerLaunchError(f"{step} failed with exit code {code}; full log: {log_file}\n{tail(log_file)}")
+        err.code = code
+        raise err

@@ -11,11 +11,22 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
+import subprocess
 import sys
 
 from nightloom.finetune.env import EnvError, ensure_env
 
 MARK = "NIGHTLOOM_XTUNER_ENV "
+
+
+def gpu_names() -> list[str]:
+    """The node's GPU models as nvidia-smi names them ([] without a driver): the MFU peak comes from these."""
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return []
+    r = subprocess.run([smi, "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, timeout=30)
+    return [x.strip() for x in r.stdout.splitlines() if x.strip()] if r.returncode == 0 else []
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
         "created": env.created,
         "seconds": round(env.seconds, 3),
         "versions": env.versions.get("versions", env.versions),
+        "gpus": gpu_names(),
     }
     print(MARK + json.dumps(info), flush=True)
     return 0

@@ -10,6 +10,7 @@ requirements hash under the node's env root, under a lock, stamp last; the time 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ class NodeEnv:
     created: bool  # built by this call (cold) rather than found (warm)
     ready_s: float  # round trip of the ensure step, as seen by the orchestrator
     versions: dict
+    gpus: tuple[str, ...] = ()  # GPU models as the node reports them
 
     def as_env(self) -> XTunerEnv:
         """This node's env as an XTunerEnv (what plan_xtuner takes)."""
@@ -103,6 +105,7 @@ def ensure_node_envs(
             created=bool(info["created"]),
             ready_s=round(r.seconds, 3),
             versions=info.get("versions") or {},
+            gpus=tuple(info.get("gpus") or ()),
         )
         log(
             f"xtuner env on node {n.name}: ready in {r.seconds:.2f} s ({'cold' if info['created'] else 'warm'}) "
@@ -127,3 +130,46 @@ def node_runner(
         return r.code
 
     return run
+
+
+def node_peak(env: NodeEnv, precision: str = "auto"):
+    """The MFU peak (nightloom.perf.Peak) of a GPU node: the catalog datasheet for the GPU it reports;
+    XTunerConfigError when it reports none or one the catalog does not know."""
+    from nightloom.finetune.config import XTunerConfigError
+    from nightloom.perf import resolve_peak
+
+    if not env.gpus:
+        raise XTunerConfigError(f"node {env.node}: GPU profile but nvidia-smi reports no GPU: no peak for its MFU")
+    return resolve_peak(catalog_gpu(env.gpus[0]), precision if precision != "auto" else "bf16")
+
+
+def catalog_gpu(reported: str) -> str:
+    """The catalog key of a GPU as a node reports it (nvidia-smi / torch: 'NVIDIA H100 80GB HBM3' ->
+    'h100-80gb', 'NVIDIA GeForce RTX 4090' -> 'rtx-4090'), catalog aliases included. A GPU the catalog
+    does not know is an error (its MFU would silently be missing), naming what is known."""
+    from nightloom.catalog import GPU_ALIASES, GPUS
+    from nightloom.finetune.config import XTunerConfigError
+
+    words = [w for w in re.findall(r"[a-z0-9]+", reported.lower()) if w not in ("nvidia", "geforce", "tesla")]
+    names = {**{k: k for k in GPUS}, **GPU_ALIASES}
+    for n in ("-".join(words), "".join(words)):
+        if n in names:
+            return names[n]
+    model = words[0] if words else ""
+    mem = next((w for w in words if re.fullmatch(r"\d+gb", w)), None)
+    same = sorted(
+        k for k in GPUS if k.split("-")[0] == model and (mem is None or mem in k.split("-")[1:] or "-" not in k)
+    )
+    if mem:  # a memory size is named: it must match one catalog entry of that model
+        if len(same) == 1:
+            return same[0]
+        words = []
+    for i in range(len(words) - 1, 0, -1):  # the longest known prefix: 'h100 pcie' -> alias 'h100'
+        if "-".join(words[:i]) in names:
+            return names["-".join(words[:i])]
+    if len(same) == 1:
+        return same[0]
+    raise XTunerConfigError(
+        f"node GPU {reported!r} is not in the catalog (known: {', '.join(sorted(GPUS))}; aliases: "
+        f"{', '.join(sorted(GPU_ALIASES))}): no peak FLOP/s for its MFU; add it to nightloom/catalog.py"
+    )

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import math
 import os
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -115,3 +117,115 @@ def test_xtuner_lora_over_slurm_two_nodes(slurm, xtuner_env, base_model, shards,
     check_lora_result(r, run_dir, xtuner_env, base_model, [n.name for n in c.nodes])
     assert queued(c.handle["job_id"]) is None, "the allocation outlived release"
     assert not ours_running(str(run_dir)), "a process of the run outlived release"
+
+
+def _pids(*needles: str) -> list[int]:
+    """Live processes whose command line holds every needle."""
+    out = []
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit() and int(p.name) != os.getpid():
+            try:
+                cmd = (p / "cmdline").read_bytes()
+                if (p / "stat").read_text().split()[2] == "Z":
+                    continue
+            except OSError:
+                continue
+            if all(n.encode() in cmd for n in needles):
+                out.append(int(p.name))
+    return out
+
+
+def _when_checkpointed(work_dir: Path, action, timeout_s: float = 400) -> threading.Thread:
+    """Run `action()` in a thread once the run's first checkpoint is complete (`last_checkpoint` names it)."""
+
+    def go():
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if (work_dir / "last_checkpoint").is_file():
+                action()
+                return
+            time.sleep(0.1)
+
+    t = threading.Thread(target=go, daemon=True)
+    t.start()
+    return t
+
+
+def test_xtuner_unhealthy_ssh_node_mid_run_resumes_on_the_node_left(sshenv, xtuner_env, base_model, shards, tmp_path):
+    """Node 2 turns unhealthy after the first checkpoint (a fake torch appears on its path, its torchrun is
+    killed): preflight excludes it, the config is re-rendered for 1 rank, and XTuner resumes from its last
+    checkpoint on node 1; the interruption is in the result (the flow writes it to the ledger)."""
+    from nightloom.provision.ssh import SSHProvider
+    from tests.support.ssh import plant_fake_torch
+
+    slot = tmp_path / "sick-slot"
+    slot.mkdir()
+    sick = tmp_path / "python-node2"
+    sick.write_text(f'#!/bin/sh\nPYTHONPATH={slot} exec {sys.executable} "$@"\n')
+    sick.chmod(0o755)
+    cluster = ssh_cluster(sshenv, tmp_path / "nodes")
+    cluster["ssh"]["hosts"][1]["python"] = str(sick)
+    cluster["min_nodes"] = 1
+    spec = remote_spec(tmp_path, base_model, shards, cluster, steps=20, checkpoint_every=4)
+    spec = spec.model_copy(update={"recovery": spec.recovery.model_copy(update={"max_attempts": 1})})
+    run_dir = tmp_path / "runs" / "ssh-recover"
+    work_dir = run_dir / "xtuner" / "work_dir"
+    p = SSHProvider(spec)
+    c = p.acquire()
+    bad = c.nodes[1].name
+
+    def sicken():
+        plant_fake_torch(slot)
+        for pid in _pids("torch.distributed.run", "--node-rank=1", str(run_dir)):
+            os.killpg(os.getpgid(pid), signal.SIGKILL)
+
+    chaos = _when_checkpointed(work_dir, sicken)
+    t0, r = time.monotonic(), None
+    try:
+        r = run_xtuner(spec, shards, run_dir, cluster=c, provider=p, log=QUIET, convert=False)
+    finally:
+        p.release(c.union(r.cluster) if r is not None and r.cluster else c)
+    chaos.join(timeout=5)
+    wall = time.monotonic() - t0
+    (ev,) = r.interruptions
+    print(f"\nxtuner ssh recovery: wall {wall:.1f} s, recovery_s {ev.recovery_s}, stages {r.stage_s}")
+    assert ev.kind == "node" and bad in ev.detail and "torch: 0.0.1-fake" in ev.detail, ev.detail
+    assert ev.world_before == 2 and ev.world_after == 1 and ev.recovery_s is not None
+    assert [n.name for n in r.cluster.nodes] == [c.nodes[0].name] and bad in r.cluster.excluded
+    assert r.steps_done == 20 and r.stopped == "completed"
+    from nightloom.finetune.logs import launch_dirs, parse_launch
+
+    first, last = parse_launch(launch_dirs(work_dir)[0]), parse_launch(launch_dirs(work_dir)[-1])
+    resumed_at = int(last[0]["step"])
+    assert resumed_at % 4 == 1 and 1 < resumed_at < 20, "resumed from scratch, not from a checkpoint"
+    assert int(last[-1]["step"]) == 20 and len(launch_dirs(work_dir)) == 2
+    steps = read_metrics(r.metrics_path)
+    assert [m.step for m in steps] == list(range(1, 21)) and all(math.isfinite(m.loss) for m in steps)
+    before = {int(x["step"]): float(x["loss"]) for x in first}
+    if resumed_at in before:  # the step redone after the resume, against the same step before the failure
+        assert float(last[0]["loss"]) == pytest.approx(before[resumed_at], rel=2e-2), (before, last)
+    assert not _pids(str(run_dir)), "a process of the run outlived release"
+
+
+def test_xtuner_cancel_mid_run_on_slurm_leaves_nothing(slurm, xtuner_env, base_model, shards, tmp_path):
+    """Teardown mid-training (what the flow's cancel hook does: a fresh provider releases the recorded
+    cluster) cancels the allocation: no Slurm job and no process of the run is left, and the run fails."""
+    from nightloom.provision.slurm import SlurmProvider, queued
+
+    cluster = {"provider": "slurm", "slurm": {"partition": os.environ.get("NIGHTLOOM_SLURM_PARTITION", "debug")}}
+    spec = remote_spec(tmp_path, base_model, shards, cluster, steps=40, checkpoint_every=2)
+    run_dir = tmp_path / "runs" / "slurm-cancel"
+    p = SlurmProvider(spec, python=sys.executable)
+    c = p.acquire()
+    chaos = _when_checkpointed(run_dir / "xtuner" / "work_dir", lambda: SlurmProvider(spec).release(c))
+    try:
+        with pytest.raises(Exception, match="train failed|not running|did not finish"):
+            run_xtuner(spec, shards, run_dir, cluster=c, provider=p, log=QUIET, convert=False)
+    finally:
+        p.release(c)
+    chaos.join(timeout=5)
+    assert queued(c.handle["job_id"]) is None
+    deadline = time.monotonic() + 20
+    while _pids(str(run_dir)) and time.monotonic() < deadline:
+        time.sleep(0.3)
+    assert not _pids(str(run_dir)), "a process of the run outlived the cancellation"
