@@ -119,8 +119,8 @@ def test_xtuner_lora_over_slurm_two_nodes(slurm, xtuner_env, base_model, shards,
     assert not ours_running(str(run_dir)), "a process of the run outlived release"
 
 
-def _pids(*needles: str) -> list[int]:
-    """Live processes whose command line holds every needle."""
+def _pids(*needles: str, program: str = "") -> list[int]:
+    """Live processes whose command line holds every needle (and starts `argv[0] program...` when given)."""
     out = []
     for p in Path("/proc").iterdir():
         if p.name.isdigit() and int(p.name) != os.getpid():
@@ -130,9 +130,17 @@ def _pids(*needles: str) -> list[int]:
                     continue
             except OSError:
                 continue
-            if all(n.encode() in cmd for n in needles):
+            argv = cmd.decode(errors="replace").split("\0")
+            if all(n.encode() in cmd for n in needles) and " ".join(argv[1:]).startswith(program):
                 out.append(int(p.name))
     return out
+
+
+def _ppid(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _when_checkpointed(work_dir: Path, action, timeout_s: float = 400) -> threading.Thread:
@@ -166,7 +174,7 @@ def test_xtuner_unhealthy_ssh_node_mid_run_resumes_on_the_node_left(sshenv, xtun
     cluster = ssh_cluster(sshenv, tmp_path / "nodes")
     cluster["ssh"]["hosts"][1]["python"] = str(sick)
     cluster["min_nodes"] = 1
-    spec = remote_spec(tmp_path, base_model, shards, cluster, steps=20, checkpoint_every=4)
+    spec = remote_spec(tmp_path, base_model, shards, cluster, steps=60, checkpoint_every=4)
     spec = spec.model_copy(update={"recovery": spec.recovery.model_copy(update={"max_attempts": 1})})
     run_dir = tmp_path / "runs" / "ssh-recover"
     work_dir = run_dir / "xtuner" / "work_dir"
@@ -176,8 +184,10 @@ def test_xtuner_unhealthy_ssh_node_mid_run_resumes_on_the_node_left(sshenv, xtun
 
     def sicken():
         plant_fake_torch(slot)
-        for pid in _pids("torch.distributed.run", "--node-rank=1", str(run_dir)):
-            os.killpg(os.getpgid(pid), signal.SIGKILL)
+        # node 2's torchrun agent and its rank (torchrun starts each worker in a session of its own)
+        agents = _pids("--node-rank=1", str(run_dir), program="-m torch.distributed.run")
+        for pid in agents + [p for p in _pids(str(run_dir)) if _ppid(p) in agents]:
+            os.kill(pid, signal.SIGKILL)
 
     chaos = _when_checkpointed(work_dir, sicken)
     t0, r = time.monotonic(), None
@@ -192,15 +202,15 @@ def test_xtuner_unhealthy_ssh_node_mid_run_resumes_on_the_node_left(sshenv, xtun
     assert ev.kind == "node" and bad in ev.detail and "torch: 0.0.1-fake" in ev.detail, ev.detail
     assert ev.world_before == 2 and ev.world_after == 1 and ev.recovery_s is not None
     assert [n.name for n in r.cluster.nodes] == [c.nodes[0].name] and bad in r.cluster.excluded
-    assert r.steps_done == 20 and r.stopped == "completed"
+    assert r.steps_done == 60 and r.stopped == "completed"
     from nightloom.finetune.logs import launch_dirs, parse_launch
 
     first, last = parse_launch(launch_dirs(work_dir)[0]), parse_launch(launch_dirs(work_dir)[-1])
     resumed_at = int(last[0]["step"])
-    assert resumed_at % 4 == 1 and 1 < resumed_at < 20, "resumed from scratch, not from a checkpoint"
-    assert int(last[-1]["step"]) == 20 and len(launch_dirs(work_dir)) == 2
+    assert resumed_at % 4 == 1 and 1 < resumed_at < 60, "resumed from scratch, not from a checkpoint"
+    assert int(last[-1]["step"]) == 60 and len(launch_dirs(work_dir)) == 2
     steps = read_metrics(r.metrics_path)
-    assert [m.step for m in steps] == list(range(1, 21)) and all(math.isfinite(m.loss) for m in steps)
+    assert [m.step for m in steps] == list(range(1, 61)) and all(math.isfinite(m.loss) for m in steps)
     before = {int(x["step"]): float(x["loss"]) for x in first}
     if resumed_at in before:  # the step redone after the resume, against the same step before the failure
         assert float(last[0]["loss"]) == pytest.approx(before[resumed_at], rel=2e-2), (before, last)
