@@ -160,15 +160,15 @@ def catalog_gpu(reported: str) -> str:
     same = sorted(
         k for k in GPUS if k.split("-")[0] == model and (mem is None or mem in k.split("-")[1:] or "-" not in k)
     )
-    if mem:  # a memory size is named: it must match one catalog entry of that model
+    if mem is not None:  # a memory size is named: exactly one catalog entry of that model must have it
         if len(same) == 1:
             return same[0]
-        words = []
-    for i in range(len(words) - 1, 0, -1):  # the longest known prefix: 'h100 pcie' -> alias 'h100'
-        if "-".join(words[:i]) in names:
-            return names["-".join(words[:i])]
-    if len(same) == 1:
-        return same[0]
+    else:
+        for i in range(len(words) - 1, 0, -1):  # the longest known prefix: 'h100 pcie' -> alias 'h100'
+            if "-".join(words[:i]) in names:
+                return names["-".join(words[:i])]
+        if len(same) == 1:
+            return same[0]
     raise XTunerConfigError(
         f"node GPU {reported!r} is not in the catalog (known: {', '.join(sorted(GPUS))}; aliases: "
         f"{', '.join(sorted(GPU_ALIASES))}): no peak FLOP/s for its MFU; add it to nightloom/catalog.py"
