@@ -24,13 +24,13 @@ sys.path.insert(0, str(ROOT))
 
 import torch
 
+from bench._support import launch, make_job, write_corpus
 from nightloom import perf
 from nightloom.catalog import get_model
 from nightloom.train.data import PackedWindows, StepLoader
 from nightloom.train.model import build_model
 from nightloom.train.parallelize import loss_fn
 from nightloom.train.trainer import lr_at
-from tests.support.harness import launch, make_job, write_corpus
 
 WARMUP = 3
 
@@ -71,7 +71,8 @@ def trainer_run(
         seq_len=seq_len,
         global_batch=mb * nproc,
         timeout_s=120,
-        job_kw={"peak_flops": peak, "peak_source": "bench: measured"},
+        peak_flops=peak,
+        peak_source="bench: measured",
         micro_batch=mb,
         grad_accum=1,
         dp_shard=nproc,

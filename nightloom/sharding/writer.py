@@ -74,13 +74,17 @@ def _rows_of_shard(work: Path, s: ScanResult, index: int, cols: list[str], schem
 
 def write_shard(job: ShardJob, scans: list[ScanResult], index: int) -> ShardInfo:
     """Write shard `index`; idempotent (a published shard with its marker is not rewritten)."""
-    job.configure()
-    work = Path(job.workdir)
-    marker = work / f"shard-{index:05d}.json"
+    wd = job.work
+    marker = f"shard-{index:05d}.json"
     name = job.shard_name(index)
     final = storage.join(job.output, name)
-    if marker.is_file() and storage.exists(final):
-        return ShardInfo.model_validate_json(marker.read_bytes())
+    done = wd.marker(marker)
+    if done is not None and storage.exists(final, job.s3):
+        return ShardInfo.model_validate_json(done)
+    work = wd.local
+    for s in scans:  # what other machines scanned and placed (an S3 work folder; cached per machine)
+        if s.spills:
+            wd.fetch(dest_name(s.index), s.meta, *s.spills)
     cols = _output_columns(job)
     local_out = not storage.is_s3(job.output)
     tmp = (Path(job.output) if local_out else work) / f".{name}.tmp"
@@ -128,11 +132,11 @@ def write_shard(job: ShardJob, scans: list[ScanResult], index: int) -> ShardInfo
         writer.close()
         writer = None
         digest = storage.sha256_file(tmp)
-        storage.put_file(tmp, final)
+        storage.put_file(tmp, final, job.s3)
     finally:
         if writer is not None:
             writer.close()
         tmp.unlink(missing_ok=True)
     info = ShardInfo(index=index, path=name, rows=rows, tokens=tokens, bytes=nbytes, sha256=digest)
-    storage.write_bytes(marker, info.model_dump_json().encode())
+    wd.write_marker(marker, info.model_dump_json().encode())
     return info
