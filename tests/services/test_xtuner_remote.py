@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from nightloom.finetune import run_xtuner
+from nightloom.finetune import EnvError, run_xtuner
+from nightloom.finetune.remote import ensure_node_envs
 from nightloom.metrics import read_metrics
 from nightloom.spec import RunSpec
 from tests.support.ssh import ours_running
@@ -90,6 +91,9 @@ def test_xtuner_lora_over_two_ssh_nodes(sshenv, xtuner_env, base_model, shards, 
     c = p.acquire()
     t0 = time.monotonic()
     try:
+        # train.xtuner.python is verified on every node, never built; a bad one names each node
+        with pytest.raises(EnvError, match=r"node 127\.0\.0\.1:\d+: FileNotFoundError.*train\.xtuner\.python="):
+            ensure_node_envs(p, c, "cpu", python="/nonexistent/python")
         r = run_xtuner(spec, shards, run_dir, cluster=c, provider=p, log=QUIET)
     finally:
         p.release(c)
