@@ -24,6 +24,7 @@ from flows.shard import shard_dataset_flow
 from nightloom.catalog import ModelShape, get_model
 from nightloom.parallel import ParallelPlan
 from nightloom.provision.base import Cluster, Provider
+from nightloom.recovery import Event
 from nightloom.report import StageTime
 from nightloom.schedule import BillingSpan, RunRefused, next_window
 from nightloom.sharding import ShardManifest
@@ -35,7 +36,7 @@ from tasks.nights import NightsSoFar, night_record, record_night_task
 from tasks.plan import plan_task
 from tasks.provision import acquire_cluster, make_provider, release_cluster
 from tasks.record import fail_record_task, start_record_task
-from tasks.recovery import train_with_recovery
+from tasks.recovery import record_interruption_task, train_with_recovery
 from tasks.teardown import kill_recorded_processes, record_cluster
 
 _clock: ContextVar[datetime | None] = ContextVar("nightloom_clock", default=None)
@@ -190,8 +191,21 @@ def train_stage(spec: RunSpec, rental: Rental, job: TrainJob) -> TrainOutcome:
     if spec.train.backend == "xtuner":
         start = datetime.now(UTC)
         result = xtuner_train_task(spec, spec.sharding.output, job.run_dir, rental.cluster, rental.provider)
+        if result.cluster is not None:  # recovery may have excluded or replaced nodes: teardown reaches them all
+            rental.cluster = rental.cluster.union(result.cluster)
+        for i in result.interruptions:  # the ledger keeps every interruption, as for the native backend
+            ev = Event(i.attempt, i.kind, i.detail, i.at, recovery_s=i.recovery_s, world_before=i.world_before)
+            record_interruption_task(spec.ledger.url, job.run_id, ev)
         span = BillingSpan(start, result.wall_s, rental.cluster.world_size)
-        return TrainOutcome(result, rental.cluster, job.plan, [span], train_s=result.wall_s)
+        return TrainOutcome(
+            result,
+            result.cluster or rental.cluster,
+            job.plan,
+            [span],
+            train_s=result.wall_s,
+            interruptions=len(result.interruptions),
+            recovery_s=sum(i.recovery_s or 0.0 for i in result.interruptions),
+        )
     trained = train_with_recovery(spec, rental.provider, rental.cluster, job)
     rental.cluster = trained.cluster
     return trained

@@ -10,7 +10,7 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-from nightloom.finetune.launcher import check, run_streaming, tool_command
+from nightloom.finetune.launcher import WRAPPER, Runner, check, local_runner, tool_command
 
 
 class XTunerConvertError(RuntimeError):
@@ -60,12 +60,15 @@ def pth_to_hf(
     log_file: Path,
     log: Callable[[str], None] = print,
     timeout_s: float = 1800,
+    runner: Runner | None = None,
+    wrapper: str | Path = WRAPPER,
 ) -> Path:
-    """xtuner's pth_to_hf (fp32, safetensors); returns `out`, an adapter folder for LoRA else a full model."""
+    """xtuner's pth_to_hf (fp32, safetensors); returns `out`, an adapter folder for LoRA else a full model.
+    `runner`: where it runs (default: this machine); `wrapper`: node_wrapper.py as that place sees it."""
     if out.exists():
         shutil.rmtree(out)
-    cmd = tool_command(python, "pth_to_hf", config, pth, out, "--fp32", "--safe-serialization")
-    check(run_streaming(cmd, log_file, log, step="pth_to_hf", timeout_s=timeout_s), "pth_to_hf", log_file)
+    cmd = tool_command(python, "pth_to_hf", config, pth, out, "--fp32", "--safe-serialization", wrapper=wrapper)
+    check((runner or local_runner(timeout_s))(cmd, log_file, log, "pth_to_hf"), "pth_to_hf", log_file)
     return check_adapter(out) if lora else check_hf_model(out)
 
 
@@ -79,12 +82,14 @@ def merge_lora(
     log_file: Path,
     log: Callable[[str], None] = print,
     timeout_s: float = 1800,
+    runner: Runner | None = None,
+    wrapper: str | Path = WRAPPER,
 ) -> Path:
-    """xtuner's `convert merge` (base + adapter → full model, safetensors)."""
+    """xtuner's `convert merge` (base + adapter → full model, safetensors), where `runner` runs it."""
     if out.exists():
         shutil.rmtree(out)
-    cmd = tool_command(python, "merge", base, adapter, out, "--device", device, "--safe-serialization")
-    check(run_streaming(cmd, log_file, log, step="merge", timeout_s=timeout_s), "merge", log_file)
+    cmd = tool_command(python, "merge", base, adapter, out, "--device", device, "--safe-serialization", wrapper=wrapper)
+    check((runner or local_runner(timeout_s))(cmd, log_file, log, "merge"), "merge", log_file)
     return check_hf_model(out)
 
 

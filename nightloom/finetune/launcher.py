@@ -16,10 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 WRAPPER = Path(__file__).resolve().parent / "node_wrapper.py"
+OFFLINE_FLAGS = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE")
 
 
 class XTunerLaunchError(RuntimeError):
     """A launched XTuner step failed; names the step, the exit code and the full log file."""
+
+    code: int | None = None  # the exit code, when the step exited
 
 
 @dataclass(frozen=True)
@@ -37,21 +40,29 @@ def node_env(extra: dict[str, str] | None = None) -> dict[str, str]:
         "PYTHONUNBUFFERED": "1",
         "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1",
         "TOKENIZERS_PARALLELISM": "false",
+        # offline mode travels with the run to remote nodes (an ssh login does not inherit it)
+        **{k: os.environ[k] for k in OFFLINE_FLAGS if k in os.environ},
     }
     env.update(extra or {})
     return env
 
 
-def wrapper_args(mode: str, *args: str) -> list[str]:
-    """`node_wrapper.py MODE ARGS...` (what torchrun or a provider runs after its own options)."""
-    return [str(WRAPPER), mode, *map(str, args)]
+def wrapper_args(mode: str, *args: str, wrapper: str | Path = WRAPPER) -> list[str]:
+    """`node_wrapper.py MODE ARGS...` (what torchrun or a provider runs after its own options); `wrapper`: the
+    script's path as the node running it sees it."""
+    return [str(wrapper), mode, *map(str, args)]
 
 
 def train_args(
-    config: Path, *, distributed: bool, resume: Path | None = None, deepspeed: str | None = None
+    config: Path,
+    *,
+    distributed: bool,
+    resume: Path | None = None,
+    deepspeed: str | None = None,
+    wrapper: str | Path = WRAPPER,
 ) -> list[str]:
     """Arguments of `node_wrapper.py train` for xtuner/tools/train.py."""
-    args = wrapper_args("train", config)
+    args = wrapper_args("train", config, wrapper=wrapper)
     if distributed:
         args += ["--launcher", "pytorch"]
     if resume is not None:
@@ -92,9 +103,22 @@ def train_command(
     return Command(argv, node_env())
 
 
-def tool_command(python: Path | str, mode: str, *args: str | Path) -> Command:
+def tool_command(python: Path | str, mode: str, *args: str | Path, wrapper: str | Path = WRAPPER) -> Command:
     """A single-process wrapper step: prepare, pth_to_hf, merge, probe."""
-    return Command([str(python), *wrapper_args(mode, *map(str, args))], node_env())
+    return Command([str(python), *wrapper_args(mode, *map(str, args), wrapper=wrapper)], node_env())
+
+
+#: runs one tool command somewhere (this machine, or a node): (command, log file, log, step name) -> exit code
+Runner = Callable[[Command, Path, Callable[[str], None], str], int]
+
+
+def local_runner(timeout_s: float | None = None) -> Runner:
+    """Tool commands on this machine, streamed (run_streaming)."""
+
+    def run(cmd: Command, log_file: Path, log: Callable[[str], None], step: str) -> int:
+        return run_streaming(cmd, log_file, log, step=step, timeout_s=timeout_s)
+
+    return run
 
 
 def run_streaming(
@@ -162,4 +186,6 @@ def tail(log_file: Path, n: int = 40) -> str:
 
 def check(code: int, step: str, log_file: Path) -> None:
     if code != 0:
-        raise XTunerLaunchError(f"{step} failed with exit code {code}; full log: {log_file}\n{tail(log_file)}")
+        err = XTunerLaunchError(f"{step} failed with exit code {code}; full log: {log_file}\n{tail(log_file)}")
+        err.code = code
+        raise err

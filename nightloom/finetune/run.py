@@ -12,6 +12,8 @@ import hashlib
 import json
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -20,8 +22,11 @@ from nightloom.finetune import config as xcfg
 from nightloom.finetune.convert import check_hf_model, find_checkpoint, merge_lora, pth_to_hf, publish
 from nightloom.finetune.env import XTunerEnv, ensure_env
 from nightloom.finetune.launcher import (
+    WRAPPER,
+    Runner,
     XTunerLaunchError,
     check,
+    local_runner,
     node_env,
     run_streaming,
     tail,
@@ -31,6 +36,16 @@ from nightloom.finetune.launcher import (
 )
 from nightloom.finetune.logs import RunShape, write_metrics
 from nightloom.finetune.node_wrapper import EXIT_EMPTY_DATASET
+from nightloom.finetune.remote import (
+    NodeEnv,
+    ensure_node_envs,
+    is_remote,
+    node_peak,
+    node_runner,
+    profile_of,
+    wrapper_path,
+)
+from nightloom.provision.base import Cluster, PreflightReport
 from nightloom.runfiles import RunFiles
 from nightloom.spec import RunSpec
 from nightloom.train.job import TrainResult
@@ -63,6 +78,33 @@ class XTunerPlan(BaseModel):
     deepspeed: str | None = None
     data_files: list[str]
     prepare_key: str
+    wrapper: str = str(WRAPPER)  # node_wrapper.py as the nodes see it (remote.wrapper_path)
+    node_pythons: dict[str, str] = Field(default_factory=dict)  # node name -> its XTuner env's interpreter
+
+
+class XTunerInterruption(BaseModel):
+    """One failure recovered from (or given up on): what preflight found, and the world before and after."""
+
+    attempt: int
+    kind: str
+    detail: str
+    at: datetime
+    recovery_s: float | None = None  # failure detected -> relaunch started
+    world_before: int
+    world_after: int | None = None
+
+    @classmethod
+    def of(cls, e) -> XTunerInterruption:
+        """From a nightloom.recovery.Event."""
+        return cls(
+            attempt=e.attempt,
+            kind=e.kind,
+            detail=e.detail,
+            at=e.at,
+            recovery_s=e.recovery_s,
+            world_before=e.world_before,
+            world_after=e.world_after,
+        )
 
 
 class XTunerResult(TrainResult):
@@ -79,6 +121,10 @@ class XTunerResult(TrainResult):
     env_key: str = ""
     profile: str = ""
     stage_s: dict[str, float] = Field(default_factory=dict)
+    interruptions: list[XTunerInterruption] = Field(default_factory=list)
+    cluster: Cluster | None = None  # the nodes the run ended on (recovery may have excluded or replaced some)
+    node_ready_s: dict[str, float] = Field(default_factory=dict)  # XTuner env time to ready per remote node
+    node_env_cold: dict[str, bool] = Field(default_factory=dict)  # whether that node built its env (cold)
 
 
 # ------------------------------------------------------------------------------------------------ inputs
@@ -122,11 +168,12 @@ def _hf_flops_per_token(base: Path, seq_len: int, frozen_base: bool = False) -> 
 def _peak(spec: RunSpec, profile: str, peak_flops: float | None) -> tuple[float | None, str | None]:
     if peak_flops is not None:
         return peak_flops, "given"
-    from nightloom.catalog import GPUS
+    from nightloom.catalog import GPU_ALIASES, GPUS
     from nightloom.perf import resolve_peak, resolve_precision
 
-    if spec.cluster.gpu_type in GPUS:
-        peak = resolve_peak(spec.cluster.gpu_type, resolve_precision("auto", profile))
+    gpu = GPU_ALIASES.get(spec.cluster.gpu_type.lower(), spec.cluster.gpu_type.lower())
+    if gpu in GPUS:
+        peak = resolve_peak(gpu, resolve_precision("auto", profile))
         return peak.flops, peak.source
     if profile == "cpu":
         from nightloom.perf import measure_cpu_matmul_peak
@@ -283,17 +330,19 @@ def fetch_base_model(uri: str, dest: Path, endpoint_url: str | None) -> Path:
 # ------------------------------------------------------------------------------------------------ stages
 
 
-def prepare_data(plan: XTunerPlan, log: Log = print, timeout_s: float | None = 3600) -> dict:
-    """Tokenize and pack the shards once (skipped when inputs are unchanged); error when nothing is left."""
+def prepare_data(
+    plan: XTunerPlan, log: Log = print, timeout_s: float | None = 3600, runner: Runner | None = None
+) -> dict:
+    """Tokenize and pack the shards once (skipped when inputs are unchanged); error when nothing is left.
+    `runner`: where the XTuner env runs it (default: this machine; node 0 for remote clusters)."""
     processed = Path(plan.processed_dir)
     key_file = processed / "nightloom_prepare_key"
     if key_file.is_file() and key_file.read_text(encoding="utf-8").strip() == plan.prepare_key:
         log(f"xtuner: processed dataset is up to date: {processed}")
         return xcfg.read_processed_stats(processed)
     log_file = Path(plan.log_dir) / "prepare.log"
-    code = run_streaming(
-        tool_command(plan.python, "prepare", plan.config_path), log_file, log, step="prepare", timeout_s=timeout_s
-    )
+    cmd = tool_command(plan.python, "prepare", plan.config_path, wrapper=plan.wrapper)
+    code = (runner or local_runner(timeout_s))(cmd, log_file, log, "prepare")
     if code == EXIT_EMPTY_DATASET:
         raise xcfg.XTunerConfigError(
             f"processed dataset is empty: {len(plan.data_files)} shard(s) gave no trainable sample "
@@ -316,30 +365,126 @@ def launch_training(
 ) -> Path:
     """Run XTuner's train tool (1 rank, local torchrun, or the provider's nodes); return the final checkpoint.
 
-    Success needs exit code 0 AND a checkpoint AND the last step logged: XTuner can exit 0 without work."""
-    for attempt in range(1 + UPSTREAM_ABORT_RETRIES):
-        log_file = Path(plan.log_dir) / "train.log"
-        seen = log_file.stat().st_size if log_file.exists() else 0
-        try:
-            return _launch_once(
-                plan, cluster=cluster, provider=provider, resume=resume or attempt > 0, log=log, timeout_s=timeout_s
-            )
-        except XTunerLaunchError:
-            with open(log_file, encoding="utf-8", errors="replace") as f:
-                f.seek(seen)
-                this_launch = f.read()
-            if attempt == UPSTREAM_ABORT_RETRIES or UPSTREAM_ABORT not in this_launch:
-                raise
-            log(
-                f"xtuner: a rank aborted with {UPSTREAM_ABORT!r} (a known intermittent abort of the CPU/gloo stack "
-                "at checkpoint time); relaunching once, resuming from the last complete checkpoint"
-            )
-    raise AssertionError("unreachable")
+    Success needs exit code 0 AND a checkpoint AND the last step logged: XTuner can exit 0 without work.
+    Recovery without a spec: only the known intermittent abort is relaunched (`train_with_recovery`)."""
+    return train_with_recovery(
+        plan, cluster=cluster, provider=provider, resume=resume, log=log, timeout_s=timeout_s
+    ).checkpoint
 
 
 #: An intermittent C++ abort seen on CPU/gloo while mmengine saves a checkpoint (rank 1, after the step's work).
 UPSTREAM_ABORT = "terminate called without an active exception"
 UPSTREAM_ABORT_RETRIES = 1
+#: failure signals a relaunch can cure (a rank killed, a dead peer's collective timing out); a plain crash
+#: on healthy nodes ("exit") would repeat, so it is raised
+RECOVERABLE_SIGNALS = ("killed", "collective-timeout", "stall")
+
+
+@dataclass
+class Trained:
+    """How training ended after recovery: the final checkpoint, the plan and cluster of the last attempt,
+    and one recovery Event per interruption (the ledger's rows)."""
+
+    checkpoint: Path
+    plan: XTunerPlan
+    cluster: object | None
+    events: list = field(default_factory=list)
+
+
+def relaunch_reason(failure, diag, launch_text: str, relaunches: int, max_relaunches: int) -> str | None:
+    """None when the failed attempt is relaunched, else why not. The known gloo abort is a transient failure
+    that always gets UPSTREAM_ABORT_RETRIES relaunch(es); any other gets up to recovery.max_attempts, when
+    preflight found a bad node or the signal is one a relaunch can cure."""
+    if UPSTREAM_ABORT in launch_text and relaunches < max(UPSTREAM_ABORT_RETRIES, max_relaunches):
+        return None
+    if relaunches >= max_relaunches:
+        return f"out of attempts: {relaunches} of recovery.max_attempts={max_relaunches} relaunches used"
+    if diag is not None and diag.kind == "node":
+        return None
+    if failure.signal in RECOVERABLE_SIGNALS:
+        return None
+    return f"{failure.signal} on healthy nodes ({diag.kind if diag else 'no preflight'}): a relaunch would repeat it"
+
+
+def train_with_recovery(
+    plan: XTunerPlan,
+    *,
+    cluster=None,
+    provider=None,
+    resume: bool = True,
+    log: Log = print,
+    timeout_s: float | None = None,
+    max_relaunches: int = 0,
+    min_nodes: int = 1,
+    allow_relayout: bool = True,
+    replan: Callable | None = None,
+    on_cluster: Callable | None = None,
+) -> Trained:
+    """Train; on a failure re-run preflight on the nodes (when there is a provider), classify it
+    (nightloom.recovery), exclude bad nodes (`provider.reacquire`: spares where the provider has them),
+    ready the new nodes and re-render for their world size (`replan(cluster) -> XTunerPlan`) and resume from XTuner's last
+    checkpoint, within `max_relaunches`; raise the last XTunerLaunchError when it must stop.
+    `on_cluster(cluster)` is called with every cluster reacquired (the caller must release it on failure)."""
+    from nightloom import recovery as rec
+
+    events: list = []
+    relaunches = 0
+    while True:
+        log_file = Path(plan.log_dir) / "train.log"
+        seen = log_file.stat().st_size if log_file.exists() else 0
+        if events and events[-1].recovery_s is None:
+            events[-1].recovery_s = round(time.time() - events[-1].at.timestamp(), 3)  # detection -> relaunch
+        try:
+            ckpt = _launch_once(
+                plan, cluster=cluster, provider=provider, resume=resume or relaunches > 0, log=log, timeout_s=timeout_s
+            )
+            return Trained(ckpt, plan, cluster, events)
+        except (XTunerLaunchError, TimeoutError) as err:
+            at = time.time()
+            text = ""
+            if log_file.exists():
+                with open(log_file, encoding="utf-8", errors="replace") as f:
+                    f.seek(seen)
+                    text = f.read()
+            cause = next((x for x in reversed(text.splitlines()) if x.strip()), str(err))[-500:]
+            failure = rec.AttemptFailure(relaunches, getattr(err, "code", None), False, cause, None, at_unix=at)
+            diag = None
+            if provider is not None and cluster is not None:
+                try:
+                    report = provider.preflight(cluster)
+                except Exception as e:  # noqa: BLE001 - no report: classified transient, named in the detail
+                    report = PreflightReport(nodes=[], unknown=f"preflight crashed: {type(e).__name__}: {e}")
+                diag = rec.classify(failure, report)
+            why = relaunch_reason(failure, diag, text, relaunches, max_relaunches)
+            world_before = plan.world_size
+            if why is None and diag is not None and diag.bad_nodes:
+                nxt = provider.reacquire(cluster, diag.bad_nodes)
+                if on_cluster is not None:
+                    on_cluster(nxt)
+                why = rec.relayout_reason(
+                    cluster.world_size, nxt.world_size, len(nxt.nodes), min_nodes, allow_relayout and bool(replan)
+                )
+                if why is None:
+                    try:
+                        plan = replan(nxt)
+                    except Exception as e:  # noqa: BLE001 - XTunerConfigError (batch not divisible...): the reason
+                        why = f"no XTuner config for {nxt.world_size} rank(s): {e}"
+                if why is None:
+                    cluster = nxt
+            kind = diag.kind if diag is not None else ("transient" if UPSTREAM_ABORT in text else failure.signal)
+            detail = diag.detail if diag is not None else f"{failure.signal}: {cause}"
+            ev = rec.Event(relaunches, kind, detail, datetime.fromtimestamp(at, UTC), world_before=world_before)
+            events.append(ev)
+            if why is not None:
+                ev.detail += f"; gave up: {why}"
+                err.events = events  # the interruptions so far, for the ledger
+                raise
+            ckpt = find_checkpoint(Path(plan.work_dir))
+            ev.world_after = plan.world_size
+            nodes = ", ".join(n.name for n in cluster.nodes) if cluster is not None else "this machine"
+            ev.detail += f"; resumed from {ckpt.name if ckpt else 'the start'} on {nodes}"
+            log(f"xtuner: recovery {relaunches + 1}: {kind}: {detail[:300]}; relaunching on {nodes}")
+            relaunches += 1
 
 
 def _launch_once(plan: XTunerPlan, *, cluster, provider, resume: bool, log: Log, timeout_s: float | None) -> Path:
@@ -350,10 +495,12 @@ def _launch_once(plan: XTunerPlan, *, cluster, provider, resume: bool, log: Log,
         log(f"xtuner: resuming from {ckpt}")
     log_file = Path(plan.log_dir) / "train.log"
     if cluster is not None and provider is not None:
-        nodes = [n.model_copy(update={"python": plan.python}) for n in cluster.nodes]
+        nodes = [n.model_copy(update={"python": plan.node_pythons.get(n.name, plan.python)}) for n in cluster.nodes]
         launch = provider.launch(
             cluster.model_copy(update={"nodes": nodes}),
-            train_args(Path(plan.config_path), distributed=True, resume=ckpt, deepspeed=plan.deepspeed),
+            train_args(
+                Path(plan.config_path), distributed=True, resume=ckpt, deepspeed=plan.deepspeed, wrapper=plan.wrapper
+            ),
             node_env(),
         )
         log_file.parent.mkdir(parents=True, exist_ok=True)
@@ -397,8 +544,10 @@ def convert_checkpoint(
     log: Log = print,
     publish_to: str | None = None,
     s3_endpoint_url: str | None = None,
+    runner: Runner | None = None,
 ) -> dict[str, str | None]:
-    """pth → HF (adapter for LoRA), merge when asked, then publish the final model folder."""
+    """pth → HF (adapter for LoRA), merge when asked, then publish the final model folder. `runner`: where the
+    XTuner env runs the tools (node 0, the node whose rank 0 wrote the checkpoint, for remote clusters)."""
     run_dir = Path(plan.run_dir)
     log_file = Path(plan.log_dir) / "convert.log"
     lora = plan.method in ("lora", "qlora")
@@ -410,6 +559,8 @@ def convert_checkpoint(
         lora=lora,
         log_file=log_file,
         log=log,
+        runner=runner,
+        wrapper=plan.wrapper,
     )
     out: dict[str, str | None] = {"adapter_dir": str(hf) if lora else None, "model_dir": None if lora else str(hf)}
     if lora and plan.merge_lora:
@@ -421,6 +572,8 @@ def convert_checkpoint(
             device="cpu" if plan.profile == "cpu" else "cuda",
             log_file=log_file,
             log=log,
+            runner=runner,
+            wrapper=plan.wrapper,
         )
         out["model_dir"] = str(check_hf_model(merged))
     final = out["model_dir"] or out["adapter_dir"]
@@ -459,13 +612,67 @@ def run_xtuner(
     run_dir = Path(run_dir).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     world = cluster.world_size if cluster is not None else spec.world_size
+    runner: Runner | None = None
+    node_envs: dict[str, NodeEnv] = {}
+    xs = spec.train.xtuner
+    if is_remote(cluster):  # the XTuner env on every node; XTuner's tools run on node 0
+        node_envs = ensure_node_envs(
+            provider, cluster, profile_of(spec.cluster.gpu_type), python=spec.train.xtuner.python, log=log
+        )
+        env = node_envs[cluster.nodes[0].name].as_env()
+        runner = node_runner(provider, cluster, cluster.nodes[0])
+        stage["node_env_s"] = time.monotonic() - t0
     plan = plan_xtuner(spec, manifest, run_dir, world_size=world, env=env, peak_flops=peak_flops, log=log)
+    if is_remote(cluster):
+        pythons = {name: e.python for name, e in node_envs.items()}
+        plan = plan.model_copy(update={"wrapper": wrapper_path(cluster), "node_pythons": pythons})
+        if plan.profile == "gpu" and peak_flops is None:  # the catalog peak of the GPU node 0 reports
+            peak = node_peak(node_envs[cluster.nodes[0].name])
+            plan = plan.model_copy(update={"peak_flops": peak.flops, "peak_source": peak.source})
     stage["plan_s"] = time.monotonic() - t0
     t = time.monotonic()
-    stats = prepare_data(plan, log=log)
+    stats = prepare_data(plan, log=log, runner=runner)
     stage["prepare_s"] = time.monotonic() - t
     t = time.monotonic()
-    ckpt = launch_training(plan, cluster=cluster, provider=provider, resume=resume, log=log, timeout_s=timeout_s)
+
+    def replan(nxt: Cluster) -> XTunerPlan:
+        """After recovery changed the nodes: the XTuner env on any new one, the config for the new world size."""
+        new = [n for n in nxt.nodes if n.name not in node_envs]
+        if new:
+            sub = nxt.model_copy(update={"nodes": new})
+            node_envs.update(
+                ensure_node_envs(provider, sub, profile_of(spec.cluster.gpu_type), python=xs.python, log=log)
+            )
+        p = plan
+        if nxt.world_size != plan.world_size:
+            p = plan_xtuner(spec, manifest, run_dir, world_size=nxt.world_size, env=env, peak_flops=plan.peak_flops)
+        return p.model_copy(
+            update={"wrapper": wrapper_path(nxt), "node_pythons": {n: e.python for n, e in node_envs.items()}}
+        )
+
+    held: list[Cluster] = []  # clusters recovery reacquired: released here if the run fails after them
+    try:
+        trained = train_with_recovery(
+            plan,
+            cluster=cluster,
+            provider=provider,
+            resume=resume,
+            log=log,
+            timeout_s=timeout_s,
+            max_relaunches=spec.recovery.max_attempts if cluster is not None else 0,
+            min_nodes=spec.cluster.min_nodes or 1,
+            allow_relayout=spec.recovery.allow_relayout,
+            replan=replan if is_remote(cluster) else None,
+            on_cluster=held.append,
+        )
+    except BaseException:
+        for c in held:
+            if c.handle != cluster.handle:  # a new allocation (slurm): the caller only knows the first one
+                provider.release(c)
+        raise
+    ckpt, plan, cluster = trained.checkpoint, trained.plan, trained.cluster
+    if is_remote(cluster):
+        runner = node_runner(provider, cluster, cluster.nodes[0])  # node 0 of the nodes the run ended on
     stage["train_s"] = time.monotonic() - t
     metrics_path = write_step_metrics(plan)
     from nightloom.metrics import read_metrics
@@ -482,7 +689,7 @@ def run_xtuner(
         if publish_to is None and spec.storage.root.startswith("s3://"):
             publish_to = f"{spec.storage.root.rstrip('/')}/{spec.name}/{run_dir.name}/model"
         conv = convert_checkpoint(
-            plan, ckpt, log=log, publish_to=publish_to, s3_endpoint_url=spec.storage.s3_endpoint_url
+            plan, ckpt, log=log, publish_to=publish_to, s3_endpoint_url=spec.storage.s3_endpoint_url, runner=runner
         )
         stage["convert_s"] = time.monotonic() - t
     result = XTunerResult(
@@ -506,6 +713,10 @@ def run_xtuner(
         peak_flops=plan.peak_flops,
         peak_source=plan.peak_source,  # the MFU peak (validation needs it on CPU)
         stage_s={k: round(v, 2) for k, v in stage.items()},
+        interruptions=[XTunerInterruption.of(e) for e in trained.events],
+        cluster=cluster,
+        node_ready_s={k: e.ready_s for k, e in node_envs.items()},
+        node_env_cold={k: e.created for k, e in node_envs.items()},
     )
     atomic_write_text(RunFiles(run_dir).result, result.model_dump_json(indent=2) + "\n")
     return result

@@ -66,6 +66,16 @@ class Cluster(BaseModel):
         return out
 
 
+class NodeRun(BaseModel):
+    """One command run on one node outside torchrun (env builds, data prep, conversion): exit code and output."""
+
+    model_config = ConfigDict(extra="forbid")
+    node: str
+    code: int
+    output: str
+    seconds: float
+
+
 class Check(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str
@@ -184,6 +194,15 @@ class Provider(Protocol):
         """Recovery: the nodes to relaunch on, without `exclude` (name -> reason), with any spare the
         provider can add; `cluster.without(exclude)` where it has no spares."""
         ...
+
+
+class NodeShell(Protocol):
+    """Providers whose nodes run one command each on request (ssh, slurm): `run_on` runs `argv` in the node's
+    workdir with the orchestrator's code importable, recorded so that `release` kills it when it is left running."""
+
+    def run_on(
+        self, cluster: Cluster, node: Node, argv: list[str], env: dict[str, str], timeout_s: float = 3600.0
+    ) -> NodeRun: ...
 
 
 def torchrun_argv(python: str, cluster: Cluster, node_rank: int, module_args: list[str]) -> list[str]:

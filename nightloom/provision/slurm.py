@@ -25,7 +25,16 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from nightloom.provision.base import Check, Cluster, Node, NodeReport, PreflightReport, ProvisionError, torchrun_argv
+from nightloom.provision.base import (
+    Check,
+    Cluster,
+    Node,
+    NodeReport,
+    NodeRun,
+    PreflightReport,
+    ProvisionError,
+    torchrun_argv,
+)
 from nightloom.provision.nccl import render_nccl_env
 from nightloom.provision.preflight import (
     Expect,
@@ -403,6 +412,31 @@ class SlurmProvider:
             ok, busbw, detail = run_allreduce(self, sub, self.spec.cluster.gpu_type)
             report.allreduce_ok, report.bus_bandwidth_gbps, report.allreduce_detail = ok, busbw, detail
         return report
+
+    def run_on(
+        self, cluster: Cluster, node: Node, argv: list[str], env: dict[str, str], timeout_s: float = 3600.0
+    ) -> NodeRun:
+        """`argv` as one `srun --overlap` step on `node` inside the allocation, in the node's workdir (the job's
+        environment carries the code path); scancel of the allocation (release) ends it."""
+        full_env = {**cluster.env, **env, "PYTHONUNBUFFERED": "1"}
+        t0 = time.monotonic()
+        r = run_cmd(
+            [
+                "srun",
+                f"--jobid={cluster.handle['job_id']}",
+                "--overlap",
+                "-N1",
+                "-n1",
+                "-w",
+                node.name,
+                "--immediate=30",
+                f"--chdir={node.workdir}",
+                *env_argv(full_env),
+                *argv,
+            ],
+            timeout=timeout_s,
+        )
+        return NodeRun(node=node.name, code=r.returncode, output=r.stdout + r.stderr, seconds=time.monotonic() - t0)
 
     # ------------------------------------------------------------------------------------------ launch
     def launch(self, cluster: Cluster, module_args: list[str], env: dict[str, str]) -> SlurmLaunch:

@@ -25,6 +25,7 @@ from nightloom.provision.base import (
     MergedLaunch,
     Node,
     NodeReport,
+    NodeRun,
     PreflightReport,
     ProvisionError,
     torchrun_argv,
@@ -491,6 +492,33 @@ class SSHProvider:
             argv = torchrun_argv(node.python, cluster, i, args)
             cmds.append(session_command(node.workdir, argv, full_env, pgid_file=f"{pid_dir}/{tag}{i}.pgid"))
         return cmds
+
+    def run_on(
+        self, cluster: Cluster, node: Node, argv: list[str], env: dict[str, str], timeout_s: float = 3600.0
+    ) -> NodeRun:
+        """`argv` on `node` in its workdir, the synced code on PYTHONPATH, as a new session whose process group
+        is recorded under the cluster's tag (release kills it); killed on timeout. Output: stdout + stderr."""
+        self._launch_no += 1
+        cid = cluster.handle.get("cluster_id", "adhoc")
+        tag = f"{cid}.{self._launch_no}."
+        full_env = {**cluster.env, **env, "PYTHONUNBUFFERED": "1"}
+        if cluster.handle.get("code_key"):
+            full_env["PYTHONPATH"] = f"{node.workdir}/.nightloom/code/{cluster.handle['code_key']}"
+        pid_dir = f"{node.workdir}/.nightloom/pids"
+        t0 = time.monotonic()
+
+        async def go() -> tuple[int, str]:
+            await self._run(node, plain_command(["mkdir", "-p", pid_dir]))
+            cmd = session_command(node.workdir, argv, full_env, pgid_file=f"{pid_dir}/{tag}0.pgid")
+            return await self._run(node, cmd, timeout=timeout_s)
+
+        try:
+            rc, out = self.loop.run(go())
+        except BaseException:  # timeout, or the caller was cancelled: nothing of ours stays running
+            self._kill(cluster.model_copy(update={"nodes": [node]}), tag)
+            raise
+        out = "\n".join(x for x in out.splitlines() if not x.startswith(PGID_MARK + " "))
+        return NodeRun(node=node.name, code=rc, output=out, seconds=time.monotonic() - t0)
 
     async def _stage_job_file(self, node: Node, module_args: list[str], cid: str) -> list[str]:
         """`--job LOCAL.json` → copied to WORKDIR/.nightloom/jobs/CLUSTER/ on the node, the argument rewritten."""

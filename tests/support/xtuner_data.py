@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import subprocess
 from pathlib import Path
 
@@ -129,3 +130,31 @@ def run_in_env(env, code: str, timeout: float = 300) -> str:
     r = subprocess.run([str(env.python), "-c", code], capture_output=True, text=True, timeout=timeout, check=False)
     assert r.returncode == 0, r.stderr[-3000:]
     return r.stdout
+
+
+def merged_vs_peft(env, base_model: Path, adapter_dir: str, model_dir: str) -> dict:
+    """Max logit differences of the merged model against base ⊕ adapter merged by PEFT in memory (fp16 as
+    xtuner's merge tool does, and fp32) and against the base itself."""
+    out = run_in_env(
+        env,
+        f"""
+import torch, json
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from peft import PeftModel
+tok = AutoTokenizer.from_pretrained({str(model_dir)!r})
+ids = tok("what is the sum of a list", return_tensors="pt").input_ids
+def logits(dtype, adapter):
+    m = AutoModelForCausalLM.from_pretrained({str(base_model)!r}, torch_dtype=dtype)
+    if adapter:
+        m = PeftModel.from_pretrained(m, {str(adapter_dir)!r}).merge_and_unload()
+    return m.float().eval()(ids).logits
+with torch.no_grad():
+    lb = logits(torch.float32, False)
+    lp32 = logits(torch.float32, True)
+    lp16 = logits(torch.float16, True)
+    lm = AutoModelForCausalLM.from_pretrained({str(model_dir)!r}, torch_dtype=torch.float32).eval()(ids).logits
+d = lambda a, b: (a - b).abs().max().item()
+print(json.dumps({{"vs_peft16": d(lm, lp16), "vs_peft32": d(lm, lp32), "vs_base": d(lm, lb)}}))
+""",
+    )
+    return json.loads(out.strip().splitlines()[-1])

@@ -1,0 +1,175 @@
+"""XTuner on rented nodes (ssh, slurm): the XTuner env on every node, and XTuner's tools run on node 0.
+
+Like the native backend, the run folder (config, processed dataset, work_dir, checkpoints) lies on storage
+every node and the orchestrator see (a shared file system, as Slurm's state folder already assumes), so
+results land in the run folder directly. What differs per node is the interpreter: `ensure_node_envs` runs
+`nightloom.finetune.node_env` on each node (in parallel), which finds or builds the env keyed by the
+requirements hash under the node's env root, under a lock, stamp last; the time to ready per node is kept.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from nightloom.finetune.env import EnvError, XTunerEnv
+from nightloom.finetune.launcher import WRAPPER, Command
+from nightloom.finetune.node_env import MARK
+from nightloom.provision.base import Cluster, Node, NodeShell
+
+#: providers whose nodes are other machines (XTuner's env and tools run there, not on the orchestrator)
+REMOTE_PROVIDERS = ("ssh", "slurm")
+
+
+@dataclass(frozen=True)
+class NodeEnv:
+    """The XTuner env on one node: its interpreter, key and profile, and the time it took to be ready."""
+
+    node: str
+    python: str
+    key: str
+    profile: str
+    created: bool  # built by this call (cold) rather than found (warm)
+    ready_s: float  # round trip of the ensure step, as seen by the orchestrator
+    versions: dict
+    gpus: tuple[str, ...] = ()  # GPU models as the node reports them
+
+    def as_env(self) -> XTunerEnv:
+        """This node's env as an XTunerEnv (what plan_xtuner takes)."""
+        py = Path(self.python)
+        return XTunerEnv(py.parent.parent, py, self.key, self.profile, self.created, self.ready_s, self.versions)
+
+
+def is_remote(cluster: Cluster | None) -> bool:
+    return cluster is not None and cluster.provider in REMOTE_PROVIDERS
+
+
+def profile_of(gpu_type: str) -> str:
+    """The env profile a node needs: preflight has checked that every node has `cluster.gpu_type`'s GPUs."""
+    return "cpu" if gpu_type == "cpu" else "gpu"
+
+
+def wrapper_path(cluster: Cluster) -> str:
+    """node_wrapper.py as the nodes see it: inside the code the ssh provider synced (relative to the node's
+    workdir, where commands start), else this file's path (a shared file system, as on Slurm)."""
+    key = cluster.handle.get("code_key")
+    if cluster.provider == "ssh" and key:
+        return f".nightloom/code/{key}/{WRAPPER.relative_to(WRAPPER.parents[2]).as_posix()}"
+    return str(WRAPPER)
+
+
+def _parse(node: str, output: str) -> dict:
+    for line in reversed(output.splitlines()):
+        if line.startswith(MARK):
+            return json.loads(line[len(MARK) :])
+    tail = " | ".join(output.strip().splitlines()[-4:])
+    return {"ok": False, "error": f"no result from nightloom.finetune.node_env ({tail or 'no output'})"}
+
+
+def ensure_node_envs(
+    provider: NodeShell,
+    cluster: Cluster,
+    profile: str,
+    *,
+    python: str | None = None,
+    log: Callable[[str], None] = print,
+    timeout_s: float = 3600.0,
+) -> dict[str, NodeEnv]:
+    """Find or build the XTuner env on every node (verify `python` there instead when given); raise EnvError
+    naming each node that failed. Nodes sharing an env root build it once (the file lock serialises them)."""
+
+    def one(node: Node):
+        argv = [node.python, "-m", "nightloom.finetune.node_env", "--profile", profile]
+        if python:
+            argv += ["--python", python]
+        r = provider.run_on(cluster, node, argv, {"OMP_NUM_THREADS": "1"}, timeout_s=timeout_s)
+        return node, r, _parse(node.name, r.output)
+
+    with ThreadPoolExecutor(max_workers=min(16, len(cluster.nodes) or 1)) as pool:
+        results = list(pool.map(one, cluster.nodes))
+    bad = {n.name: info.get("error", f"exit {r.code}") for n, r, info in results if not info.get("ok") or r.code}
+    if bad:
+        why = "; ".join(f"node {k}: {v}" for k, v in bad.items())
+        raise EnvError(f"XTuner env not ready on {why}" + (f" (train.xtuner.python={python!r})" if python else ""))
+    out = {}
+    for n, r, info in results:
+        out[n.name] = NodeEnv(
+            node=n.name,
+            python=info["python"],
+            key=info["key"],
+            profile=info["profile"] if info["profile"] in ("cpu", "gpu") else profile,
+            created=bool(info["created"]),
+            ready_s=round(r.seconds, 3),
+            versions=info.get("versions") or {},
+            gpus=tuple(info.get("gpus") or ()),
+        )
+        log(
+            f"xtuner env on node {n.name}: ready in {r.seconds:.2f} s ({'cold' if info['created'] else 'warm'}) "
+            f"at {info['python']}"
+        )
+    return out
+
+
+def node_runner(
+    provider: NodeShell, cluster: Cluster, node: Node, timeout_s: float = 3600.0
+) -> Callable[[Command, Path, Callable[[str], None], str], int]:
+    """A tool runner (prepare, pth_to_hf, merge) that runs the command on `node`; its output goes to the log
+    file and the log callback when it ends."""
+
+    def run(cmd: Command, log_file: Path, log: Callable[[str], None], step: str) -> int:
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        r = provider.run_on(cluster, node, cmd.argv, cmd.env, timeout_s=timeout_s)
+        with open(log_file, "a", encoding="utf-8") as f:
+            f.write(f"$ [{node.name}] {' '.join(cmd.argv)}\n{r.output}\n[exit {r.code}]\n")
+        for line in r.output.splitlines():
+            log(f"[{step}@{node.name}] {line}")
+        return r.code
+
+    return run
+
+
+def node_peak(env: NodeEnv, precision: str = "auto"):
+    """The MFU peak (nightloom.perf.Peak) of a GPU node: the catalog datasheet for the GPU it reports;
+    XTunerConfigError when it reports none or one the catalog does not know."""
+    from nightloom.finetune.config import XTunerConfigError
+    from nightloom.perf import resolve_peak
+
+    if not env.gpus:
+        raise XTunerConfigError(f"node {env.node}: GPU profile but nvidia-smi reports no GPU: no peak for its MFU")
+    return resolve_peak(catalog_gpu(env.gpus[0]), precision if precision != "auto" else "bf16")
+
+
+def catalog_gpu(reported: str) -> str:
+    """The catalog key of a GPU as a node reports it (nvidia-smi / torch: 'NVIDIA H100 80GB HBM3' ->
+    'h100-80gb', 'NVIDIA GeForce RTX 4090' -> 'rtx-4090'), catalog aliases included. A GPU the catalog
+    does not know is an error (its MFU would silently be missing), naming what is known."""
+    from nightloom.catalog import GPU_ALIASES, GPUS
+    from nightloom.finetune.config import XTunerConfigError
+
+    words = [w for w in re.findall(r"[a-z0-9]+", reported.lower()) if w not in ("nvidia", "geforce", "tesla")]
+    names = {**{k: k for k in GPUS}, **GPU_ALIASES}
+    for n in ("-".join(words), "".join(words)):
+        if n in names:
+            return names[n]
+    model = words[0] if words else ""
+    mem = next((w for w in words if re.fullmatch(r"\d+gb", w)), None)
+    same = sorted(
+        k for k in GPUS if k.split("-")[0] == model and (mem is None or mem in k.split("-")[1:] or "-" not in k)
+    )
+    if mem is not None:  # a memory size is named: exactly one catalog entry of that model must have it
+        if len(same) == 1:
+            return same[0]
+    else:
+        for i in range(len(words) - 1, 0, -1):  # the longest known prefix: 'h100 pcie' -> alias 'h100'
+            if "-".join(words[:i]) in names:
+                return names["-".join(words[:i])]
+        if len(same) == 1:
+            return same[0]
+    raise XTunerConfigError(
+        f"node GPU {reported!r} is not in the catalog (known: {', '.join(sorted(GPUS))}; aliases: "
+        f"{', '.join(sorted(GPU_ALIASES))}): no peak FLOP/s for its MFU; add it to nightloom/catalog.py"
+    )

@@ -1,0 +1,89 @@
+"""XTuner on rented nodes, the pure parts: the catalog GPU a node reports (MFU peak), the relaunch rule (the
+known gloo abort is one case of recovery), where node_wrapper.py is on a node, and the node env's JSON line."""
+
+from __future__ import annotations
+
+import pytest
+
+from nightloom.finetune.config import XTunerConfigError
+from nightloom.finetune.remote import NodeEnv, _parse, catalog_gpu, node_peak, profile_of, wrapper_path
+from nightloom.finetune.run import UPSTREAM_ABORT, relaunch_reason
+from nightloom.provision.base import Cluster, Node
+from nightloom.recovery import AttemptFailure, Diagnosis
+
+
+@pytest.mark.parametrize(
+    "reported, key",
+    [
+        ("NVIDIA H100 80GB HBM3", "h100-80gb"),
+        ("NVIDIA H100 PCIe", "h100-80gb"),  # alias h100
+        ("NVIDIA A100-SXM4-40GB", "a100-40gb"),
+        ("NVIDIA A100-SXM4-80GB", "a100-80gb"),
+        ("NVIDIA A800-SXM4-80GB", "a800-80gb"),
+        ("NVIDIA H800 80GB HBM3", "h800"),
+        ("NVIDIA H200", "h200"),
+        ("NVIDIA GeForce RTX 4090", "rtx-4090"),
+        ("NVIDIA L40S", "l40s"),
+        ("h100", "h100-80gb"),
+    ],
+)
+def test_catalog_gpu_of_what_a_node_reports(reported, key):
+    assert catalog_gpu(reported) == key
+
+
+@pytest.mark.parametrize("reported", ["NVIDIA Tesla T4", "NVIDIA A100 16GB", "NVIDIA B200", ""])
+def test_unknown_gpu_is_an_error_not_a_missing_mfu(reported):
+    with pytest.raises(XTunerConfigError, match="not in the catalog.*no peak FLOP/s"):
+        catalog_gpu(reported)
+
+
+def _env(gpus=()):
+    return NodeEnv("n1", "/e/bin/python", "k", "gpu", False, 1.0, {}, tuple(gpus))
+
+
+def test_node_peak_is_the_catalog_datasheet_of_the_reported_gpu():
+    from nightloom.catalog import GPUS
+
+    p = node_peak(_env(["NVIDIA H100 80GB HBM3"]))
+    assert p.flops == GPUS["h100-80gb"].peak_flops_bf16 and p.source.startswith("datasheet")
+    with pytest.raises(XTunerConfigError, match="reports no GPU"):
+        node_peak(_env())
+    with pytest.raises(XTunerConfigError, match="Tesla T4"):
+        node_peak(_env(["Tesla T4"]))
+
+
+def _failure(code, cause="boom"):
+    return AttemptFailure(0, code, False, cause, None, at_unix=0.0)
+
+
+def test_relaunch_rule():
+    node = Diagnosis("node", {"n2": "torch: 0.0.1-fake"}, "x")
+    transient = Diagnosis("transient", {}, "x")
+    # the known gloo abort: relaunched once even with recovery.max_attempts = 0, never twice
+    assert relaunch_reason(_failure(134), None, f"[n1] {UPSTREAM_ABORT}\n", 0, 0) is None
+    assert "out of attempts" in relaunch_reason(_failure(134), None, UPSTREAM_ABORT, 1, 0)
+    # a bad node: relaunched within the budget
+    assert relaunch_reason(_failure(1), node, "", 0, 1) is None
+    assert "out of attempts" in relaunch_reason(_failure(1), node, "", 1, 1)
+    # a killed rank on healthy nodes: relaunched; a plain crash on healthy nodes would repeat: not
+    assert relaunch_reason(_failure(137), transient, "", 0, 2) is None
+    assert "would repeat" in relaunch_reason(_failure(1, "ValueError: bad config"), transient, "", 0, 2)
+
+
+def _cluster(provider, handle):
+    n = Node(name="a", address="127.0.0.1", slots=1)
+    return Cluster(provider=provider, name="c", nodes=[n], master_addr="127.0.0.1", master_port=1, handle=handle)
+
+
+def test_wrapper_path_on_the_nodes():
+    assert (
+        wrapper_path(_cluster("ssh", {"code_key": "abc"})) == ".nightloom/code/abc/nightloom/finetune/node_wrapper.py"
+    )
+    assert wrapper_path(_cluster("slurm", {"job_id": "3"})).endswith("/nightloom/finetune/node_wrapper.py")
+    assert profile_of("cpu") == "cpu" and profile_of("h100") == "gpu"
+
+
+def test_node_env_line_parsing():
+    assert _parse("n1", 'noise\nNIGHTLOOM_XTUNER_ENV {"ok": true, "python": "/p"}\n')["python"] == "/p"
+    bad = _parse("n1", "Traceback\nModuleNotFoundError: x\n")
+    assert not bad["ok"] and "ModuleNotFoundError" in bad["error"]
