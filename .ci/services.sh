@@ -225,7 +225,7 @@ http_ok() { curl -fsS -o /dev/null "$1"; }
 
 # ------------------------------------------------------------------------------------------------- dask
 start_dask() {  # a scheduler and two single-thread workers, each its own process (a test kills one)
-    launch dask-scheduler "$VENV/bin/dask" scheduler --host 127.0.0.1 --port $DASK_PORT --no-dashboard
+    launch dask-scheduler env PYTHONPATH="$ROOT" "$VENV/bin/dask" scheduler --host 127.0.0.1 --port $DASK_PORT --no-dashboard
     local i
     for i in 1 2; do  # workers import the project from this checkout, like workers on a cluster from their install
         launch "dask-worker-$i" env PYTHONPATH="$ROOT" OMP_NUM_THREADS=1 "$VENV/bin/dask" worker \

@@ -2,11 +2,11 @@
 
 Prints the wall time, layouts considered and pruned, and the choice. Target: under 2 s on this machine.
 Then the layout Meta trained 405B with (TP8·PP16·DP128, 126 layers on uneven stages) evaluated beside the
-choice, and a long-context case (Llama 3.1 405B at 128k tokens: context parallel)."""
+choice, and a long-context case (Llama 3.1 405B at 128k tokens: context parallel). Each twice: attention scores
+stored (the default model) and a fused attention kernel (`fused_attention=True`, what Meta's stack ran)."""
 
 from __future__ import annotations
 
-import dataclasses
 import time
 
 from nightloom.catalog import MODELS
@@ -14,8 +14,22 @@ from nightloom.planner import plan
 
 
 def main() -> None:
+    for fused in (False, True):
+        print(f"\n== attention: {'fused kernel' if fused else 'scores stored (materialized)'}")
+        cases(fused)
     t0 = time.perf_counter()
-    r = plan("llama3-405b", "h100-80gb", nodes=2048, gpus_per_node=8, seq_len=8192, global_batch=2048)
+    r2 = plan("llama2-70b", "a800-80gb", nodes=8, gpus_per_node=4, seq_len=4096, global_batch=32)
+    print(
+        f"\nplan llama2-70b on 32 × a800-80gb: {time.perf_counter() - t0:.3f} s, considered {r2.considered}, "
+        f"pruned {r2.pruned}, chosen {r2.chosen.layout()}"
+    )
+
+
+def cases(fused: bool) -> None:
+    t0 = time.perf_counter()
+    r = plan(
+        "llama3-405b", "h100-80gb", nodes=2048, gpus_per_node=8, seq_len=8192, global_batch=2048, fused_attention=fused
+    )
     dt = time.perf_counter() - t0
     c = r.chosen
     print(f"plan llama3-405b on 16,384 × h100-80gb: {dt:.3f} s (target < 2 s: {dt / 2.0:.2f} of budget)")
@@ -35,24 +49,21 @@ def main() -> None:
         seq_len=8192,
         global_batch=2048,
         layout="tp=8,pp=16,dp=128",
+        fused_attention=fused,
     ).chosen
     print(
         f"Meta's layout {meta.layout()} stages {':'.join(map(str, meta.stages or []))} v={meta.virtual_stages} "
         f"mb={meta.micro_batch} recompute={meta.recompute}: {meta.memory_gib_per_gpu:.1f} GiB/GPU, MFU {meta.mfu:.3f} "
         f"(chosen: {c.mfu:.3f})"
     )
-    long = dataclasses.replace(MODELS["llama3-405b"], name="llama3.1-405b", max_seq=131072)
     t0 = time.perf_counter()
-    lc = plan(long, "h100-80gb", nodes=2048, gpus_per_node=8, seq_len=131072, global_batch=128).chosen
+    lc = plan(
+        MODELS["llama3.1-405b"], "h100-80gb", nodes=2048, gpus_per_node=8, seq_len=131072, global_batch=128,
+        fused_attention=fused,
+    ).chosen  # fmt: skip
     print(
         f"long context llama3.1-405b seq 131072 × 128: {time.perf_counter() - t0:.3f} s, chosen {lc.layout()} "
         f"mb={lc.micro_batch} recompute={lc.recompute}: {lc.memory_gib_per_gpu:.1f} GiB/GPU, MFU {lc.mfu:.3f}"
-    )
-    t0 = time.perf_counter()
-    r2 = plan("llama2-70b", "a800-80gb", nodes=8, gpus_per_node=4, seq_len=4096, global_batch=32)
-    print(
-        f"plan llama2-70b on 32 × a800-80gb: {time.perf_counter() - t0:.3f} s, considered {r2.considered}, "
-        f"pruned {r2.pruned}, chosen {r2.chosen.layout()}"
     )
 
 

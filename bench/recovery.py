@@ -28,7 +28,7 @@ os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.support.recovery import mark_unhealthy, recovery_spec, run_under_chaos
+from bench._support import mark_unhealthy, recovery_spec, run_under_chaos
 
 
 def run(tmp: Path, steps: int, ckpt: int, faults_at: list[int], seed: int):

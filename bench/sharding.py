@@ -1,14 +1,17 @@
-"""Sharding throughput and memory: nightloom vs raw read+parse vs `datasets` load + shard + to_parquet.
+"""Sharding throughput and memory: nightloom vs raw read+parse vs DuckDB vs `datasets` load + shard + to_parquet.
 
 Generates skewed JSONL (Pareto document lengths, ~10% exact duplicates), then times, each in a fresh
 subprocess (so peak RSS and CPU time are its own): (a) raw read + JSON parse of every line with orjson (the
 practical limit: the sharder must at least do this), (b) nightloom.sharding.shard_dataset into N shards,
-(c) datasets.load_dataset("json") + Dataset.shard + to_parquet into the same N, and (f) the floor of any
-Arrow-based sharder: Arrow's JSON parse of the text column + one Parquet write of it with the same codec (no
-hashing, dedup, balance or spill). Prints MB/s, CPU seconds, the ratios, and nightloom's peak RSS at two sizes.
+(c) datasets.load_dataset("json") + Dataset.shard + to_parquet into the same N, (d) DuckDB (the speed to
+beat, see shared notes data-engines.md): exact dedup (SELECT DISTINCT) + hash partition into N + zstd Parquet,
+with the same threads, and (f) the floor of any Arrow-based sharder: Arrow's JSON parse of the text column + one
+Parquet write of it with the same codec (no hashing, dedup, balance or spill). Prints MB/s, CPU seconds, peak
+RSS, the ratios, nightloom's peak RSS at two sizes, and a Markdown table of the routes.
 
     python bench/sharding.py --size-mb 1024 --shards 16            # the library's defaults (zstd, 1 thread/CPU)
     python bench/sharding.py --size-mb 1024 --compression none     # what the codec costs
+    python bench/sharding.py --size-mb 1024 --skip-datasets --many-files 13000   # + small files vs one JSONL
     python bench/sharding.py --tokens-only --tokens-mb 64          # tokens/s per core with a real tokenizer
 
 With `--tokens-mb N` (or `--tokens-only`): the whole shard stage with a real tokenizer (a byte-level BPE of 32k
@@ -64,6 +67,19 @@ ds = load_dataset("json", data_files=sys.argv[1], split="train", cache_dir=sys.a
 n = int(sys.argv[3])
 for i in range(n):
     ds.shard(num_shards=n, index=i).to_parquet(f"{sys.argv[2]}/shard-{i:05d}.parquet")
+""",
+    "duckdb": """
+import os, sys, duckdb
+src, out, n, threads, codec = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+con = duckdb.connect()
+con.execute(f"SET threads = {threads or os.cpu_count()}")
+con.execute("SET preserve_insertion_order = false")
+codec = "uncompressed" if codec == "none" else codec
+con.execute(
+    f"COPY (SELECT text, hash(text) % {n} AS shard FROM (SELECT DISTINCT text FROM "
+    f"read_ndjson('{src}', columns={{'text': 'VARCHAR'}}))) "
+    f"TO '{out}' (FORMAT parquet, PARTITION_BY (shard), COMPRESSION {codec})"
+)
 """,
     "floor": """
 import sys, pyarrow as pa, pyarrow.json as pj, pyarrow.parquet as pq
@@ -294,6 +310,7 @@ def main() -> int:
     ap.add_argument("--compression", default="zstd", choices=["zstd", "snappy", "lz4", "none"])
     ap.add_argument("--repeat", type=int, default=2, help="runs per route; the best is reported (default 2)")
     ap.add_argument("--skip-datasets", action="store_true")
+    ap.add_argument("--skip-duckdb", action="store_true", help="leave out the DuckDB route (dev extra: duckdb)")
     ap.add_argument("--dir", default=None, help="scratch folder (default: a temp dir, removed after)")
     ap.add_argument(
         "--many-files",
@@ -330,20 +347,28 @@ def main() -> int:
         nl_args = (str(a.shards), str(a.workers), a.compression)
         raw_t, raw_rss, _, raw_cpu = run_child("raw", str(big))
         floor_out, out, out_s, hf = scratch / "floor.parquet", scratch / "out", scratch / "out-s", scratch / "hf"
-        fl_t, _, _, fl_cpu = run_child("floor", str(big), str(floor_out), a.compression, out=floor_out)
+        fl_t, fl_rss, _, fl_cpu = run_child("floor", str(big), str(floor_out), a.compression, out=floor_out)
         nl_t, nl_rss, info, nl_cpu = run_child("nightloom", str(big), str(out), *nl_args, out=out)
         _, nl_small_rss, _, _ = run_child("nightloom", str(small), str(out_s), *nl_args, out=out_s)
         print(f"nightloom: {info}  (imbalance plain → final, duplicates dropped, rows); codec {a.compression}")
 
+        table: list[tuple[str, float, float, int]] = []
+
         def line(label: str, t: float, cpu: float, rss: int | None = None) -> None:
             mem = f", peak RSS {rss / 1024:.0f} MiB" if rss else ""
             print(f"{label:<36} {mb / t:7.1f} MB/s  ({t:.1f} s wall, {cpu:.1f} CPU-s{mem})")
+            table.append((label, mb / t, cpu, rss or 0))
 
         line("(a) raw read+parse (orjson, 1 core)", raw_t, raw_cpu, raw_rss)
         line("(b) nightloom shard", nl_t, nl_cpu, nl_rss)
-        line("(f) floor: Arrow parse + Parquet write", fl_t, fl_cpu)
+        line("(f) floor: Arrow parse + Parquet write", fl_t, fl_cpu, fl_rss)
         print(f"    ratio nightloom / raw read+parse = {raw_t / nl_t:.2f}  (target ≥ 0.7)")
         print(f"    ratio nightloom / floor          = {fl_t / nl_t:.2f}  (what hashing, dedup, balance, spill cost)")
+        if not a.skip_duckdb:
+            dk = scratch / "duckdb"
+            dk_t, dk_rss, _, dk_cpu = run_child("duckdb", str(big), str(dk), *nl_args, out=dk)
+            line("(d) DuckDB distinct+hash%N+Parquet", dk_t, dk_cpu, dk_rss)
+            print(f"    ratio nightloom / DuckDB = {dk_t / nl_t:.2f}  (target ≥ 1)")
         if not a.skip_datasets:
             ds_t, ds_rss, _, ds_cpu = run_child("datasets", str(big), str(hf), str(a.shards), out=hf)
             line("(c) datasets load+shard+to_parquet", ds_t, ds_cpu, ds_rss)
@@ -367,6 +392,10 @@ def main() -> int:
             f"{mb:.0f} MiB corpus → {nl_rss / 1024:.0f} MiB  (ratio {nl_rss / nl_small_rss:.2f} for "
             f"{nbig / nsmall:.1f}× the data)"
         )
+        print(f"\n| route ({mb:.0f} MiB, {a.shards} shards, {a.compression}) | MB/s | CPU s | peak RSS |")
+        print("|---|---|---|---|")
+        for label, speed, cpu, rss in table:
+            print(f"| {label} | {speed:.0f} | {cpu:.1f} | {rss / 1024:.0f} MiB |")
         if a.tokens_mb:
             token_bench(scratch, a.tokens_mb, a.tokenizer, cores)
         plateau = a.shards * 16  # MiB: below this each shard is less than one 16 MiB row group (smaller buffers)

@@ -2,16 +2,20 @@
 
 Inputs are scanned by one task per scan unit (a file, or many small files together) and shards written by one
 task each. With `sharding.dask` set, those tasks run on a Dask cluster (prefect-dask's DaskTaskRunner) in a
-`shard-on-dask` sub-flow; every worker must import this project and see the inputs, the output and the work
-folder (`<output>/.nightloom-work` for local output, `$NIGHTLOOM_SHARD_WORKDIR` for S3).
+`shard-on-dask` sub-flow; every worker must import this project and reach the inputs, the output and the work
+folder. With an s3:// output the work folder is `<output>/.nightloom-work/<hash>` on S3 (or
+`$NIGHTLOOM_SHARD_WORKDIR`), so workers on other machines need nothing shared but S3; with a local output it is
+`<output>/.nightloom-work`, which the workers must share.
 """
 
 from __future__ import annotations
 
 from prefect import flow, get_run_logger, unmapped
+from prefect.context import FlowRunContext
 
 from nightloom.sharding import ShardingError, ShardJob, ShardManifest
 from nightloom.sharding.pipeline import shard_indices
+from nightloom.sharding.workdir import WorkDir
 from nightloom.spec import DaskSpec, RunSpec, coerce_spec
 from tasks.shard import (
     place_documents_task,
@@ -42,10 +46,23 @@ def shard_job(job: ShardJob) -> ShardManifest:
     return publish_manifest_task(job, scans, placement, infos)
 
 
+def _drop_cache(workdir: str) -> None:
+    """Runs on each Dask worker: its cached copies of an S3 work folder's files (a module function, so workers
+    unpickle it by name)."""
+    WorkDir(workdir).drop_cache()
+
+
 @flow(name="shard-on-dask")
 def shard_on_dask_flow(job: ShardJob) -> ShardManifest:
-    """`shard_job` in a sub-flow whose task runner is the Dask cluster (set with `with_options`)."""
-    return shard_job(job)
+    """`shard_job` in a sub-flow whose task runner is the Dask cluster (set with `with_options`); place and
+    publish (the small reduce steps) run in the flow's process. Then every worker drops its cached work files."""
+    manifest = shard_job(job)
+    if job.work.remote:
+        try:
+            FlowRunContext.get().task_runner.client.run(_drop_cache, job.workdir)
+        except Exception as err:  # noqa: BLE001 - the shards are published; a leftover cache is only disk space
+            get_run_logger().warning("could not clear the workers' work caches: %s", err)
+    return manifest
 
 
 @flow(name="shard-dataset", validate_parameters=True)

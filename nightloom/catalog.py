@@ -97,6 +97,11 @@ MODELS: dict[str, ModelShape] = {
     "llama3-70b": _llama("llama3-70b", 80, 8192, 64, 8, 28672, 128256, 8192, 70.55e9, 500000.0),
     "llama3-405b": _llama("llama3-405b", 126, 16384, 128, 8, 53248, 128256, 8192, 405.85e9, 500000.0),
 }
+# Llama 3.1 405B: the same network after long-context pre-training to 128K (config.json: max_position_embeddings
+# 131072, rope_scaling llama3, factor 8, low/high frequency factors 1/4, original 8192).
+MODELS["llama3.1-405b"] = replace(
+    MODELS["llama3-405b"], name="llama3.1-405b", max_seq=131072, rope_scaling=RopeScaling("llama3", 8.0)
+)
 
 
 def _gpt(name, layers, hidden, heads, params):
@@ -129,6 +134,34 @@ MODELS.update(
             _gpt("gpt-76.1b", 60, 10240, 80, 76.1e9),
             _gpt("gpt-310.1b", 96, 16384, 128, 310.1e9),
             _gpt("gpt-1008b", 128, 25600, 160, 1008e9),
+        )
+    }
+)
+
+
+def _mcore(name, layers, hidden, heads, params):
+    """Megatron-Core's weak-scaling GPT shapes (github.com/NVIDIA/Megatron-LM README, "Performance Benchmarking",
+    images/model_table.png): vocab 131,072, seq 4,096, MHA. The MLP (4h, GELU) and the untied output layer are
+    not stated there; they are the Megatron GPT defaults and the only reading that gives the published sizes."""
+    return ModelShape(
+        name, layers, hidden, heads, heads, 4 * hidden, 131072, 4096, tied_embeddings=False, gated_mlp=False,
+        published_params=params,
+    )  # fmt: skip
+
+
+MODELS.update(
+    {
+        m.name: m
+        for m in (
+            _mcore("mcore-1.7b", 24, 2048, 16, 1.7e9),
+            _mcore("mcore-7.1b", 30, 4096, 32, 7.1e9),
+            _mcore("mcore-16b", 32, 6144, 48, 16e9),
+            _mcore("mcore-32b", 48, 7168, 56, 32e9),
+            _mcore("mcore-70b", 84, 8192, 64, 70e9),
+            _mcore("mcore-119b", 92, 10240, 80, 119e9),
+            _mcore("mcore-177b", 96, 12288, 96, 177e9),
+            _mcore("mcore-314b", 96, 16384, 128, 314e9),
+            _mcore("mcore-462b", 112, 18432, 144, 462e9),
         )
     }
 )

@@ -3,7 +3,9 @@
 SQLite (the default) is made safe for several writers at once: WAL journal, a busy timeout, every transaction
 opened with BEGIN IMMEDIATE (so a read-modify-write such as `record_interruption` is atomic), and retries on
 "database is locked". Other databases use SELECT ... FOR UPDATE for the same read-modify-write.
-The planner reads `calibration()` back to correct its efficiency factors with measured runs.
+`calibration_for_spec` reads it back for the planner (tasks/plan.py): the median measured/predicted MFU of
+verified runs on the same GPU type and model family scales the planner's efficiency factor, within bounds
+(not on CPU, where the planner predicts no MFU).
 The schema is migrated by Alembic (scripts in nightloom/ledger_migrations/) when the ledger is opened, in one
 transaction: a new ledger is built at the newest revision, a ledger from before Alembic (an integer in
 `nightloom_schema`, no version table) is stamped at its revision and upgraded, a newer ledger is refused.
@@ -65,7 +67,8 @@ class LedgerError(RuntimeError):
 
 
 class Interruption(BaseModel):
-    """One interruption of a run (node loss, preemption, window end) and how long recovery took."""
+    """One failed attempt that recovery handled (`kind`: node, network or transient, from the preflight re-run
+    after it), how long recovery took, the time lost and its cost. A split run's window ends are nights."""
 
     model_config = ConfigDict(extra="forbid")
     at: datetime

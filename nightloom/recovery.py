@@ -3,11 +3,14 @@
 The training stage (tasks/recovery.py) runs the loop; everything it decides comes from here, so the rules
 can be read and tested without processes:
 
-- detect: a non-zero exit (a rank died, or its peers' collective timed out) or a run that stops reporting
-  (`Watchdog`: no new step within max(STALL_FACTOR × median step time, collective timeout));
+- detect (nightloom/attempt.py, over the rules here): a non-zero exit (a rank died, or its peers' collective
+  timed out) or a run that stops reporting (`Watchdog`: no new step within max(STALL_FACTOR × median step
+  time, collective timeout), × CHECKPOINT_STALL_MULTIPLIER after a checkpoint step, STARTUP_TIMEOUT_S before
+  the first step);
 - classify: preflight is re-run on every node; a node that fails it now is a node problem (excluded, or
   replaced by a spare), a failed cross-node all-reduce with healthy nodes is a network problem, anything
-  else is transient (retried on the same nodes);
+  else is transient (retried on the same nodes), and so is a preflight whose outcome is unknown (it
+  could not run, or, on Kubernetes, had nothing to probe), which is said in the detail;
 - decide (`next_attempt`): within `recovery.max_attempts` and `recovery.max_minutes` (the sum of
   time-to-recover), with enough GPUs left and `allow_relayout` when the world size changes, relaunch;
   otherwise give up with the reason;
@@ -15,10 +18,11 @@ can be read and tested without processes:
   its first step; `RecoveryState` holds the loop's state between attempts.
 
 Every provider implements `Provider.reacquire(cluster, exclude) -> Cluster`: the nodes to relaunch on, the
-healthy ones plus any spare the provider can add, with a fresh rendezvous. `local` adds spare process
-groups, `ssh` adds spare (or not yet used) hosts after preflighting them, `slurm` releases the allocation
-and submits a new one with `--exclude=<failed hostnames>`, `kubernetes` drops the failed nodes
-(`Cluster.without`).
+healthy ones plus any spare the provider can add. `local` adds spare process groups (preflighted, on a
+fresh port), `ssh` adds spare (or not yet used) hosts after preflighting them, `slurm` releases the
+allocation and submits a new one with `--exclude=<failed hostnames>` (with nothing to exclude it keeps the
+allocation), `kubernetes` returns `Cluster.without(exclude)`; its preflight never names a failed pod, so
+there it is the same cluster and the relaunch is a fresh Job of the spec's size.
 """
 
 from __future__ import annotations

@@ -795,7 +795,7 @@ def inputs_for_spec(
             (
                 r
                 for r in runs
-                if r.cluster == spec.cluster.name and r.provider == spec.cluster.provider and r.time_to_ready_s
+                if r.cluster == spec.cluster.name and r.provider == spec.cluster.provider.kind and r.time_to_ready_s
             ),
             None,
         )

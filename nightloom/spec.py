@@ -12,7 +12,7 @@ import hashlib
 import json
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -178,7 +178,18 @@ class SSHHost(_Section):
     spare: bool = Field(False, description="A spare host used only to replace a failed node.")
 
 
+class LocalSpec(_Section):
+    """Process groups on this machine, one per node (the embedded default); nothing to set."""
+
+    model_config = ConfigDict(title="local")
+    kind: Literal["local"] = "local"
+
+
 class SSHSpec(_Section):
+    """Machines you already rent, reached over SSH."""
+
+    model_config = ConfigDict(title="ssh")
+    kind: Literal["ssh"] = "ssh"
     hosts: list[SSHHost] = Field(default_factory=list)
     key_secret: str | None = Field(None, description="Prefect Secret block holding the private key.")
     key_env: str = Field("NIGHTLOOM_SSH_KEY", description="Env var holding the private key (or a path).")
@@ -186,6 +197,10 @@ class SSHSpec(_Section):
 
 
 class SlurmSpec(_Section):
+    """One sbatch allocation per run."""
+
+    model_config = ConfigDict(title="slurm")
+    kind: Literal["slurm"] = "slurm"
     partition: str = "debug"
     account: str | None = None
     time_limit: str = "01:00:00"
@@ -197,10 +212,30 @@ class SlurmSpec(_Section):
 
 
 class KubernetesSpec(_Section):
+    """An indexed Job and a headless Service per run."""
+
+    model_config = ConfigDict(title="kubernetes")
+    kind: Literal["kubernetes"] = "kubernetes"
     namespace: str = "default"
     image: str = "nvcr.io/nvidia/pytorch:24.10-py3"
     kubeconfig: str | None = None
     gpu_resource: str = "nvidia.com/gpu"
+
+
+PROVIDER_KINDS = ("local", "ssh", "slurm", "kubernetes")
+
+
+def _any_of(schema: dict) -> None:
+    """Prefect's Run form (3.9.1) renders `anyOf` as a selector of its branches and has no `oneOf`: publish the
+    discriminated union as `anyOf` (the `discriminator` keyword stays, for other readers of the schema)."""
+    if "oneOf" in schema:
+        schema["anyOf"] = schema.pop("oneOf")
+
+
+#: where training runs, one settings section per provider, chosen by `kind`
+ProviderSpec = Annotated[
+    LocalSpec | SSHSpec | SlurmSpec | KubernetesSpec, Field(discriminator="kind", json_schema_extra=_any_of)
+]
 
 
 class NCCLSpec(_Section):
@@ -216,9 +251,11 @@ class NCCLSpec(_Section):
 
 
 class ClusterSpec(_Section):
-    """Where training runs. `local` = process groups on this machine (the embedded default)."""
+    """Where training runs: the provider (its `kind` and only its settings) and the nodes to rent."""
 
-    provider: Literal["local", "ssh", "slurm", "kubernetes"] = "local"
+    provider: ProviderSpec = Field(
+        default_factory=LocalSpec, description="The provider (`kind`) and its settings: local, ssh, slurm, kubernetes."
+    )
     name: str = Field("local", description="Cluster name: the concurrency limit key (one run per cluster).")
     nodes: int = Field(2, gt=0)
     gpus_per_node: int = Field(2, gt=0, description="GPUs (or CPU ranks on `local`) per node.")
@@ -236,10 +273,26 @@ class ClusterSpec(_Section):
         description="Extra pip requirements of the node "
         "environment (keyed by their hash); torch comes from the node image.",
     )
-    ssh: SSHSpec = Field(default_factory=SSHSpec)
-    slurm: SlurmSpec = Field(default_factory=SlurmSpec)
-    kubernetes: KubernetesSpec = Field(default_factory=KubernetesSpec)
     nccl: NCCLSpec = Field(default_factory=NCCLSpec)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_provider_section(cls, data):
+        """The spelling before the union, `provider: slurm` beside a `slurm:` section, reads as
+        `provider: {kind: slurm, ...}`; sections of providers not chosen are dropped (they were never read)."""
+        if not isinstance(data, dict) or not isinstance(data.get("provider", "local"), str):
+            return data
+        data = dict(data)
+        kind = data.pop("provider", "local")
+        sections = {k: data.pop(k) for k in PROVIDER_KINDS[1:] if k in data}
+        chosen = sections.get(kind)
+        if isinstance(chosen, BaseModel):  # ClusterSpec(provider="slurm", slurm=SlurmSpec(...)) in Python
+            data["provider"] = chosen
+        elif chosen is None or isinstance(chosen, dict):
+            data["provider"] = {**(chosen or {}), "kind": kind}
+        else:
+            raise ValueError(f"cluster.{kind}: expected a mapping of {kind} settings, got {type(chosen).__name__}")
+        return data
 
 
 class ParallelSpec(_Section):
@@ -523,15 +576,27 @@ def _yaml_line(path: Path, text: str, loc: tuple) -> int | None:
     return line
 
 
+def _older_provider_spelling(text: str) -> bool:
+    """The YAML spells the provider as `provider: <kind>` with a sibling `<kind>:` section."""
+    try:
+        return isinstance(_get(yaml.safe_load(text), "cluster", "provider"), str)
+    except yaml.YAMLError:
+        return False
+
+
 def format_errors(err: ValidationError, source: str, text: str | None = None) -> list[str]:
     """One `SOURCE[:LINE]: field.path: reason` per pydantic error."""
     out = []
+    older = text is not None and _older_provider_spelling(text)
     for e in err.errors():
         loc = tuple(x for x in e["loc"] if not (isinstance(x, str) and x.startswith(("function-after", "literal["))))
         loc = tuple("validate" if x == "validate_" else x for x in loc)
         # the `parallel` union reports both branches; keep the ParallelSpec one (it names the field)
         if loc[:1] == ("parallel",) and len(loc) > 1 and loc[1] == "ParallelSpec":
             loc = ("parallel",) + loc[2:]
+        # a provider's field: pydantic puts the union's tag in the path; name the field as the file spells it
+        if loc[:2] == ("cluster", "provider") and len(loc) > 2 and loc[2] in PROVIDER_KINDS:
+            loc = ("cluster", loc[2] if older else "provider", *loc[3:])
         path = ".".join(str(x) for x in loc) or "<root>"
         msg = e["msg"]
         if e["type"] == "extra_forbidden":
@@ -619,11 +684,13 @@ def _semantic_errors(data: dict, base_dir: Path) -> list[tuple[tuple, str]]:
         errs.append((("dataset", "path"), f"not found: {dpath}"))
     nodes, per = _get(data, "cluster", "nodes", default=2), _get(data, "cluster", "gpus_per_node", default=2)
     errs += _parallel_errors(data, base_dir, nodes, per)
-    if _get(data, "cluster", "provider") == "ssh":
-        hosts = _get(data, "cluster", "ssh", "hosts", default=[]) or []
+    provider = _get(data, "cluster", "provider", default="local")
+    if (provider.get("kind") if isinstance(provider, dict) else provider) == "ssh":
+        where = ("cluster", "provider", "hosts") if isinstance(provider, dict) else ("cluster", "ssh", "hosts")
+        hosts = _get(data, *where, default=[]) or []
         active = [h for h in hosts if isinstance(h, dict) and not h.get("spare")]
         if isinstance(nodes, int) and len(active) < nodes:
-            errs.append((("cluster", "ssh", "hosts"), f"{len(active)} non-spare hosts for cluster.nodes={nodes}"))
+            errs.append((where, f"{len(active)} non-spare hosts for cluster.nodes={nodes}"))
     return errs
 
 

@@ -1,7 +1,8 @@
 """XTuner backend tasks: thin Prefect wrappers around nightloom.finetune (env, data prep, launch + stream, convert).
 
-The pipeline calls `xtuner_train_task` when `train.backend == "xtuner"` (one task, the whole backend), or the
-stage tasks when it wants each stage as its own task run. Output lines go to the Prefect run log.
+The pipeline calls `xtuner_train_task` when `train.backend == "xtuner"` (one task, the whole backend). The stage
+tasks wrap one stage each, for a flow that wants them as separate task runs (the pipeline does not use them).
+Output lines go to the Prefect run log.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Provisioning tasks: acquire + preflight the cluster, and release it (always; idempotent).
 
-The SSH private key named by `cluster.ssh.key_secret` is read from a Prefect Secret block here, never in
+The SSH private key named by `cluster.provider.key_secret` is read from a Prefect Secret block here, never in
 nightloom/, and handed to the provider in memory (it is not logged, put in artifacts or in errors).
 """
 
@@ -22,19 +22,19 @@ def resolve_ssh_key(secret_name: str) -> str:
         value = Secret.load(secret_name).get()
     except ValueError as e:
         raise ProvisionError(
-            f"cluster.ssh.key_secret: Prefect Secret block {secret_name!r} not found ({type(e).__name__})"
+            f"cluster.provider.key_secret: Prefect Secret block {secret_name!r} not found ({type(e).__name__})"
         ) from None
     if not isinstance(value, str) or "PRIVATE KEY" not in value:
-        raise ProvisionError(f"cluster.ssh.key_secret: Secret block {secret_name!r} does not hold a private key")
+        raise ProvisionError(f"cluster.provider.key_secret: Secret block {secret_name!r} does not hold a private key")
     return value
 
 
 def make_provider(spec) -> Provider:
     """The spec's provider; for ssh with `key_secret`, the key comes from the Prefect Secret block."""
-    if spec.cluster.provider == "ssh" and spec.cluster.ssh.key_secret:
+    if spec.cluster.provider.kind == "ssh" and spec.cluster.provider.key_secret:
         from nightloom.provision.ssh import SSHProvider
 
-        return SSHProvider(spec, private_key=resolve_ssh_key(spec.cluster.ssh.key_secret))
+        return SSHProvider(spec, private_key=resolve_ssh_key(spec.cluster.provider.key_secret))
     return get_provider(spec)
 
 

@@ -30,7 +30,7 @@ def start_record_task(spec: RunSpec, run_id: str, plan: ParallelPlan | None, res
             name=spec.name,
             model=spec.model.name,
             cluster=spec.cluster.name,
-            provider=spec.cluster.provider,
+            provider=spec.cluster.provider.kind,
             gpu_type=spec.cluster.gpu_type,
             world_size=spec.world_size,
             plan=plan,
@@ -41,7 +41,7 @@ def start_record_task(spec: RunSpec, run_id: str, plan: ParallelPlan | None, res
 
 @task(name="ledger-fail", cache_policy=NO_CACHE)
 def fail_record_task(spec: RunSpec, run_id: str, status: str, reason: str, duration_s: float) -> None:
-    """Close the row of a run that did not complete (failed, stopped, refused), with the reason."""
+    """Close the row of a run that did not complete (failed, cancelled, refused), with the reason."""
     with Ledger(spec.ledger.url) as ledger:
         ledger.finish_run(run_id, status=status, reason=reason[:2000], duration_s=duration_s)
 

@@ -22,11 +22,26 @@ from nightloom.sharding import (
     summarize,
     write_shard,
 )
+from nightloom.sharding.errors import StorageError
 from nightloom.sharding.job import existing_manifest
 from nightloom.sharding.manifest import ShardInfo
+from nightloom.sharding.storage import set_secret_resolver
 from nightloom.spec import DatasetSpec, ShardingSpec, StorageSpec, TokenizerSpec
 
 ARTIFACT_KEY = "shard-report"
+
+
+def prefect_secret_keys(name: str) -> tuple[str, str]:
+    """`storage.credentials_secret`: a Prefect Secret block holding 'KEY_ID:SECRET' (read where files are opened)."""
+    from prefect.blocks.system import Secret
+
+    key_id, sep, key = str(Secret.load(name).get()).partition(":")
+    if not sep or not key_id or not key:
+        raise StorageError(f"Prefect Secret {name!r}: expected 'KEY_ID:SECRET'")
+    return key_id, key
+
+
+set_secret_resolver(prefect_secret_keys)  # every process that runs these tasks (Dask workers too) imports this
 
 
 @task(name="plan-shards", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
@@ -48,8 +63,7 @@ def plan_shards_task(
 @task(name="reuse-manifest", cache_policy=NO_CACHE)
 def reuse_manifest_task(job: ShardJob) -> ShardManifest | None:
     """The finished manifest for these exact inputs and settings, if any (then nothing else runs)."""
-    job.configure()
-    return existing_manifest(job.output, job.settings_hash)
+    return existing_manifest(job.output, job.settings_hash, job.s3)
 
 
 @task(name="scan-input", cache_policy=NO_CACHE, task_run_name="scan-input-{index}")

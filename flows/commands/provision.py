@@ -24,7 +24,7 @@ def register(sub) -> None:
 
 
 def _provider(spec):
-    if spec.cluster.provider == "ssh" and spec.cluster.ssh.key_secret:
+    if spec.cluster.provider.kind == "ssh" and spec.cluster.provider.key_secret:
         from tasks.provision import make_provider  # the key lives in a Prefect Secret block
 
         return make_provider(spec)

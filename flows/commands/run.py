@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 
+from nightloom.report import NOT_MEASURED
 from nightloom.spec import SpecError, load_spec
 from nightloom.validate import verdict_label
 
@@ -26,7 +27,7 @@ def print_summary(summary) -> None:
     t.add_column("")
 
     def fmt(x, spec="{:.4g}"):
-        return "-" if x is None else spec.format(x)
+        return NOT_MEASURED if x is None else spec.format(x)
 
     t.add_row(
         "shards",

@@ -180,6 +180,9 @@ def run(args: argparse.Namespace) -> int:
         if sharding.dask is not None:
             manifest = _shard_on_dask(dataset, sharding, storage, tokenizer)
         else:
+            if storage is not None and storage.credentials_secret:
+                import tasks.shard  # noqa: F401 - registers the Prefect Secret resolver for S3 keys
+
             manifest = shard_dataset(
                 dataset, sharding, storage, workers=args.workers, progress=_progress_lines(), tokenizer=tokenizer
             )

@@ -112,9 +112,10 @@ def scan_checkpoint(folder: str | Path, shape: ModelShape) -> CheckpointIndex:
     return CheckpointIndex(root, tensors)
 
 
-def fetch_weights(uri: str, cache_root: Path) -> Path:
+def fetch_weights(uri: str, cache_root: Path, s3=None) -> Path:
     """A local folder for `uri`: itself, or an s3:// prefix's *.safetensors (+ index, config) downloaded once
-    into `cache_root/<hash>` (complete folders only: downloaded to a temp name, then renamed)."""
+    into `cache_root/<hash>` (complete folders only: downloaded to a temp name, then renamed); `s3` is the
+    job's storage.S3Config (None = the environment's endpoint)."""
     from nightloom.sharding import storage
 
     if not storage.is_s3(uri):
@@ -123,9 +124,9 @@ def fetch_weights(uri: str, cache_root: Path) -> Path:
     if dest.is_dir():
         return dest
     tmp = dest.with_name(dest.name + ".part")
-    for name, _size in storage.list_files(uri):
+    for name, _size in storage.list_files(uri, s3):
         if "/" not in name and (name.endswith(".safetensors") or name.endswith(".json")):
-            storage.get_file(storage.join(uri, name), tmp / name)
+            storage.get_file(storage.join(uri, name), tmp / name, s3)
     tmp.rename(dest)
     return dest
 

@@ -57,11 +57,13 @@ def plan(
     world_size: int | None = None,
     stages: str | tuple[int, ...] | None = None,
     native_trainer: bool = True,
+    fused_attention: bool = False,
 ) -> PlanReport:
     """Plan from plain values (the CLI path). `model`: catalog name, HF config.json path, or a ModelShape;
     `gpu`: catalog GPU type or "cpu"; `layout`: pins such as "tp=8,pp=4,dp=32" (evaluated, not searched);
     `recompute`: one mode (restricts the search) or a tuple of allowed modes; `stages`: forced pipeline stage
-    sizes ("7,8,...,8,7"); `native_trainer=False`: also layouts only other trainers run (what-if)."""
+    sizes ("7,8,...,8,7"); `native_trainer=False`: also layouts only other trainers run (what-if);
+    `fused_attention`: the stack runs a flash-style attention kernel (no stored scores; steptime.py)."""
     shape = model if isinstance(model, ModelShape) else resolve_model(model)
     gspec = None if gpu == "cpu" else get_gpu(gpu)
     if precision not in ("bf16", "fp32"):
@@ -89,6 +91,7 @@ def plan(
         calibration=calibration,
         world_size=world_size,
         native_trainer=native_trainer,
+        fused_attention=fused_attention,
     )
     return search(req)
 

@@ -9,7 +9,9 @@ a heads, t TP), in bytes:
     no recompute          t=1: s·b·h·(34 + 5·a·s/h)   TP: s·b·h·(10 + 24/t + 5·a·s/(h·t))   TP+SP: s·b·h·(34 + 5·a·s/h)/t
     selective recompute   TP+SP: 34·s·b·h/t            (TP without SP: s·b·h·(10 + 24/t))
     full recompute        2·s·b·h (the layer input; /t when SP shards it)
-These assume materialised attention scores (no flash attention): conservative for modern kernels.
+These assume materialised attention scores (PTD-P's fused softmax kernels). With a fused (flash-style) attention
+kernel (`fused_attention=True`) the 5·a·s/h score terms vanish: only Q, K, V and the output are kept (plus a
+row statistic per head), and selective recompute has nothing left to save (Dao 2023, FlashAttention-2 §3.1).
 1F1B keeps up to pp micro-batches on stage 0 (interleaved: × (1 + (p−1)/(p·v)), Narayanan et al. 2021 §2.2.2);
 GPipe keeps all of them. The last stage adds the logits (fp32, vocab sharded by TP with loss parallel).
 """
@@ -49,11 +51,14 @@ def stage_params(shape: ModelShape, tp: int, pp: int) -> tuple[float, float]:
     return body + emb, body + emb + shape.hidden
 
 
-def activation_bytes_per_layer(shape: ModelShape, seq: int, mb: int, tp: int, sp: bool, recompute: str) -> float:
-    """Saved activations of one layer for one micro-batch (Korthikanti et al. 2022, Table 2)."""
+def activation_bytes_per_layer(
+    shape: ModelShape, seq: int, mb: int, tp: int, sp: bool, recompute: str, fused_attention: bool = False
+) -> float:
+    """Saved activations of one layer for one micro-batch (Korthikanti et al. 2022, Table 2); a fused attention
+    kernel stores no scores (the 5·a·s/h term is 0)."""
     s, b, h, a, t = seq, mb, shape.hidden, shape.heads, tp
     sbh = s * b * h
-    attn = 5 * a * s / h
+    attn = 0.0 if fused_attention else 5 * a * s / h
     if recompute == "full":
         return 2 * sbh / (t if sp else 1)
     if recompute == "selective":
@@ -96,7 +101,9 @@ def rank_params(shape: ModelShape, c: ParallelDims) -> list[float]:
     return out
 
 
-def memory_breakdown(shape: ModelShape, c: ParallelDims, seq: int, precision: str = "bf16") -> MemoryBreakdown:
+def memory_breakdown(
+    shape: ModelShape, c: ParallelDims, seq: int, precision: str = "bf16", fused_attention: bool = False
+) -> MemoryBreakdown:
     """Predicted memory of the busiest pipeline rank: every rank's layers, embedding or head, and the
     micro-batches it holds in flight (1F1B: rank i holds min(pp − i, m)), the largest total wins."""
     wb, gb, ob = _state_bytes(precision)
@@ -104,13 +111,13 @@ def memory_breakdown(shape: ModelShape, c: ParallelDims, seq: int, precision: st
     params_of = rank_params(shape, c)
     # context parallel: each rank holds seq/cp tokens, and ring attention's blockwise scores are (seq/cp)² per step
     local = seq / c.cp
-    per_layer_act = activation_bytes_per_layer(shape, local, c.micro_batch, c.tp, c.sp, c.recompute)
+    per_layer_act = activation_bytes_per_layer(shape, local, c.micro_batch, c.tp, c.sp, c.recompute, fused_attention)
     m = c.grad_accum
     interleave = 1 + (c.pp - 1) / (c.pp * c.virtual_stages) if c.virtual_stages > 1 else 1.0
     # a layer being recomputed (full) or its attention core (selective) is briefly whole again in backward
     working = 0.0
     if c.recompute != "none":
-        whole = activation_bytes_per_layer(shape, local, c.micro_batch, c.tp, c.sp, "none")
+        whole = activation_bytes_per_layer(shape, local, c.micro_batch, c.tp, c.sp, "none", fused_attention)
         working = whole if c.recompute == "full" else whole - per_layer_act
     logits = LOGIT_BYTES * seq * c.micro_batch * shape.vocab / c.tp / c.cp
     if c.cp > 1:  # ring attention: the K,V block in use and the one arriving, and in backward their gradients

@@ -220,6 +220,8 @@ def _explain(req: PlanRequest, s: _Scored, eff: float, runner_up: _Scored | None
     ]
     if c.zero == "zero2":
         lines[1] += " (ZeRO-2: parameters kept gathered from forward to backward)"
+    if req.fused_attention:
+        lines[1] += "; attention: fused kernel (no stored scores)"
     if c.pp > 1:
         sizes = c.stage_sizes(req.shape.layers)
         ranks = rank_layers(req.shape, c)
@@ -282,7 +284,7 @@ def search(req: PlanRequest) -> PlanReport:
             if req.gpu is None:
                 fitting.append(_Scored(c, None, None, None))
                 continue
-            mem = memory_breakdown(req.shape, c, req.seq_len, req.precision)
+            mem = memory_breakdown(req.shape, c, req.seq_len, req.precision, req.fused_attention)
             sc = _Scored(c, mem, None, None)
             if smallest_by_family.get(fam) is None or mem.total_gib < smallest_by_family[fam].mem.total_gib:
                 smallest_by_family[fam] = sc
@@ -291,7 +293,9 @@ def search(req: PlanRequest) -> PlanReport:
             if mem.total_gib > usable:
                 pruned += 1
                 continue
-            sc.step = step_time(req.shape, c, req.seq_len, req.gpu, req.gpus_per_node, eff, req.precision)
+            sc.step = step_time(
+                req.shape, c, req.seq_len, req.gpu, req.gpus_per_node, eff, req.precision, req.fused_attention
+            )
             sc.tokens_per_s = req.global_batch * req.seq_len / sc.step.step_s
             fitting.append(sc)
             b = best_by_family.get(fam)
@@ -306,7 +310,9 @@ def search(req: PlanRequest) -> PlanReport:
     if not fitting:
         # nothing fits: report the layout that needs the least memory, marked fits=False
         s = overall_min
-        s.step = step_time(req.shape, s.c, req.seq_len, req.gpu, req.gpus_per_node, eff, req.precision)
+        s.step = step_time(
+            req.shape, s.c, req.seq_len, req.gpu, req.gpus_per_node, eff, req.precision, req.fused_attention
+        )
         s.tokens_per_s = req.global_batch * req.seq_len / s.step.step_s
         for fam, sm in smallest_by_family.items():
             rejected.append(Rejection(layout=fam, reason=_nofit(sm, usable)))

@@ -12,6 +12,10 @@ Per micro-batch and pipeline stage (per GPU):
               reduce-scatter pair moves the same), not overlapped.
   p2p       = pipeline send/recv of the stage boundary activation forward and its gradient backward (× v),
               split over the t TP ranks' links (SP, or Megatron's scatter/gather, Narayanan et al. 2021 §4.1).
+With a fused (flash-style) attention kernel (`fused_attention=True`, what current stacks and nightloom's own SDPA
+on a GPU run) the scores never reach HBM (no softmax term), and the attention core's matmuls are those the kernel
+does: causal blocks above the diagonal skipped (half of QKᵀ and AV), the backward's 5 matmuls recomputing QKᵀ
+(FlashAttention-2, Dao 2023, §3.1): 7·s·(a·d) FLOPs per token and layer in place of the formula's 12·s·(a·d).
 The pipeline runs m slots of its slowest rank plus (p − 1)/v average slots (bubble (p−1)/(v·m), Narayanan et
 al. 2021); with uneven stages each rank's slot counts its own layers, the last adds the output head.
 Data parallel: gradient all-reduce (replicated) or reduce-scatter + all-gather (FSDP/ZeRO-3 gathers in forward
@@ -101,6 +105,7 @@ def step_time(
     gpus_per_node: int,
     efficiency: float,
     precision: str = "bf16",
+    fused_attention: bool = False,
 ) -> StepEstimate:
     """Seconds per optimizer step of candidate `c` (see the module docstring for every term)."""
     peak = gpu.peak(precision) * efficiency
@@ -110,6 +115,10 @@ def step_time(
     tokens = seq * c.micro_batch / c.cp  # context parallel: each rank computes seq/cp of every sequence
     # compute: per-layer HFU FLOPs per token (recompute included) and the head's on the last stage
     layer_flops = flops_per_token(shape, seq, c.recompute, hardware=True) / L
+    core = shape.heads * shape.head_dim * seq  # attention core FLOPs per token and layer = 12·core (PaLM)
+    if fused_attention:  # the kernel's own count: 7·core (+2·core when a recompute replays the forward)
+        counted = 12 * core * (4 / 3 if c.recompute != "none" else 1)
+        layer_flops += 7 * core + (2 * core if c.recompute != "none" else 0) - counted
     head_flops = flops_per_token(shape, seq, lm_head=True) - flops_per_token(shape, seq)
     body_mm = tokens * layer_flops * lps / t / peak
     head_mm = tokens * head_flops / t / peak
@@ -117,7 +126,7 @@ def step_time(
     passes = 4 if c.recompute == "full" else 3
     rep = 11 * h / (t if c.sp else 1)
     mlp = (3 if shape.gated_mlp else 2) * shape.ffn_hidden / t
-    soft = 4 * shape.heads * seq / t
+    soft = 0.0 if fused_attention else 4 * shape.heads * seq / t
     elems = passes * (rep + mlp) + (passes + (1 if c.recompute == "selective" else 0)) * soft
     hbm_bw = gpu.hbm_bw or 2e12
     body_hbm = tokens * lps * elems * ebytes / hbm_bw
@@ -144,7 +153,7 @@ def step_time(
             cp_bw = gpu.inter_node_bw
         block = tokens * 2 * shape.kv_heads * shape.head_dim / t * ebytes
         hops = (c.cp - 1) * (4 if c.recompute == "full" else 3)
-        attn = tokens * 12 * h * seq / t / peak * (4 / 3 if c.recompute == "full" else 1)
+        attn = tokens * (7 if fused_attention else 12) * h * seq / t / peak * (4 / 3 if c.recompute == "full" else 1)
         cp_s = lps * max(0.0, hops * (block / cp_bw + cp_lat) - attn)
     # every pipeline rank's slot (uneven stages: its own layer count); the last adds the output head
     per_layer = (body_mm + body_hbm + tp_s + cp_s) / lps

@@ -6,8 +6,8 @@ from nightloom.provision.base import Cluster, Launch, Node, Provider, ProvisionE
 
 
 def get_provider(spec) -> Provider:
-    """The provider named by `spec.cluster.provider`."""
-    kind = spec.cluster.provider
+    """The provider named by `spec.cluster.provider.kind`."""
+    kind = spec.cluster.provider.kind
     if kind == "local":
         from nightloom.provision.local import LocalProvider
 
@@ -24,4 +24,4 @@ def get_provider(spec) -> Provider:
         from nightloom.provision.k8s import KubernetesProvider
 
         return KubernetesProvider(spec)
-    raise ProvisionError(f"cluster.provider: unknown provider {kind!r}")
+    raise ProvisionError(f"cluster.provider.kind: unknown provider {kind!r}")

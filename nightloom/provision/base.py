@@ -182,7 +182,7 @@ class Provider(Protocol):
 
     def reacquire(self, cluster: Cluster, exclude: dict[str, str]) -> Cluster:
         """Recovery: the nodes to relaunch on, without `exclude` (name -> reason), with any spare the
-        provider can add and a fresh rendezvous; `cluster.without(exclude)` where it has no spares."""
+        provider can add; `cluster.without(exclude)` where it has no spares."""
         ...
 
 

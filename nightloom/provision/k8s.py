@@ -3,7 +3,7 @@
 Pod i runs torchrun with --node-rank=$(JOB_COMPLETION_INDEX) (Kubernetes expands `$(VAR)` in args from the
 container env); the master is pod 0 at JOB-0.SERVICE (indexed Job pods get that hostname/subdomain).
 Manifests are plain dicts validated by deserialising into the kubernetes client's models (V1Job,
-V1Service). They are applied only when `cluster.kubernetes.kubeconfig` is given. A literal `$(` in a spec
+V1Service). They are applied only when `cluster.provider.kubeconfig` is given. A literal `$(` in a spec
 value is escaped to `$$(` so Kubernetes never expands it. The kubernetes SDK is imported lazily.
 """
 
@@ -40,14 +40,14 @@ def render_manifests(
     spec, module_args: list[str], env: dict[str, str] | None = None, python: str = "python"
 ) -> dict[str, dict]:
     """{'service': ..., 'job': ...} for `spec`; raises ProvisionError naming the field on bad values."""
-    c, k = spec.cluster, spec.cluster.kubernetes
+    c, k = spec.cluster, spec.cluster.provider
     name = k8s_name(spec.name)
     if not _DNS.fullmatch(name):
         raise ProvisionError(f"name: {spec.name!r} gives no valid Kubernetes name ({name!r})")
     if not _DNS.fullmatch(k.namespace):
-        raise ProvisionError(f"cluster.kubernetes.namespace: {k.namespace!r} is not a DNS-1123 label")
+        raise ProvisionError(f"cluster.provider.namespace: {k.namespace!r} is not a DNS-1123 label")
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._/-]*(:[A-Za-z0-9._-]+)?(@sha256:[0-9a-f]{64})?", k.image):
-        raise ProvisionError(f"cluster.kubernetes.image: {k.image!r} is not an image reference")
+        raise ProvisionError(f"cluster.provider.image: {k.image!r} is not an image reference")
     svc = name
     master = f"{name}-0.{svc}"
     nodes = [
@@ -133,7 +133,7 @@ class KubernetesLaunch:
 
     def lines(self) -> Iterator[str]:
         core = self.provider.core()
-        ns, name = self.provider.spec.cluster.kubernetes.namespace, self.cluster.handle["job"]
+        ns, name = self.provider.spec.cluster.provider.namespace, self.cluster.handle["job"]
         pods = core.list_namespaced_pod(ns, label_selector=f"nightloom/run={name}").items
         for pod in pods:
             for line in core.read_namespaced_pod_log(
@@ -145,7 +145,7 @@ class KubernetesLaunch:
         """The indexed Job's state for every node: 0 when all completions succeeded, 1 once one pod failed."""
         st = (
             self.provider.batch()
-            .read_namespaced_job_status(self.cluster.handle["job"], self.provider.spec.cluster.kubernetes.namespace)
+            .read_namespaced_job_status(self.cluster.handle["job"], self.provider.spec.cluster.provider.namespace)
             .status
         )
         rc = 1 if st.failed else (0 if (st.succeeded or 0) >= len(self.cluster.nodes) else None)
@@ -153,7 +153,7 @@ class KubernetesLaunch:
 
     def wait(self, timeout: float | None = None) -> int:
         batch = self.provider.batch()
-        ns, name = self.provider.spec.cluster.kubernetes.namespace, self.cluster.handle["job"]
+        ns, name = self.provider.spec.cluster.provider.namespace, self.cluster.handle["job"]
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             st = batch.read_namespaced_job_status(name, ns).status
@@ -176,7 +176,8 @@ class KubernetesLaunch:
 
 
 class KubernetesProvider:
-    """Applies the manifests with the kubernetes client when a kubeconfig is given; renders them otherwise."""
+    """Applies the manifests with the kubernetes client; without `kubeconfig`, acquire refuses and points at
+    render_manifests() (to apply them yourself)."""
 
     name = "kubernetes"
     last_report: PreflightReport | None = None  # of the last acquire
@@ -188,10 +189,10 @@ class KubernetesProvider:
         self.last_report: PreflightReport | None = None
 
     def _config(self):
-        kc = self.spec.cluster.kubernetes.kubeconfig
+        kc = self.spec.cluster.provider.kubeconfig
         if not kc:
             raise ProvisionError(
-                "cluster.kubernetes.kubeconfig: not set; render_manifests() gives the manifests "
+                "cluster.provider.kubeconfig: not set; render_manifests() gives the manifests "
                 "to apply yourself (kubectl apply -f)"
             )
         if not self._client_ready:
@@ -215,7 +216,7 @@ class KubernetesProvider:
     def acquire(self) -> Cluster:
         """Nothing runs until launch (the pods are the nodes); check the API answers and return the shape."""
         t0 = time.monotonic()
-        self.core().list_namespaced_pod(self.spec.cluster.kubernetes.namespace, limit=1)
+        self.core().list_namespaced_pod(self.spec.cluster.provider.namespace, limit=1)
         m = render_manifests(self.spec, [])
         name = m["job"]["metadata"]["name"]
         c = self.spec.cluster
@@ -244,22 +245,23 @@ class KubernetesProvider:
     def launch(self, cluster: Cluster, module_args: list[str], env: dict[str, str]) -> KubernetesLaunch:
         m = render_manifests(self.spec, module_args, env)
         validate_manifests(m)
-        ns = self.spec.cluster.kubernetes.namespace
+        ns = self.spec.cluster.provider.namespace
         self.core().create_namespaced_service(ns, m["service"])
         self.batch().create_namespaced_job(ns, m["job"])
         return KubernetesLaunch(self, cluster)
 
     def reacquire(self, cluster: Cluster, exclude: dict[str, str]) -> Cluster:
-        """Recovery: the same Job without the failed nodes (no spares on Kubernetes yet)."""
+        """Recovery: the cluster without `exclude` (no spares on Kubernetes yet). Preflight never names a failed
+        pod, so recovery excludes nothing here, and launch renders a fresh Job of the spec's size."""
         return cluster.without(exclude)
 
     def release(self, cluster: Cluster) -> None:
         """Delete the Job (foreground: its pods first) and the Service; 404 means already gone (idempotent)."""
-        if not self.spec.cluster.kubernetes.kubeconfig or "job" not in cluster.handle:
+        if not self.spec.cluster.provider.kubeconfig or "job" not in cluster.handle:
             return
         from kubernetes.client.exceptions import ApiException
 
-        ns, name = self.spec.cluster.kubernetes.namespace, cluster.handle["job"]
+        ns, name = self.spec.cluster.provider.namespace, cluster.handle["job"]
         for delete in (
             lambda: self.batch().delete_namespaced_job(name, ns, propagation_policy="Foreground"),
             lambda: self.core().delete_namespaced_service(name, ns),

@@ -151,7 +151,8 @@ class LocalProvider:
         return cluster
 
     def preflight(self, cluster: Cluster) -> PreflightReport:
-        """torch importable in the node interpreter, and the rendezvous port free."""
+        """torch importable in the node interpreter, no unhealthy marker (`unhealthy_dir`, the chaos hook), and
+        the rendezvous port free."""
         reports = []
         for node in cluster.nodes:
             checks = []

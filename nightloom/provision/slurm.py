@@ -89,9 +89,9 @@ def queued(job_id: str) -> str | None:
 
 def render_batch_script(spec, state_dir: str, avoid: list[str] | None = None, min_nodes: int | None = None) -> str:
     """The allocation script: run each launch-K.sh the orchestrator drops as one srun step, until released.
-    `avoid`: nodes that failed in this run (added to cluster.slurm.exclude); `min_nodes`: accept an allocation
+    `avoid`: nodes that failed in this run (added to cluster.provider.exclude); `min_nodes`: accept an allocation
     of min_nodes..nodes nodes (recovery takes what the partition has left rather than waiting for a full one)."""
-    c, s = spec.cluster, spec.cluster.slurm
+    c, s = spec.cluster, spec.cluster.provider
     size = f"{min_nodes}-{c.nodes}" if min_nodes is not None and min_nodes < c.nodes else f"{c.nodes}"
     opts = [
         f"--job-name=nightloom-{spec.name}",
@@ -107,14 +107,14 @@ def render_batch_script(spec, state_dir: str, avoid: list[str] | None = None, mi
         opts.append(f"--account={s.account}")
     bad = [n for n in s.exclude if not _NODE.fullmatch(n)]
     if bad:
-        raise ProvisionError(f"cluster.slurm.exclude: not node names: {bad}")
+        raise ProvisionError(f"cluster.provider.exclude: not node names: {bad}")
     exclude = list(dict.fromkeys([*s.exclude, *(n for n in (avoid or []) if _NODE.fullmatch(n))]))
     if exclude:
         opts.append("--exclude=" + ",".join(exclude))
     for i, o in enumerate(s.extra_sbatch):
         if not _SBATCH_OPT.fullmatch(o):
             raise ProvisionError(
-                f"cluster.slurm.extra_sbatch[{i}]: {o!r} is not a single --option[=value] "
+                f"cluster.provider.extra_sbatch[{i}]: {o!r} is not a single --option[=value] "
                 "(letters, digits and _.,:=/@+- only)"
             )
         opts.append(o)
@@ -226,7 +226,7 @@ class SlurmLaunch:
 
 
 class SlurmProvider:
-    """Nodes are the allocation of one sbatch job in `spec.cluster.slurm.partition`."""
+    """Nodes are the allocation of one sbatch job in `spec.cluster.provider.partition`."""
 
     name = "slurm"
     last_report: PreflightReport | None = None  # of the last acquire
@@ -241,19 +241,19 @@ class SlurmProvider:
     ):
         self.spec = spec
         self.expect = expect
-        self.python = python or spec.cluster.slurm.python or sys.executable  # on the shared file system
+        self.python = python or spec.cluster.provider.python or sys.executable  # on the shared file system
         self.start_timeout_s = start_timeout_s
         self.state_root = Path(state_root or Path(spec.storage.root) / "slurm")
 
     # ------------------------------------------------------------------------------------------ acquire
     def check_partition(self) -> None:
         c = self.spec.cluster
-        part = c.slurm.partition
+        part = c.provider.partition
         r = run_cmd(["scontrol", "show", "partition", "-o", part])
         if r.returncode != 0 or not r.stdout.strip():
             avail = run_cmd(["sinfo", "-h", "-o", "%R"]).stdout.split()
             raise ProvisionError(
-                f"cluster.slurm.partition: partition {part!r} not found; available: "
+                f"cluster.provider.partition: partition {part!r} not found; available: "
                 f"{', '.join(sorted(set(avail))) or 'none (is slurmctld reachable?)'}"
             )
         f = dict(kv.split("=", 1) for kv in r.stdout.split() if "=" in kv)
@@ -300,7 +300,7 @@ class SlurmProvider:
         if r.returncode != 0:
             raise ProvisionError(
                 f"slurm: sbatch refused the allocation ({c.nodes} nodes in partition "
-                f"{c.slurm.partition!r}): {r.stderr.strip()[-300:]}"
+                f"{c.provider.partition!r}): {r.stderr.strip()[-300:]}"
             )
         job_id = r.stdout.strip().split(";")[0]
         cluster = Cluster(

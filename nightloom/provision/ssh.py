@@ -1,7 +1,7 @@
 """The `ssh` provider: machines the user already rents, driven with asyncssh; host keys always verified.
 
 Each node: connect (key from the caller — tasks/provision.py resolves a Prefect Secret — or the env var
-`cluster.ssh.key_env`, holding the key or a path to it), copy this nightloom package to
+`cluster.provider.key_env`, holding the key or a path to it), copy this nightloom package to
 WORKDIR/.nightloom/code/HASH once (SFTP; that is how a real remote node gets the code), prepare the node
 environment keyed by its requirements (node_agent.py), probe it (preflight) and run the all-reduce test.
 Training runs as `torchrun` in a new session per node; its process-group id is written to
@@ -130,7 +130,8 @@ class SSHLaunch(MergedLaunch):
 
 
 class SSHProvider:
-    """Nodes are SSH hosts from `spec.cluster.ssh.hosts` (spares replace unreachable ones)."""
+    """Nodes are SSH hosts from `spec.cluster.provider.hosts`; spares replace unreachable hosts in acquire and
+    failed nodes in reacquire."""
 
     name = "ssh"
     last_report: PreflightReport | None = None  # of the last acquire
@@ -163,22 +164,22 @@ class SSHProvider:
     def _key(self):
         import asyncssh
 
-        ssh = self.spec.cluster.ssh
+        ssh = self.spec.cluster.provider
         text = self._private_key
         where = f"Prefect Secret {ssh.key_secret!r}" if text is not None and ssh.key_secret else "the given key"
         if text is None:
             raw = os.environ.get(ssh.key_env)
             if not raw:
                 raise ProvisionError(
-                    f"no SSH key: set cluster.ssh.key_secret, or the env var {ssh.key_env} "
-                    "(cluster.ssh.key_env) to a private key or a key file path"
+                    f"no SSH key: set cluster.provider.key_secret, or the env var {ssh.key_env} "
+                    "(cluster.provider.key_env) to a private key or a key file path"
                 )
             where = f"env var {ssh.key_env}"
             if "PRIVATE KEY" not in raw:
                 path = Path(raw).expanduser()
                 if not path.is_file():
                     raise ProvisionError(
-                        f"{where} (cluster.ssh.key_env) is neither a private key nor a file path that exists"
+                        f"{where} (cluster.provider.key_env) is neither a private key nor a file path that exists"
                     )
                 try:
                     return asyncssh.read_private_key(str(path))
@@ -191,10 +192,10 @@ class SSHProvider:
             raise ProvisionError(f"SSH private key from {where} could not be parsed: {type(e).__name__}") from None
 
     def _known_hosts(self) -> str:
-        p = Path(self.spec.cluster.ssh.known_hosts).expanduser()
+        p = Path(self.spec.cluster.provider.known_hosts).expanduser()
         if not p.is_file():
             raise ProvisionError(
-                f"cluster.ssh.known_hosts: file not found: {p} (host keys are always verified; "
+                f"cluster.provider.known_hosts: file not found: {p} (host keys are always verified; "
                 "add the nodes' keys, e.g. with ssh-keyscan, after checking them)"
             )
         return str(p)
@@ -204,7 +205,7 @@ class SSHProvider:
         import asyncssh
 
         if isinstance(e, asyncssh.HostKeyNotVerifiable):
-            return f"host key not verifiable against {self.spec.cluster.ssh.known_hosts} (unknown or changed host key)"
+            return f"host key not verifiable against {self.spec.cluster.provider.known_hosts} (unknown or changed host key)"
         if isinstance(e, asyncssh.PermissionDenied):
             return "authentication failed: the key was refused (permission denied)"
         if isinstance(e, (asyncio.TimeoutError, TimeoutError)):
@@ -265,7 +266,9 @@ class SSHProvider:
 
         rc, out = await self._run(node, plain_command([python, "-c", agent_source(), cmd, json.dumps(args)]))
         if rc == 127 or "not found" in out and "NIGHTLOOM_JSON" not in out:
-            raise ProvisionError(f"node {node.name}: interpreter {python!r} not found (cluster.ssh.hosts[].python)")
+            raise ProvisionError(
+                f"node {node.name}: interpreter {python!r} not found (cluster.provider.hosts[].python)"
+            )
         return parse_agent_output(node.name, out)
 
     # ------------------------------------------------------------------------------------------ acquire
@@ -284,18 +287,18 @@ class SSHProvider:
 
     async def _acquire(self) -> Cluster:
         c = self.spec.cluster
-        if not c.ssh.hosts:
-            raise ProvisionError("cluster.ssh.hosts: no hosts given")
-        if len(c.ssh.hosts) < (c.min_nodes or c.nodes):
+        if not c.provider.hosts:
+            raise ProvisionError("cluster.provider.hosts: no hosts given")
+        if len(c.provider.hosts) < (c.min_nodes or c.nodes):
             raise ProvisionError(
-                f"cluster.ssh.hosts: {len(c.ssh.hosts)} host(s) listed but cluster.nodes="
+                f"cluster.provider.hosts: {len(c.provider.hosts)} host(s) listed but cluster.nodes="
                 f"{c.nodes} (min_nodes={c.min_nodes or c.nodes}): too few nodes"
             )
         env = {"OMP_NUM_THREADS": "1", **render_nccl_env(c.nccl)}
         key, known = self._key(), self._known_hosts()
-        names = node_names(c.ssh.hosts)
-        active = [(n, h) for n, h in zip(names, c.ssh.hosts) if not h.spare]
-        spares = [(n, h) for n, h in zip(names, c.ssh.hosts) if h.spare] + active[c.nodes :]
+        names = node_names(c.provider.hosts)
+        active = [(n, h) for n, h in zip(names, c.provider.hosts) if not h.spare]
+        spares = [(n, h) for n, h in zip(names, c.provider.hosts) if h.spare] + active[c.nodes :]
         active = active[: c.nodes]
         failures: dict[str, str] = {}
 
@@ -387,7 +390,7 @@ class SSHProvider:
         keep = [n for n in cluster.nodes if n.name not in exclude]
         excluded = {**cluster.excluded, **exclude}
         used = {n.name for n in cluster.nodes} | set(excluded)
-        listed = list(zip(node_names(c.ssh.hosts), c.ssh.hosts))
+        listed = list(zip(node_names(c.provider.hosts), c.provider.hosts))
         candidates = [(n, h) for n, h in listed if h.spare and n not in used]
         candidates += [(n, h) for n, h in listed if not h.spare and n not in used]
         if len(keep) < c.nodes and candidates:

@@ -20,6 +20,8 @@ from nightloom.sharding.balance import VIRTUAL_BUCKETS
 from nightloom.sharding.corpus import ensure_sample_corpus
 from nightloom.sharding.manifest import MANIFEST_NAME, SCHEMA_VERSION, ShardManifest, load_manifest
 from nightloom.sharding.sources import SourceRef, check_keep_columns, list_inputs
+from nightloom.sharding.storage import S3Config
+from nightloom.sharding.workdir import WorkDir
 from nightloom.spec import DatasetSpec, ShardingSpec, StorageSpec, TokenizerSpec
 
 ALGORITHM_VERSION = "nightloom-shard-1"  # bump when output bytes change for the same settings
@@ -36,8 +38,7 @@ class ShardJob(BaseModel):
     model_config = ConfigDict(extra="forbid")
     dataset: DatasetSpec
     sharding: ShardingSpec
-    s3_endpoint_url: str | None = None
-    s3_region: str = "us-east-1"
+    s3: S3Config = Field(default_factory=S3Config)  # where s3:// inputs, output and work live (no secrets)
     sources: list[SourceRef]
     ignored: list[str] = []  # files under the dataset path ignored by name (hidden, writers' markers)
     units: list[list[int]] = []  # scan units: consecutive source indices scanned together
@@ -83,9 +84,10 @@ class ShardJob(BaseModel):
     def shard_name(self, index: int) -> str:
         return self.shard_stem(index) + ".parquet"
 
-    def configure(self) -> None:
-        """Point the S3 helper at this job's endpoint (call in every worker process)."""
-        storage.configure_s3(self.s3_endpoint_url, self.s3_region)
+    @property
+    def work(self) -> WorkDir:
+        """The work folder (local, or an s3:// prefix cached locally), with this job's S3 settings."""
+        return WorkDir(self.workdir, self.s3)
 
 
 def plan_units(sources: list[SourceRef]) -> list[list[int]]:
@@ -130,9 +132,9 @@ def fingerprint_local(path: Path) -> str:
     return digest
 
 
-def fingerprint(src: SourceRef) -> SourceRef:
+def fingerprint(src: SourceRef, s3: S3Config | None = None) -> SourceRef:
     if storage.is_s3(src.uri):
-        _, etag = storage.head(src.uri)
+        _, etag = storage.head(src.uri, s3)
         fp = "etag:" + etag
     else:
         fp = fingerprint_local(Path(src.uri))
@@ -173,27 +175,31 @@ WORK_FORMAT = (
 )
 
 
-def default_workdir(output: str, shash: str) -> str:
-    """Local output: a hidden folder inside it (same filesystem, so os.replace works). S3: the temp dir."""
-    if storage.is_s3(output):
-        base = Path(os.environ.get("NIGHTLOOM_SHARD_WORKDIR", Path(tempfile.gettempdir()) / "nightloom-shard-work"))
-        return str(base / f"{shash}-w{WORK_FORMAT}")
-    return str(Path(output) / WORK_DIR_NAME / f"{shash}-w{WORK_FORMAT}")
+def default_workdir(output: str, shash: str, distributed: bool = False) -> str:
+    """Where the work files go unless given: `$NIGHTLOOM_SHARD_WORKDIR` (a folder or an s3:// prefix) if set;
+    else a hidden folder inside the output (a local output: same filesystem, so os.replace works; an S3 output
+    on Dask: an S3 prefix, so workers share nothing but S3); else (S3 output, one machine) the temp dir."""
+    name = f"{shash}-w{WORK_FORMAT}"
+    if os.environ.get("NIGHTLOOM_SHARD_WORKDIR"):
+        return storage.join(os.environ["NIGHTLOOM_SHARD_WORKDIR"], name)
+    if not storage.is_s3(output) or distributed:
+        return storage.join(storage.join(output, WORK_DIR_NAME), name)
+    return str(Path(tempfile.gettempdir()) / "nightloom-shard-work" / name)
 
 
-def existing_manifest(output: str, shash: str) -> ShardManifest | None:
+def existing_manifest(output: str, shash: str, s3: S3Config | None = None) -> ShardManifest | None:
     """The finished manifest at `output` if it was made with exactly these inputs and settings, else None."""
     uri = storage.join(output, MANIFEST_NAME)
-    if not storage.exists(uri):
+    if not storage.exists(uri, s3):
         return None
     try:
-        m = load_manifest(uri)
+        m = load_manifest(uri, s3)
     except (ValueError, OSError):
         return None
     if m.settings_hash != shash:
         return None
     shards = m.shards + ([m.heldout] if m.heldout else [])
-    if not all(storage.exists(storage.join(output, f)) for s in shards for f in s.files()):
+    if not all(storage.exists(storage.join(output, f), s3) for s in shards for f in s.files()):
         return None
     return m
 
@@ -215,16 +221,15 @@ def plan_job(
     tok_spec = TokenizerSpec.coerce(tokenizer)
     if tok_spec.train_vocab is None:
         load_tokenizer(tok_spec)  # a bad tokenizer fails here, before any input is read
-    st = storage_spec or StorageSpec()
-    storage.configure_s3(st.s3_endpoint_url, st.s3_region)
+    s3 = S3Config.from_spec(storage_spec)
     for uri in (dataset.path, sharding.output):
         if storage.is_s3(uri):
-            storage.check_bucket(uri)
+            storage.check_bucket(uri, s3)
     if dataset.sample and not storage.is_s3(dataset.path):
         ensure_sample_corpus(dataset.path, kind=dataset.sample_kind)
-    listing = list_inputs(dataset.path, dataset.format)
+    listing = list_inputs(dataset.path, dataset.format, s3)
     check_keep_columns(dataset.keep_columns, listing.sources)
-    sources = [fingerprint(s) for s in listing.sources]
+    sources = [fingerprint(s, s3) for s in listing.sources]
     ensure_trained(tok_spec, dataset)
     tok = load_tokenizer(tok_spec)
     tok_id = tok.fingerprint()
@@ -236,11 +241,10 @@ def plan_job(
         eos_id=tok.eos_id,
         dataset=dataset,
         sharding=sharding,
-        s3_endpoint_url=st.s3_endpoint_url,
-        s3_region=st.s3_region,
+        s3=s3,
         sources=sources,
         ignored=listing.ignored,
         units=plan_units(sources),
         settings_hash=shash,
-        workdir=workdir or default_workdir(sharding.output, shash),
+        workdir=workdir or default_workdir(sharding.output, shash, distributed=sharding.dask is not None),
     )

@@ -108,14 +108,15 @@ def manifest_uri(output: str) -> str:
     return output.rstrip("/") + "/" + MANIFEST_NAME
 
 
-def load_manifest(output_or_manifest: str | Path) -> ShardManifest:
-    """Load a manifest from a local folder/file (s3:// handled by nightloom.sharding.storage)."""
+def load_manifest(output_or_manifest: str | Path, s3=None) -> ShardManifest:
+    """Load a manifest from a local folder/file, or an s3:// one through nightloom.sharding.storage with
+    `s3` (a storage.S3Config; None = the environment's endpoint)."""
     s = str(output_or_manifest)
     if s.startswith("s3://"):
         from nightloom.sharding.storage import read_bytes
 
         uri = s if s.endswith(".json") else manifest_uri(s)
-        return _validate(read_bytes(uri), uri)
+        return _validate(read_bytes(uri, s3), uri)
     p = Path(s)
     if p.is_dir():
         p = p / MANIFEST_NAME

@@ -8,11 +8,9 @@ Each step is a pure, idempotent function of a `ShardJob` and the previous steps'
 from __future__ import annotations
 
 import os
-import shutil
 import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 from nightloom.sharding import storage
 from nightloom.sharding.accounting import account_files
@@ -84,18 +82,17 @@ def build_manifest(
 
 def publish(job: ShardJob, scans: list[ScanResult], placement: Placement, infos: list[ShardInfo]) -> ShardManifest:
     """Write manifest.json (the last write: its presence means a complete dataset), then clean up."""
-    job.configure()
     manifest = build_manifest(job, scans, placement, infos)
-    storage.write_bytes(storage.join(job.output, MANIFEST_NAME), manifest.to_json().encode())
+    storage.write_bytes(storage.join(job.output, MANIFEST_NAME), manifest.to_json().encode(), job.s3)
     shards = manifest.shards + ([manifest.heldout] if manifest.heldout else [])
     keep = {f for s in shards for f in s.files()}
-    for rel, _ in storage.list_files(job.output):
+    for rel, _ in storage.list_files(job.output, job.s3):
         old = rel.startswith(("shard-", "heldout.")) and rel.endswith((".parquet", ".bin", ".idx"))
         if "/" not in rel and old and rel not in keep:
-            storage.delete(storage.join(job.output, rel))  # shards of an earlier, different run
-    shutil.rmtree(job.workdir, ignore_errors=True)
-    if not storage.is_s3(job.output):  # also work left by interrupted runs with other settings
-        shutil.rmtree(Path(job.output) / WORK_DIR_NAME, ignore_errors=True)
+            storage.delete(storage.join(job.output, rel), job.s3)  # shards of an earlier, different run
+    job.work.remove()
+    # also work left in the output by interrupted runs with other settings
+    storage.delete_tree(storage.join(job.output, WORK_DIR_NAME), job.s3)
     return manifest
 
 
@@ -120,7 +117,7 @@ def _map(fn, items: Iterable, workers: int) -> list:
 def run_job(job: ShardJob, workers: int | None = None, progress: Progress | None = None) -> ShardManifest:
     """Execute a planned job (resuming whatever an interrupted run finished)."""
     workers = workers or default_workers()
-    done = existing_manifest(job.output, job.settings_hash)
+    done = existing_manifest(job.output, job.settings_hash, job.s3)
     if done is not None:
         return done
     note = _Counter(progress).add

@@ -18,7 +18,6 @@ from pathlib import Path
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from nightloom.sharding import storage
 from nightloom.sharding.arrays import DEST_DTYPE, ArrayReader, ArrayWriter
 from nightloom.sharding.balance import VIRTUAL_BUCKETS, balance, check_enough_docs
 from nightloom.sharding.errors import BadInputError, ShardingError
@@ -151,11 +150,14 @@ def heldout_mask(work: Path, scans: list[ScanResult], dup: np.ndarray, amount: f
 
 def place_documents(job: ShardJob, scans: list[ScanResult]) -> Placement:
     """Dedup (first occurrence in input order wins), balance, and record each kept document's shard."""
-    job.configure()
-    work = Path(job.workdir)
-    out = work / "placement.json"
-    if out.is_file():
-        return Placement.model_validate_json(out.read_bytes())
+    wd = job.work
+    out = "placement.json"
+    done = wd.marker(out)
+    if done is not None:
+        return Placement.model_validate_json(done)
+    work = wd.local
+    work.mkdir(parents=True, exist_ok=True)
+    wd.fetch(*(s.meta for s in scans if s.meta))  # scanned on other machines (an S3 work folder)
     check_bad_fraction(job, scans)
     scans = sorted(scans, key=lambda s: s.index)
     total = sum(s.docs for s in scans if s.meta)
@@ -190,6 +192,7 @@ def place_documents(job: ShardJob, scans: list[ScanResult]) -> Placement:
         if s is not current:
             if writer is not None:
                 writer.publish()
+                wd.publish(dest_name(current.index))
             writer, current = ArrayWriter(work / dest_name(s.index), DEST_DTYPE), s
         dest = mapping[(c["h1"] % nb).astype(np.int64)].astype(DEST_DTYPE)
         dest[dup[g : g + len(c)]] = -1
@@ -197,6 +200,7 @@ def place_documents(job: ShardJob, scans: list[ScanResult]) -> Placement:
         writer.append(dest)
     if writer is not None:
         writer.publish()
+        wd.publish(dest_name(current.index))
     p = Placement(
         kept=kept,
         dedup_dropped=total - kept,
@@ -207,5 +211,5 @@ def place_documents(job: ShardJob, scans: list[ScanResult]) -> Placement:
         file_duplicates=duplicates_per_file(scans, dup),
         heldout=n_held,
     )
-    storage.write_bytes(out, p.model_dump_json().encode())
+    wd.write_marker(out, p.model_dump_json().encode())
     return p

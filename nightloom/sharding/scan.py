@@ -407,7 +407,7 @@ def _scan_file(job: ShardJob, work: Path, source: int, buf: _RecordBuffer, res: 
     downloaded = None
     if storage.is_s3(src.uri):
         downloaded = work / "inputs" / f"{source:05d}-{Path(src.rel).name}"
-        local = storage.get_file(src.uri, downloaded)
+        local = storage.get_file(src.uri, downloaded, job.s3)
     before = (res.records, res.empty, res.bad, len(res.bad_examples), buf.count)
     try:
         if fast:
@@ -445,11 +445,12 @@ def _fast_path(job: ShardJob, src: SourceRef) -> bool:
 def scan_unit(job: ShardJob, index: int) -> ScanResult:
     """Scan unit `index` of the job (its files in order, into one spill); idempotent (a finished scan is read
     back, not redone). Any doubt on the fast path rescans the whole unit on the record path (same output)."""
-    job.configure()
-    work = Path(job.workdir)
-    marker = work / f"scan-{index:05d}.json"
-    if marker.is_file():
-        return ScanResult.model_validate_json(marker.read_bytes())
+    wd = job.work
+    marker = f"scan-{index:05d}.json"
+    done = wd.marker(marker)
+    if done is not None:
+        return ScanResult.model_validate_json(done)
+    work = wd.local
     work.mkdir(parents=True, exist_ok=True)
     sources = job.units[index]
     schema = spill_schema(job)
@@ -468,5 +469,6 @@ def scan_unit(job: ShardJob, index: int) -> ScanResult:
         buf.spill.abort()
         raise
     res.spills, res.meta, res.docs, res.ids = buf.spill.finish()
-    storage.write_bytes(marker, res.model_dump_json().encode())
+    wd.publish(*res.spills, *(f for f in (res.meta, res.ids) if f))  # files first, the marker last
+    wd.write_marker(marker, res.model_dump_json().encode())
     return res

@@ -82,13 +82,13 @@ def detect_format(name: str, forced: str = "auto") -> Format | None:
     return None
 
 
-def _hf_files(root: str) -> list[str] | None:
+def _hf_files(root: str, s3: storage.S3Config | None = None) -> list[str] | None:
     """Arrow files of a `save_to_disk` folder (Dataset or DatasetDict) in their recorded order, else None."""
 
     def load(name: str) -> dict | None:
         uri = storage.join(root, name)
         try:
-            return json.loads(storage.read_bytes(uri))
+            return json.loads(storage.read_bytes(uri, s3))
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             return None
         except ShardingError as err:
@@ -104,7 +104,7 @@ def _hf_files(root: str) -> list[str] | None:
     if dd is not None:
         out = []
         for split in dd.get("splits", []):
-            sub = _hf_files(storage.join(root, split)) or []
+            sub = _hf_files(storage.join(root, split), s3) or []
             out += [f"{split}/{f}" for f in sub]
         return out
     st = load("state.json")
@@ -113,39 +113,39 @@ def _hf_files(root: str) -> list[str] | None:
     return [f["filename"] for f in st.get("_data_files", [])]
 
 
-def list_sources(path: str, forced: str = "auto") -> list[SourceRef]:
+def list_sources(path: str, forced: str = "auto", s3: storage.S3Config | None = None) -> list[SourceRef]:
     """Every input file under `path` (a file, a folder or an s3:// prefix), sorted, with its format."""
-    return list_inputs(path, forced).sources
+    return list_inputs(path, forced, s3).sources
 
 
-def list_inputs(path: str, forced: str = "auto") -> InputListing:
+def list_inputs(path: str, forced: str = "auto", s3: storage.S3Config | None = None) -> InputListing:
     """The input files under `path` (a file, a folder or an s3:// prefix), sorted, with their formats, and the
     files ignored by name (hidden files and writers' markers). Any other file must be readable input."""
-    s3 = storage.is_s3(path)
-    if not s3 and not Path(path).exists():
+    is_remote = storage.is_s3(path)
+    if not is_remote and not Path(path).exists():
         raise BadInputError(f"{path}: dataset path not found")
-    if s3:
-        objs = storage.list_files(path)
+    if is_remote:
+        objs = storage.list_files(path, s3)
         if not objs:  # maybe a single object
-            if storage.exists(path):
-                size, _ = storage.head(path)
+            if storage.exists(path, s3):
+                size, _ = storage.head(path, s3)
                 objs = None
                 single = [(Path(storage.S3Location.parse(path).key).name, size)]
             else:
                 raise BadInputError(f"{path}: no objects under this S3 prefix")
         else:
             single = None
-    is_dir = (not s3 and Path(path).is_dir()) or (s3 and single is None)
+    is_dir = (not is_remote and Path(path).is_dir()) or (is_remote and single is None)
     if not is_dir:
-        name = Path(path).name if not s3 else single[0][0]
+        name = Path(path).name if not is_remote else single[0][0]
         fmt = detect_format(name, forced)
         if fmt is None:
             raise BadInputError(f"{path}: cannot tell the format from the name; set dataset.format")
-        size = Path(path).stat().st_size if not s3 else single[0][1]
+        size = Path(path).stat().st_size if not is_remote else single[0][1]
         return InputListing(sources=[SourceRef(rel=name, uri=str(path), size=size, format=fmt)])
-    hf = _hf_files(path) if forced in ("auto", "hf") else None
+    hf = _hf_files(path, s3) if forced in ("auto", "hf") else None
     if hf is not None:
-        sizes = dict(storage.list_files(path))
+        sizes = dict(storage.list_files(path, s3))
         missing = [f for f in hf if f not in sizes]
         if missing:
             raise BadInputError(f"{storage.join(path, missing[0])}: listed in the Hugging Face dataset but missing")
@@ -155,7 +155,7 @@ def list_inputs(path: str, forced: str = "auto") -> InputListing:
     if forced == "hf":
         raise BadInputError(f"{path}: not a Hugging Face save_to_disk folder (no state.json or dataset_dict.json)")
     out, ignored = [], []
-    for rel, size in storage.list_files(path) if s3 else storage.list_files(str(path)):
+    for rel, size in storage.list_files(path, s3) if is_remote else storage.list_files(str(path)):
         if ignored_by_name(rel):
             ignored.append(rel)
             continue

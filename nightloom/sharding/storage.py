@@ -1,8 +1,10 @@
 """Local folders and s3:// prefixes behind one small interface (read, write atomically, upload, list, delete).
 
-S3 goes through boto3 with an optional endpoint (SeaweedFS, MinIO...) and path-style addressing; credentials
-come from the environment (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY) or boto3's usual chain, and are never
-put in messages. Large files are uploaded with multipart uploads; an S3 object only appears once complete,
+S3 goes through boto3 with an optional endpoint (SeaweedFS, MinIO...) and path-style addressing. Where the
+S3 API lives is an `S3Config` that callers pass explicitly (it travels inside ShardJob/TrainJob to whichever
+process opens files, Dask workers included); credentials are never in it: they come from the environment
+(AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, boto3's usual chain) or from a named secret that the orchestration
+layer resolves (`set_secret_resolver`), and are never put in messages. Large files are uploaded with multipart uploads; an S3 object only appears once complete,
 and a local file only appears through os.replace, so no reader sees a partial file.
 """
 
@@ -10,9 +12,13 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
 
 from nightloom.sharding.errors import StorageError
 from nightloom.util import atomic_write_bytes
@@ -39,31 +45,63 @@ class S3Location:
         return cls(bucket, key)
 
 
-@dataclass(frozen=True)
-class S3Config:
-    """Where the S3 API lives; None endpoint = AWS (or the env variables above)."""
+class S3Config(BaseModel):
+    """Where the S3 API lives (no secrets: safe to log, pickle and send as a task parameter).
 
+    `endpoint_url` None = the first of the endpoint environment variables above, else AWS. `credentials_secret`
+    names a secret holding 'KEY_ID:SECRET' (a Prefect Secret block, read by the process that opens files through
+    the resolver the orchestration layer registers); None = the environment / boto3's chain."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
     endpoint_url: str | None = None
     region: str = "us-east-1"
+    credentials_secret: str | None = None
+
+    @classmethod
+    def from_spec(cls, spec) -> S3Config:
+        """From a StorageSpec (s3_endpoint_url, s3_region, credentials_secret); None = the defaults."""
+        if spec is None:
+            return cls()
+        return cls(
+            endpoint_url=(spec.s3_endpoint_url or "").strip() or None,
+            region=spec.s3_region or "us-east-1",
+            credentials_secret=spec.credentials_secret,
+        )
+
+    def endpoint(self) -> str | None:
+        if self.endpoint_url:
+            return self.endpoint_url
+        return next((os.environ[v] for v in _ENDPOINT_ENV if os.environ.get(v)), None)
 
 
-_config = S3Config()
+DEFAULT_S3 = S3Config()
+SecretResolver = Callable[[str], tuple[str, str]]  # secret name -> (access key id, secret access key)
+_resolver: SecretResolver | None = None
+_resolver_lock = threading.Lock()
 
 
-def configure_s3(endpoint_url: str | None = None, region: str | None = None) -> None:
-    """Set the endpoint used by later calls (from StorageSpec.s3_endpoint_url / s3_region)."""
-    global _config
-    _config = S3Config(endpoint_url or None, region or "us-east-1")
-
-
-def _endpoint() -> str | None:
-    if _config.endpoint_url:
-        return _config.endpoint_url
-    return next((os.environ[v] for v in _ENDPOINT_ENV if os.environ.get(v)), None)
+def set_secret_resolver(resolver: SecretResolver | None) -> None:
+    """Register how a process turns `S3Config.credentials_secret` into keys (tasks/ registers Prefect's Secret
+    blocks on import, so every process that runs a task, Dask workers included, can resolve them)."""
+    global _resolver
+    with _resolver_lock:
+        _resolver = resolver
 
 
 @lru_cache(maxsize=8)
-def _client(endpoint: str | None, region: str, identity: str):
+def _secret(name: str) -> tuple[str, str]:
+    if _resolver is None:
+        raise StorageError(f"storage.credentials_secret {name!r}: no secret resolver in this process")
+    try:
+        return _resolver(name)
+    except StorageError:
+        raise
+    except Exception as err:  # noqa: BLE001 - the resolver's own error, without the secret
+        raise StorageError(f"storage.credentials_secret {name!r}: cannot read it ({type(err).__name__})") from None
+
+
+@lru_cache(maxsize=8)
+def _client(endpoint: str | None, region: str, identity: str, secret: str | None):
     import boto3
     from botocore.config import Config
 
@@ -73,20 +111,26 @@ def _client(endpoint: str | None, region: str, identity: str):
         connect_timeout=5,
         read_timeout=60,
     )
-    return boto3.session.Session().client("s3", endpoint_url=endpoint, region_name=region, config=cfg)
+    keys = {}
+    if secret is not None:
+        key_id, key = _secret(secret)
+        keys = {"aws_access_key_id": key_id, "aws_secret_access_key": key}
+    session = boto3.session.Session(**keys)
+    return session.client("s3", endpoint_url=endpoint, region_name=region, config=cfg)
 
 
-def s3_client():
-    """A cached boto3 S3 client for the configured endpoint (re-created when the credentials change)."""
+def s3_client(cfg: S3Config | None = None):
+    """A cached boto3 S3 client for `cfg` (re-created when the environment's credentials change)."""
+    cfg = cfg or DEFAULT_S3
     ident = f"{os.environ.get('AWS_ACCESS_KEY_ID')}|{os.environ.get('AWS_SECRET_ACCESS_KEY')}"
-    return _client(_endpoint(), _config.region, hashlib.sha256(ident.encode()).hexdigest())
+    return _client(cfg.endpoint(), cfg.region, hashlib.sha256(ident.encode()).hexdigest(), cfg.credentials_secret)
 
 
-def _explain(err: Exception, uri: str, action: str) -> StorageError:
+def _explain(err: Exception, uri: str, action: str, cfg: S3Config | None = None) -> StorageError:
     """Translate a boto3/botocore error into a message with the place and the cause, never the secret."""
     from botocore.exceptions import ClientError, EndpointConnectionError, NoCredentialsError
 
-    where = f"{uri} (endpoint {_endpoint() or 'AWS default'})"
+    where = f"{uri} (endpoint {(cfg or DEFAULT_S3).endpoint() or 'AWS default'})"
     if isinstance(err, EndpointConnectionError):
         return StorageError(f"{action} {where}: cannot reach the S3 endpoint: is it running and the URL right?")
     if isinstance(err, NoCredentialsError):
@@ -105,13 +149,13 @@ def _explain(err: Exception, uri: str, action: str) -> StorageError:
     return StorageError(f"{action} {where}: {type(err).__name__}: {err}")
 
 
-def _s3_call(uri: str, action: str, fn):
+def _s3_call(uri: str, action: str, fn, cfg: S3Config | None = None):
     from botocore.exceptions import BotoCoreError, ClientError
 
     try:
         return fn()
     except (BotoCoreError, ClientError) as err:
-        raise _explain(err, uri, action) from None
+        raise _explain(err, uri, action, cfg) from None
 
 
 def join(base: str, name: str) -> str:
@@ -119,17 +163,39 @@ def join(base: str, name: str) -> str:
     return str(base).rstrip("/") + "/" + name
 
 
-def read_bytes(uri: str | Path) -> bytes:
+def read_bytes(uri: str | Path, s3: S3Config | None = None) -> bytes:
     """Whole content of a local file or an S3 object (for small files: manifests, markers)."""
     uri = str(uri)
     if not is_s3(uri):
         return Path(uri).read_bytes()
     loc = S3Location.parse(uri)
-    body = _s3_call(uri, "read", lambda: s3_client().get_object(Bucket=loc.bucket, Key=loc.key)["Body"])
-    return _s3_call(uri, "read", body.read)
+    client = s3_client(s3)
+    body = _s3_call(uri, "read", lambda: client.get_object(Bucket=loc.bucket, Key=loc.key)["Body"], s3)
+    return _s3_call(uri, "read", body.read, s3)
 
 
-def exists(uri: str | Path) -> bool:
+def read_if_exists(uri: str | Path, s3: S3Config | None = None) -> bytes | None:
+    """`read_bytes`, or None when there is no such file/object (one request on S3: for markers)."""
+    uri = str(uri)
+    if not is_s3(uri):
+        try:
+            return Path(uri).read_bytes()
+        except FileNotFoundError:
+            return None
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    loc = S3Location.parse(uri)
+    try:
+        return s3_client(s3).get_object(Bucket=loc.bucket, Key=loc.key)["Body"].read()
+    except ClientError as err:
+        if err.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+            return None
+        raise _explain(err, uri, "read", s3) from None
+    except BotoCoreError as err:
+        raise _explain(err, uri, "read", s3) from None
+
+
+def exists(uri: str | Path, s3: S3Config | None = None) -> bool:
     uri = str(uri)
     if not is_s3(uri):
         return Path(uri).exists()
@@ -137,17 +203,17 @@ def exists(uri: str | Path) -> bool:
 
     loc = S3Location.parse(uri)
     try:
-        s3_client().head_object(Bucket=loc.bucket, Key=loc.key)
+        s3_client(s3).head_object(Bucket=loc.bucket, Key=loc.key)
         return True
     except ClientError as err:
         if err.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
             return False
-        raise _explain(err, uri, "check") from None
+        raise _explain(err, uri, "check", s3) from None
     except BotoCoreError as err:  # endpoint down, no credentials
-        raise _explain(err, uri, "check") from None
+        raise _explain(err, uri, "check", s3) from None
 
 
-def check_bucket(uri: str) -> None:
+def check_bucket(uri: str, s3: S3Config | None = None) -> None:
     """Fail early and clearly when the bucket of `uri` is missing or the credentials are refused.
 
     (Some S3-compatible stores create a bucket on the first PUT; a typo must not silently do that.)
@@ -155,92 +221,133 @@ def check_bucket(uri: str) -> None:
     from botocore.exceptions import BotoCoreError, ClientError
 
     loc = S3Location.parse(uri)
+    where = f"{uri} (endpoint {(s3 or DEFAULT_S3).endpoint() or 'AWS default'})"
     try:
-        s3_client().head_bucket(Bucket=loc.bucket)
+        s3_client(s3).head_bucket(Bucket=loc.bucket)
     except ClientError as err:
         code = err.response.get("Error", {}).get("Code", "?")
         if code in ("404", "NoSuchBucket", "NotFound"):
-            raise StorageError(
-                f"{uri} (endpoint {_endpoint() or 'AWS default'}): bucket {loc.bucket!r} does not exist"
-            ) from None
+            raise StorageError(f"{where}: bucket {loc.bucket!r} does not exist") from None
         if code in ("403", "Forbidden"):
             raise StorageError(
-                f"{uri} (endpoint {_endpoint() or 'AWS default'}): S3 refused the credentials for bucket "
+                f"{where}: S3 refused the credentials for bucket "
                 f"{loc.bucket!r} (403); check AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY"
             ) from None
-        raise _explain(err, uri, "open bucket") from None
+        raise _explain(err, uri, "open bucket", s3) from None
     except BotoCoreError as err:
-        raise _explain(err, uri, "open bucket") from None
+        raise _explain(err, uri, "open bucket", s3) from None
 
 
-def head(uri: str) -> tuple[int, str]:
+def head(uri: str, s3: S3Config | None = None) -> tuple[int, str]:
     """(size, ETag without quotes) of an S3 object."""
     loc = S3Location.parse(uri)
-    h = _s3_call(uri, "stat", lambda: s3_client().head_object(Bucket=loc.bucket, Key=loc.key))
+    h = _s3_call(uri, "stat", lambda: s3_client(s3).head_object(Bucket=loc.bucket, Key=loc.key), s3)
     return int(h["ContentLength"]), h["ETag"].strip('"')
 
 
-def write_bytes(uri: str | Path, data: bytes) -> None:
+def write_bytes(uri: str | Path, data: bytes, s3: S3Config | None = None) -> None:
     """Write a small file atomically: temp + os.replace locally, a single PUT on S3."""
     uri = str(uri)
     if is_s3(uri):
         loc = S3Location.parse(uri)
-        _s3_call(uri, "write", lambda: s3_client().put_object(Bucket=loc.bucket, Key=loc.key, Body=data))
+        _s3_call(uri, "write", lambda: s3_client(s3).put_object(Bucket=loc.bucket, Key=loc.key, Body=data), s3)
         return
     atomic_write_bytes(uri, data)
 
 
-def put_file(local: Path, uri: str) -> None:
+def _transfer():
+    from boto3.s3.transfer import TransferConfig
+
+    return TransferConfig(multipart_threshold=MULTIPART_CHUNK, multipart_chunksize=MULTIPART_CHUNK, max_concurrency=4)
+
+
+def put_file(local: Path, uri: str, s3: S3Config | None = None) -> None:
     """Publish a finished local file at `uri`: os.replace locally, multipart upload (8 MiB parts) on S3."""
     if not is_s3(uri):
         Path(uri).parent.mkdir(parents=True, exist_ok=True)
         os.replace(local, uri)
         return
-    from boto3.s3.transfer import TransferConfig
+    upload_file(local, uri, s3)
 
+
+def upload_file(local: Path, uri: str, s3: S3Config | None = None) -> None:
+    """Upload a local file to an S3 object (the local file stays); the object appears only once complete."""
     loc = S3Location.parse(uri)
-    cfg = TransferConfig(multipart_threshold=MULTIPART_CHUNK, multipart_chunksize=MULTIPART_CHUNK, max_concurrency=4)
-    _s3_call(uri, "upload", lambda: s3_client().upload_file(str(local), loc.bucket, loc.key, Config=cfg))
+    client = s3_client(s3)
+    _s3_call(uri, "upload", lambda: client.upload_file(str(local), loc.bucket, loc.key, Config=_transfer()), s3)
 
 
-def get_file(uri: str, local: Path) -> Path:
-    """Download an S3 object to `local` (streamed to disk, atomically)."""
-    from boto3.s3.transfer import TransferConfig
-
+def get_file(uri: str, local: Path, s3: S3Config | None = None) -> Path:
+    """Download an S3 object to `local` (streamed to a temp name unique to this thread, then renamed: threads
+    and processes fetching the same object never see each other's partial file)."""
     loc = S3Location.parse(uri)
     local.parent.mkdir(parents=True, exist_ok=True)
-    tmp = local.with_name(f".{local.name}.part")
-    cfg = TransferConfig(multipart_threshold=MULTIPART_CHUNK, multipart_chunksize=MULTIPART_CHUNK, max_concurrency=4)
-    _s3_call(uri, "download", lambda: s3_client().download_file(loc.bucket, loc.key, str(tmp), Config=cfg))
-    os.replace(tmp, local)
+    tmp = local.with_name(f".{local.name}.{os.getpid()}-{threading.get_ident()}.part")
+    client = s3_client(s3)
+    try:
+        _s3_call(uri, "download", lambda: client.download_file(loc.bucket, loc.key, str(tmp), Config=_transfer()), s3)
+        os.replace(tmp, local)
+    finally:
+        tmp.unlink(missing_ok=True)
     return local
 
 
-def list_files(uri: str) -> list[tuple[str, int]]:
+def list_files(uri: str, s3: S3Config | None = None) -> list[tuple[str, int]]:
     """(relative name, size) of every object/file under a folder or prefix, sorted by name."""
     if not is_s3(uri):
-        root = Path(uri)
-        return sorted((p.relative_to(root).as_posix(), p.stat().st_size) for p in root.rglob("*") if p.is_file())
+        return sorted(_walk_local(str(uri), ""))
     loc = S3Location.parse(uri)
     prefix = loc.key.rstrip("/") + "/" if loc.key else ""
     out: list[tuple[str, int]] = []
 
     def run() -> None:
-        pages = s3_client().get_paginator("list_objects_v2").paginate(Bucket=loc.bucket, Prefix=prefix)
+        pages = s3_client(s3).get_paginator("list_objects_v2").paginate(Bucket=loc.bucket, Prefix=prefix)
         for page in pages:
             for obj in page.get("Contents", []):
                 out.append((obj["Key"][len(prefix) :], int(obj["Size"])))
 
-    _s3_call(uri, "list", run)
+    _s3_call(uri, "list", run, s3)
     return sorted(out)
 
 
-def delete(uri: str) -> None:
+def _walk_local(folder: str, rel: str) -> list[tuple[str, int]]:
+    """(relative name, size) of the files under `folder` (os.scandir: one stat per entry, no pathlib objects;
+    a folder of 13k small files is listed in milliseconds). Symlinks are followed, as Path.rglob's is_file did."""
+    out: list[tuple[str, int]] = []
+    try:
+        entries = list(os.scandir(folder))
+    except (FileNotFoundError, NotADirectoryError):
+        return out
+    for e in entries:
+        name = rel + e.name
+        if e.is_dir():
+            out += _walk_local(e.path, name + "/")
+        elif e.is_file():
+            out.append((name, e.stat().st_size))
+    return out
+
+
+def delete(uri: str, s3: S3Config | None = None) -> None:
     if not is_s3(uri):
         Path(uri).unlink(missing_ok=True)
         return
     loc = S3Location.parse(uri)
-    _s3_call(uri, "delete", lambda: s3_client().delete_object(Bucket=loc.bucket, Key=loc.key))
+    _s3_call(uri, "delete", lambda: s3_client(s3).delete_object(Bucket=loc.bucket, Key=loc.key), s3)
+
+
+def delete_tree(uri: str, s3: S3Config | None = None) -> None:
+    """Remove a folder or every object under an S3 prefix (missing is fine)."""
+    if not is_s3(uri):
+        import shutil
+
+        shutil.rmtree(uri, ignore_errors=True)
+        return
+    loc = S3Location.parse(uri)
+    names = [join(uri, rel) for rel, _ in list_files(uri, s3)]
+    client = s3_client(s3)
+    for i in range(0, len(names), 1000):  # DeleteObjects takes at most 1000 keys
+        keys = [{"Key": S3Location.parse(n).key} for n in names[i : i + 1000]]
+        _s3_call(uri, "delete", lambda k=keys: client.delete_objects(Bucket=loc.bucket, Delete={"Objects": k}), s3)
 
 
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
@@ -255,7 +362,7 @@ def xxh3_file(path: Path, chunk: int = 1 << 22) -> str:
     import xxhash
 
     h = xxhash.xxh3_128()
-    with open(path, "rb") as f:
+    with open(path, "rb", buffering=0) as f:
         while b := f.read(chunk):
             h.update(b)
     return h.hexdigest()

@@ -86,15 +86,19 @@ def _rows_of_shard(work: Path, s: ScanResult, index: int, cols: list[str], schem
 
 def write_shard(job: ShardJob, scans: list[ScanResult], index: int) -> ShardInfo:
     """Write shard `index`; idempotent (a published shard with its marker is not rewritten)."""
-    job.configure()
-    work = Path(job.workdir)
-    marker = work / f"shard-{index:05d}.json"
+    wd = job.work
+    marker = f"shard-{index:05d}.json"
     name = job.shard_name(index)
     final = storage.join(job.output, name)
     stem = job.shard_stem(index)
     bin_name, idx_name = f"{stem}.bin", f"{stem}.idx"
-    if marker.is_file() and storage.exists(final):  # the Parquet shard is published after its token files
-        return ShardInfo.model_validate_json(marker.read_bytes())
+    done = wd.marker(marker)
+    if done is not None and storage.exists(final, job.s3):  # the Parquet shard is published after its token files
+        return ShardInfo.model_validate_json(done)
+    work = wd.local
+    for s in scans:  # what other machines scanned and placed (an S3 work folder; cached per machine)
+        if s.spills:
+            wd.fetch(dest_name(s.index), *(f for f in (s.meta, s.ids) if f), *s.spills)
     cols = _output_columns(job)
     local_out = not storage.is_s3(job.output)
     tmp_dir = Path(job.output) if local_out else work
@@ -156,9 +160,9 @@ def write_shard(job: ShardJob, scans: list[ScanResult], index: int) -> ShardInfo
                 f"internal: {bin_name} holds {counts.documents} documents and {counts.tokens} ids, the shard "
                 f"{rows} documents of {tokens} tokens (+1 EOS each)"
             )
-        storage.put_file(idx_tmp, storage.join(job.output, idx_name))
-        storage.put_file(bin_tmp, storage.join(job.output, bin_name))
-        storage.put_file(tmp, final)
+        storage.put_file(idx_tmp, storage.join(job.output, idx_name), job.s3)
+        storage.put_file(bin_tmp, storage.join(job.output, bin_name), job.s3)
+        storage.put_file(tmp, final, job.s3)
     finally:
         if writer is not None:
             writer.close()
@@ -178,5 +182,5 @@ def write_shard(job: ShardJob, scans: list[ScanResult], index: int) -> ShardInfo
     info = ShardInfo(
         index=index, path=name, rows=rows, tokens=tokens, bytes=nbytes, sha256=digest, token_files=token_files
     )
-    storage.write_bytes(marker, info.model_dump_json().encode())
+    wd.write_marker(marker, info.model_dump_json().encode())
     return info

@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from nightloom.sharding.manifest import MANIFEST_NAME, ShardManifest, load_manifest
+from nightloom.sharding.storage import S3Config, read_bytes
 from nightloom.spec import TokenizerSpec
 from nightloom.tokenizer import Tokenizer, load_tokenizer
 
@@ -64,13 +65,9 @@ def _base_uri(manifest: str) -> str:
     return str(p.parent if p.is_file() or p.name == MANIFEST_NAME else p)
 
 
-def _read_bytes(uri: str) -> bytes:
+def _read_bytes(uri: str, s3: S3Config | None = None) -> bytes:
     if uri.startswith("s3://"):
-        try:
-            from nightloom.sharding.storage import read_bytes
-        except ImportError as e:  # the storage module is written separately
-            raise DataError(f"{uri}: reading s3:// needs nightloom.sharding.storage ({e})") from None
-        return read_bytes(uri)
+        return read_bytes(uri, s3)
     p = Path(uri)
     if not p.is_file():
         raise DataError(f"{p}: shard listed in the manifest does not exist")
@@ -105,10 +102,12 @@ class PackedWindows:
         cache_shards: int = 2,
         seed: int | None = None,
         tokenizer: TokenizerSpec | str | None = None,
+        s3: S3Config | None = None,
     ):
         self.manifest_uri = str(manifest)
         self.seed = seed
-        self.manifest: ShardManifest = load_manifest(manifest)
+        self.s3 = s3  # where s3:// shards live (the job's storage config)
+        self.manifest: ShardManifest = load_manifest(manifest, s3)
         self.tokenizer: Tokenizer = load_tokenizer(tokenizer)
         if self.manifest.tokenizer != self.tokenizer.fingerprint():
             raise DataError(
@@ -170,7 +169,7 @@ class PackedWindows:
         span = self.spans[k]
         dtype = np_dtype(span.bin_dtype)
         if span.bin_uri.startswith("s3://"):
-            ids = np.frombuffer(_read_bytes(span.bin_uri), dtype=dtype)
+            ids = np.frombuffer(_read_bytes(span.bin_uri, self.s3), dtype=dtype)
         else:
             p = Path(span.bin_uri)
             if not p.is_file():
@@ -188,7 +187,7 @@ class PackedWindows:
         import pyarrow.parquet as pq
 
         span = self.spans[k]
-        table = pq.read_table(io.BytesIO(_read_bytes(span.uri)), columns=[self.manifest.text_field])
+        table = pq.read_table(io.BytesIO(_read_bytes(span.uri, self.s3)), columns=[self.manifest.text_field])
         texts = table.column(self.manifest.text_field).to_pylist()
         stream = pack_documents(texts) if self.tokenizer.kind == "bytes" else self.tokenizer.stream(texts)
         if len(stream) < span.count * self.window:
@@ -210,7 +209,9 @@ class PackedWindows:
         return torch.from_numpy(out)
 
 
-def read_eval_texts(manifest: str, eval_data: str | None, text_field: str | None = None) -> tuple[str, list[str]]:
+def read_eval_texts(
+    manifest: str, eval_data: str | None, text_field: str | None = None, s3: S3Config | None = None
+) -> tuple[str, list[str]]:
     """(where, documents) of the eval set: `eval_data` (a JSONL file) if given, else the manifest's held-out split."""
     if eval_data:
         from nightloom.sharding.sources import read_records
@@ -218,7 +219,7 @@ def read_eval_texts(manifest: str, eval_data: str | None, text_field: str | None
         p = Path(eval_data)
         if not p.is_file():
             raise DataError(f"{p}: validate.eval_data: file not found")
-        field = text_field or load_manifest(manifest).text_field
+        field = text_field or load_manifest(manifest, s3).text_field
         texts = []
         for where, text, _, err, _ in read_records(p, "jsonl", field, None):
             if err is not None:
@@ -226,7 +227,7 @@ def read_eval_texts(manifest: str, eval_data: str | None, text_field: str | None
             if text:
                 texts.append(text)
         return str(p), texts
-    m = load_manifest(manifest)
+    m = load_manifest(manifest, s3)
     if m.heldout is None:
         raise DataError(
             f"{manifest}: validate.eval_every needs a held-out split (sharding.heldout) or validate.eval_data"
@@ -234,7 +235,7 @@ def read_eval_texts(manifest: str, eval_data: str | None, text_field: str | None
     import pyarrow.parquet as pq
 
     uri = f"{_base_uri(manifest)}/{m.heldout.path}"
-    table = pq.read_table(io.BytesIO(_read_bytes(uri)), columns=[m.text_field])
+    table = pq.read_table(io.BytesIO(_read_bytes(uri, s3)), columns=[m.text_field])
     return uri, table.column(m.text_field).to_pylist()
 
 
@@ -276,11 +277,3 @@ class StepLoader:
         seqs = self.w.windows(step * self.global_batch + self.dp_rank * local, local)
         micro = [(seqs[i : i + self.mb, :-1], seqs[i : i + self.mb, 1:]) for i in range(0, local, self.mb)]
         return StepBatch(step, micro)
-
-
-def set_s3_endpoint(url: str | None) -> None:
-    """Point nightloom.sharding.storage (used for s3:// manifests and shards) at the job's S3 endpoint."""
-    if url and str(url).strip():
-        from nightloom.sharding.storage import configure_s3
-
-        configure_s3(url)

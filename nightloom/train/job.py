@@ -8,13 +8,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from nightloom.parallel import ParallelPlan
 from nightloom.perf import resolve_peak
 from nightloom.provision.base import Cluster
 from nightloom.runfiles import RunFiles
 from nightloom.schedule import BillingSpan
+from nightloom.sharding.storage import S3Config
 from nightloom.spec import RunSpec, TokenizerSpec, TrainSpec
 
 
@@ -79,7 +80,7 @@ class TrainJob(BaseModel):
     plan: ParallelPlan
     train: TrainSpec
     manifest: str  # folder, manifest.json path, or s3:// prefix
-    s3_endpoint_url: str | None = None
+    s3: S3Config = Field(default_factory=S3Config)  # where s3:// shards and weights live (storage.*, no secrets)
     peak_flops: float | None = Field(None, description="Per-device peak FLOP/s for MFU; None = measure on CPU.")
     peak_source: str | None = None
     deadline_unix: float | None = Field(None, description="Checkpoint and stop cleanly at this wall-clock time.")
@@ -89,6 +90,16 @@ class TrainJob(BaseModel):
     weights: str | None = Field(None, description="Hugging Face safetensors folder or s3:// prefix to start from.")
     hf_config: str | None = Field(None, description="The config.json the model came from (copied on export).")
     tokenizer_dir: str | None = Field(None, description="Tokenizer file or folder whose files the export carries.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_s3_field(cls, data):
+        """job.json files written before `s3` had a bare `s3_endpoint_url`: still readable (export, evaluate)."""
+        if isinstance(data, dict) and "s3_endpoint_url" in data:
+            data = dict(data)
+            url = data.pop("s3_endpoint_url")
+            data.setdefault("s3", {"endpoint_url": url} if url else {})
+        return data
 
     @property
     def export_format(self) -> str:
@@ -132,7 +143,7 @@ class TrainJob(BaseModel):
             plan=plan,
             train=spec.train,
             manifest=spec.sharding.output,
-            s3_endpoint_url=spec.storage.s3_endpoint_url,
+            s3=S3Config.from_spec(spec.storage),
             peak_flops=peak.flops if peak else None,
             peak_source=peak.source if peak else None,
             deadline_unix=deadline_unix,

@@ -25,7 +25,7 @@ from nightloom.metrics import StepMetrics, append_metrics
 from nightloom.perf import resolve_precision
 from nightloom.runfiles import RunFiles
 from nightloom.train import checkpoint
-from nightloom.train.data import PackedWindows, StepLoader, eval_windows, read_eval_texts, set_s3_endpoint
+from nightloom.train.data import PackedWindows, StepLoader, eval_windows, read_eval_texts
 from nightloom.train.job import TrainJob, TrainResult
 from nightloom.train.parallelize import ModelParts, build_parts, loss_fn, validate_plan
 from nightloom.util import atomic_write_text
@@ -160,7 +160,6 @@ class Trainer:
             self.shape = self.shape.padded_for_tp(self.plan.tp)
         self.param_dtype = precision_dtype(job.train.precision, ctx.device.type)
         torch.manual_seed(job.train.seed)
-        set_s3_endpoint(job.s3_endpoint_url)
         self.parts = build_parts(
             self.shape, self.plan, self.dims, ctx.mesh, job.train.seq_len, job.train.seed, ctx.device, self.param_dtype
         )
@@ -168,7 +167,7 @@ class Trainer:
         self.optims = [make_optimizer(m.parameters(), t) for m in self.parts.parts]
         dp_rank = self.dims.dp_rank(ctx.rank)
         self.loader = StepLoader(
-            PackedWindows(job.manifest, t.seq_len, seed=t.seed, tokenizer=job.tokenizer),
+            PackedWindows(job.manifest, t.seq_len, seed=t.seed, tokenizer=job.tokenizer, s3=job.s3),
             self.plan.micro_batch,
             self.plan.grad_accum,
             self.dims.dp,
@@ -239,7 +238,7 @@ class Trainer:
 
         The window count is rounded down to whole global batches (at least one), so the eval set depends only on
         the spec (global_batch), never on the layout; each eval batch has a training batch's shape (PP schedule)."""
-        where, texts = read_eval_texts(self.job.manifest, self.job.eval_data)
+        where, texts = read_eval_texts(self.job.manifest, self.job.eval_data, s3=self.job.s3)
         wins = eval_windows(texts, self.loader.w.tokenizer, self.job.train.seq_len, self.job.eval_windows, where)
         g = self.loader.global_batch
         n = max(1, len(wins) // g) * g
@@ -432,10 +431,10 @@ class Trainer:
 
         cache = Path(tempfile.gettempdir()) / "nightloom-weights"
         if int(os.environ.get("LOCAL_RANK", "0")) == 0:  # one download per node for an s3:// prefix
-            fetch_weights(uri, cache)
+            fetch_weights(uri, cache, self.job.s3)
         dist.barrier()
         t0 = time.perf_counter()
-        index = load_hf_weights(self.parts.parts, fetch_weights(uri, cache), self.shape)
+        index = load_hf_weights(self.parts.parts, fetch_weights(uri, cache, self.job.s3), self.shape)
         secs = time.perf_counter() - t0
         self._log(
             f"[nightloom.train] loaded {len(index.tensors)} tensors ({index.total_bytes / 2**20:.1f} MiB) from "

@@ -1,7 +1,10 @@
-"""torchrun worker for test_hf_import: parallelize, load Hugging Face weights into the shards, compare every
-parameter's full tensor with the file's tensor (a single-process read), save a native DCP checkpoint.
+"""torchrun worker for test_hf_import: for each layout in turn (one process group, one mesh per layout), parallelize,
+load Hugging Face weights into the shards, compare every parameter's full tensor with the file's tensor (a
+single-process read), save a native DCP checkpoint under CKPT_ROOT/<layout>. One launch serves every layout: on a
+2-core machine a torchrun start costs more than the checks.
 
-`python -m torch.distributed.run --nproc-per-node=2 tests/distributed/hf_import_worker.py FOLDER PLAN_JSON CKPT`"""
+`python -m torch.distributed.run --nproc-per-node=2 tests/distributed/hf_import_worker.py FOLDER LAYOUTS_JSON CKPT_ROOT`
+(LAYOUTS_JSON: {"name": {ParallelPlan fields}, ...})"""
 
 from __future__ import annotations
 
@@ -23,10 +26,16 @@ from nightloom.train import checkpoint
 from nightloom.train.parallelize import build_parts
 
 
-def main(folder: str, plan_json: str, ckpt: str) -> int:
+def main(folder: str, layouts_json: str, ckpt_root: str) -> int:
     dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+    for name, plan in json.loads(layouts_json).items():
+        check_layout(folder, name, ParallelPlan(**plan), Path(ckpt_root) / name)
+    dist.destroy_process_group()
+    return 0
+
+
+def check_layout(folder: str, layout: str, plan: ParallelPlan, ckpt: Path) -> None:
     rank = dist.get_rank()
-    plan = ParallelPlan(**json.loads(plan_json))
     dims = plan.dims()
     mesh = dims.build_mesh("cpu")
     shape = shape_from_hf_config(folder)
@@ -50,10 +59,8 @@ def main(folder: str, plan_json: str, ckpt: str) -> int:
             checked += 1
     assert scan_checkpoint(folder, shape.with_(padded_vocab=0)).tensors
     optims = [torch.optim.AdamW(m.parameters()) for m in parts.parts]
-    checkpoint.save(Path(ckpt), 0, parts.parts, optims, rank)
-    print(f"rank {rank}: {checked} parameters equal the file's tensors", flush=True)
-    dist.destroy_process_group()
-    return 0
+    checkpoint.save(ckpt, 0, parts.parts, optims, rank)
+    print(f"{layout} rank {rank}: {checked} parameters equal the file's tensors", flush=True)
 
 
 if __name__ == "__main__":

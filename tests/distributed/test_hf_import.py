@@ -8,6 +8,7 @@ exported again bit-identical; (2) the trainer's step-1 loss equals transformers'
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -98,10 +99,10 @@ def _hf_loss(source, corpus) -> float:
     return float(F.cross_entropy(logits.flatten(0, 1), seqs[:, 1:].flatten()))
 
 
-@pytest.mark.timeout(300)
-@pytest.mark.parametrize("layout", sorted(LAYOUTS))
-def test_sharded_import_equals_the_files(layout, source, tmp_path):
-    ckpt = tmp_path / "ckpt"
+@pytest.fixture(scope="module")
+def sharded_imports(source, tmp_path_factory):
+    """Every layout's sharded import, checked in one 2-process launch (hf_import_worker.py); its checkpoints' root."""
+    root = tmp_path_factory.mktemp("sharded")
     cmd = [
         sys.executable,
         "-m",
@@ -110,14 +111,22 @@ def test_sharded_import_equals_the_files(layout, source, tmp_path):
         f"--master-port={free_port()}",
         str(ROOT / "tests" / "distributed" / "hf_import_worker.py"),
         str(source),
-        json.dumps(LAYOUTS[layout]),
-        str(ckpt),
+        json.dumps(LAYOUTS),
+        str(root),
     ]
-    p = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=240, check=False)
-    assert p.returncode == 0, (p.stdout + p.stderr)[-5000:]
-    assert "parameters equal the file's tensors" in p.stdout
+    p = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=400, check=False)
+    return root, p.returncode, p.stdout + p.stderr
+
+
+@pytest.mark.timeout(450)
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_sharded_import_equals_the_files(layout, source, sharded_imports, tmp_path):
+    root, rc, output = sharded_imports
+    assert rc == 0, output[-5000:]
+    for rank in (0, 1):
+        assert re.search(rf"\b{layout} rank {rank}: \d+ parameters equal the file's tensors", output), output[-3000:]
     shape = shape_from_hf_config(source)
-    out = export_checkpoint(ckpt / "step-0", shape, tmp_path / "export", "fp32", source_config=source)
+    out = export_checkpoint(root / layout / "step-0", shape, tmp_path / "export", "fp32", source_config=source)
     a, b = _tensors(source), _tensors(out)
     assert sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a)
 

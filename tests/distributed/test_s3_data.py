@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from nightloom.sharding.storage import S3Config
 from tests.support.harness import launch, make_job
 
 pytestmark = pytest.mark.services
@@ -21,7 +22,7 @@ def test_training_from_s3_matches_local(s3_endpoint, corpus, reference, tmp_path
         tmp_path / "s3",
         f"s3://{bucket}/trainer-corpus",
         steps=5,
-        job_kw={"s3_endpoint_url": url},
+        job_kw={"s3": S3Config(endpoint_url=url)},
         micro_batch=2,
         grad_accum=4,
     )

@@ -1,5 +1,6 @@
-"""The shard flow on a real Dask cluster (scheduler + 2 worker processes, .ci/services.sh), input and output on
-a real S3 server: the same bytes as one machine, also when a worker is killed in the middle of the run."""
+"""The shard flow on a real Dask cluster (scheduler + 2 worker processes, .ci/services.sh) with input, output and
+the work folder on a real S3 server and no local folder shared between the processes: the same bytes as one
+machine, also when a worker is killed in the middle of the run."""
 
 from __future__ import annotations
 
@@ -30,6 +31,27 @@ def dask_address():
     return addr
 
 
+def _own_cache(root: str, dask_worker) -> str:
+    """Runs in each worker process: its own work cache, so no local folder is shared with anyone."""
+    path = f"{root}/{dask_worker.name}-{os.getpid()}"
+    os.environ["NIGHTLOOM_SHARD_CACHE"] = path
+    return path
+
+
+@pytest.fixture
+def isolated(dask_address, tmp_path, monkeypatch):
+    """No shared local work folder: the flow process and every worker cache work files in folders of their own,
+    and NIGHTLOOM_SHARD_WORKDIR is unset, so the work folder is derived from the S3 output."""
+    from distributed import Client
+
+    monkeypatch.delenv("NIGHTLOOM_SHARD_WORKDIR", raising=False)
+    monkeypatch.setenv("NIGHTLOOM_SHARD_CACHE", str(tmp_path / "cache-flow"))
+    with Client(dask_address, timeout=10) as c:
+        caches = c.run(_own_cache, str(tmp_path / "cache-worker"))
+    assert len(set(caches.values())) >= 2, caches
+    return tmp_path
+
+
 def _s3_corpus(url: str, bucket: str, tmp_path: Path, name: str) -> str:
     """Six JSONL inputs (one scan task each in these tests) with duplicates across them, uploaded to S3."""
     prefix = f"s3://{bucket}/{name}/in"
@@ -44,8 +66,8 @@ def _s3_corpus(url: str, bucket: str, tmp_path: Path, name: str) -> str:
 
 
 def _objects(url: str, prefix: str) -> dict[str, bytes]:
-    st.configure_s3(url)
-    return {rel: st.read_bytes(st.join(prefix, rel)) for rel, _ in st.list_files(prefix)}
+    s3 = st.S3Config(endpoint_url=url)
+    return {rel: st.read_bytes(st.join(prefix, rel), s3) for rel, _ in st.list_files(prefix, s3)}
 
 
 def _worker_pids(address: str) -> list[int]:
@@ -70,57 +92,64 @@ def _spec(name: str, src: str, out: str, url: str, dask: str | None) -> RunSpec:
     )
 
 
-def test_dask_shards_on_s3_equal_one_machine(prefect_backend, s3_endpoint, dask_address, tmp_path, monkeypatch):
+def _one_machine(src: str, out: str, url: str):
+    """The reference: the same settings sharded in this process (work in the local temp dir)."""
+    sharding = ShardingSpec(output=out, num_shards=4, tolerance=0.05)
+    return shard_dataset(DatasetSpec(path=src), sharding, StorageSpec(s3_endpoint_url=url))
+
+
+def test_dask_shards_on_s3_equal_one_machine(prefect_backend, s3_endpoint, dask_address, isolated, monkeypatch):
     url, bucket = s3_endpoint
     monkeypatch.setattr(job_module, "UNIT_FILES", 1)  # one scan task per input: work for both workers
-    monkeypatch.setenv("NIGHTLOOM_SHARD_WORKDIR", str(tmp_path / "work"))
-    src = _s3_corpus(url, bucket, tmp_path, "dask1")
-    storage = StorageSpec(s3_endpoint_url=url)
-    alone = shard_dataset(
-        DatasetSpec(path=src), ShardingSpec(output=f"s3://{bucket}/dask1/alone", num_shards=4, tolerance=0.05), storage
-    )
-    state = _run(_spec("dask-shard", src, f"s3://{bucket}/dask1/dask", url, dask_address))
+    src = _s3_corpus(url, bucket, isolated, "dask1")
+    alone = _one_machine(src, f"s3://{bucket}/dask1/alone", url)
+    out = f"s3://{bucket}/dask1/dask"
+    state = _run(_spec("dask-shard", src, out, url, dask_address))
     assert state.is_completed(), state.message
     on_dask = state.result()
     assert on_dask == alone and on_dask.dedup_dropped > 0
-    assert _objects(url, f"s3://{bucket}/dask1/dask") == _objects(url, f"s3://{bucket}/dask1/alone")
-    st.configure_s3(url)
-    assert load_manifest(f"s3://{bucket}/dask1/dask") == alone
+    got = _objects(url, out)
+    assert got == _objects(url, f"s3://{bucket}/dask1/alone")
+    assert not [k for k in got if k.startswith(job_module.WORK_DIR_NAME)]  # the S3 work folder is cleaned up
+    assert load_manifest(out, st.S3Config(endpoint_url=url)) == alone
+    left = [p for p in isolated.rglob("*") if p.is_file() and "cache-" in str(p.relative_to(isolated))]
+    assert not left, left  # every process's cached copies of the S3 work folder are gone
 
 
-def test_dask_worker_killed_mid_run_same_bytes(prefect_backend, s3_endpoint, dask_address, tmp_path, monkeypatch):
+def test_dask_worker_killed_mid_run_same_bytes(prefect_backend, s3_endpoint, dask_address, isolated, monkeypatch):
     url, bucket = s3_endpoint
     monkeypatch.setattr(job_module, "UNIT_FILES", 1)
-    work = tmp_path / "work"
-    monkeypatch.setenv("NIGHTLOOM_SHARD_WORKDIR", str(work))
-    src = _s3_corpus(url, bucket, tmp_path, "dask2")
-    storage = StorageSpec(s3_endpoint_url=url)
-    alone = shard_dataset(
-        DatasetSpec(path=src), ShardingSpec(output=f"s3://{bucket}/dask2/alone", num_shards=4, tolerance=0.05), storage
-    )
+    src = _s3_corpus(url, bucket, isolated, "dask2")
+    alone = _one_machine(src, f"s3://{bucket}/dask2/alone", url)
+    out = f"s3://{bucket}/dask2/dask"
+    work = st.join(out, job_module.WORK_DIR_NAME)
+    s3 = st.S3Config(endpoint_url=url)
     victim = _worker_pids(dask_address)[0]
     killed = threading.Event()
+    seen: list[str] = []
 
     def kill_after_first_scan() -> None:
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline and not killed.is_set():
-            if list(work.glob("*/scan-*.json")):  # the run is under way: some scans done, others pending
+            seen[:] = [rel for rel, _ in st.list_files(work, s3)]
+            if any(Path(rel).name.startswith("scan-") for rel in seen):  # under way: some scans done on S3
                 os.kill(victim, signal.SIGKILL)
                 killed.set()
                 return
-            time.sleep(0.02)
+            time.sleep(0.05)
 
     watcher = threading.Thread(target=kill_after_first_scan, daemon=True)
     watcher.start()
-    spec = _spec("dask-kill", src, f"s3://{bucket}/dask2/dask", url, dask_address)
+    spec = _spec("dask-kill", src, out, url, dask_address)
     state = _run(spec)
     watcher.join(5)
     assert killed.is_set(), "the run ended before a worker could be killed"
-    if not state.is_completed():  # the lost task failed the run: a re-run resumes from the finished work
+    assert any(rel.endswith(".arrow") for rel in seen), seen  # spills live on S3, not on a shared disk
+    if not state.is_completed():  # the lost task failed the run: a re-run resumes from the finished work on S3
         state = _run(spec)
     assert state.is_completed(), state.message
     assert state.result() == alone
-    assert _objects(url, f"s3://{bucket}/dask2/dask") == _objects(url, f"s3://{bucket}/dask2/alone")
+    assert _objects(url, out) == _objects(url, f"s3://{bucket}/dask2/alone")
     # the nanny restarts the killed worker: the cluster is whole again for the next test
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and len(_worker_pids(dask_address)) < 2:

@@ -39,12 +39,14 @@ def test_s3_round_trip_matches_local_and_reruns_free(s3_endpoint, tmp_path):
     assert [s.sha256 for s in m_s3.shards] == [s.sha256 for s in m_local.shards]
     assert m_s3.dedup_dropped == m_local.dedup_dropped > 0
     assert all(s.fingerprint.startswith("etag:") for s in m_s3.sources)
-    st.configure_s3(url)
-    assert load_manifest(f"{prefix}/out") == m_s3
-    assert read_shard(f"{prefix}/out", 2).num_rows == m_s3.shards[2].rows
-    names = sorted(n for n, _ in st.list_files(f"{prefix}/out"))
+    s3 = st.S3Config(endpoint_url=url)
+    assert load_manifest(f"{prefix}/out", s3) == m_s3
+    assert read_shard(f"{prefix}/out", 2, s3=s3).num_rows == m_s3.shards[2].rows
+    names = sorted(n for n, _ in st.list_files(f"{prefix}/out", s3))
     assert names == sorted(["manifest.json"] + [f for s in m_s3.shards for f in s.files()])
-    assert [s.token_files for s in m_s3.shards] == [s.token_files for s in m_local.shards]  # same .bin/.idx
+    # the same .bin/.idx bytes (their names carry each run's settings hash, which includes the output)
+    ids = [(t.documents, t.tokens, t.bin_sha256, t.idx_sha256) for t in (s.token_files for s in m_s3.shards)]
+    assert ids == [(t.documents, t.tokens, t.bin_sha256, t.idx_sha256) for t in (s.token_files for s in m_local.shards)]
     import boto3
 
     client = boto3.client("s3", endpoint_url=url, region_name="us-east-1")
@@ -70,7 +72,52 @@ def test_large_shard_uses_multipart_upload(s3_endpoint, tmp_path):
     )
     assert head["ContentLength"] > st.MULTIPART_CHUNK
     assert head["ETag"].strip('"').rsplit("-", 1)[1].isdigit()  # multipart ETag: "<md5>-<parts>"
-    assert read_shard(out, 0).num_rows == 2200  # sha256 verified against the manifest
+    assert read_shard(out, 0, s3=st.S3Config(endpoint_url=url)).num_rows == 2200  # sha256 checked
+
+
+def test_s3_work_folder_resumes_on_another_machine(s3_endpoint, tmp_path, monkeypatch):
+    """Work folder on S3: a run that dies after its scans resumes from them on a machine with an empty cache, and
+    ends in the same bytes as a local run; the work prefix is removed once the manifest is written."""
+    from nightloom.sharding import pipeline, scan
+
+    url, bucket = s3_endpoint
+    docs = make_docs(3000, seed=5, dup_every=7)
+    local_in = tmp_path / "in"
+    files = [write_jsonl(local_in / f"p{i}.jsonl", docs[i * 1000 : (i + 1) * 1000]) for i in range(3)]
+    prefix = f"s3://{bucket}/t5"
+    for f in files:
+        upload(url, f, f"{prefix}/in/{f.name}")
+    s3, storage = st.S3Config(endpoint_url=url), StorageSpec(s3_endpoint_url=url)
+    sharding = ShardingSpec(output=f"{prefix}/out", num_shards=3, tolerance=0.05)
+    ds, work = DatasetSpec(path=f"{prefix}/in"), f"{prefix}/work"
+    monkeypatch.setattr("nightloom.sharding.job.UNIT_FILES", 1)
+    monkeypatch.setenv("NIGHTLOOM_SHARD_CACHE", str(tmp_path / "cache-a"))
+    real_write = pipeline.write_shard
+
+    def dies_on_shard_1(job, scans, index):
+        if index == 1:
+            raise RuntimeError("machine lost")
+        return real_write(job, scans, index)
+
+    monkeypatch.setattr(pipeline, "write_shard", dies_on_shard_1)
+    with pytest.raises(RuntimeError, match="machine lost"):
+        shard_dataset(ds, sharding, storage, workdir=work, workers=1)
+    names = [rel for rel, _ in st.list_files(work, s3)]
+    assert sum(n.startswith("scan-") for n in names) == 3 and "placement.json" in names
+    assert any(n.endswith(".arrow") for n in names)  # spills are on S3, not only in this machine's cache
+    monkeypatch.setattr(pipeline, "write_shard", real_write)
+    monkeypatch.setenv("NIGHTLOOM_SHARD_CACHE", str(tmp_path / "cache-b"))  # "another machine": nothing cached
+    scanned = []
+    real_scan_file = scan._scan_file
+    monkeypatch.setattr(scan, "_scan_file", lambda *a, **k: scanned.append(a[2]) or real_scan_file(*a, **k))
+    m = shard_dataset(ds, sharding, storage, workdir=work, workers=1)
+    assert scanned == []  # every scan came back from its marker on S3
+    ref = shard_dataset(
+        DatasetSpec(path=str(local_in)), ShardingSpec(output=str(tmp_path / "ref"), num_shards=3, tolerance=0.05)
+    )
+    assert [s.sha256 for s in m.shards] == [s.sha256 for s in ref.shards]
+    assert st.list_files(work, s3) == []
+    assert not [p for p in (tmp_path / "cache-b").rglob("*") if p.is_file()]
 
 
 def test_missing_bucket_bad_credentials_unreachable(s3_endpoint, tmp_path, monkeypatch):

@@ -1,7 +1,7 @@
 """Unattended recovery through the slurm provider (real slurmctld + slurmd n1, n2; .ci/services.sh start).
 
 n1 and n2 share this host and one node environment, so the fault is made per node by Slurm's own variable:
-the nodes' interpreter (cluster.slurm.python) is a test-only wrapper, which gives this test an environment of
+the nodes' interpreter (cluster.provider.python) is a test-only wrapper, which gives this test an environment of
 its own; mid-run the test adds a .pth to it that, where $SLURMD_NODENAME is n2, puts a folder holding a fake
 `torch` first on sys.path, and kills n2's rank. Preflight now fails on n2, so recovery releases the
 allocation and asks Slurm for a new one with `--exclude=n2` and `--nodes=1-2`, which gets n1 alone; the run is

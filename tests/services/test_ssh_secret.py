@@ -23,15 +23,15 @@ def test_key_from_secret_block_logs_in(sshenv, tmp_path):  # noqa: F811
     name = f"nl-ssh-{uuid.uuid4().hex[:8]}"
     Secret(value=open(os.environ["NIGHTLOOM_SSH_KEY_FILE"]).read()).save(name)
     spec = make_spec(sshenv, tmp_path)
-    spec.cluster.ssh.key_secret = name
-    spec.cluster.ssh.key_env = "NL_UNSET_KEY_ENV"  # the env var path must not be what logs in
+    spec.cluster.provider.key_secret = name
+    spec.cluster.provider.key_env = "NL_UNSET_KEY_ENV"  # the env var path must not be what logs in
     p = make_provider(spec)
-    host = spec.cluster.ssh.hosts[0]
+    host = spec.cluster.provider.hosts[0]
     conn = p.loop.run(p._connect(host, p._key(), p._known_hosts()))
     r = p.loop.run(conn.run("echo logged-in", check=False))
     assert r.stdout.strip() == "logged-in"
     conn.close()
     p.loop.close()
-    spec.cluster.ssh.key_secret = "nl-no-such-secret"
+    spec.cluster.provider.key_secret = "nl-no-such-secret"
     with pytest.raises(ProvisionError, match="nl-no-such-secret"):
         make_provider(spec)

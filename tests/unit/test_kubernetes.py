@@ -112,7 +112,7 @@ def test_provision_check_says_kubernetes_never_ran_live(tmp_path, capsys, monkey
     # without a kubeconfig: fails with the field, and still says it never ran live
     assert main(["provision", str(spec), "--check"]) == 1
     out = capsys.readouterr().out
-    assert "FAILED" in out and "cluster.kubernetes.kubeconfig" in out and UNTESTED_LIVE in out
+    assert "FAILED" in out and "cluster.provider.kubeconfig" in out and UNTESTED_LIVE in out
     # an API that answers: acquired, but preflight is "unknown", not a pass
     fake = _FakeCore()
     monkeypatch.setattr(KubernetesProvider, "core", lambda self: fake)

@@ -63,3 +63,59 @@ def test_no_module_shadows_a_third_party_package():
         for path in (ROOT / top).rglob("*.py"):
             rel = path.relative_to(ROOT).with_suffix("").parts
             assert not shadows & set(rel), f"{path.relative_to(ROOT)} is named after a third-party package"
+
+
+def _imported_modules(path: Path) -> list[tuple[str, int]]:
+    """(module, line) of every absolute import in a file (`from x import y` gives `x`)."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            out += [(a.name, node.lineno) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.append((node.module, node.lineno))
+    return out
+
+
+def test_bench_never_imports_tests():
+    """Benchmarks are standalone scripts: what they share with tests lives in nightloom/ or bench/_support.py."""
+    files = list((ROOT / "bench").rglob("*.py"))
+    assert files
+    offenders = [
+        f"{path.relative_to(ROOT)}:{line}: {mod}"
+        for path in files
+        for mod, line in _imported_modules(path)
+        if mod == "tests" or mod.startswith("tests.")
+    ]
+    assert not offenders, offenders
+
+
+#: issue 14: every task and the flow modules read in one sitting; the run itself fits one screen
+MAX_FUNCTION_LINES = 60
+MAX_FLOW_BODY_LINES = 45
+
+
+def _functions(path: Path):
+    """(name, first line, lines from `def` to the end, body lines after the docstring) of every function."""
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            body = node.body
+            if len(body) > 1 and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+                body = body[1:]  # the docstring
+            yield node.name, node.lineno, node.end_lineno - node.lineno + 1, node.end_lineno - body[0].lineno + 1
+
+
+def test_no_long_function_in_tasks_or_flows():
+    files = [*(ROOT / "tasks").rglob("*.py"), ROOT / "flows" / "pipeline.py", ROOT / "flows" / "shard.py"]
+    long = [
+        f"{path.relative_to(ROOT)}:{line} {name}: {total} lines"
+        for path in files
+        for name, line, total, _ in _functions(path)
+        if total > MAX_FUNCTION_LINES
+    ]
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines: {long}"
+
+
+def test_the_run_flow_fits_one_screen():
+    found = {name: body for name, _, _, body in _functions(ROOT / "flows" / "pipeline.py")}
+    assert "training_pipeline" in found
+    assert found["training_pipeline"] <= MAX_FLOW_BODY_LINES, found["training_pipeline"]

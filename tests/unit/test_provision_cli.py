@@ -6,10 +6,13 @@ from flows.cli import main
 
 
 def test_check_local_json(tmp_path, capsys):
+    from nightloom.provision.local import free_port
+
     spec = tmp_path / "spec.yaml"
+    # its own rendezvous port: the default 29500 may be held by another run on this machine (preflight checks it)
     spec.write_text(
         "name: chk\ndataset: {path: /tmp}\ncluster: {provider: local, nodes: 2, gpus_per_node: 1,"
-        " nccl: {socket_ifname: lo}}\n"
+        f" master_port: {free_port()}, nccl: {{socket_ifname: lo}}}}\n"
     )
     assert main(["provision", str(spec), "--check", "--json"]) == 0
     res = json.loads(capsys.readouterr().out)

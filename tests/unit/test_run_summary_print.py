@@ -23,3 +23,10 @@ def test_skipped_gates_are_not_printed_as_pass(capsys):
     assert lines["gate grad_norm"].startswith("SKIP: grad_norm_max")
     assert lines["gate loss_drop"].startswith("pass: ")
     assert lines["gate spikes"].startswith("FAIL: ")
+
+
+def test_unmeasured_figures_read_n_a_not_a_dash(capsys):
+    """A figure that was not measured or predicted prints "n/a" (a lone "-" reads as a bullet in Markdown)."""
+    print_summary(RunSummary(run_id="r", name="n", status="completed", mfu=0.05, mfu_predicted=None))
+    out = capsys.readouterr().out
+    assert "planned n/a" in out and "planned -" not in out
