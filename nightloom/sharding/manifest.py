@@ -23,8 +23,8 @@ class TokenFiles(BaseModel):
     eos_id: int
     documents: int  # = the shard's rows
     tokens: int  # ids in the .bin, EOS included (= the shard's tokens + rows)
-    bin_sha256: str
-    idx_sha256: str
+    bin_hash: str  # "xxh3-128:<hex>" of the .bin (as the sources' fingerprints)
+    idx_hash: str
 
     @property
     def prefix(self) -> str:

@@ -10,18 +10,18 @@ same files. Layout, from megatron-core 0.16.1 `megatron/core/datasets/indexed_da
           int64 document indices [n + 1] (0, 1, …, n: each document is one sequence)
 
 Written with numpy a chunk at a time (lengths spill to a work file), so memory does not grow with the shard;
-both files are hashed while they are written.
+both files are hashed (xxh3-128, ~5× faster than sha256 on these twice-the-text files) while they are written.
 """
 
 from __future__ import annotations
 
-import hashlib
 import struct
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import xxhash
 
 from nightloom.sharding.arrays import CHUNK_RECORDS, ArrayReader, ArrayWriter
 
@@ -29,6 +29,7 @@ INDEX_HEADER = b"MMIDIDX\x00\x00"
 INDEX_VERSION = 1
 DTYPE_CODES = {"uint16": 8, "int32": 4}  # megatron.core.datasets.indexed_dataset.DType
 LENGTH_DTYPE = np.dtype("<i4")
+HASH_PREFIX = "xxh3-128:"
 
 
 def token_dtype(vocab_size: int) -> str:
@@ -43,8 +44,15 @@ def np_dtype(name: str) -> np.dtype:
 
 
 def with_eos(lengths: np.ndarray, ids: np.ndarray, eos_id: int, dtype: np.dtype) -> np.ndarray:
-    """`ids` (documents back to back, `lengths` ids each) with `eos_id` after every document, as `dtype`."""
-    return np.insert(ids.astype(dtype, copy=False), np.cumsum(lengths), np.asarray(eos_id, dtype=dtype))
+    """`ids` (documents back to back, `lengths` ids each) with `eos_id` after every document, as `dtype`.
+    (A mask assignment: ~15× faster than np.insert, which dominated the write step for the bytes tokenizer.)"""
+    ends = np.cumsum(np.asarray(lengths, dtype=np.int64) + 1) - 1  # where each document's EOS goes
+    out = np.empty(len(ids) + len(ends), dtype=dtype)
+    body = np.ones(len(out), dtype=bool)
+    body[ends] = False
+    out[body] = ids
+    out[ends] = eos_id
+    return out
 
 
 def utf8_ids(texts: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
@@ -69,12 +77,12 @@ def utf8_ids(texts: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]
 
 @dataclass(frozen=True)
 class TokenCounts:
-    """What one finished .bin/.idx pair holds, and the files' sha256."""
+    """What one finished .bin/.idx pair holds, and the files' content hashes ("xxh3-128:<hex>")."""
 
     documents: int
     tokens: int  # ids in the .bin, one EOS per document included
-    bin_sha256: str
-    idx_sha256: str
+    bin_hash: str
+    idx_hash: str
 
 
 class TokenFileWriter:
@@ -87,7 +95,7 @@ class TokenFileWriter:
         self.bin_tmp = Path(bin_tmp)
         self.bin_tmp.parent.mkdir(parents=True, exist_ok=True)
         self._bin = open(self.bin_tmp, "wb")  # noqa: SIM115 - closed by finish/abort
-        self._bin_hash = hashlib.sha256()
+        self._bin_hash = xxhash.xxh3_128()
         self._lengths = ArrayWriter(lengths_path, LENGTH_DTYPE)
         self.documents = self.tokens = 0
 
@@ -115,7 +123,7 @@ class TokenFileWriter:
         self._bin.close()
         self._lengths.publish()
         n = self.documents
-        h = hashlib.sha256()
+        h = xxhash.xxh3_128()
         with open(idx_tmp, "wb") as f:
 
             def put(b: bytes) -> None:
@@ -136,7 +144,7 @@ class TokenFileWriter:
             for a in range(0, n + 1, CHUNK_RECORDS):
                 put(np.arange(a, min(a + CHUNK_RECORDS, n + 1), dtype="<i8").tobytes())
         self._lengths.path.unlink(missing_ok=True)
-        return TokenCounts(n, self.tokens, self._bin_hash.hexdigest(), h.hexdigest())
+        return TokenCounts(n, self.tokens, HASH_PREFIX + self._bin_hash.hexdigest(), HASH_PREFIX + h.hexdigest())
 
     def abort(self) -> None:
         if not self._bin.closed:

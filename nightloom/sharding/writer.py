@@ -176,8 +176,8 @@ def write_shard(job: ShardJob, scans: list[ScanResult], index: int) -> ShardInfo
         eos_id=job.eos_id,
         documents=counts.documents,
         tokens=counts.tokens,
-        bin_sha256=counts.bin_sha256,
-        idx_sha256=counts.idx_sha256,
+        bin_hash=counts.bin_hash,
+        idx_hash=counts.idx_hash,
     )
     info = ShardInfo(
         index=index, path=name, rows=rows, tokens=tokens, bytes=nbytes, sha256=digest, token_files=token_files

@@ -45,8 +45,8 @@ def test_s3_round_trip_matches_local_and_reruns_free(s3_endpoint, tmp_path):
     names = sorted(n for n, _ in st.list_files(f"{prefix}/out", s3))
     assert names == sorted(["manifest.json"] + [f for s in m_s3.shards for f in s.files()])
     # the same .bin/.idx bytes (their names carry each run's settings hash, which includes the output)
-    ids = [(t.documents, t.tokens, t.bin_sha256, t.idx_sha256) for t in (s.token_files for s in m_s3.shards)]
-    assert ids == [(t.documents, t.tokens, t.bin_sha256, t.idx_sha256) for t in (s.token_files for s in m_local.shards)]
+    ids = [(t.documents, t.tokens, t.bin_hash, t.idx_hash) for t in (s.token_files for s in m_s3.shards)]
+    assert ids == [(t.documents, t.tokens, t.bin_hash, t.idx_hash) for t in (s.token_files for s in m_local.shards)]
     import boto3
 
     client = boto3.client("s3", endpoint_url=url, region_name="us-east-1")
