@@ -119,15 +119,32 @@ class TrainerRun:
     metrics: list
 
 
-def launch(nproc: int, job: Path, timeout: float) -> TrainerRun:
-    """Run the trainer for real (one process, or torchrun --standalone for nproc > 1); its metrics read back."""
-    from nightloom.metrics import read_metrics
-
+def trainer_cmd(nproc: int, job: Path) -> list[str]:
+    """The trainer's command line: one process, or torchrun --standalone for nproc > 1."""
     torchrun = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", "--monitor-interval=0.2"]
-    cmd = [sys.executable, *(torchrun if nproc > 1 else []), "-m", "nightloom.train", "--job", str(job)]
+    return [sys.executable, *(torchrun if nproc > 1 else []), "-m", "nightloom.train", "--job", str(job)]
+
+
+def trainer_env() -> dict[str, str]:
+    """One thread per rank, this checkout importable, no GPU."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
     env.pop("CUDA_VISIBLE_DEVICES", None)
-    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, check=False, timeout=timeout)
+    return env
+
+
+def launch(nproc: int, job: Path, timeout: float) -> TrainerRun:
+    """Run the trainer for real; its metrics read back."""
+    from nightloom.metrics import read_metrics
+
+    p = subprocess.run(
+        trainer_cmd(nproc, job),
+        cwd=ROOT,
+        env=trainer_env(),
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=timeout,
+    )
     out = p.stdout + p.stderr
     if p.returncode != 0:
         raise RuntimeError(f"trainer exited {p.returncode}:\n{out[-6000:]}")

@@ -119,12 +119,12 @@ def _cpu_s(pid: int) -> float:
 def run_single(job: Path) -> list:
     """`python -m nightloom.train` on one job, its process's CPU time read each time a metrics line appears; the
     result: (StepMetrics, CPU seconds since the previous step's line) per step after warm-up."""
+    from bench._support import trainer_cmd, trainer_env
     from nightloom.metrics import read_metrics
-    from tests.support.harness import env, torchrun_cmd
 
     mpath = job.parent / "metrics.jsonl"
     log = open(job.parent / "bench.log", "w")  # noqa: SIM115 (closed below)
-    proc = subprocess.Popen(torchrun_cmd(1, job), cwd=ROOT, env=env(), stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(trainer_cmd(1, job), cwd=ROOT, env=trainer_env(), stdout=log, stderr=subprocess.STDOUT)
     marks: dict[int, float] = {}  # metrics lines written -> the trainer's CPU seconds when the poll saw them
     try:
         while proc.poll() is None:

@@ -66,9 +66,30 @@ def precision_dtype(precision: str, device_type: str) -> torch.dtype | None:
     return None
 
 
+def reset_peak_memory(device: torch.device) -> None:
+    """Start the peak-memory count at training's first step, so loading and set-up peaks do not mask the steps'
+    (CUDA: the allocator's peak; CPU on Linux: the process's RSS high-water mark, VmHWM, via clear_refs "5")."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        return
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass  # not Linux, or not allowed: the peak then counts from process start
+
+
 def peak_memory_bytes(device: torch.device) -> int:
+    """Peak memory since reset_peak_memory: CUDA allocator bytes, or the CPU process's peak RSS (VmHWM)."""
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device))
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024  # kB
+    except OSError:
+        pass
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
 
 
@@ -326,6 +347,7 @@ class Trainer:
         )
         step, stopped, last_loss, last_ckpt, saved_at = start, "completed", None, None, None
         est = 0.0
+        reset_peak_memory(self.ctx.device)
         while step < t.steps:
             if job.stop_after_steps is not None and step >= job.stop_after_steps:
                 stopped = "stop_after_steps"

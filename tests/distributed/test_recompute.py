@@ -1,4 +1,4 @@
-"""Activation recompute lowers the measured peak memory (max RSS of the rank) with identical losses."""
+"""Activation recompute lowers the measured peak memory (the rank's peak RSS over the training steps) with identical losses."""
 
 from __future__ import annotations
 
