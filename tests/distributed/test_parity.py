@@ -9,6 +9,7 @@ would still match losses; the grad norm sees it, and so does the SGD, no-clip ca
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -73,7 +74,14 @@ LAYOUTS = [
         8,
         {"dp_shard": 2, "pp": 2, "tp": 2, "sp": True, "micro_batch": 2, "grad_accum": 2},
         {},
-        marks=pytest.mark.slow,
+        marks=[
+            pytest.mark.slow,
+            pytest.mark.skipif(
+                not os.environ.get("NIGHTLOOM_SLOW_TESTS"),
+                reason="8 processes: on a 2-core CI box ~50 s; its axes are each covered in pairs above "
+                "(pp2_dp2_gpipe, pp2_tp2_sp, hsdp2_tp2_selective). Run with NIGHTLOOM_SLOW_TESTS=1",
+            ),
+        ],
         id="dp2_pp2_tp2_sp",
     ),
 ]

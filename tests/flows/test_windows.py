@@ -126,9 +126,11 @@ def test_split_resumes_next_window_and_continues_the_same_curve(prefect_backend,
     assert main(["ledger", "--url", url, "list", "--json"]) == 0
     assert [r["nights"] for r in json.loads(capsys.readouterr().out)] == [2]
 
-    ref = run_reference(Path(second.run_dir) / "job-attempt0.json", tmp_path / "ref", k2, nproc=2)
-    assert len(ref) == k2
-    assert max(abs(a.loss - b) for a, b in zip(metrics, ref)) <= 1e-5
+    # the uninterrupted reference runs through the resume and some steps past it (not all of window 2: CI time)
+    upto = min(k2, k1 + 10)
+    ref = run_reference(Path(second.run_dir) / "job-attempt0.json", tmp_path / "ref", upto, nproc=2)
+    assert len(ref) == upto
+    assert max(abs(a.loss - b) for a, b in zip(metrics[:upto], ref)) <= 1e-5
 
 
 def test_budget_refusal_before_renting(prefect_backend, tmp_path):
