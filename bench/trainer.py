@@ -90,6 +90,7 @@ def trainer_run(
     job = make_job(
         tmp / tag,
         manifest,
+        model="tiny",  # replaced below by the bench's own shape
         steps=steps,
         seq_len=seq_len,
         global_batch=mb * nproc,
