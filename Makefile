@@ -11,9 +11,10 @@ export PYTHONUNBUFFERED := 1
 
 $(STAMP): pyproject.toml
 	test -x $(VENV)/bin/python || $(PY) -m venv $(VENV)
-	$(VENV)/bin/pip install -q --upgrade pip
-	$(VENV)/bin/pip install -q torch==2.13.0
-	$(VENV)/bin/pip install -q -e '.[dev]'
+	# torch (and the uv installer) through pip, so pip's own config (find-links, index) picks the torch wheel;
+	# then uv installs the ~150 pinned dependencies in seconds (pip took ~3 min). No byte-compiling up front.
+	$(VENV)/bin/pip install -q --no-compile uv==0.13.9 torch==2.13.0
+	$(VENV)/bin/uv pip install -q --python $(VENV)/bin/python -e '.[dev]'
 	touch $(STAMP)
 
 venv: $(STAMP)

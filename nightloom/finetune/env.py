@@ -159,6 +159,12 @@ def _install_stub(python: Path) -> None:
     (site / "torchvision" / ".nightloom-stub").write_text("", encoding="utf-8")
 
 
+def _uv() -> str | None:
+    """The `uv` installer next to this interpreter (a pinned dependency of nightloom), or on PATH."""
+    here = Path(sys.executable).parent / "uv"
+    return str(here) if here.is_file() else shutil.which("uv")
+
+
 def _create(path: Path, profile: Profile, base_python: str, log: Callable[[str], None], timeout_s: float) -> None:
     prof = PROFILES[profile]
     if path.exists():
@@ -169,17 +175,22 @@ def _create(path: Path, profile: Profile, base_python: str, log: Callable[[str],
     log(f"xtuner env: creating {path} (profile {profile}); log {log_file}")
     _run_logged([base_python, "-m", "venv", str(path)], log_file, "venv", 300)
     py = str(_python_of(path))
-    pip = [py, "-m", "pip", "install", "--disable-pip-version-check", "--no-input"]
-    if not prof["no_deps"]:
-        _run_logged(pip + ["torch==2.13.0"], log_file, "pip install torch", timeout_s)
+    # torch through pip, so pip's own config (find-links, index) picks the wheel (here the local CPU build); the
+    # rest through uv when the orchestrator's venv has it (seconds instead of minutes), else pip. No byte-compiling:
+    # Python compiles what it imports on first use, a fraction of the ~10k files.
+    pip = [py, "-m", "pip", "install", "--disable-pip-version-check", "--no-input", "--no-compile"]
+    no_deps = ["--no-deps"] if prof["no_deps"] else []  # the GPU profile resolves torch's CUDA libraries
+    _run_logged(pip + no_deps + ["torch==2.13.0"], log_file, "pip install torch", timeout_s)
+    uv = _uv()
+    install = [uv, "pip", "install", "--python", py] if uv else pip
     _run_logged(
-        pip + (["--no-deps"] if prof["no_deps"] else ["--no-build-isolation"]) + ["-r", str(prof["requirements"])],
+        install + (no_deps or ["--no-build-isolation"]) + ["-r", str(prof["requirements"])],
         log_file,
-        f"pip install -r {prof['requirements'].name}",
+        f"{'uv ' if uv else ''}pip install -r {prof['requirements'].name}",
         timeout_s,
     )
     for extra in prof["after"]:
-        _run_logged(pip + extra, log_file, f"pip install {' '.join(extra)}", timeout_s)
+        _run_logged(install + extra, log_file, f"pip install {' '.join(extra)}", timeout_s)
     _install_stub(Path(py))
 
 

@@ -119,3 +119,16 @@ def test_the_run_flow_fits_one_screen():
     found = {name: body for name, _, _, body in _functions(ROOT / "flows" / "pipeline.py")}
     assert "training_pipeline" in found
     assert found["training_pipeline"] <= MAX_FLOW_BODY_LINES, found["training_pipeline"]
+
+
+def test_the_makefile_installs_the_pinned_torch_and_uv():
+    """The venv recipe installs torch and uv by hand (before uv resolves the rest): the same pins as pyproject."""
+    import re
+    import tomllib
+
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    pins = dict(d.split("==", 1) for d in deps if "==" in d)
+    recipe = (ROOT / "Makefile").read_text()
+    for name in ("torch", "uv"):
+        found = set(re.findall(rf"\b{name}==([\w.+]+)", recipe))
+        assert found == {pins[name]}, f"Makefile pins {name} {found}, pyproject {pins[name]}"
