@@ -122,6 +122,7 @@ class Context:
     world: int
     device: torch.device
     mesh: object | None
+    owns_group: bool = True  # False when the caller started the process group (several jobs in one launch)
 
 
 def _init_distributed(job: TrainJob) -> Context:
@@ -137,6 +138,10 @@ def _init_distributed(job: TrainJob) -> Context:
     else:
         device, backend = torch.device("cpu"), "gloo"
     timeout = timedelta(seconds=job.train.collective_timeout_s)
+    if dist.is_initialized():  # the caller's group (jobs run one after another in one launch): use it, keep it
+        if dist.get_world_size() != world:
+            raise RuntimeError(f"the running process group has {dist.get_world_size()} ranks, WORLD_SIZE says {world}")
+        return Context(rank, world, device, job.plan.dims().build_mesh(device_type), owns_group=False)
     if "MASTER_ADDR" in os.environ:
         dist.init_process_group(backend, timeout=timeout, device_id=device if device_type == "cuda" else None)
     else:  # plain `python -m nightloom.train`: a one-rank group so the code path is the same
@@ -515,7 +520,7 @@ def main(job: TrainJob) -> int:
     finally:
         if trainer is not None:
             trainer.close()
-        if dist.is_initialized():
+        if dist.is_initialized() and ctx.owns_group:
             dist.destroy_process_group()
     if ctx.rank == 0 and job.export_format == "hf" and result.stopped == "completed" and result.last_checkpoint:
         export_result(job, result, "fp32" if trainer.param_dtype is None else "bf16")

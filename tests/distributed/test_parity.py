@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.support.harness import STEPS, launch, make_job
+from tests.support.harness import STEPS, launch_many, make_job
 
 LOSS_TOL = 1e-5
 GRAD_NORM_RTOL = 1e-5
@@ -177,14 +177,39 @@ def references(corpus, tmp_path_factory):
 # ---------------------------------------------------------------------------------------------- the tests
 
 
-@pytest.mark.timeout(300)
-@pytest.mark.parametrize(
-    "name,nproc,plan,train", LAYOUTS, ids=[c[0] if isinstance(c, tuple) else c.id for c in LAYOUTS]
-)
-def test_layout_matches_a_plain_single_process_loop(name, nproc, plan, train, corpus, references, tmp_path):
+def _cases() -> list[tuple]:
+    """(name, nproc, plan, train) of the layouts this session runs (a skipped param is left out)."""
+    slow = bool(os.environ.get("NIGHTLOOM_SLOW_TESTS"))
+    plain = [c for c in LAYOUTS if not hasattr(c, "marks")]  # a pytest.param is a named tuple too
+    return plain + [tuple(c.values) for c in LAYOUTS if hasattr(c, "marks") and slow]
+
+
+@pytest.fixture(scope="module")
+def launched(corpus, tmp_path_factory):
+    """Every layout of one world size, trained in ONE torchrun launch on first use (a start costs more than a run
+    here); then {name: (RunOut, run folder)}."""
+    cache: dict[int, dict] = {}
+
+    def get(nproc: int) -> dict:
+        if nproc not in cache:
+            root = tmp_path_factory.mktemp(f"parity-{nproc}proc")
+            jobs = {
+                name: make_job(root / name, corpus, steps=STEPS, train_kw=dict(train), **plan)
+                for name, n, plan, train in _cases()
+                if n == nproc
+            }
+            runs = launch_many(nproc, list(jobs.values()), timeout=560)
+            cache[nproc] = {name: (runs[job], job.parent) for name, job in jobs.items()}
+        return cache[nproc]
+
+    return get
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("name,nproc,plan,train", LAYOUTS, ids=[c.id if hasattr(c, "marks") else c[0] for c in LAYOUTS])
+def test_layout_matches_a_plain_single_process_loop(name, nproc, plan, train, references, launched):
     ref = references(train)
-    job = make_job(tmp_path / name, corpus, steps=STEPS, train_kw=dict(train), **plan)
-    out = launch(nproc, job, timeout=280)
+    out, run_dir = launched(nproc)[name]
     assert len(out.losses) == STEPS, out.output[-3000:]
     loss_diff = max(abs(a - b) for a, b in zip(out.losses, ref.losses))
     norms = [m.grad_norm for m in out.metrics]
@@ -193,7 +218,7 @@ def test_layout_matches_a_plain_single_process_loop(name, nproc, plan, train, co
     assert loss_diff <= LOSS_TOL, (out.losses, ref.losses)
     assert norm_rel <= GRAD_NORM_RTOL, (norms, ref.grad_norms)
 
-    got = final_params(tmp_path / name)
+    got = final_params(run_dir)
     assert set(got) == set(ref.params), sorted(set(got) ^ set(ref.params))
     atol = PARAM_ATOL[train.get("optimizer", "adamw")]
     total = sum(p.numel() for p in ref.params.values())

@@ -190,5 +190,31 @@ def launch(nproc: int, job: Path, timeout: float = 180, check: bool = True) -> R
     return RunOut(p.returncode, out, [m.loss for m in metrics], metrics)
 
 
+def launch_many(nproc: int, jobs: list[Path], timeout: float = 600) -> dict[Path, RunOut]:
+    """Run several jobs one after another in ONE torchrun launch (tests/distributed/multi_job_worker.py): each
+    job's metrics come from its own run folder; the shared output goes with every job. A job after a failed one
+    does not run (its RunOut has no metrics)."""
+    from nightloom.metrics import read_metrics
+
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        "--monitor-interval=0.2",
+        str(ROOT / "tests" / "distributed" / "multi_job_worker.py"),
+        *map(str, jobs),
+    ]
+    p = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, check=False, timeout=timeout)
+    out = p.stdout + p.stderr
+    runs = {}
+    for job in jobs:
+        mpath = job.parent / "metrics.jsonl"
+        metrics = read_metrics(mpath) if mpath.exists() else []
+        runs[job] = RunOut(p.returncode, out, [m.loss for m in metrics], metrics)
+    return runs
+
+
 def result(job: Path) -> dict:
     return json.loads((job.parent / "result.json").read_text())
