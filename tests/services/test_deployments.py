@@ -48,6 +48,9 @@ def server():
 def inline_spec(tmp_path: Path, **over) -> dict:
     """The demo spec as the UI form would send it, with outputs under tmp_path and a short run."""
     data = demo_data(tmp_path, steps=6, checkpoint_every=0)
+    # one node × 2 ranks (the demo has 2 × 2): these tests are about the worker, not the layout, and on 2 cores
+    # each torchrun agent and rank costs seconds of start-up
+    data["cluster"].update({"nodes": 1, "gpus_per_node": 2})
     for key, value in over.items():
         data[key] = {**data.get(key, {}), **value} if isinstance(value, dict) else value
     return data
