@@ -28,7 +28,8 @@ def _flow_run(run_id: str):
 def test_mfu_floor_of_99_percent_fails_flow_ledger_and_cli(prefect_backend, tmp_path):
     from nightloom.ledger import Ledger
 
-    data = demo_data(tmp_path, checkpoint_every=0)
+    data = demo_data(tmp_path, steps=6, checkpoint_every=0)
+    data["cluster"].update({"nodes": 1, "gpus_per_node": 2})  # the gate is under test, not the layout
     data["validate"]["mfu_floor"] = 0.99
     spec = tmp_path / "spec.yaml"
     spec.write_text(yaml.safe_dump(data))

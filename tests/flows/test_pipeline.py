@@ -70,6 +70,7 @@ def test_a_crash_after_training_still_closes_the_ledger_row(prefect_backend, tmp
     golden = tmp_path / "golden.jsonl"
     golden.write_text('{"step": 1, "loss": 5.0}\n{"step": 2, "loss": \n')
     data = demo_data(tmp_path, steps=4, checkpoint_every=0)
+    data["cluster"].update({"nodes": 1, "gpus_per_node": 2})  # the crash is under test, not the layout
     data["validate"] = {"golden": {"path": str(golden)}}
     spec = tmp_path / "spec.yaml"
     spec.write_text(yaml.safe_dump(data))
@@ -95,6 +96,7 @@ def test_every_task_input_renders_in_the_ui(prefect_backend, tmp_path):
     assert set(training_pipeline.parameters.properties) == {"spec", "resume_run_id"}
     data = demo_data(tmp_path, steps=4, checkpoint_every=0)
     data["cluster"]["master_port"] = 20000 + os.getpid() % 5000  # not the default port a concurrent run may hold
+    data["cluster"].update({"nodes": 1, "gpus_per_node": 2})  # task inputs are under test, not the layout
     data["validate"]["min_loss_drop"] = 0.0  # 4 steps check the task inputs, not learning (other tests do)
     (spec := tmp_path / "spec.yaml").write_text(yaml.safe_dump(data))
     state = training_pipeline(str(spec), return_state=True)
