@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from pathlib import Path
@@ -38,5 +39,19 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+def exit_now(rc: int) -> None:
+    """Leave without the interpreter's teardown once everything is written and closed: under torchrun a rank's
+    native teardown (process-group and store destructors) took ~4 s after a 2-node run, billed time on every
+    node, against <1 s for os._exit. Only after a normal return: an exception still goes through torchrun's
+    error reporting."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(rc)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # a torchrun worker; a plain process exits as usual
+        exit_now(code)
+    sys.exit(code)
