@@ -26,7 +26,7 @@ WORDS = (
 ).split()
 
 
-def write_corpus(folder: Path, shards: int = 4, docs_per_shard: int = 60, seed: int = 0) -> Path:
+def write_corpus(folder: Path, shards: int = 4, docs_per_shard: int = 60, seed: int = 0, salt: str = "bench") -> Path:
     """Parquet shards (column `text`, random words) and their manifest.json (ShardManifest); the folder."""
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -55,7 +55,7 @@ def write_corpus(folder: Path, shards: int = 4, docs_per_shard: int = 60, seed: 
     manifest = ShardManifest(
         num_shards=shards,
         key="<text>",
-        salt="bench",
+        salt=salt,
         imbalance=0.0,
         imbalance_before_rebalance=0.0,
         balanced=True,
@@ -221,4 +221,4 @@ def run_under_chaos(spec_path: Path, runs_root: Path, faults) -> tuple[Chaos, ob
 def mark_unhealthy(folder: Path, node: str) -> None:
     """Make `node` of the local provider fail preflight (the marker file nightloom.provision.local reads)."""
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / node).write_text("injected by the benchmark\n")
+    (folder / node).write_text("injected on purpose (a benchmark or a test)\n")

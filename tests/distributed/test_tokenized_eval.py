@@ -15,7 +15,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.support.harness import WORDS, launch
+from bench._support import WORDS
+from tests.support.harness import launch
 
 EXTRA = ["数据", "模型", "🌙", "naïve", "café", "Straße"]
 

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import random
 import socket
 import subprocess
 import sys
@@ -17,79 +15,14 @@ ROOT = Path(__file__).resolve().parents[2]
 #: 1 process, global batch 8 = micro_batch 2 x grad_accum 4
 STEPS = 5
 REF_PLAN = {"micro_batch": 2, "grad_accum": 4}
-WORDS = [
-    "the",
-    "night",
-    "loom",
-    "weaves",
-    "long",
-    "threads",
-    "of",
-    "data",
-    "into",
-    "models",
-    "while",
-    "the",
-    "cluster",
-    "sleeps",
-    "and",
-    "the",
-    "gradients",
-    "flow",
-    "across",
-    "ranks",
-    "in",
-    "quiet",
-    "pipelines",
-    "of",
-    "tensors",
-    "sharded",
-    "by",
-    "hash",
-]
 
 
 def write_corpus(folder: Path, shards: int = 4, docs_per_shard: int = 60, seed: int = 0) -> Path:
-    """Parquet shards (column `text`) and a manifest.json built with the ShardManifest model."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    """Parquet shards (column `text`) and a manifest.json built with the ShardManifest model (the benchmarks' own
+    corpus, salted for tests)."""
+    from bench._support import write_corpus as write
 
-    from nightloom.sharding.manifest import ShardInfo, ShardManifest
-
-    folder.mkdir(parents=True, exist_ok=True)
-    rng = random.Random(seed)
-    infos, rows_total, tokens_total, bytes_total = [], 0, 0, 0
-    for i in range(shards):
-        docs = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(5, 40))) for _ in range(docs_per_shard)]
-        name = f"shard-{i:05d}.parquet"
-        pq.write_table(pa.table({"text": docs}), folder / name)
-        data = (folder / name).read_bytes()
-        toks = sum(len(d.encode("utf-8")) for d in docs)
-        infos.append(
-            ShardInfo(
-                index=i,
-                path=name,
-                rows=len(docs),
-                tokens=toks,
-                bytes=len(data),
-                sha256=hashlib.sha256(data).hexdigest(),
-            )
-        )
-        rows_total, tokens_total, bytes_total = rows_total + len(docs), tokens_total + toks, bytes_total + len(data)
-    m = ShardManifest(
-        num_shards=shards,
-        key="<text>",
-        salt="test",
-        imbalance=0.0,
-        imbalance_before_rebalance=0.0,
-        balanced=True,
-        rows=rows_total,
-        tokens=tokens_total,
-        bytes=bytes_total,
-        shards=infos,
-    )
-    (folder / "manifest.json").write_text(m.to_json(), encoding="utf-8")
-    return folder
+    return write(folder, shards, docs_per_shard, seed, salt="test")
 
 
 def make_job(
@@ -150,9 +83,8 @@ def env() -> dict[str, str]:
     return e
 
 
-def torchrun_cmd(nproc: int, job: Path) -> list[str]:
-    if nproc == 1:
-        return [sys.executable, "-m", "nightloom.train", "--job", str(job)]
+def torchrun_prefix(nproc: int) -> list[str]:
+    """`python -m torch.distributed.run --standalone` for nproc processes on this machine."""
     return [
         sys.executable,
         "-m",
@@ -160,11 +92,13 @@ def torchrun_cmd(nproc: int, job: Path) -> list[str]:
         "--standalone",
         f"--nproc-per-node={nproc}",
         "--monitor-interval=0.2",
-        "-m",
-        "nightloom.train",
-        "--job",
-        str(job),
     ]
+
+
+def torchrun_cmd(nproc: int, job: Path) -> list[str]:
+    if nproc == 1:
+        return [sys.executable, "-m", "nightloom.train", "--job", str(job)]
+    return [*torchrun_prefix(nproc), "-m", "nightloom.train", "--job", str(job)]
 
 
 @dataclass
@@ -196,16 +130,7 @@ def launch_many(nproc: int, jobs: list[Path], timeout: float = 600) -> dict[Path
     does not run (its RunOut has no metrics)."""
     from nightloom.metrics import read_metrics
 
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc-per-node={nproc}",
-        "--monitor-interval=0.2",
-        str(ROOT / "tests" / "distributed" / "multi_job_worker.py"),
-        *map(str, jobs),
-    ]
+    cmd = [*torchrun_prefix(nproc), str(ROOT / "tests" / "distributed" / "multi_job_worker.py"), *map(str, jobs)]
     p = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, check=False, timeout=timeout)
     out = p.stdout + p.stderr
     runs = {}

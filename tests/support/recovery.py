@@ -2,69 +2,15 @@
 
 from __future__ import annotations
 
-import json
 import os
-import signal
-import threading
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import yaml
 
+from bench._support import Chaos, mark_unhealthy, run_under_chaos  # one fault injector for tests and benchmarks
 from tests.support.pipeline import small_demo
 
-
-class Chaos(threading.Thread):
-    """At (attempt, step) kill one rank's process group; first make its node unhealthy when a callable is
-    given (a node that would fail preflight now, as a dead GPU does)."""
-
-    def __init__(self, runs_root: Path, faults: list[tuple[int, int, int, Callable[[], None] | None]]):
-        super().__init__(daemon=True)
-        self.root, self.faults = runs_root, list(faults)
-        self.done: list[tuple[int, int, int]] = []
-        self.stop = threading.Event()
-
-    def _metrics(self) -> tuple[Path | None, list[dict]]:
-        for m in self.root.glob("*/metrics.jsonl"):
-            lines = [json.loads(x) for x in m.read_text().splitlines() if x.strip().endswith("}")]
-            return m.parent, lines
-        return None, []
-
-    def run(self) -> None:
-        while self.faults and not self.stop.is_set():
-            run_dir, lines = self._metrics()
-            attempt, min_step, rank, sicken = self.faults[0]
-            hit = [x for x in lines if x.get("attempt", 0) == attempt and x["step"] >= min_step]
-            if run_dir is not None and hit:
-                if sicken is not None:
-                    sicken()
-                pid = int((run_dir / "pids" / f"rank-{rank}.pid").read_text())
-                try:
-                    os.killpg(os.getpgid(pid), signal.SIGKILL)
-                except ProcessLookupError:
-                    continue
-                self.done.append((attempt, hit[0]["step"], rank))
-                self.faults.pop(0)
-            time.sleep(0.05)
-
-
-def run_under_chaos(spec_path: Path, runs_root: Path, faults) -> tuple[Chaos, object]:
-    """Run the pipeline on `spec_path` while a Chaos thread injects `faults`; (chaos, the flow's final state)."""
-    from flows.pipeline import training_pipeline
-
-    chaos = Chaos(runs_root, faults)
-    chaos.start()
-    try:
-        state = training_pipeline(str(spec_path), return_state=True)
-    finally:
-        chaos.stop.set()
-    return chaos, state
-
-
-def mark_unhealthy(folder: Path, node: str) -> None:
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / node).write_text("injected by the test\n")
+__all__ = ["Chaos", "mark_unhealthy", "processes_mentioning", "recovery_spec", "run_under_chaos", "task_runs_named"]
 
 
 def recovery_spec(tmp_path: Path, nodes: int, ranks: int, steps: int, **recovery) -> Path:
