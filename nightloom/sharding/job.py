@@ -170,9 +170,9 @@ def settings_hash(
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:32]
 
 
-WORK_FORMAT = (
-    4  # layout of the work files (2: raw .bin arrays; 3: one scan per unit; 4: token id spills); others not resumed
-)
+#: layout of the work files (2: raw .bin arrays; 3: one scan per unit; 4: token id spills; 5: string spills);
+#: work folders of other formats are not resumed
+WORK_FORMAT = 5
 
 
 def default_workdir(output: str, shash: str, distributed: bool = False) -> str:

@@ -76,10 +76,11 @@ class _Fallback(Exception):
 
 
 def spill_schema(job: ShardJob) -> pa.Schema:
-    fields = [pa.field(job.dataset.text_field, pa.large_string())]
+    """The shard's own column types (pa.string: batches are bounded far below 2 GiB), so the writer casts nothing."""
+    fields = [pa.field(job.dataset.text_field, pa.string())]
     if job.sharding.key_field and job.sharding.key_field != job.dataset.text_field:
-        fields.append(pa.field(job.sharding.key_field, pa.large_string()))
-    fields += [pa.field(c, pa.large_string()) for c in job.extra_columns]  # kept verbatim; never hashed
+        fields.append(pa.field(job.sharding.key_field, pa.string()))
+    fields += [pa.field(c, pa.string()) for c in job.extra_columns]  # kept verbatim; never hashed
     return pa.schema(fields)
 
 
@@ -90,10 +91,15 @@ def _key_bytes(key: object) -> bytes:
 
 
 def _strings(values: list[bytes]) -> pa.Array:
-    """A large_string array straight from encoded bytes (no Python str round trip)."""
+    """A string array straight from encoded bytes (no Python str round trip)."""
+    lengths = np.fromiter(map(len, values), dtype=np.int64, count=len(values))
     offsets = np.zeros(len(values) + 1, dtype=np.int64)
-    np.cumsum(np.fromiter(map(len, values), dtype=np.int64, count=len(values)), out=offsets[1:])
-    return pa.LargeStringArray.from_buffers(len(values), pa.py_buffer(offsets), pa.py_buffer(b"".join(values)))
+    np.cumsum(lengths, out=offsets[1:])
+    if offsets[-1] > np.iinfo(np.int32).max:  # one spill batch holds at most SPILL_BATCH_BYTES + one document
+        raise BadInputError(f"a document of {int(lengths.max()):,} bytes: documents over 2 GiB are not supported")
+    return pa.StringArray.from_buffers(
+        len(values), pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(b"".join(values))
+    )
 
 
 class _Spill:
@@ -254,7 +260,7 @@ def _text_arrays(local: Path, src: SourceRef, text_field: str):
             if isinstance(arr, pa.ChunkedArray):
                 arr = arr.combine_chunks()
             arr.validate(full=True)  # Arrow's JSON reader does not check UTF-8; this does (SIMD, cheap)
-            yield arr.cast(pa.large_string())
+            yield arr if arr.type == pa.string() else arr.cast(pa.string())  # the spill's type: no copy for JSONL
     except (pa.ArrowException, BadInputError, OSError, EOFError, UnicodeDecodeError) as err:
         raise _Fallback from err
 
@@ -303,7 +309,7 @@ def _scan_fast(local: Path, src: SourceRef, job: ShardJob, spill: _Spill) -> tup
         records += n
         if not n:
             continue
-        offsets = np.frombuffer(arr.buffers()[1], dtype=np.int64)[arr.offset : arr.offset + n + 1]
+        offsets = np.frombuffer(arr.buffers()[1], dtype=np.int32)[arr.offset : arr.offset + n + 1].astype(np.int64)
         buf = arr.buffers()[2]
         mv = memoryview(buf) if buf is not None else memoryview(b"")
         data = np.frombuffer(mv, dtype=np.uint8)
@@ -363,7 +369,7 @@ class _RecordBuffer:
         if not self.texts:
             return
         cols = [_strings(self.texts)] + ([_strings(self.keys)] if self.separate_key else [])
-        cols += [pa.array(values, type=pa.large_string()) for values in self.kept]
+        cols += [pa.array(values, type=pa.string()) for values in self.kept]
         meta = np.array(self.meta, dtype=META_DTYPE)
         ids = None
         if self.tok is not None:
