@@ -42,7 +42,10 @@ def test_ranges_give_the_same_bytes_and_one_file_entry(tmp_path, monkeypatch, ke
     size = job.sources[0].size
     assert len(job.units) == -(-size // 4096) > 10 and all(u == [0] for u in job.units)
     assert job.ranges[0] == (0, 4096) and job.ranges[-1][1] == size
-    m_ranged = shard_dataset(ds, ranged, workers=2)
+    seen: list[tuple[str, int, int]] = []
+    m_ranged = shard_dataset(ds, ranged, workers=2, progress=lambda *a: seen.append(a))
+    scans = [(done, total) for stage, done, total in seen if stage == "scan"]
+    assert len(scans) == len(job.units) and max(scans) == (1, 1)  # one file, counted once, at its last range
 
     assert tree_bytes(tmp_path / "whole") == tree_bytes(tmp_path / "ranged")
     assert m_whole.model_dump() == m_ranged.model_dump() == load_manifest(tmp_path / "ranged").model_dump()
