@@ -117,14 +117,18 @@ def splittable(src: SourceRef) -> bool:
     return src.format == "jsonl" and not storage.is_s3(src.uri) and not name.endswith((".gz", ".zst", ".zstd"))
 
 
-def plan_scan(sources: list[SourceRef]) -> tuple[list[list[int]], list[tuple[int, int] | None]]:
-    """(units, ranges): small files grouped as `plan_units` says; a splittable file over RANGE_BYTES alone in
-    byte ranges of RANGE_BYTES (the last one up to its end), one unit each."""
+def plan_scan(sources: list[SourceRef], split: bool = True) -> tuple[list[list[int]], list[tuple[int, int] | None]]:
+    """(units, ranges): small files grouped as `plan_units` says; with `split`, a splittable file over RANGE_BYTES
+    alone in byte ranges of RANGE_BYTES (the last one up to its end), one unit each.
+
+    `split` only when the scan takes Arrow's fast path (no key field, no kept columns): the record path numbers
+    lines from the file's start, so a range it reads first counts the newlines before it (fine after a bad
+    line sends one range there; a whole file read that way would count O(size² / RANGE_BYTES) bytes)."""
     units: list[list[int]] = []
     ranges: list[tuple[int, int] | None] = []
     size = 0
     for i, src in enumerate(sources):
-        if src.size > RANGE_BYTES and splittable(src):
+        if split and src.size > RANGE_BYTES and splittable(src):
             for start in range(0, src.size, RANGE_BYTES):
                 units.append([i])
                 ranges.append((start, min(start + RANGE_BYTES, src.size)))
@@ -270,7 +274,7 @@ def plan_job(
     tok = load_tokenizer(tok_spec)
     tok_id = tok.fingerprint()
     shash = settings_hash(dataset, sharding, sources, listing.ignored, tok_id)
-    units, ranges = plan_scan(sources)
+    units, ranges = plan_scan(sources, split=sharding.key_field is None and not extra_columns(dataset, sharding))
     return ShardJob(
         tokenizer=tok_spec,
         tokenizer_id=tok_id,

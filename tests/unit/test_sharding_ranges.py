@@ -29,9 +29,8 @@ def _write(tmp_path, lines) -> DatasetSpec:
     return DatasetSpec(path=str(src))
 
 
-@pytest.mark.parametrize("keep", [(), ("id",)])  # fast path; record path (a kept column)
-def test_ranges_give_the_same_bytes_and_one_file_entry(tmp_path, monkeypatch, keep):
-    ds = _write(tmp_path, _lines()).model_copy(update={"keep_columns": list(keep)})
+def test_ranges_give_the_same_bytes_and_one_file_entry(tmp_path, monkeypatch):
+    ds = _write(tmp_path, _lines())
     whole = ShardingSpec(output=str(tmp_path / "whole"), num_shards=3, tolerance=0.5, heldout=0.05)
     assert plan_job(ds, whole).ranges == [None]
     m_whole = shard_dataset(ds, whole, workers=1)
@@ -64,3 +63,14 @@ def test_bad_line_in_a_later_range_is_named_by_its_line_in_the_file(tmp_path, mo
     )
     assert m.bad_records == 1 and (m.bad_examples[0].file, m.bad_examples[0].line) == ("big.jsonl", 301)
     assert m.files_read == 1 and m.files_bad == 0
+
+
+def test_no_ranges_when_the_record_path_reads_the_file(tmp_path, monkeypatch):
+    """A kept column or a key field takes the record path, which numbers lines from the file's start: whole file."""
+    monkeypatch.setattr(job_module, "RANGE_BYTES", 4096)
+    ds = _write(tmp_path, _lines())
+    out = str(tmp_path / "o")
+    assert len(plan_job(ds, ShardingSpec(output=out, num_shards=2)).units) > 10
+    kept = ds.model_copy(update={"keep_columns": ["id"]})
+    assert plan_job(kept, ShardingSpec(output=out, num_shards=2)).ranges == [None]
+    assert plan_job(ds, ShardingSpec(output=out, num_shards=2, key_field="id")).ranges == [None]
