@@ -13,6 +13,7 @@ RSS, the ratios, nightloom's peak RSS at two sizes, and a Markdown table of the 
     python bench/sharding.py --size-mb 1024 --compression none     # what the codec costs
     python bench/sharding.py --size-mb 1024 --skip-datasets --many-files 13000   # + small files vs one JSONL
     python bench/sharding.py --tokens-only --tokens-mb 64          # tokens/s per core with a real tokenizer
+    python bench/sharding.py --code-corpus .venv/lib/python3.11/site-packages   # real small files vs one JSONL
 
 With `--tokens-mb N` (or `--tokens-only`): the whole shard stage with a real tokenizer (a byte-level BPE of 32k
 trained with `tokenizers` on the corpus, or `--tokenizer PATH`), writing Parquet + .bin/.idx token files, against
@@ -59,6 +60,8 @@ from nightloom.spec import DatasetSpec, ShardingSpec
 m = shard_dataset(DatasetSpec(path=sys.argv[1], format=sys.argv[3]), ShardingSpec(output=sys.argv[2], num_shards=16,
                   tolerance=0.05), workers=None)
 print("IMBALANCE", m.imbalance_before_rebalance, m.imbalance, m.dedup_dropped, m.rows, m.files_read, file=sys.stderr)
+n = len(m.sources) + m.files_ignored
+print("FILES", n, m.files_read, m.files_empty, m.files_bad, m.files_duplicate, m.files_ignored, file=sys.stderr)
 """,
     "datasets": """
 import sys, os
@@ -229,6 +232,26 @@ def explode(jsonl: Path, folder: Path, files: int, same: Path) -> int:
     return total
 
 
+def copy_code(src: Path, folder: Path, same: Path) -> tuple[int, int]:
+    """Every *.py under `src` copied to `folder` (same relative paths: many `__init__.py`, empty files, a few
+    non-UTF-8 ones), and the texts of the UTF-8 ones as one JSONL at `same`; returns (files, bytes of text)."""
+    files = sorted(p for p in src.rglob("*.py") if p.is_file() and not p.is_symlink())
+    total = 0
+    with open(same, "wb") as out:
+        for p in files:
+            rel = p.relative_to(src)
+            (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+            data = p.read_bytes()
+            (folder / rel).write_bytes(data)
+            try:
+                text = data.decode("utf-8")
+            except UnicodeDecodeError:
+                continue
+            out.write(json.dumps({"text": text}, ensure_ascii=False).encode() + b"\n")
+            total += len(data)
+    return len(files), total
+
+
 def make_corpus(path: Path, size_mb: float, seed: int = 0) -> int:
     """Skewed JSONL: Pareto lengths (median ~0.6 KB, tail to 200 KB), ~10% exact duplicates of earlier lines."""
     rng = random.Random(seed)
@@ -278,6 +301,24 @@ def _remove(path: Path | None) -> None:
         shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
 
 
+def many_files_route(label: str, folder: Path, same: Path, nbytes: int, scratch: Path) -> None:
+    """Shard `folder` (one document per file, `--format text`) and `same` (the same documents as one JSONL)."""
+    fmb = nbytes / 2**20
+    ft, _, finfo, fcpu = run_child("files", str(folder), str(scratch / "out-f"), "text", out=scratch / "out-f")
+    jt, _, _, jcpu = run_child("files", str(same), str(scratch / "out-j"), "jsonl", out=scratch / "out-j")
+    print(f"{label}, {fmb:.0f} MiB of text ({finfo})")
+    if FILES_LINE:
+        n, read, empty, bad, dup, ignored = (int(x) for x in FILES_LINE[-1].split()[1:])
+        ok = "add up" if read + empty + bad + dup + ignored == n else "DO NOT add up"
+        print(f"    files: {n} = {read} read + {empty} empty + {bad} bad + {dup} duplicate + {ignored} ignored ({ok})")
+    print(f"{'(g) nightloom, one file per document':<36} {fmb / ft:7.1f} MB/s  ({ft:.1f} s wall, {fcpu:.1f} CPU-s)")
+    print(f"{'(h) nightloom, the same as one JSONL':<36} {fmb / jt:7.1f} MB/s  ({jt:.1f} s wall, {jcpu:.1f} CPU-s)")
+    print(f"    ratio many files / one JSONL = {jt / ft:.2f}  (target ≥ 0.5)")
+
+
+FILES_LINE: list[str] = []
+
+
 def _run_child_once(kind: str, *args: str) -> tuple[float, int, str, float]:
     env = dict(
         os.environ,
@@ -298,6 +339,9 @@ def _run_child_once(kind: str, *args: str) -> tuple[float, int, str, float]:
     rss = int(next(ln.split()[1] for ln in p.stderr.splitlines() if ln.startswith("PEAK_RSS_KB")))
     cpu = float(next(ln.split()[1] for ln in p.stderr.splitlines() if ln.startswith("CPU_S")))
     extra = next((ln for ln in p.stderr.splitlines() if ln.startswith("IMBALANCE")), "")
+    FILES_LINE.extend(
+        ln for ln in p.stderr.splitlines() if ln.startswith("FILES") and kind == "files" and "text" in args
+    )
     return wall, rss, extra, cpu
 
 
@@ -318,6 +362,13 @@ def main() -> int:
         default=0,
         help="also shard N documents as N small text files against the same documents as one JSONL (0: skip)",
     )
+    ap.add_argument(
+        "--code-corpus",
+        default=None,
+        metavar="DIR",
+        help="only the many-small-files route on a real code corpus: every *.py under DIR, one file per document, "
+        "against the same documents as one JSONL (e.g. a venv's site-packages)",
+    )
     ap.add_argument("--tokens-mb", type=float, default=0, help="also the real-tokenizer route on N MB (0: skip)")
     ap.add_argument("--tokens-only", action="store_true", help="only the real-tokenizer route (default 64 MB)")
     ap.add_argument("--tokenizer", default=None, help="HF tokenizer folder for it (default: train a 32k BPE)")
@@ -328,6 +379,17 @@ def main() -> int:
     scratch = Path(a.dir or tempfile.mkdtemp(prefix="nl-bench-"))
     scratch.mkdir(parents=True, exist_ok=True)
     cores = a.workers or os.cpu_count() or 1
+    if a.code_corpus:
+        try:
+            folder, same = scratch / "code", scratch / "code.jsonl"
+            t = time.perf_counter()
+            n, nbytes = copy_code(Path(a.code_corpus), folder, same)
+            print(f"code corpus: {n} *.py files copied from {a.code_corpus} in {time.perf_counter() - t:.1f} s")
+            many_files_route(f"code corpus: {n} files", folder, same, nbytes, scratch)
+        finally:
+            if a.dir is None:
+                shutil.rmtree(scratch, ignore_errors=True)
+        return 0
     if a.tokens_only:
         try:
             token_bench(scratch, a.tokens_mb or 64, a.tokenizer, cores)
@@ -376,17 +438,7 @@ def main() -> int:
         if a.many_files:
             folder, same = scratch / "files", scratch / "same.jsonl"
             nbytes = explode(big, folder, a.many_files, same)
-            fmb = nbytes / 2**20
-            ft, _, finfo, fcpu = run_child("files", str(folder), str(scratch / "out-f"), "text", out=scratch / "out-f")
-            jt, _, _, jcpu = run_child("files", str(same), str(scratch / "out-j"), "jsonl", out=scratch / "out-j")
-            print(f"many files: {a.many_files} text files, {fmb:.0f} MiB of text ({finfo})")
-            print(
-                f"{'(g) nightloom, one file per document':<36} {fmb / ft:7.1f} MB/s  ({ft:.1f} s wall, {fcpu:.1f} CPU-s)"
-            )
-            print(
-                f"{'(h) nightloom, the same as one JSONL':<36} {fmb / jt:7.1f} MB/s  ({jt:.1f} s wall, {jcpu:.1f} CPU-s)"
-            )
-            print(f"    ratio many files / one JSONL = {jt / ft:.2f}  (target ≥ 0.5)")
+            many_files_route(f"many files: {a.many_files} text files", folder, same, nbytes, scratch)
         print(
             f"peak RSS nightloom: {nsmall / 2**20:.0f} MiB corpus → {nl_small_rss / 1024:.0f} MiB; "
             f"{mb:.0f} MiB corpus → {nl_rss / 1024:.0f} MiB  (ratio {nl_rss / nl_small_rss:.2f} for "

@@ -40,7 +40,10 @@ def file_status(docs: int, duplicates: int, bad: int) -> FileStatus:
 
 def account_files(job, scans, placement) -> tuple[list[SourceFile], FileCounts]:
     """Per-file entries for the manifest and the totals, from the scans' per-file counts and dedup's drops."""
-    per_file = {f.source: f for s in scans for f in s.files}
+    per_file = {}
+    for s in sorted(scans, key=lambda s: s.index):  # a big file scanned in byte ranges has one entry per range
+        for f in s.files:
+            per_file[f.source] = per_file[f.source].plus(f) if f.source in per_file else f
     dups = dict(placement.file_duplicates)
     counts = FileCounts(files=len(job.sources) + len(job.ignored), ignored=len(job.ignored))
     if job.ignored:

@@ -30,6 +30,9 @@ WORK_DIR_NAME = ".nightloom-work"
 #: is one task (and one spill), so 13k small files cost tens of tasks, not 13k. Output bytes do not depend on it.
 UNIT_BYTES = 16 * 1024 * 1024
 UNIT_FILES = 4096
+#: a local, uncompressed JSONL file bigger than this is scanned in line-aligned byte ranges of about this size, each
+#: its own unit, so one big file keeps every worker busy. Output bytes do not depend on it either.
+RANGE_BYTES = 64 * 1024 * 1024
 
 
 class ShardJob(BaseModel):
@@ -42,6 +45,9 @@ class ShardJob(BaseModel):
     sources: list[SourceRef]
     ignored: list[str] = []  # files under the dataset path ignored by name (hidden, writers' markers)
     units: list[list[int]] = []  # scan units: consecutive source indices scanned together
+    # per unit: None (whole files) or the nominal byte range [start, stop) of its one source (line-aligned when
+    # scanned: a unit reads the lines that start in it); empty = no ranges (a job planned before they existed)
+    ranges: list[tuple[int, int] | None] = []
     settings_hash: str
     workdir: str
     tokenizer: TokenizerSpec = Field(default_factory=TokenizerSpec)  # counts tokens (model.tokenizer)
@@ -84,6 +90,16 @@ class ShardJob(BaseModel):
     def shard_name(self, index: int) -> str:
         return self.shard_stem(index) + ".parquet"
 
+    def unit_range(self, index: int) -> tuple[int, int] | None:
+        return self.ranges[index] if index < len(self.ranges) else None
+
+    def files_finished(self, index: int) -> int:
+        """Input files whose scan ends with unit `index` (a file scanned in ranges counts at its last one)."""
+        r = self.unit_range(index)
+        if r is None:
+            return len(self.units[index])
+        return int(r[1] >= self.sources[self.units[index][0]].size)
+
     @property
     def work(self) -> WorkDir:
         """The work folder (local, or an s3:// prefix cached locally), with this job's S3 settings."""
@@ -92,15 +108,39 @@ class ShardJob(BaseModel):
 
 def plan_units(sources: list[SourceRef]) -> list[list[int]]:
     """Consecutive sources grouped into scan units of at most UNIT_BYTES / UNIT_FILES; a big file is alone."""
+    return plan_scan(sources)[0]
+
+
+def splittable(src: SourceRef) -> bool:
+    """A file that can be read from any byte offset: local, uncompressed JSONL (S3 inputs are fetched whole)."""
+    name = src.uri.lower()
+    return src.format == "jsonl" and not storage.is_s3(src.uri) and not name.endswith((".gz", ".zst", ".zstd"))
+
+
+def plan_scan(sources: list[SourceRef], split: bool = True) -> tuple[list[list[int]], list[tuple[int, int] | None]]:
+    """(units, ranges): small files grouped as `plan_units` says; with `split`, a splittable file over RANGE_BYTES
+    alone in byte ranges of RANGE_BYTES (the last one up to its end), one unit each.
+
+    `split` only when the scan takes Arrow's fast path (no key field, no kept columns): the record path numbers
+    lines from the file's start, so a range it reads first counts the newlines before it (fine after a bad
+    line sends one range there; a whole file read that way would count O(size² / RANGE_BYTES) bytes)."""
     units: list[list[int]] = []
+    ranges: list[tuple[int, int] | None] = []
     size = 0
     for i, src in enumerate(sources):
+        if split and src.size > RANGE_BYTES and splittable(src):
+            for start in range(0, src.size, RANGE_BYTES):
+                units.append([i])
+                ranges.append((start, min(start + RANGE_BYTES, src.size)))
+            size = UNIT_BYTES + 1  # the next file starts a new unit
+            continue
         if not units or size + src.size > UNIT_BYTES or len(units[-1]) >= UNIT_FILES:
             units.append([])
+            ranges.append(None)
             size = 0
         units[-1].append(i)
         size += src.size
-    return units
+    return units, ranges
 
 
 def extra_columns(dataset: DatasetSpec, sharding: ShardingSpec) -> tuple[str, ...]:
@@ -170,9 +210,9 @@ def settings_hash(
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:32]
 
 
-WORK_FORMAT = (
-    4  # layout of the work files (2: raw .bin arrays; 3: one scan per unit; 4: token id spills); others not resumed
-)
+#: layout of the work files (2: raw .bin arrays; 3: one scan per unit; 4: token id spills; 5: string spills);
+#: work folders of other formats are not resumed
+WORK_FORMAT = 5
 
 
 def default_workdir(output: str, shash: str, distributed: bool = False) -> str:
@@ -234,6 +274,7 @@ def plan_job(
     tok = load_tokenizer(tok_spec)
     tok_id = tok.fingerprint()
     shash = settings_hash(dataset, sharding, sources, listing.ignored, tok_id)
+    units, ranges = plan_scan(sources, split=sharding.key_field is None and not extra_columns(dataset, sharding))
     return ShardJob(
         tokenizer=tok_spec,
         tokenizer_id=tok_id,
@@ -244,7 +285,8 @@ def plan_job(
         s3=s3,
         sources=sources,
         ignored=listing.ignored,
-        units=plan_units(sources),
+        units=units,
+        ranges=ranges,
         settings_hash=shash,
         workdir=workdir or default_workdir(sharding.output, shash, distributed=sharding.dask is not None),
     )

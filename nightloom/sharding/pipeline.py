@@ -125,7 +125,7 @@ def run_job(job: ShardJob, workers: int | None = None, progress: Progress | None
 
     def scan(i: int) -> ScanResult:
         r = scan_unit(job, i)
-        note("scan", len(job.units[i]), n_src)
+        note("scan", job.files_finished(i), n_src)
         return r
 
     scans = _map(scan, range(len(job.units)), workers)

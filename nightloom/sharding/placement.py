@@ -53,7 +53,11 @@ def duplicates_per_file(scans: list[ScanResult], dup: np.ndarray) -> list[tuple[
         return []
     starts = np.cumsum([0] + [f.docs for f in files[:-1]])
     counts = np.add.reduceat(dup.astype(np.int64), starts)
-    return [(f.source, int(c)) for f, c in zip(files, counts.tolist()) if c]
+    out: dict[int, int] = {}  # a file scanned in byte ranges has one entry per range: summed
+    for f, c in zip(files, counts.tolist()):
+        if c:
+            out[f.source] = out.get(f.source, 0) + c
+    return list(out.items())
 
 
 def check_bad_fraction(job: ShardJob, scans: list[ScanResult]) -> None:

@@ -1,5 +1,5 @@
-"""Map step: stream one scan unit (one input file, or several small ones in order), hash and count every record,
-spill kept records to Arrow IPC parts.
+"""Map step: stream one scan unit (one input file, several small ones in order, or a line-aligned byte range of a
+big uncompressed JSONL file: `line_span`), hash and count every record, spill kept records to Arrow IPC parts.
 
 One call per scan unit, independent of the others (a Prefect task; Dask/Ray can spread them). Spill parts
 hold the text (and key); a META_DTYPE array file holds both hashes, tokens and bytes per record; with a tokenizer
@@ -56,6 +56,17 @@ class FileScan(BaseModel):
     bad: int = 0
     first_bad: BadRecord | None = None
 
+    def plus(self, later: FileScan) -> FileScan:
+        """This file's counts with those of a later byte range of it (a big file is scanned in ranges)."""
+        return FileScan(
+            source=self.source,
+            records=self.records + later.records,
+            docs=self.docs + later.docs,
+            empty=self.empty + later.empty,
+            bad=self.bad + later.bad,
+            first_bad=self.first_bad or later.first_bad,
+        )
+
 
 class ScanResult(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -76,10 +87,11 @@ class _Fallback(Exception):
 
 
 def spill_schema(job: ShardJob) -> pa.Schema:
-    fields = [pa.field(job.dataset.text_field, pa.large_string())]
+    """The shard's own column types (pa.string: batches are bounded far below 2 GiB), so the writer casts nothing."""
+    fields = [pa.field(job.dataset.text_field, pa.string())]
     if job.sharding.key_field and job.sharding.key_field != job.dataset.text_field:
-        fields.append(pa.field(job.sharding.key_field, pa.large_string()))
-    fields += [pa.field(c, pa.large_string()) for c in job.extra_columns]  # kept verbatim; never hashed
+        fields.append(pa.field(job.sharding.key_field, pa.string()))
+    fields += [pa.field(c, pa.string()) for c in job.extra_columns]  # kept verbatim; never hashed
     return pa.schema(fields)
 
 
@@ -90,10 +102,15 @@ def _key_bytes(key: object) -> bytes:
 
 
 def _strings(values: list[bytes]) -> pa.Array:
-    """A large_string array straight from encoded bytes (no Python str round trip)."""
+    """A string array straight from encoded bytes (no Python str round trip)."""
+    lengths = np.fromiter(map(len, values), dtype=np.int64, count=len(values))
     offsets = np.zeros(len(values) + 1, dtype=np.int64)
-    np.cumsum(np.fromiter(map(len, values), dtype=np.int64, count=len(values)), out=offsets[1:])
-    return pa.LargeStringArray.from_buffers(len(values), pa.py_buffer(offsets), pa.py_buffer(b"".join(values)))
+    np.cumsum(lengths, out=offsets[1:])
+    if offsets[-1] > np.iinfo(np.int32).max:  # one spill batch holds at most SPILL_BATCH_BYTES + one document
+        raise BadInputError(f"a document of {int(lengths.max()):,} bytes: documents over 2 GiB are not supported")
+    return pa.StringArray.from_buffers(
+        len(values), pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(b"".join(values))
+    )
 
 
 class _Spill:
@@ -161,14 +178,48 @@ class _Spill:
         return self.parts, self.meta_name, self.meta.publish(), ids
 
 
-def _line_chunks(local: Path, size: int = JSON_CHUNK):
+def _after_newline(f, pos: int, size: int) -> int:
+    """The offset just past the first newline at or after `pos` in the open file `f` (`size` if there is none)."""
+    f.seek(pos)
+    while pos < size:
+        chunk = f.read(NEWLINE_SEARCH)
+        if not chunk:
+            break
+        hit = chunk.find(b"\n")
+        if hit >= 0:
+            return pos + hit + 1
+        pos += len(chunk)
+    return size
+
+
+def line_span(local: Path, start: int, stop: int) -> tuple[int, int]:
+    """The bytes a range unit [start, stop) reads: every line that starts in it, so consecutive ranges of a file
+    read each line exactly once whatever the range size (a line is in the range its first byte is in)."""
+    size = local.stat().st_size
+    with open(local, "rb", buffering=0) as f:
+        a = 0 if start <= 0 else _after_newline(f, start - 1, size)
+        b = size if stop >= size else _after_newline(f, stop - 1, size)
+    return a, max(a, b)
+
+
+def _line_chunks(local: Path, size: int = JSON_CHUNK, span: tuple[int, int] | None = None):
     """Line-aligned Arrow buffers of about `size` bytes (a longer line makes a longer piece), decompressing as it
-    goes. Pieces are slices of what was read; a partial last line is joined to the next read (one copy of it)."""
+    goes; only the bytes of `span` (line-aligned, of an uncompressed file) when given. Pieces are slices of what
+    was read; a partial last line is joined to the next read (one copy of it)."""
     name = local.name.lower()
     comp = "gzip" if name.endswith(".gz") else "zstd" if name.endswith((".zst", ".zstd")) else None
-    with pa.input_stream(str(local), compression=comp) as f:
+    left = None
+    if span is not None:
+        stream = pa.OSFile(str(local))
+        stream.seek(span[0])
+        left = span[1] - span[0]
+    else:
+        stream = pa.input_stream(str(local), compression=comp)
+    with stream as f:
         rest: pa.Buffer | None = None
-        while (data := f.read_buffer(size)).size:
+        while (data := f.read_buffer(size if left is None else min(size, left))).size:
+            if left is not None:
+                left -= data.size
             if rest is not None:
                 data = pa.py_buffer(rest.to_pybytes() + data.to_pybytes())
             view = np.frombuffer(data, dtype=np.uint8)
@@ -229,21 +280,21 @@ def _prefetched(items, depth: int = 1):
                 worker.join(0.05)
 
 
-def _json_text_arrays(local: Path, text_field: str):
+def _json_text_arrays(local: Path, text_field: str, span: tuple[int, int] | None = None):
     """The text column of JSONL, one bounded piece at a time (Arrow's streaming reader reads ahead without bound)."""
     import pyarrow.json as pj
 
     read = pj.ReadOptions(block_size=JSON_BLOCK, use_threads=True)
     parse = pj.ParseOptions(explicit_schema=pa.schema([(text_field, pa.string())]), unexpected_field_behavior="ignore")
-    for piece in _line_chunks(local):
+    for piece in _line_chunks(local, span=span):
         yield from pj.read_json(piece, read_options=read, parse_options=parse).column(0).chunks
 
 
-def _text_arrays(local: Path, src: SourceRef, text_field: str):
+def _text_arrays(local: Path, src: SourceRef, text_field: str, span: tuple[int, int] | None = None):
     """Fast path: the text column batch by batch from Arrow's readers (raises _Fallback on any doubt)."""
     try:
         if src.format == "jsonl":
-            batches = _json_text_arrays(local, text_field)
+            batches = _json_text_arrays(local, text_field, span)
         elif src.format in ("parquet", "arrow"):
             batches = (b.column(0) for b in _arrow_batches(local, src.format, [text_field]))
         else:
@@ -254,7 +305,7 @@ def _text_arrays(local: Path, src: SourceRef, text_field: str):
             if isinstance(arr, pa.ChunkedArray):
                 arr = arr.combine_chunks()
             arr.validate(full=True)  # Arrow's JSON reader does not check UTF-8; this does (SIMD, cheap)
-            yield arr.cast(pa.large_string())
+            yield arr if arr.type == pa.string() else arr.cast(pa.string())  # the spill's type: no copy for JSONL
     except (pa.ArrowException, BadInputError, OSError, EOFError, UnicodeDecodeError) as err:
         raise _Fallback from err
 
@@ -292,18 +343,20 @@ def _counter(job: ShardJob):
     return load_tokenizer(job.tokenizer)
 
 
-def _scan_fast(local: Path, src: SourceRef, job: ShardJob, spill: _Spill) -> tuple[int, int]:
+def _scan_fast(
+    local: Path, src: SourceRef, job: ShardJob, spill: _Spill, span: tuple[int, int] | None = None
+) -> tuple[int, int]:
     """(records, empty) via Arrow; hashes read straight from the string buffers."""
     salt = job.sharding.salt.encode("utf-8")
     xx64, xx3 = xxhash.xxh64, xxhash.xxh3_64_intdigest
     tok = _counter(job)
     records = empty = 0
-    for arr in _text_arrays(local, src, job.dataset.text_field):
+    for arr in _text_arrays(local, src, job.dataset.text_field, span):
         n = len(arr)
         records += n
         if not n:
             continue
-        offsets = np.frombuffer(arr.buffers()[1], dtype=np.int64)[arr.offset : arr.offset + n + 1]
+        offsets = np.frombuffer(arr.buffers()[1], dtype=np.int32)[arr.offset : arr.offset + n + 1].astype(np.int64)
         buf = arr.buffers()[2]
         mv = memoryview(buf) if buf is not None else memoryview(b"")
         data = np.frombuffer(mv, dtype=np.uint8)
@@ -363,7 +416,7 @@ class _RecordBuffer:
         if not self.texts:
             return
         cols = [_strings(self.texts)] + ([_strings(self.keys)] if self.separate_key else [])
-        cols += [pa.array(values, type=pa.large_string()) for values in self.kept]
+        cols += [pa.array(values, type=pa.string()) for values in self.kept]
         meta = np.array(self.meta, dtype=META_DTYPE)
         ids = None
         if self.tok is not None:
@@ -375,13 +428,16 @@ class _RecordBuffer:
         self.pending = 0
 
 
-def _scan_records(local: Path, src: SourceRef, job: ShardJob, buf: _RecordBuffer, res: ScanResult) -> None:
+def _scan_records(
+    local: Path, src: SourceRef, job: ShardJob, buf: _RecordBuffer, res: ScanResult, span: tuple[int, int] | None
+) -> None:
     """Record path: exact file:line for every problem; honours on_error."""
     text_field, key_field = job.dataset.text_field, job.sharding.key_field
     salt = job.sharding.salt.encode("utf-8")
     fail = job.sharding.on_error == "fail"
     xx64, xx3 = xxhash.xxh64_intdigest, xxhash.xxh3_64_intdigest
-    for where, text, key, err, extras in read_records(local, src.format, text_field, key_field, job.extra_columns):
+    items = read_records(local, src.format, text_field, key_field, job.extra_columns, span=span)
+    for where, text, key, err, extras in items:
         res.records += 1
         if err is not None:
             if fail:
@@ -400,8 +456,17 @@ def _scan_records(local: Path, src: SourceRef, job: ShardJob, buf: _RecordBuffer
         buf.add(tb, kb, (xx64(kb + salt), xx3(kb, seed=DEDUP_SEED), nb, nb_all), extras)
 
 
-def _scan_file(job: ShardJob, work: Path, source: int, buf: _RecordBuffer, res: ScanResult, fast: bool) -> None:
-    """Scan one input file into the unit's spill, adding its counts to `res` and its FileScan to `res.files`."""
+def _scan_file(
+    job: ShardJob,
+    work: Path,
+    source: int,
+    buf: _RecordBuffer,
+    res: ScanResult,
+    fast: bool,
+    span: tuple[int, int] | None = None,
+) -> None:
+    """Scan one input file (or the line-aligned byte `span` of it) into the unit's spill, adding its counts to `res`
+    and its FileScan to `res.files`."""
     src = job.sources[source]
     local = Path(src.uri)
     downloaded = None
@@ -412,11 +477,11 @@ def _scan_file(job: ShardJob, work: Path, source: int, buf: _RecordBuffer, res: 
     try:
         if fast:
             buf.flush()  # keep input order: buffered records of earlier files go first
-            records, empty = _scan_fast(local, src, job, buf.spill)
+            records, empty = _scan_fast(local, src, job, buf.spill, span)
             res.records, res.empty = res.records + records, res.empty + empty
             buf.count += records - empty  # the fast path spills every non-blank row
         else:
-            _scan_records(local, src, job, buf, res)
+            _scan_records(local, src, job, buf, res, span)
     finally:
         if downloaded is not None:
             downloaded.unlink(missing_ok=True)
@@ -453,17 +518,19 @@ def scan_unit(job: ShardJob, index: int) -> ScanResult:
     work = wd.local
     work.mkdir(parents=True, exist_ok=True)
     sources = job.units[index]
+    rng = job.unit_range(index)
+    span = line_span(Path(job.sources[sources[0]].uri), *rng) if rng is not None else None
     schema = spill_schema(job)
     buf, res = _RecordBuffer(job, _Spill(work, index, schema, job.token_dtype)), ScanResult(index=index)
     try:
         try:
             for i in sources:
-                _scan_file(job, work, i, buf, res, _fast_path(job, job.sources[i]))
+                _scan_file(job, work, i, buf, res, _fast_path(job, job.sources[i]), span)
         except _Fallback:
             buf.spill.abort()
             buf, res = _RecordBuffer(job, _Spill(work, index, schema, job.token_dtype)), ScanResult(index=index)
             for i in sources:
-                _scan_file(job, work, i, buf, res, fast=False)
+                _scan_file(job, work, i, buf, res, False, span)
         buf.flush()
     except BaseException:
         buf.spill.abort()

@@ -217,12 +217,47 @@ def _extras(get, has, keep: tuple[str, ...]) -> tuple[tuple[str | None, ...], st
     return tuple(out), None
 
 
-def read_jsonl(path: Path, text_field: str, key_field: str | None, keep: tuple[str, ...] = ()) -> Iterator[Item]:
-    """Line by line; blank lines are not records. Errors: corrupt JSON, non-UTF-8, missing/non-string field."""
+def _lines_before(path: Path, offset: int) -> int:
+    """Newlines in the first `offset` bytes of an uncompressed file (the line number a byte range starts after)."""
+    n = 0
+    with open(path, "rb", buffering=0) as f:
+        while offset > 0:
+            chunk = f.read(min(offset, 1 << 24))
+            if not chunk:
+                break
+            n += chunk.count(b"\n")
+            offset -= len(chunk)
+    return n
+
+
+def _lines(f, span: tuple[int, int] | None) -> Iterator[bytes]:
+    """The lines of `f`, or those starting in the line-aligned byte `span` of an uncompressed file."""
+    if span is None:
+        yield from f
+        return
+    pos, stop = span
+    f.seek(pos)
+    for line in f:
+        if pos >= stop:
+            return
+        pos += len(line)
+        yield line
+
+
+def read_jsonl(
+    path: Path,
+    text_field: str,
+    key_field: str | None,
+    keep: tuple[str, ...] = (),
+    span: tuple[int, int] | None = None,
+) -> Iterator[Item]:
+    """Line by line; blank lines are not records. Errors: corrupt JSON, non-UTF-8, missing/non-string field.
+    `span`: only the lines of that line-aligned byte range (numbered as in the whole file)."""
     loads, decode_error = orjson.loads, orjson.JSONDecodeError
+    first = 1 + (_lines_before(path, span[0]) if span and span[0] else 0)
     try:
         with _open_binary(path) as f:
-            for n, line in enumerate(f, 1):
+            for n, line in enumerate(_lines(f, span), first):
                 try:
                     obj = loads(line)
                 except decode_error as e:
@@ -359,11 +394,19 @@ def check_keep_columns(keep: list[str] | tuple[str, ...], sources: list[SourceRe
 
 
 def read_records(
-    path: Path, fmt: Format, text_field: str, key_field: str | None, keep: tuple[str, ...] = ()
+    path: Path,
+    fmt: Format,
+    text_field: str,
+    key_field: str | None,
+    keep: tuple[str, ...] = (),
+    span: tuple[int, int] | None = None,
 ) -> Iterator[Item]:
-    """The record reader for `fmt`; `keep` = the `dataset.keep_columns` to return as `extras`."""
+    """The record reader for `fmt`; `keep` = the `dataset.keep_columns` to return as `extras`; `span` = a
+    line-aligned byte range of an uncompressed JSONL file (a range unit), else the whole file."""
     if fmt == "jsonl":
-        return read_jsonl(path, text_field, key_field, keep)
+        return read_jsonl(path, text_field, key_field, keep, span)
+    if span is not None:
+        raise ShardingError(f"internal: {path}: byte ranges are for uncompressed JSONL only, not {fmt}")
     if fmt == "text":
         if keep:
             raise BadInputError(f"dataset.keep_columns: {path} is a plain text file, which has no fields to keep")

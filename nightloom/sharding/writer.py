@@ -78,7 +78,7 @@ def _rows_of_shard(work: Path, s: ScanResult, index: int, cols: list[str], schem
                         if len(idx):
                             t = pa.Table.from_batches([batch.take(pa.array(idx))]).select(cols)
                             sel = ids[np.repeat(mine, meta["tokens"])] if ids is not None else None
-                            yield t.cast(schema), meta[idx], sel
+                            yield (t if t.schema == schema else t.cast(schema)), meta[idx], sel
         finally:
             if ids_file is not None:
                 ids_file.close()

@@ -242,11 +242,50 @@ def read_eval_texts(
 def eval_windows(texts: list[str], tokenizer: Tokenizer, seq_len: int, n: int, where: str) -> torch.Tensor:
     """The first `n` windows of seq_len+1 tokens of the eval documents' stream (ids + EOS each): fixed for the
     whole run, so every evaluation scores the same tokens. Fewer if the documents do not fill `n`."""
-    stream = tokenizer.stream(texts)
+    return _first_windows(tokenizer.stream(texts), seq_len, n, where)
+
+
+def _first_windows(stream: np.ndarray, seq_len: int, n: int, where: str) -> torch.Tensor:
     k = min(n, len(stream) // (seq_len + 1))
     if k == 0:
         raise DataError(f"{where}: {len(stream)} eval tokens do not fill one window of seq_len+1 = {seq_len + 1}")
-    return torch.from_numpy(stream[: k * (seq_len + 1)].astype(np.int64).reshape(k, seq_len + 1))
+    return torch.from_numpy(np.asarray(stream[: k * (seq_len + 1)], dtype=np.int64).reshape(k, seq_len + 1))
+
+
+def _heldout_ids(manifest: str, m: ShardManifest, tokenizer: Tokenizer, need: int, s3: S3Config | None):
+    """(where, the first `need` ids of the held-out token file) or None when the manifest lists no token file for
+    it (written before schema 3) or they were made by another tokenizer: then the text is tokenized instead."""
+    from nightloom.sharding.tokens import np_dtype
+
+    tf = m.heldout.token_files if m.heldout is not None else None
+    if tf is None or m.tokenizer != tokenizer.fingerprint() or tf.eos_id != tokenizer.eos_id:
+        return None
+    uri = f"{_base_uri(manifest)}/{tf.bin}"
+    dtype = np_dtype(tf.dtype)
+    if uri.startswith("s3://"):
+        ids = np.frombuffer(_read_bytes(uri, s3), dtype=dtype)
+    else:
+        p = Path(uri)
+        if not p.is_file():
+            raise DataError(f"{p}: held-out token file listed in the manifest does not exist")
+        ids = np.fromfile(p, dtype=dtype, count=min(need, p.stat().st_size // dtype.itemsize))
+    if len(ids) < min(need, tf.tokens):
+        raise DataError(f"{uri}: manifest field heldout.token_files.tokens = {tf.tokens}, the file holds {len(ids)}")
+    return uri, ids[:need]
+
+
+def read_eval_windows(
+    manifest: str, eval_data: str | None, tokenizer: Tokenizer, seq_len: int, n: int, s3: S3Config | None = None
+) -> tuple[str, torch.Tensor]:
+    """(where, the first `n` eval windows): from the held-out split's token file (.bin, written by the shard stage:
+    nothing is tokenized), else (`eval_data`, or a manifest without held-out token files) from the text."""
+    if not eval_data:
+        m = load_manifest(manifest, s3)
+        got = _heldout_ids(manifest, m, tokenizer, n * (seq_len + 1), s3)
+        if got is not None:
+            return got[0], _first_windows(got[1], seq_len, n, got[0])
+    where, texts = read_eval_texts(manifest, eval_data, s3=s3)
+    return where, eval_windows(texts, tokenizer, seq_len, n, where)
 
 
 @dataclass(frozen=True)

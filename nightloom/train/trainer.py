@@ -25,7 +25,7 @@ from nightloom.metrics import StepMetrics, append_metrics
 from nightloom.perf import resolve_precision
 from nightloom.runfiles import RunFiles
 from nightloom.train import checkpoint
-from nightloom.train.data import PackedWindows, StepLoader, eval_windows, read_eval_texts
+from nightloom.train.data import PackedWindows, StepLoader, read_eval_windows
 from nightloom.train.job import TrainJob, TrainResult
 from nightloom.train.parallelize import ModelParts, build_parts, loss_fn, validate_plan
 from nightloom.util import atomic_write_text
@@ -264,8 +264,14 @@ class Trainer:
 
         The window count is rounded down to whole global batches (at least one), so the eval set depends only on
         the spec (global_batch), never on the layout; each eval batch has a training batch's shape (PP schedule)."""
-        where, texts = read_eval_texts(self.job.manifest, self.job.eval_data, s3=self.job.s3)
-        wins = eval_windows(texts, self.loader.w.tokenizer, self.job.train.seq_len, self.job.eval_windows, where)
+        _, wins = read_eval_windows(
+            self.job.manifest,
+            self.job.eval_data,
+            self.loader.w.tokenizer,
+            self.job.train.seq_len,
+            self.job.eval_windows,
+            s3=self.job.s3,
+        )
         g = self.loader.global_batch
         n = max(1, len(wins) // g) * g
         if len(wins) < g:
