@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -10,8 +11,10 @@ from nightloom.sharding.corpus import build_sample_corpus, ensure_sample_corpus
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    return ensure_sample_corpus(tmp_path_factory.mktemp("c") / "sample" / "corpus.jsonl")
+def corpus():
+    """The checkout's own sample corpus (datasets/sample/corpus.jsonl): built here on first use, or by whichever
+    demo ran first; one build (~20 s on 2 cores) serves the whole suite."""
+    return ensure_sample_corpus(Path(__file__).resolve().parents[2] / "datasets" / "sample" / "corpus.jsonl")
 
 
 def test_corpus_is_jsonl_of_varied_real_text(corpus):
