@@ -83,7 +83,7 @@ def night_plan(spec: RunSpec, plan: ParallelPlan, run_id: str, now: datetime) ->
 
 def gate_decision(spec: RunSpec, nights: NightPlan, now: datetime, real_now: datetime) -> GateDecision:
     """Run now or defer, from the plan of nights (no I/O): under split the trainer's deadline is the window end
-    less the checkpoint time; the budget deadline counts what earlier nights spent. Deadlines are mapped from
+    less the checkpoint time; the budget deadline (also less the checkpoint) counts what earlier nights spent. Deadlines are mapped from
     the gate's (possibly injected) clock `now` onto the real clock `real_now`."""
     first, inp = nights.nights[0], nights.inputs
     known = nights.complete
@@ -113,6 +113,8 @@ def gate_decision(spec: RunSpec, nights: NightPlan, now: datetime, real_now: dat
     if spec.schedule.policy == "split" and first.window is not None:  # also when predicted to fit: a safety
         deadline, kind = to_real(first.window.end - timedelta(seconds=inp.checkpoint_s)), "window"
     bd = budget_deadline(spec.schedule, now, spec.world_size, already_spent=inp.spent)
+    if bd is not None:  # the stop's checkpoint is billed too: it must end by the time the budget is spent
+        bd -= timedelta(seconds=inp.checkpoint_s)
     if bd is not None and (deadline is None or to_real(bd) < deadline):
         deadline, kind = to_real(bd), "budget"
     return GateDecision(

@@ -538,11 +538,12 @@ def test_gate_deadline_counts_money_spent_by_earlier_nights():
     now, real = at(2026, 6, 1, 5), datetime(2026, 1, 1, tzinfo=UTC)  # an injected clock, mapped onto the real one
     fresh = night_inputs(steps=10_000, step=1.0, gpus=2, prov=0.0, ckpt=30.0)
     d = gate_decision(spec, plan_nights(spec.schedule, now, fresh), now, real)
-    # budget 100 at 2/s is spent after 50 s; the window (06:00 less the 30 s checkpoint) is later
-    assert d.run_now and d.deadline_kind == "budget" and d.deadline_unix == pytest.approx(real.timestamp() + 50)
+    # budget 100 at 2/s is spent after 50 s, so the stop's 30 s checkpoint starts by 20 s; the window is later
+    assert d.run_now and d.deadline_kind == "budget" and d.deadline_unix == pytest.approx(real.timestamp() + 20)
     cont = dataclasses.replace(fresh, resumed=True, nights_used=1, spent=90.0, steps_done=500)
     d = gate_decision(spec, plan_nights(spec.schedule, now, cont), now, real)
-    assert d.deadline_kind == "budget" and d.deadline_unix == pytest.approx(real.timestamp() + 5)  # 10 left
+    # 10 left: spent after 5 s, less than the checkpoint: the deadline has passed, the trainer stops at once
+    assert d.deadline_kind == "budget" and d.deadline_unix == pytest.approx(real.timestamp() + 5 - 30)
     assert (d.night, d.spent, d.steps_done, d.clock_offset_s) == (2, 90.0, 500, (now - real).total_seconds())
     rich = spec.model_copy(update={"schedule": spec.schedule.model_copy(update={"budget": None})})
     d = gate_decision(rich, plan_nights(rich.schedule, now, fresh), now, real)
