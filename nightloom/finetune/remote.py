@@ -65,8 +65,9 @@ def wrapper_path(cluster: Cluster) -> str:
 def _parse_mark(mark: str, output: str) -> dict:
     """The JSON line a node-side module printed after `mark`, or a failure naming the output's tail."""
     for line in reversed(output.splitlines()):
-        if line.startswith(mark):
-            return json.loads(line[len(mark) :])
+        i = line.find(mark)  # stdout and stderr arrive merged: a log line may precede it on the same line
+        if i >= 0:
+            return json.loads(line[i + len(mark) :])
     tail = " | ".join(output.strip().splitlines()[-4:])
     return {"ok": False, "error": f"no result from the node ({tail or 'no output'})"}
 
