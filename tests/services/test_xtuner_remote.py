@@ -5,8 +5,9 @@ redone steps equal the first attempt's), ending in a Hugging Face model transfor
 mid-run over SSH and over Slurm leaving no process and no Slurm job. The XTuner env is ensured on every node
 (reused warm through the shared env cache CI fills once); conversion and merge run on node 0.
 
-CI time: one run per thing tested (the SSH run carries the base model, full fine-tuning and recovery), and
-cancellation fires as soon as both nodes' ranks are up. The nodes are this machine, so "remote" processes
+CI time: one rental per provider. The SSH run carries the base model, full fine-tuning and recovery; each
+cancellation rides on its provider's nodes as a second run (env warm, processed data copied) and fires as
+soon as both nodes' ranks are up. The nodes are this machine, so "remote" processes
 are found in /proc by the run folder in their command line.
 """
 
@@ -41,24 +42,6 @@ def QUIET(s):
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory) -> Path:
     return write_shards(tmp_path_factory.mktemp("shards"), alpaca_rows(48))
-
-
-@pytest.fixture(scope="module")
-def prepared(xtuner_env, base_model, shards, tmp_path_factory) -> Path:
-    """The shards tokenized and packed once, here, for the specs with the local base model: the Slurm LoRA run
-    and the cancellations start from a copy (prepare_data skips a folder whose inputs key matches), so CI pays
-    for one preparation; the SSH run prepares on its node 0."""
-    from nightloom.finetune.run import plan_xtuner, prepare_data
-
-    tmp = tmp_path_factory.mktemp("prepared")
-    spec = make_spec(tmp, base_model, shards, method="lora", global_batch=2)
-    plan = plan_xtuner(spec, shards, tmp / "run", world_size=1, env=xtuner_env, peak_flops=1.0, log=QUIET)
-    prepare_data(plan, log=QUIET)
-    return Path(plan.processed_dir)
-
-
-def seed_prepared(prepared: Path, run_dir: Path) -> None:
-    shutil.copytree(prepared, run_dir / "xtuner" / "processed")
 
 
 def remote_spec(tmp: Path, base_model: Path, shards: Path, cluster: dict, **train) -> RunSpec:
@@ -107,7 +90,11 @@ def check_lora_result(r, run_dir: Path, xtuner_env, base_model: Path, nodes: lis
     assert d["vs_base"] > 1e-3, d  # LoRA changed the model
 
 
-def test_xtuner_lora_over_slurm_two_nodes(slurm, xtuner_env, base_model, shards, prepared, tmp_path):
+def test_xtuner_lora_over_slurm_two_nodes_then_cancel_leaves_nothing(slurm, xtuner_env, base_model, shards, tmp_path):
+    """LoRA over n1+n2 from `model.weights` (a local folder), merged on node 0 = a PEFT merge. Then a second,
+    longer run on the same allocation (env warm, the processed data copied) is cancelled once both ranks are
+    up, as the flow's cancel hook does (a fresh provider releases the recorded cluster): the allocation is
+    cancelled and no Slurm job and no process of either run is left."""
     from nightloom.provision.slurm import SlurmProvider, queued
 
     cluster = {"provider": "slurm", "slurm": {"partition": os.environ.get("NIGHTLOOM_SLURM_PARTITION", "debug")}}
@@ -115,20 +102,29 @@ def test_xtuner_lora_over_slurm_two_nodes(slurm, xtuner_env, base_model, shards,
     data = spec.model_dump(mode="json", by_alias=True)  # the base model through model.weights (local folder)
     data["model"]["weights"], data["train"]["xtuner"]["base_model"] = str(base_model), ""
     spec = RunSpec.model_validate(data)
-    run_dir = tmp_path / "runs" / "slurm-lora"
-    seed_prepared(prepared, run_dir)
+    run_dir, cancel_dir = tmp_path / "runs" / "slurm-lora", tmp_path / "runs" / "slurm-cancel"
     p = SlurmProvider(spec, python=sys.executable)
     c = p.acquire()
     t0 = time.monotonic()
     try:
         r = run_xtuner(spec, shards, run_dir, cluster=c, provider=p, log=QUIET)
+        wall = time.monotonic() - t0
+        longer = spec.model_copy(update={"train": spec.train.model_copy(update={"steps": 400})})
+        shutil.copytree(run_dir / "xtuner" / "processed", cancel_dir / "xtuner" / "processed")
+        cancel = _when(_ranks_up(cancel_dir), lambda: SlurmProvider(spec).release(c))
+        with pytest.raises(Exception, match="train failed|not running|did not finish"):
+            run_xtuner(longer, shards, cancel_dir, cluster=c, provider=p, log=QUIET, convert=False)
+        cancel.join(timeout=5)
     finally:
         p.release(c)
-    wall = time.monotonic() - t0
     print(f"\nxtuner over slurm: wall {wall:.1f} s, stages {r.stage_s}, node env ready {r.node_ready_s}")
-    check_lora_result(r, run_dir, xtuner_env, base_model, [n.name for n in c.nodes])
-    assert queued(c.handle["job_id"]) is None, "the allocation outlived release"
+    assert queued(c.handle["job_id"]) is None, "the allocation outlived the cancellation"
+    deadline = time.monotonic() + 20
+    while _pids(str(cancel_dir)) and time.monotonic() < deadline:
+        time.sleep(0.3)
+    assert not _pids(str(cancel_dir)), "a process of the cancelled run outlived the cancellation"
     assert not ours_running(str(run_dir)), "a process of the run outlived release"
+    check_lora_result(r, run_dir, xtuner_env, base_model, [n.name for n in c.nodes])
 
 
 def _pids(*needles: str, program: str = "") -> list[int]:
@@ -341,38 +337,3 @@ print(json.dumps({{"finite": bool(torch.isfinite(lm).all()), "vs_base": (lm - lb
     d = json.loads(out.strip().splitlines()[-1])
     assert d["finite"] and d["params"] == d["base_params"] and d["vs_base"] > 1e-3, d
     assert not _pids(str(run_dir)), "a process of the run outlived release"
-
-
-def _cancel_leaves_nothing(spec, provider_cls, run_dir: Path, prepared: Path, **kw):
-    """Teardown mid-training (what the flow's cancel hook does: a fresh provider releases the recorded
-    cluster) once both nodes' ranks are up: the run fails and no process of it is left."""
-    seed_prepared(prepared, run_dir)
-    p = provider_cls(spec, **kw)
-    c = p.acquire()
-    chaos = _when(_ranks_up(run_dir), lambda: provider_cls(spec).release(c))
-    try:
-        with pytest.raises(Exception, match="train failed|not running|did not finish"):
-            run_xtuner(spec, shards_of(spec), run_dir, cluster=c, provider=p, log=QUIET, convert=False)
-    finally:
-        p.release(c)
-    chaos.join(timeout=5)
-    assert not (run_dir / "xtuner" / "logs" / "prepare.log").exists()  # the seeded preparation was reused
-    deadline = time.monotonic() + 20
-    while _pids(str(run_dir)) and time.monotonic() < deadline:
-        time.sleep(0.3)
-    assert not _pids(str(run_dir)), "a process of the run outlived the cancellation"
-    return c
-
-
-def shards_of(spec) -> str:
-    return spec.sharding.output
-
-
-def test_xtuner_cancel_mid_run_on_slurm_leaves_nothing(slurm, xtuner_env, base_model, shards, prepared, tmp_path):
-    """Cancelling cancels the allocation too: no Slurm job is left."""
-    from nightloom.provision.slurm import SlurmProvider, queued
-
-    cluster = {"provider": "slurm", "slurm": {"partition": os.environ.get("NIGHTLOOM_SLURM_PARTITION", "debug")}}
-    spec = remote_spec(tmp_path, base_model, shards, cluster, steps=40)
-    c = _cancel_leaves_nothing(spec, SlurmProvider, tmp_path / "runs" / "slurm-cancel", prepared, python=sys.executable)
-    assert queued(c.handle["job_id"]) is None
