@@ -84,6 +84,8 @@ def model_shape(spec: RunSpec) -> ModelShape:
         from nightloom.hf.random_model import ensure_demo_weights
 
         ensure_demo_weights(spec.model.weights)
+    if spec.train.backend == "xtuner":  # a bad or missing base model fails here, before any node is rented
+        check_xtuner_base(spec)
     if spec.model.config:
         from nightloom.catalog import shape_from_hf_config
 
@@ -91,6 +93,17 @@ def model_shape(spec: RunSpec) -> ModelShape:
     else:
         shape = get_model(spec.model.name)
     return shape.with_(vocab=resolve_vocab(spec.model, shape.vocab))
+
+
+def check_xtuner_base(spec: RunSpec) -> None:
+    """XTuner's base model (model.weights or train.xtuner.base_model; local or s3://) holds a config, a tokenizer
+    and weights; a tiny demo model still to be built is checked when it is built."""
+    from nightloom.finetune.base_model import base_source, check_source
+    from nightloom.sharding.storage import S3Config
+
+    src = base_source(spec)
+    if not (spec.train.xtuner.build_tiny_base_model and not src.is_s3 and not Path(src.uri).exists()):
+        check_source(src, S3Config.from_spec(spec.storage))
 
 
 def make_run_id(spec: RunSpec) -> str:
@@ -190,7 +203,12 @@ def train_stage(spec: RunSpec, rental: Rental, job: TrainJob) -> TrainOutcome:
     rental then follows the cluster the run ends on) or XTuner (one task, the whole backend)."""
     if spec.train.backend == "xtuner":
         start = datetime.now(UTC)
-        result = xtuner_train_task(spec, spec.sharding.output, job.run_dir, rental.cluster, rental.provider)
+        try:
+            result = xtuner_train_task(spec, spec.sharding.output, job.run_dir, rental.cluster, rental.provider)
+        except Exception as e:  # recovery gave up: the interruptions it saw are the ledger's too
+            for ev in getattr(e, "events", None) or []:
+                record_interruption_task(spec.ledger.url, job.run_id, ev)
+            raise
         if result.cluster is not None:  # recovery may have excluded or replaced nodes: teardown reaches them all
             rental.cluster = rental.cluster.union(result.cluster)
         for i in result.interruptions:  # the ledger keeps every interruption, as for the native backend

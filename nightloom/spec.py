@@ -338,7 +338,9 @@ class ParallelSpec(_Section):
 
 class XTunerSpec(_Section):
     method: Literal["full", "lora", "qlora"] = "lora"
-    base_model: str = Field("", description="Local Hugging Face folder or s3:// prefix.")
+    base_model: str = Field(
+        "", description="Older alias of model.weights (the base model: local Hugging Face folder or s3:// prefix)."
+    )
     map_fn: str = "alpaca"
     template: str = "default"
     zero_stage: Literal[0, 1, 2, 3] = 0
@@ -516,6 +518,12 @@ class RunSpec(_Section):
     def _cross_checks(self) -> RunSpec:
         if self.train.backend == "xtuner" and self.train.xtuner is None:
             raise ValueError("train.xtuner: required when train.backend is 'xtuner'")
+        alias = self.train.xtuner.base_model if self.train.xtuner is not None else ""
+        if alias and self.model.weights and alias.rstrip("/") != self.model.weights.rstrip("/"):
+            raise ValueError(
+                f"model.weights ({self.model.weights!r}) and train.xtuner.base_model ({alias!r}) name different "
+                "base models; set model.weights only (train.xtuner.base_model is its older alias)"
+            )
         return self
 
     @property

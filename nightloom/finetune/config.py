@@ -126,12 +126,14 @@ class RenderInputs:
     lora_dropout: float = 0.0
     amp_dtype: Literal["float16", "bfloat16"] = "bfloat16"
     sequence_parallel_size: int = 1
+    tokenizer_path: str | None = None  # a Hugging Face tokenizer folder (model.tokenizer.path); None = base_model's
     extra: dict = field(default_factory=dict)
 
     def values(self) -> dict[str, object]:
         v: dict[str, object] = {
             "method": self.method,
             "base_model": self.base_model,
+            "tokenizer_path": self.tokenizer_path or self.base_model,
             "data_format": self.data_format,
             "data_files": list(self.data_files),
             "hf_cache_dir": self.hf_cache_dir,

@@ -159,6 +159,22 @@ def cmd_prepare(config: str) -> int:
     return 0
 
 
+def die_with_parent() -> None:
+    """A training rank dies with its torchrun agent (Linux PR_SET_PDEATHSIG): torchrun starts each worker in
+    a session of its own, so a teardown that kills the agent's process group (ssh as root cannot signal the
+    session) would otherwise leave the rank running until its collective timeout."""
+    if not sys.platform.startswith("linux") or "LOCAL_RANK" not in os.environ:
+        return
+    import ctypes
+    import signal
+
+    parent = os.getppid()
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # the agent died before prctl took effect
+        os._exit(1)
+
+
 def main(argv: list[str]) -> int:
     if not argv:
         print(__doc__, file=sys.stderr)
@@ -172,6 +188,7 @@ def main(argv: list[str]) -> int:
     if mode == "prepare" and len(rest) == 1:
         return cmd_prepare(rest[0])
     if mode == "train" and rest:
+        die_with_parent()
         if patched:
             print("nightloom: CUDA absent: CPU adaptations applied", file=sys.stderr)
         return _run_tool(_tool("train.py"), rest)

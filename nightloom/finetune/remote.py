@@ -62,12 +62,18 @@ def wrapper_path(cluster: Cluster) -> str:
     return str(WRAPPER)
 
 
-def _parse(node: str, output: str) -> dict:
+def _parse_mark(mark: str, output: str) -> dict:
+    """The JSON line a node-side module printed after `mark`, or a failure naming the output's tail."""
     for line in reversed(output.splitlines()):
-        if line.startswith(MARK):
-            return json.loads(line[len(MARK) :])
+        i = line.find(mark)  # stdout and stderr arrive merged: a log line may precede it on the same line
+        if i >= 0:
+            return json.loads(line[i + len(mark) :])
     tail = " | ".join(output.strip().splitlines()[-4:])
-    return {"ok": False, "error": f"no result from nightloom.finetune.node_env ({tail or 'no output'})"}
+    return {"ok": False, "error": f"no result from the node ({tail or 'no output'})"}
+
+
+def _parse(node: str, output: str) -> dict:
+    return _parse_mark(MARK, output)
 
 
 def ensure_node_envs(
@@ -112,6 +118,44 @@ def ensure_node_envs(
             f"at {info['python']}"
         )
     return out
+
+
+def ensure_node_models(
+    provider: NodeShell,
+    cluster: Cluster,
+    uri: str,
+    endpoint: str | None,
+    *,
+    log: Callable[[str], None] = print,
+    timeout_s: float = 3600.0,
+) -> str:
+    """Fetch (or find) the s3:// base model in every node's cache (`nightloom.finetune.base_model`, in
+    parallel; nodes sharing a cache download it once); return its folder, which must be the same path on
+    every node (XTuner's config names one). XTunerConfigError naming each node that failed."""
+    from nightloom.finetune import base_model as bm
+    from nightloom.finetune.config import XTunerConfigError
+
+    env = {"OMP_NUM_THREADS": "1", **bm.forward_env()}
+
+    def one(node: Node):
+        r = provider.run_on(cluster, node, bm.node_argv(node.python, uri, endpoint), env, timeout_s=timeout_s)
+        return node, r, _parse_mark(bm.MARK, r.output)
+
+    with ThreadPoolExecutor(max_workers=min(16, len(cluster.nodes) or 1)) as pool:
+        results = list(pool.map(one, cluster.nodes))
+    bad = {n.name: info.get("error", f"exit {r.code}") for n, r, info in results if not info.get("ok") or r.code}
+    if bad:
+        raise XTunerConfigError("model.weights: " + "; ".join(f"node {k}: {v}" for k, v in bad.items()))
+    paths = {info["path"] for _, _, info in results}
+    if len(paths) > 1:
+        where = ", ".join(f"{n.name}: {info['path']}" for n, _, info in results)
+        raise XTunerConfigError(
+            f"model.weights: the nodes cache {uri} at different paths ({where}); set NIGHTLOOM_MODEL_CACHE to "
+            "one path every node has"
+        )
+    for n, r, info in results:
+        log(f"base model on node {n.name}: {'fetched' if info['created'] else 'cached'} in {r.seconds:.2f} s")
+    return paths.pop()
 
 
 def node_runner(

@@ -19,6 +19,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from nightloom.finetune import config as xcfg
+from nightloom.finetune.base_model import BaseSource, base_source, check_source, check_tokenizer, fetch_cached
 from nightloom.finetune.convert import check_hf_model, find_checkpoint, merge_lora, pth_to_hf, publish
 from nightloom.finetune.env import XTunerEnv, ensure_env
 from nightloom.finetune.launcher import (
@@ -39,6 +40,7 @@ from nightloom.finetune.node_wrapper import EXIT_EMPTY_DATASET
 from nightloom.finetune.remote import (
     NodeEnv,
     ensure_node_envs,
+    ensure_node_models,
     is_remote,
     node_peak,
     node_runner,
@@ -47,6 +49,7 @@ from nightloom.finetune.remote import (
 )
 from nightloom.provision.base import Cluster, PreflightReport
 from nightloom.runfiles import RunFiles
+from nightloom.sharding.storage import S3Config
 from nightloom.spec import RunSpec
 from nightloom.train.job import TrainResult
 from nightloom.util import atomic_write_text
@@ -151,7 +154,20 @@ def shard_files(spec: RunSpec, manifest) -> list[Path]:
     return [root / s.path for s in sorted(m.shards, key=lambda s: s.index)]
 
 
-def _hf_flops_per_token(base: Path, seq_len: int, frozen_base: bool = False) -> float | None:
+def _base_config(src: BaseSource, base: Path, xdir: Path, spec: RunSpec) -> Path:
+    """The base model's config.json as this machine sees it: in the folder, or (a node's cache this machine
+    does not share) fetched from the s3:// source."""
+    cfg = base / "config.json"
+    if cfg.is_file() or not src.is_s3:
+        return cfg
+    from nightloom.sharding import storage
+
+    return storage.get_file(
+        storage.join(src.uri, "config.json"), xdir / "base_config.json", S3Config.from_spec(spec.storage)
+    )
+
+
+def _hf_flops_per_token(config: Path, seq_len: int, frozen_base: bool = False) -> float | None:
     """PaLM FLOPs/token (nightloom.perf) from the base model's config.json (nightloom.hf.config parses it);
     None when it cannot be read or describes an architecture nightloom does not know.
     frozen_base for LoRA/QLoRA (no gradients for the base weights)."""
@@ -159,7 +175,7 @@ def _hf_flops_per_token(base: Path, seq_len: int, frozen_base: bool = False) -> 
     from nightloom.perf import flops_per_token
 
     try:
-        shape = shape_from_hf_config(base / "config.json", strict=False)
+        shape = shape_from_hf_config(config, strict=False)
     except ValueError:
         return None
     return flops_per_token(shape, seq_len, frozen_base=frozen_base)
@@ -217,21 +233,28 @@ def plan_xtuner(
     env: XTunerEnv | None = None,
     peak_flops: float | None = None,
     log: Log = print,
+    base_path: str | None = None,
 ) -> XTunerPlan:
-    """Check every input, find or build the env, and render the config. Raises XTunerConfigError before launch."""
+    """Check every input, find or build the env, and render the config. Raises XTunerConfigError before launch.
+    `base_path`: the base model's folder where the nodes fetched it (default: resolved on this machine)."""
     xs = spec.train.xtuner
     if xs is None:
         raise xcfg.XTunerConfigError("train.xtuner: required when train.backend is 'xtuner'")
     tr = spec.train
     map_fn = xcfg.resolve_map_fn(xs.map_fn)
     template = xcfg.check_template(xs.template)
-    if xs.base_model.startswith("s3://"):
-        base = fetch_base_model(xs.base_model, Path(run_dir) / "base_model", spec.storage.s3_endpoint_url)
+    src = base_source(spec)
+    if base_path is not None:  # fetched on the nodes and checked there (remote.ensure_node_models)
+        base = Path(base_path)
+    elif src.is_s3:
+        base = Path(fetch_cached(src.uri, s3=S3Config.from_spec(spec.storage), log=log).path)
     else:
-        if xs.build_tiny_base_model and not Path(xs.base_model).exists():
+        if xs.build_tiny_base_model and not Path(src.uri).exists():
             env = env or ensure_env(python=xs.python, log=log)
-            build_tiny_model(env, Path(xs.base_model), log)
-        base = xcfg.check_base_model(xs.base_model)
+            build_tiny_model(env, Path(src.uri), log)
+        check_source(src)
+        base = Path(src.uri)
+    tokenizer = check_tokenizer(src.tokenizer) if src.tokenizer else None
     files = shard_files(spec, manifest)
     data_format = xcfg.check_data_files(files, map_fn)
     world = world_size or spec.world_size
@@ -251,6 +274,7 @@ def plan_xtuner(
         profile=profile,
         method=xs.method,
         base_model=str(base),
+        tokenizer_path=str(tokenizer) if tokenizer else None,
         data_files=[str(f) for f in files],
         data_format=data_format,
         map_fn=map_fn,
@@ -276,7 +300,17 @@ def plan_xtuner(
     pkey_values = {
         k: v
         for k, v in inputs.values().items()
-        if k in ("base_model", "data_files", "map_fn_name", "template_name", "max_length", "pack_to_max_length", "seed")
+        if k
+        in (
+            "base_model",
+            "tokenizer_path",
+            "data_files",
+            "map_fn_name",
+            "template_name",
+            "max_length",
+            "pack_to_max_length",
+            "seed",
+        )
     }
     peak, peak_source = _peak(spec, profile, peak_flops)
     return XTunerPlan(
@@ -294,37 +328,15 @@ def plan_xtuner(
         world_size=world,
         total_steps=tr.steps,
         tokens_per_step=tr.global_batch * tr.seq_len,
-        flops_per_token=_hf_flops_per_token(base, tr.seq_len, frozen_base=xs.method != "full"),
+        flops_per_token=_hf_flops_per_token(
+            _base_config(src, base, xdir, spec), tr.seq_len, frozen_base=xs.method != "full"
+        ),
         peak_flops=peak,
         peak_source=peak_source,
         deepspeed=f"deepspeed_zero{xs.zero_stage}" if xs.zero_stage else None,
         data_files=inputs.data_files,
         prepare_key=_prepare_key(files, pkey_values),
     )
-
-
-def fetch_base_model(uri: str, dest: Path, endpoint_url: str | None) -> Path:
-    """Download an s3:// model prefix once (a `.complete` marker written last), then check it like a local one."""
-    if (dest / ".complete").is_file():
-        return xcfg.check_base_model(dest)
-    import boto3
-
-    bucket, _, prefix = uri[len("s3://") :].partition("/")
-    prefix = prefix.rstrip("/") + "/"
-    s3 = boto3.client("s3", endpoint_url=endpoint_url)
-    n = 0
-    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
-        for obj in page.get("Contents", []):
-            rel = obj["Key"][len(prefix) :]
-            if rel:
-                (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-                s3.download_file(bucket, obj["Key"], str(dest / rel))
-                n += 1
-    if n == 0:
-        raise xcfg.XTunerConfigError(f"train.xtuner.base_model: no objects under {uri}")
-    xcfg.check_base_model(dest)
-    (dest / ".complete").write_text("", encoding="utf-8")
-    return dest
 
 
 # ------------------------------------------------------------------------------------------------ stages
@@ -622,7 +634,16 @@ def run_xtuner(
         env = node_envs[cluster.nodes[0].name].as_env()
         runner = node_runner(provider, cluster, cluster.nodes[0])
         stage["node_env_s"] = time.monotonic() - t0
-    plan = plan_xtuner(spec, manifest, run_dir, world_size=world, env=env, peak_flops=peak_flops, log=log)
+    src = base_source(spec)
+    base_path: str | None = None
+    endpoint = S3Config.from_spec(spec.storage).endpoint()
+    if is_remote(cluster) and src.is_s3:  # the base model in every node's cache, fetched there once
+        t = time.monotonic()
+        base_path = ensure_node_models(provider, cluster, src.uri, endpoint, log=log)
+        stage["base_model_s"] = time.monotonic() - t
+    plan = plan_xtuner(
+        spec, manifest, run_dir, world_size=world, env=env, peak_flops=peak_flops, log=log, base_path=base_path
+    )
     if is_remote(cluster):
         pythons = {name: e.python for name, e in node_envs.items()}
         plan = plan.model_copy(update={"wrapper": wrapper_path(cluster), "node_pythons": pythons})
@@ -643,9 +664,19 @@ def run_xtuner(
             node_envs.update(
                 ensure_node_envs(provider, sub, profile_of(spec.cluster.gpu_type), python=xs.python, log=log)
             )
+            if base_path is not None and ensure_node_models(provider, sub, src.uri, endpoint, log=log) != base_path:
+                raise xcfg.XTunerConfigError(f"model.weights: the new nodes cache {src.uri} at another path")
         p = plan
         if nxt.world_size != plan.world_size:
-            p = plan_xtuner(spec, manifest, run_dir, world_size=nxt.world_size, env=env, peak_flops=plan.peak_flops)
+            p = plan_xtuner(
+                spec,
+                manifest,
+                run_dir,
+                world_size=nxt.world_size,
+                env=env,
+                peak_flops=plan.peak_flops,
+                base_path=base_path or plan.base_model,
+            )
         return p.model_copy(
             update={"wrapper": wrapper_path(nxt), "node_pythons": {n: e.python for n, e in node_envs.items()}}
         )

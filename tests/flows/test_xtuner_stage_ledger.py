@@ -65,3 +65,43 @@ def test_xtuner_interruptions_reach_the_ledger_and_the_rental(prefect_backend, t
         row = lg.get("r1")
     assert row.interruption_count == 1 and row.recovery_s == 3.0
     assert row.interruptions[0].kind == "node" and row.interruptions[0].detail == "n2: torch"
+
+
+def test_interruptions_of_a_run_that_gives_up_reach_the_ledger(prefect_backend, tmp_path, monkeypatch):
+    """Recovery gave up (out of attempts): the XTuner task fails, and the interruptions it saw (the error's
+    `events`, through a real Prefect task) are in the ledger row before the failure propagates."""
+    import pytest
+    from prefect import task
+
+    import flows.stages as stages
+    from nightloom.finetune.launcher import XTunerLaunchError
+    from nightloom.recovery import Event
+    from tests.support.xtuner_data import make_spec
+
+    spec = make_spec(tmp_path, tmp_path / "base", tmp_path / "shards")
+    spec = spec.model_copy(update={"ledger": spec.ledger.model_copy(update={"url": f"sqlite:///{tmp_path}/l.db"})})
+    with Ledger(spec.ledger.url) as lg:
+        lg.start_run(
+            run_id="r2", spec_hash="h", name="xt", model="m", cluster="c", provider="ssh", gpu_type="cpu", world_size=2
+        )
+    at = datetime(2026, 11, 30, 3, 0, tzinfo=UTC)
+    err = XTunerLaunchError("train failed (exit -9)")
+    err.events = [
+        Event(0, "node", "n2: torch; resumed from iter_4.pth on n1", at, recovery_s=2.0, world_before=2),
+        Event(1, "node", "n1: killed; gave up: out of attempts", at, world_before=1),
+    ]
+
+    @task
+    def failing(*a, **k):
+        raise err
+
+    monkeypatch.setattr(stages, "xtuner_train_task", failing)
+    first = _cluster("7", ["n1", "n2"])
+    rental = stages.Rental(provider=None, cluster=first, first=first, started=at)
+    job = SimpleNamespace(run_dir=str(tmp_path), run_id="r2", plan=ParallelPlan())
+    with pytest.raises(XTunerLaunchError, match="train failed"):
+        stages.train_stage(spec, rental, job)
+    with Ledger(spec.ledger.url) as lg:
+        row = lg.get("r2")
+    assert row.interruption_count == 2
+    assert [i.detail for i in row.interruptions] == [e.detail for e in err.events]

@@ -1,14 +1,22 @@
-"""XTuner on rented nodes: LoRA over the two real sshd nodes and over Slurm n1+n2 (2 nodes x 1 rank, gloo),
-the XTuner env ensured on every node (reused warm through the shared env cache CI fills once), conversion and
-merge run on node 0, and teardown leaving no process and no Slurm job.
+"""XTuner on rented nodes (2 nodes x 1 rank, gloo): LoRA over Slurm n1+n2 ending in a merged model equal to
+a PEFT merge; full fine-tuning over the two real sshd nodes from an s3:// base model (fetched once into the
+nodes' cache), where node 2 turns unhealthy mid-run and a spare host takes its place (the losses of the
+redone steps equal the first attempt's), ending in a Hugging Face model transformers loads; cancellation
+mid-run over SSH and over Slurm leaving no process and no Slurm job. The XTuner env is ensured on every node
+(reused warm through the shared env cache CI fills once); conversion and merge run on node 0.
 
-The nodes are this machine, so "remote" processes are found in /proc by the run folder in their command line.
+CI time: one rental per provider. The SSH run carries the base model, full fine-tuning and recovery; each
+cancellation rides on its provider's nodes as a second run (env warm, processed data copied) and fires as
+soon as both nodes' ranks are up. The nodes are this machine, so "remote" processes
+are found in /proc by the run folder in their command line.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -82,45 +90,41 @@ def check_lora_result(r, run_dir: Path, xtuner_env, base_model: Path, nodes: lis
     assert d["vs_base"] > 1e-3, d  # LoRA changed the model
 
 
-def test_xtuner_lora_over_two_ssh_nodes(sshenv, xtuner_env, base_model, shards, tmp_path):
-    from nightloom.provision.ssh import SSHProvider
-
-    spec = remote_spec(tmp_path, base_model, shards, ssh_cluster(sshenv, tmp_path / "nodes"))
-    run_dir = tmp_path / "runs" / "ssh-lora"
-    p = SSHProvider(spec)
-    c = p.acquire()
-    t0 = time.monotonic()
-    try:
-        # train.xtuner.python is verified on every node, never built; a bad one names each node
-        with pytest.raises(EnvError, match=r"node 127\.0\.0\.1:\d+: FileNotFoundError.*train\.xtuner\.python="):
-            ensure_node_envs(p, c, "cpu", python="/nonexistent/python")
-        r = run_xtuner(spec, shards, run_dir, cluster=c, provider=p, log=QUIET)
-    finally:
-        p.release(c)
-    wall = time.monotonic() - t0
-    print(f"\nxtuner over ssh: wall {wall:.1f} s, stages {r.stage_s}, node env ready {r.node_ready_s}")
-    check_lora_result(r, run_dir, xtuner_env, base_model, [n.name for n in c.nodes])
-    assert not ours_running(str(run_dir)), "a process of the run outlived release"
-
-
-def test_xtuner_lora_over_slurm_two_nodes(slurm, xtuner_env, base_model, shards, tmp_path):
+def test_xtuner_lora_over_slurm_two_nodes_then_cancel_leaves_nothing(slurm, xtuner_env, base_model, shards, tmp_path):
+    """LoRA over n1+n2 from `model.weights` (a local folder), merged on node 0 = a PEFT merge. Then a second,
+    longer run on the same allocation (env warm, the processed data copied) is cancelled once both ranks are
+    up, as the flow's cancel hook does (a fresh provider releases the recorded cluster): the allocation is
+    cancelled and no Slurm job and no process of either run is left."""
     from nightloom.provision.slurm import SlurmProvider, queued
 
     cluster = {"provider": "slurm", "slurm": {"partition": os.environ.get("NIGHTLOOM_SLURM_PARTITION", "debug")}}
     spec = remote_spec(tmp_path, base_model, shards, cluster)
-    run_dir = tmp_path / "runs" / "slurm-lora"
+    data = spec.model_dump(mode="json", by_alias=True)  # the base model through model.weights (local folder)
+    data["model"]["weights"], data["train"]["xtuner"]["base_model"] = str(base_model), ""
+    spec = RunSpec.model_validate(data)
+    run_dir, cancel_dir = tmp_path / "runs" / "slurm-lora", tmp_path / "runs" / "slurm-cancel"
     p = SlurmProvider(spec, python=sys.executable)
     c = p.acquire()
     t0 = time.monotonic()
     try:
         r = run_xtuner(spec, shards, run_dir, cluster=c, provider=p, log=QUIET)
+        wall = time.monotonic() - t0
+        longer = spec.model_copy(update={"train": spec.train.model_copy(update={"steps": 400})})
+        shutil.copytree(run_dir / "xtuner" / "processed", cancel_dir / "xtuner" / "processed")
+        cancel = _when(_ranks_up(cancel_dir), lambda: SlurmProvider(spec).release(c))
+        with pytest.raises(Exception, match="train failed|not running|did not finish"):
+            run_xtuner(longer, shards, cancel_dir, cluster=c, provider=p, log=QUIET, convert=False)
+        cancel.join(timeout=5)
     finally:
         p.release(c)
-    wall = time.monotonic() - t0
     print(f"\nxtuner over slurm: wall {wall:.1f} s, stages {r.stage_s}, node env ready {r.node_ready_s}")
-    check_lora_result(r, run_dir, xtuner_env, base_model, [n.name for n in c.nodes])
-    assert queued(c.handle["job_id"]) is None, "the allocation outlived release"
+    assert queued(c.handle["job_id"]) is None, "the allocation outlived the cancellation"
+    deadline = time.monotonic() + 20
+    while _pids(str(cancel_dir)) and time.monotonic() < deadline:
+        time.sleep(0.3)
+    assert not _pids(str(cancel_dir)), "a process of the cancelled run outlived the cancellation"
     assert not ours_running(str(run_dir)), "a process of the run outlived release"
+    check_lora_result(r, run_dir, xtuner_env, base_model, [n.name for n in c.nodes])
 
 
 def _pids(*needles: str, program: str = "") -> list[int]:
@@ -147,13 +151,13 @@ def _ppid(pid: int) -> int | None:
         return None
 
 
-def _when_checkpointed(work_dir: Path, action, timeout_s: float = 400) -> threading.Thread:
-    """Run `action()` in a thread once the run's first checkpoint is complete (`last_checkpoint` names it)."""
+def _when(ready, action, timeout_s: float = 400) -> threading.Thread:
+    """Run `action()` in a thread once `ready()` is true (polled every 0.1 s)."""
 
     def go():
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if (work_dir / "last_checkpoint").is_file():
+            if ready():
                 action()
                 return
             time.sleep(0.1)
@@ -163,12 +167,74 @@ def _when_checkpointed(work_dir: Path, action, timeout_s: float = 400) -> thread
     return t
 
 
-def test_xtuner_unhealthy_ssh_node_mid_run_resumes_on_the_node_left(sshenv, xtuner_env, base_model, shards, tmp_path):
-    """Node 2 turns unhealthy after the first checkpoint (a fake torch appears on its path, its torchrun is
-    killed): preflight excludes it, the config is re-rendered for 1 rank, and XTuner resumes from its last
-    checkpoint on node 1; the interruption is in the result (the flow writes it to the ledger)."""
+def _ranks_up(run_dir: Path, n: int = 2):
+    """True once train.log shows a rank started on `n` nodes (node_wrapper's first line, per node)."""
+    log = run_dir / "xtuner" / "logs" / "train.log"
+    return lambda: log.is_file() and log.read_text(errors="replace").count("nightloom: CUDA absent") >= n
+
+
+def _logged(work_dir: Path, step: int):
+    """True once the first launch logged `step` and a checkpoint is complete (`last_checkpoint` names it)."""
+    from nightloom.finetune.logs import launch_dirs, parse_launch
+
+    def ready():
+        dirs = launch_dirs(work_dir)
+        if not dirs or not (work_dir / "last_checkpoint").is_file():
+            return False
+        try:
+            return any(int(x["step"]) >= step for x in parse_launch(dirs[0]))
+        except Exception:  # noqa: BLE001 - the scalars file is being written
+            return False
+
+    return ready
+
+
+def upload_model(folder: Path, endpoint: str, uri: str, skip: tuple[str, ...] = ()) -> str:
+    """Every file of a local model folder under an s3:// prefix (the way users upload: boto3)."""
+    import boto3
+
+    from nightloom.sharding.storage import S3Location
+
+    loc = S3Location.parse(uri)
+    client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+    for f in sorted(folder.iterdir()):
+        if f.is_file() and f.name not in skip:
+            client.upload_file(str(f), loc.bucket, f"{loc.key}/{f.name}")
+    return uri
+
+
+def test_xtuner_full_over_ssh_from_s3_recovers_onto_a_spare(
+    sshenv, xtuner_env, base_model, shards, s3_endpoint, tmp_path, monkeypatch
+):
+    """Full fine-tuning over the two sshd nodes of a base model named by `model.weights: s3://...`: each node
+    fetches it into its cache (the nodes share one here: one download, hash-checked, stamp last). After the
+    checkpoint at step 6 and step 7 logged, node 2 turns unhealthy (a fake torch, its torchrun killed):
+    preflight excludes it, the spare host joins (world size stays 2, the config is not re-rendered), XTuner
+    resumes from step 6 and the redone steps' losses equal the first attempt's at the local resume test's
+    tolerance. The result is a Hugging Face model (converted on node 0) that transformers loads. Then a
+    second run on the same nodes reuses the cached model and is cancelled mid-run: nothing of it is left."""
+    from nightloom.finetune.base_model import STAMP, BaseSource, check_source
+    from nightloom.finetune.config import TOKENIZER_FILES, XTunerConfigError
+    from nightloom.finetune.logs import launch_dirs, parse_launch
     from nightloom.provision.ssh import SSHProvider
+    from nightloom.sharding.storage import S3Config
     from tests.support.ssh import plant_fake_torch
+    from tests.support.xtuner_data import run_in_env
+
+    endpoint, bucket = s3_endpoint
+    uri = upload_model(base_model, endpoint, f"s3://{bucket}/models/tiny")
+    no_tok = upload_model(base_model, endpoint, f"s3://{bucket}/models/no-tok", skip=TOKENIZER_FILES)
+    with pytest.raises(XTunerConfigError, match=r"model\.weights: s3://.*/no-tok: missing a tokenizer"):
+        check_source(BaseSource(no_tok, "model.weights"), S3Config(endpoint_url=endpoint))  # before renting
+    # the nodes' own credential chain: a credentials file (its path travels to the nodes, never the keys)
+    creds = tmp_path / "aws-credentials"
+    creds.write_text(
+        f"[default]\naws_access_key_id = {os.environ['AWS_ACCESS_KEY_ID']}\n"
+        f"aws_secret_access_key = {os.environ['AWS_SECRET_ACCESS_KEY']}\n"
+    )
+    creds.chmod(0o600)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(creds))
+    monkeypatch.setenv("NIGHTLOOM_MODEL_CACHE", str(tmp_path / "model-cache"))
 
     slot = tmp_path / "sick-slot"
     slot.mkdir()
@@ -177,14 +243,26 @@ def test_xtuner_unhealthy_ssh_node_mid_run_resumes_on_the_node_left(sshenv, xtun
     sick.chmod(0o755)
     cluster = ssh_cluster(sshenv, tmp_path / "nodes")
     cluster["ssh"]["hosts"][1]["python"] = str(sick)
-    cluster["min_nodes"] = 1
-    spec = remote_spec(tmp_path, base_model, shards, cluster, steps=60, checkpoint_every=4)
-    spec = spec.model_copy(update={"recovery": spec.recovery.model_copy(update={"max_attempts": 1})})
-    run_dir = tmp_path / "runs" / "ssh-recover"
+    h, port = sshenv["hosts"][0]
+    cluster["ssh"]["hosts"].append(
+        {"host": h, "port": port, "user": sshenv["user"], "gpus": 1, "python": sys.executable, "spare": True}
+        | {"workdir": str(tmp_path / "spare")}
+    )
+    spec = remote_spec(tmp_path, base_model, shards, cluster, steps=12, checkpoint_every=6)
+    data = spec.model_dump(mode="json", by_alias=True)
+    data["model"]["weights"] = uri
+    data["train"]["xtuner"].update(method="full", base_model="")
+    data["storage"]["s3_endpoint_url"] = endpoint
+    data["recovery"]["max_attempts"] = 1
+    spec = RunSpec.model_validate(data)
+    run_dir = tmp_path / "runs" / "ssh-full"
     work_dir = run_dir / "xtuner" / "work_dir"
     p = SSHProvider(spec)
     c = p.acquire()
-    bad = c.nodes[1].name
+    bad, spare = c.nodes[1].name, f"{h}:{port}#2"
+    # train.xtuner.python is verified on every node, never built; a bad one names each node
+    with pytest.raises(EnvError, match=r"node 127\.0\.0\.1:\d+: FileNotFoundError.*train\.xtuner\.python="):
+        ensure_node_envs(p, c, "cpu", python="/nonexistent/python")
 
     def sicken():
         plant_fake_torch(slot)
@@ -193,53 +271,69 @@ def test_xtuner_unhealthy_ssh_node_mid_run_resumes_on_the_node_left(sshenv, xtun
         for pid in agents + [p for p in _pids(str(run_dir)) if _ppid(p) in agents]:
             os.kill(pid, signal.SIGKILL)
 
-    chaos = _when_checkpointed(work_dir, sicken)
+    chaos = _when(_logged(work_dir, 7), sicken)
     t0, r = time.monotonic(), None
+    cancel_dir, cancel_log = tmp_path / "runs" / "ssh-cancel", []
     try:
-        r = run_xtuner(spec, shards, run_dir, cluster=c, provider=p, log=QUIET, convert=False)
+        r = run_xtuner(spec, shards, run_dir, cluster=c, provider=p, log=QUIET)
+        wall = time.monotonic() - t0
+        chaos.join(timeout=5)
+        # Phase 2, cancellation over SSH, on the nodes the run ended on (no second rental, env and model
+        # warm, the processed data copied): a longer run of the same spec, torn down as the flow's cancel hook
+        # does (a fresh provider releases the recorded cluster) once both ranks are up.
+        longer = spec.model_copy(update={"train": spec.train.model_copy(update={"steps": 400})})
+        shutil.copytree(run_dir / "xtuner" / "processed", cancel_dir / "xtuner" / "processed")
+        cancel = _when(_ranks_up(cancel_dir), lambda: SSHProvider(spec).release(r.cluster))
+        with pytest.raises(Exception, match="train failed|not running|did not finish"):
+            run_xtuner(longer, shards, cancel_dir, cluster=r.cluster, provider=p, log=cancel_log.append, convert=False)
+        cancel.join(timeout=5)
     finally:
         p.release(c.union(r.cluster) if r is not None and r.cluster else c)
-    chaos.join(timeout=5)
-    wall = time.monotonic() - t0
-    (ev,) = r.interruptions
-    print(f"\nxtuner ssh recovery: wall {wall:.1f} s, recovery_s {ev.recovery_s}, stages {r.stage_s}")
-    assert ev.kind == "node" and bad in ev.detail and "torch: 0.0.1-fake" in ev.detail, ev.detail
-    assert ev.world_before == 2 and ev.world_after == 1 and ev.recovery_s is not None
-    assert [n.name for n in r.cluster.nodes] == [c.nodes[0].name] and bad in r.cluster.excluded
-    assert r.steps_done == 60 and r.stopped == "completed"
-    from nightloom.finetune.logs import launch_dirs, parse_launch
-
-    first, last = parse_launch(launch_dirs(work_dir)[0]), parse_launch(launch_dirs(work_dir)[-1])
-    resumed_at = int(last[0]["step"])
-    assert resumed_at % 4 == 1 and 1 < resumed_at < 60, "resumed from scratch, not from a checkpoint"
-    assert int(last[-1]["step"]) == 60 and len(launch_dirs(work_dir)) == 2
-    steps = read_metrics(r.metrics_path)
-    assert [m.step for m in steps] == list(range(1, 61)) and all(math.isfinite(m.loss) for m in steps)
-    before = {int(x["step"]): float(x["loss"]) for x in first}
-    if resumed_at in before:  # the step redone after the resume, against the same step before the failure
-        assert float(last[0]["loss"]) == pytest.approx(before[resumed_at], rel=2e-2), (before, last)
-    assert not _pids(str(run_dir)), "a process of the run outlived release"
-
-
-def test_xtuner_cancel_mid_run_on_slurm_leaves_nothing(slurm, xtuner_env, base_model, shards, tmp_path):
-    """Teardown mid-training (what the flow's cancel hook does: a fresh provider releases the recorded
-    cluster) cancels the allocation: no Slurm job and no process of the run is left, and the run fails."""
-    from nightloom.provision.slurm import SlurmProvider, queued
-
-    cluster = {"provider": "slurm", "slurm": {"partition": os.environ.get("NIGHTLOOM_SLURM_PARTITION", "debug")}}
-    spec = remote_spec(tmp_path, base_model, shards, cluster, steps=40, checkpoint_every=2)
-    run_dir = tmp_path / "runs" / "slurm-cancel"
-    p = SlurmProvider(spec, python=sys.executable)
-    c = p.acquire()
-    chaos = _when_checkpointed(run_dir / "xtuner" / "work_dir", lambda: SlurmProvider(spec).release(c))
-    try:
-        with pytest.raises(Exception, match="train failed|not running|did not finish"):
-            run_xtuner(spec, shards, run_dir, cluster=c, provider=p, log=QUIET, convert=False)
-    finally:
-        p.release(c)
-    chaos.join(timeout=5)
-    assert queued(c.handle["job_id"]) is None
     deadline = time.monotonic() + 20
-    while _pids(str(run_dir)) and time.monotonic() < deadline:
+    while _pids(str(cancel_dir)) and time.monotonic() < deadline:
         time.sleep(0.3)
-    assert not _pids(str(run_dir)), "a process of the run outlived the cancellation"
+    assert not _pids(str(cancel_dir)), "a process of the cancelled run outlived the cancellation"
+    assert sum("base model on node" in x and " cached " in x for x in cancel_log) == 2, cancel_log  # reused
+    (ev,) = r.interruptions
+    print(f"\nxtuner ssh full + recovery: wall {wall:.1f} s, recovery_s {ev.recovery_s}, stages {r.stage_s}")
+
+    # the base model: fetched once into the shared cache, stamped, and that folder is what XTuner trained
+    (cached,) = (tmp_path / "model-cache").glob(f"*/{STAMP}")
+    assert f"pretrained_model_name_or_path = {str(cached.parent)!r}" in Path(r.config_path).read_text()
+    assert "base_model_s" in r.stage_s
+    # recovery: node 2 excluded, the spare joined, same world size, resumed from the step-6 checkpoint
+    assert ev.kind == "node" and bad in ev.detail and "torch: 0.0.1-fake" in ev.detail, ev.detail
+    assert ev.world_before == 2 and ev.world_after == 2 and spare in ev.detail, ev.detail
+    assert [n.name for n in r.cluster.nodes] == [c.nodes[0].name, spare] and bad in r.cluster.excluded
+    assert r.steps_done == 12 and r.stopped == "completed" and r.profile == "cpu"
+    first, last = parse_launch(launch_dirs(work_dir)[0]), parse_launch(launch_dirs(work_dir)[-1])
+    assert int(last[0]["step"]) == 7 and int(last[-1]["step"]) == 12 and len(launch_dirs(work_dir)) == 2
+    before = {int(x["step"]): float(x["loss"]) for x in first}
+    redone = [(int(x["step"]), float(x["loss"])) for x in last if int(x["step"]) in before]
+    assert redone and redone[0][0] == 7, (before, last)
+    for step, loss in redone:  # same world size, same data order, same state: the same losses
+        assert loss == pytest.approx(before[step], rel=1e-5), (step, before, last)
+    steps = read_metrics(r.metrics_path)
+    assert [m.step for m in steps] == list(range(1, 13)) and all(math.isfinite(m.loss) for m in steps)
+    assert steps[-1].loss < steps[0].loss  # full fine-tuning learns
+    # the result: a Hugging Face model in the run folder, converted on node 0, that transformers loads
+    assert r.adapter_dir is None and Path(r.model_dir) == run_dir / "model"
+    assert f"$ [{c.nodes[0].name}]" in (run_dir / "xtuner" / "logs" / "convert.log").read_text()
+    out = run_in_env(
+        xtuner_env,
+        f"""
+import json, torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+tok = AutoTokenizer.from_pretrained({r.model_dir!r})
+ids = tok("what is the sum of a list", return_tensors="pt").input_ids
+m = AutoModelForCausalLM.from_pretrained({r.model_dir!r}, torch_dtype=torch.float32).eval()
+b = AutoModelForCausalLM.from_pretrained({str(base_model)!r}, torch_dtype=torch.float32).eval()
+with torch.no_grad():
+    lm, lb = m(ids).logits, b(ids).logits
+print(json.dumps({{"finite": bool(torch.isfinite(lm).all()), "vs_base": (lm - lb).abs().max().item(),
+                  "params": sum(p.numel() for p in m.parameters()), "base_params": sum(p.numel() for p in b.parameters())}}))
+""",
+    )
+    d = json.loads(out.strip().splitlines()[-1])
+    assert d["finite"] and d["params"] == d["base_params"] and d["vs_base"] > 1e-3, d
+    assert not _pids(str(run_dir)), "a process of the run outlived release"

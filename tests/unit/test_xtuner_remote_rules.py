@@ -87,3 +87,56 @@ def test_node_env_line_parsing():
     assert _parse("n1", 'noise\nNIGHTLOOM_XTUNER_ENV {"ok": true, "python": "/p"}\n')["python"] == "/p"
     bad = _parse("n1", "Traceback\nModuleNotFoundError: x\n")
     assert not bad["ok"] and "ModuleNotFoundError" in bad["error"]
+
+
+def test_node_result_line_found_after_merged_stderr():
+    from nightloom.finetune.base_model import MARK
+    from nightloom.finetune.remote import _parse_mark
+
+    out = f'log line without newline{MARK}{{"ok": true, "path": "/c/k"}}\n'
+    assert _parse_mark(MARK, out)["path"] == "/c/k"
+
+
+def test_a_training_rank_dies_with_its_torchrun_agent(tmp_path):
+    """node_wrapper's ranks set PR_SET_PDEATHSIG: the agent SIGKILLed (teardown of its process group) takes
+    its rank with it, though torchrun started the rank in a session of its own."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from nightloom.finetune.node_wrapper import __file__ as wrapper
+
+    pid_file = tmp_path / "rank.pid"
+    rank = (
+        f"import sys, os, time; sys.path.insert(0, {os.path.dirname(wrapper)!r}); "
+        "import node_wrapper; node_wrapper.die_with_parent(); "
+        f"open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
+    )
+    agent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {rank!r}], start_new_session=True); time.sleep(60)",
+        ],
+        env={**os.environ, "LOCAL_RANK": "0"},
+    )
+    deadline = time.monotonic() + 30
+    while not (pid_file.is_file() and pid_file.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    child = int(pid_file.read_text())
+    os.kill(agent.pid, signal.SIGKILL)
+    agent.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            state = open(f"/proc/{child}/stat").read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            break
+        if state == "Z":
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(child, signal.SIGKILL)
+        raise AssertionError("the rank outlived its agent")
