@@ -1,12 +1,13 @@
 """XTuner on rented nodes (2 nodes x 1 rank, gloo): LoRA over Slurm n1+n2 ending in a merged model equal to
 a PEFT merge; full fine-tuning over the two real sshd nodes from an s3:// base model (fetched once into the
 nodes' cache), where node 2 turns unhealthy mid-run and a spare host takes its place (the losses of the
-redone steps equal the first attempt's), ending in a Hugging Face model transformers loads; cancellation
+redone steps equal the first attempt's), ending in a Hugging Face model transformers loads, then LoRA on the
+same nodes ending in a merged model equal to a PEFT merge; cancellation
 mid-run over SSH and over Slurm leaving no process and no Slurm job. The XTuner env is ensured on every node
 (reused warm through the shared env cache CI fills once); conversion and merge run on node 0.
 
 CI time: one rental per provider. The SSH run carries the base model, full fine-tuning and recovery; each
-cancellation rides on its provider's nodes as a second run (env warm, processed data copied) and fires as
+LoRA run and each cancellation ride on their provider's nodes as further runs (env warm, processed data copied) and fires as
 soon as both nodes' ranks are up. The nodes are this machine, so "remote" processes
 are found in /proc by the run folder in their command line.
 """
@@ -212,7 +213,8 @@ def test_xtuner_full_over_ssh_from_s3_recovers_onto_a_spare(
     preflight excludes it, the spare host joins (world size stays 2, the config is not re-rendered), XTuner
     resumes from step 6 and the redone steps' losses equal the first attempt's at the local resume test's
     tolerance. The result is a Hugging Face model (converted on node 0) that transformers loads. Then a
-    second run on the same nodes reuses the cached model and is cancelled mid-run: nothing of it is left."""
+    LoRA run on the nodes it ended on (4 steps) is merged on node 0 and equals a PEFT merge; a third, longer run
+    reuses the cached model and is cancelled mid-run: nothing of it is left."""
     from nightloom.finetune.base_model import STAMP, BaseSource, check_source
     from nightloom.finetune.config import TOKENIZER_FILES, XTunerConfigError
     from nightloom.finetune.logs import launch_dirs, parse_launch
@@ -274,11 +276,23 @@ def test_xtuner_full_over_ssh_from_s3_recovers_onto_a_spare(
     chaos = _when(_logged(work_dir, 7), sicken)
     t0, r = time.monotonic(), None
     cancel_dir, cancel_log = tmp_path / "runs" / "ssh-cancel", []
+    lora_dir = tmp_path / "runs" / "ssh-lora"
     try:
         r = run_xtuner(spec, shards, run_dir, cluster=c, provider=p, log=QUIET)
         wall = time.monotonic() - t0
         chaos.join(timeout=5)
-        # Phase 2, cancellation over SSH, on the nodes the run ended on (no second rental, env and model
+        # Phase 2, LoRA over SSH on the nodes the run ended on (env and model warm): 4 steps, merged on node 0,
+        # checked against a PEFT merge below
+        lora_spec = spec.model_copy(
+            update={
+                "train": spec.train.model_copy(
+                    update={"steps": 4, "xtuner": spec.train.xtuner.model_copy(update={"method": "lora"})}
+                )
+            }
+        )
+        shutil.copytree(run_dir / "xtuner" / "processed", lora_dir / "xtuner" / "processed")
+        lora = run_xtuner(lora_spec, shards, lora_dir, cluster=r.cluster, provider=p, log=QUIET)
+        # Phase 3, cancellation over SSH, on the nodes the run ended on (no second rental, env and model
         # warm, the processed data copied): a longer run of the same spec, torn down as the flow's cancel hook
         # does (a fresh provider releases the recorded cluster) once both ranks are up.
         longer = spec.model_copy(update={"train": spec.train.model_copy(update={"steps": 400})})
@@ -337,3 +351,4 @@ print(json.dumps({{"finite": bool(torch.isfinite(lm).all()), "vs_base": (lm - lb
     d = json.loads(out.strip().splitlines()[-1])
     assert d["finite"] and d["params"] == d["base_params"] and d["vs_base"] > 1e-3, d
     assert not _pids(str(run_dir)), "a process of the run outlived release"
+    check_lora_result(lora, lora_dir, xtuner_env, base_model, [n.name for n in r.cluster.nodes])
