@@ -138,16 +138,16 @@ def _init_distributed(job: TrainJob) -> Context:
     else:
         device, backend = torch.device("cpu"), "gloo"
     timeout = timedelta(seconds=job.train.collective_timeout_s)
-    if dist.is_initialized():  # the caller's group (jobs run one after another in one launch): use it, keep it
+    owns = not dist.is_initialized()
+    if not owns:  # the caller's group (jobs run one after another in one launch): use it, leave it running
         if dist.get_world_size() != world:
             raise RuntimeError(f"the running process group has {dist.get_world_size()} ranks, WORLD_SIZE says {world}")
-        return Context(rank, world, device, job.plan.dims().build_mesh(device_type), owns_group=False)
-    if "MASTER_ADDR" in os.environ:
+    elif "MASTER_ADDR" in os.environ:
         dist.init_process_group(backend, timeout=timeout, device_id=device if device_type == "cuda" else None)
     else:  # plain `python -m nightloom.train`: a one-rank group so the code path is the same
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
     mesh = job.plan.dims().build_mesh(device_type)
-    return Context(rank, world, device, mesh)
+    return Context(rank, world, device, mesh, owns_group=owns)
 
 
 def _measure_peak(job: TrainJob, ctx: Context) -> tuple[float, str]:
