@@ -83,8 +83,8 @@ def night_plan(spec: RunSpec, plan: ParallelPlan, run_id: str, now: datetime) ->
 
 def gate_decision(spec: RunSpec, nights: NightPlan, now: datetime, real_now: datetime) -> GateDecision:
     """Run now or defer, from the plan of nights (no I/O): under split the trainer's deadline is the window end
-    less the checkpoint time; the budget deadline (also less the checkpoint) counts what earlier nights spent. Deadlines are mapped from
-    the gate's (possibly injected) clock `now` onto the real clock `real_now`."""
+    less the checkpoint time; the budget deadline (also less the checkpoint) counts what earlier nights spent.
+    Deadlines are mapped from the gate's (possibly injected) clock `now` onto the real clock `real_now`."""
     first, inp = nights.nights[0], nights.inputs
     known = nights.complete
     fields = dict(
@@ -115,8 +115,8 @@ def gate_decision(spec: RunSpec, nights: NightPlan, now: datetime, real_now: dat
     bd = budget_deadline(spec.schedule, now, spec.world_size, already_spent=inp.spent)
     if bd is not None:  # the stop's checkpoint is billed too: it must end by the time the budget is spent
         bd -= timedelta(seconds=inp.checkpoint_s)
-    if bd is not None and (deadline is None or to_real(bd) < deadline):
-        deadline, kind = to_real(bd), "budget"
+        if deadline is None or to_real(bd) < deadline:
+            deadline, kind = to_real(bd), "budget"
     return GateDecision(
         run_now=True, status="run", reason=nights.reason, deadline_unix=deadline, deadline_kind=kind, **fields
     )
