@@ -302,16 +302,24 @@ def check_finite(steps: Sequence[StepMetrics]) -> Verdict:
     return Verdict(name="finite", passed=True, reason=f"loss and grad_norm finite over {len(steps)} steps")
 
 
-def check_loss_drop(steps: Sequence[StepMetrics], min_drop: float, window: int = 0) -> Verdict:
-    """The Theil–Sen trend of the loss over the last `window` steps (0 = all) falls by at least `min_drop`."""
+def check_loss_drop(
+    steps: Sequence[StepMetrics], min_drop: float, window: int = 0, stopped_early: bool = False
+) -> Verdict:
+    """The Theil–Sen trend of the loss over the last `window` steps (0 = all) falls by at least `min_drop`.
+    Too few losses for a trend fail a finished run, but only skip one stopped early (a window or budget end):
+    a short night says nothing about convergence, and the continuation judges the whole curve."""
     pts = [m for m in (steps[-window:] if window else steps) if math.isfinite(m.loss)]
     if len(pts) < 3:
-        return Verdict(
-            name="loss_drop",
-            passed=min_drop == 0,
-            threshold=min_drop,
-            reason=f"only {len(pts)} finite losses in the window; a trend needs at least 3",
-        )
+        reason = f"only {len(pts)} finite losses in the window; a trend needs at least 3"
+        if stopped_early:
+            return Verdict(
+                name="loss_drop",
+                passed=True,
+                skipped=True,
+                threshold=min_drop,
+                reason=reason + " (the run stopped early; its continuation is judged on the whole curve)",
+            )
+        return Verdict(name="loss_drop", passed=min_drop == 0, threshold=min_drop, reason=reason)
     xs = [float(m.step) for m in pts]
     slope, icpt = theil_sen(xs, [m.loss for m in pts])
     start, end = icpt + slope * xs[0], icpt + slope * xs[-1]
@@ -555,8 +563,10 @@ def validate_run(
     mfu_inputs: MfuInputs | None = None,
     golden: GoldenCurve | Sequence[StepMetrics] | None = None,
     golden_source: str = "golden curve",
+    stopped_early: bool = False,
 ) -> list[Verdict]:
-    """Every configured gate, in a fixed order. Pass `mfu_inputs=None` only when MFU is not gated at all."""
+    """Every configured gate, in a fixed order. Pass `mfu_inputs=None` only when MFU is not gated at all;
+    `stopped_early` when the run stopped before its last step (a window or budget end)."""
     if not steps:
         raise ValueError("validate_run: no metrics steps")
     out: list[Verdict] = []
@@ -565,7 +575,7 @@ def validate_run(
     elif spec.mfu_floor > 0 or spec.mfu_vs_plan > 0:
         raise PeakError("validate.mfu_floor/mfu_vs_plan is set but no peak/FLOPs were given to validate the run")
     out.append(check_finite(steps))
-    out.append(check_loss_drop(steps, spec.min_loss_drop, spec.window))
+    out.append(check_loss_drop(steps, spec.min_loss_drop, spec.window, stopped_early))
     out.append(check_spikes(steps, spec.spike_k, min_rise=spec.spike_min_rise, sustain=spec.spike_sustain))
     out.append(check_grad_norm(steps, spec.grad_norm_max))
     if spec.eval_every > 0:

@@ -84,7 +84,9 @@ def validate_task(
         golden = resolve_golden(spec.validate_.golden, ledger, spec.spec_hash())
     finally:
         ledger.close()
-    verdicts = validate_run(steps, spec.validate_, mfu_inputs=inputs, golden=golden)
+    verdicts = validate_run(
+        steps, spec.validate_, mfu_inputs=inputs, golden=golden, stopped_early=result.stopped != "completed"
+    )
     report: MfuReport | None = measure_mfu(steps, inputs)
     for v in verdicts:
         (log.info if v.passed else log.error)("gate %-12s %s: %s", v.name, v.label, v.reason)

@@ -97,13 +97,15 @@ def test_split_resumes_next_window_and_continues_the_same_curve(prefect_backend,
         offpeak_discount=0.5,
         provisioning_minutes=0.05,
     )
-    with clock_at(datetime(2026, 11, 30, 5, 59, 35, tzinfo=TZ)):  # 25 s left: start-up, then some steps
+    # 35 s left: start-up (~10 s idle, over 20 s on a loaded 2-core CI box), then some steps. A night with only 1-2
+    # steps is fine (its convergence verdict is skipped, not failed); the test needs at least one step per night.
+    with clock_at(datetime(2026, 11, 30, 5, 59, 25, tzinfo=TZ)):
         first = training_pipeline(str(spec))
     assert first.status == "split", first
     k1 = int(first.reason.split(" after ")[1].split("/")[0])
     assert 0 < k1 < steps and "continues at 2026-12-01T02:00:00+08:00" in first.reason, first.reason
 
-    with clock_at(datetime(2026, 12, 1, 5, 59, 35, tzinfo=TZ)):
+    with clock_at(datetime(2026, 12, 1, 5, 59, 25, tzinfo=TZ)):
         second = training_pipeline(str(spec), resume_run_id=first.run_id)
     assert second.status == "split" and second.run_id == first.run_id
     metrics = read_metrics(Path(second.run_dir) / "metrics.jsonl")

@@ -253,6 +253,22 @@ def test_loss_drop_uses_a_trend_not_first_vs_last():
     assert check_loss_drop(healthy(), 0.05).passed
 
 
+def test_too_few_losses_fail_a_finished_run_but_skip_one_stopped_at_a_window_end():
+    """A night that made 1-2 steps before its window closed cannot say whether the model learns: the verdict is
+    skipped (the run continues and is judged on the whole curve), never passed as judged, never a failure that
+    would end the run. A finished run with too few steps still fails."""
+    two = healthy(2)
+    done = check_loss_drop(two, 0.05)
+    assert not done.passed and not done.skipped and "a trend needs at least 3" in done.reason
+    early = check_loss_drop(two, 0.05, stopped_early=True)
+    assert early.passed and early.skipped and "stopped early" in early.reason
+    vs = {v.name: v for v in validate_run(two, ValidateSpec(), stopped_early=True)}
+    assert vs["loss_drop"].skipped and all(v.passed for v in vs.values())
+    assert not {v.name: v for v in validate_run(two, ValidateSpec())}["loss_drop"].passed
+    assert check_loss_drop(healthy(), 0.05, stopped_early=True).passed  # enough points: judged as usual
+    assert not check_loss_drop(healthy(), 0.99, stopped_early=True).passed
+
+
 def test_loss_drop_window_looks_only_at_the_last_steps():
     steps = healthy(120)
     assert check_loss_drop(steps, 0.2).passed
