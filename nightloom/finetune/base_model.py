@@ -3,32 +3,25 @@
 `base_source` says which folder or s3:// prefix a spec fine-tunes (`model.weights`, or the older
 `train.xtuner.base_model`, which must agree with it when both are set); `check_source` proves it holds a
 config, a tokenizer and weights before any node is rented. An s3:// model is fetched once per node
-(`fetch_cached`, also runnable there as `python -m nightloom.finetune.base_model URI`) into
-`<cache root>/<content key>`: the key hashes every object's name, size and ETag, so a changed model gets a
-new folder; the download holds a file lock, each file is checked against its source (size, and MD5 = ETag
-for single-part uploads), and the stamp is written last, so a second run (or a node sharing the cache)
-reuses it. Nodes read S3 with their own credential chain (environment, `AWS_SHARED_CREDENTIALS_FILE`, an
+(`fetch_cached`, also runnable there as `python -m nightloom.finetune.base_model URI`) into the machine's
+model cache (nightloom.model_cache: content-keyed, locked, checked file by file, stamped last), the same
+folder the native trainer uses for that model. Nodes read S3 with their own credential chain (environment, `AWS_SHARED_CREDENTIALS_FILE`, an
 instance role): no secret travels on a command line.
 """
 
 from __future__ import annotations
 
 import argparse
-import fcntl
-import hashlib
 import json
 import os
-import shutil
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from nightloom.finetune.config import TOKENIZER_FILES, WEIGHT_GLOBS, XTunerConfigError, check_base_model
-from nightloom.util import atomic_write_text
+from nightloom.model_cache import FetchedModel, ModelFetchError, fetch_model
 
 MARK = "NIGHTLOOM_BASE_MODEL "
-STAMP = ".nightloom-model.json"
 #: environment the orchestrator forwards to nodes for the fetch: where the cache is, how to reach S3 (no secrets)
 FORWARD_ENV = (
     "NIGHTLOOM_MODEL_CACHE",
@@ -51,16 +44,6 @@ class BaseSource:
     @property
     def is_s3(self) -> bool:
         return self.uri.startswith("s3://")
-
-
-@dataclass(frozen=True)
-class FetchedModel:
-    """A base model ready on one machine: its local folder, content key, whether this call downloaded it."""
-
-    path: str
-    key: str
-    created: bool
-    seconds: float
 
 
 def _norm(uri: str) -> str:
@@ -106,25 +89,6 @@ def check_tokenizer(path: str) -> Path:
     return p
 
 
-def _listing(uri: str, s3=None) -> list[tuple[str, int, str]]:
-    """(relative name, size, ETag) of every object under an s3:// prefix, sorted by name."""
-    from nightloom.sharding import storage
-
-    loc = storage.S3Location.parse(uri)
-    prefix = loc.key.rstrip("/") + "/" if loc.key else ""
-    out: list[tuple[str, int, str]] = []
-
-    def run() -> None:
-        for page in storage.s3_client(s3).get_paginator("list_objects_v2").paginate(Bucket=loc.bucket, Prefix=prefix):
-            for obj in page.get("Contents", []):
-                rel = obj["Key"][len(prefix) :]
-                if rel and not rel.endswith("/"):
-                    out.append((rel, int(obj["Size"]), obj.get("ETag", "").strip('"')))
-
-    storage._s3_call(uri, "list", run, s3)
-    return sorted(out)
-
-
 def _check_names(field: str, uri: str, names: list[str]) -> None:
     top = {n for n in names if "/" not in n}
     missing = []
@@ -139,27 +103,20 @@ def _check_names(field: str, uri: str, names: list[str]) -> None:
         raise XTunerConfigError(f"{field}: {uri}: {what}")
 
 
-def content_key(listing: list[tuple[str, int, str]]) -> str:
-    """The cache folder's name: a hash over every object's name, size and ETag (a changed file, a new key)."""
-    h = hashlib.sha256()
-    for name, size, etag in listing:
-        h.update(f"{name}\t{size}\t{etag}\n".encode())
-    return h.hexdigest()[:20]
-
-
 def check_source(src: BaseSource, s3=None) -> None:
     """Before any node is rented: the base model (local folder or s3:// prefix) holds config.json, a
     tokenizer and weights, and a separate tokenizer folder is one; XTunerConfigError naming the field."""
     if src.tokenizer:
         check_tokenizer(src.tokenizer)
     if src.is_s3:
+        from nightloom.sharding import storage
         from nightloom.sharding.storage import StorageError
 
         try:
-            listing = _listing(src.uri, s3)
+            names = [o.name for o in storage.list_objects(src.uri, s3)]
         except StorageError as e:
             raise XTunerConfigError(f"{src.field}: {e}") from None
-        _check_names(src.field, src.uri, [n for n, _, _ in listing])
+        _check_names(src.field, src.uri, names)
         return
     try:
         check_base_model(src.uri)
@@ -167,58 +124,20 @@ def check_source(src: BaseSource, s3=None) -> None:
         raise XTunerConfigError(str(e).replace("train.xtuner.base_model", src.field, 1)) from None
 
 
-def default_cache_root() -> Path:
-    return Path(os.environ.get("NIGHTLOOM_MODEL_CACHE") or Path.home() / ".cache" / "nightloom" / "models")
-
-
-def _md5(path: Path) -> str:
-    h = hashlib.md5(usedforsecurity=False)
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def _verify(dest: Path, listing: list[tuple[str, int, str]], uri: str) -> None:
-    """Every file as its source object: the size always; the MD5 where the ETag is one (single-part upload;
-    a multipart ETag `md5-of-parts-N` depends on the uploader's part size)."""
-    for name, size, etag in listing:
-        p = dest / name
-        got = p.stat().st_size if p.is_file() else None
-        if got != size:
-            raise XTunerConfigError(f"{uri}/{name}: fetched {got} bytes, the object has {size}")
-        if etag and "-" not in etag and _md5(p) != etag:
-            raise XTunerConfigError(f"{uri}/{name}: fetched file's MD5 differs from the object's ETag {etag}")
-
-
 def fetch_cached(uri: str, cache_root: Path | None = None, s3=None, log=print) -> FetchedModel:
-    """The s3:// model at `uri` as a local folder `<cache_root>/<content key>`: reused when its stamp is
-    there, else downloaded under a lock, checked file by file against the source, stamped last."""
-    from nightloom.sharding import storage
-
-    t0 = time.monotonic()
-    root = Path(cache_root or default_cache_root())
-    listing = _listing(uri, s3)
-    _check_names("model.weights", uri, [n for n, _, _ in listing])
-    key = content_key(listing)
-    dest = root / key
-    if (dest / STAMP).is_file():
-        return FetchedModel(str(dest), key, False, time.monotonic() - t0)
-    root.mkdir(parents=True, exist_ok=True)
-    with open(root / f"{key}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if (dest / STAMP).is_file():  # another process (or node sharing the cache) fetched it meanwhile
-            return FetchedModel(str(dest), key, False, time.monotonic() - t0)
-        shutil.rmtree(dest, ignore_errors=True)  # a crashed download's leftovers
-        for name, _size, _etag in listing:
-            storage.get_file(storage.join(uri, name), dest / name, s3)
-        _verify(dest, listing, uri)
-        check_base_model(dest)
-        stamp = {"uri": uri, "key": key, "files": len(listing), "bytes": sum(s for _, s, _ in listing)}
-        atomic_write_text(dest / STAMP, json.dumps(stamp) + "\n")
-    secs = time.monotonic() - t0
-    log(f"base model {uri}: fetched {len(listing)} files into {dest} in {secs:.2f} s")
-    return FetchedModel(str(dest), key, True, secs)
+    """The s3:// base model at `uri` in this machine's model cache (nightloom.model_cache, shared with the
+    native trainer), checked to hold config.json, a tokenizer and weights before download and after."""
+    try:
+        return fetch_model(
+            uri,
+            cache_root,
+            s3,
+            check_names=lambda names: _check_names("model.weights", uri, names),
+            check_folder=check_base_model,
+            log=log,
+        )
+    except ModelFetchError as e:
+        raise XTunerConfigError(str(e)) from None
 
 
 def node_argv(python: str, uri: str, endpoint: str | None) -> list[str]:

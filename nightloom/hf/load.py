@@ -9,7 +9,6 @@ and head of a vocabulary padded for TP are read whole (one tensor) and padded wi
 
 from __future__ import annotations
 
-import hashlib
 import json
 import struct
 from dataclasses import dataclass
@@ -112,23 +111,24 @@ def scan_checkpoint(folder: str | Path, shape: ModelShape) -> CheckpointIndex:
     return CheckpointIndex(root, tensors)
 
 
-def fetch_weights(uri: str, cache_root: Path, s3=None) -> Path:
-    """A local folder for `uri`: itself, or an s3:// prefix's *.safetensors (+ index, config) downloaded once
-    into `cache_root/<hash>` (complete folders only: downloaded to a temp name, then renamed); `s3` is the
-    job's storage.S3Config (None = the environment's endpoint)."""
+def fetch_weights(uri: str, s3=None, cache_root: Path | None = None, log=print) -> Path:
+    """A local folder for `uri`: itself, or an s3:// prefix in this machine's model cache (nightloom.model_cache:
+    content-keyed, locked, checked against the objects, stamped last; the folder XTuner uses for the same model).
+    `s3` is the job's storage.S3Config (None = the environment's endpoint)."""
+    from nightloom.model_cache import ModelFetchError, fetch_model
     from nightloom.sharding import storage
 
     if not storage.is_s3(uri):
         return Path(uri)
-    dest = cache_root / hashlib.sha256(uri.encode()).hexdigest()[:16]
-    if dest.is_dir():
-        return dest
-    tmp = dest.with_name(dest.name + ".part")
-    for name, _size in storage.list_files(uri, s3):
-        if "/" not in name and (name.endswith(".safetensors") or name.endswith(".json")):
-            storage.get_file(storage.join(uri, name), tmp / name, s3)
-    tmp.rename(dest)
-    return dest
+
+    def needs_safetensors(names: list[str]) -> None:
+        if not any(n.endswith(".safetensors") and "/" not in n for n in names):
+            raise WeightsError(f"model.weights: {uri}: no *.safetensors objects under this prefix")
+
+    try:
+        return Path(fetch_model(uri, cache_root, s3, check_names=needs_safetensors, log=log).path)
+    except ModelFetchError as e:
+        raise WeightsError(str(e)) from None
 
 
 def load_hf_weights(parts: list, folder: str | Path, shape: ModelShape) -> CheckpointIndex:

@@ -152,23 +152,24 @@ class LocalProvider:
 
     def preflight(self, cluster: Cluster) -> PreflightReport:
         """torch importable in the node interpreter, no unhealthy marker (`unhealthy_dir`, the chaos hook), and
-        the rendezvous port free."""
+        the rendezvous port free. Local nodes share this host, so each distinct interpreter is checked once
+        (importing torch costs ~2 CPU-seconds; N nodes on one interpreter would pay it N times for one answer)."""
         reports = []
+        torch_checks: dict[str, Check] = {}
         for node in cluster.nodes:
-            checks = []
-            r = subprocess.run(
-                [node.python, "-c", "import torch, sys; print(torch.__version__)"],
-                capture_output=True,
-                text=True,
-                timeout=120,
-            )
-            checks.append(
-                Check(
+            if node.python not in torch_checks:
+                r = subprocess.run(
+                    [node.python, "-c", "import torch, sys; print(torch.__version__)"],
+                    capture_output=True,
+                    text=True,
+                    timeout=120,
+                )
+                torch_checks[node.python] = Check(
                     name="torch",
                     ok=r.returncode == 0,
                     detail=r.stdout.strip() if r.returncode == 0 else r.stderr.strip()[-300:],
                 )
-            )
+            checks = [torch_checks[node.python].model_copy()]
             marker = unhealthy_dir(self.spec) / node.name
             if marker.exists():
                 checks.append(Check(name="health", ok=False, detail=f"marked unhealthy by {marker} (chaos hook)"))

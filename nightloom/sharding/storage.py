@@ -292,22 +292,38 @@ def get_file(uri: str, local: Path, s3: S3Config | None = None) -> Path:
     return local
 
 
-def list_files(uri: str, s3: S3Config | None = None) -> list[tuple[str, int]]:
-    """(relative name, size) of every object/file under a folder or prefix, sorted by name."""
-    if not is_s3(uri):
-        return sorted(_walk_local(str(uri), ""))
+@dataclass(frozen=True)
+class S3Object:
+    """One object under a prefix: its name relative to the prefix, size and ETag (quotes stripped)."""
+
+    name: str
+    size: int
+    etag: str
+
+
+def list_objects(uri: str, s3: S3Config | None = None, markers: bool = False) -> list[S3Object]:
+    """Every object under an s3:// prefix, sorted by name; folder markers (`dir/`) only with `markers`."""
     loc = S3Location.parse(uri)
     prefix = loc.key.rstrip("/") + "/" if loc.key else ""
-    out: list[tuple[str, int]] = []
+    out: list[S3Object] = []
 
     def run() -> None:
         pages = s3_client(s3).get_paginator("list_objects_v2").paginate(Bucket=loc.bucket, Prefix=prefix)
         for page in pages:
             for obj in page.get("Contents", []):
-                out.append((obj["Key"][len(prefix) :], int(obj["Size"])))
+                rel = obj["Key"][len(prefix) :]
+                if markers or (rel and not rel.endswith("/")):
+                    out.append(S3Object(rel, int(obj["Size"]), obj.get("ETag", "").strip('"')))
 
     _s3_call(uri, "list", run, s3)
-    return sorted(out)
+    return sorted(out, key=lambda o: o.name)
+
+
+def list_files(uri: str, s3: S3Config | None = None) -> list[tuple[str, int]]:
+    """(relative name, size) of every object/file under a folder or prefix, sorted by name."""
+    if not is_s3(uri):
+        return sorted(_walk_local(str(uri), ""))
+    return [(o.name, o.size) for o in list_objects(uri, s3, markers=True)]
 
 
 def _walk_local(folder: str, rel: str) -> list[tuple[str, int]]:

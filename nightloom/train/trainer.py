@@ -458,16 +458,13 @@ class Trainer:
 
     def _load_weights(self, uri: str) -> None:
         """Hugging Face weights into this rank's shards (collective); every tensor checked before any step."""
-        import tempfile
-
         from nightloom.hf.load import fetch_weights, load_hf_weights
 
-        cache = Path(tempfile.gettempdir()) / "nightloom-weights"
         if int(os.environ.get("LOCAL_RANK", "0")) == 0:  # one download per node for an s3:// prefix
-            fetch_weights(uri, cache, self.job.s3)
+            fetch_weights(uri, self.job.s3, log=self._log)
         dist.barrier()
         t0 = time.perf_counter()
-        index = load_hf_weights(self.parts.parts, fetch_weights(uri, cache, self.job.s3), self.shape)
+        index = load_hf_weights(self.parts.parts, fetch_weights(uri, self.job.s3, log=lambda _: None), self.shape)
         secs = time.perf_counter() - t0
         self._log(
             f"[nightloom.train] loaded {len(index.tensors)} tensors ({index.total_bytes / 2**20:.1f} MiB) from "

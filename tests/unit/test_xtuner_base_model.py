@@ -1,6 +1,7 @@
 """XTuner's base model through model.weights: which field names it, what it must hold, and the per-node cache
-(content key, hash check against the source, stamp last, reuse). S3 is replaced by a local folder here; the
-service test (tests/services/test_xtuner_remote.py) fetches from SeaweedFS."""
+(content key, hash check against the source, stamp last, reuse). S3 is replaced by a local folder here, so a
+download can be corrupted on purpose; tests/services/test_model_cache.py and test_xtuner_remote.py fetch from
+SeaweedFS."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from pydantic import ValidationError
 
 from nightloom.finetune import base_model as bm
 from nightloom.finetune.config import XTunerConfigError
+from nightloom.model_cache import STAMP, content_key
+from nightloom.sharding.storage import S3Object
 from nightloom.spec import RunSpec
 
 
@@ -94,25 +97,31 @@ def test_s3_listing_must_hold_config_tokenizer_and_weights():
 
 
 def test_content_key_follows_every_name_size_and_etag():
-    a = [("config.json", 10, "e1"), ("model.safetensors", 64, "e2")]
-    assert bm.content_key(a) == bm.content_key(list(a))
-    assert bm.content_key(a) != bm.content_key([a[0], ("model.safetensors", 64, "e3")])
-    assert bm.content_key(a) != bm.content_key([a[0], ("model.safetensors", 65, "e2")])
-    assert bm.content_key(a) != bm.content_key(a[:1])
+    a = [S3Object("config.json", 10, "e1"), S3Object("model.safetensors", 64, "e2")]
+    assert content_key(a) == content_key(list(a))
+    assert content_key(a) != content_key([a[0], S3Object("model.safetensors", 64, "e3")])
+    assert content_key(a) != content_key([a[0], S3Object("model.safetensors", 65, "e2")])
+    assert content_key(a) != content_key(a[:1])
 
 
 class FakeS3:
-    """`_listing` and `storage.get_file` over a local folder standing for the prefix (ETag = MD5)."""
+    """`storage.list_objects` and `storage.get_file` over a local folder standing for the prefix (ETag = MD5),
+    so a download can be corrupted on purpose; tests/services/test_model_cache.py runs the real S3 server."""
 
     def __init__(self, src: Path, monkeypatch, corrupt: str | None = None):
         self.src, self.gets, self.corrupt = src, 0, corrupt
-        monkeypatch.setattr(bm, "_listing", self.listing)
         from nightloom.sharding import storage
 
+        monkeypatch.setattr(storage, "list_objects", self.listing)
         monkeypatch.setattr(storage, "get_file", self.get)
 
-    def listing(self, uri, s3=None):
-        return sorted((p.name, p.stat().st_size, hashlib.md5(p.read_bytes()).hexdigest()) for p in self.src.iterdir())
+    def listing(self, uri, s3=None, markers=False):
+        from nightloom.sharding.storage import S3Object
+
+        return sorted(
+            (S3Object(p.name, p.stat().st_size, hashlib.md5(p.read_bytes()).hexdigest()) for p in self.src.iterdir()),
+            key=lambda o: o.name,
+        )
 
     def get(self, uri, local: Path, s3=None):
         self.gets += 1
@@ -128,7 +137,7 @@ def test_fetch_is_once_per_cache_hash_checked_stamped_last_and_reused(tmp_path, 
     fake = FakeS3(src, monkeypatch)
     first = bm.fetch_cached("s3://b/m", tmp_path / "cache", log=lambda s: None)
     assert first.created and Path(first.path).name == first.key and fake.gets == 3
-    stamp = json.loads((Path(first.path) / bm.STAMP).read_text())
+    stamp = json.loads((Path(first.path) / STAMP).read_text())
     assert stamp["files"] == 3 and stamp["key"] == first.key
     again = bm.fetch_cached("s3://b/m", tmp_path / "cache")
     assert not again.created and again.path == first.path and fake.gets == 3  # reused, nothing downloaded
@@ -155,7 +164,7 @@ def test_a_file_that_differs_from_its_source_is_an_error_and_never_stamped(tmp_p
     FakeS3(_model(tmp_path / "src"), monkeypatch, corrupt="model.safetensors")
     with pytest.raises(XTunerConfigError, match=r"model\.safetensors: fetched file's MD5 differs"):
         bm.fetch_cached("s3://b/m", tmp_path / "cache")
-    assert not list((tmp_path / "cache").glob(f"*/{bm.STAMP}"))
+    assert not list((tmp_path / "cache").glob(f"*/{STAMP}"))
     monkeypatch.undo()
     FakeS3(tmp_path / "src", monkeypatch)  # a later healthy fetch replaces the leftovers
     assert bm.fetch_cached("s3://b/m", tmp_path / "cache", log=lambda s: None).created
