@@ -42,6 +42,12 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def prefect_backend(tmp_path_factory):
+    # prefect.main sets up Prefect's logging, whose console handler keeps the sys.stderr of that moment: here, the
+    # session's. First imported inside a test using capsys (`from prefect import flow` is lazy), it would keep
+    # that test's stream, closed after it, and every later flow's logs would fail (RecursionError in the handler)
+    # whenever such a test runs first, e.g. tests/flows/test_windows.py on its own.
+    import prefect.main  # noqa: F401
+
     if os.environ.get("PREFECT_API_URL"):
         yield os.environ["PREFECT_API_URL"]
         return

@@ -215,9 +215,10 @@ def test_xtuner_full_over_ssh_from_s3_recovers_onto_a_spare(
     tolerance. The result is a Hugging Face model (converted on node 0) that transformers loads. Then a
     LoRA run on the nodes it ended on (4 steps) is merged on node 0 and equals a PEFT merge; a third, longer run
     reuses the cached model and is cancelled mid-run: nothing of it is left."""
-    from nightloom.finetune.base_model import STAMP, BaseSource, check_source
+    from nightloom.finetune.base_model import BaseSource, check_source
     from nightloom.finetune.config import TOKENIZER_FILES, XTunerConfigError
     from nightloom.finetune.logs import launch_dirs, parse_launch
+    from nightloom.model_cache import STAMP
     from nightloom.provision.ssh import SSHProvider
     from nightloom.sharding.storage import S3Config
     from tests.support.ssh import plant_fake_torch
