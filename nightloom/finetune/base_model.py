@@ -110,11 +110,10 @@ def check_source(src: BaseSource, s3=None) -> None:
         check_tokenizer(src.tokenizer)
     if src.is_s3:
         from nightloom.sharding import storage
-        from nightloom.sharding.storage import StorageError
 
         try:
             names = [o.name for o in storage.list_objects(src.uri, s3)]
-        except StorageError as e:
+        except storage.StorageError as e:
             raise XTunerConfigError(f"{src.field}: {e}") from None
         _check_names(src.field, src.uri, names)
         return

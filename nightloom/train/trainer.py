@@ -460,11 +460,13 @@ class Trainer:
         """Hugging Face weights into this rank's shards (collective); every tensor checked before any step."""
         from nightloom.hf.load import fetch_weights, load_hf_weights
 
-        if int(os.environ.get("LOCAL_RANK", "0")) == 0:  # one download per node for an s3:// prefix
-            fetch_weights(uri, self.job.s3, log=self._log)
+        first = int(os.environ.get("LOCAL_RANK", "0")) == 0  # one download per node for an s3:// prefix
+        folder = fetch_weights(uri, self.job.s3, log=self._log) if first else None
         dist.barrier()
+        if folder is None:  # the node's copy is in the cache now: found, not fetched
+            folder = fetch_weights(uri, self.job.s3, log=lambda _: None)
         t0 = time.perf_counter()
-        index = load_hf_weights(self.parts.parts, fetch_weights(uri, self.job.s3, log=lambda _: None), self.shape)
+        index = load_hf_weights(self.parts.parts, folder, self.shape)
         secs = time.perf_counter() - t0
         self._log(
             f"[nightloom.train] loaded {len(index.tensors)} tensors ({index.total_bytes / 2**20:.1f} MiB) from "
