@@ -12,9 +12,12 @@ export PYTHONUNBUFFERED := 1
 $(STAMP): pyproject.toml
 	test -x $(VENV)/bin/python || $(PY) -m venv $(VENV)
 	# torch (and the uv installer) through pip, so pip's own config (find-links, index) picks the torch wheel;
-	# then uv installs the ~150 pinned dependencies in seconds (pip took ~3 min). No byte-compiling up front.
+	# then uv installs the ~150 pinned dependencies in seconds (pip took ~3 min) and byte-compiles all of
+	# site-packages (~1 min on 2 cores): with PYTHONDONTWRITEBYTECODE=1, common on CI machines and in images,
+	# Python never writes .pyc itself and every process (each rank of each run) recompiles torch, transformers
+	# and prefect on import: 10.8 s instead of 6.6 s to import the three, measured here.
 	$(VENV)/bin/pip install -q --no-compile uv==0.13.9 torch==2.13.0
-	$(VENV)/bin/uv pip install -q --python $(VENV)/bin/python -e '.[dev]'
+	$(VENV)/bin/uv pip install -q --python $(VENV)/bin/python --compile-bytecode -e '.[dev]'
 	touch $(STAMP)
 
 venv: $(STAMP)

@@ -176,8 +176,9 @@ def _create(path: Path, profile: Profile, base_python: str, log: Callable[[str],
     _run_logged([base_python, "-m", "venv", str(path)], log_file, "venv", 300)
     py = str(_python_of(path))
     # torch through pip, so pip's own config (find-links, index) picks the wheel (here the local CPU build); the
-    # rest through uv when the orchestrator's venv has it (seconds instead of minutes), else pip. No byte-compiling:
-    # Python compiles what it imports on first use, a fraction of the ~10k files.
+    # rest through uv when the orchestrator's venv has it (seconds instead of minutes), else pip. Byte-compiled once
+    # at the end: under PYTHONDONTWRITEBYTECODE=1 (common in images and CI) every rank would otherwise recompile
+    # torch and transformers on each launch.
     pip = [py, "-m", "pip", "install", "--disable-pip-version-check", "--no-input", "--no-compile"]
     no_deps = ["--no-deps"] if prof["no_deps"] else []  # the GPU profile resolves torch's CUDA libraries
     _run_logged(pip + no_deps + ["torch==2.13.0"], log_file, "pip install torch", timeout_s)
@@ -192,6 +193,18 @@ def _create(path: Path, profile: Profile, base_python: str, log: Callable[[str],
     for extra in prof["after"]:
         _run_logged(install + extra, log_file, f"pip install {' '.join(extra)}", timeout_s)
     _install_stub(Path(py))
+    _compile_site_packages(py, log_file, timeout_s)
+
+
+def _compile_site_packages(py: str, log_file: Path, timeout_s: float) -> None:
+    """Write .pyc for the whole env. A failure only costs speed (a few packages ship template .py files that do not
+    parse), so it is logged, never fatal."""
+    code = "import compileall, site, sys; [compileall.compile_dir(d, quiet=2, workers=0) for d in site.getsitepackages()]"
+    try:
+        _run_logged([py, "-c", code], log_file, "byte-compile site-packages", timeout_s)
+    except (EnvError, subprocess.TimeoutExpired) as e:  # an uncompiled env still works, only slower to import
+        with log_file.open("a", encoding="utf-8") as f:
+            f.write(f"byte-compile skipped: {e}\n")
 
 
 def ensure_env(
