@@ -199,7 +199,9 @@ def _create(path: Path, profile: Profile, base_python: str, log: Callable[[str],
 def _compile_site_packages(py: str, log_file: Path, timeout_s: float) -> None:
     """Write .pyc for the whole env. A failure only costs speed (a few packages ship template .py files that do not
     parse), so it is logged, never fatal."""
-    code = "import compileall, site, sys; [compileall.compile_dir(d, quiet=2, workers=0) for d in site.getsitepackages()]"
+    code = (
+        "import compileall, site, sys; [compileall.compile_dir(d, quiet=2, workers=0) for d in site.getsitepackages()]"
+    )
     try:
         _run_logged([py, "-c", code], log_file, "byte-compile site-packages", timeout_s)
     except (EnvError, subprocess.TimeoutExpired) as e:  # an uncompiled env still works, only slower to import
