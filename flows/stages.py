@@ -24,6 +24,7 @@ from flows.shard import shard_dataset_flow
 from nightloom.catalog import ModelShape, get_model
 from nightloom.parallel import ParallelPlan
 from nightloom.provision.base import Cluster, Provider
+from nightloom.provision.shared_folder import check_shared_folder
 from nightloom.recovery import Event
 from nightloom.report import StageTime
 from nightloom.schedule import BillingSpan, RunRefused, next_window
@@ -190,7 +191,9 @@ def rented_cluster(spec: RunSpec, run_dir: Path, watch: Stopwatch) -> Iterator[R
             with watch.stage("provision"):
                 cluster = acquire_cluster(provider)
                 record_cluster(run_dir, cluster)
-            rental = Rental(provider, cluster, cluster, started)
+                rental = Rental(provider, cluster, cluster, started)
+                if spec.cluster.provider.kind in ("ssh", "slurm"):  # nodes that are other machines
+                    check_shared_folder(provider, cluster, run_dir)
             yield rental
     finally:
         with watch.stage("teardown"):

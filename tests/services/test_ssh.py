@@ -8,6 +8,7 @@ Remote processes are killed by their recorded process group (works for root logi
 from __future__ import annotations
 
 import os
+import re
 import time
 import uuid
 from pathlib import Path
@@ -82,6 +83,37 @@ def test_wrong_torch_on_one_node_is_excluded(sshenv, tmp_path):
         p.release(c)
     with pytest.raises(PreflightError, match=rf"need at least 2: node {bad}: torch: 0.0.1-fake \(expected"):
         SSHProvider(make_spec(sshenv, tmp_path / "w", pythons={1: str(wrapper)})).acquire()
+
+
+def test_run_folder_not_shared_with_a_node_is_refused_naming_it(sshenv, tmp_path):
+    """Node 2's interpreter gets a private (tmpfs) view of the run folder, as a machine without the mount would:
+    the check after acquire names node 2 alone, and leaves no probe file behind. Node 1 alone passes."""
+    import subprocess
+
+    from nightloom.provision.shared_folder import check_shared_folder
+
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    if subprocess.run(["unshare", "-m", "true"], capture_output=True, check=False).returncode != 0:
+        pytest.skip("unshare -m is not permitted here: no way to give one node a private view of a folder")
+    wrapper = tmp_path / "python-own-disk"  # node 2's interpreter, run where an empty folder sits at `runs`
+    wrapper.write_text(f'#!/bin/sh\nexec unshare -m sh -c \'mount -t tmpfs none {runs} && exec {PY} "$@"\' sh "$@"\n')
+    wrapper.chmod(0o755)
+    p = SSHProvider(make_spec(sshenv, tmp_path / "w"))
+    acquired = p.acquire()
+    nodes = [acquired.nodes[0], acquired.nodes[1].model_copy(update={"python": str(wrapper)})]
+    c = acquired.model_copy(update={"nodes": nodes})
+    try:
+        good, bad = c.nodes[0].name, c.nodes[1].name
+        with pytest.raises(
+            ProvisionError, match=re.escape(f"storage.root: the run folder {runs}/r1 is not the same folder")
+        ) as e:
+            check_shared_folder(p, c, runs / "r1")
+        assert f"{bad} (FileNotFoundError" in str(e.value) and good not in str(e.value), str(e.value)
+        assert list((runs / "r1").iterdir()) == []  # the probe is removed
+        check_shared_folder(p, c.model_copy(update={"nodes": c.nodes[:1]}), runs / "r1")
+    finally:
+        p.release(c)
 
 
 def test_bad_inputs_name_the_node(sshenv, tmp_path):
