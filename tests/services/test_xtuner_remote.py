@@ -1,10 +1,11 @@
-"""XTuner on rented nodes (2 nodes x 1 rank, gloo): LoRA over Slurm n1+n2 ending in a merged model equal to
-a PEFT merge; full fine-tuning over the two real sshd nodes from an s3:// base model (fetched once into the
-nodes' cache), where node 2 turns unhealthy mid-run and a spare host takes its place (the losses of the
-redone steps equal the first attempt's), ending in a Hugging Face model transformers loads, then LoRA on the
-same nodes ending in a merged model equal to a PEFT merge; cancellation
-mid-run over SSH and over Slurm leaving no process and no Slurm job. The XTuner env is ensured on every node
-(reused warm through the shared env cache CI fills once); conversion and merge run on node 0.
+"""XTuner on rented nodes (2 nodes x 1 rank, gloo). Over Slurm n1+n2: LoRA where n2 turns unhealthy mid-run
+and the run resumes on the node left (a new allocation of n1, re-rendered for 1 rank), ending in a merged model
+equal to a PEFT merge. Over the two real sshd nodes: full fine-tuning from an s3:// base model (fetched once
+into the nodes' cache), where node 2 turns unhealthy mid-run and a spare host takes its place (the losses of
+the redone steps equal the first attempt's), ending in a Hugging Face model transformers loads, then LoRA on
+the same nodes ending in a merged model equal to a PEFT merge. Cancellation mid-run over SSH and over Slurm
+leaves no process and no Slurm job. The XTuner env is ensured on every node (reused warm through the shared
+env cache CI fills once); conversion and merge run on node 0.
 
 CI time: one rental per provider. The SSH run carries the base model, full fine-tuning and recovery; each
 LoRA run and each cancellation ride on their provider's nodes as further runs (env warm, processed data copied) and fires as
@@ -75,11 +76,11 @@ def ssh_cluster(sshenv, workdir: Path) -> dict:
     }
 
 
-def check_lora_result(r, run_dir: Path, xtuner_env, base_model: Path, nodes: list[str]) -> None:
-    """Trained 4 steps on 2 ranks, metrics in the run folder, merged model == base ⊕ adapter (PEFT)."""
-    assert r.steps_done == 4 and r.stopped == "completed" and r.profile == "cpu"
-    steps = read_metrics(r.metrics_path)
-    assert [m.step for m in steps] == [1, 2, 3, 4] and all(math.isfinite(m.loss) for m in steps)
+def check_lora_result(r, run_dir: Path, xtuner_env, base_model: Path, nodes: list[str], steps: int = 4) -> None:
+    """Trained `steps` steps, metrics in the run folder, merged model == base ⊕ adapter (PEFT)."""
+    assert r.steps_done == steps and r.stopped == "completed" and r.profile == "cpu"
+    logged = read_metrics(r.metrics_path)
+    assert [m.step for m in logged] == list(range(1, steps + 1)) and all(math.isfinite(m.loss) for m in logged)
     assert Path(r.metrics_path).parent == run_dir and Path(r.model_dir).parent == run_dir
     assert sorted(r.node_ready_s) == sorted(nodes) and all(s > 0 for s in r.node_ready_s.values())
     log = (run_dir / "xtuner" / "logs" / "train.log").read_text()
@@ -91,41 +92,85 @@ def check_lora_result(r, run_dir: Path, xtuner_env, base_model: Path, nodes: lis
     assert d["vs_base"] > 1e-3, d  # LoRA changed the model
 
 
-def test_xtuner_lora_over_slurm_two_nodes_then_cancel_leaves_nothing(slurm, xtuner_env, base_model, shards, tmp_path):
-    """LoRA over n1+n2 from `model.weights` (a local folder), merged on node 0 = a PEFT merge. Then a second,
-    longer run on the same allocation (env warm, the processed data copied) is cancelled once both ranks are
-    up, as the flow's cancel hook does (a fresh provider releases the recorded cluster): the allocation is
-    cancelled and no Slurm job and no process of either run is left."""
+def test_xtuner_lora_over_slurm_recovers_on_the_node_left_then_cancel_leaves_nothing(
+    slurm, xtuner_env, base_model, shards, tmp_path
+):
+    """LoRA over n1+n2 from `model.weights` (a local folder), 8 steps, a checkpoint at step 4. Once step 5 is
+    logged, n2 turns unhealthy (its interpreter, and only on n2 by $SLURMD_NODENAME, finds a fake torch) and its
+    torchrun is killed: preflight names n2, the allocation is released and a new one excluding n2 gets n1 alone
+    (min_nodes 1), the config is re-rendered for 1 rank (global batch 2 = 1 rank x 2) and XTuner resumes from
+    iter_4 there. The result, merged on node 0, equals a PEFT merge. Then a longer run on that allocation is
+    cancelled once its rank is up, as the flow's cancel hook does: no Slurm job and no process is left."""
+    from nightloom.finetune.logs import launch_dirs, parse_launch
     from nightloom.provision.slurm import SlurmProvider, queued
+    from tests.support.ssh import plant_fake_torch
 
-    cluster = {"provider": "slurm", "slurm": {"partition": os.environ.get("NIGHTLOOM_SLURM_PARTITION", "debug")}}
-    spec = remote_spec(tmp_path, base_model, shards, cluster)
+    slot = tmp_path / "sick-slot"
+    slot.mkdir()
+    wrapper = tmp_path / "python-nodes"  # the nodes' interpreter; on n2 it looks in `slot` first
+    wrapper.write_text(
+        f'#!/bin/sh\n[ "$SLURMD_NODENAME" = n2 ] && export PYTHONPATH={slot}\nexec {sys.executable} "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    partition = os.environ.get("NIGHTLOOM_SLURM_PARTITION", "debug")
+    cluster = {"provider": "slurm", "slurm": {"partition": partition, "python": str(wrapper)}, "min_nodes": 1}
+    spec = remote_spec(tmp_path, base_model, shards, cluster, steps=8, checkpoint_every=4)
     data = spec.model_dump(mode="json", by_alias=True)  # the base model through model.weights (local folder)
     data["model"]["weights"], data["train"]["xtuner"]["base_model"] = str(base_model), ""
+    data["recovery"]["max_attempts"] = 1
     spec = RunSpec.model_validate(data)
     run_dir, cancel_dir = tmp_path / "runs" / "slurm-lora", tmp_path / "runs" / "slurm-cancel"
-    p = SlurmProvider(spec, python=sys.executable)
+    work_dir = run_dir / "xtuner" / "work_dir"
+    p = SlurmProvider(spec)
     c = p.acquire()
-    t0 = time.monotonic()
+    assert [n.name for n in c.nodes] == ["n1", "n2"]
+
+    def sicken():
+        plant_fake_torch(slot)
+        # n2's torchrun agent and its rank (torchrun starts each worker in a session of its own)
+        agents = _pids("--node-rank=1", str(run_dir), program="-m torch.distributed.run")
+        for pid in agents + [p for p in _pids(str(run_dir)) if _ppid(p) in agents]:
+            os.kill(pid, signal.SIGKILL)
+
+    chaos = _when(_logged(work_dir, 5), sicken)
+    t0, r = time.monotonic(), None
     try:
         r = run_xtuner(spec, shards, run_dir, cluster=c, provider=p, log=QUIET)
         wall = time.monotonic() - t0
+        chaos.join(timeout=5)
         longer = spec.model_copy(update={"train": spec.train.model_copy(update={"steps": 400})})
         shutil.copytree(run_dir / "xtuner" / "processed", cancel_dir / "xtuner" / "processed")
-        cancel = _when(_ranks_up(cancel_dir), lambda: SlurmProvider(spec).release(c))
+        cancel = _when(_ranks_up(cancel_dir, 1), lambda: SlurmProvider(spec).release(r.cluster))
         with pytest.raises(Exception, match="train failed|not running|did not finish"):
-            run_xtuner(longer, shards, cancel_dir, cluster=c, provider=p, log=QUIET, convert=False)
+            run_xtuner(longer, shards, cancel_dir, cluster=r.cluster, provider=p, log=QUIET, convert=False)
         cancel.join(timeout=5)
     finally:
         p.release(c)
-    print(f"\nxtuner over slurm: wall {wall:.1f} s, stages {r.stage_s}, node env ready {r.node_ready_s}")
-    assert queued(c.handle["job_id"]) is None, "the allocation outlived the cancellation"
+        if r is not None and r.cluster is not None:
+            p.release(r.cluster)
+    (ev,) = r.interruptions
+    print(f"\nxtuner over slurm: wall {wall:.1f} s, recovery_s {ev.recovery_s}, stages {r.stage_s}")
+    assert queued(c.handle["job_id"]) is None and queued(r.cluster.handle["job_id"]) is None, "an allocation is left"
     deadline = time.monotonic() + 20
     while _pids(str(cancel_dir)) and time.monotonic() < deadline:
         time.sleep(0.3)
     assert not _pids(str(cancel_dir)), "a process of the cancelled run outlived the cancellation"
     assert not ours_running(str(run_dir)), "a process of the run outlived release"
-    check_lora_result(r, run_dir, xtuner_env, base_model, [n.name for n in c.nodes])
+
+    # recovery on the node left: n2 excluded, a new allocation of n1 alone, 1 rank, resumed from iter_4
+    assert ev.kind == "node" and "n2" in ev.detail and "torch: 0.0.1-fake" in ev.detail, ev.detail
+    assert ev.world_before == 2 and ev.world_after == 1 and "iter_4" in ev.detail, ev.detail
+    assert [n.name for n in r.cluster.nodes] == ["n1"] and "n2" in r.cluster.excluded
+    assert r.cluster.handle["job_id"] != c.handle["job_id"]
+    first, last = parse_launch(launch_dirs(work_dir)[0]), parse_launch(launch_dirs(work_dir)[-1])
+    assert len(launch_dirs(work_dir)) == 2 and int(last[0]["step"]) == 5 and int(last[-1]["step"]) == 8
+    assert "batch_size=2" in Path(r.config_path).read_text().replace(" ", "")  # re-rendered: 1 rank x 2
+    # One rank now logs the mean over both sequences of a step, two ranks logged rank 0's alone, so the
+    # redone steps' losses are not bit-equal; they stay on the first attempt's curve.
+    before = [float(x["loss"]) for x in first]
+    for x in last:
+        assert 0.5 * min(before) <= float(x["loss"]) <= 1.5 * max(before), (first, last)
+    check_lora_result(r, run_dir, xtuner_env, base_model, ["n1", "n2"], steps=8)
 
 
 def _pids(*needles: str, program: str = "") -> list[int]:
