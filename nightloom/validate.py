@@ -568,6 +568,9 @@ def validate_run(
     """Every configured gate, in a fixed order. Pass `mfu_inputs=None` only when MFU is not gated at all;
     `stopped_early` when the run stopped before its last step (a window or budget end)."""
     if not steps:
+        if stopped_early:  # a window or budget end before step 1 (start-up took what was left): nothing to judge
+            reason = "stopped at its window or budget end before step 1: no step to validate"
+            return [Verdict(name="steps", passed=True, skipped=True, measured=0, reason=reason)]
         raise ValueError("validate_run: no metrics steps")
     out: list[Verdict] = []
     if mfu_inputs is not None:

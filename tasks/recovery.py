@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import time
 from datetime import UTC, datetime
+from pathlib import Path
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from nightloom import recovery as rec
 from nightloom.ledger import Ledger
-from nightloom.provision.base import Cluster, PreflightReport, Provider
+from nightloom.provision.base import Cluster, PreflightReport, Provider, ProvisionError
+from nightloom.provision.shared_folder import check_shared_folder
 from nightloom.report import NOT_MEASURED
 from nightloom.schedule import BillingSpan, lost_time_cost
 from nightloom.spec import RunSpec
@@ -122,6 +124,19 @@ def train_with_recovery(spec: RunSpec, provider: Provider, cluster: Cluster, job
         return _finish(spec, st, result, span_start)
 
 
+def _check_new_nodes(spec: RunSpec, provider: Provider, before: Cluster, decision: rec.Relaunch, run_dir: Path):
+    """The relaunch, or a GiveUp naming the new node(s) that do not share the run folder (ssh, slurm)."""
+    seen = {n.name for n in before.nodes}
+    new = [n for n in decision.cluster.nodes if n.name not in seen]
+    if not new or spec.cluster.provider.kind not in ("ssh", "slurm"):
+        return decision
+    try:
+        check_shared_folder(provider, decision.cluster.model_copy(update={"nodes": new}), run_dir)
+    except ProvisionError as e:
+        return rec.GiveUp(str(e), decision.cluster)
+    return decision
+
+
 def _recover(spec: RunSpec, provider: Provider, st: rec.RecoveryState, err: TrainingFailed, span_start) -> None:
     """After a failed attempt: diagnose, decide, and either prepare the relaunch in `st` or give up."""
     from nightloom.train import checkpoint  # imports torch: only on the training path
@@ -149,6 +164,8 @@ def _recover(spec: RunSpec, provider: Provider, st: rec.RecoveryState, err: Trai
     if decision.cluster is not None:
         st.seen = st.seen.union(decision.cluster)
         record_cluster(st.job.run_dir, st.seen)
+    if isinstance(decision, rec.Relaunch):  # a spare must see the run folder too, as the first nodes did
+        decision = _check_new_nodes(spec, provider, st.cluster, decision, Path(st.job.run_dir))
     found = checkpoint.latest(st.job.checkpoint_dir)
     resume_step = found[1] if found else 0
     if isinstance(decision, rec.GiveUp):

@@ -63,7 +63,13 @@ def validate_task(
     """Run every configured gate; publish the loss/throughput/MFU plots. Failing gates are returned, not raised,
     so the ledger records them before the flow fails."""
     log = get_run_logger()
-    steps = read_metrics(RunFiles(run_dir).metrics)
+    metrics_path = RunFiles(run_dir).metrics
+    stopped_early = result.stopped != "completed"
+    if stopped_early and not metrics_path.is_file():  # stopped before step 1: one skipped verdict, no plots
+        verdicts = validate_run([], spec.validate_, stopped_early=True)
+        log.warning("gate %s: %s", verdicts[0].name, verdicts[0].reason)
+        return ValidationOutcome(verdicts=verdicts)
+    steps = read_metrics(metrics_path)
     gpu_type = spec.cluster.gpu_type
     measured = None
     if gpu_type == "cpu" and result.peak_flops:
@@ -84,9 +90,7 @@ def validate_task(
         golden = resolve_golden(spec.validate_.golden, ledger, spec.spec_hash())
     finally:
         ledger.close()
-    verdicts = validate_run(
-        steps, spec.validate_, mfu_inputs=inputs, golden=golden, stopped_early=result.stopped != "completed"
-    )
+    verdicts = validate_run(steps, spec.validate_, mfu_inputs=inputs, golden=golden, stopped_early=stopped_early)
     report: MfuReport | None = measure_mfu(steps, inputs)
     for v in verdicts:
         (log.info if v.passed else log.error)("gate %-12s %s: %s", v.name, v.label, v.reason)

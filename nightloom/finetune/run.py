@@ -47,7 +47,8 @@ from nightloom.finetune.remote import (
     profile_of,
     wrapper_path,
 )
-from nightloom.provision.base import Cluster, PreflightReport
+from nightloom.provision.base import Cluster, PreflightReport, ProvisionError
+from nightloom.provision.shared_folder import check_shared_folder
 from nightloom.runfiles import RunFiles
 from nightloom.sharding.storage import S3Config
 from nightloom.spec import RunSpec
@@ -479,6 +480,8 @@ def train_with_recovery(
                 if why is None:
                     try:
                         plan = replan(nxt)
+                    except ProvisionError as e:  # a new node without the run folder
+                        why = str(e)
                     except Exception as e:  # noqa: BLE001 - XTunerConfigError (batch not divisible...): the reason
                         why = f"no XTuner config for {nxt.world_size} rank(s): {e}"
                 if why is None:
@@ -661,6 +664,7 @@ def run_xtuner(
         new = [n for n in nxt.nodes if n.name not in node_envs]
         if new:
             sub = nxt.model_copy(update={"nodes": new})
+            check_shared_folder(provider, sub, run_dir)  # a spare must see the run folder as the others do
             node_envs.update(
                 ensure_node_envs(provider, sub, profile_of(spec.cluster.gpu_type), python=xs.python, log=log)
             )

@@ -153,9 +153,14 @@ class LocalProvider:
     def preflight(self, cluster: Cluster) -> PreflightReport:
         """torch importable in the node interpreter, no unhealthy marker (`unhealthy_dir`, the chaos hook), and
         the rendezvous port free. Local nodes share this host, so each distinct interpreter is checked once
-        (importing torch costs ~2 CPU-seconds; N nodes on one interpreter would pay it N times for one answer)."""
+        (importing torch costs ~2 CPU-seconds; N nodes on one interpreter would pay it N times for one answer),
+        and not at all when it is this process's own interpreter and torch is already imported here (notebooks,
+        tests)."""
         reports = []
         torch_checks: dict[str, Check] = {}
+        loaded = sys.modules.get("torch")  # this very interpreter has imported torch: that is the answer
+        if loaded is not None and getattr(loaded, "__version__", None):
+            torch_checks[sys.executable] = Check(name="torch", ok=True, detail=str(loaded.__version__))
         for node in cluster.nodes:
             if node.python not in torch_checks:
                 r = subprocess.run(

@@ -26,7 +26,7 @@ from nightloom.parallel import ParallelPlan
 from nightloom.spec import TrainSpec
 from nightloom.train.data import PackedWindows
 from nightloom.train.job import ModelConfig, TrainJob
-from tests.support.harness import ROOT, env, free_port, launch, result, write_corpus
+from tests.support.harness import ROOT, env, free_port, launch, launch_many, result, write_corpus
 
 SEQ, BATCH = 32, 8
 CONFIG = {
@@ -131,15 +131,39 @@ def test_sharded_import_equals_the_files(layout, source, sharded_imports, tmp_pa
     assert sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a)
 
 
-@pytest.mark.timeout(300)
+@pytest.fixture(scope="module")
+def tied(tmp_path_factory):
+    return build_random_model(
+        tmp_path_factory.mktemp("hf") / "tied",
+        "llama",
+        seed=6,
+        max_shard_size="100KB",
+        **CONFIG,
+        tie_word_embeddings=True,
+    )
+
+
+@pytest.fixture(scope="module")
+def step1_runs(source, tied, corpus, tmp_path_factory):
+    """Every layout's one-step run, and the tied model's under FSDP2, in ONE 2-process launch (launch_many: a
+    torchrun start costs more than these runs on 2 cores); each job keeps its own run folder and export."""
+    root = tmp_path_factory.mktemp("step1")
+    jobs = {name: _job(root / name, source, corpus, plan) for name, plan in LAYOUTS.items()}
+    jobs["tied_fsdp2"] = _job(root / "tied_fsdp2", tied, corpus, LAYOUTS["fsdp2"])
+    runs = launch_many(2, list(jobs.values()), timeout=400)
+    return {name: (job, runs[job]) for name, job in jobs.items()}
+
+
+@pytest.mark.timeout(450)
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
-def test_step1_loss_equals_transformers(layout, source, corpus, tmp_path):
-    out = launch(2, _job(tmp_path / "run", source, corpus, LAYOUTS[layout]), timeout=240)
-    assert "[nightloom.train] loaded " in out.output
+def test_step1_loss_equals_transformers(layout, source, corpus, step1_runs):
+    job, out = step1_runs[layout]
+    assert out.rc == 0 and out.losses, out.output[-5000:]
+    assert f"[multi-job] done {job}" in out.output and "[nightloom.train] loaded " in out.output
     ref = _hf_loss(source, corpus)
     assert abs(out.losses[0] - ref) < 1e-5, (layout, out.losses[0], ref)
-    res = result(tmp_path / "run" / "job.json")
-    assert res["export_dir"] == str(tmp_path / "run" / "export")
+    res = result(job)
+    assert res["export_dir"] == str(job.parent / "export")
     _, info = transformers.AutoModelForCausalLM.from_pretrained(res["export_dir"], output_loading_info=True)
     assert all(not v for v in info.values()), info
 
@@ -204,12 +228,10 @@ def test_greedy_generation_equals_transformers(source):
     assert ours.tolist() == ref.tolist()
 
 
-@pytest.mark.timeout(300)
-def test_tied_model_under_fsdp2(corpus, tmp_path):
+@pytest.mark.timeout(450)
+def test_tied_model_under_fsdp2(tied, corpus, step1_runs):
     """Tied embeddings stay tied through materialisation (to_empty) and FSDP2: step 1 equals transformers."""
-    tied = build_random_model(
-        tmp_path / "tied", "llama", seed=6, max_shard_size="100KB", **CONFIG, tie_word_embeddings=True
-    )
-    out = launch(2, _job(tmp_path / "run", tied, corpus, LAYOUTS["fsdp2"]), timeout=240)
+    job, out = step1_runs["tied_fsdp2"]
+    assert out.rc == 0 and out.losses, out.output[-5000:]
     assert abs(out.losses[0] - _hf_loss(tied, corpus)) < 1e-5
-    assert "lm_head.weight" not in _tensors(tmp_path / "run" / "export")
+    assert "lm_head.weight" not in _tensors(job.parent / "export")

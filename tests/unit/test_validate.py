@@ -269,6 +269,13 @@ def test_too_few_losses_fail_a_finished_run_but_skip_one_stopped_at_a_window_end
     assert not check_loss_drop(healthy(), 0.99, stopped_early=True).passed
 
 
+def test_no_step_before_a_window_end_is_one_skipped_verdict_and_a_finished_run_without_steps_is_an_error():
+    (v,) = validate_run([], ValidateSpec(mfu_floor=0.3), stopped_early=True)
+    assert v.name == "steps" and v.passed and v.skipped and "before step 1" in v.reason
+    with pytest.raises(ValueError, match="no metrics steps"):
+        validate_run([], ValidateSpec())
+
+
 def test_loss_drop_window_looks_only_at_the_last_steps():
     steps = healthy(120)
     assert check_loss_drop(steps, 0.2).passed
