@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,14 +14,22 @@ from tests.support.pipeline import artifacts_of, demo_data, small_demo
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_full_pipeline_on_embedded_default(prefect_backend, tmp_path):
+@pytest.fixture(scope="module")
+def demo_run(prefect_backend, tmp_path_factory):
+    """One pipeline run of the embedded default (fewer steps), shared by the tests that only read what it left."""
     from flows.pipeline import training_pipeline
+
+    tmp_path = tmp_path_factory.mktemp("demo")
+    state = training_pipeline(str(small_demo(tmp_path)), return_state=True)
+    return tmp_path, state
+
+
+def test_full_pipeline_on_embedded_default(demo_run):
     from nightloom.ledger import Ledger
     from nightloom.metrics import read_metrics
     from nightloom.sharding.manifest import load_manifest
 
-    spec_path = small_demo(tmp_path)
-    state = training_pipeline(str(spec_path), return_state=True)
+    tmp_path, state = demo_run
     assert state.is_completed(), state.message
     summary = state.result()
     assert summary.status == "completed"
@@ -85,21 +92,16 @@ def test_a_crash_after_training_still_closes_the_ledger_row(prefect_backend, tmp
 UI_INPUT_KINDS = {"constant", "parameter", "task_run"}
 
 
-def test_every_task_input_renders_in_the_ui(prefect_backend, tmp_path):
-    """Every task run of a pipeline run (and of its shard sub-flow) has only inputs the default UI renders; the
-    Run form has no test-only field."""
+def test_every_task_input_renders_in_the_ui(demo_run):
+    """Every task run of the demo pipeline run (and of its shard sub-flow) has only inputs the default UI renders;
+    the Run form has no test-only field."""
     from prefect import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, FlowRunFilterParentFlowRunId
 
     from flows.pipeline import training_pipeline
 
     assert set(training_pipeline.parameters.properties) == {"spec", "resume_run_id"}
-    data = demo_data(tmp_path, steps=4, checkpoint_every=0)
-    data["cluster"]["master_port"] = 20000 + os.getpid() % 5000  # not the default port a concurrent run may hold
-    data["cluster"].update({"nodes": 1, "gpus_per_node": 2})  # task inputs are under test, not the layout
-    data["validate"]["min_loss_drop"] = 0.0  # 4 steps check the task inputs, not learning (other tests do)
-    (spec := tmp_path / "spec.yaml").write_text(yaml.safe_dump(data))
-    state = training_pipeline(str(spec), return_state=True)
+    _, state = demo_run
     assert state.is_completed(), state.message
     root = state.state_details.flow_run_id
     with get_client(sync_client=True) as c:

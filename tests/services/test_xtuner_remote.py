@@ -96,7 +96,7 @@ def test_xtuner_lora_over_slurm_recovers_on_the_node_left_then_cancel_leaves_not
     slurm, xtuner_env, base_model, shards, tmp_path
 ):
     """LoRA over n1+n2 from `model.weights` (a local folder), 8 steps, a checkpoint at step 4. Once step 5 is
-    logged, n2 turns unhealthy (its interpreter, and only on n2 by $SLURMD_NODENAME, finds a fake torch) and its
+    logged, n2 turns unhealthy (its node environment, on n2 alone by $SLURMD_NODENAME, finds a fake torch) and its
     torchrun is killed: preflight names n2, the allocation is released and a new one excluding n2 gets n1 alone
     (min_nodes 1), the config is re-rendered for 1 rank (global batch 2 = 1 rank x 2) and XTuner resumes from
     iter_4 there. The result, merged on node 0, equals a PEFT merge. Then a longer run on that allocation is
@@ -107,10 +107,8 @@ def test_xtuner_lora_over_slurm_recovers_on_the_node_left_then_cancel_leaves_not
 
     slot = tmp_path / "sick-slot"
     slot.mkdir()
-    wrapper = tmp_path / "python-nodes"  # the nodes' interpreter; on n2 it looks in `slot` first
-    wrapper.write_text(
-        f'#!/bin/sh\n[ "$SLURMD_NODENAME" = n2 ] && export PYTHONPATH={slot}\nexec {sys.executable} "$@"\n'
-    )
+    wrapper = tmp_path / "python-nodes"  # the nodes' interpreter: a node environment of this test's own
+    wrapper.write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
     wrapper.chmod(0o755)
     partition = os.environ.get("NIGHTLOOM_SLURM_PARTITION", "debug")
     cluster = {"provider": "slurm", "slurm": {"partition": partition, "python": str(wrapper)}, "min_nodes": 1}
@@ -125,8 +123,14 @@ def test_xtuner_lora_over_slurm_recovers_on_the_node_left_then_cancel_leaves_not
     c = p.acquire()
     assert [n.name for n in c.nodes] == ["n1", "n2"]
 
+    node_env = Path(c.nodes[0].python).parent.parent  # n1 and n2 share this host and this environment
+
     def sicken():
-        plant_fake_torch(slot)
+        plant_fake_torch(slot)  # preflight runs in the node environment: on n2 alone it now finds a fake torch
+        (site,) = node_env.glob("lib/python3*/site-packages")
+        (site / "zz_test_sick_n2.pth").write_text(
+            f"import os, sys; os.environ.get('SLURMD_NODENAME') == 'n2' and sys.path.insert(0, {str(slot)!r})\n"
+        )
         # n2's torchrun agent and its rank (torchrun starts each worker in a session of its own)
         agents = _pids("--node-rank=1", str(run_dir), program="-m torch.distributed.run")
         for pid in agents + [p for p in _pids(str(run_dir)) if _ppid(p) in agents]:
@@ -138,7 +142,12 @@ def test_xtuner_lora_over_slurm_recovers_on_the_node_left_then_cancel_leaves_not
         r = run_xtuner(spec, shards, run_dir, cluster=c, provider=p, log=QUIET)
         wall = time.monotonic() - t0
         chaos.join(timeout=5)
-        longer = spec.model_copy(update={"train": spec.train.model_copy(update={"steps": 400})})
+        longer = spec.model_copy(  # cancelled, not failed: no recovery (the flow's cancel hook ends the flow too)
+            update={
+                "train": spec.train.model_copy(update={"steps": 400}),
+                "recovery": spec.recovery.model_copy(update={"max_attempts": 0}),
+            }
+        )
         shutil.copytree(run_dir / "xtuner" / "processed", cancel_dir / "xtuner" / "processed")
         cancel = _when(_ranks_up(cancel_dir, 1), lambda: SlurmProvider(spec).release(r.cluster))
         with pytest.raises(Exception, match="train failed|not running|did not finish"):
@@ -148,6 +157,7 @@ def test_xtuner_lora_over_slurm_recovers_on_the_node_left_then_cancel_leaves_not
         p.release(c)
         if r is not None and r.cluster is not None:
             p.release(r.cluster)
+        shutil.rmtree(node_env, ignore_errors=True)  # this test's own node environment (keyed by the wrapper)
     (ev,) = r.interruptions
     print(f"\nxtuner over slurm: wall {wall:.1f} s, recovery_s {ev.recovery_s}, stages {r.stage_s}")
     assert queued(c.handle["job_id"]) is None and queued(r.cluster.handle["job_id"]) is None, "an allocation is left"
