@@ -65,11 +65,14 @@ def validate_task(
     log = get_run_logger()
     metrics_path = RunFiles(run_dir).metrics
     stopped_early = result.stopped != "completed"
-    if stopped_early and not metrics_path.is_file():  # stopped before step 1: one skipped verdict, no plots
-        verdicts = validate_run([], spec.validate_, stopped_early=True)
-        log.warning("gate %s: %s", verdicts[0].name, verdicts[0].reason)
-        return ValidationOutcome(verdicts=verdicts)
-    steps = read_metrics(metrics_path)
+    if stopped_early:  # a window or budget end may come before step 1 (no file, or one a resume rewound)
+        steps = read_metrics(metrics_path, allow_empty=True) if metrics_path.is_file() else []
+        if not steps:  # one skipped verdict, no plots
+            verdicts = validate_run([], spec.validate_, stopped_early=True)
+            log.warning("gate %s: %s", verdicts[0].name, verdicts[0].reason)
+            return ValidationOutcome(verdicts=verdicts)
+    else:
+        steps = read_metrics(metrics_path)
     gpu_type = spec.cluster.gpu_type
     measured = None
     if gpu_type == "cpu" and result.peak_flops:

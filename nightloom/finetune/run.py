@@ -480,7 +480,7 @@ def train_with_recovery(
                 if why is None:
                     try:
                         plan = replan(nxt)
-                    except ProvisionError as e:  # a new node without the run folder
+                    except ProvisionError as e:  # a new node: no run folder, or its XTuner env failed
                         why = str(e)
                     except Exception as e:  # noqa: BLE001 - XTunerConfigError (batch not divisible...): the reason
                         why = f"no XTuner config for {nxt.world_size} rank(s): {e}"

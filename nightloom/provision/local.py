@@ -158,8 +158,8 @@ class LocalProvider:
         tests)."""
         reports = []
         torch_checks: dict[str, Check] = {}
-        loaded = sys.modules.get("torch")  # this very interpreter has imported torch: that is the answer
-        if loaded is not None and getattr(loaded, "__version__", None):
+        loaded = sys.modules.get("torch")  # this very interpreter has imported torch (still on disk): the answer
+        if loaded is not None and getattr(loaded, "__version__", None) and os.path.isfile(loaded.__file__ or ""):
             torch_checks[sys.executable] = Check(name="torch", ok=True, detail=str(loaded.__version__))
         for node in cluster.nodes:
             if node.python not in torch_checks:

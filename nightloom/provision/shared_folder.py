@@ -15,12 +15,13 @@ from pathlib import Path
 from nightloom.provision.base import Cluster, NodeShell, ProvisionError
 
 # The node prints the token it reads from the probe file; its own interpreter, so no shell quoting is involved.
-_READ = "import sys; print(open(sys.argv[1], encoding='utf-8').read().strip())"
+_READ = "import sys\nwith open(sys.argv[1], encoding='utf-8') as f:\n    print(f.read().strip())"
 
 
 def check_shared_folder(shell: NodeShell, cluster: Cluster, folder: Path, field: str = "storage.root") -> None:
     """Write a one-time token into `folder`, have every node of `cluster` read it back through `shell.run_on`;
-    ProvisionError naming every node that cannot (with its error) or reads another file. The probe is removed."""
+    ProvisionError (and only that) naming every node that cannot (with its error), cannot be asked (unreachable,
+    timed out) or reads another file. The probe is removed."""
     token = secrets.token_hex(8)
     folder.mkdir(parents=True, exist_ok=True)
     probe = folder / f".nightloom-shared-{token}"
@@ -28,11 +29,15 @@ def check_shared_folder(shell: NodeShell, cluster: Cluster, folder: Path, field:
     bad: list[str] = []
     try:
         for node in cluster.nodes:
-            r = shell.run_on(cluster, node, [node.python, "-c", _READ, str(probe)], {}, timeout_s=120)
-            seen = r.output.strip().splitlines()
-            if r.code != 0 or not seen or seen[-1] != token:
-                why = seen[-1][-200:] if seen else f"exit {r.code}, no output"
-                bad.append(f"{node.name} ({why})")
+            try:
+                r = shell.run_on(cluster, node, [node.python, "-c", _READ, str(probe)], {}, timeout_s=120)
+            except Exception as e:  # noqa: BLE001 - unreachable or timed out: this node is named, the rest checked
+                bad.append(f"{node.name} ({type(e).__name__}: {str(e)[:200]})")
+                continue
+            lines = [x.strip() for x in r.output.splitlines()]  # stderr notices (srun, warnings) may follow
+            if r.code != 0 or token not in lines:
+                why = next((x for x in reversed(lines) if x), f"exit {r.code}, no output")
+                bad.append(f"{node.name} ({why[:200]})")
     finally:
         probe.unlink(missing_ok=True)
     if bad:

@@ -19,7 +19,7 @@ def _cluster(pythons: list[str]) -> Cluster:
     return Cluster(provider="local", name="pf", nodes=nodes, master_addr="127.0.0.1", master_port=29999)
 
 
-def test_each_interpreter_is_checked_and_a_broken_one_fails_its_node(tmp_path):
+def test_each_interpreter_is_checked_and_a_broken_one_fails_its_node(tmp_path, monkeypatch):
     fake = tmp_path / "python-fake-torch"  # another interpreter: a torch of another version
     fake.write_text("#!/bin/sh\necho 9.9.9-other\n")
     fake.chmod(0o755)
@@ -32,7 +32,17 @@ def test_each_interpreter_is_checked_and_a_broken_one_fails_its_node(tmp_path):
         cluster=ClusterSpec(nodes=3, gpus_per_node=1, name="pf"),
         storage=StorageSpec(root=str(tmp_path / "runs")),
     )
+    from nightloom.provision import local
+
+    real_run, asked = local.subprocess.run, []
+
+    def run(argv, **kw):
+        asked.append(argv[0])
+        return real_run(argv, **kw)
+
+    monkeypatch.setattr(local.subprocess, "run", run)
     report = LocalProvider(spec).preflight(_cluster([sys.executable, str(fake), str(broken)]))
+    assert asked == [str(fake), str(broken)]  # each other interpreter once; its own not asked
     own, other, bad = report.nodes
     assert own.ok and own.checks[0].detail == torch.__version__  # this process's torch: no subprocess asked
     assert other.ok and other.checks[0].detail == "9.9.9-other"
