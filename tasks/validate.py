@@ -56,6 +56,13 @@ def png_markdown(title: str, path: Path) -> str:
     return f"### {title}\n![{title}](data:image/png;base64,{b64})\n\n`{path}`\n"
 
 
+def _steps(metrics_path: Path, stopped_early: bool) -> list:
+    """The run's steps; none (no file, or one a resume rewound) only for a run stopped at a window or budget end."""
+    if not stopped_early:
+        return read_metrics(metrics_path)
+    return read_metrics(metrics_path, allow_empty=True) if metrics_path.is_file() else []
+
+
 @task(name="validate", cache_policy=NO_CACHE)
 def validate_task(
     spec: RunSpec, run_dir: Path, plan: ParallelPlan, result: TrainResult, shape: ModelShape, world_size: int
@@ -65,14 +72,11 @@ def validate_task(
     log = get_run_logger()
     metrics_path = RunFiles(run_dir).metrics
     stopped_early = result.stopped != "completed"
-    if stopped_early:  # a window or budget end may come before step 1 (no file, or one a resume rewound)
-        steps = read_metrics(metrics_path, allow_empty=True) if metrics_path.is_file() else []
-        if not steps:  # one skipped verdict, no plots
-            verdicts = validate_run([], spec.validate_, stopped_early=True)
-            log.warning("gate %s: %s", verdicts[0].name, verdicts[0].reason)
-            return ValidationOutcome(verdicts=verdicts)
-    else:
-        steps = read_metrics(metrics_path)
+    steps = _steps(metrics_path, stopped_early)
+    if not steps:  # stopped before step 1: one skipped verdict, no plots
+        verdicts = validate_run([], spec.validate_, stopped_early=True)
+        log.warning("gate %s: %s", verdicts[0].name, verdicts[0].reason)
+        return ValidationOutcome(verdicts=verdicts)
     gpu_type = spec.cluster.gpu_type
     measured = None
     if gpu_type == "cpu" and result.peak_flops:
