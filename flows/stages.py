@@ -192,8 +192,7 @@ def rented_cluster(spec: RunSpec, run_dir: Path, watch: Stopwatch) -> Iterator[R
                 cluster = acquire_cluster(provider)
                 record_cluster(run_dir, cluster)
                 rental = Rental(provider, cluster, cluster, started)
-                if spec.cluster.provider.kind in ("ssh", "slurm"):  # nodes that are other machines
-                    check_shared_folder(provider, cluster, run_dir)
+                check_shared_folder(provider, cluster, run_dir)  # ssh/slurm nodes: the run folder is theirs too
             yield rental
     finally:
         with watch.stage("teardown"):

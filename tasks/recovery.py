@@ -128,7 +128,7 @@ def _check_new_nodes(spec: RunSpec, provider: Provider, before: Cluster, decisio
     """The relaunch, or a GiveUp naming the new node(s) that do not share the run folder (ssh, slurm)."""
     seen = {n.name for n in before.nodes}
     new = [n for n in decision.cluster.nodes if n.name not in seen]
-    if not new or spec.cluster.provider.kind not in ("ssh", "slurm"):
+    if not new:
         return decision
     try:
         check_shared_folder(provider, decision.cluster.model_copy(update={"nodes": new}), run_dir)

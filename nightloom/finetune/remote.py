@@ -19,10 +19,7 @@ from pathlib import Path
 from nightloom.finetune.env import EnvError, XTunerEnv
 from nightloom.finetune.launcher import WRAPPER, Command
 from nightloom.finetune.node_env import MARK
-from nightloom.provision.base import Cluster, Node, NodeShell
-
-#: providers whose nodes are other machines (XTuner's env and tools run there, not on the orchestrator)
-REMOTE_PROVIDERS = ("ssh", "slurm")
+from nightloom.provision.base import REMOTE_PROVIDERS, Cluster, Node, NodeShell
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,9 @@ from typing import Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
+#: providers whose nodes are other machines (XTuner's env and tools run there; the run folder must be shared)
+REMOTE_PROVIDERS = ("ssh", "slurm")
+
 
 class ProvisionError(RuntimeError):
     """Provisioning failed; the message names the node and the reason (never a secret)."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import secrets
 from pathlib import Path
 
-from nightloom.provision.base import Cluster, NodeShell, ProvisionError
+from nightloom.provision.base import REMOTE_PROVIDERS, Cluster, NodeShell, ProvisionError
 
 # The node prints the token it reads from the probe file; its own interpreter, so no shell quoting is involved.
 _READ = "import sys\nwith open(sys.argv[1], encoding='utf-8') as f:\n    print(f.read().strip())"
@@ -21,7 +21,9 @@ _READ = "import sys\nwith open(sys.argv[1], encoding='utf-8') as f:\n    print(f
 def check_shared_folder(shell: NodeShell, cluster: Cluster, folder: Path, field: str = "storage.root") -> None:
     """Write a one-time token into `folder`, have every node of `cluster` read it back through `shell.run_on`;
     ProvisionError (and only that) naming every node that cannot (with its error), cannot be asked (unreachable,
-    timed out) or reads another file. The probe is removed."""
+    timed out) or reads another file. The probe is removed. Nodes on this machine (local) are not asked."""
+    if cluster.provider not in REMOTE_PROVIDERS:
+        return
     token = secrets.token_hex(8)
     folder.mkdir(parents=True, exist_ok=True)
     probe = folder / f".nightloom-shared-{token}"
