@@ -1,16 +1,17 @@
-"""XTuner on rented nodes (2 nodes x 1 rank, gloo). Over Slurm n1+n2: LoRA where n2 turns unhealthy mid-run
-and the run resumes on the node left (a new allocation of n1, re-rendered for 1 rank), ending in a merged model
-equal to a PEFT merge. Over the two real sshd nodes: full fine-tuning from an s3:// base model (fetched once
-into the nodes' cache), where node 2 turns unhealthy mid-run and a spare host takes its place (the losses of
-the redone steps equal the first attempt's), ending in a Hugging Face model transformers loads, then LoRA on
-the same nodes ending in a merged model equal to a PEFT merge. Cancellation mid-run over SSH and over Slurm
-leaves no process and no Slurm job. The XTuner env is ensured on every node (reused warm through the shared
-env cache CI fills once); conversion and merge run on node 0.
+"""XTuner on rented nodes (2 nodes x 1 rank, gloo). Over Slurm n1+n2: LoRA from an s3:// base model (fetched
+once into the nodes' model cache, a per-test folder forwarded through srun) where n2 turns unhealthy mid-run and
+the run resumes on the node left (a new allocation of n1, re-rendered for 1 rank, on the same cached model),
+ending in a merged model equal to a PEFT merge. Over the two real sshd nodes: full fine-tuning from an s3:// base
+model (fetched once into the nodes' cache), where node 2 turns unhealthy mid-run and a spare host takes its place
+(the losses of the redone steps equal the first attempt's), ending in a Hugging Face model transformers loads,
+then LoRA on the same nodes ending in a merged model equal to a PEFT merge. Cancellation mid-run over SSH and
+over Slurm leaves no process and no Slurm job (each reuses the cached model). The XTuner env is ensured on every
+node (reused warm through the shared env cache CI fills once); conversion and merge run on node 0.
 
-CI time: one rental per provider. The SSH run carries the base model, full fine-tuning and recovery; each
+CI time: one rental per provider. The SSH run carries full fine-tuning and recovery; each
 LoRA run and each cancellation ride on their provider's nodes as further runs (env warm, processed data copied) and fires as
-soon as both nodes' ranks are up. The nodes are this machine, so "remote" processes
-are found in /proc by the run folder in their command line.
+soon as both nodes' ranks are up. Fetching the tiny base model from SeaweedFS adds about 2 s per provider.
+The nodes are this machine, so "remote" processes are found in /proc by the run folder in their command line.
 """
 
 from __future__ import annotations
@@ -94,18 +95,28 @@ def check_lora_result(r, run_dir: Path, xtuner_env, base_model: Path, nodes: lis
 
 
 def test_xtuner_lora_over_slurm_recovers_on_the_node_left_then_cancel_leaves_nothing(
-    slurm, xtuner_env, base_model, shards, tmp_path
+    slurm, xtuner_env, base_model, shards, s3_endpoint, tmp_path, monkeypatch
 ):
-    """LoRA over n1+n2 from `model.weights` (a local folder), 8 steps, a checkpoint at step 4. Once step 5 is
-    logged, n2 turns unhealthy (its node environment, on n2 alone by $SLURMD_NODENAME, finds a fake torch) and its
-    torchrun is killed: preflight names n2, the allocation is released and a new one excluding n2 gets n1 alone
-    (min_nodes 1), the config is re-rendered for 1 rank (global batch 2 = 1 rank x 2) and XTuner resumes from
-    iter_4 there. The result, merged on node 0, equals a PEFT merge. Then a longer run on that allocation is
-    cancelled once its rank is up, as the flow's cancel hook does: no Slurm job and no process is left."""
+    """LoRA over n1+n2 from `model.weights: s3://...` (the tiny model uploaded to SeaweedFS), 16 steps, a
+    checkpoint every 4. Each node fetches the model through an srun step into its model cache
+    ($NIGHTLOOM_MODEL_CACHE, a folder of this test's, forwarded as the product forwards it; n1 and n2 share it
+    here): one content-keyed folder, stamped, downloaded once (the other node finds it under the lock), and
+    every launch's config names it. Once step 5 is logged, n2 turns unhealthy (its node environment, on n2 alone
+    by $SLURMD_NODENAME, finds a fake torch) and its torchrun is killed: preflight names n2, the allocation is
+    released and a new one excluding n2 gets n1 alone (min_nodes 1), the config is re-rendered for 1 rank
+    (global batch 2 = 1 rank x 2) on the same cached folder (nothing fetched again) and XTuner resumes from the
+    last checkpoint there. The result, merged on node 0, equals a PEFT merge of the local copy. Then a longer run
+    on that allocation (finding the model cached) is cancelled once its rank is up, as the flow's cancel hook
+    does: no Slurm job and no process is left."""
     from nightloom.finetune.logs import launch_dirs, parse_launch
+    from nightloom.model_cache import STAMP
     from nightloom.provision.slurm import SlurmProvider, queued
     from tests.support.ssh import plant_fake_torch
 
+    endpoint, bucket = s3_endpoint
+    uri = upload_model(base_model, endpoint, f"s3://{bucket}/models/tiny-slurm")
+    cache = tmp_path / "model-cache"
+    monkeypatch.setenv("NIGHTLOOM_MODEL_CACHE", str(cache))  # forwarded to each node's fetch (srun's env K=V)
     slot = tmp_path / "sick-slot"
     slot.mkdir()
     wrapper = tmp_path / "python-nodes"  # the nodes' interpreter: a node environment of this test's own
@@ -114,8 +125,9 @@ def test_xtuner_lora_over_slurm_recovers_on_the_node_left_then_cancel_leaves_not
     partition = os.environ.get("NIGHTLOOM_SLURM_PARTITION", "debug")
     cluster = {"provider": "slurm", "slurm": {"partition": partition, "python": str(wrapper)}, "min_nodes": 1}
     spec = remote_spec(tmp_path, base_model, shards, cluster, steps=16, checkpoint_every=4)
-    data = spec.model_dump(mode="json", by_alias=True)  # the base model through model.weights (local folder)
-    data["model"]["weights"], data["train"]["xtuner"]["base_model"] = str(base_model), ""
+    data = spec.model_dump(mode="json", by_alias=True)  # the base model through model.weights (s3://)
+    data["model"]["weights"], data["train"]["xtuner"]["base_model"] = uri, ""
+    data["storage"]["s3_endpoint_url"] = endpoint
     data["recovery"]["max_attempts"] = 1
     spec = RunSpec.model_validate(data)
     run_dir, cancel_dir = tmp_path / "runs" / "slurm-lora", tmp_path / "runs" / "slurm-cancel"
@@ -136,10 +148,10 @@ def test_xtuner_lora_over_slurm_recovers_on_the_node_left_then_cancel_leaves_not
             os.kill(pid, signal.SIGKILL)
 
     chaos = _when(_logged(work_dir, 5), sicken)
-    t0, r = time.monotonic(), None
+    t0, r, run_log, cancel_log = time.monotonic(), None, [], []
     try:
         assert [n.name for n in c.nodes] == ["n1", "n2"]
-        r = run_xtuner(spec, shards, run_dir, cluster=c, provider=p, log=QUIET)
+        r = run_xtuner(spec, shards, run_dir, cluster=c, provider=p, log=run_log.append)
         wall = time.monotonic() - t0
         chaos.join(timeout=5)
         longer = spec.model_copy(  # cancelled, not failed: no recovery (the flow's cancel hook ends the flow too)
@@ -151,7 +163,7 @@ def test_xtuner_lora_over_slurm_recovers_on_the_node_left_then_cancel_leaves_not
         shutil.copytree(run_dir / "xtuner" / "processed", cancel_dir / "xtuner" / "processed")
         cancel = _when(_ranks_up(cancel_dir, 1), lambda: SlurmProvider(spec).release(r.cluster))
         with pytest.raises(Exception, match="train failed|not running|did not finish"):
-            run_xtuner(longer, shards, cancel_dir, cluster=r.cluster, provider=p, log=QUIET, convert=False)
+            run_xtuner(longer, shards, cancel_dir, cluster=r.cluster, provider=p, log=cancel_log.append, convert=False)
         cancel.join(timeout=5)
     finally:
         p.release(c)
@@ -159,13 +171,31 @@ def test_xtuner_lora_over_slurm_recovers_on_the_node_left_then_cancel_leaves_not
             p.release(r.cluster)
         shutil.rmtree(node_env, ignore_errors=True)  # this test's own node environment (keyed by the wrapper)
     (ev,) = r.interruptions
-    print(f"\nxtuner over slurm: wall {wall:.1f} s, recovery_s {ev.recovery_s}, stages {r.stage_s}")
+    fetches = [x for x in run_log + cancel_log if x.startswith("base model on node")]
+    print(f"\nxtuner over slurm: wall {wall:.1f} s, recovery_s {ev.recovery_s}, stages {r.stage_s}, {fetches}")
     assert queued(c.handle["job_id"]) is None and queued(r.cluster.handle["job_id"]) is None, "an allocation is left"
     deadline = time.monotonic() + 20
     while _pids(str(cancel_dir)) and time.monotonic() < deadline:
         time.sleep(0.3)
     assert not _pids(str(cancel_dir)), "a process of the cancelled run outlived the cancellation"
     assert not ours_running(str(run_dir)), "a process of the run outlived release"
+
+    # the base model: one content-keyed folder in the test's cache, stamped for this prefix, fetched by one node
+    # while the other waited on the lock and found it; no fetch at recovery (n1 kept), the cancelled run reused it
+    (stamp,) = cache.glob(f"*/{STAMP}")
+    cached = stamp.parent
+    assert json.loads(stamp.read_text())["uri"] == uri and cached.name == json.loads(stamp.read_text())["key"]
+    assert sorted(f.name for f in cached.iterdir() if f.name != STAMP) == sorted(
+        f.name for f in base_model.iterdir() if f.is_file()
+    )
+    assert sorted(x.split(":")[1].split()[0] for x in fetches) == ["cached", "cached", "fetched"], fetches
+    assert fetches[-1].startswith("base model on node n1: cached"), fetches  # the cancelled run, on n1
+    assert "base_model_s" in r.stage_s
+    # both launches (2 ranks, then 1 rank re-rendered after recovery) trained from that folder
+    for d in launch_dirs(work_dir):
+        (dumped,) = d.glob("vis_data/config.py")  # mmengine's copy of the config that launch ran
+        assert str(cached) in dumped.read_text() and str(base_model) not in dumped.read_text(), d
+    assert f"pretrained_model_name_or_path = {str(cached)!r}" in Path(r.config_path).read_text()
 
     # recovery on the node left: n2 excluded, a new allocation of n1 alone, 1 rank, resumed from iter_4
     assert ev.kind == "node" and "n2" in ev.detail and "torch: 0.0.1-fake" in ev.detail, ev.detail
