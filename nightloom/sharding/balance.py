@@ -1,15 +1,20 @@
 """Balance figures and deterministic rebalancing of hash buckets onto shards.
 
 Documents hash into M = num_shards × VIRTUAL_BUCKETS buckets (bucket = H mod M). Plain hashing puts bucket b
-on shard b mod N (identical to H mod N, since N divides M). When that misses the tolerance, buckets are
-placed by LPT (largest bucket first onto the currently lightest shard; ties by bucket id, then shard index):
-deterministic, keeps identical keys together, and bounded: every shard ends within max_bucket of the mean.
+on shard b mod N (identical to H mod N, since N divides M). When that misses the tolerance, a few buckets are
+moved off their plain shard (`move_mapping`: from the heaviest shard to the lightest, the largest bucket that
+does not overshoot, until the imbalance is within half the tolerance): the scan spills each document under its
+plain shard, so a shard whose buckets mostly stay home reads little besides its own spill partition. Should that
+not reach the tolerance, buckets are placed by LPT (largest bucket first onto the currently lightest shard; ties
+by bucket id, then shard index): deterministic, keeps identical keys together, and bounded: every shard ends
+within max_bucket of the mean.
 
 Imbalance = max_i |x_i − mean| / mean (x_i = rows, tokens or bytes of shard i).
 """
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 
@@ -42,6 +47,40 @@ def lpt_mapping(weights: np.ndarray, num_shards: int) -> np.ndarray:
         load, s = heapq.heappop(heap)
         mapping[b] = s
         heapq.heappush(heap, (load + w, s))
+    return mapping
+
+
+def move_mapping(weights: np.ndarray, num_shards: int, target: float) -> np.ndarray:
+    """The plain mapping with as few buckets moved as it takes to reach imbalance ≤ `target` (or as close as
+    this greedy gets: the caller checks). Each move takes, from the heaviest shard, the largest bucket no bigger
+    than what both that shard is over and the lightest shard is under the mean, else the smallest one that
+    still narrows both; ties by bucket id, then shard index, so the result depends on the weights alone."""
+    mapping = plain_mapping(num_shards, len(weights))
+    loads = shard_loads(mapping, weights, num_shards).astype(np.float64)
+    mean = float(loads.mean()) if len(loads) else 0.0
+    if mean <= 0:
+        return mapping
+    held: list[list[tuple[int, int]]] = [[] for _ in range(num_shards)]  # per shard: sorted (weight, bucket)
+    for b in np.flatnonzero(weights > 0).tolist():
+        held[b % num_shards].append((int(weights[b]), b))
+    for h in held:
+        h.sort()
+    for _ in range(len(weights)):
+        heavy, light = int(np.argmax(loads)), int(np.argmin(loads))
+        if float(np.max(np.abs(loads - mean))) / mean <= target or heavy == light:
+            break
+        room = min(loads[heavy] - mean, mean - loads[light])
+        h = held[heavy]
+        k = bisect.bisect_right(h, (int(room), len(weights))) - 1  # the largest bucket that does not overshoot
+        if k < 0:
+            if not h or h[0][0] >= 2 * room:
+                break  # no move narrows both: leave it to the caller (LPT)
+            k = 0
+        w, b = h.pop(k)
+        bisect.insort(held[light], (w, b))
+        mapping[b] = light
+        loads[heavy] -= w
+        loads[light] += w
     return mapping
 
 
@@ -88,9 +127,13 @@ def balance(
     before = imbalance(loads)
     if before <= tolerance:
         return mapping, before, before, False, loads
-    mapping = lpt_mapping(bw, num_shards)
+    mapping = move_mapping(bw, num_shards, tolerance / 2)
     loads = shard_loads(mapping, bw, num_shards)
     after = imbalance(loads)
+    if after > tolerance:
+        mapping = lpt_mapping(bw, num_shards)
+        loads = shard_loads(mapping, bw, num_shards)
+        after = imbalance(loads)
     if after > tolerance:
         raise TooSmallError(
             too_small_message(

@@ -24,7 +24,7 @@ from nightloom.sharding.storage import S3Config
 from nightloom.sharding.workdir import WorkDir
 from nightloom.spec import DatasetSpec, ShardingSpec, StorageSpec, TokenizerSpec
 
-ALGORITHM_VERSION = "nightloom-shard-1"  # bump when output bytes change for the same settings
+ALGORITHM_VERSION = "nightloom-shard-2"  # bump when output bytes change for the same settings
 WORK_DIR_NAME = ".nightloom-work"
 #: small input files are scanned together, in order, in units of up to this many bytes or files: a scan unit
 #: is one task (and one spill), so 13k small files cost tens of tasks, not 13k. Output bytes do not depend on it.

@@ -4,8 +4,10 @@ Reads only the scans' metadata (hashes, tokens, bytes: 32 B per document), strea
 memory is bounded whatever the corpus: dedup runs per hash partition (duplicates share their hash, so each
 partition of at most PARTITION_DOCS documents is deduplicated on its own; partitions spill to work files when
 there is more than one), balancing needs only the per-bucket totals, and the one per-document structure kept
-in memory is the duplicate mask (1 byte per document). Writes one `dest-NNNNN.bin` per input (shard index per
-spilled row, −1 = dropped duplicate) and `placement.json`, atomically; a re-run reads them back (resume).
+in memory is the duplicate mask (1 byte per document). Dedup runs in spill order: a spill keeps input order within
+each plain shard, and identical documents share their plain shard, so the first copy in spill order is the first
+in input order. Writes one `dest-NNNNN.bin` per input (shard index per spilled row, −1 = dropped duplicate), the
+bucket → shard `mapping.bin` and `placement.json`, atomically; a re-run reads them back (resume).
 """
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ MAX_PARTITIONS = 512  # open partition files at most (past 134M documents the pa
 PART_DTYPE = np.dtype([("h1", "<u8"), ("h2", "<u8"), ("g", "<i8")])  # g: the document's global input index
 
 
+MAPPING_NAME = "mapping.bin"  # bucket → shard (DEST_DTYPE), for the writers: which spill partitions to read
+
+
 def dest_name(index: int) -> str:
     return f"dest-{index:05d}.bin"
 
@@ -46,17 +51,26 @@ class Placement(BaseModel):
     heldout: int = 0  # documents set aside as the held-out split
 
 
-def duplicates_per_file(scans: list[ScanResult], dup: np.ndarray) -> list[tuple[int, int]]:
-    """(source, duplicates) for every input file that lost documents to dedup; documents are in input order."""
-    files = [f for s in sorted(scans, key=lambda s: s.index) for f in s.files if f.docs]
-    if not files or not dup.any():
+def duplicates_per_file(work: Path, scans: list[ScanResult], dup: np.ndarray) -> list[tuple[int, int]]:
+    """(source, duplicates) for every input file that lost documents to dedup. A scan's files hold its
+    documents in input order, and each spilled record's `pos` is its place in that order."""
+    if not dup.any():
         return []
-    starts = np.cumsum([0] + [f.docs for f in files[:-1]])
-    counts = np.add.reduceat(dup.astype(np.int64), starts)
     out: dict[int, int] = {}  # a file scanned in byte ranges has one entry per range: summed
-    for f, c in zip(files, counts.tolist()):
-        if c:
-            out[f.source] = out.get(f.source, 0) + c
+    scan_of: dict[int, ScanResult] = {}
+    found: dict[int, list[np.ndarray]] = {}
+    for s, g, c in _meta_chunks(work, scans):
+        hit = dup[g : g + len(c)]
+        if hit.any():
+            scan_of[s.index] = s
+            found.setdefault(s.index, []).append(c["pos"][hit])
+    for index, pos in found.items():
+        files = [f for f in scan_of[index].files if f.docs]
+        starts = np.cumsum([0] + [f.docs for f in files[:-1]])
+        which = np.searchsorted(starts, np.concatenate(pos), side="right") - 1
+        for k, c in enumerate(np.bincount(which, minlength=len(files)).tolist()):
+            if c:
+                out[files[k].source] = out.get(files[k].source, 0) + c
     return list(out.items())
 
 
@@ -205,6 +219,10 @@ def place_documents(job: ShardJob, scans: list[ScanResult]) -> Placement:
     if writer is not None:
         writer.publish()
         wd.publish(dest_name(current.index))
+    out_map = ArrayWriter(work / MAPPING_NAME, DEST_DTYPE)
+    out_map.append(mapping)
+    out_map.publish()
+    wd.publish(MAPPING_NAME)
     p = Placement(
         kept=kept,
         dedup_dropped=total - kept,
@@ -212,7 +230,7 @@ def place_documents(job: ShardJob, scans: list[ScanResult]) -> Placement:
         imbalance=after,
         rebalanced=rebalanced,
         loads=[int(x) for x in loads],
-        file_duplicates=duplicates_per_file(scans, dup),
+        file_duplicates=duplicates_per_file(work, scans, dup),
         heldout=n_held,
     )
     wd.write_marker(out, p.model_dump_json().encode())

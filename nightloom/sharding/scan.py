@@ -2,11 +2,16 @@
 big uncompressed JSONL file: `line_span`), hash and count every record, spill kept records to Arrow IPC parts.
 
 One call per scan unit, independent of the others (a Prefect task; Dask/Ray can spread them). Spill parts
-hold the text (and key); a META_DTYPE array file holds both hashes, tokens and bytes per record; with a tokenizer
-other than `bytes` an ids file holds every record's token ids (tokenized once, here: they give the counts the
-balancer uses and the shard's .bin token file); the result
-marker is written last, so a re-run skips files already scanned (resume). Bad records fail at once (`on_error=fail`) or are
-counted (`skip`).
+hold the text (and key); a META_DTYPE array file holds both hashes, tokens, bytes and input position per record;
+with a tokenizer other than `bytes` an ids file holds every record's token ids (tokenized once, here: they give
+the counts the balancer uses and the shard's .bin token file); the result marker is written last, so a re-run
+skips files already scanned (resume). Bad records fail at once (`on_error=fail`) or are counted (`skip`).
+
+Each batch that reaches the spill is split by plain shard (H mod N, the shard of every bucket the balancer does
+not move) into one Arrow record batch per shard, listed in a BATCH_DTYPE index: a shard writer then reads its own
+partition of every spill, not the whole spill once per shard (which made writing grow as shards × corpus).
+Meta, ids and the placement's dest file follow the spill's row order; META_DTYPE's `pos` gives each record's
+place in input order within the unit, so a writer can restore input order where partitions meet.
 
 Two readers, same output: a fast path (Arrow's C++ JSON/Parquet/IPC readers, hashing straight from the Arrow
 buffers; used when the text is the key and no `dataset.keep_columns` are carried) and the record-by-record path, which alone knows line numbers. Any
@@ -42,7 +47,21 @@ SPILL_PART_BYTES = 32 * 1024 * 1024  # a new spill file after this much: bounds 
 JSON_CHUNK = 16 * 1024 * 1024  # JSONL is parsed in line-aligned pieces of this size (bounded memory) …
 JSON_BLOCK = 8 * 1024 * 1024  # … in Arrow blocks of this size; a longer line falls back to the record path
 NEWLINE_SEARCH = 1 << 16  # the last newline of a piece is looked for here first
-META_DTYPE = np.dtype([("h1", "<u8"), ("h2", "<u8"), ("tokens", "<i8"), ("nbytes", "<i8")])
+META_DTYPE = np.dtype([("h1", "<u8"), ("h2", "<u8"), ("tokens", "<i8"), ("nbytes", "<i8"), ("pos", "<i8")])
+# one entry per spilled record batch, in spill order: its spill part (file) and batch number there, the add() call
+# it came from (segment: the batches of one segment cover one run of input positions), its plain shard, its rows,
+# and where they start in the meta/dest files (row) and in the ids file (tok)
+BATCH_DTYPE = np.dtype(
+    [
+        ("file", "<i4"),
+        ("number", "<i4"),
+        ("part", "<i4"),
+        ("segment", "<i8"),
+        ("rows", "<i8"),
+        ("row", "<i8"),
+        ("tok", "<i8"),
+    ]
+)
 
 
 class FileScan(BaseModel):
@@ -73,8 +92,9 @@ class ScanResult(BaseModel):
     index: int  # the scan unit's index (ShardJob.units)
     files: list[FileScan] = Field(default_factory=list)  # one per source of the unit, in order
     spills: list[str] = Field(default_factory=list)  # Arrow IPC parts of kept records, in order
-    meta: str | None = None  # META_DTYPE file: (h1, h2, tokens, nbytes) per spilled record; None if none kept
+    meta: str | None = None  # META_DTYPE file: (h1, h2, tokens, nbytes, pos) per spilled record; None if none kept
     ids: str | None = None  # job.token_dtype file: every spilled record's token ids, back to back (not for bytes)
+    batches: str | None = None  # BATCH_DTYPE file: the spill's record batches by plain shard; None if none kept
     records: int = 0  # records seen (good + empty + bad)
     docs: int = 0  # non-empty good documents spilled (before dedup)
     empty: int = 0
@@ -113,24 +133,55 @@ def _strings(values: list[bytes]) -> pa.Array:
     )
 
 
-class _Spill:
-    """Appends (columns, meta[, token ids]) batches to size-bounded IPC parts (each published with a rename), the
-    meta records and the token ids to array files written as they go (memory does not grow with the input)."""
+def partition_order(h1: np.ndarray, num_shards: int) -> tuple[np.ndarray, np.ndarray]:
+    """(stable order that groups rows by plain shard h1 mod N, each shard's [start, stop) in that order)."""
+    part = (h1 % np.uint64(num_shards)).astype(np.int64)
+    order = np.argsort(part, kind="stable")
+    bounds = np.searchsorted(part[order], np.arange(num_shards + 1))
+    return order, bounds
 
-    def __init__(self, work: Path, index: int, schema: pa.Schema, id_dtype: str = "int32"):
+
+def gather_ids(ids: np.ndarray, lengths: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """Documents' ids (back to back, `lengths` each) rearranged into document order `order`."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    starts = np.cumsum(lengths) - lengths
+    sel = lengths[order]
+    if not len(sel) or not int(sel.sum()):
+        return ids[:0]
+    shift = np.repeat(starts[order] - (np.cumsum(sel) - sel), sel)
+    return ids[np.arange(int(sel.sum()), dtype=np.int64) + shift]
+
+
+class _Spill:
+    """Appends (columns, meta[, token ids]) batches, split by plain shard, to size-bounded IPC parts (each
+    published with a rename); the meta records, the token ids and the batch index go to array files written as
+    they go (memory does not grow with the input)."""
+
+    def __init__(self, work: Path, index: int, schema: pa.Schema, id_dtype: str = "int32", num_shards: int = 1):
         self.work, self.index, self.schema, self.id_dtype = work, index, schema, id_dtype
+        self.num_shards = num_shards
         self.parts: list[str] = []
         self.meta_name = f"meta-{index:05d}.bin"
         self.ids_name = f"ids-{index:05d}.bin"
+        self.batches_name = f"batches-{index:05d}.bin"
         self.meta: ArrayWriter | None = None
         self.ids: ArrayWriter | None = None
+        self.batches: ArrayWriter | None = None
         self.writer = None
         self.part_bytes = 0
+        self.rows = self.segments = self.tokens = self.part_batches = 0
 
     def add(self, columns: list[pa.Array], meta: np.ndarray, ids: np.ndarray | None = None) -> None:
         """`ids`: the records' token ids back to back (meta["tokens"] of them per record), or None for bytes."""
         if not len(meta):
             return
+        meta["pos"] = np.arange(self.rows, self.rows + len(meta), dtype=np.int64)
+        order, bounds = partition_order(meta["h1"], self.num_shards)
+        batch = pa.record_batch(columns, schema=self.schema)
+        if not np.array_equal(order, np.arange(len(order))):
+            if ids is not None:
+                ids = gather_ids(ids, meta["tokens"], order)
+            batch, meta = batch.take(pa.array(order)), meta[order]
         if ids is not None:
             if self.ids is None:
                 self.ids = ArrayWriter(self.work / self.ids_name, np_dtype(self.id_dtype))
@@ -140,8 +191,23 @@ class _Spill:
             self.writer = pa.ipc.new_file(str(self.work / f".{self.parts[-1]}.tmp"), self.schema)
         if self.meta is None:
             self.meta = ArrayWriter(self.work / self.meta_name, META_DTYPE)
-        self.writer.write_batch(pa.record_batch(columns, schema=self.schema))
+            self.batches = ArrayWriter(self.work / self.batches_name, BATCH_DTYPE)
+        present = np.flatnonzero(np.diff(bounds))
+        index = np.empty(len(present), dtype=BATCH_DTYPE)
+        index["file"], index["part"], index["segment"] = len(self.parts) - 1, present, self.segments
+        index["number"] = self.part_batches + np.arange(len(present))
+        index["rows"] = np.diff(bounds)[present]
+        index["row"] = self.rows + bounds[present]
+        tok_before = np.concatenate([[0], np.cumsum(meta["tokens"])])
+        index["tok"] = self.tokens + tok_before[bounds[present]] if ids is not None else 0
+        self.part_batches += len(present)
+        self.tokens += int(tok_before[-1]) if ids is not None else 0
+        for p in present.tolist():
+            self.writer.write_batch(batch.slice(int(bounds[p]), int(bounds[p + 1] - bounds[p])))
         self.meta.append(meta)
+        self.batches.append(index)
+        self.rows += len(meta)
+        self.segments += 1
         self.part_bytes += int(meta["nbytes"].sum())
         if self.part_bytes >= SPILL_PART_BYTES:
             self.close_part()
@@ -150,32 +216,31 @@ class _Spill:
         if self.writer is not None:
             self.writer.close()
             (self.work / f".{self.parts[-1]}.tmp").replace(self.work / self.parts[-1])
-            self.writer, self.part_bytes = None, 0
+            self.writer, self.part_bytes, self.part_batches = None, 0, 0
 
     def abort(self) -> None:
         if self.writer is not None:
             self.writer.close()
             (self.work / f".{self.parts[-1]}.tmp").unlink(missing_ok=True)
             self.writer = None
-        if self.meta is not None:
-            self.meta.abort()
-            self.meta = None
-        if self.ids is not None:
-            self.ids.abort()
-            self.ids = None
+        for w in (self.meta, self.ids, self.batches):
+            if w is not None:
+                w.abort()
+        self.meta = self.ids = self.batches = None
         for p in self.parts:
             (self.work / p).unlink(missing_ok=True)
 
-    def finish(self) -> tuple[list[str], str | None, int, str | None]:
-        """(spill parts, meta file, records, ids file), all published."""
+    def finish(self) -> tuple[list[str], str | None, int, str | None, str | None]:
+        """(spill parts, meta file, records, ids file, batch index file), all published."""
         self.close_part()
         ids = None
         if self.ids is not None:
             self.ids.publish()
             ids = self.ids_name
         if self.meta is None:
-            return self.parts, None, 0, ids
-        return self.parts, self.meta_name, self.meta.publish(), ids
+            return self.parts, None, 0, ids, None
+        self.batches.publish()
+        return self.parts, self.meta_name, self.meta.publish(), ids, self.batches_name
 
 
 def _after_newline(f, pos: int, size: int) -> int:
@@ -394,12 +459,12 @@ class _RecordBuffer:
         self.kept: list[list[str | None]] = [[] for _ in job.extra_columns]
         self.texts: list[bytes] = []
         self.keys: list[bytes] = []
-        self.meta: list[tuple[int, int, int, int]] = []
+        self.meta: list[tuple[int, int, int, int, int]] = []  # pos is set by the spill
         self.pending = 0
         self.count = 0  # documents added so far (spilled or buffered)
         self.tok = _counter(job)  # None for bytes (tokens = UTF-8 bytes, already in meta)
 
-    def add(self, tb: bytes, kb: bytes, meta: tuple[int, int, int, int], extras) -> None:
+    def add(self, tb: bytes, kb: bytes, meta: tuple[int, int, int, int, int], extras) -> None:
         self.texts.append(tb)
         if self.separate_key:
             self.keys.append(kb)
@@ -453,7 +518,7 @@ def _scan_records(
         kb = tb if key is None else _key_bytes(key)
         nb = len(tb)  # tokenizer "bytes": one token per UTF-8 byte
         nb_all = nb + len(kb) if buf.separate_key else nb
-        buf.add(tb, kb, (xx64(kb + salt), xx3(kb, seed=DEDUP_SEED), nb, nb_all), extras)
+        buf.add(tb, kb, (xx64(kb + salt), xx3(kb, seed=DEDUP_SEED), nb, nb_all, 0), extras)
 
 
 def _scan_file(
@@ -521,21 +586,25 @@ def scan_unit(job: ShardJob, index: int) -> ScanResult:
     rng = job.unit_range(index)
     span = line_span(Path(job.sources[sources[0]].uri), *rng) if rng is not None else None
     schema = spill_schema(job)
-    buf, res = _RecordBuffer(job, _Spill(work, index, schema, job.token_dtype)), ScanResult(index=index)
+
+    def spill() -> _Spill:
+        return _Spill(work, index, schema, job.token_dtype, job.num_shards)
+
+    buf, res = _RecordBuffer(job, spill()), ScanResult(index=index)
     try:
         try:
             for i in sources:
                 _scan_file(job, work, i, buf, res, _fast_path(job, job.sources[i]), span)
         except _Fallback:
             buf.spill.abort()
-            buf, res = _RecordBuffer(job, _Spill(work, index, schema, job.token_dtype)), ScanResult(index=index)
+            buf, res = _RecordBuffer(job, spill()), ScanResult(index=index)
             for i in sources:
                 _scan_file(job, work, i, buf, res, False, span)
         buf.flush()
     except BaseException:
         buf.spill.abort()
         raise
-    res.spills, res.meta, res.docs, res.ids = buf.spill.finish()
-    wd.publish(*res.spills, *(f for f in (res.meta, res.ids) if f))  # files first, the marker last
+    res.spills, res.meta, res.docs, res.ids, res.batches = buf.spill.finish()
+    wd.publish(*res.spills, *(f for f in (res.meta, res.ids, res.batches) if f))  # files first, the marker last
     wd.write_marker(marker, res.model_dump_json().encode())
     return res

@@ -110,7 +110,7 @@ class TokenFileWriter:
             raise ValueError("token ids: negative id")
         if self.dtype == np.uint16 and len(ids) and int(ids.max()) > np.iinfo(np.uint16).max:
             raise ValueError(f"token ids: id {int(ids.max())} does not fit uint16 (vocab too small in the manifest?)")
-        data = with_eos(lengths, ids, self.eos_id, self.dtype).tobytes()
+        data = memoryview(with_eos(lengths, ids, self.eos_id, self.dtype)).cast("B")  # no copy into a bytes object
         self._bin.write(data)
         self._bin_hash.update(data)
         self._lengths.append(lengths + 1)

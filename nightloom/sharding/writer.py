@@ -16,12 +16,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from nightloom.sharding import storage
-from nightloom.sharding.arrays import DEST_DTYPE, ArrayReader
+from nightloom.sharding.arrays import DEST_DTYPE
 from nightloom.sharding.errors import ShardingError
 from nightloom.sharding.job import ShardJob
 from nightloom.sharding.manifest import ShardInfo, TokenFiles
-from nightloom.sharding.placement import dest_name
-from nightloom.sharding.scan import META_DTYPE, ScanResult
+from nightloom.sharding.placement import MAPPING_NAME, dest_name
+from nightloom.sharding.scan import BATCH_DTYPE, META_DTYPE, ScanResult, gather_ids
 from nightloom.sharding.tokens import TokenFileWriter, np_dtype, utf8_ids
 
 ROW_GROUP_BYTES = 16 * 1024 * 1024
@@ -55,33 +55,77 @@ def _cut(nbytes: np.ndarray) -> int:
     return 0
 
 
-def _rows_of_shard(work: Path, s: ScanResult, index: int, cols: list[str], schema: pa.Schema, id_dtype: str):
+def partitions_of(mapping: np.ndarray, index: int, num_shards: int, heldout: bool) -> np.ndarray:
+    """The plain shards whose spill partitions hold rows of shard `index` (the held-out split: all of them)."""
+    if heldout:
+        return np.arange(num_shards)
+    return np.unique(np.flatnonzero(mapping == index) % num_shards)
+
+
+def _segments(entries: np.ndarray):
+    """The batch index entries grouped by segment, in order."""
+    if len(entries):
+        cut = np.flatnonzero(np.diff(entries["segment"])) + 1
+        yield from np.split(entries, cut)
+
+
+def _rows_of_shard(work: Path, s: ScanResult, index: int, parts: np.ndarray, cols: list[str], id_dtype: str):
     """(shard `index`'s rows of scan `s` as a table, their META_DTYPE records, their token ids back to back or
-    None when the scan spilled none), batch by batch in input order. The shard per row, the meta and the ids are
-    read in step with the spill's batches; takes copy, so nothing handed out refers to a mapped spill part."""
-    with (
-        ArrayReader(work / dest_name(s.index), DEST_DTYPE) as dest_file,
-        ArrayReader(work / s.meta, META_DTYPE) as meta_file,
-    ):
-        ids_file = ArrayReader(work / s.ids, np_dtype(id_dtype)) if s.ids else None
-        try:
-            for part in s.spills:
-                # map one bounded part at a time: what the process touches never grows with the corpus
-                with pa.memory_map(str(work / part)) as src:
-                    reader = pa.ipc.open_file(src)
-                    for b in range(reader.num_record_batches):
-                        batch = reader.get_batch(b)
-                        dest, meta = dest_file.read(batch.num_rows), meta_file.read(batch.num_rows)
-                        ids = ids_file.read(int(meta["tokens"].sum())) if ids_file is not None else None
-                        mine = dest == index
-                        idx = np.flatnonzero(mine)
-                        if len(idx):
-                            t = pa.Table.from_batches([batch.take(pa.array(idx))]).select(cols)
-                            sel = ids[np.repeat(mine, meta["tokens"])] if ids is not None else None
-                            yield (t if t.schema == schema else t.cast(schema)), meta[idx], sel
-        finally:
-            if ids_file is not None:
-                ids_file.close()
+    None when the scan spilled none), segment by segment, in input order. Only the batches of the spill partitions
+    in `parts` are read (with plain reads: what a batch holds is copied, so nothing refers to the file); where
+    several partitions meet in a segment, their rows are put back in input order by `pos`."""
+    entries = np.fromfile(work / s.batches, dtype=BATCH_DTYPE)
+    entries = entries[np.isin(entries["part"], parts)]
+    if not len(entries):
+        return
+    dest = np.memmap(work / dest_name(s.index), dtype=DEST_DTYPE, mode="r")
+    meta = np.memmap(work / s.meta, dtype=META_DTYPE, mode="r")
+    ids_all = np.memmap(work / s.ids, dtype=np_dtype(id_dtype), mode="r") if s.ids else None
+    readers: dict[int, pa.ipc.RecordBatchFileReader] = {}
+    files: list[pa.NativeFile] = []
+
+    def batch(file: int, number: int) -> pa.RecordBatch:
+        if file not in readers:
+            files.append(pa.OSFile(str(work / s.spills[file])))
+            readers[file] = pa.ipc.open_file(files[-1])
+        return readers[file].get_batch(number)
+
+    try:
+        for seg in _segments(entries):
+            pieces = []
+            for e in seg.tolist():
+                _, number, _, _, n, row, tok = e
+                mine = np.asarray(dest[row : row + n]) == index
+                if not mine.any():
+                    continue
+                b, m = batch(e[0], number), np.array(meta[row : row + n])
+                ids = np.array(ids_all[tok : tok + int(m["tokens"].sum())]) if ids_all is not None else None
+                if not mine.all():
+                    keep = np.flatnonzero(mine)
+                    if ids is not None:
+                        ids = ids[np.repeat(mine, m["tokens"])]
+                    b, m = b.take(pa.array(keep)), m[keep]
+                pieces.append((b, m, ids))
+            if not pieces:
+                continue
+            if len(pieces) == 1:
+                b, m, ids = pieces[0]
+                t = pa.Table.from_batches([b])
+            else:
+                t = pa.Table.from_batches([p[0] for p in pieces])
+                m = np.concatenate([p[1] for p in pieces])
+                order = np.argsort(m["pos"], kind="stable")
+                t, m = t.take(pa.array(order)), m[order]
+                ids = None
+                if ids_all is not None:
+                    ids = gather_ids(
+                        np.concatenate([p[2] for p in pieces]), np.concatenate([p[1]["tokens"] for p in pieces]), order
+                    )
+            yield t.select(cols), m, ids
+    finally:
+        for f in files:
+            f.close()
+        del dest, meta, ids_all
 
 
 def write_shard(job: ShardJob, scans: list[ScanResult], index: int) -> ShardInfo:
@@ -96,9 +140,12 @@ def write_shard(job: ShardJob, scans: list[ScanResult], index: int) -> ShardInfo
     if done is not None and storage.exists(final, job.s3):  # the Parquet shard is published after its token files
         return ShardInfo.model_validate_json(done)
     work = wd.local
-    for s in scans:  # what other machines scanned and placed (an S3 work folder; cached per machine)
+    wd.fetch(MAPPING_NAME)  # what other machines scanned and placed (an S3 work folder; cached per machine)
+    for s in scans:
         if s.spills:
-            wd.fetch(dest_name(s.index), *(f for f in (s.meta, s.ids) if f), *s.spills)
+            wd.fetch(dest_name(s.index), *(f for f in (s.meta, s.ids, s.batches) if f), *s.spills)
+    mapping = np.fromfile(work / MAPPING_NAME, dtype=DEST_DTYPE)
+    parts = partitions_of(mapping, index, job.num_shards, index == job.heldout_index)
     cols = _output_columns(job)
     local_out = not storage.is_s3(job.output)
     tmp_dir = Path(job.output) if local_out else work
@@ -132,7 +179,9 @@ def write_shard(job: ShardJob, scans: list[ScanResult], index: int) -> ShardInfo
         for s in sorted(scans, key=lambda s: s.index):
             if not s.spills:
                 continue
-            for t, sel, ids in _rows_of_shard(work, s, index, cols, out_schema, job.token_dtype):
+            for t, sel, ids in _rows_of_shard(work, s, index, parts, cols, job.token_dtype):
+                if t.schema != out_schema:
+                    t = t.cast(out_schema)
                 if ids is None:  # bytes: the ids are the text's UTF-8 bytes
                     lengths, ids = utf8_ids(t.column(0))
                 else:
