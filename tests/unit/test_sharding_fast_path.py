@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -144,3 +147,25 @@ def test_array_files_refuse_truncation(tmp_path):
     (tmp_path / "d.bin").write_bytes((tmp_path / "d.bin").read_bytes()[:-1])
     with pytest.raises(ValueError, match="not a whole number"):
         ArrayReader(tmp_path / "d.bin", DEST_DTYPE)
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="one CPU: nothing to widen")
+def test_the_scan_parses_on_every_cpu_even_with_omp_num_threads_1(tmp_path):
+    """Arrow sizes its CPU pool (the JSONL parse) from OMP_NUM_THREADS, which torchrun, CI and the Makefile set
+    to 1; the scan widens it again (a subprocess: the pool is process-wide)."""
+    src = write_jsonl(tmp_path / "a.jsonl", make_docs(50))
+    code = (
+        "import sys, pyarrow as pa\n"
+        "from nightloom.sharding import shard_dataset\n"
+        "from nightloom.spec import DatasetSpec, ShardingSpec\n"
+        "before = pa.cpu_count()\n"
+        "shard_dataset(DatasetSpec(path=sys.argv[1]), ShardingSpec(output=sys.argv[2], num_shards=2, tolerance=0.9))\n"
+        "print(before, pa.cpu_count())\n"
+    )
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    r = subprocess.run(
+        [sys.executable, "-c", code, str(src), str(tmp_path / "o")], env=env, capture_output=True, text=True
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    before, after = map(int, r.stdout.split())
+    assert before == 1 and after == min(os.cpu_count(), 8)
