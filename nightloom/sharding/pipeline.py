@@ -7,7 +7,6 @@ Each step is a pure, idempotent function of a `ShardJob` and the previous steps'
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -17,7 +16,7 @@ from nightloom.sharding.accounting import account_files
 from nightloom.sharding.job import WORK_DIR_NAME, ShardJob, existing_manifest, plan_job
 from nightloom.sharding.manifest import MANIFEST_NAME, ShardInfo, ShardManifest
 from nightloom.sharding.placement import Placement, place_documents
-from nightloom.sharding.scan import MAX_BAD_EXAMPLES, ScanResult, scan_unit
+from nightloom.sharding.scan import MAX_BAD_EXAMPLES, ScanResult, scan_unit, usable_cpus
 from nightloom.sharding.writer import write_shard
 from nightloom.spec import DatasetSpec, ShardingSpec, StorageSpec, TokenizerSpec
 
@@ -102,8 +101,9 @@ def shard_indices(job: ShardJob) -> list[int]:
 
 
 def default_workers() -> int:
-    """Threads for scan and write: one per CPU (Arrow parses and compresses with the GIL released), at most 8."""
-    return max(1, min(os.cpu_count() or 1, 8))
+    """Threads for scan and write: one per usable CPU (Arrow parses and compresses with the GIL released), at
+    most 8."""
+    return usable_cpus()
 
 
 def _map(fn, items: Iterable, workers: int) -> list:

@@ -573,6 +573,15 @@ def _fast_path(job: ShardJob, src: SourceRef) -> bool:
     return job.sharding.key_field is None and src.format != "text" and not job.extra_columns
 
 
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity mask: a container's share, not the host's count), at most 8."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not on Linux
+        n = os.cpu_count() or 1
+    return max(1, min(n, 8))
+
+
 def arrow_threads_at_least(n: int) -> None:
     """Size Arrow's CPU pool (which parses JSONL) to at least `n` threads. Arrow sizes it from OMP_NUM_THREADS,
     which torchrun, CI and the Makefile set to 1 for torch's sake: that left the parse on one core (1 GiB on 2
@@ -591,7 +600,7 @@ def scan_unit(job: ShardJob, index: int) -> ScanResult:
         return ScanResult.model_validate_json(done)
     work = wd.local
     work.mkdir(parents=True, exist_ok=True)
-    arrow_threads_at_least(min(os.cpu_count() or 1, 8))
+    arrow_threads_at_least(usable_cpus())
     sources = job.units[index]
     rng = job.unit_range(index)
     span = line_span(Path(job.sources[sources[0]].uri), *rng) if rng is not None else None

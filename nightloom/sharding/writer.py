@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from nightloom.sharding import storage
-from nightloom.sharding.arrays import DEST_DTYPE
+from nightloom.sharding.arrays import DEST_DTYPE, ArrayReader
 from nightloom.sharding.errors import ShardingError
 from nightloom.sharding.job import ShardJob
 from nightloom.sharding.manifest import ShardInfo, TokenFiles
@@ -74,21 +74,26 @@ def _rows_of_shard(work: Path, s: ScanResult, index: int, parts: np.ndarray, col
     None when the scan spilled none), segment by segment, in input order. Only the batches of the spill partitions
     in `parts` are read (with plain reads: what a batch holds is copied, so nothing refers to the file); where
     several partitions meet in a segment, their rows are put back in input order by `pos`."""
-    entries = np.fromfile(work / s.batches, dtype=BATCH_DTYPE)
-    entries = entries[np.isin(entries["part"], parts)]
+    with ArrayReader(work / s.batches, BATCH_DTYPE) as listing:  # filtered a chunk at a time: bounded memory
+        entries = np.concatenate([c[np.isin(c["part"], parts)] for c in listing.chunks()] or [listing.read(0)])
     if not len(entries):
         return
     dest = np.memmap(work / dest_name(s.index), dtype=DEST_DTYPE, mode="r")
     meta = np.memmap(work / s.meta, dtype=META_DTYPE, mode="r")
-    ids_all = np.memmap(work / s.ids, dtype=np_dtype(id_dtype), mode="r") if s.ids else None
-    readers: dict[int, pa.ipc.RecordBatchFileReader] = {}
-    files: list[pa.NativeFile] = []
+    ids_all = None
+    if s.ids:  # every kept document of the unit may encode to no id at all: an empty file cannot be mapped
+        ids_path = work / s.ids
+        ids_dtype = np_dtype(id_dtype)
+        ids_all = np.memmap(ids_path, ids_dtype, mode="r") if ids_path.stat().st_size else np.zeros(0, ids_dtype)
+    current: list = [None, None, None]  # (spill part index, open file, its reader): one open file at a time
 
     def batch(file: int, number: int) -> pa.RecordBatch:
-        if file not in readers:
-            files.append(pa.OSFile(str(work / s.spills[file])))
-            readers[file] = pa.ipc.open_file(files[-1])
-        return readers[file].get_batch(number)
+        if current[0] != file:  # entries are in file order: a part is done once the next one starts
+            if current[1] is not None:
+                current[1].close()
+            f = pa.OSFile(str(work / s.spills[file]))
+            current[:] = [file, f, pa.ipc.open_file(f)]
+        return current[2].get_batch(number)
 
     try:
         for seg in _segments(entries):
@@ -123,8 +128,8 @@ def _rows_of_shard(work: Path, s: ScanResult, index: int, parts: np.ndarray, col
                     )
             yield t.select(cols), m, ids
     finally:
-        for f in files:
-            f.close()
+        if current[1] is not None:
+            current[1].close()
         del dest, meta, ids_all
 
 

@@ -5,6 +5,9 @@ input order, with token files that megatron-core reads as the tokenizer's ids + 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -125,3 +128,62 @@ def test_each_spilled_row_is_read_by_one_writer_under_plain_hashing(tmp_path, mo
     assert not m.rebalanced
     spilled = m.rows + m.dedup_dropped
     assert m.rows <= sum(read) <= spilled, (sum(read), m.rows, spilled)
+
+
+def test_a_unit_of_many_spill_parts_keeps_one_spill_file_open_per_writer(tmp_path):
+    """A compressed file is one scan unit however big; each of its spill parts is opened by the writers one at a
+    time, so a unit of 600 parts shards under a 128-descriptor limit (a subprocess: the limit is process-wide)."""
+    src = write_jsonl(tmp_path / "big.jsonl.gz", make_docs(10000, seed=1), compress="gz")
+    code = (
+        "import resource, sys\n"
+        "from nightloom.sharding import scan, shard_dataset\n"
+        "from nightloom.spec import DatasetSpec, ShardingSpec\n"
+        "scan.SPILL_PART_BYTES = scan.JSON_CHUNK = scan.JSON_BLOCK = 2000\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (128, 128))\n"
+        "parts = []\n"
+        "finish = scan._Spill.finish\n"
+        "scan._Spill.finish = lambda self: (r := finish(self), parts.append(len(r[0])))[0]\n"
+        "sh = ShardingSpec(output=sys.argv[2], num_shards=4, tolerance=0.9)\n"
+        "m = shard_dataset(DatasetSpec(path=sys.argv[1]), sh, workers=4)\n"
+        "print(sum(parts), m.rows)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code, str(src), str(tmp_path / "o")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    parts, rows = map(int, r.stdout.split())
+    assert parts >= 600 and rows > 0, (parts, rows)
+
+
+def test_documents_the_tokenizer_turns_into_no_ids_still_shard(tmp_path, bpe, monkeypatch):
+    """A normalizer that deletes '~' leaves a unit whose documents have no ids at all (an empty ids spill)."""
+    from tokenizers import Tokenizer, normalizers
+
+    from nightloom.sharding import job as jobs
+
+    monkeypatch.setattr(jobs, "UNIT_BYTES", 1)  # every file a scan unit of its own
+
+    folder = tmp_path / "tok"
+    folder.mkdir()
+    tok = Tokenizer.from_file(str(Path(bpe.path) / "tokenizer.json"))
+    tok.normalizer = normalizers.Replace("~", "")
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|endoftext|>"}))
+    spec = TokenizerSpec(path=str(folder))
+    src = tmp_path / "in"
+    write_jsonl(src / "a.jsonl", ["~" * k for k in range(1, 9)])  # a unit of its own whose texts all vanish
+    write_jsonl(src / "b.jsonl", make_docs(200, seed=4))
+    m = shard_dataset(
+        DatasetSpec(path=str(src), keep_columns=["id"]),
+        ShardingSpec(output=str(tmp_path / "o"), num_shards=2, tolerance=0.9),
+        workers=2,
+        tokenizer=spec,
+    )
+    eos = load_tokenizer(spec).eos_id
+    seen = 0
+    for s in m.shards:
+        texts = pq.read_table(tmp_path / "o" / s.path).column("text").to_pylist()
+        ds = indexed.IndexedDataset(str(tmp_path / "o" / s.token_files.prefix))
+        for k, text in enumerate(texts):
+            if set(text) == {"~"}:
+                assert ds[k].tolist() == [eos]
+                seen += 1
+    assert seen == 8
