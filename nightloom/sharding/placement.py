@@ -57,15 +57,13 @@ def duplicates_per_file(work: Path, scans: list[ScanResult], dup: np.ndarray) ->
     if not dup.any():
         return []
     out: dict[int, int] = {}  # a file scanned in byte ranges has one entry per range: summed
-    scan_of: dict[int, ScanResult] = {}
-    found: dict[int, list[np.ndarray]] = {}
+    found: dict[int, tuple[ScanResult, list[np.ndarray]]] = {}  # scan index -> (scan, pos of its duplicates)
     for s, g, c in _meta_chunks(work, scans):
         hit = dup[g : g + len(c)]
         if hit.any():
-            scan_of[s.index] = s
-            found.setdefault(s.index, []).append(c["pos"][hit])
-    for index, pos in found.items():
-        files = [f for f in scan_of[index].files if f.docs]
+            found.setdefault(s.index, (s, []))[1].append(c["pos"][hit])
+    for s, pos in found.values():
+        files = [f for f in s.files if f.docs]
         starts = np.cumsum([0] + [f.docs for f in files[:-1]])
         which = np.searchsorted(starts, np.concatenate(pos), side="right") - 1
         for k, c in enumerate(np.bincount(which, minlength=len(files)).tolist()):

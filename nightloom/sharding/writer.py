@@ -100,11 +100,11 @@ def _rows_of_shard(work: Path, s: ScanResult, index: int, parts: np.ndarray, col
         for seg in _segments(entries):
             pieces = []
             for e in seg.tolist():
-                _, number, _, _, n, row, tok = e
+                file, number, _, _, n, row, tok = e
                 mine = np.asarray(dest[row : row + n]) == index
                 if not mine.any():
                     continue
-                b, m = batch(e[0], number), np.array(meta[row : row + n])
+                b, m = batch(file, number), np.array(meta[row : row + n])
                 ids = np.array(ids_all[tok : tok + int(m["tokens"].sum())]) if ids_all is not None else None
                 if not mine.all():
                     keep = np.flatnonzero(mine)
