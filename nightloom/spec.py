@@ -346,6 +346,13 @@ class XTunerSpec(_Section):
     zero_stage: Literal[0, 1, 2, 3] = 0
     sequence_parallel_size: int = Field(1, gt=0)
     merge_lora: bool = True
+    micro_batch: int | None = Field(
+        None,
+        gt=0,
+        description="Sequences per rank per forward pass; default global_batch / world size. A rank accumulates "
+        "global_batch / (world size x micro_batch) of them per step, so recovery on fewer ranks keeps each step's "
+        "gradient (and the memory a forward needs).",
+    )
     build_tiny_base_model: bool = Field(
         False, description="Build a tiny random Llama at base_model on first use (demos and tests only)."
     )
@@ -523,6 +530,13 @@ class RunSpec(_Section):
             raise ValueError(
                 f"model.weights ({self.model.weights!r}) and train.xtuner.base_model ({alias!r}) name different "
                 "base models; set model.weights only (train.xtuner.base_model is its older alias)"
+            )
+        xs = self.train.xtuner
+        if self.train.backend == "xtuner" and xs is not None:
+            from nightloom.finetune.config import micro_batches
+
+            micro_batches(
+                self.train.global_batch, self.world_size, xs.micro_batch, xs.zero_stage, xs.sequence_parallel_size
             )
         return self
 

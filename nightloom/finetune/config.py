@@ -108,7 +108,7 @@ class RenderInputs:
     processed_dir: str
     hf_cache_dir: str
     max_length: int
-    batch_size: int  # per rank
+    batch_size: int  # per rank per optimizer step
     max_iters: int
     warmup_iters: int
     lr: float
@@ -126,6 +126,7 @@ class RenderInputs:
     lora_dropout: float = 0.0
     amp_dtype: Literal["float16", "bfloat16"] = "bfloat16"
     sequence_parallel_size: int = 1
+    micro_batches: int = 1  # forward/backward passes per rank per step (nightloom_micro.MicroBatchDDP)
     tokenizer_path: str | None = None  # a Hugging Face tokenizer folder (model.tokenizer.path); None = base_model's
     extra: dict = field(default_factory=dict)
 
@@ -148,6 +149,7 @@ class RenderInputs:
             "pack_to_max_length": self.pack_to_max_length,
             "map_num_proc": self.map_num_proc,
             "batch_size": self.batch_size,
+            "micro_batches": self.micro_batches,
             "max_iters": self.max_iters,
             "warmup_iters": self.warmup_iters,
             "lr": self.lr,
@@ -284,6 +286,35 @@ def check_profile(profile: str, method: str, zero_stage: int, sequence_parallel_
         raise XTunerConfigError("train.xtuner.sequence_parallel_size: > 1 needs CUDA and flash_attn")
     if zero_stage > 0:
         raise XTunerConfigError("train.xtuner.zero_stage: DeepSpeed is only in the GPU env profile")
+
+
+def micro_batches(global_batch: int, world: int, micro_batch: int | None, zero_stage: int = 0, sp: int = 1) -> int:
+    """Forward/backward passes per rank per step: the rank's share of the global batch (global_batch / world) in
+    micro-batches of `micro_batch` sequences (default: all of it in one). XTunerConfigError naming the field when
+    it does not divide, or when accumulation meets a layout that brings its own (DeepSpeed, sequence parallel)."""
+    if global_batch % world:
+        raise XTunerConfigError(
+            f"train.global_batch: {global_batch} is not divisible by the world size {world} "
+            "(each XTuner rank takes global_batch / world sequences per step)"
+        )
+    per_rank = global_batch // world
+    micro = micro_batch or per_rank
+    if per_rank % micro:
+        raise XTunerConfigError(
+            f"train.xtuner.micro_batch: {micro} does not divide the {per_rank} sequences a rank takes per step "
+            f"(train.global_batch {global_batch} / {world} ranks)"
+        )
+    k = per_rank // micro
+    if k > 1 and zero_stage:
+        raise XTunerConfigError(
+            f"train.xtuner.micro_batch: {k} micro-batches per step with zero_stage {zero_stage}: DeepSpeed runs "
+            "accumulate on their own; use micro_batch = global_batch / world size (or zero_stage 0)"
+        )
+    if k > 1 and sp > 1:
+        raise XTunerConfigError(
+            f"train.xtuner.micro_batch: {k} micro-batches per step with sequence_parallel_size {sp} is not supported"
+        )
+    return k
 
 
 def read_processed_stats(processed_dir: Path) -> dict:

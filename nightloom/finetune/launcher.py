@@ -83,9 +83,11 @@ def train_command(
     master_addr: str = "127.0.0.1",
     nnodes: int = 1,
     node_rank: int = 0,
+    distributed: bool = False,
 ) -> Command:
-    """One node's training command: the wrapper directly for one rank, torch.distributed.run for several."""
-    if nproc == 1 and nnodes == 1:
+    """One node's training command: the wrapper directly for one rank (unless `distributed`: mmengine wraps the
+    model in its DDP wrapper only then), torch.distributed.run for several."""
+    if nproc == 1 and nnodes == 1 and not distributed:
         return Command(
             [str(python), *train_args(config, distributed=False, resume=resume, deepspeed=deepspeed)], node_env()
         )

@@ -24,6 +24,8 @@ from pathlib import Path
 # Run as a script, this folder is sys.path[0]; its modules (config.py, env.py...) must not shadow anything.
 if sys.path and Path(sys.path[0] or ".").resolve() == Path(__file__).resolve().parent:
     sys.path.pop(0)
+# The modules the rendered config names by import path (nightloom_micro.MicroBatchDDP); standalone like this file.
+EXT = Path(__file__).resolve().parent / "xtuner_ext"
 
 EXIT_USAGE = 2
 EXIT_EMPTY_DATASET = 3
@@ -189,6 +191,7 @@ def main(argv: list[str]) -> int:
         return cmd_prepare(rest[0])
     if mode == "train" and rest:
         die_with_parent()
+        sys.path.insert(0, str(EXT))
         if patched:
             print("nightloom: CUDA absent: CPU adaptations applied", file=sys.stderr)
         return _run_tool(_tool("train.py"), rest)

@@ -74,6 +74,8 @@ class XTunerPlan(BaseModel):
     processed_dir: str
     log_dir: str
     world_size: int
+    micro_batch: int = 0  # sequences per forward pass
+    micro_batches: int = 1  # forward/backward passes per rank per step
     total_steps: int
     tokens_per_step: int
     flops_per_token: float | None = None
@@ -235,9 +237,12 @@ def plan_xtuner(
     peak_flops: float | None = None,
     log: Log = print,
     base_path: str | None = None,
+    micro_batch: int | None = None,
 ) -> XTunerPlan:
     """Check every input, find or build the env, and render the config. Raises XTunerConfigError before launch.
-    `base_path`: the base model's folder where the nodes fetched it (default: resolved on this machine)."""
+    `base_path`: the base model's folder where the nodes fetched it (default: resolved on this machine).
+    `micro_batch`: sequences per forward (default train.xtuner.micro_batch, else global_batch / world_size);
+    recovery passes the first plan's, so fewer ranks accumulate more passes and a step stays the same."""
     xs = spec.train.xtuner
     if xs is None:
         raise xcfg.XTunerConfigError("train.xtuner: required when train.backend is 'xtuner'")
@@ -259,11 +264,9 @@ def plan_xtuner(
     files = shard_files(spec, manifest)
     data_format = xcfg.check_data_files(files, map_fn)
     world = world_size or spec.world_size
-    if tr.global_batch % world:
-        raise xcfg.XTunerConfigError(
-            f"train.global_batch: {tr.global_batch} is not divisible by the world size {world} "
-            "(XTuner runs one micro-batch of global_batch/world sequences per rank per step)"
-        )
+    passes = xcfg.micro_batches(
+        tr.global_batch, world, micro_batch or xs.micro_batch, xs.zero_stage, xs.sequence_parallel_size
+    )
     env = env or ensure_env(python=xs.python, log=log)
     profile = env.profile if env.profile in ("cpu", "gpu") else ("gpu" if env.versions.get("cuda") else "cpu")
     xcfg.check_profile(profile, xs.method, xs.zero_stage, xs.sequence_parallel_size)
@@ -285,6 +288,7 @@ def plan_xtuner(
         hf_cache_dir=str(xdir / "hf_cache"),
         max_length=tr.seq_len,
         batch_size=tr.global_batch // world,
+        micro_batches=passes,
         max_iters=tr.steps,
         warmup_iters=min(tr.warmup_steps, tr.steps),
         lr=tr.lr,
@@ -327,6 +331,8 @@ def plan_xtuner(
         processed_dir=inputs.processed_dir,
         log_dir=str(xdir / "logs"),
         world_size=world,
+        micro_batch=tr.global_batch // world // passes,
+        micro_batches=passes,
         total_steps=tr.steps,
         tokens_per_step=tr.global_batch * tr.seq_len,
         flops_per_token=_hf_flops_per_token(
@@ -535,6 +541,7 @@ def _launch_once(plan: XTunerPlan, *, cluster, provider, resume: bool, log: Log,
             master_port=free_port(),
             resume=ckpt,
             deepspeed=plan.deepspeed,
+            distributed=plan.micro_batches > 1,  # one rank accumulating: only the DDP wrapper cuts its batch
         )
         code = run_streaming(cmd, log_file, log, step="train", timeout_s=timeout_s)
     check(code, "train", log_file)
@@ -680,6 +687,7 @@ def run_xtuner(
                 env=env,
                 peak_flops=plan.peak_flops,
                 base_path=base_path or plan.base_model,
+                micro_batch=plan.micro_batch,  # the same forward, more of them: each step's gradient is kept
             )
         return p.model_copy(
             update={"wrapper": wrapper_path(nxt), "node_pythons": {n: e.python for n, e in node_envs.items()}}

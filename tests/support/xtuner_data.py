@@ -96,6 +96,7 @@ def make_spec(
     template: str = "default",
     seq_len: int = 128,
     merge_lora: bool = True,
+    micro_batch: int | None = None,
 ) -> RunSpec:
     return RunSpec.model_validate(
         {
@@ -118,6 +119,7 @@ def make_spec(
                     "map_fn": map_fn,
                     "template": template,
                     "merge_lora": merge_lora,
+                    "micro_batch": micro_batch,
                 },
             },
             "storage": {"root": str(tmp / "runs")},

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from nightloom.finetune import config as xcfg
 from nightloom.finetune import env as xenv
 from nightloom.finetune import run as xrun
 from nightloom.finetune.logs import RunShape, XTunerLogError, collect_steps, write_metrics
+from nightloom.spec import RunSpec
 from tests.support.xtuner_data import alpaca_rows, make_spec, write_shards
 
 
@@ -84,10 +87,38 @@ def test_unknown_template(tmp_path, fake_base, shards, no_env):
         xrun.run_xtuner(spec, shards, tmp_path / "run")
 
 
-def test_global_batch_must_divide_world(tmp_path, fake_base, shards, no_env):
-    spec = make_spec(tmp_path, fake_base, shards, ranks=2, global_batch=3)
-    with pytest.raises(xcfg.XTunerConfigError, match="train.global_batch: 3 is not divisible by the world size 2"):
-        xrun.run_xtuner(spec, shards, tmp_path / "run")
+def test_global_batch_must_divide_world(tmp_path, fake_base, shards):
+    """At spec load, before anything is rented: the batch a rank takes, and the micro-batches it is cut into."""
+    with pytest.raises(ValidationError, match="train.global_batch: 3 is not divisible by the world size 2"):
+        make_spec(tmp_path, fake_base, shards, ranks=2, global_batch=3)
+    with pytest.raises(ValidationError, match=r"train.xtuner.micro_batch: 3 does not divide the 4 sequences"):
+        make_spec(tmp_path, fake_base, shards, ranks=2, global_batch=8, micro_batch=3)
+    spec = make_spec(tmp_path, fake_base, shards, ranks=2, global_batch=8, micro_batch=2)
+    data = spec.model_dump(mode="json", by_alias=True)
+    data["train"]["xtuner"]["zero_stage"] = 2
+    with pytest.raises(ValidationError, match="2 micro-batches per step with zero_stage 2"):
+        RunSpec.model_validate(data)
+    assert xcfg.micro_batches(8, 2, 2) == 2 and xcfg.micro_batches(8, 2, None) == 1 and xcfg.micro_batches(8, 1, 2) == 4
+
+
+def test_micro_batches_rendered_and_kept_for_fewer_ranks(tmp_path, fake_base, shards, monkeypatch):
+    """The config cuts each rank's batch into micro-batches; recovery's replan (the first plan's micro_batch on
+    fewer ranks) keeps the forward and accumulates more of them."""
+    from nightloom.finetune.env import XTunerEnv
+
+    env = XTunerEnv(tmp_path, Path(sys.executable), "k", "cpu", False, 0.0, {})
+    monkeypatch.setattr(xrun, "_hf_flops_per_token", lambda *a, **k: None)
+    spec = make_spec(tmp_path, fake_base, shards, ranks=4, global_batch=8)
+    first = xrun.plan_xtuner(spec, shards, tmp_path / "run", env=env, peak_flops=1.0)
+    assert (first.world_size, first.micro_batch, first.micro_batches) == (4, 2, 1)
+    fewer = xrun.plan_xtuner(spec, shards, tmp_path / "run", env=env, peak_flops=1.0, world_size=1, micro_batch=2)
+    assert (fewer.world_size, fewer.micro_batch, fewer.micro_batches) == (1, 2, 4)
+    text = Path(fewer.config_path).read_text()
+    assert "batch_size = 8 " in text and "micro_batches = 4 " in text
+    assert 'type="nightloom_micro.MicroBatchDDP", micro_batches=micro_batches' in text
+    assert fewer.tokens_per_step == first.tokens_per_step and fewer.total_steps == first.total_steps
+    with pytest.raises(xcfg.XTunerConfigError, match="train.xtuner.micro_batch: 2 does not divide the 1 sequences"):
+        xrun.plan_xtuner(spec, shards, tmp_path / "run", env=env, peak_flops=1.0, world_size=8, micro_batch=2)
 
 
 def test_missing_manifest(tmp_path, fake_base):
