@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -410,15 +411,19 @@ class Trained:
     events: list = field(default_factory=list)
 
 
-def relaunch_reason(failure, diag, launch_text: str, relaunches: int, max_relaunches: int) -> str | None:
-    """None when the failed attempt is relaunched, else why not. The known gloo abort is a transient failure
-    that always gets UPSTREAM_ABORT_RETRIES relaunch(es); any other gets up to recovery.max_attempts, when
-    preflight found a bad node or the signal is one a relaunch can cure."""
-    if UPSTREAM_ABORT in launch_text and relaunches < max(UPSTREAM_ABORT_RETRIES, max_relaunches):
+def relaunch_reason(
+    failure, diag, launch_text: str, relaunches: int, max_relaunches: int, aborts: int = 0
+) -> str | None:
+    """None when the failed attempt is relaunched, else why not. The known gloo abort on healthy nodes is a
+    transient failure with a budget of its own (UPSTREAM_ABORT_RETRIES relaunches, `aborts` used so far), so a
+    node recovery earlier in the run does not leave it fatal; any other failure gets up to recovery.max_attempts
+    (`relaunches` used), when preflight found a bad node or the signal is one a relaunch can cure."""
+    node_failure = diag is not None and diag.kind == "node"
+    if UPSTREAM_ABORT in launch_text and not node_failure and aborts < UPSTREAM_ABORT_RETRIES:
         return None
     if relaunches >= max_relaunches:
         return f"out of attempts: {relaunches} of recovery.max_attempts={max_relaunches} relaunches used"
-    if diag is not None and diag.kind == "node":
+    if node_failure:
         return None
     if failure.signal in RECOVERABLE_SIGNALS:
         return None
@@ -447,7 +452,7 @@ def train_with_recovery(
     from nightloom import recovery as rec
 
     events: list = []
-    relaunches = 0
+    relaunches = aborts = 0  # relaunches so far; of them, for the known gloo abort (a budget of its own)
     while True:
         log_file = Path(plan.log_dir) / "train.log"
         seen = log_file.stat().st_size if log_file.exists() else 0
@@ -474,7 +479,8 @@ def train_with_recovery(
                 except Exception as e:  # noqa: BLE001 - no report: classified transient, named in the detail
                     report = PreflightReport(nodes=[], unknown=f"preflight crashed: {type(e).__name__}: {e}")
                 diag = rec.classify(failure, report)
-            why = relaunch_reason(failure, diag, text, relaunches, max_relaunches)
+            is_abort = UPSTREAM_ABORT in text and not (diag is not None and diag.kind == "node")
+            why = relaunch_reason(failure, diag, text, relaunches - aborts, max_relaunches, aborts)
             world_before = plan.world_size
             if why is None and diag is not None and diag.bad_nodes:
                 nxt = provider.reacquire(cluster, diag.bad_nodes)
@@ -506,6 +512,7 @@ def train_with_recovery(
             ev.detail += f"; resumed from {ckpt.name if ckpt else 'the start'} on {nodes}"
             log(f"xtuner: recovery {relaunches + 1}: {kind}: {detail[:300]}; relaunching on {nodes}")
             relaunches += 1
+            aborts += is_abort and aborts < UPSTREAM_ABORT_RETRIES
 
 
 def _launch_once(plan: XTunerPlan, *, cluster, provider, resume: bool, log: Log, timeout_s: float | None) -> Path:
@@ -525,12 +532,22 @@ def _launch_once(plan: XTunerPlan, *, cluster, provider, resume: bool, log: Log,
             node_env(),
         )
         log_file.parent.mkdir(parents=True, exist_ok=True)
-        with open(log_file, "a", encoding="utf-8") as f:
-            for line in launch.lines():
-                f.write(line + "\n")
-                f.flush()
-                log(f"[train] {line}")
-        code = launch.wait(timeout=timeout_s)
+
+        def pump() -> None:
+            with open(log_file, "a", encoding="utf-8") as f:
+                for line in launch.lines():
+                    f.write(line + "\n")
+                    f.flush()
+                    log(f"[train] {line}")
+
+        # the lines are read beside `wait`, which ends a launch whose other nodes outlive a failed one by the
+        # grace period (their torchrun would otherwise hold the stream open until its exit barrier: 300 s)
+        reader = threading.Thread(target=pump, name="xtuner-train-log", daemon=True)
+        reader.start()
+        try:
+            code = launch.wait(timeout=timeout_s)
+        finally:
+            reader.join(timeout=60)
     else:
         from nightloom.provision.local import free_port
 

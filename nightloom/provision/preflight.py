@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
+import threading
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -176,14 +177,16 @@ def run_allreduce(
     args = ["-m", "nightloom.provision.allreduce", "--size-mib", str(size_mib), "--timeout-s", "60"]
     launch = provider.launch(cluster, args, {"OMP_NUM_THREADS": "1"})
     lines: list[str] = []
+    # read beside `wait`, so `timeout_s` (and a failed node's grace period) holds even if a node never ends
+    reader = threading.Thread(target=lambda: lines.extend(launch.lines()), name="allreduce-log", daemon=True)
+    reader.start()
     try:
-        for line in launch.lines():
-            lines.append(line)
         rc = launch.wait(timeout=timeout_s)
     except TimeoutError:
         rc = -1
     finally:
         launch.terminate()
+        reader.join(timeout=30)
     res = parse_allreduce(lines)
     if rc != 0 or res is None:
         tail = " | ".join(x for x in lines[-6:] if x.strip())

@@ -3,12 +3,14 @@ known gloo abort is one case of recovery), where node_wrapper.py is on a node, a
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from nightloom.finetune.config import XTunerConfigError
 from nightloom.finetune.remote import NodeEnv, _parse, catalog_gpu, node_peak, profile_of, wrapper_path
 from nightloom.finetune.run import UPSTREAM_ABORT, relaunch_reason
-from nightloom.provision.base import Cluster, Node
+from nightloom.provision.base import Cluster, MergedLaunch, Node
 from nightloom.recovery import AttemptFailure, Diagnosis
 
 
@@ -61,7 +63,11 @@ def test_relaunch_rule():
     transient = Diagnosis("transient", {}, "x")
     # the known gloo abort: relaunched once even with recovery.max_attempts = 0, never twice
     assert relaunch_reason(_failure(134), None, f"[n1] {UPSTREAM_ABORT}\n", 0, 0) is None
-    assert "out of attempts" in relaunch_reason(_failure(134), None, UPSTREAM_ABORT, 1, 0)
+    assert "out of attempts" in relaunch_reason(_failure(134), None, UPSTREAM_ABORT, 0, 0, aborts=1)
+    # its budget is its own: a node recovery that used recovery.max_attempts = 1 leaves it a relaunch
+    assert relaunch_reason(_failure(134), transient, UPSTREAM_ABORT, 1, 1, aborts=0) is None
+    # an abort on a node preflight now fails is a node failure, within recovery.max_attempts
+    assert "out of attempts" in relaunch_reason(_failure(134), node, UPSTREAM_ABORT, 1, 1, aborts=0)
     # a bad node: relaunched within the budget
     assert relaunch_reason(_failure(1), node, "", 0, 1) is None
     assert "out of attempts" in relaunch_reason(_failure(1), node, "", 1, 1)
@@ -140,3 +146,61 @@ def test_a_training_rank_dies_with_its_torchrun_agent(tmp_path):
     else:
         os.kill(child, signal.SIGKILL)
         raise AssertionError("the rank outlived its agent")
+
+
+class _HeldOpen(MergedLaunch):
+    """Node n1 failed (exit 1, its stream ended); n2's torchrun waits at its exit barrier, stream open, until
+    it is terminated: what the SSH spare test saw after the gloo abort on one node."""
+
+    def __init__(self):
+        super().__init__(2, fail_grace_s=0.3)
+        self.terminated = threading.Event()
+        for item in ("[n1] terminate called without an active exception", None, "[n2] Saving checkpoint"):
+            self._q.put(item)
+
+    def poll(self):
+        return {"n1": 1, "n2": 0 if self.terminated.is_set() else None}
+
+    def terminate(self):
+        if not self.terminated.is_set():
+            self.terminated.set()
+            self._q.put(None)
+
+
+def test_a_failed_node_ends_the_launch_while_another_holds_its_stream_open(tmp_path):
+    """The train log is read beside `wait`, so the failed node's grace period ends the launch (before, reading
+    every line first waited for the other node's stream: its torchrun exit barrier, 300 s)."""
+    from nightloom.finetune.launcher import XTunerLaunchError
+    from nightloom.finetune.run import XTunerPlan, _launch_once
+
+    launch = _HeldOpen()
+
+    class _Provider:
+        def launch(self, cluster, args, env):
+            return launch
+
+    plan = XTunerPlan(
+        python="python", env_key="k", profile="cpu", method="lora", merge_lora=False, base_model="b",
+        run_dir=str(tmp_path), config_path=str(tmp_path / "config.py"), work_dir=str(tmp_path / "work"),
+        processed_dir=str(tmp_path / "p"), log_dir=str(tmp_path / "logs"), world_size=2, total_steps=1,
+        tokens_per_step=1, data_files=[], prepare_key="x",
+    )  # fmt: skip
+    cluster = Cluster(
+        provider="ssh", name="c", master_addr="127.0.0.1", master_port=1,
+        nodes=[Node(name=n, address="127.0.0.1", slots=1) for n in ("n1", "n2")],
+    )  # fmt: skip
+    box: dict = {}
+    t = threading.Thread(
+        target=lambda: box.setdefault("err", pytest.raises(XTunerLaunchError, _launch_once, plan, cluster=cluster,
+                                                            provider=_Provider(), resume=False, log=lambda s: None,
+                                                            timeout_s=None)),
+        daemon=True,
+    )  # fmt: skip
+    t.start()
+    t.join(timeout=20)
+    if t.is_alive():
+        launch.terminate()  # let the thread end
+        pytest.fail("the launch was not ended after the failed node's grace period")
+    assert launch.terminated.is_set() and "exit code 1" in str(box["err"].value)
+    log = (tmp_path / "logs" / "train.log").read_text()
+    assert "[n1] terminate called" in log and "[n2] Saving checkpoint" in log
