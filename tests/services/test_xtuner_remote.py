@@ -48,9 +48,10 @@ def shards(tmp_path_factory) -> Path:
     return write_shards(tmp_path_factory.mktemp("shards"), alpaca_rows(48))
 
 
-def remote_spec(tmp: Path, base_model: Path, shards: Path, cluster: dict, **train) -> RunSpec:
-    """The local LoRA test's spec (4 steps, global batch 2) on a 2-node cluster of 1 rank each."""
-    spec = make_spec(tmp, base_model, shards, method="lora", global_batch=2, **train)
+def remote_spec(tmp: Path, base_model: Path, shards: Path, cluster: dict, global_batch: int = 2, **train) -> RunSpec:
+    """The local LoRA test's spec (4 steps, global batch 2) on a 2-node cluster of 1 rank each (`cluster` may
+    set gpus_per_node)."""
+    spec = make_spec(tmp, base_model, shards, method="lora", global_batch=global_batch, **train)
     data = spec.model_dump(mode="json", by_alias=True)
     data["cluster"] = {
         "nodes": 2,
@@ -306,8 +307,9 @@ def test_xtuner_full_over_ssh_from_s3_recovers_onto_a_spare(
     preflight excludes it, the spare host joins (world size stays 2, the config is not re-rendered), XTuner
     resumes from step 6 and the redone steps' losses equal the first attempt's at the local resume test's
     tolerance. The result is a Hugging Face model (converted on node 0) that transformers loads. Then a
-    LoRA run on the nodes it ended on (4 steps) is merged on node 0 and equals a PEFT merge; a third, longer run
-    reuses the cached model and is cancelled mid-run: nothing of it is left."""
+    LoRA run on both sshd nodes with 2 ranks each (4 steps) is merged on node 0 and equals a PEFT merge; a third,
+    longer run on the nodes the first ended on reuses the cached model and is cancelled mid-run: nothing of it
+    is left."""
     from nightloom.finetune.base_model import BaseSource, check_source
     from nightloom.finetune.config import TOKENIZER_FILES, XTunerConfigError
     from nightloom.finetune.logs import launch_dirs, parse_launch
@@ -375,17 +377,24 @@ def test_xtuner_full_over_ssh_from_s3_recovers_onto_a_spare(
         r = run_xtuner(spec, shards, run_dir, cluster=c, provider=p, log=QUIET)
         wall = time.monotonic() - t0
         chaos.join(timeout=5)
-        # Phase 2, LoRA over SSH on the nodes the run ended on (env and model warm): 4 steps, merged on node 0,
-        # checked against a PEFT merge below
-        lora_spec = spec.model_copy(
-            update={
-                "train": spec.train.model_copy(
-                    update={"steps": 4, "xtuner": spec.train.xtuner.model_copy(update={"method": "lora"})}
-                )
-            }
-        )
+        # Phase 2, LoRA over SSH on both sshd nodes with 2 ranks each (4 ranks, global batch 4; code, env and
+        # model warm): 4 steps, merged on node 0, checked against a PEFT merge below
+        duo = ssh_cluster(sshenv, tmp_path / "nodes")
+        for host in duo["ssh"]["hosts"]:
+            host["gpus"] = 2
+        lora_spec = remote_spec(tmp_path, base_model, shards, {**duo, "gpus_per_node": 2}, global_batch=4, steps=4)
+        lora_data = lora_spec.model_dump(mode="json", by_alias=True)
+        lora_data["model"]["weights"], lora_data["train"]["xtuner"]["base_model"] = uri, ""
+        lora_data["storage"]["s3_endpoint_url"] = endpoint
+        lora_spec = RunSpec.model_validate(lora_data)
         shutil.copytree(run_dir / "xtuner" / "processed", lora_dir / "xtuner" / "processed")
-        lora = run_xtuner(lora_spec, shards, lora_dir, cluster=r.cluster, provider=p, log=QUIET)
+        t2, p2 = time.monotonic(), SSHProvider(lora_spec)
+        c2 = p2.acquire()
+        try:
+            lora = run_xtuner(lora_spec, shards, lora_dir, cluster=c2, provider=p2, log=QUIET)
+        finally:
+            p2.release(c2)
+        lora_wall = time.monotonic() - t2
         # Phase 3, cancellation over SSH, on the nodes the run ended on (no second rental, env and model
         # warm, the processed data copied): a longer run of the same spec, torn down as the flow's cancel hook
         # does (a fresh provider releases the recorded cluster) once both ranks are up.
@@ -404,6 +413,7 @@ def test_xtuner_full_over_ssh_from_s3_recovers_onto_a_spare(
     assert sum("base model on node" in x and " cached " in x for x in cancel_log) == 2, cancel_log  # reused
     (ev,) = r.interruptions
     print(f"\nxtuner ssh full + recovery: wall {wall:.1f} s, recovery_s {ev.recovery_s}, stages {r.stage_s}")
+    print(f"xtuner ssh lora 2 nodes x 2 ranks: wall {lora_wall:.1f} s (acquire + run), stages {lora.stage_s}")
 
     # the base model: fetched once into the shared cache, stamped, and that folder is what XTuner trained
     (cached,) = (tmp_path / "model-cache").glob(f"*/{STAMP}")
@@ -445,4 +455,11 @@ print(json.dumps({{"finite": bool(torch.isfinite(lm).all()), "vs_base": (lm - lb
     d = json.loads(out.strip().splitlines()[-1])
     assert d["finite"] and d["params"] == d["base_params"] and d["vs_base"] > 1e-3, d
     assert not _pids(str(run_dir)), "a process of the run outlived release"
-    check_lora_result(lora, lora_dir, xtuner_env, base_model, [n.name for n in r.cluster.nodes])
+    # 2 nodes x 2 ranks: torchrun started 2 ranks on each node, each rank took 1 sequence of the 4 per step
+    assert lora.cluster.world_size == 4 and len(lora.cluster.nodes) == 2
+    lora_log = (lora_dir / "xtuner" / "logs" / "train.log").read_text()
+    assert all(lora_log.count(f"[{n.name}] nightloom: CUDA absent") == 2 for n in lora.cluster.nodes), lora_log
+    assert "GPU number: 4" in lora_log  # mmengine's world size
+    assert "batch_size = 1 " in Path(lora.config_path).read_text()
+    assert not _pids(str(lora_dir)), "a process of the 2 x 2 LoRA run outlived release"
+    check_lora_result(lora, lora_dir, xtuner_env, base_model, [n.name for n in lora.cluster.nodes])
