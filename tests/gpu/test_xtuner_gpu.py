@@ -67,3 +67,13 @@ def test_sequence_parallel_two_gpus(gpu_env, base_model, tmp_path):
         pytest.skip("sequence parallel needs 2 GPUs")
     r = _run(gpu_env, base_model, tmp_path, ranks=2, sequence_parallel_size=2)
     assert [m.step for m in read_metrics(r.metrics_path)] == [1, 2, 3, 4]
+
+
+def test_micro_batches_on_one_gpu(gpu_env, base_model, tmp_path):
+    """One GPU rank taking the global batch of 2 in 2 micro-batches (torchrun + NCCL, so mmengine wraps the model
+    in nightloom_micro.MicroBatchDDP): AMP backward per chunk, one step, the loss all-reduced for the log."""
+    r = _run(gpu_env, base_model, tmp_path, micro_batch=1)
+    cfg = Path(r.config_path).read_text()
+    assert "micro_batches = 2 " in cfg and "batch_size = 2 " in cfg
+    steps = read_metrics(r.metrics_path)
+    assert [m.step for m in steps] == [1, 2, 3, 4] and all(math.isfinite(m.loss) for m in steps)
