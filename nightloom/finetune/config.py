@@ -127,6 +127,7 @@ class RenderInputs:
     amp_dtype: Literal["float16", "bfloat16"] = "bfloat16"
     sequence_parallel_size: int = 1
     micro_batches: int = 1  # forward/backward passes per rank per step (nightloom_micro.MicroBatchDDP)
+    sampler_pad_to: int = 0  # ranks x micro_batches: the epoch is padded as for that many ranks (0: this run's)
     tokenizer_path: str | None = None  # a Hugging Face tokenizer folder (model.tokenizer.path); None = base_model's
     extra: dict = field(default_factory=dict)
 
@@ -150,6 +151,7 @@ class RenderInputs:
             "map_num_proc": self.map_num_proc,
             "batch_size": self.batch_size,
             "micro_batches": self.micro_batches,
+            "sampler_pad_to": self.sampler_pad_to,
             "max_iters": self.max_iters,
             "warmup_iters": self.warmup_iters,
             "lr": self.lr,
@@ -307,8 +309,9 @@ def micro_batches(global_batch: int, world: int, micro_batch: int | None, zero_s
     k = per_rank // micro
     if k > 1 and zero_stage:
         raise XTunerConfigError(
-            f"train.xtuner.micro_batch: {k} micro-batches per step with zero_stage {zero_stage}: DeepSpeed runs "
-            "accumulate on their own; use micro_batch = global_batch / world size (or zero_stage 0)"
+            f"train.xtuner.micro_batch: {k} micro-batches per step with zero_stage {zero_stage}: DeepSpeed runs take "
+            "their own strategy, not nightloom's micro-batch wrapper; use micro_batch = global_batch / world size "
+            "(or zero_stage 0)"
         )
     if k > 1 and sp > 1:
         raise XTunerConfigError(

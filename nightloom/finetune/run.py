@@ -290,6 +290,7 @@ def plan_xtuner(
         max_length=tr.seq_len,
         batch_size=tr.global_batch // world,
         micro_batches=passes,
+        sampler_pad_to=world * passes,
         max_iters=tr.steps,
         warmup_iters=min(tr.warmup_steps, tr.steps),
         lr=tr.lr,
@@ -345,6 +346,21 @@ def plan_xtuner(
         data_files=inputs.data_files,
         prepare_key=_prepare_key(files, pkey_values),
     )
+
+
+def plan_for_world(
+    spec: RunSpec, manifest, first: XTunerPlan, world: int, *, env=None, base_path=None, log: Log = print
+) -> XTunerPlan:
+    """The config for `world` ranks after recovery: the first plan's micro-batch, so each rank accumulates the
+    forwards of the ranks that left and a step's gradient is kept; where that cannot be (DeepSpeed, or a world
+    the micro-batch does not fit, as 3 ranks -> 2), each rank takes global_batch / world at once (said in the log)."""
+    again = dict(world_size=world, env=env, peak_flops=first.peak_flops, base_path=base_path or first.base_model)
+    try:
+        return plan_xtuner(spec, manifest, first.run_dir, micro_batch=first.micro_batch, **again)
+    except xcfg.XTunerConfigError as e:
+        log(f"xtuner: {e}; the {world} rank(s) take global_batch / world size each instead (steps differ)")
+        whole = spec.train.global_batch // world if spec.train.global_batch % world == 0 else None
+        return plan_xtuner(spec, manifest, first.run_dir, micro_batch=whole, **again)
 
 
 # ------------------------------------------------------------------------------------------------ stages
@@ -416,13 +432,18 @@ def relaunch_reason(
 ) -> str | None:
     """None when the failed attempt is relaunched, else why not. The known gloo abort on healthy nodes is a
     transient failure with a budget of its own (UPSTREAM_ABORT_RETRIES relaunches, `aborts` used so far), so a
-    node recovery earlier in the run does not leave it fatal; any other failure gets up to recovery.max_attempts
-    (`relaunches` used), when preflight found a bad node or the signal is one a relaunch can cure."""
+    node recovery earlier in the run does not leave it fatal, then within recovery.max_attempts like any other
+    failure (`relaunches` used: relaunches not paid by the abort's budget), which is relaunched when preflight
+    found a bad node or the signal is one a relaunch can cure."""
     node_failure = diag is not None and diag.kind == "node"
-    if UPSTREAM_ABORT in launch_text and not node_failure and aborts < UPSTREAM_ABORT_RETRIES:
+    abort = UPSTREAM_ABORT in launch_text and not node_failure
+    if abort and aborts < UPSTREAM_ABORT_RETRIES:
         return None
     if relaunches >= max_relaunches:
-        return f"out of attempts: {relaunches} of recovery.max_attempts={max_relaunches} relaunches used"
+        spent = f" (and the known gloo abort's own {UPSTREAM_ABORT_RETRIES})" if abort else ""
+        return f"out of attempts: {relaunches} of recovery.max_attempts={max_relaunches} relaunches used{spent}"
+    if abort:  # again, past its own budget: a transient failure within recovery.max_attempts
+        return None
     if node_failure:
         return None
     if failure.signal in RECOVERABLE_SIGNALS:
@@ -533,12 +554,19 @@ def _launch_once(plan: XTunerPlan, *, cluster, provider, resume: bool, log: Log,
         )
         log_file.parent.mkdir(parents=True, exist_ok=True)
 
+        stop, failed = threading.Event(), []
+
         def pump() -> None:
-            with open(log_file, "a", encoding="utf-8") as f:
-                for line in launch.lines():
-                    f.write(line + "\n")
-                    f.flush()
-                    log(f"[train] {line}")
+            try:
+                with open(log_file, "a", encoding="utf-8") as f:
+                    for line in launch.lines():
+                        if stop.is_set():  # a reader outliving its attempt must not write into the next one's log
+                            return
+                        f.write(line + "\n")
+                        f.flush()
+                        log(f"[train] {line}")
+            except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread below
+                failed.append(e)
 
         # the lines are read beside `wait`, which ends a launch whose other nodes outlive a failed one by the
         # grace period (their torchrun would otherwise hold the stream open until its exit barrier: 300 s)
@@ -548,6 +576,11 @@ def _launch_once(plan: XTunerPlan, *, cluster, provider, resume: bool, log: Log,
             code = launch.wait(timeout=timeout_s)
         finally:
             reader.join(timeout=60)
+            if reader.is_alive():
+                stop.set()
+                log("xtuner: the train log was still streaming 60 s after the launch ended; its tail is not kept")
+        if failed:
+            raise failed[0]
     else:
         from nightloom.provision.local import free_port
 
@@ -683,6 +716,8 @@ def run_xtuner(
     stage["prepare_s"] = time.monotonic() - t
     t = time.monotonic()
 
+    rendered = [plan]  # every plan rendered to config.py, the last one in force
+
     def replan(nxt: Cluster) -> XTunerPlan:
         """After recovery changed the nodes: the XTuner env on any new one, the config for the new world size."""
         new = [n for n in nxt.nodes if n.name not in node_envs]
@@ -694,18 +729,10 @@ def run_xtuner(
             )
             if base_path is not None and ensure_node_models(provider, sub, src.uri, endpoint, log=log) != base_path:
                 raise xcfg.XTunerConfigError(f"model.weights: the new nodes cache {src.uri} at another path")
-        p = plan
-        if nxt.world_size != plan.world_size:
-            p = plan_xtuner(
-                spec,
-                manifest,
-                run_dir,
-                world_size=nxt.world_size,
-                env=env,
-                peak_flops=plan.peak_flops,
-                base_path=base_path or plan.base_model,
-                micro_batch=plan.micro_batch,  # the same forward, more of them: each step's gradient is kept
-            )
+        p = rendered[-1]  # config.py is one file: compare with the world it was last rendered for
+        if nxt.world_size != p.world_size:
+            p = plan_for_world(spec, manifest, plan, nxt.world_size, env=env, base_path=base_path, log=log)
+            rendered.append(p)
         return p.model_copy(
             update={"wrapper": wrapper_path(nxt), "node_pythons": {n: e.python for n, e in node_envs.items()}}
         )

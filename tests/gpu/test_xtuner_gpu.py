@@ -75,5 +75,7 @@ def test_micro_batches_on_one_gpu(gpu_env, base_model, tmp_path):
     r = _run(gpu_env, base_model, tmp_path, micro_batch=1)
     cfg = Path(r.config_path).read_text()
     assert "micro_batches = 2 " in cfg and "batch_size = 2 " in cfg
+    log = (tmp_path / "run" / "xtuner" / "logs" / "train.log").read_text()
+    assert "--nproc-per-node=1" in log  # under torchrun: mmengine wraps the model only when distributed
     steps = read_metrics(r.metrics_path)
     assert [m.step for m in steps] == [1, 2, 3, 4] and all(math.isfinite(m.loss) for m in steps)

@@ -63,7 +63,10 @@ def test_relaunch_rule():
     transient = Diagnosis("transient", {}, "x")
     # the known gloo abort: relaunched once even with recovery.max_attempts = 0, never twice
     assert relaunch_reason(_failure(134), None, f"[n1] {UPSTREAM_ABORT}\n", 0, 0) is None
-    assert "out of attempts" in relaunch_reason(_failure(134), None, UPSTREAM_ABORT, 0, 0, aborts=1)
+    assert "gloo abort's own 1" in relaunch_reason(_failure(134), None, UPSTREAM_ABORT, 0, 0, aborts=1)
+    # past its own budget, a further abort is relaunched within recovery.max_attempts, then not
+    assert relaunch_reason(_failure(134), transient, UPSTREAM_ABORT, 0, 3, aborts=1) is None
+    assert "out of attempts" in relaunch_reason(_failure(134), transient, UPSTREAM_ABORT, 3, 3, aborts=1)
     # its budget is its own: a node recovery that used recovery.max_attempts = 1 leaves it a relaunch
     assert relaunch_reason(_failure(134), transient, UPSTREAM_ABORT, 1, 1, aborts=0) is None
     # an abort on a node preflight now fails is a node failure, within recovery.max_attempts

@@ -119,6 +119,14 @@ def test_micro_batches_rendered_and_kept_for_fewer_ranks(tmp_path, fake_base, sh
     assert fewer.tokens_per_step == first.tokens_per_step and fewer.total_steps == first.total_steps
     with pytest.raises(xcfg.XTunerConfigError, match="train.xtuner.micro_batch: 2 does not divide the 1 sequences"):
         xrun.plan_xtuner(spec, shards, tmp_path / "run", env=env, peak_flops=1.0, world_size=8, micro_batch=2)
+    # recovery's replan: 4 -> 2 ranks accumulate 2 forwards each; 4 -> 3 cannot (8 sequences on 3 ranks) and
+    # is refused by the world check, 3 -> 2 with 6 sequences falls back to 3 per rank at once, said in the log
+    assert xrun.plan_for_world(spec, shards, first, 2, env=env).micro_batches == 2
+    odd = make_spec(tmp_path, fake_base, shards, ranks=3, global_batch=6, micro_batch=2)
+    first3 = xrun.plan_xtuner(odd, shards, tmp_path / "run", env=env, peak_flops=1.0)
+    said: list[str] = []
+    two = xrun.plan_for_world(odd, shards, first3, 2, env=env, log=said.append)
+    assert (two.micro_batches, two.micro_batch) == (1, 3) and "take global_batch / world size" in said[0], said
 
 
 def test_missing_manifest(tmp_path, fake_base):

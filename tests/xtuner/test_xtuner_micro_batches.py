@@ -61,6 +61,55 @@ print(json.dumps(checked))
     assert json.loads(out.strip().splitlines()[-1]) == [[4, 2], [6, 3], [7, 3], [1, 2]]
 
 
+def test_chunks_hold_the_wider_layouts_rows_at_every_step_of_an_epoch(xtuner_env):
+    """For epochs of 1-39 samples, layouts W -> W' (k = W/W' chunks) and per-rank batches of 1-3: chunk a of
+    narrow rank r' at step j holds exactly wide rank r' + W'a's batch at step j, last step of the epoch included,
+    with MicroBatchSampler padding as for W ranks; mmengine's DefaultSampler alone (padding for W') does not."""
+    out = run_in_env(
+        xtuner_env,
+        f"""
+import json, sys
+from unittest import mock
+sys.path.insert(0, {str(EXT)!r})
+import mmengine.dataset.sampler as ms
+from nightloom_micro import MicroBatchSampler
+
+class Data:
+    def __init__(self, n): self.n = n
+    def __len__(self): return self.n
+
+def batches(n, world, b, pad_to):
+    out = []
+    for rank in range(world):
+        with mock.patch.object(ms, "get_dist_info", return_value=(rank, world)):
+            s = MicroBatchSampler(Data(n), shuffle=True, seed=7, pad_to=pad_to)
+        s.set_epoch(0)
+        idx = list(s)
+        out.append([idx[i : i + b] for i in range(0, len(idx), b)])
+    return out
+
+def mismatches(pad_wide):
+    bad = 0
+    for n in range(1, 40):
+        for wide_w, narrow_w in [(2, 1), (4, 2), (4, 1), (3, 1), (6, 2), (8, 2)]:
+            k = wide_w // narrow_w
+            for b in (1, 2, 3):
+                wide = batches(n, wide_w, b, wide_w)
+                narrow = batches(n, narrow_w, b * k, wide_w if pad_wide else 0)
+                bad += len(wide[0]) != len(narrow[0])
+                for j in range(min(len(wide[0]), len(narrow[0]))):
+                    for r in range(narrow_w):
+                        for a in range(k):
+                            bad += wide[r + narrow_w * a][j] != narrow[r][j][a::k]
+    return bad
+
+print(json.dumps({{"padded_as_wide": mismatches(True), "default": mismatches(False)}}))
+""",
+    )
+    d = json.loads(out.strip().splitlines()[-1])
+    assert d["padded_as_wide"] == 0 and d["default"] > 0, d
+
+
 @pytest.mark.parametrize("method", ["lora"])
 def test_one_rank_accumulating_continues_a_two_rank_run(xtuner_env, base_model, tmp_path, method):
     """2 ranks x 1 sequence, 4 steps, a checkpoint every 2; then, from its step-2 checkpoint, 1 rank x 2

@@ -14,15 +14,36 @@ layout's step, one all-reduce per step (no_sync on all chunks but the last).
 
 The logged losses are the mean over every rank and chunk (one small all-reduce), so the loss of a step reads the
 same whatever the layout; mmengine on its own logs rank 0's micro-batch.
+
+Exact (up to float summation order) for fp32 without dropout: with dropout each chunk draws other masks than the
+rank it stands for, and under AMP the sums run in another order (close, not equal). `MicroBatchSampler` pads an
+epoch as the wider layout did, so an epoch's last step matches too.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 
 import torch
 import torch.distributed as dist
+from mmengine.dataset import DefaultSampler
 from mmengine.model import MMDistributedDataParallel
+
+
+class MicroBatchSampler(DefaultSampler):
+    """mmengine's DefaultSampler, its epoch padded (round_up) to a multiple of `pad_to` ranks, not of this run's:
+    `pad_to` = ranks x micro_batches, the world the step was planned for. Fewer ranks then see the wider
+    layout's padded epoch too, so its last step holds the same samples (DefaultSampler alone pads to the
+    current world size: the wider layout repeats samples where the narrower one has a short batch)."""
+
+    def __init__(self, dataset, shuffle: bool = True, seed: int | None = None, round_up: bool = True, pad_to: int = 0):
+        super().__init__(dataset, shuffle=shuffle, seed=seed, round_up=round_up)
+        if round_up and pad_to:
+            if pad_to % self.world_size:
+                raise ValueError(f"nightloom: pad_to {pad_to} is not a multiple of the world size {self.world_size}")
+            self.total_size = math.ceil(len(self.dataset) / pad_to) * pad_to
+            self.num_samples = self.total_size // self.world_size
 
 
 def split_rows(data: dict, k: int) -> list[dict]:
