@@ -11,6 +11,7 @@ and a local file only appears through os.replace, so no reader sees a partial fi
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import threading
 from collections.abc import Callable
@@ -290,6 +291,57 @@ def get_file(uri: str, local: Path, s3: S3Config | None = None) -> Path:
     finally:
         tmp.unlink(missing_ok=True)
     return local
+
+
+class RangeReader(io.RawIOBase):
+    """An S3 object as a seekable, read-only file where every read is one ranged GET: a shard writer opens a
+    spill through it (pa.PythonFile) and fetches the IPC footer and its own record batches, not the spill whole
+    (with N shards each writer would otherwise download every unit's spill: N times the corpus in all).
+    `fetched` counts the bytes this reader got (`RangeReader.total` over all of this process's readers)."""
+
+    total = 0
+    _lock = threading.Lock()
+
+    def __init__(self, uri: str, s3: S3Config | None = None):
+        super().__init__()
+        self.uri, self.s3, self.loc = uri, s3, S3Location.parse(uri)
+        self.size = head(uri, s3)[0]
+        self.pos = self.fetched = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.pos, io.SEEK_END: self.size}[whence]
+        self.pos = max(0, base + offset)
+        return self.pos
+
+    def read_at(self, offset: int, n: int) -> bytes:
+        """`n` bytes from `offset` (fewer at the end of the object), in one GET."""
+        n = min(n, self.size - offset)
+        if n <= 0:
+            return b""
+        rng = f"bytes={offset}-{offset + n - 1}"
+        client = s3_client(self.s3)
+        body = _s3_call(
+            self.uri, "read", lambda: client.get_object(Bucket=self.loc.bucket, Key=self.loc.key, Range=rng), self.s3
+        )["Body"].read()
+        self.fetched += len(body)
+        with RangeReader._lock:
+            RangeReader.total += len(body)
+        return body
+
+    def readinto(self, buf) -> int:
+        data = self.read_at(self.pos, len(buf))
+        buf[: len(data)] = data
+        self.pos += len(data)
+        return len(data)
 
 
 @dataclass(frozen=True)

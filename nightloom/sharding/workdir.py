@@ -61,6 +61,13 @@ class WorkDir:
                 if not self.path(name).is_file():
                     storage.get_file(storage.join(self.uri, name), self.path(name), self.s3)
 
+    def ranged(self, name: str) -> storage.RangeReader | None:
+        """A ranged reader of work file `name` on S3 when this machine has no copy of it (None: read the local
+        file): what a step needs of a large file another machine wrote, without downloading it whole."""
+        if self.remote and not self.path(name).is_file():
+            return storage.RangeReader(storage.join(self.uri, name), self.s3)
+        return None
+
     def drop_cache(self) -> None:
         """Delete this machine's cached copies (a worker's, once the run is published)."""
         if self.remote:

@@ -24,6 +24,7 @@ from nightloom.sharding.manifest import ShardInfo, TokenFiles
 from nightloom.sharding.placement import MAPPING_NAME, dest_name
 from nightloom.sharding.scan import BATCH_DTYPE, META_DTYPE, ScanResult, gather_ids
 from nightloom.sharding.tokens import TokenFileWriter, np_dtype, utf8_ids
+from nightloom.sharding.workdir import WorkDir
 
 ROW_GROUP_BYTES = 16 * 1024 * 1024
 ROW_GROUP_ROWS = 65_536
@@ -70,29 +71,52 @@ def _segments(entries: np.ndarray):
         yield from np.split(entries, cut)
 
 
-def _rows_of_shard(work: Path, s: ScanResult, index: int, parts: np.ndarray, cols: list[str], id_dtype: str):
+class _Ids:
+    """Scan `s`'s token ids: the local file mapped, or (an S3 work folder this machine has no copy of) read a
+    slice at a time by ranged GETs; `None` when the scan spilled none (the bytes tokenizer)."""
+
+    def __init__(self, wd: WorkDir, s: ScanResult, id_dtype: str):
+        self.dtype = np_dtype(id_dtype)
+        self.remote = wd.ranged(s.ids)
+        self.local = None
+        if self.remote is None:
+            path = wd.path(s.ids)  # every kept document may encode to no id at all: an empty file cannot be mapped
+            self.local = np.memmap(path, self.dtype, mode="r") if path.stat().st_size else np.zeros(0, self.dtype)
+
+    def slice(self, start: int, n: int) -> np.ndarray:
+        if self.local is not None:
+            return np.array(self.local[start : start + n])
+        size = self.dtype.itemsize
+        return np.frombuffer(self.remote.read_at(start * size, n * size), dtype=self.dtype).copy()
+
+
+def _spill_file(wd: WorkDir, name: str):
+    """A spill part to open with pa.ipc.open_file: the local file, or ranged reads of it on S3."""
+    remote = wd.ranged(name)
+    return pa.OSFile(str(wd.path(name))) if remote is None else pa.PythonFile(remote, mode="r")
+
+
+def _rows_of_shard(wd: WorkDir, s: ScanResult, index: int, parts: np.ndarray, cols: list[str], id_dtype: str):
     """(shard `index`'s rows of scan `s` as a table, their META_DTYPE records, their token ids back to back or
     None when the scan spilled none), segment by segment, in input order. Only the batches of the spill partitions
-    in `parts` are read (with plain reads: what a batch holds is copied, so nothing refers to the file); where
-    several partitions meet in a segment, their rows are put back in input order by `pos`."""
+    in `parts` are read (with plain reads: what a batch holds is copied, so nothing refers to the file; on an S3
+    work folder this machine did not scan, by ranged GETs of those batches); where several partitions meet in a
+    segment, their rows are put back in input order by `pos`."""
+    work = wd.local
     with ArrayReader(work / s.batches, BATCH_DTYPE) as listing:  # filtered a chunk at a time: bounded memory
         entries = np.concatenate([c[np.isin(c["part"], parts)] for c in listing.chunks()] or [listing.read(0)])
     if not len(entries):
         return
     dest = np.memmap(work / dest_name(s.index), dtype=DEST_DTYPE, mode="r")
     meta = np.memmap(work / s.meta, dtype=META_DTYPE, mode="r")
-    ids_all = None
-    if s.ids:  # every kept document of the unit may encode to no id at all: an empty file cannot be mapped
-        ids_path = work / s.ids
-        ids_dtype = np_dtype(id_dtype)
-        ids_all = np.memmap(ids_path, ids_dtype, mode="r") if ids_path.stat().st_size else np.zeros(0, ids_dtype)
+    ids_all = _Ids(wd, s, id_dtype) if s.ids else None
     current: list = [None, None, None]  # (spill part index, open file, its reader): one open file at a time
 
     def batch(file: int, number: int) -> pa.RecordBatch:
         if current[0] != file:  # entries are in file order: a part is done once the next one starts
             if current[1] is not None:
                 current[1].close()
-            f = pa.OSFile(str(work / s.spills[file]))
+            f = _spill_file(wd, s.spills[file])
             current[:] = [file, f, pa.ipc.open_file(f)]
         return current[2].get_batch(number)
 
@@ -105,7 +129,7 @@ def _rows_of_shard(work: Path, s: ScanResult, index: int, parts: np.ndarray, col
                 if not mine.any():
                     continue
                 b, m = batch(file, number), np.array(meta[row : row + n])
-                ids = np.array(ids_all[tok : tok + int(m["tokens"].sum())]) if ids_all is not None else None
+                ids = ids_all.slice(tok, int(m["tokens"].sum())) if ids_all is not None else None
                 if not mine.all():
                     keep = np.flatnonzero(mine)
                     if ids is not None:
@@ -160,9 +184,9 @@ def write_shard(job: ShardJob, scans: list[ScanResult], index: int) -> ShardInfo
         return ShardInfo.model_validate_json(done)
     work = wd.local
     wd.fetch(MAPPING_NAME)  # what other machines scanned and placed (an S3 work folder; cached per machine)
-    for s in scans:
+    for s in scans:  # the small per-row files whole; spills and token ids are read by the batch (ranged on S3)
         if s.spills:
-            wd.fetch(dest_name(s.index), *(f for f in (s.meta, s.ids, s.batches) if f), *s.spills)
+            wd.fetch(dest_name(s.index), *(f for f in (s.meta, s.batches) if f))
     mapping = np.fromfile(work / MAPPING_NAME, dtype=DEST_DTYPE)
     parts = partitions_of(mapping, index, job.num_shards, index == job.heldout_index)
     cols = _output_columns(job)
@@ -198,7 +222,7 @@ def write_shard(job: ShardJob, scans: list[ScanResult], index: int) -> ShardInfo
         for s in sorted(scans, key=lambda s: s.index):
             if not s.spills:
                 continue
-            for t, sel, ids in _rows_of_shard(work, s, index, parts, cols, job.token_dtype):
+            for t, sel, ids in _rows_of_shard(wd, s, index, parts, cols, job.token_dtype):
                 if t.schema != out_schema:
                     t = t.cast(out_schema)
                 if ids is None:  # bytes: the ids are the text's UTF-8 bytes

@@ -15,7 +15,7 @@ from nightloom.sharding import StorageError, load_manifest, read_shard, shard_da
 from nightloom.sharding import storage as st
 from nightloom.spec import DatasetSpec, ShardingSpec, StorageSpec
 from tests.support.s3 import free_ports, upload
-from tests.support.sharding import make_docs, write_jsonl, write_parquet
+from tests.support.sharding import make_docs, small_bpe, write_jsonl, write_parquet
 
 pytestmark = pytest.mark.services
 
@@ -118,6 +118,58 @@ def test_s3_work_folder_resumes_on_another_machine(s3_endpoint, tmp_path, monkey
     assert [s.sha256 for s in m.shards] == [s.sha256 for s in ref.shards]
     assert st.list_files(work, s3) == []
     assert not [p for p in (tmp_path / "cache-b").rglob("*") if p.is_file()]
+
+
+@pytest.mark.parametrize("tokenizer", ["bytes", "bpe"])
+def test_writers_on_another_machine_read_only_their_batches(s3_endpoint, tmp_path, monkeypatch, tokenizer):
+    """Scans on one machine, shard writers on another (an empty cache): each writer downloads the small per-row
+    files but reads spills and token ids by ranged GETs of its own batches, so all 4 writers together read about
+    the spills once (whole downloads: 4 times); the shards and token files equal a local run's."""
+    from nightloom.sharding import pipeline
+
+    url, bucket = s3_endpoint
+    docs = make_docs(4000, seed=9, dup_every=11)
+    local_in = tmp_path / "in"
+    files = [write_jsonl(local_in / f"p{i}.jsonl", docs[i * 1000 : (i + 1) * 1000]) for i in range(4)]
+    prefix = f"s3://{bucket}/ranged-{tokenizer}"
+    for f in files:
+        upload(url, f, f"{prefix}/in/{f.name}")
+    s3, storage = st.S3Config(endpoint_url=url), StorageSpec(s3_endpoint_url=url)
+    tok = small_bpe(tmp_path / "bpe") if tokenizer == "bpe" else None
+    sharding = ShardingSpec(output=f"{prefix}/out", num_shards=4, tolerance=0.05)
+    ds, work = DatasetSpec(path=f"{prefix}/in"), f"{prefix}/work"
+    monkeypatch.setattr("nightloom.sharding.job.UNIT_FILES", 1)
+    monkeypatch.setenv("NIGHTLOOM_SHARD_CACHE", str(tmp_path / "cache-scan"))
+    real_write = pipeline.write_shard
+
+    def scans_only(job, scans, index):
+        raise RuntimeError("writers run elsewhere")
+
+    monkeypatch.setattr(pipeline, "write_shard", scans_only)
+    with pytest.raises(RuntimeError, match="writers run elsewhere"):
+        shard_dataset(ds, sharding, storage, workdir=work, workers=1, tokenizer=tok)
+    big = {rel: size for rel, size in st.list_files(work, s3) if rel.endswith(".arrow") or rel.startswith("ids-")}
+    assert any(rel.endswith(".arrow") for rel in big) and (tokenizer == "bytes") != any(
+        rel.startswith("ids-") for rel in big
+    ), big
+    monkeypatch.setattr(pipeline, "write_shard", real_write)
+    monkeypatch.setenv("NIGHTLOOM_SHARD_CACHE", str(tmp_path / "cache-write"))  # another machine
+    downloaded: list[str] = []
+    real_get = st.get_file
+    monkeypatch.setattr(st, "get_file", lambda uri, *a, **k: downloaded.append(uri) or real_get(uri, *a, **k))
+    before = st.RangeReader.total
+    m = shard_dataset(ds, sharding, storage, workdir=work, workers=2, tokenizer=tok)
+    ranged = st.RangeReader.total - before
+    assert not [u for u in downloaded if u.rsplit("/", 1)[-1] in big], downloaded  # none of them whole
+    assert 0.5 * sum(big.values()) < ranged < 1.25 * sum(big.values()) + 64 * 1024 * len(big), (ranged, big)
+    ref = shard_dataset(
+        DatasetSpec(path=str(local_in)),
+        ShardingSpec(output=str(tmp_path / "ref"), num_shards=4, tolerance=0.05),
+        tokenizer=tok,
+    )
+    assert [s.sha256 for s in m.shards] == [s.sha256 for s in ref.shards]
+    assert [s.token_files.bin_hash for s in m.shards] == [s.token_files.bin_hash for s in ref.shards]
+    print(f"\nranged reads by 4 writers: {ranged} B of {sum(big.values())} B of spills/ids ({tokenizer})")
 
 
 def test_missing_bucket_bad_credentials_unreachable(s3_endpoint, tmp_path, monkeypatch):

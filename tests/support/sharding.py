@@ -55,3 +55,22 @@ def shard_texts(out: Path) -> list[list[str]]:
 
 def tree_bytes(out: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(out.iterdir()) if p.is_file()}
+
+
+def small_bpe(folder: Path, vocab: int = 350):
+    """A byte-level BPE of `vocab` ids trained on make_docs text, saved as a Hugging Face tokenizer folder (EOS
+    <|endoftext|>): a real tokenizer whose ids need the scan's id spill."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    from nightloom.spec import TokenizerSpec
+
+    folder.mkdir(parents=True, exist_ok=True)
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tok.train_from_iterator(make_docs(300, seed=2), trainer=trainer)
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|endoftext|>"}))
+    return TokenizerSpec(path=str(folder))
