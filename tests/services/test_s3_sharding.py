@@ -75,18 +75,22 @@ def test_large_shard_uses_multipart_upload(s3_endpoint, tmp_path):
     assert read_shard(out, 0, s3=st.S3Config(endpoint_url=url)).num_rows == 2200  # sha256 checked
 
 
+def _upload_inputs(url: str, prefix: str, local_in, docs: list[str], n: int) -> None:
+    """`docs` as `n` JSONL files in `local_in` (the local reference run's input) and under `<prefix>/in`."""
+    per = len(docs) // n
+    for i in range(n):
+        f = write_jsonl(local_in / f"p{i}.jsonl", docs[i * per : (i + 1) * per])
+        upload(url, f, f"{prefix}/in/{f.name}")
+
+
 def test_s3_work_folder_resumes_on_another_machine(s3_endpoint, tmp_path, monkeypatch):
     """Work folder on S3: a run that dies after its scans resumes from them on a machine with an empty cache, and
     ends in the same bytes as a local run; the work prefix is removed once the manifest is written."""
     from nightloom.sharding import pipeline, scan
 
     url, bucket = s3_endpoint
-    docs = make_docs(3000, seed=5, dup_every=7)
-    local_in = tmp_path / "in"
-    files = [write_jsonl(local_in / f"p{i}.jsonl", docs[i * 1000 : (i + 1) * 1000]) for i in range(3)]
-    prefix = f"s3://{bucket}/t5"
-    for f in files:
-        upload(url, f, f"{prefix}/in/{f.name}")
+    prefix, local_in = f"s3://{bucket}/t5", tmp_path / "in"
+    _upload_inputs(url, prefix, local_in, make_docs(3000, seed=5, dup_every=7), 3)
     s3, storage = st.S3Config(endpoint_url=url), StorageSpec(s3_endpoint_url=url)
     sharding = ShardingSpec(output=f"{prefix}/out", num_shards=3, tolerance=0.05)
     ds, work = DatasetSpec(path=f"{prefix}/in"), f"{prefix}/work"
@@ -128,12 +132,8 @@ def test_writers_on_another_machine_read_only_their_batches(s3_endpoint, tmp_pat
     from nightloom.sharding import pipeline
 
     url, bucket = s3_endpoint
-    docs = make_docs(4000, seed=9, dup_every=11)
-    local_in = tmp_path / "in"
-    files = [write_jsonl(local_in / f"p{i}.jsonl", docs[i * 1000 : (i + 1) * 1000]) for i in range(4)]
-    prefix = f"s3://{bucket}/ranged-{tokenizer}"
-    for f in files:
-        upload(url, f, f"{prefix}/in/{f.name}")
+    prefix, local_in = f"s3://{bucket}/ranged-{tokenizer}", tmp_path / "in"
+    _upload_inputs(url, prefix, local_in, make_docs(4000, seed=9, dup_every=11), 4)
     s3, storage = st.S3Config(endpoint_url=url), StorageSpec(s3_endpoint_url=url)
     tok = small_bpe(tmp_path / "bpe") if tokenizer == "bpe" else None
     sharding = ShardingSpec(output=f"{prefix}/out", num_shards=4, tolerance=0.05)
