@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -48,7 +47,7 @@ from nightloom.finetune.remote import (
     profile_of,
     wrapper_path,
 )
-from nightloom.provision.base import Cluster, PreflightReport, ProvisionError
+from nightloom.provision.base import Cluster, PreflightReport, ProvisionError, follow
 from nightloom.provision.shared_folder import check_shared_folder
 from nightloom.runfiles import RunFiles
 from nightloom.sharding.storage import S3Config
@@ -427,6 +426,11 @@ class Trained:
     events: list = field(default_factory=list)
 
 
+def known_abort(launch_text: str, diag) -> bool:
+    """The attempt ended in the known gloo abort, on nodes preflight still finds healthy."""
+    return UPSTREAM_ABORT in launch_text and not (diag is not None and diag.kind == "node")
+
+
 def relaunch_reason(
     failure, diag, launch_text: str, relaunches: int, max_relaunches: int, aborts: int = 0
 ) -> str | None:
@@ -436,7 +440,7 @@ def relaunch_reason(
     failure (`relaunches` used: relaunches not paid by the abort's budget), which is relaunched when preflight
     found a bad node or the signal is one a relaunch can cure."""
     node_failure = diag is not None and diag.kind == "node"
-    abort = UPSTREAM_ABORT in launch_text and not node_failure
+    abort = known_abort(launch_text, diag)
     if abort and aborts < UPSTREAM_ABORT_RETRIES:
         return None
     if relaunches >= max_relaunches:
@@ -500,7 +504,7 @@ def train_with_recovery(
                 except Exception as e:  # noqa: BLE001 - no report: classified transient, named in the detail
                     report = PreflightReport(nodes=[], unknown=f"preflight crashed: {type(e).__name__}: {e}")
                 diag = rec.classify(failure, report)
-            is_abort = UPSTREAM_ABORT in text and not (diag is not None and diag.kind == "node")
+            is_abort = known_abort(text, diag)
             why = relaunch_reason(failure, diag, text, relaunches - aborts, max_relaunches, aborts)
             world_before = plan.world_size
             if why is None and diag is not None and diag.bad_nodes:
@@ -554,33 +558,14 @@ def _launch_once(plan: XTunerPlan, *, cluster, provider, resume: bool, log: Log,
         )
         log_file.parent.mkdir(parents=True, exist_ok=True)
 
-        stop, failed = threading.Event(), []
+        with open(log_file, "a", encoding="utf-8") as f:
 
-        def pump() -> None:
-            try:
-                with open(log_file, "a", encoding="utf-8") as f:
-                    for line in launch.lines():
-                        if stop.is_set():  # a reader outliving its attempt must not write into the next one's log
-                            return
-                        f.write(line + "\n")
-                        f.flush()
-                        log(f"[train] {line}")
-            except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread below
-                failed.append(e)
+            def line(text: str) -> None:
+                f.write(text + "\n")
+                f.flush()
+                log(f"[train] {text}")
 
-        # the lines are read beside `wait`, which ends a launch whose other nodes outlive a failed one by the
-        # grace period (their torchrun would otherwise hold the stream open until its exit barrier: 300 s)
-        reader = threading.Thread(target=pump, name="xtuner-train-log", daemon=True)
-        reader.start()
-        try:
-            code = launch.wait(timeout=timeout_s)
-        finally:
-            reader.join(timeout=60)
-            if reader.is_alive():
-                stop.set()
-                log("xtuner: the train log was still streaming 60 s after the launch ended; its tail is not kept")
-        if failed:
-            raise failed[0]
+            code = follow(launch, line, timeout=timeout_s, note=lambda m: log(f"xtuner: {m}"))
     else:
         from nightloom.provision.local import free_port
 

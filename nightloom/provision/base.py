@@ -7,8 +7,9 @@ node with its rank and rendezvous, streams output, and releases everything, idem
 from __future__ import annotations
 
 import queue
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -134,6 +135,44 @@ class Launch(Protocol):
 
     @property
     def pids(self) -> list[int]: ...  # local process-group leaders teardown must kill; [] when remote
+
+
+def follow(
+    launch: Launch,
+    on_line: Callable[[str], None],
+    timeout: float | None = None,
+    *,
+    join_s: float = 60.0,
+    note: Callable[[str], None] | None = None,
+) -> int:
+    """`launch.wait(timeout)` while a thread hands each output line to `on_line`. Reading every line first would
+    block until the last node's stream ends, which a live node's torchrun holds open at its exit barrier (300 s),
+    so neither a failed node's grace period nor `timeout` would apply. An error in `on_line` is raised here; a
+    reader still streaming `join_s` after the launch ended is abandoned (it writes nothing more; `note` says so)."""
+    stop, failed = threading.Event(), []
+
+    def pump() -> None:
+        try:
+            for line in launch.lines():
+                if stop.is_set():  # a reader outliving its launch must not write into what follows it
+                    return
+                on_line(line)
+        except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread below
+            failed.append(e)
+
+    reader = threading.Thread(target=pump, name="launch-output", daemon=True)
+    reader.start()
+    try:
+        code = launch.wait(timeout=timeout)
+    finally:
+        reader.join(timeout=join_s)
+        if reader.is_alive():
+            stop.set()
+            if note is not None:
+                note(f"the launch's output was still streaming {join_s:.0f} s after it ended; its tail is not kept")
+    if failed:
+        raise failed[0]
+    return code
 
 
 class MergedLaunch:

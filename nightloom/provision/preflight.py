@@ -10,12 +10,19 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
-import threading
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-from nightloom.provision.base import Check, Cluster, NodeReport, PreflightError, PreflightReport, ProvisionError
+from nightloom.provision.base import (
+    Check,
+    Cluster,
+    NodeReport,
+    PreflightError,
+    PreflightReport,
+    ProvisionError,
+    follow,
+)
 
 JSON_MARK = "NIGHTLOOM_JSON "
 ALLREDUCE_MARK = "NIGHTLOOM_ALLREDUCE "
@@ -177,16 +184,12 @@ def run_allreduce(
     args = ["-m", "nightloom.provision.allreduce", "--size-mib", str(size_mib), "--timeout-s", "60"]
     launch = provider.launch(cluster, args, {"OMP_NUM_THREADS": "1"})
     lines: list[str] = []
-    # read beside `wait`, so `timeout_s` (and a failed node's grace period) holds even if a node never ends
-    reader = threading.Thread(target=lambda: lines.extend(launch.lines()), name="allreduce-log", daemon=True)
-    reader.start()
     try:
-        rc = launch.wait(timeout=timeout_s)
+        rc = follow(launch, lines.append, timeout=timeout_s, join_s=30)
     except TimeoutError:
         rc = -1
     finally:
         launch.terminate()
-        reader.join(timeout=30)
     res = parse_allreduce(lines)
     if rc != 0 or res is None:
         tail = " | ".join(x for x in lines[-6:] if x.strip())

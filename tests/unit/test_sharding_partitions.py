@@ -20,7 +20,7 @@ from nightloom.sharding.balance import balance, imbalance, lpt_mapping, move_map
 from nightloom.sharding.writer import partitions_of
 from nightloom.spec import DatasetSpec, ShardingSpec, TokenizerSpec
 from nightloom.tokenizer import load_tokenizer
-from tests.support.sharding import make_docs, write_jsonl
+from tests.support.sharding import make_docs, small_bpe, write_jsonl
 
 indexed = pytest.importorskip("megatron.core.datasets.indexed_dataset")
 
@@ -62,18 +62,7 @@ def test_partitions_of_a_plain_mapping_are_the_shard_itself_and_all_for_the_held
 
 @pytest.fixture(scope="module")
 def bpe(tmp_path_factory) -> TokenizerSpec:
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-
-    folder = tmp_path_factory.mktemp("bpe")
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    trainer = trainers.BpeTrainer(
-        vocab_size=350, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
-    )
-    tok.train_from_iterator(make_docs(300, seed=2), trainer=trainer)
-    tok.save(str(folder / "tokenizer.json"))
-    (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|endoftext|>"}))
-    return TokenizerSpec(path=str(folder))
+    return small_bpe(tmp_path_factory.mktemp("bpe"))
 
 
 @pytest.mark.parametrize("path", ["fast", "record"])
