@@ -271,23 +271,28 @@ def line_span(local: Path, start: int, stop: int) -> tuple[int, int]:
 def _line_chunks(local: Path, size: int = JSON_CHUNK, span: tuple[int, int] | None = None):
     """Line-aligned Arrow buffers of about `size` bytes (a longer line makes a longer piece), decompressing as it
     goes; only the bytes of `span` (line-aligned, of an uncompressed file) when given. Pieces are slices of what
-    was read; a partial last line is joined to the next read (one copy of it)."""
+    was read. In an uncompressed file the next read starts after a piece's last newline (a seek back over the
+    partial line, so nothing is copied); a compressed stream cannot seek, so its partial last line is joined to
+    the next read (a copy). Joining every piece cost two copies of the corpus, under the GIL."""
     name = local.name.lower()
     comp = "gzip" if name.endswith(".gz") else "zstd" if name.endswith((".zst", ".zstd")) else None
-    left = None
-    if span is not None:
-        stream = pa.OSFile(str(local))
-        stream.seek(span[0])
-        left = span[1] - span[0]
-    else:
-        stream = pa.input_stream(str(local), compression=comp)
+    seekable = comp is None
+    pos, end = span if span is not None else (0, None)  # the next read's file offset; where the span ends
+    stream = pa.OSFile(str(local)) if seekable else pa.input_stream(str(local), compression=comp)
     with stream as f:
-        rest: pa.Buffer | None = None
-        while (data := f.read_buffer(size if left is None else min(size, left))).size:
-            if left is not None:
-                left -= data.size
+        if seekable and pos:
+            f.seek(pos)
+        rest: pa.Buffer | None = None  # a line longer than a read so far (or a compressed stream's partial line)
+        rest_pos = pos
+        while (want := size if end is None else min(size, end - pos)) > 0:
+            data = f.read_buffer(want)
+            if not data.size:
+                break
+            data_pos = rest_pos if rest is not None else pos  # the file offset of data[0] (seekable files)
+            pos += data.size
+            at_end = data.size < want or (end is not None and pos >= end)
             if rest is not None:
-                data = pa.py_buffer(rest.to_pybytes() + data.to_pybytes())
+                data, rest = pa.py_buffer(rest.to_pybytes() + data.to_pybytes()), None
             view = np.frombuffer(data, dtype=np.uint8)
             tail = view[-NEWLINE_SEARCH:]
             hits = np.flatnonzero(tail == 10)
@@ -297,10 +302,15 @@ def _line_chunks(local: Path, size: int = JSON_CHUNK, span: tuple[int, int] | No
                 hits = np.flatnonzero(view == 10)
                 cut = int(hits[-1]) if len(hits) else -1
             if cut < 0:
-                rest = data
+                rest, rest_pos = data, data_pos
                 continue
             yield data.slice(0, cut + 1)
-            rest = data.slice(cut + 1) if cut + 1 < data.size else None
+            if cut + 1 < data.size:
+                if seekable and not at_end:
+                    pos = data_pos + cut + 1
+                    f.seek(pos)
+                else:
+                    rest, rest_pos = data.slice(cut + 1), data_pos + cut + 1
         if rest is not None and rest.to_pybytes().strip():
             yield rest
 

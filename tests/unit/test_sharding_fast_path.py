@@ -169,3 +169,28 @@ def test_the_scan_parses_on_every_cpu_even_with_omp_num_threads_1(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     before, after = map(int, r.stdout.split())
     assert before == 1 and after == min(os.cpu_count(), 8)
+
+
+@pytest.mark.parametrize("size", [1, 7, 64, 1 << 20])
+def test_line_pieces_of_spans_and_of_a_gzip_stream_reassemble_exactly(tmp_path, size):
+    """Consecutive line-aligned spans of a plain file read each line once (pieces seek back over a partial line);
+    a gzip stream, which cannot seek, joins it to the next read instead: both give the same bytes."""
+    import gzip
+
+    from nightloom.sharding.scan import line_span
+
+    rng = random.Random(size)
+    body = b"".join(("y" * rng.choice([0, 3, 40, 500])).encode() + b"\n" for _ in range(300)) + b"tail"
+    path = tmp_path / "a.jsonl"
+    path.write_bytes(body)
+    cuts = [0, 1, 777, 778, 5000, len(body) // 2, len(body)]
+    got = b""
+    for a, b in zip(cuts, cuts[1:]):
+        lo, hi = line_span(path, a, b)
+        pieces = [p.to_pybytes() for p in _line_chunks(path, size=size, span=(lo, hi))]
+        assert b"".join(pieces) == body[lo:hi] and all(p.endswith(b"\n") for p in pieces[:-1])
+        got += body[lo:hi]
+    assert got == body
+    gz = tmp_path / "a.jsonl.gz"
+    gz.write_bytes(gzip.compress(body))
+    assert b"".join(p.to_pybytes() for p in _line_chunks(gz, size=size)) == body
