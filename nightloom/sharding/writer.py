@@ -23,7 +23,7 @@ from nightloom.sharding.job import ShardJob
 from nightloom.sharding.manifest import ShardInfo, TokenFiles
 from nightloom.sharding.placement import MAPPING_NAME, dest_name
 from nightloom.sharding.scan import BATCH_DTYPE, META_DTYPE, ScanResult, gather_ids
-from nightloom.sharding.tokens import TokenFileWriter, np_dtype, utf8_ids
+from nightloom.sharding.tokens import TokenFileWriter, np_dtype
 from nightloom.sharding.workdir import WorkDir
 
 ROW_GROUP_BYTES = 16 * 1024 * 1024
@@ -226,10 +226,9 @@ def write_shard(job: ShardJob, scans: list[ScanResult], index: int) -> ShardInfo
                 if t.schema != out_schema:
                     t = t.cast(out_schema)
                 if ids is None:  # bytes: the ids are the text's UTF-8 bytes
-                    lengths, ids = utf8_ids(t.column(0))
+                    tokens_out.add_texts(t.column(0))
                 else:
-                    lengths = sel["tokens"]
-                tokens_out.add(lengths, ids)
+                    tokens_out.add(sel["tokens"], ids)
                 rows += len(sel)
                 tokens += int(sel["tokens"].sum())
                 nbytes += int(sel["nbytes"].sum())

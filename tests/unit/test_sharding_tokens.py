@@ -171,3 +171,27 @@ def test_cli_json_reports_token_files_and_a_v2_manifest_still_loads(tmp_path, bp
     v2 = load_manifest(tmp_path / "v2")
     assert all(s.token_files is None for s in v2.shards) and v2.shards[0].files() == [v2.shards[0].path]
     assert summarize(v2, "x").token_files == 0
+
+
+def test_bytes_texts_give_the_files_megatron_builds_from_their_utf8_bytes(tmp_path):
+    """add_texts (the bytes tokenizer's path: Arrow appends the EOS placeholder) writes what megatron-core's
+    builder writes from each document's UTF-8 bytes then EOS, for chunked, sliced and non-ASCII text."""
+    import pyarrow as pa
+    import torch
+
+    rng = np.random.default_rng(1)
+    words = ["a", "λ", "東京", "🙂", " ", "\x00", "word"]
+    docs = ["".join(rng.choice(words, size=int(n))) for n in rng.integers(1, 40, size=250)]
+    chunked = pa.chunked_array([pa.array(docs[:100]), pa.array(docs[90:250]).slice(10)])  # an offset chunk
+    w = TokenFileWriter(tmp_path / "ours.bin", tmp_path / "lengths.bin", "uint16", 256)
+    w.add_texts(chunked.slice(0, 120))
+    w.add_texts(chunked.slice(120).combine_chunks())
+    counts = w.finish(tmp_path / "ours.idx")
+    b = indexed.IndexedDatasetBuilder(str(tmp_path / "ref.bin"), dtype=np.uint16)
+    for d in docs:
+        doc = np.append(np.frombuffer(d.encode(), dtype=np.uint8).astype(np.uint16), 256)
+        b.add_document(torch.from_numpy(doc.astype(np.int64)), [len(doc)])
+    b.finalize(str(tmp_path / "ref.idx"))
+    assert (tmp_path / "ours.bin").read_bytes() == (tmp_path / "ref.bin").read_bytes()
+    assert (tmp_path / "ours.idx").read_bytes() == (tmp_path / "ref.idx").read_bytes()
+    assert counts.documents == len(docs) and counts.tokens == sum(len(d.encode()) + 1 for d in docs)
