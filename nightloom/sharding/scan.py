@@ -134,6 +134,13 @@ def _strings(values: list[bytes]) -> pa.Array:
     )
 
 
+def row_indices(rows: np.ndarray) -> pa.Array:
+    """Row numbers as the int64 Arrow array `take` wants, without a copy. (pa.array on a numpy array first
+    imports pandas to ask whether it is a Series: 0.2-0.6 s of a core, GIL held, in every process that shards.)"""
+    rows = np.ascontiguousarray(rows, dtype=np.int64)
+    return pa.Array.from_buffers(pa.int64(), len(rows), [None, pa.py_buffer(rows)])
+
+
 def partition_order(h1: np.ndarray, num_shards: int) -> tuple[np.ndarray, np.ndarray]:
     """(stable order that groups rows by plain shard h1 mod N, each shard's [start, stop) in that order)."""
     part = (h1 % np.uint64(num_shards)).astype(np.int64)
@@ -182,7 +189,7 @@ class _Spill:
         if not np.array_equal(order, np.arange(len(order))):
             if ids is not None:
                 ids = gather_ids(ids, meta["tokens"], order)
-            batch, meta = batch.take(pa.array(order)), meta[order]
+            batch, meta = batch.take(row_indices(order)), meta[order]
         if ids is not None:
             if self.ids is None:
                 self.ids = ArrayWriter(self.work / self.ids_name, np_dtype(self.id_dtype))
@@ -452,7 +459,7 @@ def _scan_fast(
             h2.append(xx3(piece, seed=DEDUP_SEED))
         meta["h1"], meta["h2"] = h1, h2
         meta["tokens"] = meta["nbytes"] = np.diff(offsets)[keep]  # tokenizer "bytes": one token per UTF-8 byte
-        texts = arr if len(keep) == n else arr.take(pa.array(keep))
+        texts = arr if len(keep) == n else arr.take(row_indices(keep))
         ids = None
         if tok is not None:
             meta["tokens"], ids = tok.encode_ids(texts.to_pylist())

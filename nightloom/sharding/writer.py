@@ -22,7 +22,7 @@ from nightloom.sharding.errors import ShardingError
 from nightloom.sharding.job import ShardJob
 from nightloom.sharding.manifest import ShardInfo, TokenFiles
 from nightloom.sharding.placement import MAPPING_NAME, dest_name
-from nightloom.sharding.scan import BATCH_DTYPE, META_DTYPE, ScanResult, gather_ids
+from nightloom.sharding.scan import BATCH_DTYPE, META_DTYPE, ScanResult, gather_ids, row_indices
 from nightloom.sharding.tokens import TokenFileWriter, np_dtype
 from nightloom.sharding.workdir import WorkDir
 
@@ -134,7 +134,7 @@ def _rows_of_shard(wd: WorkDir, s: ScanResult, index: int, parts: np.ndarray, co
                     keep = np.flatnonzero(mine)
                     if ids is not None:
                         ids = ids[np.repeat(mine, m["tokens"])]
-                    b, m = b.take(pa.array(keep)), m[keep]
+                    b, m = b.take(row_indices(keep)), m[keep]
                 pieces.append((b, m, ids))
             if not pieces:
                 continue
@@ -145,7 +145,7 @@ def _rows_of_shard(wd: WorkDir, s: ScanResult, index: int, parts: np.ndarray, co
                 t = pa.Table.from_batches([p[0] for p in pieces])
                 m = np.concatenate([p[1] for p in pieces])
                 order = np.argsort(m["pos"], kind="stable")
-                t, m = t.take(pa.array(order)), m[order]
+                t, m = t.take(row_indices(order)), m[order]
                 ids = None
                 if ids_all is not None:
                     ids = gather_ids(

@@ -194,3 +194,27 @@ def test_line_pieces_of_spans_and_of_a_gzip_stream_reassemble_exactly(tmp_path, 
     gz = tmp_path / "a.jsonl.gz"
     gz.write_bytes(gzip.compress(body))
     assert b"".join(p.to_pybytes() for p in _line_chunks(gz, size=size)) == body
+
+
+@pytest.mark.parametrize("tokenizer", ["bytes", "bpe"])
+def test_a_shard_run_does_not_import_pandas(tmp_path, tokenizer):
+    """pa.array and pa.scalar on numpy or Python values first import pandas (to ask whether they were given a
+    Series): 0.2-0.6 s of a core with the GIL held, in every process and Dask worker that shards. The sharder
+    builds its Arrow values from buffers: a run that drops duplicates and rebalances (every `take`) imports none."""
+    from tests.support.sharding import small_bpe
+
+    corpus = write_jsonl(tmp_path / "c.jsonl", make_docs(600, dup_every=7, skew=True))
+    tok = small_bpe(tmp_path / "bpe").path if tokenizer == "bpe" else None
+    code = f"""
+import sys
+from nightloom.sharding import shard_dataset
+from nightloom.spec import DatasetSpec, ShardingSpec, TokenizerSpec
+tok = TokenizerSpec(path={tok!r}) if {tok!r} else None
+m = shard_dataset(DatasetSpec(path={str(corpus)!r}), ShardingSpec(output={str(tmp_path / "out")!r}, num_shards=4,
+                  tolerance=0.005), workers=2, tokenizer=tok)
+assert m.dedup_dropped and m.rebalanced, (m.dedup_dropped, m.rebalanced)
+print("pandas" in sys.modules)
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split() == ["False"], r.stdout
