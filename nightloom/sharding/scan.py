@@ -278,46 +278,65 @@ def line_span(local: Path, start: int, stop: int) -> tuple[int, int]:
 def _line_chunks(local: Path, size: int = JSON_CHUNK, span: tuple[int, int] | None = None):
     """Line-aligned Arrow buffers of about `size` bytes (a longer line makes a longer piece), decompressing as it
     goes; only the bytes of `span` (line-aligned, of an uncompressed file) when given. Pieces are slices of what
-    was read. In an uncompressed file the next read starts after a piece's last newline (a seek back over the
-    partial line, so nothing is copied); a compressed stream cannot seek, so its partial last line is joined to
-    the next read (a copy). Joining every piece cost two copies of the corpus, under the GIL."""
+    was read; a blank partial last line is dropped."""
     name = local.name.lower()
     comp = "gzip" if name.endswith(".gz") else "zstd" if name.endswith((".zst", ".zstd")) else None
-    seekable = comp is None
-    pos, end = span if span is not None else (0, None)  # the next read's file offset; where the span ends
-    stream = pa.OSFile(str(local)) if seekable else pa.input_stream(str(local), compression=comp)
-    with stream as f:
-        if seekable and pos:
+    if comp is None:
+        yield from _file_pieces(local, size, span or (0, local.stat().st_size))
+    else:
+        yield from _stream_pieces(pa.input_stream(str(local), compression=comp), size)
+
+
+def _last_newline(data: pa.Buffer) -> int:
+    """The index of the last b"\n" in `data` (its tail is searched first), or -1."""
+    view = np.frombuffer(data, dtype=np.uint8)
+    tail = view[-NEWLINE_SEARCH:]
+    hits = np.flatnonzero(tail == 10)
+    if len(hits):
+        return len(view) - len(tail) + int(hits[-1])
+    hits = np.flatnonzero(view == 10)
+    return int(hits[-1]) if len(hits) else -1
+
+
+def _file_pieces(local: Path, size: int, span: tuple[int, int]):
+    """An uncompressed file's bytes [start, end): each read starts right after the last piece's newline (the
+    partial line is read again: nothing is copied; joining it to the next read cost two copies of the corpus,
+    under the GIL); a line longer than a read is read again, twice as far."""
+    pos, end = span
+    with pa.OSFile(str(local)) as f:
+        n = size
+        while pos < end:
             f.seek(pos)
-        rest: pa.Buffer | None = None  # a line longer than a read so far (or a compressed stream's partial line)
-        rest_pos = pos
-        while (want := size if end is None else min(size, end - pos)) > 0:
-            data = f.read_buffer(want)
-            if not data.size:
-                break
-            data_pos = rest_pos if rest is not None else pos  # the file offset of data[0] (seekable files)
-            pos += data.size
-            at_end = data.size < want or (end is not None and pos >= end)
+            data = f.read_buffer(min(n, end - pos))
+            last = not data.size or pos + data.size >= end
+            cut = _last_newline(data)
+            if cut < 0 and not last:
+                n *= 2
+                continue
+            n = size
+            if cut >= 0:
+                yield data.slice(0, cut + 1)
+            if last:
+                tail = data.slice(cut + 1)
+                if tail.size and tail.to_pybytes().strip():
+                    yield tail
+                return
+            pos += cut + 1
+
+
+def _stream_pieces(stream, size: int):
+    """A compressed stream, which cannot seek: a piece's partial last line is joined to the next read."""
+    with stream as f:
+        rest: pa.Buffer | None = None
+        while (data := f.read_buffer(size)).size:
             if rest is not None:
-                data, rest = pa.py_buffer(rest.to_pybytes() + data.to_pybytes()), None
-            view = np.frombuffer(data, dtype=np.uint8)
-            tail = view[-NEWLINE_SEARCH:]
-            hits = np.flatnonzero(tail == 10)
-            if len(hits):
-                cut = len(view) - len(tail) + int(hits[-1])
-            else:
-                hits = np.flatnonzero(view == 10)
-                cut = int(hits[-1]) if len(hits) else -1
+                data = pa.py_buffer(rest.to_pybytes() + data.to_pybytes())
+            cut = _last_newline(data)
             if cut < 0:
-                rest, rest_pos = data, data_pos
+                rest = data
                 continue
             yield data.slice(0, cut + 1)
-            if cut + 1 < data.size:
-                if seekable and not at_end:
-                    pos = data_pos + cut + 1
-                    f.seek(pos)
-                else:
-                    rest, rest_pos = data.slice(cut + 1), data_pos + cut + 1
+            rest = data.slice(cut + 1) if cut + 1 < data.size else None
         if rest is not None and rest.to_pybytes().strip():
             yield rest
 
