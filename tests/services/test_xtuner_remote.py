@@ -31,6 +31,7 @@ import pytest
 
 from nightloom.finetune import EnvError, run_xtuner
 from nightloom.finetune.remote import ensure_node_envs
+from nightloom.finetune.run import UPSTREAM_ABORT
 from nightloom.metrics import read_metrics
 from nightloom.spec import RunSpec
 from tests.support.ssh import ours_running
@@ -411,7 +412,12 @@ def test_xtuner_full_over_ssh_from_s3_recovers_onto_a_spare(
         time.sleep(0.3)
     assert not _pids(str(cancel_dir)), "a process of the cancelled run outlived the cancellation"
     assert sum("base model on node" in x and " cached " in x for x in cancel_log) == 2, cancel_log  # reused
-    (ev,) = r.interruptions
+    # besides the node's, the only interruption may be the known gloo abort while a checkpoint is saved
+    # (nightloom.finetune.run.UPSTREAM_ABORT), relaunched from that checkpoint on its own budget
+    (ev,) = [e for e in r.interruptions if e.kind == "node"]
+    aborts = [e for e in r.interruptions if e.kind != "node"]
+    train_log = (run_dir / "xtuner" / "logs" / "train.log").read_text()
+    assert all(a.kind == "transient" for a in aborts) and (not aborts or UPSTREAM_ABORT in train_log), aborts
     print(f"\nxtuner ssh full + recovery: wall {wall:.1f} s, recovery_s {ev.recovery_s}, stages {r.stage_s}")
     print(f"xtuner ssh lora 2 nodes x 2 ranks: wall {lora_wall:.1f} s (acquire + run), stages {lora.stage_s}")
 
@@ -424,13 +430,17 @@ def test_xtuner_full_over_ssh_from_s3_recovers_onto_a_spare(
     assert ev.world_before == 2 and ev.world_after == 2 and spare in ev.detail, ev.detail
     assert [n.name for n in r.cluster.nodes] == [c.nodes[0].name, spare] and bad in r.cluster.excluded
     assert r.steps_done == 12 and r.stopped == "completed" and r.profile == "cpu"
-    first, last = parse_launch(launch_dirs(work_dir)[0]), parse_launch(launch_dirs(work_dir)[-1])
-    assert int(last[0]["step"]) == 7 and int(last[-1]["step"]) == 12 and len(launch_dirs(work_dir)) == 2
-    before = {int(x["step"]): float(x["loss"]) for x in first}
-    redone = [(int(x["step"]), float(x["loss"])) for x in last if int(x["step"]) in before]
-    assert redone and redone[0][0] == 7, (before, last)
-    for step, loss in redone:  # same world size, same data order, same state: the same losses
-        assert loss == pytest.approx(before[step], rel=1e-5), (step, before, last)
+    dirs = launch_dirs(work_dir)
+    assert len(dirs) == 2 + len(aborts), (dirs, r.interruptions)
+    logged: dict[int, list[float]] = {}
+    for d in dirs:
+        for x in parse_launch(d):
+            logged.setdefault(int(x["step"]), []).append(float(x["loss"]))
+    assert sorted(logged) == list(range(1, 13)), logged
+    redone = {step: losses for step, losses in logged.items() if len(losses) > 1}
+    assert redone and min(redone) == 7, logged  # the recovery resumed from the step-6 checkpoint
+    for step, losses in redone.items():  # same world size, same data order, same state: the same losses
+        assert all(x == pytest.approx(losses[0], rel=1e-5) for x in losses), (step, logged)
     steps = read_metrics(r.metrics_path)
     assert [m.step for m in steps] == list(range(1, 13)) and all(math.isfinite(m.loss) for m in steps)
     assert steps[-1].loss < steps[0].loss  # full fine-tuning learns
