@@ -1,0 +1,74 @@
+"""Keep the test machine's Python libraries in memory while CI runs: map every *.so* and *.pyc under the given
+folders (read-only, pre-faulted) and wait until terminated.
+
+Why: these VMs run DAMON proactive reclaim (kdamond, scheme `pageout` of *unmapped* page cache not accessed for
+~60 s), and a cold read from their disk runs at ~25-200 MB/s. A library no process has mapped for a minute is
+dropped, and the next process that imports it (every torchrun rank, XTuner rank, Prefect worker) reads it from
+disk again: the tiny model script took 16 s of wall time for 4.8 CPU-s, `cat libtorch_cpu.so` 17 s cold and
+0.07 s warm. Mapped pages are outside that scheme, so one process holding the mappings keeps them warm.
+Python's own imports read .pyc files with read(), which the page cache then serves.
+
+Usage: python .ci/keep_resident.py DIR... (prints what it holds, then sleeps; SIGTERM ends it).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import mmap
+import os
+import signal
+import sys
+import time
+
+MAX_MAPS = 60_000  # below vm.max_map_count (65,530): one mapping per file
+# libc's mmap, not Python's: an mmap.mmap keeps a dup of its file descriptor, and ~50k files pass the box's
+# 20,000-descriptor limit; a raw mapping outlives its closed descriptor
+_libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+MAP_FAILED = ctypes.c_void_p(-1).value
+
+
+def wanted(name: str) -> bool:
+    return name.endswith(".pyc") or ".so" in name and (name.endswith(".so") or ".so." in name)
+
+
+def hold(fd: int, size: int) -> bool:
+    """Map the file read-only, every page faulted in now (MAP_POPULATE); the mapping is never undone."""
+    addr = _libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED | mmap.MAP_POPULATE, fd, 0)
+    return addr not in (None, MAP_FAILED)
+
+
+def main(dirs: list[str]) -> int:
+    held = total = 0
+    t0 = time.monotonic()
+    for top in dirs:
+        for root, _, files in os.walk(top):
+            for name in files:
+                if held >= MAX_MAPS or not wanted(name):
+                    continue
+                path = os.path.join(root, name)
+                try:
+                    fd = os.open(path, os.O_RDONLY)
+                except OSError:
+                    continue
+                try:
+                    size = os.fstat(fd).st_size
+                    if size and hold(fd, size):
+                        held, total = held + 1, total + size
+                except OSError:
+                    pass
+                finally:
+                    os.close(fd)
+    print(
+        f"[keep_resident] holding {held} files, {total / 2**20:.0f} MiB, mapped in {time.monotonic() - t0:.1f} s",
+        flush=True,
+    )
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    while True:
+        signal.pause()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
