@@ -31,7 +31,8 @@ MAP_FAILED = ctypes.c_void_p(-1).value
 
 
 def wanted(name: str) -> bool:
-    return name.endswith(".pyc") or ".so" in name and (name.endswith(".so") or ".so." in name)
+    """Byte-compiled modules and shared libraries (`x.so`, `libx.so.1.2`)."""
+    return name.endswith((".pyc", ".so")) or ".so." in name
 
 
 def hold(fd: int, size: int) -> bool:

@@ -49,29 +49,4 @@ def __dir__() -> list[str]:
     return sorted([*globals(), *_EXPORTS])
 
 
-__all__ = [
-    "BadInputError",
-    "DPAssignment",
-    "Placement",
-    "RankShards",
-    "ScanResult",
-    "ShardJob",
-    "ShardManifest",
-    "ShardSummary",
-    "ShardingError",
-    "StorageError",
-    "TooSmallError",
-    "assign_shards",
-    "ensure_sample_corpus",
-    "iter_texts",
-    "load_manifest",
-    "place_documents",
-    "plan_job",
-    "publish",
-    "read_shard",
-    "run_job",
-    "scan_unit",
-    "shard_dataset",
-    "summarize",
-    "write_shard",
-]
+__all__ = sorted(_EXPORTS)

@@ -146,7 +146,7 @@ def test_a_training_rank_reads_manifests_without_importing_the_sharder():
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=False)
     assert r.returncode == 0, r.stderr
-    assert eval(r.stdout.strip()) == [  # noqa: S307 - our own subprocess's repr of a list of names
+    assert ast.literal_eval(r.stdout.strip()) == [
         "nightloom.sharding.errors",
         "nightloom.sharding.manifest",
         "nightloom.sharding.storage",
