@@ -25,6 +25,7 @@ import pyarrow.compute as pc
 import xxhash
 
 from nightloom.sharding.arrays import CHUNK_RECORDS, ArrayReader, ArrayWriter
+from nightloom.sharding.writeback import WriteBehind
 
 INDEX_HEADER = b"MMIDIDX\x00\x00"
 INDEX_VERSION = 1
@@ -114,6 +115,7 @@ class TokenFileWriter:
         self.bin_tmp = Path(bin_tmp)
         self.bin_tmp.parent.mkdir(parents=True, exist_ok=True)
         self._bin = open(self.bin_tmp, "wb")  # noqa: SIM115 - closed by finish/abort
+        self._behind = WriteBehind(self._bin.fileno())
         self._bin_hash = xxhash.xxh3_128()
         self._lengths = ArrayWriter(lengths_path, LENGTH_DTYPE)
         self.documents = self.tokens = 0
@@ -146,6 +148,8 @@ class TokenFileWriter:
         self._lengths.append(lengths + 1)
         self.documents += len(lengths)
         self.tokens += len(stream)
+        self._bin.flush()  # a no-op for writes larger than the buffer: the pages are the kernel's to write back
+        self._behind.advance(self.tokens * self.dtype.itemsize)
 
     def finish(self, idx_tmp: Path) -> TokenCounts:
         """Close the .bin and write the .idx at `idx_tmp` (both still temp paths)."""

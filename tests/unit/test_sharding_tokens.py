@@ -195,3 +195,41 @@ def test_bytes_texts_give_the_files_megatron_builds_from_their_utf8_bytes(tmp_pa
     assert (tmp_path / "ours.bin").read_bytes() == (tmp_path / "ref.bin").read_bytes()
     assert (tmp_path / "ours.idx").read_bytes() == (tmp_path / "ref.idx").read_bytes()
     assert counts.documents == len(docs) and counts.tokens == sum(len(d.encode()) + 1 for d in docs)
+
+
+def test_a_long_token_file_is_handed_to_the_disk_as_it_is_written(tmp_path, monkeypatch):
+    """Write-behind: every step of a .bin is asked to be written back (and the step before it dropped from the
+    page cache) while later ones are made, so no range is left for fdatasync alone, and the file's bytes are the
+    same as without it."""
+    import os
+
+    from nightloom.sharding import writeback
+
+    calls: list[tuple[int, int]] = []
+    real = os.posix_fadvise
+
+    def spy(fd, offset, length, advice):
+        assert advice == os.POSIX_FADV_DONTNEED
+        calls.append((offset, offset + length))
+        real(fd, offset, length, advice)
+
+    monkeypatch.setattr(writeback, "WRITE_BEHIND_BYTES", 1 << 20)
+    monkeypatch.setattr(os, "posix_fadvise", spy)
+    rng = np.random.default_rng(5)
+    lengths = rng.integers(1, 40_000, size=300)
+    ids = rng.integers(0, 50_000, size=int(lengths.sum()))
+    w = TokenFileWriter(tmp_path / "a.bin", tmp_path / "lengths.bin", "uint16", eos_id=7)
+    for part in np.array_split(np.arange(len(lengths)), 30):
+        start = int(lengths[: part[0]].sum()) if len(part) else 0
+        w.add(lengths[part], ids[start : start + int(lengths[part].sum())])
+    counts = w.finish(tmp_path / "a.idx")
+    size = (tmp_path / "a.bin").stat().st_size
+    assert size == counts.tokens * 2 > 8 << 20
+    # contiguous, overlapping by one step (writeback asked, then the same range dropped a step later), covering
+    # all but the last step before finish
+    assert calls and calls[0][0] == 0
+    assert all(b[0] < a[1] <= b[1] for a, b in zip(calls, calls[1:]))
+    assert size - calls[-1][1] < 2 * (1 << 20) + int(lengths.max() + 1) * 2 * 10
+    ends = np.cumsum(lengths + 1)
+    stream = np.fromfile(tmp_path / "a.bin", dtype="<u2")
+    assert (stream[ends - 1] == 7).all() and len(stream) == ends[-1]
