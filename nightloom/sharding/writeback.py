@@ -4,8 +4,9 @@ Without it nothing a .bin holds reaches the disk before its fdatasync: the kerne
 until 10% of memory is dirty (`vm.dirty_background_ratio`), more than a whole run's shards on most machines. So
 each shard's write ended by waiting for all of its pages (2× its text with the `bytes` tokenizer) while its core
 sat idle. Asking for writeback every few MiB overlaps the disk with the compression: on the 1 GiB bench corpus,
-2 cores, the write step's fdatasync waits fell from 1.8-1.9 s to 0.3-0.5 s in all, and the step from 4.8-5.6 s
-to 4.1-5.1 s. (The Parquet shard is read back for its sha256 after it is written, so its pages stay cached.)
+2 cores, seven alternating runs, the write step's fdatasync waits fell from 1.4-2.0 s to 0.3-0.4 s in all, and
+the step from 4.5-5.5 s to 3.9-4.7 s. (The Parquet shard is read back for its sha256 after it is written, so its
+pages stay cached; the same write-behind for it, without the drop, measured no gain.)
 """
 
 from __future__ import annotations
