@@ -9,7 +9,6 @@ upload (S3), token files first, the Parquet shard last, then the marker: a shard
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +24,7 @@ from nightloom.sharding.placement import MAPPING_NAME, dest_name
 from nightloom.sharding.scan import BATCH_DTYPE, META_DTYPE, ScanResult, gather_ids, row_indices
 from nightloom.sharding.tokens import TokenFileWriter, np_dtype
 from nightloom.sharding.workdir import WorkDir
+from nightloom.sharding.writeback import durable_and_uncached
 
 ROW_GROUP_BYTES = 16 * 1024 * 1024
 ROW_GROUP_ROWS = 65_536
@@ -158,19 +158,6 @@ def _rows_of_shard(wd: WorkDir, s: ScanResult, index: int, parts: np.ndarray, co
         del dest, meta, ids_all
 
 
-def _durable_and_uncached(path: Path) -> None:
-    """Flush a finished output file to disk and drop it from the page cache: the sharder never reads it again,
-    so the next shards reuse those pages instead of growing the cache by the output's size (2-3× the corpus with
-    token files), which costs most on VMs whose memory is backed on first touch."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fdatasync(fd)
-        if hasattr(os, "posix_fadvise"):
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
 def write_shard(job: ShardJob, scans: list[ScanResult], index: int) -> ShardInfo:
     """Write shard `index`; idempotent (a published shard with its marker is not rewritten)."""
     wd = job.work
@@ -252,7 +239,7 @@ def write_shard(job: ShardJob, scans: list[ScanResult], index: int) -> ShardInfo
                 f"{rows} documents of {tokens} tokens (+1 EOS each)"
             )
         for done_file in (idx_tmp, bin_tmp, tmp):
-            _durable_and_uncached(done_file)
+            durable_and_uncached(done_file)
         storage.put_file(idx_tmp, storage.join(job.output, idx_name), job.s3)
         storage.put_file(bin_tmp, storage.join(job.output, bin_name), job.s3)
         storage.put_file(tmp, final, job.s3)

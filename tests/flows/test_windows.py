@@ -107,8 +107,9 @@ def test_split_resumes_next_window_and_continues_the_same_curve(prefect_backend,
         offpeak_discount=0.5,
         provisioning_minutes=0.05,
     )
-    # 35 s left each night: shard + provision + trainer start-up (10 s, 9.5 s resuming, measured in CI once
-    # .ci/keep_resident.py keeps the libraries in memory; 35 s before it, with cold imports), then some steps. A
+    # 35 s left each night: shard + provision + trainer start-up (10 s, 9.5 s resuming, measured on a 2-core box
+    # with .ci/keep_resident.py keeping the libraries in memory; 12 s with a CPU hog on one core; 35 s in CI before
+    # it, with cold imports), then some steps. A
     # night with few or no steps is fine for the product (its verdicts are skipped, not failed; the run
     # continues), but this test needs one step per night.
     with clock_at(datetime(2026, 11, 30, 5, 59, 25, tzinfo=TZ)):
