@@ -248,6 +248,9 @@ def test_exporter_fed_from_jsonl_and_dashboard_queries(prom, tmp_path: Path):
                 lambda m=m: len(p.query(f'nightloom_step{{run="{run}"}} == {m.step}')) == 2,
                 timeout=30,
             )
+        # the dashboard queries below are evaluated at this instant: once the exporters close, the next scrape fails
+        # and Prometheus marks the series stale, so an instant query "now" on a loaded box can find nothing
+        scraped_at = time.time()
     finally:
         for rm in ranks:
             rm.close()
@@ -266,7 +269,7 @@ def test_exporter_fed_from_jsonl_and_dashboard_queries(prom, tmp_path: Path):
     for panel in dash["panels"]:
         for t in panel["targets"]:
             expr = t["expr"].replace("$run", run).replace("$rank", ".*")
-            res = p.query(expr)
+            res = p.query(expr, at=scraped_at)
             assert res, f"dashboard panel {panel['title']!r}: {expr} returned nothing"
     runs = p.get("/api/v1/label/run/values", **{"match[]": "nightloom_step"})
     assert run in runs
