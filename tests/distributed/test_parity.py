@@ -9,7 +9,6 @@ would still match losses; the grad norm sees it, and so does the SGD, no-clip ca
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 
 import pytest
@@ -69,21 +68,8 @@ LAYOUTS = [
         {"dp_replicate": 2, "zero": "none", "micro_batch": 2, "grad_accum": 2},
         SGD,
     ),
-    pytest.param(
-        "dp2_pp2_tp2_sp",
-        8,
-        {"dp_shard": 2, "pp": 2, "tp": 2, "sp": True, "micro_batch": 2, "grad_accum": 2},
-        {},
-        marks=[
-            pytest.mark.slow,
-            pytest.mark.skipif(
-                not os.environ.get("NIGHTLOOM_SLOW_TESTS"),
-                reason="8 processes: on a 2-core CI box ~50 s; its axes are each covered in pairs above "
-                "(pp2_dp2_gpipe, pp2_tp2_sp, hsdp2_tp2_selective). Run with NIGHTLOOM_SLOW_TESTS=1",
-            ),
-        ],
-        id="dp2_pp2_tp2_sp",
-    ),
+    # the mission's hybrid layout in miniature (every axis at once, 8 processes): ~30 s on 2 cores
+    ("dp2_pp2_tp2_sp", 8, {"dp_shard": 2, "pp": 2, "tp": 2, "sp": True, "micro_batch": 2, "grad_accum": 2}, {}),
 ]
 
 
@@ -177,13 +163,6 @@ def references(corpus, tmp_path_factory):
 # ---------------------------------------------------------------------------------------------- the tests
 
 
-def _cases() -> list[tuple]:
-    """(name, nproc, plan, train) of the layouts this session runs (a skipped param is left out)."""
-    slow = bool(os.environ.get("NIGHTLOOM_SLOW_TESTS"))
-    plain = [c for c in LAYOUTS if not hasattr(c, "marks")]  # a pytest.param is a named tuple too
-    return plain + [tuple(c.values) for c in LAYOUTS if hasattr(c, "marks") and slow]
-
-
 @pytest.fixture(scope="module")
 def launched(corpus, tmp_path_factory):
     """Every layout of one world size, trained in ONE torchrun launch on first use (a start costs more than a run
@@ -195,7 +174,7 @@ def launched(corpus, tmp_path_factory):
             root = tmp_path_factory.mktemp(f"parity-{nproc}proc")
             jobs = {
                 name: make_job(root / name, corpus, steps=STEPS, train_kw=dict(train), **plan)
-                for name, n, plan, train in _cases()
+                for name, n, plan, train in LAYOUTS
                 if n == nproc
             }
             runs = launch_many(nproc, list(jobs.values()), timeout=560)
@@ -206,7 +185,7 @@ def launched(corpus, tmp_path_factory):
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("name,nproc,plan,train", LAYOUTS, ids=[c.id if hasattr(c, "marks") else c[0] for c in LAYOUTS])
+@pytest.mark.parametrize("name,nproc,plan,train", LAYOUTS, ids=[c[0] for c in LAYOUTS])
 def test_layout_matches_a_plain_single_process_loop(name, nproc, plan, train, references, launched):
     ref = references(train)
     out, run_dir = launched(nproc)[name]
