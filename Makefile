@@ -9,7 +9,8 @@ export PYTHONUNBUFFERED := 1
 
 .PHONY: demo test venv clean bench
 
-$(STAMP): pyproject.toml
+# Rebuilt when the pins or this recipe change (an older venv then gets what the recipe now does, e.g. the .pyc).
+$(STAMP): pyproject.toml Makefile
 	test -x $(VENV)/bin/python || $(PY) -m venv $(VENV)
 	# torch (and the uv installer) through pip, so pip's own config (find-links, index) picks the torch wheel;
 	# then uv installs the ~150 pinned dependencies in seconds (pip took ~3 min). Then all of site-packages is

