@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import sys
 from dataclasses import dataclass
 from importlib import metadata
@@ -177,6 +178,22 @@ def parse_allreduce(lines: list[str]) -> dict | None:
     return None
 
 
+# A line that says why a process failed: a Python exception's last line ("torch.distributed.DistNetworkError: ...",
+# "RuntimeError: ...") or a launcher's "error:" line, after an optional "[node] " prefix; never a C++ stack frame.
+_CAUSE = re.compile(r"^(\[[^\]]*\]\s*)*([\w.]*(Error|Exception)\b.*:|.*\berror:)")
+_FRAME = re.compile(r"^(\[[^\]]*\]\s*)*(frame #\d+|Exception raised from)")
+
+
+def failure_summary(lines: list[str], causes: int = 3, tail: int = 3, width: int = 300) -> str:
+    """The first lines that say why (an exception, a launcher's `error:`), then the last lines: one node's C++ stack
+    trace must not push out another node's one-line cause (a fresh-clone CI failure showed only n2's frames while
+    n1 had said EADDRINUSE)."""
+    text = [x.strip() for x in lines if x.strip()]
+    picked = [x for x in text if _CAUSE.match(x) and not _FRAME.match(x)][:causes]
+    picked += [x for x in text[-tail:] if x not in picked]
+    return " | ".join(x if len(x) <= width else x[: width - 1] + "…" for x in picked)
+
+
 def run_allreduce(
     provider, cluster: Cluster, gpu_type: str, timeout_s: float = 120.0, size_mib: float = 4.0
 ) -> tuple[bool, float | None, str]:
@@ -192,8 +209,7 @@ def run_allreduce(
         launch.terminate()
     res = parse_allreduce(lines)
     if rc != 0 or res is None:
-        tail = " | ".join(x for x in lines[-6:] if x.strip())
-        return False, None, f"all-reduce test exited {rc}: {tail or 'no output'}"
+        return False, None, f"all-reduce test exited {rc}: {failure_summary(lines) or 'no output'}"
     base = baseline_busbw(gpu_type)
     ok = res["busbw"] >= base
     detail = (

@@ -16,6 +16,7 @@ from nightloom.provision.preflight import (
     clock_skew,
     env_key,
     evaluate,
+    failure_summary,
     parse_agent_output,
 )
 from nightloom.provision.shell import PGID_MARK, session_command
@@ -156,3 +157,32 @@ def test_apply_preflight_excludes_and_stops_when_too_few():
     assert c.excluded == {"n0": "torch: 2.1.0 (expected 2.13.0)"}
     with pytest.raises(PreflightError, match=r"only 2 healthy node\(s\) left, need at least 3: node n0: torch"):
         apply_preflight(_cluster(3), report, min_nodes=3)
+
+
+def test_a_failed_all_reduce_names_the_cause_before_another_nodes_stack_trace():
+    """n1 said why in one line (EADDRINUSE); n2 then printed 40 C++ frames and was terminated: the detail leads with
+    n1's cause and the launcher's error lines, not with the frames (a CI failure once showed only those)."""
+    frames = [f"[n2] frame #{i}: <unknown function> + 0x{i:x} (0x7f in libtorch_cpu.so)" for i in range(41)]
+    lines = [
+        "[n2] [W1202 00:59:41 TCPStore.cpp:340] [c10d] TCP client failed to connect/validate to host n1:29540",
+        "[n2] Exception raised from ping at /__w/pytorch/pytorch/torch/csrc/distributed/c10d/TCPStore.cpp:427",
+        *frames[:20],
+        "[n1] Traceback (most recent call last):",
+        '[n1]   File "run.py", line 1032, in <module>',
+        "[n1] torch.distributed.DistNetworkError: The server socket has failed to listen on any local network "
+        "address. port: 29540, useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use",
+        *frames[20:],
+        "[n2] ",
+        "[slurm] srun: error: n1: task 0: Exited with exit code 1",
+        "[slurm] srun: launch/slurm: _step_signal: Terminating StepId=1.4",
+        "[slurm] srun: error: n2: task 1: Terminated",
+        "[slurm] srun: Force Terminated StepId=1.4",
+    ]
+    parts = failure_summary(lines).split(" | ")
+    assert "EADDRINUSE" in parts[0] and parts[0].startswith("[n1] torch.distributed.DistNetworkError")
+    assert parts[1:3] == [
+        "[slurm] srun: error: n1: task 0: Exited with exit code 1",
+        "[slurm] srun: error: n2: task 1: Terminated",
+    ]
+    assert parts[-1] == "[slurm] srun: Force Terminated StepId=1.4" and not any("frame #" in p for p in parts)
+    assert failure_summary(["x" * 1000]) == "x" * 299 + "…" and failure_summary([" ", ""]) == ""
