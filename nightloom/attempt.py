@@ -30,7 +30,8 @@ TAIL_LINES = 60
 
 _SECRETISH = re.compile(r"(?i)(secret|password|token|key)=\S+")
 _SIGNAL = re.compile(r"Signal \d+ \(\w+\) received by PID \d+|exitcode\s*:\s*-?\d+ \(pid: \d+\)")
-_ERROR = re.compile(r"\b\w*(Error|Exception)\b: \S")
+#: a Python exception's message line ("torch.distributed.DistNetworkError: ...", "[n1] ValueError: ...")
+EXCEPTION_LINE = re.compile(r"\b\w*(Error|Exception)\b: \S")
 
 Action = Literal["go", "kill", "stop"]
 
@@ -43,7 +44,7 @@ def scrub(line: str) -> str:
 def cause_line(tail: list[str], first_failed: str | None) -> str:
     """The most telling line: a signal/exit code of the first node to fail, else the last `XError: ...`."""
     mine = [t for t in tail if first_failed and t.startswith(f"[{first_failed}]")]
-    for pool, pattern in ((mine, _SIGNAL), (mine, _ERROR), (tail, _ERROR), (tail, _SIGNAL)):
+    for pool, pattern in ((mine, _SIGNAL), (mine, EXCEPTION_LINE), (tail, EXCEPTION_LINE), (tail, _SIGNAL)):
         hit = next((t for t in reversed(pool) if pattern.search(t)), None)
         if hit:
             return hit.strip()

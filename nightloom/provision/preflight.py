@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
+from nightloom.attempt import EXCEPTION_LINE
 from nightloom.provision.base import (
     Check,
     Cluster,
@@ -178,10 +179,7 @@ def parse_allreduce(lines: list[str]) -> dict | None:
     return None
 
 
-# A line that says why a process failed: a Python exception's last line ("torch.distributed.DistNetworkError: ...",
-# "RuntimeError: ...") or a launcher's "error:" line, after an optional "[node] " prefix; never a C++ stack frame.
-_CAUSE = re.compile(r"^(\[[^\]]*\]\s*)*([\w.]*(Error|Exception)\b.*:|.*\berror:)")
-_FRAME = re.compile(r"^(\[[^\]]*\]\s*)*(frame #\d+|Exception raised from)")
+_LAUNCHER_ERROR = re.compile(r"\berror: ")  # srun's / torchrun's own "error:" lines
 
 
 def failure_summary(lines: list[str], causes: int = 3, tail: int = 3, width: int = 300) -> str:
@@ -189,7 +187,7 @@ def failure_summary(lines: list[str], causes: int = 3, tail: int = 3, width: int
     trace must not push out another node's one-line cause (a fresh-clone CI failure showed only n2's frames while
     n1 had said EADDRINUSE)."""
     text = [x.strip() for x in lines if x.strip()]
-    picked = [x for x in text if _CAUSE.match(x) and not _FRAME.match(x)][:causes]
+    picked = [x for x in text if EXCEPTION_LINE.search(x) or _LAUNCHER_ERROR.search(x)][:causes]
     picked += [x for x in text[-tail:] if x not in picked]
     return " | ".join(x if len(x) <= width else x[: width - 1] + "…" for x in picked)
 
