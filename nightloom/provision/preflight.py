@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-from nightloom.attempt import EXCEPTION_LINE
+from nightloom.attempt import EXCEPTION_LINE, scrub
 from nightloom.provision.base import (
     Check,
     Cluster,
@@ -185,8 +185,8 @@ _LAUNCHER_ERROR = re.compile(r"\berror: ")  # srun's / torchrun's own "error:" l
 def failure_summary(lines: list[str], causes: int = 3, tail: int = 3, width: int = 300) -> str:
     """The first lines that say why (an exception, a launcher's `error:`), then the last lines: one node's C++ stack
     trace must not push out another node's one-line cause (a fresh-clone CI failure showed only n2's frames while
-    n1 had said EADDRINUSE)."""
-    text = [x.strip() for x in lines if x.strip()]
+    n1 had said EADDRINUSE). Secret-looking `name=value`s are masked, as in the attempt monitor's lines."""
+    text = [scrub(x.strip()) for x in lines if x.strip()]
     picked = [x for x in text if EXCEPTION_LINE.search(x) or _LAUNCHER_ERROR.search(x)][:causes]
     picked += [x for x in text[-tail:] if x not in picked]
     return " | ".join(x if len(x) <= width else x[: width - 1] + "…" for x in picked)

@@ -186,3 +186,5 @@ def test_a_failed_all_reduce_names_the_cause_before_another_nodes_stack_trace():
     ]
     assert parts[-1] == "[slurm] srun: Force Terminated StepId=1.4" and not any("frame #" in p for p in parts)
     assert failure_summary(["x" * 1000]) == "x" * 299 + "…" and failure_summary([" ", ""]) == ""
+    leaked = failure_summary(["[n1] RuntimeError: bad rendezvous token=s3cr3t-abc", "HF_TOKEN=hf_xyz exited 1"])
+    assert "s3cr3t" not in leaked and "hf_xyz" not in leaked and "token=***" in leaked
