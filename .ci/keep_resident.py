@@ -41,27 +41,46 @@ def hold(fd: int, size: int) -> bool:
     return addr not in (None, MAP_FAILED)
 
 
+def paths_under(dirs: list[str]) -> list[str]:
+    """Every wanted file under `dirs`, at most MAX_MAPS."""
+    found = [os.path.join(root, name) for top in dirs for root, _, files in os.walk(top) for name in files]
+    return [p for p in found if wanted(os.path.basename(p))][:MAX_MAPS]
+
+
+def advise(paths: list[str]) -> None:
+    """Ask for every file's pages at once (POSIX_FADV_WILLNEED starts readahead and returns), so the disk sees a
+    deep queue of reads instead of one small file's worth at a time while each mapping faults in."""
+    for path in paths:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+
 def main(dirs: list[str]) -> int:
     held = total = 0
     t0 = time.monotonic()
-    for top in dirs:
-        for root, _, files in os.walk(top):
-            for name in files:
-                if held >= MAX_MAPS or not wanted(name):
-                    continue
-                path = os.path.join(root, name)
-                try:
-                    fd = os.open(path, os.O_RDONLY)
-                except OSError:
-                    continue
-                try:
-                    size = os.fstat(fd).st_size
-                    if size and hold(fd, size):
-                        held, total = held + 1, total + size
-                except OSError:
-                    pass
-                finally:
-                    os.close(fd)
+    paths = paths_under(dirs)
+    advise(paths)
+    for path in paths:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            size = os.fstat(fd).st_size
+            if size and hold(fd, size):
+                held, total = held + 1, total + size
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
     print(
         f"[keep_resident] holding {held} files, {total / 2**20:.0f} MiB, mapped in {time.monotonic() - t0:.1f} s",
         flush=True,
