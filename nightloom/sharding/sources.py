@@ -372,15 +372,17 @@ def read_columnar(
 
 def read_text_file(path: Path, key_field: str | None) -> Iterator[Item]:
     """One document per file; `where` is 1."""
-    data = path.read_bytes()
-    err = _utf8_error(data)
-    if err:
-        yield 1, None, None, err, NO_EXTRAS
+    with open(path, "rb", buffering=0) as f:  # one read, sized by fstat
+        data = f.readall()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        yield 1, None, None, _utf8_error(data), NO_EXTRAS
         return
     if key_field is not None:
         yield 1, None, None, f"key field {key_field!r} does not exist in a text file (use the text as key)", NO_EXTRAS
         return
-    yield 1, data.decode("utf-8"), None, None, NO_EXTRAS
+    yield 1, text, None, None, NO_EXTRAS
 
 
 def check_keep_columns(keep: list[str] | tuple[str, ...], sources: list[SourceRef]) -> None:

@@ -426,11 +426,19 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
-def xxh3_file(path: Path, chunk: int = 1 << 22) -> str:
+def xxh3_file(path: Path | str, chunk: int = 1 << 22) -> str:
+    """xxh3-128 of a file's bytes, read with plain os calls in reads of at most `chunk` (a small file: one read of
+    its size; `read(chunk)` would allocate the whole chunk for it, which cost more than the hash on a folder of
+    small files)."""
     import xxhash
 
     h = xxhash.xxh3_128()
-    with open(path, "rb", buffering=0) as f:
-        while b := f.read(chunk):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        want = min(chunk, os.fstat(fd).st_size + 1)
+        while b := os.read(fd, want):
             h.update(b)
+            want = chunk
+    finally:
+        os.close(fd)
     return h.hexdigest()
