@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -141,3 +142,43 @@ def test_unit_bounds(tmp_path):
     units = job_module.plan_units([ref(i, s) for i, s in enumerate(sizes)])
     assert units == [[0, 1], [2], [3], [4, 5]]  # a big file alone; never past UNIT_BYTES; order kept
     assert [i for u in units for i in u] == list(range(len(sizes)))
+
+
+def test_fingerprints_are_cached_per_folder_and_a_rewritten_file_is_seen(tmp_path, monkeypatch):
+    """Re-planning an unchanged folder reads no file to fingerprint it; a file rewritten in place with its old
+    size and mtime (its ctime moves) and a file changed just before the cache was written are hashed again."""
+    from nightloom.sharding import storage
+
+    monkeypatch.setenv("NIGHTLOOM_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(job_module, "RACY_S", 0.0)
+    src, _ = _folder(tmp_path)
+    hashed: list[str] = []
+    real = storage.xxh3_file
+    monkeypatch.setattr(storage, "xxh3_file", lambda p, *a: hashed.append(str(p)) or real(p, *a))
+
+    def plan():
+        hashed.clear()
+        return plan_job(DatasetSpec(path=str(src), format="text"), ShardingSpec(output=str(tmp_path / "out")))
+
+    first = plan()
+    assert len(hashed) == len(first.sources) > 40
+    again = plan()
+    assert hashed == [] and again.settings_hash == first.settings_hash
+    target = src / "pkg1" / "mod1.txt"
+    st = target.stat()
+    body = target.read_bytes()
+    target.write_bytes(bytes([body[0] ^ 1]) + body[1:])  # same size, then the old mtime back
+    os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns))
+    changed = plan()
+    assert hashed == [str(target)] and changed.settings_hash != first.settings_hash
+    # a corrupt cache file is ignored (everything hashed again), never an error
+    cache_files = list((tmp_path / "cache" / "fingerprints").iterdir())
+    assert len(cache_files) == 1
+    cache_files[0].write_text("{not json")
+    assert plan().settings_hash == changed.settings_hash and len(hashed) == len(first.sources)
+    # a file changed within RACY_S of the cache write is not cached: hashed again next time
+    monkeypatch.setattr(job_module, "RACY_S", 3600.0)
+    cache_files[0].unlink()
+    plan()
+    plan()
+    assert len(hashed) == len(first.sources)
