@@ -45,15 +45,14 @@ def account_files(job, scans, placement) -> tuple[list[SourceFile], FileCounts]:
         for f in s.files:
             per_file[f.source] = per_file[f.source].plus(f) if f.source in per_file else f
     dups = dict(placement.file_duplicates)
-    counts = FileCounts(files=len(job.sources) + len(job.ignored), ignored=len(job.ignored))
-    if job.ignored:
-        counts.examples["ignored"] = job.ignored[:EXAMPLES]
+    tally = dict.fromkeys(("read", "empty", "bad", "duplicate"), 0)  # plain counters: a pydantic setattr per file
+    examples: dict[str, list[str]] = {"ignored": job.ignored[:EXAMPLES]} if job.ignored else {}
     entries = []
     for i, src in enumerate(job.sources):
         f = per_file[i]
         status = file_status(f.docs, dups.get(i, 0), f.bad)
-        setattr(counts, status, getattr(counts, status) + 1)
-        shown = counts.examples.setdefault(status, []) if status != "read" else None
+        tally[status] += 1
+        shown = examples.setdefault(status, []) if status != "read" else None
         if shown is not None and len(shown) < EXAMPLES:
             fb: BadRecord | None = f.first_bad
             shown.append(f"{src.rel}:{fb.line}: {fb.reason}" if status == "bad" and fb else src.rel)
@@ -66,4 +65,5 @@ def account_files(job, scans, placement) -> tuple[list[SourceFile], FileCounts]:
                 documents=f.docs - dups.get(i, 0),
             )
         )
+    counts = FileCounts(files=len(job.sources) + len(job.ignored), ignored=len(job.ignored), examples=examples, **tally)
     return entries, counts

@@ -205,7 +205,10 @@ def fingerprint_all(dataset_path: str, sources: list[SourceRef], s3: S3Config | 
     if storage.is_s3(dataset_path):
         return [src.model_copy(update={"fingerprint": "etag:" + storage.head(src.uri, s3)[1]}) for src in sources]
     cache = FingerprintCache(dataset_path)
-    out = [src.model_copy(update={"fingerprint": cache.fingerprint(src)}) for src in sources]
+    # built anew, not model_copy(update=...): 3× cheaper, which shows on 20k files
+    out = [
+        SourceRef(rel=s.rel, uri=s.uri, size=s.size, format=s.format, fingerprint=cache.fingerprint(s)) for s in sources
+    ]
     cache.save({s.rel for s in sources})
     return out
 

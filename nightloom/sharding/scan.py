@@ -558,35 +558,42 @@ def _scan_records(
         buf.add(tb, kb, (xx64(kb + salt), xx3(kb, seed=DEDUP_SEED), nb, nb_all, 0), extras)
 
 
-def _scan_text(job: ShardJob, source: int, buf: _RecordBuffer, res: ScanResult) -> None:
-    """A local text file whose text is its own key: what the record path makes of it (one document, file:1 for a
-    bad one), without that path's per-record machinery, which a folder of 21k small source files spent most of
-    its scan in."""
-    src = job.sources[source]
-    with open(src.uri, "rb", buffering=0) as f:  # one read, sized by fstat
-        data = f.readall()
-    res.records += 1
-    scan = FileScan(source=source, records=1)
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        bad = BadRecord(file=src.rel, line=1, reason=_utf8_error(data) or "not UTF-8")
-        if job.sharding.on_error == "fail":
-            raise BadInputError(f"{src.uri}:1: {bad.reason}") from None
-        res.bad += 1
-        if len(res.bad_examples) < MAX_BAD_EXAMPLES:
-            res.bad_examples.append(bad)
-        scan.bad, scan.first_bad = 1, bad
-    else:
-        if not text or text.isspace():
-            res.empty += 1
-            scan.empty = 1
+def _plain_text(job: ShardJob, src: SourceRef) -> bool:
+    """A local text file whose text is its own key (`_scan_texts` reads it)."""
+    return src.format == "text" and job.sharding.key_field is None and not storage.is_s3(src.uri)
+
+
+def _scan_texts(job: ShardJob, sources: list[int], buf: _RecordBuffer, res: ScanResult) -> None:
+    """Local text files whose text is their own key: what the record path makes of them (one document per file,
+    file:1 for a bad one), without that path's per-record machinery (generators, Path and pydantic objects per
+    file), which a folder of 21k small source files spent most of its scan in."""
+    salt = job.sharding.salt.encode("utf-8")
+    fail = job.sharding.on_error == "fail"
+    xx64, xx3 = xxhash.xxh64_intdigest, xxhash.xxh3_64_intdigest
+    empty_all = bad_all = 0
+    for source in sources:
+        src = job.sources[source]
+        data = storage.read_whole(src.uri)
+        docs = empty = bad = 0
+        first_bad = None
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            first_bad = BadRecord(file=src.rel, line=1, reason=_utf8_error(data) or "not UTF-8")
+            if fail:
+                raise BadInputError(f"{src.uri}:1: {first_bad.reason}") from None
+            bad = 1
+            if len(res.bad_examples) < MAX_BAD_EXAMPLES:
+                res.bad_examples.append(first_bad)
         else:
-            salt = job.sharding.salt.encode("utf-8")
-            h1 = xxhash.xxh64_intdigest(data + salt)
-            buf.add(data, data, (h1, xxhash.xxh3_64_intdigest(data, seed=DEDUP_SEED), len(data), len(data), 0), ())
-            scan.docs = 1
-    res.files.append(scan)
+            if not text or text.isspace():
+                empty = 1
+            else:
+                buf.add(data, data, (xx64(data + salt), xx3(data, seed=DEDUP_SEED), len(data), len(data), 0), ())
+                docs = 1
+        empty_all, bad_all = empty_all + empty, bad_all + bad
+        res.files.append(FileScan(source=source, records=1, docs=docs, empty=empty, bad=bad, first_bad=first_bad))
+    res.records, res.empty, res.bad = res.records + len(sources), res.empty + empty_all, res.bad + bad_all
 
 
 def _scan_file(
@@ -601,8 +608,8 @@ def _scan_file(
     """Scan one input file (or the line-aligned byte `span` of it) into the unit's spill, adding its counts to `res`
     and its FileScan to `res.files`."""
     src = job.sources[source]
-    if src.format == "text" and job.sharding.key_field is None and not storage.is_s3(src.uri):
-        _scan_text(job, source, buf, res)
+    if _plain_text(job, src):
+        _scan_texts(job, [source], buf, res)
         return
     local = Path(src.uri)
     downloaded = None
@@ -682,8 +689,11 @@ def scan_unit(job: ShardJob, index: int) -> ScanResult:
     buf, res = _RecordBuffer(job, spill()), ScanResult(index=index)
     try:
         try:
-            for i in sources:
-                _scan_file(job, work, i, buf, res, _fast_path(job, job.sources[i]), span)
+            if all(_plain_text(job, job.sources[i]) for i in sources):  # a unit of a text folder: in one go
+                _scan_texts(job, sources, buf, res)
+            else:
+                for i in sources:
+                    _scan_file(job, work, i, buf, res, _fast_path(job, job.sources[i]), span)
         except _Fallback:
             buf.spill.abort()
             buf, res = _RecordBuffer(job, spill()), ScanResult(index=index)

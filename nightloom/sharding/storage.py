@@ -426,6 +426,22 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
+def read_whole(path: Path | str) -> bytes:
+    """A (small) local file's bytes with plain os calls: one read of its size (+1, to see it grew), no file object."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        data = os.read(fd, size + 1)
+        if len(data) > size:  # it grew since the fstat: read on to the end
+            parts = [data]
+            while b := os.read(fd, 1 << 20):
+                parts.append(b)
+            data = b"".join(parts)
+        return data
+    finally:
+        os.close(fd)
+
+
 def xxh3_file(path: Path | str, chunk: int = 1 << 22) -> str:
     """xxh3-128 of a file's bytes, read with plain os calls in reads of at most `chunk` (a small file: one read of
     its size; `read(chunk)` would allocate the whole chunk for it, which cost more than the hash on a folder of
