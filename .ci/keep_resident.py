@@ -47,16 +47,15 @@ def paths_under(dirs: list[str]) -> list[str]:
     return [p for p in found if wanted(os.path.basename(p))][:MAX_MAPS]
 
 
-def advise(paths: list[str]) -> None:
-    """Ask for every file's pages at once (POSIX_FADV_WILLNEED starts readahead and returns), so the disk sees a
-    deep queue of reads instead of one small file's worth at a time while each mapping faults in."""
+def each_fd(paths: list[str], fn) -> None:
+    """fn(fd) for every file that opens read-only; a file that vanished or cannot be read is skipped."""
     for path in paths:
         try:
             fd = os.open(path, os.O_RDONLY)
         except OSError:
             continue
         try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+            fn(fd)
         except OSError:
             pass
         finally:
@@ -64,25 +63,21 @@ def advise(paths: list[str]) -> None:
 
 
 def main(dirs: list[str]) -> int:
-    held = total = 0
+    held = [0, 0]  # files, bytes
     t0 = time.monotonic()
     paths = paths_under(dirs)
-    advise(paths)
-    for path in paths:
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except OSError:
-            continue
-        try:
-            size = os.fstat(fd).st_size
-            if size and hold(fd, size):
-                held, total = held + 1, total + size
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
+    # ask for every file's pages at once (POSIX_FADV_WILLNEED starts readahead and returns), so the disk sees a
+    # deep queue of reads instead of one small file's worth at a time while each mapping faults in
+    each_fd(paths, lambda fd: os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED))
+
+    def keep(fd: int) -> None:
+        size = os.fstat(fd).st_size
+        if size and hold(fd, size):
+            held[0], held[1] = held[0] + 1, held[1] + size
+
+    each_fd(paths, keep)
     print(
-        f"[keep_resident] holding {held} files, {total / 2**20:.0f} MiB, mapped in {time.monotonic() - t0:.1f} s",
+        f"[keep_resident] holding {held[0]} files, {held[1] / 2**20:.0f} MiB, mapped in {time.monotonic() - t0:.1f} s",
         flush=True,
     )
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
