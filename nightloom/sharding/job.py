@@ -192,6 +192,8 @@ class FingerprintCache:
             return
         newest = (time.time() - RACY_S) * 1e9
         files = {r: e for r, e in self.entries.items() if r in keep and max(e[1], e[2]) < newest}
+        if not files and not self.path.exists():
+            return  # nothing to keep (all new files): no cache file for every freshly written folder
         try:
             storage.write_bytes(
                 str(self.path), orjson.dumps({"version": self.VERSION, "root": self.root, "files": files})
