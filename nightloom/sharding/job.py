@@ -204,8 +204,11 @@ class FingerprintCache:
 
 def fingerprint_all(dataset_path: str, sources: list[SourceRef], s3: S3Config | None = None) -> list[SourceRef]:
     """Every source with its fingerprint: an S3 object's ETag; a local file's content hash (FingerprintCache)."""
-    if storage.is_s3(dataset_path):
-        return [src.model_copy(update={"fingerprint": "etag:" + storage.head(src.uri, s3)[1]}) for src in sources]
+    if storage.is_s3(dataset_path):  # a folder's listing already carried them; a single object is asked for
+        return [
+            src if src.fingerprint else src.model_copy(update={"fingerprint": "etag:" + storage.head(src.uri, s3)[1]})
+            for src in sources
+        ]
     cache = FingerprintCache(dataset_path)
     # built anew, not model_copy(update=...): 3× cheaper, which shows on 20k files
     out = [

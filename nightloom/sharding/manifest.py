@@ -58,7 +58,7 @@ class SourceFile(BaseModel):
     model_config = ConfigDict(extra="forbid")
     path: str
     size: int
-    fingerprint: str  # sha256 of content, or ETag for S3
+    fingerprint: str  # "xxh3-128:<hex>" of a local file's bytes, or "etag:<ETag>" of an S3 object
     status: str = "read"  # read | empty | bad | duplicate (nightloom.sharding.accounting)
     documents: int | None = None  # documents of this file in the shards (None: manifest before schema 2)
 

@@ -155,14 +155,20 @@ def list_inputs(path: str, forced: str = "auto", s3: storage.S3Config | None = N
     if forced == "hf":
         raise BadInputError(f"{path}: not a Hugging Face save_to_disk folder (no state.json or dataset_dict.json)")
     out, ignored = [], []
-    for rel, size in storage.list_files(path, s3) if is_remote else storage.list_files(str(path)):
+    # an S3 listing carries each object's ETag, its fingerprint: no HEAD request per object later
+    listed = (
+        [(o.name, o.size, "etag:" + o.etag if o.etag else "") for o in storage.list_objects(path, s3, markers=True)]
+        if is_remote
+        else [(rel, size, "") for rel, size in storage.list_files(str(path))]
+    )
+    for rel, size, fp in listed:
         if ignored_by_name(rel):
             ignored.append(rel)
             continue
         fmt = detect_format(rel, forced)
         if fmt is None:
             raise BadInputError(f"{storage.join(path, rel)}: unknown input format; set dataset.format or remove it")
-        out.append(SourceRef(rel=rel, uri=storage.join(path, rel), size=size, format=fmt))
+        out.append(SourceRef(rel=rel, uri=storage.join(path, rel), size=size, format=fmt, fingerprint=fp))
     if not out:
         shown = f" (ignored by name: {', '.join(ignored[:IGNORED_EXAMPLES])})" if ignored else ""
         raise BadInputError(f"{path}: folder holds no input files{shown}")

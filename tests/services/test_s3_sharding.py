@@ -20,7 +20,7 @@ from tests.support.sharding import make_docs, small_bpe, write_jsonl, write_parq
 pytestmark = pytest.mark.services
 
 
-def test_s3_round_trip_matches_local_and_reruns_free(s3_endpoint, tmp_path):
+def test_s3_round_trip_matches_local_and_reruns_free(s3_endpoint, tmp_path, monkeypatch):
     url, bucket = s3_endpoint
     docs = make_docs(2000, seed=11, dup_every=10)
     local_in = tmp_path / "in"
@@ -38,8 +38,18 @@ def test_s3_round_trip_matches_local_and_reruns_free(s3_endpoint, tmp_path):
     m_local = shard_dataset(DatasetSpec(path=str(local_in)), ShardingSpec(output=str(tmp_path / "out"), **sharding))
     assert [s.sha256 for s in m_s3.shards] == [s.sha256 for s in m_local.shards]
     assert m_s3.dedup_dropped == m_local.dedup_dropped > 0
-    assert all(s.fingerprint.startswith("etag:") for s in m_s3.sources)
     s3 = st.S3Config(endpoint_url=url)
+    # each source's fingerprint is its object's ETag, taken from the listing (no HEAD request per object)
+    heads = {s.path: "etag:" + st.head(f"{prefix}/in/{s.path}", s3)[1] for s in m_s3.sources}
+    assert {s.path: s.fingerprint for s in m_s3.sources} == heads and len(heads) == 3
+    asked: list[str] = []
+    real_head = st.head
+    monkeypatch.setattr(st, "head", lambda uri, *a, **k: asked.append(uri) or real_head(uri, *a, **k))
+    from nightloom.sharding import plan_job
+
+    planned = plan_job(DatasetSpec(path=f"{prefix}/in"), ShardingSpec(output=f"{prefix}/out", **sharding), storage)
+    assert asked == [] and planned.settings_hash == m_s3.settings_hash
+    monkeypatch.undo()
     assert load_manifest(f"{prefix}/out", s3) == m_s3
     assert read_shard(f"{prefix}/out", 2, s3=s3).num_rows == m_s3.shards[2].rows
     names = sorted(n for n, _ in st.list_files(f"{prefix}/out", s3))
