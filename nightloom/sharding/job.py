@@ -169,7 +169,7 @@ class FingerprintCache:
         self.root, self.entries, self.changed = resolved, {}, False
         try:
             doc = orjson.loads(self.path.read_bytes())
-            if doc.get("version") == self.VERSION and doc.get("root") == resolved:
+            if doc.get("version") == self.VERSION and doc.get("root") == resolved and isinstance(doc["files"], dict):
                 self.entries = doc["files"]
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             pass  # no cache, or one this version cannot read: hash again

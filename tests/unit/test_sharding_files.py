@@ -174,8 +174,9 @@ def test_fingerprints_are_cached_per_folder_and_a_rewritten_file_is_seen(tmp_pat
     # a corrupt cache file is ignored (everything hashed again), never an error
     cache_files = list((tmp_path / "cache" / "fingerprints").iterdir())
     assert len(cache_files) == 1
-    cache_files[0].write_text("{not json")
-    assert plan().settings_hash == changed.settings_hash and len(hashed) == len(first.sources)
+    for junk in ("{not json", "[1, 2]", '{"version": 1, "root": "%s", "files": [1]}' % src.resolve()):
+        cache_files[0].write_text(junk)
+        assert plan().settings_hash == changed.settings_hash and len(hashed) == len(first.sources)
     # a file changed within RACY_S of the cache write is not cached: hashed again next time
     monkeypatch.setattr(job_module, "RACY_S", 3600.0)
     cache_files[0].unlink()
