@@ -579,7 +579,7 @@ def _scan_texts(job: ShardJob, sources: list[int], buf: _RecordBuffer, res: Scan
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError:
-            first_bad = BadRecord(file=src.rel, line=1, reason=_utf8_error(data) or "not UTF-8")
+            first_bad = BadRecord(file=src.rel, line=1, reason=_utf8_error(data))
             if fail:
                 raise BadInputError(f"{src.uri}:1: {first_bad.reason}") from None
             bad = 1

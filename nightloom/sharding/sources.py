@@ -378,8 +378,7 @@ def read_columnar(
 
 def read_text_file(path: Path, key_field: str | None) -> Iterator[Item]:
     """One document per file; `where` is 1."""
-    with open(path, "rb", buffering=0) as f:  # one read, sized by fstat
-        data = f.readall()
+    data = storage.read_whole(path)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
