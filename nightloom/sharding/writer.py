@@ -9,6 +9,7 @@ upload (S3), token files first, the Parquet shard last, then the marker: a shard
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +18,7 @@ import pyarrow.parquet as pq
 
 from nightloom.sharding import storage
 from nightloom.sharding.arrays import DEST_DTYPE, ArrayReader
+from nightloom.sharding.directio import DirectWriter
 from nightloom.sharding.errors import ShardingError
 from nightloom.sharding.job import ShardJob
 from nightloom.sharding.manifest import ShardInfo, TokenFiles
@@ -188,6 +190,7 @@ def write_shard(job: ShardJob, scans: list[ScanResult], index: int) -> ShardInfo
     pending: list[pa.Table] = []  # rows taken for this shard, not yet written
     pending_nb: list[np.ndarray] = []
     pending_rows = pending_bytes = 0
+    sink = DirectWriter(tmp, digest=hashlib.sha256())  # hashed as written: never read back
     writer = None
 
     def emit(final: bool) -> None:
@@ -199,7 +202,7 @@ def write_shard(job: ShardJob, scans: list[ScanResult], index: int) -> ShardInfo
             if not k:
                 break
             if writer is None:
-                writer = pq.ParquetWriter(str(tmp), out_schema, **parquet_options(job.sharding.compression))
+                writer = pq.ParquetWriter(sink, out_schema, **parquet_options(job.sharding.compression))
             writer.write_table(buf.slice(0, k).combine_chunks(), row_group_size=k)
             buf, nb = buf.slice(k), nb[k:]
         pending[:], pending_nb[:] = ([buf], [nb]) if len(nb) else ([], [])
@@ -228,10 +231,11 @@ def write_shard(job: ShardJob, scans: list[ScanResult], index: int) -> ShardInfo
         if pending:
             emit(final=True)
         if writer is None:  # an empty shard is still a valid Parquet file with the schema
-            writer = pq.ParquetWriter(str(tmp), out_schema, **parquet_options(job.sharding.compression))
+            writer = pq.ParquetWriter(sink, out_schema, **parquet_options(job.sharding.compression))
         writer.close()
         writer = None
-        digest = storage.sha256_file(tmp)
+        sink.close()
+        digest = sink.digest.hexdigest()
         counts = tokens_out.finish(idx_tmp)
         if counts.documents != rows or counts.tokens != tokens + rows:
             raise ShardingError(
@@ -246,6 +250,7 @@ def write_shard(job: ShardJob, scans: list[ScanResult], index: int) -> ShardInfo
     finally:
         if writer is not None:
             writer.close()
+        sink.abort()  # closes the file if still open and removes the temp path (gone already once published)
         tokens_out.abort()
         for t in (tmp, bin_tmp, idx_tmp):
             t.unlink(missing_ok=True)

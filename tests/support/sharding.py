@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import gzip
 import json
+import mmap
+import os
 import random
 from pathlib import Path
 
@@ -74,3 +76,22 @@ def small_bpe(folder: Path, vocab: int = 350):
     tok.save(str(folder / "tokenizer.json"))
     (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|endoftext|>"}))
     return TokenizerSpec(path=str(folder))
+
+
+def takes_o_direct(folder: Path) -> bool:
+    """Whether files in `folder` can be written with O_DIRECT (ext4, xfs: yes; some FUSE mounts: no)."""
+    if not hasattr(os, "O_DIRECT"):
+        return False
+    probe = folder / ".o_direct_probe"
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_DIRECT, 0o644)
+    except OSError:
+        return False
+    try:
+        os.write(fd, mmap.mmap(-1, 4096))
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+        probe.unlink()

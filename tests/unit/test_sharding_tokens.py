@@ -8,15 +8,17 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import xxhash
 
 from flows.cli import main
 from nightloom.sharding import load_manifest, shard_dataset, summarize
-from nightloom.sharding.tokens import TokenFileWriter, token_dtype
+from nightloom.sharding.tokens import TokenFileWriter, token_dtype, with_eos
 from nightloom.spec import DatasetSpec, ShardingSpec, TokenizerSpec
 from nightloom.tokenizer import TokenizerError, load_tokenizer
-from tests.support.sharding import make_docs, write_jsonl, write_parquet
+from tests.support.sharding import make_docs, takes_o_direct, write_jsonl, write_parquet
 
 indexed = pytest.importorskip("megatron.core.datasets.indexed_dataset")
 EXTRA = ["数据 模型", "🌙 naïve café", "Straße  \t tabs", "<|endoftext|> inside a document"]
@@ -197,39 +199,27 @@ def test_bytes_texts_give_the_files_megatron_builds_from_their_utf8_bytes(tmp_pa
     assert counts.documents == len(docs) and counts.tokens == sum(len(d.encode()) + 1 for d in docs)
 
 
-def test_a_long_token_file_is_handed_to_the_disk_as_it_is_written(tmp_path, monkeypatch):
-    """Write-behind: every step of a .bin is asked to be written back (and the step before it dropped from the
-    page cache) while later ones are made, so no range is left for fdatasync alone, and the file's bytes are the
-    same as without it."""
-    import os
-
-    from nightloom.sharding import writeback
-
-    calls: list[tuple[int, int]] = []
-    real = os.posix_fadvise
-
-    def spy(fd, offset, length, advice):
-        assert advice == os.POSIX_FADV_DONTNEED
-        calls.append((offset, offset + length))
-        real(fd, offset, length, advice)
-
-    monkeypatch.setattr(writeback, "WRITE_BEHIND_BYTES", 1 << 20)
-    monkeypatch.setattr(os, "posix_fadvise", spy)
+def test_a_long_token_file_goes_past_the_page_cache_with_the_same_bytes(tmp_path):
+    """A .bin many write buffers long is written with O_DIRECT where the file system takes it (documents crossing
+    buffer ends, a tail that is not a whole block), and holds exactly the ids and EOS a buffered write would."""
     rng = np.random.default_rng(5)
     lengths = rng.integers(1, 40_000, size=300)
     ids = rng.integers(0, 50_000, size=int(lengths.sum()))
+    texts = pa.array(["".join(map(chr, rng.integers(32, 0x2FF, size=int(n) // 40 + 1))) for n in lengths])
     w = TokenFileWriter(tmp_path / "a.bin", tmp_path / "lengths.bin", "uint16", eos_id=7)
+    direct = w._bin.direct
     for part in np.array_split(np.arange(len(lengths)), 30):
         start = int(lengths[: part[0]].sum()) if len(part) else 0
         w.add(lengths[part], ids[start : start + int(lengths[part].sum())])
+    w.add_texts(texts)
     counts = w.finish(tmp_path / "a.idx")
-    size = (tmp_path / "a.bin").stat().st_size
-    assert size == counts.tokens * 2 > 8 << 20
-    # contiguous, overlapping by one step (writeback asked, then the same range dropped a step later), covering
-    # all but the last step before finish
-    assert calls and calls[0][0] == 0
-    assert all(b[0] < a[1] <= b[1] for a, b in zip(calls, calls[1:]))
-    assert size - calls[-1][1] < 2 * (1 << 20) + int(lengths.max() + 1) * 2 * 10
-    ends = np.cumsum(lengths + 1)
-    stream = np.fromfile(tmp_path / "a.bin", dtype="<u2")
-    assert (stream[ends - 1] == 7).all() and len(stream) == ends[-1]
+    raw = [t.encode() for t in texts.to_pylist()]
+    want = np.concatenate(
+        [with_eos(lengths, ids, 7, np.dtype("<u2"))] + [np.append(np.frombuffer(r, dtype=np.uint8), 7) for r in raw]
+    ).astype("<u2")
+    got = np.fromfile(tmp_path / "a.bin", dtype="<u2")
+    assert len(got) * 2 > 8 << 20  # more than one write buffer
+    assert np.array_equal(got, want) and counts.tokens == len(want)
+    assert counts.documents == len(lengths) + len(raw)
+    assert counts.bin_hash == "xxh3-128:" + xxhash.xxh3_128(want.tobytes()).hexdigest()
+    assert direct or not takes_o_direct(tmp_path)

@@ -1,0 +1,85 @@
+"""DirectWriter: write-once files past the page cache, byte for byte what was given, whatever the file system."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+
+import numpy as np
+import pytest
+
+from nightloom.sharding import directio
+from nightloom.sharding.directio import ALIGN, DirectWriter
+from tests.support.sharding import takes_o_direct
+
+
+def _pieces(seed: int, total: int) -> list[bytes]:
+    rng = np.random.default_rng(seed)
+    out, n = [], 0
+    while n < total:
+        k = int(rng.choice([1, 7, ALIGN - 1, ALIGN, 3 * ALIGN + 5, 20_000]))
+        out.append(rng.integers(0, 256, size=k, dtype=np.uint8).tobytes())
+        n += k
+    return out
+
+
+@pytest.mark.parametrize("tail", [0, 1, ALIGN - 1])
+def test_written_bytes_and_hash_equal_what_was_given_across_buffer_ends(tmp_path, tail):
+    pieces = _pieces(1, 5 * 2 * ALIGN) + [b"x" * tail]
+    path = tmp_path / "f.bin"
+    with DirectWriter(path, buffer_bytes=2 * ALIGN, digest=hashlib.sha256()) as w:
+        for p in pieces:
+            assert w.write(p) == len(p)
+        mid = w.reserve(3)  # filled in place: the path the token writer casts into
+        mid[:] = b"abc"
+        w.commit(3)
+    data = b"".join(pieces) + b"abc"
+    assert path.read_bytes() == data  # the padding of the last block is cut off
+    assert w.size == len(data) and w.digest.hexdigest() == hashlib.sha256(data).hexdigest()
+    assert w.direct or not takes_o_direct(tmp_path)
+
+
+def test_a_file_system_that_refuses_o_direct_on_write_gets_buffered_writes(tmp_path, monkeypatch):
+    real = os.write
+    refused = []
+
+    def refuse_direct(fd, data):
+        if os.O_DIRECT & __import__("fcntl").fcntl(fd, __import__("fcntl").F_GETFL):
+            refused.append(fd)
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real(fd, data)
+
+    monkeypatch.setattr(directio.os, "write", refuse_direct)
+    pieces = _pieces(2, 6 * ALIGN)
+    with DirectWriter(tmp_path / "f.bin", buffer_bytes=ALIGN) as w:
+        for p in pieces:
+            w.write(p)
+    assert (tmp_path / "f.bin").read_bytes() == b"".join(pieces)
+    assert not w.direct and (refused or not takes_o_direct(tmp_path))
+
+
+def test_an_error_removes_the_file_and_buffers_are_reused(tmp_path, monkeypatch):
+    monkeypatch.setattr(directio, "_POOL", directio._BufferPool())
+    with pytest.raises(RuntimeError), DirectWriter(tmp_path / "f.bin", buffer_bytes=ALIGN) as w:
+        w.write(b"y" * (3 * ALIGN))
+        raise RuntimeError("stop")
+    assert not (tmp_path / "f.bin").exists() and w.closed
+    kept = {id(b) for b in w._bufs}
+    with DirectWriter(tmp_path / "g.bin", buffer_bytes=ALIGN) as again:
+        again.write(b"z")
+    assert kept & {id(b) for b in again._bufs}  # from the pool, not new maps
+    assert (tmp_path / "g.bin").read_bytes() == b"z"
+
+
+def test_a_write_error_surfaces_and_nothing_is_left(tmp_path, monkeypatch):
+    def full(fd, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(directio.os, "write", full)
+    w = DirectWriter(tmp_path / "f.bin", buffer_bytes=ALIGN)
+    with pytest.raises(OSError, match="No space"):
+        w.write(b"a" * (4 * ALIGN))
+        w.close()
+    w.abort()
+    assert not (tmp_path / "f.bin").exists()
