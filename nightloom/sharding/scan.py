@@ -573,7 +573,7 @@ def _scan_texts(job: ShardJob, sources: list[int], buf: _RecordBuffer, res: Scan
     empty_all = bad_all = 0
     for source in sources:
         src = job.sources[source]
-        data = storage.read_whole(src.uri)
+        data = storage.read_whole(src.uri, src.size)
         docs = empty = bad = 0
         first_bad = None
         try:

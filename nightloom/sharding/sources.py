@@ -46,9 +46,10 @@ IGNORED_EXAMPLES = 10
 
 def ignored_by_name(rel: str) -> bool:
     """A hidden file (any path part starting with "."; our work folder is one) or a known writer's marker file."""
-    parts = rel.split("/")
-    name = parts[-1]
-    return any(p.startswith(".") for p in parts) or name in MARKER_NAMES or name.startswith(MARKER_PREFIXES)
+    if rel.startswith(".") or "/." in rel:
+        return True
+    name = rel.rpartition("/")[2]
+    return name in MARKER_NAMES or name.startswith(MARKER_PREFIXES)
 
 
 class InputListing(BaseModel):

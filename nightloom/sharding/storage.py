@@ -426,13 +426,15 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
-def read_whole(path: Path | str) -> bytes:
-    """A (small) local file's bytes with plain os calls: one read of its size (+1, to see it grew), no file object."""
+def read_whole(path: Path | str, size: int | None = None) -> bytes:
+    """A (small) local file's bytes with plain os calls: one read of its size (+1, to see it grew), no file object.
+    `size`: what a listing just said (saves the fstat); the bytes returned are the file's whatever its size now."""
     fd = os.open(path, os.O_RDONLY)
     try:
-        size = os.fstat(fd).st_size
+        if size is None:
+            size = os.fstat(fd).st_size
         data = os.read(fd, size + 1)
-        if len(data) > size:  # it grew since the fstat: read on to the end
+        if len(data) > size:  # it grew since it was sized: read on to the end
             parts = [data]
             while b := os.read(fd, 1 << 20):
                 parts.append(b)
