@@ -79,7 +79,7 @@ class DirectWriter:
         self.size = 0  # bytes accepted so far
         self._io = ThreadPoolExecutor(1, thread_name_prefix="nightloom-direct-write")
         self._pending: Future | None = None
-        self.closed = False
+        self.closed = self.aborted = False
 
     def _put(self, view: memoryview) -> None:
         """Write `view` at the file's end: O_DIRECT unless the file system refuses it (EINVAL), then buffered."""
@@ -105,6 +105,10 @@ class DirectWriter:
 
     def write(self, data) -> int:
         mv = memoryview(data).cast("B")
+        if self.aborted:  # what a buffered stream in front of this one flushes as it is torn down: the file is gone
+            return len(mv)
+        if self.closed:
+            raise ValueError(f"{self.path}: write after close")
         if self.digest is not None:
             self.digest.update(mv)
         total = len(mv)
@@ -154,7 +158,8 @@ class DirectWriter:
             self._release()
 
     def abort(self) -> None:
-        """Stop, close and remove the file (nothing written is kept)."""
+        """Stop, close and remove the file (nothing written is kept; later writes are dropped)."""
+        self.aborted = True
         if not self.closed:
             try:
                 self._wait()

@@ -418,14 +418,6 @@ def delete_tree(uri: str, s3: S3Config | None = None) -> None:
         _s3_call(uri, "delete", lambda k=keys: client.delete_objects(Bucket=loc.bucket, Delete={"Objects": k}), s3)
 
 
-def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while b := f.read(chunk):
-            h.update(b)
-    return h.hexdigest()
-
-
 def read_whole(path: Path | str, size: int | None = None) -> bytes:
     """A (small) local file's bytes with plain os calls: one read of its size (+1, to see it grew), no file object.
     `size`: what a listing just said (saves the fstat); the bytes returned are the file's whatever its size now."""

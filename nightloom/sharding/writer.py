@@ -30,6 +30,7 @@ from nightloom.sharding.writeback import durable_and_uncached
 
 ROW_GROUP_BYTES = 16 * 1024 * 1024
 ROW_GROUP_ROWS = 65_536
+SINK_BUFFER = 1 << 20
 
 
 def parquet_options(compression: str) -> dict:
@@ -191,6 +192,8 @@ def write_shard(job: ShardJob, scans: list[ScanResult], index: int) -> ShardInfo
     pending_nb: list[np.ndarray] = []
     pending_rows = pending_bytes = 0
     sink = DirectWriter(tmp, digest=hashlib.sha256())  # hashed as written: never read back
+    # Arrow gathers the Parquet writer's many small writes (page headers) into 1 MiB ones before they reach Python
+    stream = pa.BufferedOutputStream(pa.PythonFile(sink, mode="w"), SINK_BUFFER)
     writer = None
 
     def emit(final: bool) -> None:
@@ -202,7 +205,7 @@ def write_shard(job: ShardJob, scans: list[ScanResult], index: int) -> ShardInfo
             if not k:
                 break
             if writer is None:
-                writer = pq.ParquetWriter(sink, out_schema, **parquet_options(job.sharding.compression))
+                writer = pq.ParquetWriter(stream, out_schema, **parquet_options(job.sharding.compression))
             writer.write_table(buf.slice(0, k).combine_chunks(), row_group_size=k)
             buf, nb = buf.slice(k), nb[k:]
         pending[:], pending_nb[:] = ([buf], [nb]) if len(nb) else ([], [])
@@ -231,9 +234,10 @@ def write_shard(job: ShardJob, scans: list[ScanResult], index: int) -> ShardInfo
         if pending:
             emit(final=True)
         if writer is None:  # an empty shard is still a valid Parquet file with the schema
-            writer = pq.ParquetWriter(sink, out_schema, **parquet_options(job.sharding.compression))
+            writer = pq.ParquetWriter(stream, out_schema, **parquet_options(job.sharding.compression))
         writer.close()
         writer = None
+        stream.flush()
         sink.close()
         digest = sink.digest.hexdigest()
         counts = tokens_out.finish(idx_tmp)

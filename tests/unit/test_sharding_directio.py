@@ -83,3 +83,16 @@ def test_a_write_error_surfaces_and_nothing_is_left(tmp_path, monkeypatch):
         w.close()
     w.abort()
     assert not (tmp_path / "f.bin").exists()
+
+
+def test_a_write_after_close_is_an_error_and_after_abort_is_dropped(tmp_path):
+    w = DirectWriter(tmp_path / "f.bin", buffer_bytes=ALIGN)
+    w.write(b"abc")
+    w.close()
+    with pytest.raises(ValueError, match="write after close"):
+        w.write(b"d")
+    assert (tmp_path / "f.bin").read_bytes() == b"abc"
+    gone = DirectWriter(tmp_path / "g.bin", buffer_bytes=ALIGN)
+    gone.write(b"x" * (2 * ALIGN))
+    gone.abort()
+    assert gone.write(b"late") == 4 and not (tmp_path / "g.bin").exists()  # a buffered stream's last flush
