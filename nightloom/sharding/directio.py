@@ -5,15 +5,14 @@ The shard stage writes ~3× the corpus that it never reads again (the `.bin` tok
 `bytes` tokenizer, then the Parquet shards). Through the page cache every written byte first needs a page of it,
 and on VMs whose memory is backed on first touch and handed back when freed (virtio-balloon free page reporting,
 as on the machines this project is measured on) a fresh page costs far more than the copy: `dd` of 2 GiB here,
-buffered with fdatasync, took 2.4-6.0 s of kernel CPU against 0.17-0.30 s with O_DIRECT. The buffers here are
-allocated once per file and stay hot. Where the file system refuses O_DIRECT (tmpfs, some FUSE mounts), the same
-class writes through the page cache.
+buffered with fdatasync, took 2.4-6.0 s of kernel CPU against 0.17-0.30 s with O_DIRECT. The buffers come from
+a small pool, so they stay hot from file to file. Where the file system refuses O_DIRECT (some FUSE and network
+mounts, older tmpfs), the same class writes through the page cache.
 """
 
 from __future__ import annotations
 
 import errno
-import fcntl
 import mmap
 import os
 import threading
@@ -88,6 +87,8 @@ class DirectWriter:
         except OSError as err:
             if not (self.direct and err.errno == errno.EINVAL):
                 raise
+            import fcntl  # only where O_DIRECT exists (Linux); not on Windows
+
             self.direct = False
             fcntl.fcntl(self.fd, fcntl.F_SETFL, fcntl.fcntl(self.fd, fcntl.F_GETFL) & ~O_DIRECT)
             _write_all(self.fd, view)
