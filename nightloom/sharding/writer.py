@@ -185,15 +185,19 @@ def write_shard(job: ShardJob, scans: list[ScanResult], index: int) -> ShardInfo
     tmp = tmp_dir / f".{name}.tmp"
     tmp.parent.mkdir(parents=True, exist_ok=True)
     bin_tmp, idx_tmp = tmp_dir / f".{bin_name}.tmp", tmp_dir / f".{idx_name}.tmp"
-    tokens_out = TokenFileWriter(bin_tmp, work / f"lengths-{index:05d}.bin", job.token_dtype, job.eos_id)
+    sink = DirectWriter(tmp, digest=hashlib.sha256())  # hashed as written: never read back
+    try:
+        tokens_out = TokenFileWriter(bin_tmp, work / f"lengths-{index:05d}.bin", job.token_dtype, job.eos_id)
+    except BaseException:
+        sink.abort()
+        raise
+    # Arrow gathers the Parquet writer's many small writes (page headers) into 1 MiB ones before they reach Python
+    stream = pa.BufferedOutputStream(pa.PythonFile(sink, mode="w"), SINK_BUFFER)
     rows = tokens = nbytes = 0
     out_schema = pa.schema([(c, pa.string()) for c in cols])
     pending: list[pa.Table] = []  # rows taken for this shard, not yet written
     pending_nb: list[np.ndarray] = []
     pending_rows = pending_bytes = 0
-    sink = DirectWriter(tmp, digest=hashlib.sha256())  # hashed as written: never read back
-    # Arrow gathers the Parquet writer's many small writes (page headers) into 1 MiB ones before they reach Python
-    stream = pa.BufferedOutputStream(pa.PythonFile(sink, mode="w"), SINK_BUFFER)
     writer = None
 
     def emit(final: bool) -> None:
