@@ -36,7 +36,7 @@ class _BufferPool:
             free = self.free.get(size)
             if free:
                 return free.pop()
-        buf = mmap.mmap(-1, size)  # anonymous maps are page-aligned
+        buf = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE)  # page-aligned; private: a forked child gets its own
         if hasattr(buf, "madvise") and hasattr(mmap, "MADV_HUGEPAGE"):
             buf.madvise(mmap.MADV_HUGEPAGE)  # 2 MiB pages where the kernel allows: 512× fewer faults
         return buf
@@ -49,11 +49,6 @@ class _BufferPool:
 
 
 _POOL = _BufferPool()
-
-
-def _write_all(fd: int, view: memoryview) -> None:
-    while len(view):
-        view = view[os.write(fd, view) :]
 
 
 class DirectWriter:
@@ -72,31 +67,44 @@ class DirectWriter:
             if err.errno != errno.EINVAL:
                 raise
             self.direct, self.fd = False, os.open(self.path, flags, 0o644)
-        self._bufs = [_POOL.get(self.cap) for _ in range(2)]
+        try:
+            self._bufs = [_POOL.get(self.cap) for _ in range(2)]
+        except BaseException:
+            os.close(self.fd)
+            self.path.unlink(missing_ok=True)
+            raise
         self._views = [memoryview(b) for b in self._bufs]
         self._cur = self._fill = 0
         self.size = 0  # bytes accepted so far
         self._io = ThreadPoolExecutor(1, thread_name_prefix="nightloom-direct-write")
         self._pending: Future | None = None
+        self._error: BaseException | None = None  # a failed background write: every later call raises it
         self.closed = self.aborted = False
 
     def _put(self, view: memoryview) -> None:
-        """Write `view` at the file's end: O_DIRECT unless the file system refuses it (EINVAL), then buffered."""
-        try:
-            _write_all(self.fd, view)
-        except OSError as err:
-            if not (self.direct and err.errno == errno.EINVAL):
-                raise
-            import fcntl  # only where O_DIRECT exists (Linux); not on Windows
+        """Write `view` at the file's end: O_DIRECT unless the file system refuses it (EINVAL: the rest, from where
+        the writes stopped, goes buffered; a short unaligned O_DIRECT write ends that way too)."""
+        while len(view):
+            try:
+                view = view[os.write(self.fd, view) :]
+            except OSError as err:
+                if not (self.direct and err.errno == errno.EINVAL):
+                    raise
+                import fcntl  # only where O_DIRECT exists (Linux); not on Windows
 
-            self.direct = False
-            fcntl.fcntl(self.fd, fcntl.F_SETFL, fcntl.fcntl(self.fd, fcntl.F_GETFL) & ~O_DIRECT)
-            _write_all(self.fd, view)
+                self.direct = False
+                fcntl.fcntl(self.fd, fcntl.F_SETFL, fcntl.fcntl(self.fd, fcntl.F_GETFL) & ~O_DIRECT)
 
     def _wait(self) -> None:
+        if self._error is not None:
+            raise self._error
         if self._pending is not None:
             pending, self._pending = self._pending, None
-            pending.result()
+            try:
+                pending.result()
+            except BaseException as err:
+                self._error = err
+                raise
 
     def _submit(self, n: int) -> None:
         """Hand the current buffer's first `n` bytes to the writer thread and switch to the other buffer."""
@@ -110,9 +118,12 @@ class DirectWriter:
             return len(mv)
         if self.closed:
             raise ValueError(f"{self.path}: write after close")
+        if self._error is not None:
+            raise self._error
         if self.digest is not None:
             self.digest.update(mv)
         total = len(mv)
+        self.size += total  # counted with the digest: a failure on the way is sticky, the file is not finished
         while len(mv):
             n = min(len(mv), self.cap - self._fill)
             self._views[self._cur][self._fill : self._fill + n] = mv[:n]
@@ -120,12 +131,13 @@ class DirectWriter:
             mv = mv[n:]
             if self._fill == self.cap:
                 self._submit(self.cap)
-        self.size += total
         return total
 
     def reserve(self, nbytes: int) -> memoryview:
         """The current buffer's free space, at most `nbytes`, to fill in place (no copy into it later); `commit`
         then says how much of it was filled."""
+        if self._error is not None:
+            raise self._error
         return self._views[self._cur][self._fill : self._fill + min(nbytes, self.cap - self._fill)]
 
     def commit(self, nbytes: int) -> None:
@@ -163,8 +175,8 @@ class DirectWriter:
         self.aborted = True
         if not self.closed:
             try:
-                self._wait()
-            except OSError:
+                self._wait()  # the buffer in flight is written before it goes back to the pool
+            except Exception:  # noqa: BLE001 - the file is being thrown away; its write error is moot
                 pass
             finally:
                 self._release()

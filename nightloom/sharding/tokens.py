@@ -114,7 +114,11 @@ class TokenFileWriter:
         self.bin_tmp.parent.mkdir(parents=True, exist_ok=True)
         # written once, never read back here: past the page cache, hashed as it is written
         self._bin = DirectWriter(self.bin_tmp, digest=xxhash.xxh3_128())
-        self._lengths = ArrayWriter(lengths_path, LENGTH_DTYPE)
+        try:
+            self._lengths = ArrayWriter(lengths_path, LENGTH_DTYPE)
+        except BaseException:
+            self._bin.abort()
+            raise
         self.documents = self.tokens = 0
 
     def add(self, lengths: np.ndarray, ids: np.ndarray) -> None:

@@ -9,6 +9,7 @@ upload (S3), token files first, the Parquet shard last, then the marker: a shard
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from pathlib import Path
 
@@ -256,9 +257,10 @@ def write_shard(job: ShardJob, scans: list[ScanResult], index: int) -> ShardInfo
         storage.put_file(bin_tmp, storage.join(job.output, bin_name), job.s3)
         storage.put_file(tmp, final, job.s3)
     finally:
-        if writer is not None:
-            writer.close()
         sink.abort()  # closes the file if still open and removes the temp path (gone already once published)
+        if writer is not None:  # after the abort: what it still flushes is dropped
+            with contextlib.suppress(Exception):
+                writer.close()
         tokens_out.abort()
         for t in (tmp, bin_tmp, idx_tmp):
             t.unlink(missing_ok=True)

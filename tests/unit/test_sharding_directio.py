@@ -96,3 +96,52 @@ def test_a_write_after_close_is_an_error_and_after_abort_is_dropped(tmp_path):
     gone.write(b"x" * (2 * ALIGN))
     gone.abort()
     assert gone.write(b"late") == 4 and not (tmp_path / "g.bin").exists()  # a buffered stream's last flush
+
+
+def test_a_short_write_then_einval_resumes_where_it_stopped(tmp_path, monkeypatch):
+    """O_DIRECT may write part of a buffer; the rest, unaligned, is refused (EINVAL) and goes buffered, once."""
+    import fcntl
+
+    real = os.write
+    calls = {"n": 0}
+
+    def short_then_refuse(fd, data):
+        direct = os.O_DIRECT & fcntl.fcntl(fd, fcntl.F_GETFL)
+        calls["n"] += 1
+        if direct and calls["n"] == 1:
+            return real(fd, memoryview(data)[:1000])  # a short write of an unaligned count
+        if direct:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real(fd, data)
+
+    monkeypatch.setattr(directio.os, "write", short_then_refuse)
+    pieces = _pieces(3, 5 * ALIGN)
+    with DirectWriter(tmp_path / "f.bin", buffer_bytes=2 * ALIGN, digest=hashlib.sha256()) as w:
+        for p in pieces:
+            w.write(p)
+    data = b"".join(pieces)
+    assert (tmp_path / "f.bin").read_bytes() == data
+    assert w.digest.hexdigest() == hashlib.sha256(data).hexdigest()
+
+
+def test_a_failed_background_write_fails_every_later_call(tmp_path, monkeypatch):
+    real = os.write
+    failed = []
+
+    def full_once(fd, data):
+        if not failed:
+            failed.append(len(data))
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(fd, data)
+
+    monkeypatch.setattr(directio.os, "write", full_once)
+    w = DirectWriter(tmp_path / "f.bin", buffer_bytes=ALIGN)
+    with pytest.raises(OSError, match="No space"):
+        for _ in range(4):  # the failure shows at a later buffer switch
+            w.write(b"a" * ALIGN)
+    with pytest.raises(OSError, match="No space"):  # the disk has room again, but a buffer was lost: still an error
+        w.write(b"b")
+    with pytest.raises(OSError, match="No space"):
+        w.close()
+    w.abort()
+    assert failed and not (tmp_path / "f.bin").exists()
