@@ -167,6 +167,7 @@ class FingerprintCache:
         resolved = str(Path(root).resolve())
         self.path = base / (hashlib.sha256(resolved.encode()).hexdigest()[:32] + ".json")
         self.root, self.entries, self.changed = resolved, {}, False
+        self.listed: dict[str, list[int]] = {}  # stat keys of files the listing saw but the cache did not know
         try:
             doc = orjson.loads(self.path.read_bytes())
             if doc.get("version") == self.VERSION and doc.get("root") == resolved and isinstance(doc["files"], dict):
@@ -174,9 +175,25 @@ class FingerprintCache:
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             pass  # no cache, or one this version cannot read: hash again
 
+    @staticmethod
+    def _key(st: os.stat_result) -> list[int]:
+        return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+
+    def cached(self, rel: str, st: os.stat_result) -> str:
+        """`rel`'s kept fingerprint if `st` (the listing's stat) matches the one it was kept with, else "" (and
+        `st` is remembered, so `fingerprint` does not stat the file again)."""
+        key = self._key(st)
+        hit = self.entries.get(rel)
+        if isinstance(hit, list) and len(hit) == 5 and hit[:4] == key:
+            return hit[4]
+        self.listed[rel] = key
+        return ""
+
     def fingerprint(self, src: SourceRef) -> str:
-        st = os.stat(src.uri)
-        key = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+        """The file's fingerprint: the kept one while its stat is unchanged, else its bytes hashed (and kept). The
+        stat is the listing's if it made one (taken before the read, so a file changed in between is a miss next
+        time, never a wrong hit)."""
+        key = self.listed.pop(src.rel, None) or self._key(os.stat(src.uri))
         hit = self.entries.get(src.rel)
         if isinstance(hit, list) and len(hit) == 5 and hit[:4] == key:
             return hit[4]
@@ -202,17 +219,23 @@ class FingerprintCache:
             pass
 
 
-def fingerprint_all(dataset_path: str, sources: list[SourceRef], s3: S3Config | None = None) -> list[SourceRef]:
-    """Every source with its fingerprint: an S3 object's ETag; a local file's content hash (FingerprintCache)."""
+def fingerprint_all(
+    dataset_path: str, sources: list[SourceRef], s3: S3Config | None = None, cache: FingerprintCache | None = None
+) -> list[SourceRef]:
+    """Every source with its fingerprint: an S3 object's ETag; a local file's content hash (FingerprintCache;
+    `cache`: the one the listing already looked fingerprints up in). Sources that have one are kept as they are."""
     if storage.is_s3(dataset_path):  # a folder's listing already carried them; a single object is asked for
         return [
             src if src.fingerprint else src.model_copy(update={"fingerprint": "etag:" + storage.head(src.uri, s3)[1]})
             for src in sources
         ]
-    cache = FingerprintCache(dataset_path)
+    cache = cache or FingerprintCache(dataset_path)
     # built anew, not model_copy(update=...): 3× cheaper, which shows on 20k files
     out = [
-        SourceRef(rel=s.rel, uri=s.uri, size=s.size, format=s.format, fingerprint=cache.fingerprint(s)) for s in sources
+        s
+        if s.fingerprint
+        else SourceRef(rel=s.rel, uri=s.uri, size=s.size, format=s.format, fingerprint=cache.fingerprint(s))
+        for s in sources
     ]
     cache.save({s.rel for s in sources})
     return out
@@ -304,9 +327,12 @@ def plan_job(
             storage.check_bucket(uri, s3)
     if dataset.sample and not storage.is_s3(dataset.path):
         ensure_sample_corpus(dataset.path, kind=dataset.sample_kind)
-    listing = list_inputs(dataset.path, dataset.format, s3)
+    # cached fingerprints come with the listing's one stat a file; the others are hashed only after keep_columns
+    # is checked (a wrong column name is reported before a 1 TB folder is read)
+    cache = None if storage.is_s3(dataset.path) else FingerprintCache(dataset.path)
+    listing = list_inputs(dataset.path, dataset.format, s3, cached=cache.cached if cache else None)
     check_keep_columns(dataset.keep_columns, listing.sources)
-    sources = fingerprint_all(dataset.path, listing.sources, s3)
+    sources = fingerprint_all(dataset.path, listing.sources, s3, cache)
     ensure_trained(tok_spec, dataset)
     tok = load_tokenizer(tok_spec)
     tok_id = tok.fingerprint()

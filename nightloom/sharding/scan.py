@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import queue
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -65,10 +66,12 @@ BATCH_DTYPE = np.dtype(
 )
 
 
-class FileScan(BaseModel):
-    """What one input file held: the counts the manifest's per-file accounting is built from."""
+@dataclass(slots=True)
+class FileScan:
+    """What one input file held: the counts the manifest's per-file accounting is built from. A plain dataclass
+    (pydantic still checks it inside ScanResult and the scan markers): a folder of 20k small files makes 20k of
+    them, and a pydantic model cost ~2.5 µs each to build, a dataclass ~0.3."""
 
-    model_config = ConfigDict(extra="forbid")
     source: int  # index into ShardJob.sources
     records: int = 0
     docs: int = 0  # non-empty good documents spilled (before dedup)
@@ -667,6 +670,11 @@ def arrow_threads_at_least(n: int) -> None:
         pa.set_cpu_count(n)
 
 
+#: units of small text files are scanned one at a time per process: their scan is Python (GIL) bound, and two
+#: threads at once only trade the GIL back and forth (20k files of 1.7 KB: 0.31 s on 2 threads, 0.24 s on one)
+_TEXT_SCAN = threading.Lock()
+
+
 def scan_unit(job: ShardJob, index: int) -> ScanResult:
     """Scan unit `index` of the job (its files in order, into one spill); idempotent (a finished scan is read
     back, not redone). Any doubt on the fast path rescans the whole unit on the record path (same output)."""
@@ -690,7 +698,8 @@ def scan_unit(job: ShardJob, index: int) -> ScanResult:
     try:
         try:
             if all(_plain_text(job, job.sources[i]) for i in sources):  # a unit of a text folder: in one go
-                _scan_texts(job, sources, buf, res)
+                with _TEXT_SCAN:
+                    _scan_texts(job, sources, buf, res)
             else:
                 for i in sources:
                     _scan_file(job, work, i, buf, res, _fast_path(job, job.sources[i]), span)

@@ -10,7 +10,8 @@ from __future__ import annotations
 import gzip
 import io
 import json
-from collections.abc import Iterator
+import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Literal
 
@@ -119,9 +120,18 @@ def list_sources(path: str, forced: str = "auto", s3: storage.S3Config | None = 
     return list_inputs(path, forced, s3).sources
 
 
-def list_inputs(path: str, forced: str = "auto", s3: storage.S3Config | None = None) -> InputListing:
+#: a local file's fingerprint from its stat alone (a cache lookup), or "" when it must be read to be known
+CachedFingerprint = Callable[[str, os.stat_result], str]
+
+
+def list_inputs(
+    path: str, forced: str = "auto", s3: storage.S3Config | None = None, cached: CachedFingerprint | None = None
+) -> InputListing:
     """The input files under `path` (a file, a folder or an s3:// prefix), sorted, with their formats, and the
-    files ignored by name (hidden files and writers' markers). Any other file must be readable input."""
+    files ignored by name (hidden files and writers' markers). Any other file must be readable input.
+
+    Fingerprints: an S3 folder's come with its listing (ETags); a local file's from `cached(rel, stat)` when it
+    knows it from the stat the listing already made (no second stat, no second SourceRef per file), else ""."""
     is_remote = storage.is_s3(path)
     if not is_remote and not Path(path).exists():
         raise BadInputError(f"{path}: dataset path not found")
@@ -142,8 +152,12 @@ def list_inputs(path: str, forced: str = "auto", s3: storage.S3Config | None = N
         fmt = detect_format(name, forced)
         if fmt is None:
             raise BadInputError(f"{path}: cannot tell the format from the name; set dataset.format")
-        size = Path(path).stat().st_size if not is_remote else single[0][1]
-        return InputListing(sources=[SourceRef(rel=name, uri=str(path), size=size, format=fmt)])
+        if is_remote:
+            size, fp = single[0][1], ""
+        else:
+            st = os.stat(path)
+            size, fp = st.st_size, cached(name, st) if cached else ""
+        return InputListing(sources=[SourceRef(rel=name, uri=str(path), size=size, format=fmt, fingerprint=fp)])
     hf = _hf_files(path, s3) if forced in ("auto", "hf") else None
     if hf is not None:
         sizes = dict(storage.list_files(path, s3))
@@ -160,7 +174,7 @@ def list_inputs(path: str, forced: str = "auto", s3: storage.S3Config | None = N
     listed = (
         [(o.name, o.size, "etag:" + o.etag if o.etag else "") for o in storage.list_objects(path, s3, markers=True)]
         if is_remote
-        else [(rel, size, "") for rel, size in storage.list_files(str(path))]
+        else [(rel, st.st_size, cached(rel, st) if cached else "") for rel, st in storage.walk_local(str(path))]
     )
     for rel, size, fp in listed:
         if ignored_by_name(rel):

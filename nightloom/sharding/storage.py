@@ -374,14 +374,20 @@ def list_objects(uri: str, s3: S3Config | None = None, markers: bool = False) ->
 def list_files(uri: str, s3: S3Config | None = None) -> list[tuple[str, int]]:
     """(relative name, size) of every object/file under a folder or prefix, sorted by name."""
     if not is_s3(uri):
-        return sorted(_walk_local(str(uri), ""))
+        return [(name, st.st_size) for name, st in walk_local(str(uri))]
     return [(o.name, o.size) for o in list_objects(uri, s3, markers=True)]
 
 
-def _walk_local(folder: str, rel: str) -> list[tuple[str, int]]:
-    """(relative name, size) of the files under `folder` (os.scandir: one stat per entry, no pathlib objects;
-    a folder of 13k small files is listed in milliseconds). Symlinks are followed, as Path.rglob's is_file did."""
-    out: list[tuple[str, int]] = []
+def walk_local(folder: str) -> list[tuple[str, os.stat_result]]:
+    """(relative name, stat) of every file under a local folder, sorted by name: the one stat each file gets
+    while a dataset is planned (its size, and the key the fingerprint cache trusts)."""
+    return sorted(_walk_local(folder, ""), key=lambda e: e[0])
+
+
+def _walk_local(folder: str, rel: str) -> list[tuple[str, os.stat_result]]:
+    """os.scandir, recursively: one stat per entry, no pathlib objects (a folder of 13k small files is listed in
+    milliseconds). Symlinks are followed, as Path.rglob's is_file did."""
+    out: list[tuple[str, os.stat_result]] = []
     try:
         entries = list(os.scandir(folder))
     except (FileNotFoundError, NotADirectoryError):
@@ -391,7 +397,7 @@ def _walk_local(folder: str, rel: str) -> list[tuple[str, int]]:
         if e.is_dir():
             out += _walk_local(e.path, name + "/")
         elif e.is_file():
-            out.append((name, e.stat().st_size))
+            out.append((name, e.stat()))
     return out
 
 

@@ -11,6 +11,7 @@ import pytest
 
 from nightloom.sharding import job as job_module
 from nightloom.sharding import load_manifest, plan_job, shard_dataset
+from nightloom.sharding import scan as scan_module
 from nightloom.sharding.sources import ignored_by_name
 from nightloom.spec import DatasetSpec, ShardingSpec
 from tests.support.harness import ROOT
@@ -113,7 +114,7 @@ def test_only_hidden_files_and_known_markers_are_ignored(rel, ignored):
     assert ignored_by_name(rel) is ignored
 
 
-def test_small_files_are_scanned_in_units_with_identical_output(tmp_path, monkeypatch):
+def test_small_files_are_scanned_in_units_one_at_a_time_with_identical_output(tmp_path, monkeypatch):
     src = tmp_path / "src"
     src.mkdir()
     for i, d in enumerate(make_docs(300, seed=5, dup_every=7)):
@@ -126,7 +127,20 @@ def test_small_files_are_scanned_in_units_with_identical_output(tmp_path, monkey
     monkeypatch.setattr(job_module, "UNIT_FILES", 1)  # one file per unit, as before units existed
     alone = ShardingSpec(output=str(tmp_path / "b"), num_shards=3)
     assert len(plan_job(ds, alone).units) == 300
+    running, most = [0], [0]  # text units are Python-bound: one at a time per process, whatever the threads
+    real = scan_module._scan_texts
+
+    def counted(*args):
+        running[0] += 1
+        most[0] = max(most[0], running[0])
+        try:
+            return real(*args)
+        finally:
+            running[0] -= 1
+
+    monkeypatch.setattr(scan_module, "_scan_texts", counted)
     single = shard_dataset(ds, alone, workers=2)
+    assert most[0] == 1
     assert tree_bytes(tmp_path / "a") == tree_bytes(tmp_path / "b")
     assert grouped.model_dump() == single.model_dump() == load_manifest(tmp_path / "a").model_dump()
 
@@ -162,15 +176,23 @@ def test_fingerprints_are_cached_per_folder_and_a_rewritten_file_is_seen(tmp_pat
 
     first = plan()
     assert len(hashed) == len(first.sources) > 40
+    # the listing's one stat a file is the one the cache checks: no os.stat of any input file on a re-plan
+    stats: list[str] = []
+    real_stat = os.stat
+    inside = str(src) + os.sep
+    monkeypatch.setattr(os, "stat", lambda p, *a, **k: stats.append(str(p)) or real_stat(p, *a, **k))
     again = plan()
     assert hashed == [] and again.settings_hash == first.settings_hash
+    assert [p for p in stats if p.startswith(inside)] == []
     target = src / "pkg1" / "mod1.txt"
     st = target.stat()
     body = target.read_bytes()
     target.write_bytes(bytes([body[0] ^ 1]) + body[1:])  # same size, then the old mtime back
     os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns))
+    stats.clear()
     changed = plan()
     assert hashed == [str(target)] and changed.settings_hash != first.settings_hash
+    assert [p for p in stats if p.startswith(inside)] == []  # the changed file too: hashed with the listing's stat
     # a corrupt cache file is ignored (everything hashed again), never an error
     cache_files = list((tmp_path / "cache" / "fingerprints").iterdir())
     assert len(cache_files) == 1
