@@ -177,6 +177,13 @@ def die_with_parent() -> None:
         os._exit(1)
 
 
+def _say(line: str) -> None:
+    """One line to stderr in one write: every rank on a node shares its stderr, and print's two writes (the text,
+    then the newline, when Python runs unbuffered) interleaved there into "…applied…applied" and a blank line."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
 def main(argv: list[str]) -> int:
     if not argv:
         print(__doc__, file=sys.stderr)
@@ -193,7 +200,7 @@ def main(argv: list[str]) -> int:
         die_with_parent()
         sys.path.insert(0, str(EXT))
         if patched:
-            print("nightloom: CUDA absent: CPU adaptations applied", file=sys.stderr)
+            _say("nightloom: CUDA absent: CPU adaptations applied")
         return _run_tool(_tool("train.py"), rest)
     if mode == "pth_to_hf" and len(rest) >= 3:
         return _run_tool(_tool("model_converters", "pth_to_hf.py"), rest)

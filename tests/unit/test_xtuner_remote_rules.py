@@ -106,6 +106,43 @@ def test_node_result_line_found_after_merged_stderr():
     assert _parse_mark(MARK, out)["path"] == "/c/k"
 
 
+def test_ranks_sharing_a_nodes_stderr_never_split_each_others_lines(monkeypatch):
+    """Two ranks on a node write their notices to the one stderr they share. Python run unbuffered (-u, as the
+    launchers' environments have it) makes `print` two writes (text, then newline), which interleaved between
+    the ranks ("…applied…applied" and a blank line); `_say` is one write of the whole line, whole on a pipe."""
+    import io
+    import os
+    import subprocess
+    import sys
+
+    from nightloom.finetune import node_wrapper
+
+    line = "nightloom: CUDA absent: CPU adaptations applied"
+    writes: list[str] = []
+
+    class Recorder(io.StringIO):
+        def write(self, s: str) -> int:
+            writes.append(s)
+            return len(s)
+
+    monkeypatch.setattr(sys, "stderr", Recorder())
+    node_wrapper._say(line)
+    assert writes == [line + "\n"]  # print(line, file=sys.stderr) makes [line, "\n"]
+    monkeypatch.undo()
+    # and end to end: two unbuffered processes on one pipe
+    code = (
+        f"import sys; sys.path.insert(0, {os.path.dirname(node_wrapper.__file__)!r}); import node_wrapper\n"
+        f"for _ in range(3000): node_wrapper._say({line!r})"
+    )
+    read, write = os.pipe()
+    ranks = [subprocess.Popen([sys.executable, "-u", "-c", code], stderr=write) for _ in range(2)]
+    os.close(write)
+    with os.fdopen(read, "rb") as f:
+        lines = f.read().decode().splitlines()
+    assert [r.wait(timeout=60) for r in ranks] == [0, 0]
+    assert lines.count(line) == len(lines) == 6000
+
+
 def test_a_training_rank_dies_with_its_torchrun_agent(tmp_path):
     """node_wrapper's ranks set PR_SET_PDEATHSIG: the agent SIGKILLed (teardown of its process group) takes
     its rank with it, though torchrun started the rank in a session of its own."""
