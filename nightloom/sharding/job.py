@@ -54,7 +54,7 @@ class ShardJob(BaseModel):
     workdir: str
     tokenizer: TokenizerSpec = Field(default_factory=TokenizerSpec)  # counts tokens (model.tokenizer)
     tokenizer_id: str = "bytes"  # the tokenizer's fingerprint, recorded in the manifest
-    token_dtype: str = "uint16"  # of the token files: uint16 when the vocab has < 65,500 ids, else int32
+    token_dtype: str = "uint16"  # of the token files: uint8 (<= 256 ids), uint16 (< 65,500), else int32
     eos_id: int = 0  # appended after every document in the token files
 
     @property
@@ -197,7 +197,7 @@ class FingerprintCache:
         hit = self.entries.get(src.rel)
         if isinstance(hit, list) and len(hit) == 5 and hit[:4] == key:
             return hit[4]
-        fp = "xxh3-128:" + storage.xxh3_file(src.uri)
+        fp = "xxh3-128:" + storage.xxh3_file(src.uri, size=src.size)
         self.entries[src.rel] = [*key, fp]
         self.changed = True
         return fp
@@ -247,8 +247,10 @@ def settings_hash(
     sources: list[SourceRef],
     ignored: list[str] | None = None,
     tokenizer_id: str = "bytes",
+    token_dtype: str = "uint16",
 ) -> str:
-    """`tokenizer_id` is the tokenizer's content fingerprint ("bytes" keeps the hashes of earlier shards)."""
+    """`tokenizer_id` is the tokenizer's content fingerprint ("bytes" keeps the hashes of earlier shards);
+    `token_dtype` the token files' dtype."""
     doc = {
         "algorithm": ALGORITHM_VERSION,
         "schema": SCHEMA_VERSION,
@@ -267,6 +269,8 @@ def settings_hash(
         doc["keep_columns"] = list(dataset.keep_columns)
     if ignored:  # the manifest accounts for them: a new ignored file is a new manifest
         doc["ignored"] = sorted(ignored)
+    if token_dtype == "uint8":  # only then: shards with uint16/int32 token files keep their hash (bytes' were uint16)
+        doc["token_dtype"] = token_dtype
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:32]
 
 
@@ -335,13 +339,13 @@ def plan_job(
     sources = fingerprint_all(dataset.path, listing.sources, s3, cache)
     ensure_trained(tok_spec, dataset)
     tok = load_tokenizer(tok_spec)
-    tok_id = tok.fingerprint()
-    shash = settings_hash(dataset, sharding, sources, listing.ignored, tok_id)
+    tok_id, dtype = tok.fingerprint(), token_dtype(tok.vocab_size)
+    shash = settings_hash(dataset, sharding, sources, listing.ignored, tok_id, dtype)
     units, ranges = plan_scan(sources, split=sharding.key_field is None and not extra_columns(dataset, sharding))
     return ShardJob(
         tokenizer=tok_spec,
         tokenizer_id=tok_id,
-        token_dtype=token_dtype(tok.vocab_size),
+        token_dtype=dtype,
         eos_id=tok.eos_id,
         dataset=dataset,
         sharding=sharding,

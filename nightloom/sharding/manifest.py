@@ -19,7 +19,7 @@ class TokenFiles(BaseModel):
     model_config = ConfigDict(extra="forbid")
     bin: str  # relative to the manifest's folder/prefix
     idx: str
-    dtype: str  # uint16 (vocab < 65,500) or int32
+    dtype: str  # uint8 (at most 256 ids: bytes), uint16 (vocab < 65,500) or int32
     eos_id: int
     documents: int  # = the shard's rows
     tokens: int  # ids in the .bin, EOS included (= the shard's tokens + rows)

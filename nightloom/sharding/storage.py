@@ -442,16 +442,16 @@ def read_whole(path: Path | str, size: int | None = None) -> bytes:
         os.close(fd)
 
 
-def xxh3_file(path: Path | str, chunk: int = 1 << 22) -> str:
+def xxh3_file(path: Path | str, chunk: int = 1 << 22, size: int | None = None) -> str:
     """xxh3-128 of a file's bytes, read with plain os calls in reads of at most `chunk` (a small file: one read of
     its size; `read(chunk)` would allocate the whole chunk for it, which cost more than the hash on a folder of
-    small files)."""
+    small files). `size`: what a listing just said (saves the fstat; the whole file is hashed whatever its size)."""
     import xxhash
 
     h = xxhash.xxh3_128()
     fd = os.open(path, os.O_RDONLY)
     try:
-        want = min(chunk, os.fstat(fd).st_size + 1)
+        want = min(chunk, (os.fstat(fd).st_size if size is None else size) + 1)
         while b := os.read(fd, want):
             h.update(b)
             want = chunk

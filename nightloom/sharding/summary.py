@@ -42,7 +42,7 @@ class ShardSummary(BaseModel):
     tokenizer: str = "bytes"  # the tokenizer's fingerprint
     token_files: int = 0  # .bin/.idx pairs written (training shards + held-out split)
     token_file_tokens: int = 0  # ids in those .bin files, one EOS per document included
-    token_dtype: str | None = None  # uint16 or int32; None when the manifest lists no token files
+    token_dtype: str | None = None  # uint8, uint16 or int32; None when the manifest lists no token files
 
     def tokens_line(self) -> str:
         """e.g. "token files: 4 .bin/.idx pairs (uint16), 1,234,567 tokens incl. EOS; tokenizer bytes"."""

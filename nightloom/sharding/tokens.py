@@ -4,8 +4,9 @@ One sequence per document (the tokenizer's ids exactly as its own rules produce 
 shard's .bin is the trainer's packed stream as is, and Megatron-LM (`GPTDataset`), NeMo and nightloom read the
 same files. Layout, from megatron-core 0.16.1 `megatron/core/datasets/indexed_dataset.py` (`_IndexWriter`):
 
-    .bin  the ids back to back, little-endian uint16 (vocab < 65,500) or int32 (`DType.optimal_dtype`)
-    .idx  b"MMIDIDX\\x00\\x00", <Q version (1), <B dtype code (uint16 8, int32 4), <Q sequence count n,
+    .bin  the ids back to back, little-endian: uint8 (at most 256 ids: the `bytes` tokenizer), uint16 (vocab
+          < 65,500) or int32 (`DType.optimal_dtype`, which has no uint8 rule: its readers take any `DType` code)
+    .idx  b"MMIDIDX\\x00\\x00", <Q version (1), <B dtype code (uint8 1, uint16 8, int32 4), <Q sequence count n,
           <Q document count (n + 1), int32 sequence lengths [n], int64 byte pointers [n],
           int64 document indices [n + 1] (0, 1, …, n: each document is one sequence)
 
@@ -29,13 +30,17 @@ from nightloom.sharding.directio import DirectWriter
 
 INDEX_HEADER = b"MMIDIDX\x00\x00"
 INDEX_VERSION = 1
-DTYPE_CODES = {"uint16": 8, "int32": 4}  # megatron.core.datasets.indexed_dataset.DType
+DTYPE_CODES = {"uint8": 1, "uint16": 8, "int32": 4}  # megatron.core.datasets.indexed_dataset.DType
 LENGTH_DTYPE = np.dtype("<i4")
 HASH_PREFIX = "xxh3-128:"
 
 
 def token_dtype(vocab_size: int) -> str:
-    """Megatron's rule (`DType.optimal_dtype`): uint16 when the vocabulary has fewer than 65,500 ids, else int32."""
+    """The smallest dtype that holds every id: uint8 for at most 256 ids (the `bytes` tokenizer: its .bin is then the
+    text's own bytes, half the disk and write time of uint16), else Megatron's rule (`DType.optimal_dtype`): uint16
+    when the vocabulary has fewer than 65,500 ids, else int32."""
+    if vocab_size <= 256:
+        return "uint8"
     return "uint16" if vocab_size < 65_500 else "int32"
 
 

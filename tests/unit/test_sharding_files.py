@@ -168,7 +168,7 @@ def test_fingerprints_are_cached_per_folder_and_a_rewritten_file_is_seen(tmp_pat
     src, _ = _folder(tmp_path)
     hashed: list[str] = []
     real = storage.xxh3_file
-    monkeypatch.setattr(storage, "xxh3_file", lambda p, *a: hashed.append(str(p)) or real(p, *a))
+    monkeypatch.setattr(storage, "xxh3_file", lambda p, *a, **k: hashed.append(str(p)) or real(p, *a, **k))
 
     def plan():
         hashed.clear()
@@ -205,3 +205,17 @@ def test_fingerprints_are_cached_per_folder_and_a_rewritten_file_is_seen(tmp_pat
     plan()
     plan()
     assert len(hashed) == len(first.sources)
+
+
+def test_a_file_hashed_with_its_listed_size_is_hashed_whole_even_if_it_grew(tmp_path):
+    """The fingerprint read is sized by the listing (no fstat); a file that grew since is still hashed to its end,
+    and a small one read in several chunks gives the same hash."""
+    import xxhash
+
+    from nightloom.sharding import storage
+
+    p = tmp_path / "a.txt"
+    p.write_bytes(b"x" * 1000 + b"tail that came later")
+    whole = xxhash.xxh3_128(p.read_bytes()).hexdigest()
+    assert storage.xxh3_file(p, size=1000) == storage.xxh3_file(p) == whole
+    assert storage.xxh3_file(p, chunk=7, size=3) == whole

@@ -75,7 +75,8 @@ def test_megatron_reads_every_shard_as_the_tokenizers_ids_then_eos(tmp_path, req
     kept = 0
     for s in m.shards + [m.heldout]:
         tf = s.token_files
-        assert tf is not None and tf.dtype == "uint16" and tf.eos_id == tok.eos_id
+        # the smallest dtype that holds the ids: bytes' 256 ids are its .bin's own bytes (uint8, Megatron code 1)
+        assert tf is not None and tf.dtype == ("uint8" if which == "bytes" else "uint16") and tf.eos_id == tok.eos_id
         ds = indexed.IndexedDataset(str(out / tf.prefix))
         texts = pq.read_table(out / s.path).column("text").to_pylist()
         assert len(ds) == len(texts) == s.rows == tf.documents
@@ -94,9 +95,9 @@ def _xxh3(p: Path) -> str:
     return "xxh3-128:" + xxhash.xxh3_128(p.read_bytes()).hexdigest()
 
 
-@pytest.mark.parametrize("vocab", [300, 70_000])
+@pytest.mark.parametrize("vocab", [256, 300, 70_000])
 def test_files_are_byte_identical_to_megatrons_builder(tmp_path, vocab):
-    """Our numpy writer against megatron-core's IndexedDatasetBuilder, uint16 and int32."""
+    """Our numpy writer against megatron-core's IndexedDatasetBuilder, uint8, uint16 and int32."""
     import torch
 
     rng = np.random.default_rng(0)
@@ -104,7 +105,7 @@ def test_files_are_byte_identical_to_megatrons_builder(tmp_path, vocab):
     ids = rng.integers(0, vocab - 1, size=int(lengths.sum()))
     eos = vocab - 1
     dtype = token_dtype(vocab)
-    assert dtype == ("uint16" if vocab < 65_500 else "int32")
+    assert dtype == ("uint8" if vocab <= 256 else "uint16" if vocab < 65_500 else "int32")
     w = TokenFileWriter(tmp_path / "ours.bin", tmp_path / "lengths.bin", dtype, eos)
     for a in range(0, len(lengths), 64):  # in batches, as the shard writer adds them
         part = lengths[a : a + 64]
@@ -175,9 +176,11 @@ def test_cli_json_reports_token_files_and_a_v2_manifest_still_loads(tmp_path, bp
     assert summarize(v2, "x").token_files == 0
 
 
-def test_bytes_texts_give_the_files_megatron_builds_from_their_utf8_bytes(tmp_path):
+@pytest.mark.parametrize(("dtype", "eos"), [("uint8", 0), ("uint16", 256)])
+def test_bytes_texts_give_the_files_megatron_builds_from_their_utf8_bytes(tmp_path, dtype, eos):
     """add_texts (the bytes tokenizer's path: Arrow appends the EOS placeholder) writes what megatron-core's
-    builder writes from each document's UTF-8 bytes then EOS, for chunked, sliced and non-ASCII text."""
+    builder writes from each document's UTF-8 bytes then EOS, for chunked, sliced and non-ASCII text, as uint8
+    (the bytes tokenizer's own, EOS 0) or widened to uint16."""
     import pyarrow as pa
     import torch
 
@@ -185,13 +188,13 @@ def test_bytes_texts_give_the_files_megatron_builds_from_their_utf8_bytes(tmp_pa
     words = ["a", "λ", "東京", "🙂", " ", "\x00", "word"]
     docs = ["".join(rng.choice(words, size=int(n))) for n in rng.integers(1, 40, size=250)]
     chunked = pa.chunked_array([pa.array(docs[:100]), pa.array(docs[90:250]).slice(10)])  # an offset chunk
-    w = TokenFileWriter(tmp_path / "ours.bin", tmp_path / "lengths.bin", "uint16", 256)
+    w = TokenFileWriter(tmp_path / "ours.bin", tmp_path / "lengths.bin", dtype, eos)
     w.add_texts(chunked.slice(0, 120))
     w.add_texts(chunked.slice(120).combine_chunks())
     counts = w.finish(tmp_path / "ours.idx")
-    b = indexed.IndexedDatasetBuilder(str(tmp_path / "ref.bin"), dtype=np.uint16)
+    b = indexed.IndexedDatasetBuilder(str(tmp_path / "ref.bin"), dtype=np.dtype(dtype).type)
     for d in docs:
-        doc = np.append(np.frombuffer(d.encode(), dtype=np.uint8).astype(np.uint16), 256)
+        doc = np.append(np.frombuffer(d.encode(), dtype=np.uint8).astype(dtype), eos)
         b.add_document(torch.from_numpy(doc.astype(np.int64)), [len(doc)])
     b.finalize(str(tmp_path / "ref.idx"))
     assert (tmp_path / "ours.bin").read_bytes() == (tmp_path / "ref.bin").read_bytes()
