@@ -24,10 +24,9 @@ BUFFER_BYTES = 8 * 1024 * 1024
 O_DIRECT = getattr(os, "O_DIRECT", 0)
 
 
-class BufferPool:
-    """Page-aligned buffers kept for the next file (a fresh one costs a page fault per page, a host fault on such
-    VMs): the writers' staging buffers and the scan's input read buffers; at most `keep` are kept, so memory is
-    bounded by the readers and writers open at once."""
+class _BufferPool:
+    """Staging buffers kept for the next file (a fresh one costs a page fault per page, a host fault on such VMs);
+    at most `keep` are kept, so memory is bounded by the writers open at once."""
 
     def __init__(self, keep: int = 8):
         self.keep, self.free, self.lock = keep, {}, threading.Lock()
@@ -49,7 +48,7 @@ class BufferPool:
                 self.free.setdefault(len(buf), []).append(buf)
 
 
-BUFFERS = BufferPool()
+_POOL = _BufferPool()
 
 
 class DirectWriter:
@@ -69,7 +68,7 @@ class DirectWriter:
                 raise
             self.direct, self.fd = False, os.open(self.path, flags, 0o644)
         try:
-            self._bufs = [BUFFERS.get(self.cap) for _ in range(2)]
+            self._bufs = [_POOL.get(self.cap) for _ in range(2)]
         except BaseException:
             os.close(self.fd)
             self.path.unlink(missing_ok=True)
@@ -190,7 +189,7 @@ class DirectWriter:
         for v in self._views:
             v.release()
         for b in self._bufs:
-            BUFFERS.put(b)
+            _POOL.put(b)
 
     def __enter__(self) -> DirectWriter:
         return self

@@ -35,7 +35,6 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from nightloom.sharding import storage
 from nightloom.sharding.arrays import ArrayWriter
-from nightloom.sharding.directio import BUFFERS
 from nightloom.sharding.errors import BadInputError
 from nightloom.sharding.hashing import DEDUP_SEED
 from nightloom.sharding.job import ShardJob
@@ -302,37 +301,16 @@ def _last_newline(data: pa.Buffer) -> int:
     return int(hits[-1]) if len(hits) else -1
 
 
-def _read_at(fd: int, buf, want: int, pos: int) -> int:
-    """Read up to `want` bytes at offset `pos` into the start of `buf` (GIL released); fewer only at end of file."""
-    view, got = memoryview(buf), 0
-    while got < want:
-        n = os.preadv(fd, [view[got:want]], pos + got)
-        if not n:
-            break
-        got += n
-    return got
-
-
 def _file_pieces(local: Path, size: int, span: tuple[int, int]):
     """An uncompressed file's bytes [start, end): each read starts right after the last piece's newline (the
     partial line is read again: nothing is copied; joining it to the next read cost two copies of the corpus,
-    under the GIL); a line longer than a read is read again, twice as far.
-
-    Every read goes into one buffer from the pool (`directio.BUFFERS`), kept from read to read and unit to unit: a
-    fresh 16 MiB buffer per read cost a page fault a page (a host fault on these VMs), the largest part of the
-    scan's kernel time. So a piece is valid until the next one is asked for (Arrow's JSON reader copies what it
-    keeps; tests/unit/test_sharding_fast_path.py checks that)."""
+    under the GIL); a line longer than a read is read again, twice as far."""
     pos, end = span
-    fd = os.open(local, os.O_RDONLY)
-    buf = BUFFERS.get(size)
-    try:
+    with pa.OSFile(str(local)) as f:
         n = size
         while pos < end:
-            want = min(n, end - pos)
-            if want > len(buf):
-                BUFFERS.put(buf)
-                buf = BUFFERS.get(want)
-            data = pa.py_buffer(memoryview(buf)[: _read_at(fd, buf, want, pos)])
+            f.seek(pos)
+            data = f.read_buffer(min(n, end - pos))
             last = not data.size or pos + data.size >= end
             cut = _last_newline(data)
             if cut < 0 and not last:
@@ -347,9 +325,6 @@ def _file_pieces(local: Path, size: int, span: tuple[int, int]):
                     yield tail
                 return
             pos += cut + 1
-    finally:
-        os.close(fd)
-        BUFFERS.put(buf)
 
 
 def _stream_pieces(stream, size: int):

@@ -60,7 +60,7 @@ def test_a_file_system_that_refuses_o_direct_on_write_gets_buffered_writes(tmp_p
 
 
 def test_an_error_removes_the_file_and_buffers_are_reused(tmp_path, monkeypatch):
-    monkeypatch.setattr(directio, "BUFFERS", directio.BufferPool())
+    monkeypatch.setattr(directio, "_POOL", directio._BufferPool())
     with pytest.raises(RuntimeError), DirectWriter(tmp_path / "f.bin", buffer_bytes=ALIGN) as w:
         w.write(b"y" * (3 * ALIGN))
         raise RuntimeError("stop")

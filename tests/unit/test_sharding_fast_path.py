@@ -43,22 +43,6 @@ def test_line_pieces_of_a_long_line_search_past_the_tail_window(tmp_path, monkey
     assert pieces == [b"a" * 50 + b"\n", b"b" * 30 + b"\n"]
 
 
-def test_pieces_share_one_read_buffer_and_parsed_text_does_not_refer_to_it(tmp_path):
-    """Every read of a file goes into one pooled buffer, overwritten by the next read; what Arrow's JSON reader
-    parsed from an earlier piece must still hold that piece's text (it copies, it keeps no view of the input)."""
-    import pyarrow.json as pj
-
-    docs = make_docs(400, seed=11)
-    path = write_jsonl(tmp_path / "a.jsonl", docs)
-    parse = pj.ParseOptions(explicit_schema=pa.schema([("text", pa.string())]), unexpected_field_behavior="ignore")
-    starts, texts = set(), []
-    for piece in _line_chunks(path, size=4096):
-        starts.add(piece.address)
-        texts.append(pj.read_json(piece, parse_options=parse).column(0))
-    assert len(texts) > 20 and len(starts) == 1  # many pieces, one buffer
-    assert [t for col in texts for t in col.to_pylist()] == docs
-
-
 def test_prefetch_keeps_order_and_reraises_the_producers_error():
     def items():
         yield from range(5)
