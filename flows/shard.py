@@ -13,7 +13,7 @@ from __future__ import annotations
 from prefect import flow, get_run_logger, unmapped
 from prefect.context import FlowRunContext
 
-from nightloom.sharding import ShardingError, ShardJob, ShardManifest
+from nightloom.sharding import ShardingError, ShardJob, ShardManifest, readahead
 from nightloom.sharding.pipeline import shard_indices
 from nightloom.sharding.workdir import WorkDir
 from nightloom.spec import DaskSpec, RunSpec, coerce_spec
@@ -86,6 +86,8 @@ def shard_dataset_flow(spec: RunSpec | str) -> ShardManifest:
     except ShardingError as err:
         report_failure(str(err))
         raise
+    finally:
+        readahead.clear()  # small files' bytes the plan kept for scans in this process and no scan took
     log.info(
         "%d shards, imbalance %.4f on %s (before rebalancing %.4f), %d duplicates dropped",
         manifest.num_shards,

@@ -15,9 +15,10 @@ from pathlib import Path
 
 import orjson
 import pyarrow
+import xxhash
 from pydantic import BaseModel, ConfigDict, Field
 
-from nightloom.sharding import storage
+from nightloom.sharding import readahead, storage
 from nightloom.sharding.balance import VIRTUAL_BUCKETS
 from nightloom.sharding.corpus import ensure_sample_corpus
 from nightloom.sharding.manifest import MANIFEST_NAME, SCHEMA_VERSION, ShardManifest, load_manifest
@@ -150,6 +151,17 @@ def extra_columns(dataset: DatasetSpec, sharding: ShardingSpec) -> tuple[str, ..
     return tuple(c for c in dict.fromkeys(dataset.keep_columns) if c not in stored)
 
 
+def hash_file(src: SourceRef, read_ahead: bool = False) -> str:
+    """A local file's fingerprint: xxh3-128 of its bytes. With `read_ahead`, a small text file is read whole and
+    its bytes kept for this process's scan (readahead.py), so a first run reads it once."""
+    if read_ahead and src.format == "text" and src.size <= readahead.MAX_FILE:
+        data = storage.read_whole(src.uri, src.size)
+        fp = "xxh3-128:" + xxhash.xxh3_128(data).hexdigest()
+        readahead.keep(src.uri, fp, data)
+        return fp
+    return "xxh3-128:" + storage.xxh3_file(src.uri, size=src.size)
+
+
 RACY_S = 2.0  # a file changed this recently may change again within its timestamp's resolution: never cached
 
 
@@ -162,12 +174,13 @@ class FingerprintCache:
 
     VERSION = 1
 
-    def __init__(self, root: str):
+    def __init__(self, root: str, read_ahead: bool = False):
         base = Path(os.environ.get("NIGHTLOOM_CACHE", Path.home() / ".cache" / "nightloom")) / "fingerprints"
         resolved = str(Path(root).resolve())
         self.path = base / (hashlib.sha256(resolved.encode()).hexdigest()[:32] + ".json")
         self.root, self.entries, self.changed = resolved, {}, False
         self.listed: dict[str, list[int]] = {}  # stat keys of files the listing saw but the cache did not know
+        self.read_ahead = read_ahead  # keep small text files' bytes for this process's scan (readahead.py)
         try:
             doc = orjson.loads(self.path.read_bytes())
             if doc.get("version") == self.VERSION and doc.get("root") == resolved and isinstance(doc["files"], dict):
@@ -197,7 +210,7 @@ class FingerprintCache:
         hit = self.entries.get(src.rel)
         if isinstance(hit, list) and len(hit) == 5 and hit[:4] == key:
             return hit[4]
-        fp = "xxh3-128:" + storage.xxh3_file(src.uri, size=src.size)
+        fp = hash_file(src, self.read_ahead)
         self.entries[src.rel] = [*key, fp]
         self.changed = True
         return fp
@@ -332,8 +345,11 @@ def plan_job(
     if dataset.sample and not storage.is_s3(dataset.path):
         ensure_sample_corpus(dataset.path, kind=dataset.sample_kind)
     # cached fingerprints come with the listing's one stat a file; the others are hashed only after keep_columns
-    # is checked (a wrong column name is reported before a 1 TB folder is read)
-    cache = None if storage.is_s3(dataset.path) else FingerprintCache(dataset.path)
+    # is checked (a wrong column name is reported before a 1 TB folder is read), small text files' bytes kept for
+    # a scan in this process (not on Dask: the workers read for themselves)
+    readahead.clear()
+    local = not storage.is_s3(dataset.path)
+    cache = FingerprintCache(dataset.path, read_ahead=sharding.dask is None) if local else None
     listing = list_inputs(dataset.path, dataset.format, s3, cached=cache.cached if cache else None)
     check_keep_columns(dataset.keep_columns, listing.sources)
     sources = fingerprint_all(dataset.path, listing.sources, s3, cache)

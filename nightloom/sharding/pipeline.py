@@ -11,7 +11,7 @@ import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 
-from nightloom.sharding import storage
+from nightloom.sharding import readahead, storage
 from nightloom.sharding.accounting import account_files
 from nightloom.sharding.job import WORK_DIR_NAME, ShardJob, existing_manifest, plan_job
 from nightloom.sharding.manifest import MANIFEST_NAME, ShardInfo, ShardManifest
@@ -116,7 +116,13 @@ def _map(fn, items: Iterable, workers: int) -> list:
 
 def run_job(job: ShardJob, workers: int | None = None, progress: Progress | None = None) -> ShardManifest:
     """Execute a planned job (resuming whatever an interrupted run finished)."""
-    workers = workers or default_workers()
+    try:
+        return _run(job, workers or default_workers(), progress)
+    finally:
+        readahead.clear()  # what the plan kept for the scan and the scan did not take
+
+
+def _run(job: ShardJob, workers: int, progress: Progress | None) -> ShardManifest:
     done = existing_manifest(job.output, job.settings_hash, job.s3)
     if done is not None:
         return done

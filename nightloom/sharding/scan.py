@@ -33,7 +33,7 @@ import pyarrow as pa
 import xxhash
 from pydantic import BaseModel, ConfigDict, Field
 
-from nightloom.sharding import storage
+from nightloom.sharding import readahead, storage
 from nightloom.sharding.arrays import ArrayWriter
 from nightloom.sharding.errors import BadInputError
 from nightloom.sharding.hashing import DEDUP_SEED
@@ -576,7 +576,9 @@ def _scan_texts(job: ShardJob, sources: list[int], buf: _RecordBuffer, res: Scan
     empty_all = bad_all = 0
     for source in sources:
         src = job.sources[source]
-        data = storage.read_whole(src.uri, src.size)
+        data = readahead.take(src.uri, src.fingerprint)  # the plan's read of it, if this process planned
+        if data is None:
+            data = storage.read_whole(src.uri, src.size)
         docs = empty = bad = 0
         first_bad = None
         try:

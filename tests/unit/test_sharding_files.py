@@ -161,14 +161,12 @@ def test_unit_bounds(tmp_path):
 def test_fingerprints_are_cached_per_folder_and_a_rewritten_file_is_seen(tmp_path, monkeypatch):
     """Re-planning an unchanged folder reads no file to fingerprint it; a file rewritten in place with its old
     size and mtime (its ctime moves) and a file changed just before the cache was written are hashed again."""
-    from nightloom.sharding import storage
-
     monkeypatch.setenv("NIGHTLOOM_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(job_module, "RACY_S", 0.0)
     src, _ = _folder(tmp_path)
     hashed: list[str] = []
-    real = storage.xxh3_file
-    monkeypatch.setattr(storage, "xxh3_file", lambda p, *a, **k: hashed.append(str(p)) or real(p, *a, **k))
+    real = job_module.hash_file
+    monkeypatch.setattr(job_module, "hash_file", lambda s, *a: hashed.append(s.uri) or real(s, *a))
 
     def plan():
         hashed.clear()
@@ -219,3 +217,57 @@ def test_a_file_hashed_with_its_listed_size_is_hashed_whole_even_if_it_grew(tmp_
     whole = xxhash.xxh3_128(p.read_bytes()).hexdigest()
     assert storage.xxh3_file(p, size=1000) == storage.xxh3_file(p) == whole
     assert storage.xxh3_file(p, chunk=7, size=3) == whole
+
+
+def test_a_first_run_reads_each_small_text_file_once_with_the_same_shards(tmp_path, monkeypatch):
+    """The plan reads every new small text file to fingerprint it and keeps the bytes for the scan in this
+    process (readahead.py): one read a file, the same shards as reading twice, nothing kept after the run."""
+    from nightloom.sharding import readahead, storage
+
+    monkeypatch.setenv("NIGHTLOOM_CACHE", str(tmp_path / "cache"))  # no fingerprint known yet: a first run
+    src, _ = _folder(tmp_path)
+    inputs = [p for p in src.rglob("*.txt") if not any(part.startswith(".") for part in p.relative_to(src).parts)]
+    reads: dict[str, int] = {}
+
+    def counted(fn):
+        return lambda p, *a, **k: reads.update({str(p): reads.get(str(p), 0) + 1}) or fn(p, *a, **k)
+
+    monkeypatch.setattr(storage, "read_whole", counted(storage.read_whole))  # the scan's read (and the plan's)
+    monkeypatch.setattr(storage, "xxh3_file", counted(storage.xxh3_file))  # the plan's read, when not kept
+    settings = {"num_shards": 2, "tolerance": 0.5, "on_error": "skip", "max_bad_fraction": 0.1}
+    once = shard_dataset(
+        DatasetSpec(path=str(src), format="text"), ShardingSpec(output=str(tmp_path / "a"), **settings)
+    )
+    assert len(inputs) > 40 and sorted(reads) == sorted(map(str, inputs)) and set(reads.values()) == {1}
+    assert readahead.kept_bytes() == 0
+    monkeypatch.setattr(readahead, "MAX_FILE", -1)  # nothing kept: the scan reads every file again
+    monkeypatch.setenv("NIGHTLOOM_CACHE", str(tmp_path / "cache2"))
+    reads.clear()
+    twice = shard_dataset(
+        DatasetSpec(path=str(src), format="text"), ShardingSpec(output=str(tmp_path / "b"), **settings)
+    )
+    assert set(reads.values()) == {2}
+    assert tree_bytes(tmp_path / "a") == tree_bytes(tmp_path / "b") and once.model_dump() == twice.model_dump()
+
+
+def test_the_scan_sees_the_bytes_the_plan_fingerprinted(tmp_path, monkeypatch):
+    """A file rewritten between plan and scan: the shards hold what its fingerprint (in the settings hash and the
+    manifest) was taken of; kept bytes are handed out once, and never for another fingerprint."""
+    from nightloom.sharding import readahead
+    from nightloom.sharding.pipeline import run_job
+
+    monkeypatch.setenv("NIGHTLOOM_CACHE", str(tmp_path / "cache"))
+    src = tmp_path / "src"
+    src.mkdir()
+    for i, d in enumerate(make_docs(30, seed=3)):
+        (src / f"f{i:02d}.txt").write_text(d)
+    (src / "f00.txt").write_text("what the plan read")
+    job = plan_job(DatasetSpec(path=str(src), format="text"), ShardingSpec(output=str(tmp_path / "out"), num_shards=2))
+    (src / "f00.txt").write_text("rewritten after the plan")
+    run_job(job)
+    texts = [t for shard in shard_texts(tmp_path / "out") for t in shard]
+    assert "what the plan read" in texts and "rewritten after the plan" not in texts
+    readahead.keep("/x", "xxh3-128:aa", b"data")
+    assert readahead.take("/x", "xxh3-128:bb") is None and readahead.take("/x", "xxh3-128:aa") is None
+    readahead.keep("/x", "xxh3-128:aa", b"data")
+    assert readahead.take("/x", "xxh3-128:aa") == b"data" and readahead.kept_bytes() == 0
