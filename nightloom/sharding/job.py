@@ -287,9 +287,9 @@ def settings_hash(
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:32]
 
 
-#: layout of the work files (2: raw .bin arrays; 3: one scan per unit; 4: token id spills; 5: string spills);
-#: work folders of other formats are not resumed
-WORK_FORMAT = 5
+#: layout of the work files (2: raw .bin arrays; 3: one scan per unit; 4: token id spills; 5: string spills;
+#: 6: each spilled batch's byte range in the batch index); work folders of other formats are not resumed
+WORK_FORMAT = 6
 
 
 def default_workdir(output: str, shash: str, distributed: bool = False) -> str:

@@ -50,14 +50,17 @@ JSON_CHUNK = 16 * 1024 * 1024  # JSONL is parsed in line-aligned pieces of this 
 JSON_BLOCK = 8 * 1024 * 1024  # … in Arrow blocks of this size; a longer line falls back to the record path
 NEWLINE_SEARCH = 1 << 16  # the last newline of a piece is looked for here first
 META_DTYPE = np.dtype([("h1", "<u8"), ("h2", "<u8"), ("tokens", "<i8"), ("nbytes", "<i8"), ("pos", "<i8")])
-# one entry per spilled record batch, in spill order: its spill part (file) and batch number there, the add() call
-# it came from (segment: the batches of one segment cover one run of input positions), its plain shard, its rows,
-# and where they start in the meta/dest files (row) and in the ids file (tok)
+# one entry per spilled record batch, in spill order: its spill part (file) and the bytes it takes there (offset,
+# length: a writer reads just those, with no IPC footer to open; the first batch of a part also holds the file's
+# magic and schema message), the add() call it came from (segment: the batches of one segment cover one run of
+# input positions), its plain shard, its rows, and where they start in the meta/dest files (row) and in the ids
+# file (tok)
 BATCH_DTYPE = np.dtype(
     [
         ("file", "<i4"),
-        ("number", "<i4"),
         ("part", "<i4"),
+        ("offset", "<i8"),
+        ("length", "<i8"),
         ("segment", "<i8"),
         ("rows", "<i8"),
         ("row", "<i8"),
@@ -178,9 +181,9 @@ class _Spill:
         self.meta: ArrayWriter | None = None
         self.ids: ArrayWriter | None = None
         self.batches: ArrayWriter | None = None
-        self.writer = None
+        self.writer = self.sink = None
         self.part_bytes = 0
-        self.rows = self.segments = self.tokens = self.part_batches = 0
+        self.rows = self.segments = self.tokens = 0
 
     def add(self, columns: list[pa.Array], meta: np.ndarray, ids: np.ndarray | None = None) -> None:
         """`ids`: the records' token ids back to back (meta["tokens"] of them per record), or None for bytes."""
@@ -199,22 +202,23 @@ class _Spill:
             self.ids.append(ids)
         if self.writer is None:
             self.parts.append(f"spill-{self.index:05d}-{len(self.parts):04d}.arrow")
-            self.writer = pa.ipc.new_file(str(self.work / f".{self.parts[-1]}.tmp"), self.schema)
+            self.sink = pa.OSFile(str(self.work / f".{self.parts[-1]}.tmp"), "wb")  # its tell() places each batch
+            self.writer = pa.ipc.new_file(self.sink, self.schema)
         if self.meta is None:
             self.meta = ArrayWriter(self.work / self.meta_name, META_DTYPE)
             self.batches = ArrayWriter(self.work / self.batches_name, BATCH_DTYPE)
         present = np.flatnonzero(np.diff(bounds))
         index = np.empty(len(present), dtype=BATCH_DTYPE)
         index["file"], index["part"], index["segment"] = len(self.parts) - 1, present, self.segments
-        index["number"] = self.part_batches + np.arange(len(present))
         index["rows"] = np.diff(bounds)[present]
         index["row"] = self.rows + bounds[present]
         tok_before = np.concatenate([[0], np.cumsum(meta["tokens"])])
         index["tok"] = self.tokens + tok_before[bounds[present]] if ids is not None else 0
-        self.part_batches += len(present)
         self.tokens += int(tok_before[-1]) if ids is not None else 0
-        for p in present.tolist():
+        for k, p in enumerate(present.tolist()):
+            start = self.sink.tell()
             self.writer.write_batch(batch.slice(int(bounds[p]), int(bounds[p + 1] - bounds[p])))
+            index["offset"][k], index["length"][k] = start, self.sink.tell() - start
         self.meta.append(meta)
         self.batches.append(index)
         self.rows += len(meta)
@@ -226,14 +230,17 @@ class _Spill:
     def close_part(self) -> None:
         if self.writer is not None:
             self.writer.close()
+            self.sink.close()
             (self.work / f".{self.parts[-1]}.tmp").replace(self.work / self.parts[-1])
-            self.writer, self.part_bytes, self.part_batches = None, 0, 0
+            self.writer = self.sink = None
+            self.part_bytes = 0
 
     def abort(self) -> None:
         if self.writer is not None:
             self.writer.close()
+            self.sink.close()
             (self.work / f".{self.parts[-1]}.tmp").unlink(missing_ok=True)
-            self.writer = None
+            self.writer = self.sink = None
         for w in (self.meta, self.ids, self.batches):
             if w is not None:
                 w.abort()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
 from pathlib import Path
 
 import numpy as np
@@ -18,13 +19,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from nightloom.sharding import storage
-from nightloom.sharding.arrays import DEST_DTYPE, ArrayReader
+from nightloom.sharding.arrays import DEST_DTYPE, ArrayReader, read_at
 from nightloom.sharding.directio import DirectWriter
 from nightloom.sharding.errors import ShardingError
 from nightloom.sharding.job import ShardJob
 from nightloom.sharding.manifest import ShardInfo, TokenFiles
 from nightloom.sharding.placement import MAPPING_NAME, dest_name
-from nightloom.sharding.scan import BATCH_DTYPE, META_DTYPE, ScanResult, gather_ids, row_indices
+from nightloom.sharding.scan import BATCH_DTYPE, META_DTYPE, ScanResult, gather_ids, row_indices, spill_schema
 from nightloom.sharding.tokens import TokenFileWriter, np_dtype
 from nightloom.sharding.workdir import WorkDir
 from nightloom.sharding.writeback import durable_and_uncached
@@ -94,45 +95,75 @@ class _Ids:
         return np.frombuffer(self.remote.read_at(start * size, n * size), dtype=self.dtype).copy()
 
 
-def _spill_file(wd: WorkDir, name: str):
-    """A spill part to open with pa.ipc.open_file: the local file, or ranged reads of it on S3."""
-    remote = wd.ranged(name)
-    return pa.OSFile(str(wd.path(name))) if remote is None else pa.PythonFile(remote, mode="r")
+class _SpillPart:
+    """One spill part, read a batch at a time by the byte range the batch index gives (os.pread on the local file,
+    one ranged GET on an S3 work folder this machine has no copy of): no IPC footer is opened or parsed, which was
+    the largest fixed cost of each (scan unit, shard) pair."""
+
+    def __init__(self, wd: WorkDir, name: str, schema: pa.Schema):
+        self.name, self.schema = name, schema
+        self.remote = wd.ranged(name)
+        self.fd = os.open(wd.path(name), os.O_RDONLY) if self.remote is None else None
+
+    def batch(self, offset: int, length: int) -> pa.RecordBatch:
+        data = self.remote.read_at(offset, length) if self.fd is None else os.pread(self.fd, length, offset)
+        return read_spilled_batch(data, self.schema, f"{self.name} bytes {offset}+{length}")
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
 
 
-def _rows_of_shard(wd: WorkDir, s: ScanResult, index: int, parts: np.ndarray, cols: list[str], id_dtype: str):
+def read_spilled_batch(data: bytes, schema: pa.Schema, where: str) -> pa.RecordBatch:
+    """The record batch in `data`, one batch's byte range of an Arrow IPC file (the first of a file also holds
+    its magic and schema message, which are skipped). The batch refers to `data`, a copy: not to the file."""
+    buf = pa.py_buffer(data)
+    if data[:6] == b"ARROW1":
+        buf = buf.slice(8)  # the file format's magic and padding, then the stream (schema message first)
+    for message in pa.ipc.MessageReader.open_stream(pa.BufferReader(buf)):
+        if message.type == "record batch":
+            return pa.ipc.read_record_batch(message, schema)
+    raise ShardingError(f"internal: no record batch in {where}")
+
+
+def _rows_of_shard(
+    wd: WorkDir, s: ScanResult, index: int, wanted: np.ndarray, schema: pa.Schema, cols: list[str], id_dtype: str
+):
     """(shard `index`'s rows of scan `s` as a table, their META_DTYPE records, their token ids back to back or
     None when the scan spilled none), segment by segment, in input order. Only the batches of the spill partitions
-    in `parts` are read (with plain reads: what a batch holds is copied, so nothing refers to the file; on an S3
-    work folder this machine did not scan, by ranged GETs of those batches); where several partitions meet in a
-    segment, their rows are put back in input order by `pos`."""
+    marked in `wanted` (a bool per plain shard) are read (with plain reads: what a batch holds is copied, so
+    nothing refers to the file; on an S3 work folder this machine did not scan, by ranged GETs of those batches);
+    where several partitions meet in a segment, their rows are put back in input order by `pos`.
+
+    Called once per (scan unit, shard): a big corpus has thousands of units, so what each call costs before its
+    first row counts (a lookup table, not np.isin; preads, not np.memmap; no IPC footer: `_SpillPart`)."""
     work = wd.local
     with ArrayReader(work / s.batches, BATCH_DTYPE) as listing:  # filtered a chunk at a time: bounded memory
-        entries = np.concatenate([c[np.isin(c["part"], parts)] for c in listing.chunks()] or [listing.read(0)])
+        entries = np.concatenate([c[wanted[c["part"]]] for c in listing.chunks()] or [listing.read(0)])
     if not len(entries):
         return
-    dest = np.memmap(work / dest_name(s.index), dtype=DEST_DTYPE, mode="r")
-    meta = np.memmap(work / s.meta, dtype=META_DTYPE, mode="r")
+    dest_path, meta_path = work / dest_name(s.index), work / s.meta
+    dest, meta = os.open(dest_path, os.O_RDONLY), os.open(meta_path, os.O_RDONLY)
     ids_all = _Ids(wd, s, id_dtype) if s.ids else None
-    current: list = [None, None, None]  # (spill part index, open file, its reader): one open file at a time
+    current: list = [None, None]  # (spill part index, its _SpillPart): one open file at a time
 
-    def batch(file: int, number: int) -> pa.RecordBatch:
+    def batch(file: int, offset: int, length: int) -> pa.RecordBatch:
         if current[0] != file:  # entries are in file order: a part is done once the next one starts
             if current[1] is not None:
                 current[1].close()
-            f = _spill_file(wd, s.spills[file])
-            current[:] = [file, f, pa.ipc.open_file(f)]
-        return current[2].get_batch(number)
+            current[:] = [file, _SpillPart(wd, s.spills[file], schema)]
+        return current[1].batch(offset, length)
 
     try:
         for seg in _segments(entries):
             pieces = []
             for e in seg.tolist():
-                file, number, _, _, n, row, tok = e
-                mine = np.asarray(dest[row : row + n]) == index
+                file, _, offset, length, _, n, row, tok = e
+                mine = read_at(dest, DEST_DTYPE, row, n, dest_path) == index
                 if not mine.any():
                     continue
-                b, m = batch(file, number), np.array(meta[row : row + n])
+                b, m = batch(file, offset, length), read_at(meta, META_DTYPE, row, n, meta_path)
                 ids = ids_all.slice(tok, int(m["tokens"].sum())) if ids_all is not None else None
                 if not mine.all():
                     keep = np.flatnonzero(mine)
@@ -159,7 +190,9 @@ def _rows_of_shard(wd: WorkDir, s: ScanResult, index: int, parts: np.ndarray, co
     finally:
         if current[1] is not None:
             current[1].close()
-        del dest, meta, ids_all
+        os.close(dest)
+        os.close(meta)
+        del ids_all
 
 
 def write_shard(job: ShardJob, scans: list[ScanResult], index: int) -> ShardInfo:
@@ -179,8 +212,10 @@ def write_shard(job: ShardJob, scans: list[ScanResult], index: int) -> ShardInfo
         if s.spills:
             wd.fetch(dest_name(s.index), *(f for f in (s.meta, s.batches) if f))
     mapping = np.fromfile(work / MAPPING_NAME, dtype=DEST_DTYPE)
-    parts = partitions_of(mapping, index, job.num_shards, index == job.heldout_index)
+    wanted = np.zeros(job.num_shards, dtype=bool)  # the plain shards (spill partitions) holding this shard's rows
+    wanted[partitions_of(mapping, index, job.num_shards, index == job.heldout_index)] = True
     cols = _output_columns(job)
+    schema = spill_schema(job)
     local_out = not storage.is_s3(job.output)
     tmp_dir = Path(job.output) if local_out else work
     tmp = tmp_dir / f".{name}.tmp"
@@ -220,7 +255,7 @@ def write_shard(job: ShardJob, scans: list[ScanResult], index: int) -> ShardInfo
         for s in sorted(scans, key=lambda s: s.index):
             if not s.spills:
                 continue
-            for t, sel, ids in _rows_of_shard(wd, s, index, parts, cols, job.token_dtype):
+            for t, sel, ids in _rows_of_shard(wd, s, index, wanted, schema, cols, job.token_dtype):
                 if t.schema != out_schema:
                     t = t.cast(out_schema)
                 if ids is None:  # bytes: the ids are the text's UTF-8 bytes
