@@ -11,7 +11,8 @@ RSS, the ratios, nightloom's peak RSS at two sizes, and a Markdown table of the 
 
     python bench/sharding.py --size-mb 1024 --shards 16            # the library's defaults (zstd, 1 thread/CPU)
     python bench/sharding.py --size-mb 1024 --compression none     # what the codec costs
-    python bench/sharding.py --size-mb 1024 --skip-datasets --many-files 13000   # + small files vs one JSONL
+    python bench/sharding.py --size-mb 1024 --skip-datasets --many-files 13000   # + small files vs one JSONL, and the
+                                                                               # write step's cost per (unit, shard) pair
     python bench/sharding.py --tokens-only --tokens-mb 64          # tokens/s per core with a real tokenizer
     python bench/sharding.py --code-corpus .venv/lib/python3.11/site-packages   # real small files vs one JSONL
 
@@ -94,6 +95,24 @@ parse = pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignor
 with pq.ParquetWriter(sys.argv[2], schema, **parquet_options(sys.argv[3])) as w:
     for piece in _line_chunks(Path(sys.argv[1])):
         w.write_table(pj.read_json(piece, parse_options=parse))
+""",
+    "pairs": """
+import sys, time
+from nightloom.sharding import job as jm
+jm.UNIT_FILES = int(sys.argv[3])
+from nightloom.sharding import pipeline
+from nightloom.sharding.placement import place_documents
+from nightloom.sharding.scan import scan_unit
+from nightloom.sharding.writer import write_shard
+from nightloom.spec import DatasetSpec, ShardingSpec
+job = pipeline.plan_job(DatasetSpec(path=sys.argv[1], format="text"),
+                        ShardingSpec(output=sys.argv[2], num_shards=16, tolerance=0.05))
+scans = [scan_unit(job, i) for i in range(len(job.units))]
+place_documents(job, scans)
+t = time.perf_counter()
+for i in pipeline.shard_indices(job):
+    write_shard(job, scans, i)
+print("PAIRS", len(job.units) * job.num_shards, time.perf_counter() - t, file=sys.stderr)
 """,
 }
 TOKEN_CHILD = {
@@ -301,6 +320,33 @@ def _remove(path: Path | None) -> None:
         shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
 
 
+def pairs_route(folder: Path, scratch: Path) -> None:
+    """The write step's fixed cost per (scan unit, shard) pair: the same text folder in units of 64 files and of
+    4096 (UNIT_FILES), 16 shards, written on one thread; a corpus of thousands of units pays it units × shards
+    times."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    runs = {}
+    for files in (4096, 64):
+        out = scratch / f"out-pairs-{files}"
+        _remove(out)
+        p = subprocess.run(
+            [sys.executable, "-c", CHILD["pairs"], str(folder), str(out), str(files)],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        _remove(out)
+        if p.returncode:
+            raise SystemExit(f"pairs failed:\n{p.stderr[-3000:]}")
+        parts = next(ln for ln in p.stderr.splitlines() if ln.startswith("PAIRS")).split()
+        runs[files] = (int(parts[1]), float(parts[2]))
+    (few, few_t), (many, many_t) = runs[4096], runs[64]
+    per_pair = (many_t - few_t) / (many - few) * 1e3
+    print(f"write step, one thread: {few} (unit, shard) pairs {few_t:.2f} s; {many} pairs {many_t:.2f} s")
+    print(f"    ratio {many_t / few_t:.2f}; each extra pair costs {per_pair:.2f} ms")
+
+
 def many_files_route(label: str, folder: Path, same: Path, nbytes: int, scratch: Path) -> None:
     """Shard `folder` (one document per file, `--format text`) and `same` (the same documents as one JSONL)."""
     fmb = nbytes / 2**20
@@ -439,6 +485,7 @@ def main() -> int:
             folder, same = scratch / "files", scratch / "same.jsonl"
             nbytes = explode(big, folder, a.many_files, same)
             many_files_route(f"many files: {a.many_files} text files", folder, same, nbytes, scratch)
+            pairs_route(folder, scratch)
         print(
             f"peak RSS nightloom: {nsmall / 2**20:.0f} MiB corpus → {nl_small_rss / 1024:.0f} MiB; "
             f"{mb:.0f} MiB corpus → {nl_rss / 1024:.0f} MiB  (ratio {nl_rss / nl_small_rss:.2f} for "
