@@ -144,9 +144,8 @@ def _rows_of_shard(
     if not len(entries):
         return
     dest_path, meta_path = work / dest_name(s.index), work / s.meta
-    dest, meta = os.open(dest_path, os.O_RDONLY), os.open(meta_path, os.O_RDONLY)
-    ids_all = _Ids(wd, s, id_dtype) if s.ids else None
     current: list = [None, None]  # (spill part index, its _SpillPart): one open file at a time
+    dest = meta = ids_all = None
 
     def batch(file: int, offset: int, length: int) -> pa.RecordBatch:
         if current[0] != file:  # entries are in file order: a part is done once the next one starts
@@ -156,6 +155,9 @@ def _rows_of_shard(
         return current[1].batch(offset, length)
 
     try:
+        dest = os.open(dest_path, os.O_RDONLY)
+        meta = os.open(meta_path, os.O_RDONLY)
+        ids_all = _Ids(wd, s, id_dtype) if s.ids else None
         for seg in _segments(entries):
             pieces = []
             for e in seg.tolist():
@@ -187,11 +189,12 @@ def _rows_of_shard(
                         np.concatenate([p[2] for p in pieces]), np.concatenate([p[1]["tokens"] for p in pieces]), order
                     )
             yield t.select(cols), m, ids
-    finally:
+    finally:  # whatever failed to open or read: nothing stays open
         if current[1] is not None:
             current[1].close()
-        os.close(dest)
-        os.close(meta)
+        for fd in (dest, meta):
+            if fd is not None:
+                os.close(fd)
         del ids_all
 
 

@@ -172,3 +172,24 @@ def test_documents_the_tokenizer_turns_into_no_ids_still_shard(tmp_path, bpe, mo
                 assert ds[k].tolist() == [eos]
                 seen += 1
     assert seen == 8
+
+
+def test_a_writer_that_fails_to_open_a_scans_files_leaves_nothing_open(tmp_path):
+    """A shard writer opens each scan's per-row files and spill parts itself (preads, no memmaps); when one of them
+    is missing it fails naming it, and every descriptor it had opened is closed again."""
+    import os
+
+    from nightloom.sharding.job import plan_job
+    from nightloom.sharding.placement import place_documents
+    from nightloom.sharding.scan import scan_unit
+    from nightloom.sharding.writer import write_shard
+
+    src = write_jsonl(tmp_path / "a.jsonl", make_docs(600, seed=4))
+    job = plan_job(DatasetSpec(path=str(src)), ShardingSpec(output=str(tmp_path / "o"), num_shards=3, tolerance=0.9))
+    scans = [scan_unit(job, i) for i in range(len(job.units))]
+    place_documents(job, scans)
+    (job.work.local / scans[0].meta).unlink()
+    before = sorted(os.listdir("/proc/self/fd"))
+    with pytest.raises(FileNotFoundError, match=scans[0].meta):
+        write_shard(job, scans, 0)
+    assert sorted(os.listdir("/proc/self/fd")) == before
