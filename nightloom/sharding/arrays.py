@@ -45,16 +45,6 @@ class ArrayWriter:
         self.tmp.unlink(missing_ok=True)
 
 
-def read_at(fd: int, dtype: np.dtype, start: int, n: int, name: object = "array file") -> np.ndarray:
-    """Records [start, start + n) of an open array file in one pread (read-only): a shard writer reads a few
-    slices of each scan's files, and an np.memmap of each cost more to set up than the reads (~80 µs a map)."""
-    size = dtype.itemsize
-    data = os.pread(fd, n * size, start * size)
-    if len(data) != n * size:
-        raise ValueError(f"{name}: wanted records [{start}, {start + n}), file ended after {len(data)} bytes of them")
-    return np.frombuffer(data, dtype=dtype)
-
-
 class ArrayReader:
     """Read an array file front to back: `read(n)` returns exactly the next n records."""
 

@@ -192,24 +192,28 @@ class FingerprintCache:
     def _key(st: os.stat_result) -> list[int]:
         return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
 
+    def _kept(self, rel: str, key: list[int]) -> str:
+        """`rel`'s kept fingerprint if it was kept with this stat key, else ""."""
+        hit = self.entries.get(rel)
+        return hit[4] if isinstance(hit, list) and len(hit) == 5 and hit[:4] == key else ""
+
     def cached(self, rel: str, st: os.stat_result) -> str:
         """`rel`'s kept fingerprint if `st` (the listing's stat) matches the one it was kept with, else "" (and
         `st` is remembered, so `fingerprint` does not stat the file again)."""
         key = self._key(st)
-        hit = self.entries.get(rel)
-        if isinstance(hit, list) and len(hit) == 5 and hit[:4] == key:
-            return hit[4]
-        self.listed[rel] = key
-        return ""
+        fp = self._kept(rel, key)
+        if not fp:
+            self.listed[rel] = key
+        return fp
 
     def fingerprint(self, src: SourceRef) -> str:
         """The file's fingerprint: the kept one while its stat is unchanged, else its bytes hashed (and kept). The
         stat is the listing's if it made one (taken before the read, so a file changed in between is a miss next
         time, never a wrong hit)."""
-        key = self.listed.pop(src.rel, None) or self._key(os.stat(src.uri))
-        hit = self.entries.get(src.rel)
-        if isinstance(hit, list) and len(hit) == 5 and hit[:4] == key:
-            return hit[4]
+        listed = self.listed.pop(src.rel, None)  # the listing's stat, which `cached` already found no hit for
+        key = listed or self._key(os.stat(src.uri))
+        if listed is None and (fp := self._kept(src.rel, key)):
+            return fp
         fp = hash_file(src, self.read_ahead)
         self.entries[src.rel] = [*key, fp]
         self.changed = True

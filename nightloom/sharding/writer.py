@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from nightloom.sharding import storage
-from nightloom.sharding.arrays import DEST_DTYPE, ArrayReader, read_at
+from nightloom.sharding.arrays import DEST_DTYPE, ArrayReader
 from nightloom.sharding.directio import DirectWriter
 from nightloom.sharding.errors import ShardingError
 from nightloom.sharding.job import ShardJob
@@ -76,38 +76,29 @@ def _segments(entries: np.ndarray):
         yield from np.split(entries, cut)
 
 
-class _Ids:
-    """Scan `s`'s token ids: the local file mapped, or (an S3 work folder this machine has no copy of) read a
-    slice at a time by ranged GETs; `None` when the scan spilled none (the bytes tokenizer)."""
+class _WorkFile:
+    """A work file of one scan, read by byte range: os.pread on this machine's copy, or one ranged GET on an S3
+    work folder this machine has no copy of. A writer reads a few slices of each scan's files, so opening one costs
+    a descriptor, not an IPC footer or an np.memmap (~80 µs a map)."""
 
-    def __init__(self, wd: WorkDir, s: ScanResult, id_dtype: str):
-        self.dtype = np_dtype(id_dtype)
-        self.remote = wd.ranged(s.ids)
-        self.local = None
-        if self.remote is None:
-            path = wd.path(s.ids)  # every kept document may encode to no id at all: an empty file cannot be mapped
-            self.local = np.memmap(path, self.dtype, mode="r") if path.stat().st_size else np.zeros(0, self.dtype)
-
-    def slice(self, start: int, n: int) -> np.ndarray:
-        if self.local is not None:
-            return np.array(self.local[start : start + n])
-        size = self.dtype.itemsize
-        return np.frombuffer(self.remote.read_at(start * size, n * size), dtype=self.dtype).copy()
-
-
-class _SpillPart:
-    """One spill part, read a batch at a time by the byte range the batch index gives (os.pread on the local file,
-    one ranged GET on an S3 work folder this machine has no copy of): no IPC footer is opened or parsed, which was
-    the largest fixed cost of each (scan unit, shard) pair."""
-
-    def __init__(self, wd: WorkDir, name: str, schema: pa.Schema):
-        self.name, self.schema = name, schema
+    def __init__(self, wd: WorkDir, name: str):
+        self.name = name
         self.remote = wd.ranged(name)
         self.fd = os.open(wd.path(name), os.O_RDONLY) if self.remote is None else None
 
-    def batch(self, offset: int, length: int) -> pa.RecordBatch:
+    def read(self, offset: int, length: int) -> bytes:
         data = self.remote.read_at(offset, length) if self.fd is None else os.pread(self.fd, length, offset)
-        return read_spilled_batch(data, self.schema, f"{self.name} bytes {offset}+{length}")
+        if len(data) != length:
+            raise ShardingError(f"{self.name}: wanted bytes {offset}+{length}, the file ended after {len(data)}")
+        return data
+
+    def records(self, dtype: np.dtype, start: int, n: int) -> np.ndarray:
+        """Records [start, start + n) of a fixed-dtype array file (read-only)."""
+        return np.frombuffer(self.read(start * dtype.itemsize, n * dtype.itemsize), dtype=dtype)
+
+    def batch(self, offset: int, length: int, schema: pa.Schema) -> pa.RecordBatch:
+        """The spilled record batch at this byte range of a spill part (the batch index gives it)."""
+        return read_spilled_batch(self.read(offset, length), schema, f"{self.name} bytes {offset}+{length}")
 
     def close(self) -> None:
         if self.fd is not None:
@@ -137,36 +128,40 @@ def _rows_of_shard(
     where several partitions meet in a segment, their rows are put back in input order by `pos`.
 
     Called once per (scan unit, shard): a big corpus has thousands of units, so what each call costs before its
-    first row counts (a lookup table, not np.isin; preads, not np.memmap; no IPC footer: `_SpillPart`)."""
+    first row counts (a lookup table, not np.isin; byte ranges read from `_WorkFile`s: no np.memmap, no IPC
+    footer)."""
     work = wd.local
     with ArrayReader(work / s.batches, BATCH_DTYPE) as listing:  # filtered a chunk at a time: bounded memory
         entries = np.concatenate([c[wanted[c["part"]]] for c in listing.chunks()] or [listing.read(0)])
     if not len(entries):
         return
-    dest_path, meta_path = work / dest_name(s.index), work / s.meta
-    current: list = [None, None]  # (spill part index, its _SpillPart): one open file at a time
-    dest = meta = ids_all = None
+    current: list = [None, None]  # (spill part index, its _WorkFile): one open spill part at a time
+    opened: list[_WorkFile] = []
+    id_type = np_dtype(id_dtype)
 
     def batch(file: int, offset: int, length: int) -> pa.RecordBatch:
         if current[0] != file:  # entries are in file order: a part is done once the next one starts
             if current[1] is not None:
                 current[1].close()
-            current[:] = [file, _SpillPart(wd, s.spills[file], schema)]
-        return current[1].batch(offset, length)
+            current[:] = [file, _WorkFile(wd, s.spills[file])]
+        return current[1].batch(offset, length, schema)
+
+    def work_file(name: str) -> _WorkFile:
+        opened.append(_WorkFile(wd, name))
+        return opened[-1]
 
     try:
-        dest = os.open(dest_path, os.O_RDONLY)
-        meta = os.open(meta_path, os.O_RDONLY)
-        ids_all = _Ids(wd, s, id_dtype) if s.ids else None
+        dest, meta = work_file(dest_name(s.index)), work_file(s.meta)
+        ids_all = work_file(s.ids) if s.ids else None  # None: the scan spilled no ids (the bytes tokenizer)
         for seg in _segments(entries):
             pieces = []
             for e in seg.tolist():
                 file, _, offset, length, _, n, row, tok = e
-                mine = read_at(dest, DEST_DTYPE, row, n, dest_path) == index
+                mine = dest.records(DEST_DTYPE, row, n) == index
                 if not mine.any():
                     continue
-                b, m = batch(file, offset, length), read_at(meta, META_DTYPE, row, n, meta_path)
-                ids = ids_all.slice(tok, int(m["tokens"].sum())) if ids_all is not None else None
+                b, m = batch(file, offset, length), meta.records(META_DTYPE, row, n)
+                ids = ids_all.records(id_type, tok, int(m["tokens"].sum())) if ids_all is not None else None
                 if not mine.all():
                     keep = np.flatnonzero(mine)
                     if ids is not None:
@@ -190,12 +185,9 @@ def _rows_of_shard(
                     )
             yield t.select(cols), m, ids
     finally:  # whatever failed to open or read: nothing stays open
-        if current[1] is not None:
-            current[1].close()
-        for fd in (dest, meta):
-            if fd is not None:
-                os.close(fd)
-        del ids_all
+        for f in [*opened, current[1]]:
+            if f is not None:
+                f.close()
 
 
 def write_shard(job: ShardJob, scans: list[ScanResult], index: int) -> ShardInfo:
