@@ -265,6 +265,21 @@ def _lines(f, span: tuple[int, int] | None) -> Iterator[bytes]:
         yield line
 
 
+def _nonfinite_json(line: bytes) -> object | None:
+    """`line` as JSON whose numbers may be spelled NaN, Infinity or -Infinity (Python's json.dumps writes them for
+    non-finite floats), or None. Arrow's JSON reader, the fast path, accepts them, so the record path does too: a
+    file's records must not turn bad because an unrelated line sent the file down this path. Strings must still be
+    valid UTF-8 without lone surrogates, as orjson wants (json.loads lets surrogates through; orjson.dumps refuses)."""
+    if b"NaN" not in line and b"Infinity" not in line:
+        return None
+    try:
+        obj = json.loads(line)
+        orjson.dumps(obj)
+    except (ValueError, TypeError, RecursionError):  # JSONDecodeError, UnicodeDecodeError, orjson.JSONEncodeError
+        return None
+    return obj
+
+
 def read_jsonl(
     path: Path,
     text_field: str,
@@ -272,7 +287,8 @@ def read_jsonl(
     keep: tuple[str, ...] = (),
     span: tuple[int, int] | None = None,
 ) -> Iterator[Item]:
-    """Line by line; blank lines are not records. Errors: corrupt JSON, non-UTF-8, missing/non-string field.
+    """Line by line; blank lines are not records. Errors: corrupt JSON, non-UTF-8, missing/non-string field (numbers
+    spelled NaN/Infinity/-Infinity are not errors: `_nonfinite_json`).
     `span`: only the lines of that line-aligned byte range (numbered as in the whole file)."""
     loads, decode_error = orjson.loads, orjson.JSONDecodeError
     first = 1 + (_lines_before(path, span[0]) if span and span[0] else 0)
@@ -284,8 +300,10 @@ def read_jsonl(
                 except decode_error as e:
                     if not line.strip():
                         continue
-                    yield n, None, None, _utf8_error(line) or f"invalid JSON: {e}", NO_EXTRAS
-                    continue
+                    obj = _nonfinite_json(line)
+                    if obj is None:
+                        yield n, None, None, _utf8_error(line) or f"invalid JSON: {e}", NO_EXTRAS
+                        continue
                 if type(obj) is not dict:
                     yield n, None, None, f"expected a JSON object, got {type(obj).__name__}", NO_EXTRAS
                     continue

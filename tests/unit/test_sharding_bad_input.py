@@ -118,3 +118,30 @@ def test_error_does_not_publish_partial_output(tmp_path):
     with pytest.raises(ShardingError, match=r"b.jsonl:2"):
         _run(d, out)
     assert not list(out.glob("shard-*")) and not (out / "manifest.json").exists()
+
+
+def _texts(out):
+    import pyarrow.parquet as pq
+
+    return sorted(t for p in sorted(out.glob("shard-*.parquet")) for t in pq.read_table(p).column("text").to_pylist())
+
+
+def test_nan_and_infinity_numbers_are_read_alike_on_the_fast_and_the_record_path(tmp_path):
+    """Arrow's reader (the fast path) accepts NaN/Infinity, which Python's json.dumps writes; a file that falls back
+    to the record path for an unrelated bad line must not lose those records as well."""
+    lines = _good_lines(40)
+    for pos, spelled in zip((2, 9, 30), ("NaN", "Infinity", "-Infinity")):
+        lines.insert(pos, b'{"text": "score %d is %s", "score": %s}' % (pos, spelled.encode(), spelled.encode()))
+    clean = tmp_path / "clean.jsonl"
+    clean.write_bytes(b"\n".join(lines) + b"\n")
+    fast = _run(clean, tmp_path / "fast", on_error="skip")
+    assert (fast.rows, fast.bad_records) == (43, 0)
+
+    bad = lines[:20] + [b'{"text": "unterminated'] + lines[20:]
+    bad.insert(5, b'{"text": "lone \\ud800 surrogate", "score": NaN}')  # still bad: not valid UTF-8 text
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_bytes(b"\n".join(bad) + b"\n")
+    slow = _run(mixed, tmp_path / "slow", on_error="skip", max_bad_fraction=0.1)
+    assert (slow.rows, slow.bad_records) == (43, 2)
+    assert [b.line for b in slow.bad_examples] == [6, 22]
+    assert _texts(tmp_path / "slow") == _texts(tmp_path / "fast")
