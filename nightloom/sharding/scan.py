@@ -9,7 +9,9 @@ skips files already scanned (resume). Bad records fail at once (`on_error=fail`)
 
 Each batch that reaches the spill is split by plain shard (H mod N, the shard of every bucket the balancer does
 not move) into one Arrow record batch per shard, listed in a BATCH_DTYPE index: a shard writer then reads its own
-partition of every spill, not the whole spill once per shard (which made writing grow as shards × corpus).
+partition of every spill, not the whole spill once per shard (which made writing grow as shards × corpus). A
+spill part (SPILL_PART_BYTES of text, held until then) is written partition-major: a plain shard's batches of the
+whole part are adjacent, so a writer reads them with one read, on S3 one ranged GET, not one per batch.
 Meta, ids and the placement's dest file follow the spill's row order; META_DTYPE's `pos` gives each record's
 place in input order within the unit, so a writer can restore input order where partitions meet.
 
@@ -45,16 +47,16 @@ from nightloom.sharding.tokens import np_dtype
 MAX_BAD_EXAMPLES = 10
 SPILL_BATCH = 8192  # records per Arrow batch on the record path …
 SPILL_BATCH_BYTES = 16 * 1024 * 1024  # … or this much text, whichever first (bounds memory for huge documents)
-SPILL_PART_BYTES = 32 * 1024 * 1024  # a new spill file after this much: bounds what a writer maps at once
+SPILL_PART_BYTES = 32 * 1024 * 1024  # text per spill part: what a scan holds before writing it, shard by shard
 JSON_CHUNK = 16 * 1024 * 1024  # JSONL is parsed in line-aligned pieces of this size (bounded memory) …
 JSON_BLOCK = 8 * 1024 * 1024  # … in Arrow blocks of this size; a longer line falls back to the record path
 NEWLINE_SEARCH = 1 << 16  # the last newline of a piece is looked for here first
 META_DTYPE = np.dtype([("h1", "<u8"), ("h2", "<u8"), ("tokens", "<i8"), ("nbytes", "<i8"), ("pos", "<i8")])
 # one entry per spilled record batch, in spill order: its spill part (file) and the bytes it takes there (offset,
 # length: a writer reads just those, with no IPC footer to open; the first batch of a part also holds the file's
-# magic and schema message), the add() call it came from (segment: the batches of one segment cover one run of
-# input positions), its plain shard, its rows, and where they start in the meta/dest files (row) and in the ids
-# file (tok)
+# magic and schema message), its segment (the batches of one segment cover one run of input positions: a part),
+# its plain shard (part), its rows, and where they start in the meta/dest files (row) and in the ids file (tok).
+# Entries adjacent in the spill are adjacent in meta, dest and ids too: a writer reads a run of them at once.
 BATCH_DTYPE = np.dtype(
     [
         ("file", "<i4"),
@@ -167,9 +169,11 @@ def gather_ids(ids: np.ndarray, lengths: np.ndarray, order: np.ndarray) -> np.nd
 
 
 class _Spill:
-    """Appends (columns, meta[, token ids]) batches, split by plain shard, to size-bounded IPC parts (each
-    published with a rename); the meta records, the token ids and the batch index go to array files written as
-    they go (memory does not grow with the input)."""
+    """Collects (columns, meta[, token ids]) batches, each put in plain-shard order as it comes, and writes them a
+    spill part at a time (each published with a rename; a part is SPILL_PART_BYTES of text, the bytes held here
+    before it is written): partition-major, so a plain shard's rows of a whole part lie together in the part, the
+    meta file and the ids file, and a writer reads them with one read (a ranged GET on S3) of each, not one per
+    batch. The meta records, the token ids and the batch index go to array files as the parts are written."""
 
     def __init__(self, work: Path, index: int, schema: pa.Schema, id_dtype: str = "int32", num_shards: int = 1):
         self.work, self.index, self.schema, self.id_dtype = work, index, schema, id_dtype
@@ -181,9 +185,10 @@ class _Spill:
         self.meta: ArrayWriter | None = None
         self.ids: ArrayWriter | None = None
         self.batches: ArrayWriter | None = None
-        self.writer = self.sink = None
-        self.part_bytes = 0
-        self.rows = self.segments = self.tokens = 0
+        # batches not written yet: (record batch, its meta, its ids or None, each plain shard's [start, stop))
+        self.pending: list[tuple[pa.RecordBatch, np.ndarray, np.ndarray | None, np.ndarray]] = []
+        self.pending_bytes = 0
+        self.rows = self.written = self.tokens = 0  # rows added (input positions), rows and ids written
 
     def add(self, columns: list[pa.Array], meta: np.ndarray, ids: np.ndarray | None = None) -> None:
         """`ids`: the records' token ids back to back (meta["tokens"] of them per record), or None for bytes."""
@@ -196,51 +201,54 @@ class _Spill:
             if ids is not None:
                 ids = gather_ids(ids, meta["tokens"], order)
             batch, meta = batch.take(row_indices(order)), meta[order]
-        if ids is not None:
-            if self.ids is None:
-                self.ids = ArrayWriter(self.work / self.ids_name, np_dtype(self.id_dtype))
-            self.ids.append(ids)
-        if self.writer is None:
-            self.parts.append(f"spill-{self.index:05d}-{len(self.parts):04d}.arrow")
-            self.sink = pa.OSFile(str(self.work / f".{self.parts[-1]}.tmp"), "wb")  # its tell() places each batch
-            self.writer = pa.ipc.new_file(self.sink, self.schema)
-        if self.meta is None:
-            self.meta = ArrayWriter(self.work / self.meta_name, META_DTYPE)
-            self.batches = ArrayWriter(self.work / self.batches_name, BATCH_DTYPE)
-        present = np.flatnonzero(np.diff(bounds))
-        index = np.empty(len(present), dtype=BATCH_DTYPE)
-        index["file"], index["part"], index["segment"] = len(self.parts) - 1, present, self.segments
-        index["rows"] = np.diff(bounds)[present]
-        index["row"] = self.rows + bounds[present]
-        tok_before = np.concatenate([[0], np.cumsum(meta["tokens"])])
-        index["tok"] = self.tokens + tok_before[bounds[present]] if ids is not None else 0
-        self.tokens += int(tok_before[-1]) if ids is not None else 0
-        for k, p in enumerate(present.tolist()):
-            start = self.sink.tell()
-            self.writer.write_batch(batch.slice(int(bounds[p]), int(bounds[p + 1] - bounds[p])))
-            index["offset"][k], index["length"][k] = start, self.sink.tell() - start
-        self.meta.append(meta)
-        self.batches.append(index)
+        self.pending.append((batch, meta, ids, bounds))
         self.rows += len(meta)
-        self.segments += 1
-        self.part_bytes += int(meta["nbytes"].sum())
-        if self.part_bytes >= SPILL_PART_BYTES:
+        self.pending_bytes += int(meta["nbytes"].sum())
+        if self.pending_bytes >= SPILL_PART_BYTES:
             self.close_part()
 
     def close_part(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
-            self.sink.close()
-            (self.work / f".{self.parts[-1]}.tmp").replace(self.work / self.parts[-1])
-            self.writer = self.sink = None
-            self.part_bytes = 0
+        """Write the pending batches as the next spill part: plain shard by plain shard, each shard's rows of every
+        pending batch in input order (one BATCH_DTYPE entry per (batch, shard) present, adjacent in the files)."""
+        if not self.pending:
+            return
+        if self.meta is None:
+            self.meta = ArrayWriter(self.work / self.meta_name, META_DTYPE)
+            self.batches = ArrayWriter(self.work / self.batches_name, BATCH_DTYPE)
+        if self.ids is None and self.pending[0][2] is not None:
+            self.ids = ArrayWriter(self.work / self.ids_name, np_dtype(self.id_dtype))
+        counts = np.stack([np.diff(b) for _, _, _, b in self.pending])  # (batch, shard) -> rows
+        which_batch, which_shard = np.nonzero(counts)  # batch-major …
+        by_shard = np.lexsort((which_batch, which_shard))  # … made shard-major, batches in input order
+        tok_before = [np.concatenate([[0], np.cumsum(m["tokens"])]) for _, m, _, _ in self.pending]
+        self.parts.append(f"spill-{self.index:05d}-{len(self.parts):04d}.arrow")
+        tmp = self.work / f".{self.parts[-1]}.tmp"
+        index = np.zeros(len(by_shard), dtype=BATCH_DTYPE)
+        index["file"] = index["segment"] = len(self.parts) - 1  # a part holds one run of input positions
+        with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, self.schema) as writer:  # tell() places batches
+            for k, (b, p) in enumerate(zip(which_batch[by_shard].tolist(), which_shard[by_shard].tolist())):
+                batch, meta, ids, bounds = self.pending[b]
+                lo, hi = int(bounds[p]), int(bounds[p + 1])
+                start = sink.tell()
+                writer.write_batch(batch.slice(lo, hi - lo))
+                index["offset"][k], index["length"][k] = start, sink.tell() - start
+                index["part"][k], index["rows"][k], index["row"][k] = p, hi - lo, self.written
+                self.meta.append(meta[lo:hi])
+                self.written += hi - lo
+                if ids is not None:
+                    t0, t1 = int(tok_before[b][lo]), int(tok_before[b][hi])
+                    index["tok"][k] = self.tokens
+                    self.ids.append(ids[t0:t1])
+                    self.tokens += t1 - t0
+        tmp.replace(self.work / self.parts[-1])
+        self.batches.append(index)
+        self.pending.clear()
+        self.pending_bytes = 0
 
     def abort(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
-            self.sink.close()
+        self.pending.clear()
+        if self.parts:  # a part that failed half-written
             (self.work / f".{self.parts[-1]}.tmp").unlink(missing_ok=True)
-            self.writer = self.sink = None
         for w in (self.meta, self.ids, self.batches):
             if w is not None:
                 w.abort()

@@ -76,6 +76,15 @@ def _segments(entries: np.ndarray):
         yield from np.split(entries, cut)
 
 
+def _runs(entries: np.ndarray):
+    """`entries` (of one segment) split into runs that are adjacent in their spill part, and so in the meta, dest
+    and ids files: each run is read with one read of each file (on S3, one ranged GET)."""
+    if len(entries):
+        ends = entries["offset"] + entries["length"]
+        cut = np.flatnonzero((entries["file"][1:] != entries["file"][:-1]) | (entries["offset"][1:] != ends[:-1])) + 1
+        yield from np.split(entries, cut)
+
+
 class _WorkFile:
     """A work file of one scan, read by byte range: os.pread on this machine's copy, or one ranged GET on an S3
     work folder this machine has no copy of. A writer reads a few slices of each scan's files, so opening one costs
@@ -96,9 +105,9 @@ class _WorkFile:
         """Records [start, start + n) of a fixed-dtype array file (read-only)."""
         return np.frombuffer(self.read(start * dtype.itemsize, n * dtype.itemsize), dtype=dtype)
 
-    def batch(self, offset: int, length: int, schema: pa.Schema) -> pa.RecordBatch:
-        """The spilled record batch at this byte range of a spill part (the batch index gives it)."""
-        return read_spilled_batch(self.read(offset, length), schema, f"{self.name} bytes {offset}+{length}")
+    def batches(self, offset: int, length: int, schema: pa.Schema) -> list[pa.RecordBatch]:
+        """The spilled record batches in this byte range of a spill part (a run of batch index entries)."""
+        return read_spilled_batches(self.read(offset, length), schema, f"{self.name} bytes {offset}+{length}")
 
     def close(self) -> None:
         if self.fd is not None:
@@ -106,16 +115,21 @@ class _WorkFile:
             self.fd = None
 
 
-def read_spilled_batch(data: bytes, schema: pa.Schema, where: str) -> pa.RecordBatch:
-    """The record batch in `data`, one batch's byte range of an Arrow IPC file (the first of a file also holds
-    its magic and schema message, which are skipped). The batch refers to `data`, a copy: not to the file."""
+def read_spilled_batches(data: bytes, schema: pa.Schema, where: str) -> list[pa.RecordBatch]:
+    """The record batches in `data`, a byte range of an Arrow IPC file that holds whole batches (the first of a
+    file also holds its magic and schema message, which are skipped). They refer to `data`, a copy: not to the
+    file."""
     buf = pa.py_buffer(data)
     if data[:6] == b"ARROW1":
         buf = buf.slice(8)  # the file format's magic and padding, then the stream (schema message first)
-    for message in pa.ipc.MessageReader.open_stream(pa.BufferReader(buf)):
-        if message.type == "record batch":
-            return pa.ipc.read_record_batch(message, schema)
-    raise ShardingError(f"internal: no record batch in {where}")
+    out = [
+        pa.ipc.read_record_batch(message, schema)
+        for message in pa.ipc.MessageReader.open_stream(pa.BufferReader(buf))
+        if message.type == "record batch"
+    ]
+    if not out:
+        raise ShardingError(f"internal: no record batch in {where}")
+    return out
 
 
 def _rows_of_shard(
@@ -123,9 +137,11 @@ def _rows_of_shard(
 ):
     """(shard `index`'s rows of scan `s` as a table, their META_DTYPE records, their token ids back to back or
     None when the scan spilled none), segment by segment, in input order. Only the batches of the spill partitions
-    marked in `wanted` (a bool per plain shard) are read (with plain reads: what a batch holds is copied, so
-    nothing refers to the file; on an S3 work folder this machine did not scan, by ranged GETs of those batches);
-    where several partitions meet in a segment, their rows are put back in input order by `pos`.
+    marked in `wanted` (a bool per plain shard) are read, a run of adjacent ones at a time (a plain shard's batches
+    of a whole spill part are adjacent), with plain reads of the spill, meta, dest and ids files: what a batch
+    holds is copied, so nothing refers to the files; on an S3 work folder this machine did not scan, the reads are
+    ranged GETs, so no machine downloads a scan's per-row files whole. Where several partitions meet in a
+    segment, their rows are put back in input order by `pos`.
 
     Called once per (scan unit, shard): a big corpus has thousands of units, so what each call costs before its
     first row counts (a lookup table, not np.isin; byte ranges read from `_WorkFile`s: no np.memmap, no IPC
@@ -139,12 +155,12 @@ def _rows_of_shard(
     opened: list[_WorkFile] = []
     id_type = np_dtype(id_dtype)
 
-    def batch(file: int, offset: int, length: int) -> pa.RecordBatch:
+    def spilled(file: int, offset: int, length: int) -> list[pa.RecordBatch]:
         if current[0] != file:  # entries are in file order: a part is done once the next one starts
             if current[1] is not None:
                 current[1].close()
             current[:] = [file, _WorkFile(wd, s.spills[file])]
-        return current[1].batch(offset, length, schema)
+        return current[1].batches(offset, length, schema)
 
     def work_file(name: str) -> _WorkFile:
         opened.append(_WorkFile(wd, name))
@@ -155,34 +171,41 @@ def _rows_of_shard(
         ids_all = work_file(s.ids) if s.ids else None  # None: the scan spilled no ids (the bytes tokenizer)
         for seg in _segments(entries):
             pieces = []
-            for e in seg.tolist():
-                file, _, offset, length, _, n, row, tok = e
+            for run in _runs(seg):
+                row, n, offset = int(run["row"][0]), int(run["rows"].sum()), int(run["offset"][0])
                 mine = dest.records(DEST_DTYPE, row, n) == index
                 if not mine.any():
                     continue
-                b, m = batch(file, offset, length), meta.records(META_DTYPE, row, n)
-                ids = ids_all.records(id_type, tok, int(m["tokens"].sum())) if ids_all is not None else None
+                t = pa.Table.from_batches(
+                    spilled(int(run["file"][0]), offset, int(run["offset"][-1]) - offset + int(run["length"][-1])),
+                    schema,
+                )
+                m = meta.records(META_DTYPE, row, n)
+                ids = ids_all.records(id_type, int(run["tok"][0]), int(m["tokens"].sum())) if ids_all else None
+                if len(t) != n:
+                    raise ShardingError(
+                        f"internal: {s.spills[int(run['file'][0])]} holds {len(t)} rows at "
+                        f"{offset}, its batch index {n}"
+                    )
                 if not mine.all():
                     keep = np.flatnonzero(mine)
                     if ids is not None:
                         ids = ids[np.repeat(mine, m["tokens"])]
-                    b, m = b.take(row_indices(keep)), m[keep]
-                pieces.append((b, m, ids))
+                    t, m = t.take(row_indices(keep)), m[keep]
+                pieces.append((t, m, ids))
             if not pieces:
                 continue
             if len(pieces) == 1:
-                b, m, ids = pieces[0]
-                t = pa.Table.from_batches([b])
+                t, m, ids = pieces[0]
             else:
-                t = pa.Table.from_batches([p[0] for p in pieces])
+                t = pa.concat_tables([p[0] for p in pieces])
                 m = np.concatenate([p[1] for p in pieces])
+                ids = np.concatenate([p[2] for p in pieces]) if ids_all is not None else None
+            if len(m) > 1 and not bool(np.all(m["pos"][1:] > m["pos"][:-1])):  # partitions met: input order back
                 order = np.argsort(m["pos"], kind="stable")
+                if ids is not None:
+                    ids = gather_ids(ids, m["tokens"], order)
                 t, m = t.take(row_indices(order)), m[order]
-                ids = None
-                if ids_all is not None:
-                    ids = gather_ids(
-                        np.concatenate([p[2] for p in pieces]), np.concatenate([p[1]["tokens"] for p in pieces]), order
-                    )
             yield t.select(cols), m, ids
     finally:  # whatever failed to open or read: nothing stays open
         for f in [*opened, current[1]]:
@@ -203,9 +226,9 @@ def write_shard(job: ShardJob, scans: list[ScanResult], index: int) -> ShardInfo
         return ShardInfo.model_validate_json(done)
     work = wd.local
     wd.fetch(MAPPING_NAME)  # what other machines scanned and placed (an S3 work folder; cached per machine)
-    for s in scans:  # the small per-row files whole; spills and token ids are read by the batch (ranged on S3)
+    for s in scans:  # the batch index whole; spills, meta, dest and ids by the run of batches (ranged on S3)
         if s.spills:
-            wd.fetch(dest_name(s.index), *(f for f in (s.meta, s.batches) if f))
+            wd.fetch(s.batches)
     mapping = np.fromfile(work / MAPPING_NAME, dtype=DEST_DTYPE)
     wanted = np.zeros(job.num_shards, dtype=bool)  # the plain shards (spill partitions) holding this shard's rows
     wanted[partitions_of(mapping, index, job.num_shards, index == job.heldout_index)] = True

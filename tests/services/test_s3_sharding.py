@@ -9,10 +9,12 @@ from __future__ import annotations
 import secrets
 import time
 
+import numpy as np
 import pytest
 
 from nightloom.sharding import StorageError, load_manifest, read_shard, shard_dataset
 from nightloom.sharding import storage as st
+from nightloom.sharding.scan import BATCH_DTYPE
 from nightloom.spec import DatasetSpec, ShardingSpec, StorageSpec
 from tests.support.s3 import free_ports, upload
 from tests.support.sharding import make_docs, small_bpe, write_jsonl, write_parquet
@@ -105,6 +107,8 @@ def test_s3_work_folder_resumes_on_another_machine(s3_endpoint, tmp_path, monkey
     sharding = ShardingSpec(output=f"{prefix}/out", num_shards=3, tolerance=0.05)
     ds, work = DatasetSpec(path=f"{prefix}/in"), f"{prefix}/work"
     monkeypatch.setattr("nightloom.sharding.job.UNIT_FILES", 1)
+    monkeypatch.setattr("nightloom.sharding.scan.JSON_CHUNK", 4096)  # many record batches per spill part
+    monkeypatch.setattr("nightloom.sharding.scan.JSON_BLOCK", 4096)
     monkeypatch.setenv("NIGHTLOOM_SHARD_CACHE", str(tmp_path / "cache-a"))
     real_write = pipeline.write_shard
 
@@ -136,9 +140,11 @@ def test_s3_work_folder_resumes_on_another_machine(s3_endpoint, tmp_path, monkey
 
 @pytest.mark.parametrize("tokenizer", ["bytes", "bpe"])
 def test_writers_on_another_machine_read_only_their_batches(s3_endpoint, tmp_path, monkeypatch, tokenizer):
-    """Scans on one machine, shard writers on another (an empty cache): each writer downloads the small per-row
-    files but reads spills and token ids by ranged GETs of its own batches, so all 4 writers together read about
-    the spills once (whole downloads: 4 times); the shards and token files equal a local run's."""
+    """Scans on one machine, shard writers on another (an empty cache): each writer reads spills, token ids and
+    the per-row meta and dest files by ranged GETs of its own batches, one GET per file for a plain shard's
+    batches of a whole spill part (each part is written shard by shard), so all 4 writers together read those
+    files about once (whole downloads: 4 times each, on every machine); the shards and token files equal a local
+    run's."""
     from nightloom.sharding import pipeline
 
     url, bucket = s3_endpoint
@@ -149,6 +155,8 @@ def test_writers_on_another_machine_read_only_their_batches(s3_endpoint, tmp_pat
     sharding = ShardingSpec(output=f"{prefix}/out", num_shards=4, tolerance=0.05)
     ds, work = DatasetSpec(path=f"{prefix}/in"), f"{prefix}/work"
     monkeypatch.setattr("nightloom.sharding.job.UNIT_FILES", 1)
+    monkeypatch.setattr("nightloom.sharding.scan.JSON_CHUNK", 4096)  # many record batches per spill part
+    monkeypatch.setattr("nightloom.sharding.scan.JSON_BLOCK", 4096)
     monkeypatch.setenv("NIGHTLOOM_SHARD_CACHE", str(tmp_path / "cache-scan"))
     real_write = pipeline.write_shard
 
@@ -158,20 +166,30 @@ def test_writers_on_another_machine_read_only_their_batches(s3_endpoint, tmp_pat
     monkeypatch.setattr(pipeline, "write_shard", scans_only)
     with pytest.raises(RuntimeError, match="writers run elsewhere"):
         shard_dataset(ds, sharding, storage, workdir=work, workers=1, tokenizer=tok)
-    big = {rel: size for rel, size in st.list_files(work, s3) if rel.endswith(".arrow") or rel.startswith("ids-")}
+    per_row = ("ids-", "meta-", "dest-")
+    big = {rel: size for rel, size in st.list_files(work, s3) if rel.endswith(".arrow") or rel.startswith(per_row)}
     assert any(rel.endswith(".arrow") for rel in big) and (tokenizer == "bytes") != any(
         rel.startswith("ids-") for rel in big
     ), big
+    batches = sum(
+        len(np.fromfile(p, dtype=BATCH_DTYPE)) for p in (tmp_path / "cache-scan").rglob("batches-*.bin")
+    )  # the scans' record batches, one entry per (batch, plain shard)
     monkeypatch.setattr(pipeline, "write_shard", real_write)
     monkeypatch.setenv("NIGHTLOOM_SHARD_CACHE", str(tmp_path / "cache-write"))  # another machine
     downloaded: list[str] = []
     real_get = st.get_file
     monkeypatch.setattr(st, "get_file", lambda uri, *a, **k: downloaded.append(uri) or real_get(uri, *a, **k))
+    gets: list[int] = []
+    real_read_at = st.RangeReader.read_at
+    monkeypatch.setattr(st.RangeReader, "read_at", lambda self, o, n: gets.append(n) or real_read_at(self, o, n))
     before = st.RangeReader.total
     m = shard_dataset(ds, sharding, storage, workdir=work, workers=2, tokenizer=tok)
     ranged = st.RangeReader.total - before
     assert not [u for u in downloaded if u.rsplit("/", 1)[-1] in big], downloaded  # none of them whole
     assert 0.5 * sum(big.values()) < ranged < 1.25 * sum(big.values()) + 64 * 1024 * len(big), (ranged, big)
+    units, files = 4, 4 if tokenizer != "bytes" else 3  # spill, meta, dest (, ids) of each unit's one part
+    assert batches > 8 * units * 4, batches  # many batches per (part, plain shard): the runs are what is tested
+    assert len(gets) <= 4 * units * files * 2, (len(gets), batches)  # per writer and unit: a run, two if moved
     ref = shard_dataset(
         DatasetSpec(path=str(local_in)),
         ShardingSpec(output=str(tmp_path / "ref"), num_shards=4, tolerance=0.05),
@@ -179,7 +197,10 @@ def test_writers_on_another_machine_read_only_their_batches(s3_endpoint, tmp_pat
     )
     assert [s.sha256 for s in m.shards] == [s.sha256 for s in ref.shards]
     assert [s.token_files.bin_hash for s in m.shards] == [s.token_files.bin_hash for s in ref.shards]
-    print(f"\nranged reads by 4 writers: {ranged} B of {sum(big.values())} B of spills/ids ({tokenizer})")
+    print(
+        f"\nranged reads by 4 writers: {len(gets)} GETs, {ranged} B of {sum(big.values())} B of spills and per-row "
+        f"files, {batches} spilled batches ({tokenizer})"
+    )
 
 
 def test_missing_bucket_bad_credentials_unreachable(s3_endpoint, tmp_path, monkeypatch):

@@ -100,14 +100,14 @@ def test_each_spilled_row_is_read_by_one_writer_under_plain_hashing(tmp_path, mo
     """The writers together read each spilled batch once (before, each of N writers read every spill)."""
     src = write_jsonl(tmp_path / "a.jsonl", make_docs(4000, seed=9, dup_every=11))
     read = []
-    real = writer_module.read_spilled_batch
+    real = writer_module.read_spilled_batches
 
     def counting(*args):
-        b = real(*args)
-        read.append(b.num_rows)
-        return b
+        batches = real(*args)
+        read.append(sum(b.num_rows for b in batches))
+        return batches
 
-    monkeypatch.setattr(writer_module, "read_spilled_batch", counting)
+    monkeypatch.setattr(writer_module, "read_spilled_batches", counting)
     sharding = ShardingSpec(output=str(tmp_path / "o"), num_shards=8, tolerance=0.9)
     m = shard_dataset(DatasetSpec(path=str(src)), sharding, workers=2)
     assert not m.rebalanced
