@@ -292,8 +292,9 @@ def settings_hash(
 
 
 #: layout of the work files (2: raw .bin arrays; 3: one scan per unit; 4: token id spills; 5: string spills;
-#: 6: each spilled batch's byte range in the batch index); work folders of other formats are not resumed
-WORK_FORMAT = 6
+#: 6: each spilled batch's byte range in the batch index; 7: spill parts written partition-major); work folders
+#: of other formats are not resumed
+WORK_FORMAT = 7
 
 
 def default_workdir(output: str, shash: str, distributed: bool = False) -> str:
