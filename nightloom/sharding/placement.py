@@ -3,8 +3,8 @@
 Reads only the scans' metadata (hashes, tokens, bytes: 32 B per document), streamed a chunk at a time, so
 memory is bounded whatever the corpus: dedup runs per hash partition (duplicates share their hash, so each
 partition of at most PARTITION_DOCS documents is deduplicated on its own; partitions spill to work files when
-there is more than one), balancing needs only the per-bucket totals, and the one per-document structure kept
-in memory is the duplicate mask (1 byte per document). Dedup runs in spill order: a spill keeps input order within
+there is more than one), balancing needs only the per-bucket totals, and the one per-document state kept in
+memory is two flags (duplicate, held out: `docflags.DocFlags`, 1 bit each per document). Dedup runs in spill order: a spill keeps input order within
 each plain shard, and identical documents share their plain shard, so the first copy in spill order is the first
 in input order. Writes one `dest-NNNNN.bin` per input (shard index per spilled row, −1 = dropped duplicate), the
 bucket → shard `mapping.bin` and `placement.json`, atomically; a re-run reads them back (resume).
@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict
 
 from nightloom.sharding.arrays import DEST_DTYPE, ArrayReader, ArrayWriter
 from nightloom.sharding.balance import VIRTUAL_BUCKETS, balance, check_enough_docs
+from nightloom.sharding.docflags import DocFlags
 from nightloom.sharding.errors import BadInputError, ShardingError
 from nightloom.sharding.hashing import first_occurrences
 from nightloom.sharding.job import ShardJob
@@ -51,7 +52,7 @@ class Placement(BaseModel):
     heldout: int = 0  # documents set aside as the held-out split
 
 
-def duplicates_per_file(work: Path, scans: list[ScanResult], dup: np.ndarray) -> list[tuple[int, int]]:
+def duplicates_per_file(work: Path, scans: list[ScanResult], dup: DocFlags) -> list[tuple[int, int]]:
     """(source, duplicates) for every input file that lost documents to dedup. A scan's files hold its
     documents in input order, and each spilled record's `pos` is its place in that order."""
     if not dup.any():
@@ -59,7 +60,7 @@ def duplicates_per_file(work: Path, scans: list[ScanResult], dup: np.ndarray) ->
     out: dict[int, int] = {}  # a file scanned in byte ranges has one entry per range: summed
     found: dict[int, tuple[ScanResult, list[np.ndarray]]] = {}  # scan index -> (scan, pos of its duplicates)
     for s, g, c in _meta_chunks(work, scans):
-        hit = dup[g : g + len(c)]
+        hit = dup.get(g, len(c))
         if hit.any():
             found.setdefault(s.index, (s, []))[1].append(c["pos"][hit])
     for s, pos in found.values():
@@ -97,21 +98,20 @@ def _meta_chunks(work: Path, scans: list[ScanResult]) -> Iterator[tuple[ScanResu
                 g += len(chunk)
 
 
-def duplicate_mask(work: Path, scans: list[ScanResult], total: int) -> np.ndarray:
-    """True for every document whose (h1, h2) identity appeared earlier in input order.
+def duplicate_mask(work: Path, scans: list[ScanResult], total: int) -> DocFlags:
+    """Set for every document whose (h1, h2) identity appeared earlier in input order.
 
     Duplicates share h1, so documents are split into partitions by h1's high bits and each partition is
     deduplicated alone (its records stay in input order, and the sort is stable, so the first is the earliest).
     One partition (the usual case up to PARTITION_DOCS documents) never touches the disk."""
-    dup = np.zeros(total, dtype=bool)
     parts = min(MAX_PARTITIONS, max(1, math.ceil(total / PARTITION_DOCS)))
     if parts == 1:
         h1 = np.empty(total, dtype=np.uint64)
         h2 = np.empty(total, dtype=np.uint64)
         for _, g, c in _meta_chunks(work, scans):
             h1[g : g + len(c)], h2[g : g + len(c)] = c["h1"], c["h2"]
-        dup[:] = ~first_occurrences(h1, h2)
-        return dup
+        return DocFlags.from_bools(~first_occurrences(h1, h2))
+    dup = DocFlags(total)
     folder = work / "dedup-partitions"
     shutil.rmtree(folder, ignore_errors=True)
     writers = [ArrayWriter(folder / f"part-{i:04d}.bin", PART_DTYPE) for i in range(parts)]
@@ -134,33 +134,33 @@ def duplicate_mask(work: Path, scans: list[ScanResult], total: int) -> np.ndarra
     for i in range(parts):
         with ArrayReader(folder / f"part-{i:04d}.bin", PART_DTYPE) as r:
             rec = r.read(r.count)
-        dup[rec["g"][~first_occurrences(rec["h1"], rec["h2"])]] = True
+        dup.set(rec["g"][~first_occurrences(rec["h1"], rec["h2"])])
     shutil.rmtree(folder, ignore_errors=True)
     return dup
 
 
-def heldout_mask(work: Path, scans: list[ScanResult], dup: np.ndarray, amount: float) -> np.ndarray:
-    """True for the held-out documents among the kept ones, chosen by hash (score = h1 xor h2; h1 is salted).
+def heldout_mask(work: Path, scans: list[ScanResult], dup: DocFlags, amount: float) -> DocFlags:
+    """Set for the held-out documents among the kept ones, chosen by hash (score = h1 xor h2; h1 is salted).
 
     A fraction f holds out every document whose score is below f·2^64 (each decided alone, so adding documents
     never moves another one); a count n holds out the n lowest scores (ties: input order), keeping only n
     candidates in memory."""
-    held = np.zeros(len(dup), dtype=bool)
+    held = DocFlags(dup.n)
     if amount < 1:
         limit = np.uint64(min(int(amount * 2**64), 2**64 - 1))
         for _, g, c in _meta_chunks(work, scans):
-            held[g : g + len(c)] = ((c["h1"] ^ c["h2"]) < limit) & ~dup[g : g + len(c)]
+            held.set(g + np.flatnonzero(((c["h1"] ^ c["h2"]) < limit) & ~dup.get(g, len(c))))
         return held
     n = int(amount)
     best_s, best_g = np.zeros(0, dtype=np.uint64), np.zeros(0, dtype=np.int64)
     for _, g, c in _meta_chunks(work, scans):
-        live = np.flatnonzero(~dup[g : g + len(c)])
+        live = np.flatnonzero(~dup.get(g, len(c)))
         best_s = np.concatenate([best_s, (c["h1"] ^ c["h2"])[live]])
         best_g = np.concatenate([best_g, live + g])
         if len(best_s) > n:
             order = np.lexsort((best_g, best_s))[:n]
             best_s, best_g = best_s[order], best_g[order]
-    held[best_g] = True
+    held.set(best_g)
     return held
 
 
@@ -184,10 +184,10 @@ def place_documents(job: ShardJob, scans: list[ScanResult]) -> Placement:
             f"{job.dataset.path}: zero documents in the whole input ({len(job.sources)} files, {records} records: "
             f"{empty} empty, {bad} bad)"
         )
-    dup = duplicate_mask(work, scans, total) if job.sharding.dedup else np.zeros(total, dtype=bool)
-    kept = total - int(dup.sum())
-    held = heldout_mask(work, scans, dup, job.sharding.heldout) if job.has_heldout else np.zeros(total, dtype=bool)
-    n_held = int(held.sum())
+    dup = duplicate_mask(work, scans, total) if job.sharding.dedup else DocFlags(total)
+    kept = total - dup.count()
+    held = heldout_mask(work, scans, dup, job.sharding.heldout) if job.has_heldout else DocFlags(total)
+    n_held = held.count()
     if job.has_heldout and n_held == 0:
         raise BadInputError(f"{job.dataset.path}: sharding.heldout={job.sharding.heldout} selects no document")
     check_enough_docs(kept - n_held, job.num_shards, job.dataset.path)
@@ -195,7 +195,7 @@ def place_documents(job: ShardJob, scans: list[ScanResult]) -> Placement:
     nb = np.uint64(job.num_shards * VIRTUAL_BUCKETS)
     bucket_weights = np.zeros(int(nb), dtype=np.int64)
     for _, g, c in _meta_chunks(work, scans):
-        keep = ~(dup[g : g + len(c)] | held[g : g + len(c)])
+        keep = ~(dup.get(g, len(c)) | held.get(g, len(c)))
         buckets = (c["h1"][keep] % nb).astype(np.int64)
         w = None if metric == "rows" else c["tokens" if metric == "tokens" else "nbytes"][keep]
         bucket_weights += np.bincount(buckets, weights=w, minlength=int(nb)).astype(np.int64)
@@ -211,8 +211,8 @@ def place_documents(job: ShardJob, scans: list[ScanResult]) -> Placement:
                 wd.publish(dest_name(current.index))
             writer, current = ArrayWriter(work / dest_name(s.index), DEST_DTYPE), s
         dest = mapping[(c["h1"] % nb).astype(np.int64)].astype(DEST_DTYPE)
-        dest[dup[g : g + len(c)]] = -1
-        dest[held[g : g + len(c)]] = job.heldout_index
+        dest[dup.get(g, len(c))] = -1
+        dest[held.get(g, len(c))] = job.heldout_index
         writer.append(dest)
     if writer is not None:
         writer.publish()
