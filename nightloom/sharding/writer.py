@@ -22,9 +22,10 @@ from nightloom.sharding import storage
 from nightloom.sharding.arrays import DEST_DTYPE, ArrayReader
 from nightloom.sharding.directio import DirectWriter
 from nightloom.sharding.errors import ShardingError
-from nightloom.sharding.job import ShardJob
+from nightloom.sharding.job import RANGE_BYTES, ShardJob
 from nightloom.sharding.manifest import ShardInfo, TokenFiles
 from nightloom.sharding.placement import MAPPING_NAME, dest_name
+from nightloom.sharding.readahead_pool import ordered_ahead
 from nightloom.sharding.scan import BATCH_DTYPE, META_DTYPE, ScanResult, gather_ids, row_indices, spill_schema
 from nightloom.sharding.tokens import TokenFileWriter, np_dtype
 from nightloom.sharding.workdir import WorkDir
@@ -33,6 +34,7 @@ from nightloom.sharding.writeback import durable_and_uncached
 ROW_GROUP_BYTES = 16 * 1024 * 1024
 ROW_GROUP_ROWS = 65_536
 SINK_BUFFER = 1 << 20
+READ_AHEAD = 8  # scan units a writer reads ahead on an S3 work folder (their ranged GETs in flight)
 
 
 def parquet_options(compression: str) -> dict:
@@ -60,6 +62,12 @@ def _cut(nbytes: np.ndarray) -> int:
     if len(csum) and csum[-1] >= ROW_GROUP_BYTES:
         return int(np.searchsorted(csum, ROW_GROUP_BYTES) + 1)
     return 0
+
+
+def _unit_bytes(job: ShardJob, index: int) -> int:
+    """Input bytes of scan unit `index` (its byte range, or its files' sizes)."""
+    rng = job.unit_range(index)
+    return rng[1] - rng[0] if rng is not None else sum(job.sources[i].size for i in job.units[index])
 
 
 def partitions_of(mapping: np.ndarray, index: int, num_shards: int, heldout: bool) -> np.ndarray:
@@ -229,9 +237,6 @@ def write_shard(job: ShardJob, scans: list[ScanResult], index: int) -> ShardInfo
         return ShardInfo.model_validate_json(done)
     work = wd.local
     wd.fetch(MAPPING_NAME)  # what other machines scanned and placed (an S3 work folder; cached per machine)
-    for s in scans:  # the batch index whole; spills, meta, dest and ids by the run of batches (ranged on S3)
-        if s.spills:
-            wd.fetch(s.batches)
     mapping = np.fromfile(work / MAPPING_NAME, dtype=DEST_DTYPE)
     wanted = np.zeros(job.num_shards, dtype=bool)  # the plain shards (spill partitions) holding this shard's rows
     wanted[partitions_of(mapping, index, job.num_shards, index == job.heldout_index)] = True
@@ -272,11 +277,25 @@ def write_shard(job: ShardJob, scans: list[ScanResult], index: int) -> ShardInfo
         pending[:], pending_nb[:] = ([buf], [nb]) if len(nb) else ([], [])
         pending_rows, pending_bytes = len(nb), int(nb.sum())
 
+    def share_of(s: ScanResult):
+        """Scan `s`'s rows for this shard, read as they are asked for: its batch index whole, then its spills, meta,
+        dest and ids by the run of batches (ranged GETs on an S3 work folder)."""
+        wd.fetch(s.batches)
+        return _rows_of_shard(wd, s, index, wanted, schema, cols, job.token_dtype)
+
+    # on S3 each unit's share is a few ranged GETs that mostly wait their round trip: the next units' are read
+    # while this one is written (at most min(READ_AHEAD, shards) of them: a share is about a unit's 1/N)
+    ahead = min(READ_AHEAD, job.num_shards) if wd.remote else 1
+    shares = ordered_ahead(
+        [s for s in sorted(scans, key=lambda s: s.index) if s.spills],
+        lambda s: list(share_of(s)),
+        share_of,
+        ahead,
+        eager=lambda s: _unit_bytes(job, s.index) <= RANGE_BYTES,  # a bigger unit (a .gz file) is streamed
+    )
     try:
-        for s in sorted(scans, key=lambda s: s.index):
-            if not s.spills:
-                continue
-            for t, sel, ids in _rows_of_shard(wd, s, index, wanted, schema, cols, job.token_dtype):
+        for share in shares:
+            for t, sel, ids in share:
                 if t.schema != out_schema:
                     t = t.cast(out_schema)
                 if ids is None:  # bytes: the ids are the text's UTF-8 bytes
@@ -313,6 +332,7 @@ def write_shard(job: ShardJob, scans: list[ScanResult], index: int) -> ShardInfo
         storage.put_file(bin_tmp, storage.join(job.output, bin_name), job.s3)
         storage.put_file(tmp, final, job.s3)
     finally:
+        shares.close()  # read-ahead threads stopped, work not started cancelled
         sink.abort()  # closes the file if still open and removes the temp path (gone already once published)
         if writer is not None:  # after the abort: what it still flushes is dropped
             with contextlib.suppress(Exception):
