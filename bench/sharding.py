@@ -15,6 +15,7 @@ RSS, the ratios, nightloom's peak RSS at two sizes, and a Markdown table of the 
                                                                                # write step's cost per (unit, shard) pair
     python bench/sharding.py --tokens-only --tokens-mb 64          # tokens/s per core with a real tokenizer
     python bench/sharding.py --code-corpus .venv/lib/python3.11/site-packages   # real small files vs one JSONL
+    python bench/sharding.py --s3-readahead 30     # S3 writers, 30 ms a GET: read-ahead vs one unit at a time
 
 With `--tokens-mb N` (or `--tokens-only`): the whole shard stage with a real tokenizer (a byte-level BPE of 32k
 trained with `tokenizers` on the corpus, or `--tokenizer PATH`), writing Parquet + .bin/.idx token files, against
@@ -347,6 +348,73 @@ def pairs_route(folder: Path, scratch: Path) -> None:
     print(f"    ratio {many_t / few_t:.2f}; each extra pair costs {per_pair:.2f} ms")
 
 
+def s3_readahead_route(scratch: Path, latency_ms: float) -> None:
+    """Shard writers on a machine that did not scan (an S3 work folder, an empty cache), with `latency_ms` added to
+    every GET the way a far S3 endpoint adds it, one scan unit after the other (READ_AHEAD 1) against the read-ahead
+    (the default): 32 input files of 500 documents, 8 shards. Needs S3_ENDPOINT_URL and AWS_* keys (for instance
+    `bash .ci/services.sh start; eval "$(bash .ci/services.sh env)"`)."""
+    import secrets
+
+    import boto3
+
+    from nightloom.sharding import job as jm
+    from nightloom.sharding import pipeline, shard_dataset
+    from nightloom.sharding import storage as st
+    from nightloom.sharding import writer as wm
+    from nightloom.spec import DatasetSpec, ShardingSpec, StorageSpec
+
+    url = os.environ.get("S3_ENDPOINT_URL")
+    if not url:
+        raise SystemExit("--s3-readahead needs S3_ENDPOINT_URL (and AWS_* keys): an S3 server to talk to")
+    bucket = f"nl-bench-{secrets.token_hex(4)}"
+    client = boto3.client("s3", endpoint_url=url, region_name="us-east-1")
+    client.create_bucket(Bucket=bucket)
+    corpus = scratch / "s3-corpus.jsonl"
+    make_corpus(corpus, 8, seed=3)
+    lines = corpus.read_bytes().splitlines(keepends=True)
+    per = len(lines) // 32
+    for i in range(32):
+        client.put_object(Bucket=bucket, Key=f"in/p{i:02d}.jsonl", Body=b"".join(lines[i * per : (i + 1) * per]))
+    storage, ds = StorageSpec(s3_endpoint_url=url), DatasetSpec(path=f"s3://{bucket}/in")
+    real_write, real_read_at, real_get = pipeline.write_shard, st.RangeReader.read_at, st.get_file
+    default_ahead, jm.UNIT_FILES = wm.READ_AHEAD, 1  # one file a unit: 32 units
+
+    def later(*_):
+        raise RuntimeError("the writers run on another machine")
+
+    def slow_read_at(self, offset, n):
+        time.sleep(latency_ms / 1000)
+        return real_read_at(self, offset, n)
+
+    def slow_get(*args, **kw):
+        time.sleep(latency_ms / 1000)
+        return real_get(*args, **kw)
+
+    times: dict[int, list[float]] = {1: [], default_ahead: []}
+    for k, ahead in enumerate([1, default_ahead] * REPEAT):
+        work, sh = f"s3://{bucket}/work{k}", ShardingSpec(output=f"s3://{bucket}/out{k}", num_shards=8, tolerance=0.05)
+        os.environ["NIGHTLOOM_SHARD_CACHE"] = str(scratch / f"cache-scan{k}")
+        pipeline.write_shard = later
+        try:
+            shard_dataset(ds, sh, storage, workdir=work, workers=2)
+        except RuntimeError:
+            pass
+        pipeline.write_shard, st.RangeReader.read_at, st.get_file = real_write, slow_read_at, slow_get
+        wm.READ_AHEAD = ahead
+        os.environ["NIGHTLOOM_SHARD_CACHE"] = str(scratch / f"cache-write{k}")  # another machine
+        t = time.perf_counter()
+        try:
+            shard_dataset(ds, sh, storage, workdir=work, workers=2)
+        finally:
+            st.RangeReader.read_at, st.get_file, wm.READ_AHEAD = real_read_at, real_get, default_ahead
+        times[ahead].append(time.perf_counter() - t)
+    one, many = min(times[1]), min(times[default_ahead])
+    print(f"S3 writers on another machine, {latency_ms:g} ms a GET, 32 units, 8 shards:")
+    print(
+        f"    one unit after the other {one:.2f} s; reading {default_ahead} ahead {many:.2f} s; ratio {one / many:.1f}"
+    )
+
+
 def many_files_route(label: str, folder: Path, same: Path, nbytes: int, scratch: Path) -> None:
     """Shard `folder` (one document per file, `--format text`) and `same` (the same documents as one JSONL)."""
     fmb = nbytes / 2**20
@@ -418,6 +486,13 @@ def main() -> int:
     ap.add_argument("--tokens-mb", type=float, default=0, help="also the real-tokenizer route on N MB (0: skip)")
     ap.add_argument("--tokens-only", action="store_true", help="only the real-tokenizer route (default 64 MB)")
     ap.add_argument("--tokenizer", default=None, help="HF tokenizer folder for it (default: train a 32k BPE)")
+    ap.add_argument(
+        "--s3-readahead",
+        type=float,
+        default=0,
+        metavar="MS",
+        help="only the S3 writers' read-ahead route, MS added to every GET (needs S3_ENDPOINT_URL)",
+    )
     a = ap.parse_args()
     global REPEAT
     REPEAT = max(1, a.repeat)
@@ -432,6 +507,13 @@ def main() -> int:
             n, nbytes = copy_code(Path(a.code_corpus), folder, same)
             print(f"code corpus: {n} *.py files copied from {a.code_corpus} in {time.perf_counter() - t:.1f} s")
             many_files_route(f"code corpus: {n} files", folder, same, nbytes, scratch)
+        finally:
+            if a.dir is None:
+                shutil.rmtree(scratch, ignore_errors=True)
+        return 0
+    if a.s3_readahead:
+        try:
+            s3_readahead_route(scratch, a.s3_readahead)
         finally:
             if a.dir is None:
                 shutil.rmtree(scratch, ignore_errors=True)
