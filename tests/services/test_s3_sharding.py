@@ -182,6 +182,9 @@ def test_writers_on_another_machine_read_only_their_batches(s3_endpoint, tmp_pat
     gets: list[int] = []
     real_read_at = st.RangeReader.read_at
     monkeypatch.setattr(st.RangeReader, "read_at", lambda self, o, n: gets.append(n) or real_read_at(self, o, n))
+    heads: list[str] = []
+    real_head = st.head
+    monkeypatch.setattr(st, "head", lambda uri, *a, **k: heads.append(uri) or real_head(uri, *a, **k))
     before = st.RangeReader.total
     m = shard_dataset(ds, sharding, storage, workdir=work, workers=2, tokenizer=tok)
     ranged = st.RangeReader.total - before
@@ -190,6 +193,7 @@ def test_writers_on_another_machine_read_only_their_batches(s3_endpoint, tmp_pat
     units, files = 4, 4 if tokenizer != "bytes" else 3  # spill, meta, dest (, ids) of each unit's one part
     assert batches > 8 * units * 4, batches  # many batches per (part, plain shard): the runs are what is tested
     assert len(gets) <= 4 * units * files * 2, (len(gets), batches)  # per writer and unit: a run, two if moved
+    assert not [u for u in heads if "/work/" in u], heads  # a ranged read needs no HEAD first
     ref = shard_dataset(
         DatasetSpec(path=str(local_in)),
         ShardingSpec(output=str(tmp_path / "ref"), num_shards=4, tolerance=0.05),
@@ -201,6 +205,20 @@ def test_writers_on_another_machine_read_only_their_batches(s3_endpoint, tmp_pat
         f"\nranged reads by 4 writers: {len(gets)} GETs, {ranged} B of {sum(big.values())} B of spills and per-row "
         f"files, {batches} spilled batches ({tokenizer})"
     )
+
+
+def test_ranged_reads_at_and_past_the_end_of_an_object(s3_endpoint, tmp_path):
+    """RangeReader asks no HEAD: a range that runs past the end gets what is there, one past it gets nothing."""
+    url, bucket = s3_endpoint
+    f = tmp_path / "obj.bin"
+    f.write_bytes(bytes(range(200)))
+    upload(url, f, f"s3://{bucket}/ranged/obj.bin")
+    r = st.RangeReader(f"s3://{bucket}/ranged/obj.bin", st.S3Config(endpoint_url=url))
+    assert r.read_at(10, 5) == bytes(range(10, 15))
+    assert r.read_at(195, 50) == bytes(range(195, 200))
+    assert r.read_at(200, 10) == b"" and r.read_at(500, 1) == b""
+    assert r.fetched == 10 and r._size is None  # no HEAD was needed
+    assert r.seek(-4, 2) == 196 and r.read(10) == bytes(range(196, 200))  # a seek from the end asks the size
 
 
 def test_missing_bucket_bad_credentials_unreachable(s3_endpoint, tmp_path, monkeypatch):
