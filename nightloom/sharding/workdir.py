@@ -14,10 +14,26 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from nightloom.sharding import storage
 from nightloom.sharding.storage import S3Config, S3Location
+
+TRANSFERS = 8  # S3 uploads or downloads of one call at once: each mostly waits its round trip
+
+
+def _each(fn, names) -> None:
+    """fn(name) for every name, up to TRANSFERS at once (placement fetches one meta file per scan unit: one after
+    the other, a corpus of thousands of units waited a round trip each); the first error is raised."""
+    names = list(names)
+    if len(names) <= 1:
+        for name in names:
+            fn(name)
+        return
+    with ThreadPoolExecutor(min(TRANSFERS, len(names)), thread_name_prefix="nightloom-transfer") as pool:
+        for _ in pool.map(fn, names):
+            pass
 
 
 def cache_root() -> Path:
@@ -51,15 +67,13 @@ class WorkDir:
     def publish(self, *names: str) -> None:
         """Upload finished local files to the S3 work prefix (local work folder: nothing to do)."""
         if self.remote:
-            for name in names:
-                storage.upload_file(self.path(name), storage.join(self.uri, name), self.s3)
+            _each(lambda name: storage.upload_file(self.path(name), storage.join(self.uri, name), self.s3), names)
 
     def fetch(self, *names: str) -> None:
         """Make local copies of work files another machine may have written (cached ones are kept)."""
         if self.remote:
-            for name in names:
-                if not self.path(name).is_file():
-                    storage.get_file(storage.join(self.uri, name), self.path(name), self.s3)
+            missing = [name for name in names if not self.path(name).is_file()]
+            _each(lambda name: storage.get_file(storage.join(self.uri, name), self.path(name), self.s3), missing)
 
     def ranged(self, name: str) -> storage.RangeReader | None:
         """A ranged reader of work file `name` on S3 when this machine has no copy of it (None: read the local
