@@ -96,6 +96,11 @@ class ShardJob(BaseModel):
     def unit_range(self, index: int) -> tuple[int, int] | None:
         return self.ranges[index] if index < len(self.ranges) else None
 
+    def unit_bytes(self, index: int) -> int:
+        """Input bytes of unit `index`: its byte range, or its files' sizes (compressed ones as stored)."""
+        r = self.unit_range(index)
+        return r[1] - r[0] if r is not None else sum(self.sources[i].size for i in self.units[index])
+
     def files_finished(self, index: int) -> int:
         """Input files whose scan ends with unit `index` (a file scanned in ranges counts at its last one)."""
         r = self.unit_range(index)

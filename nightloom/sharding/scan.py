@@ -218,15 +218,14 @@ class _Spill:
         if self.ids is None and self.pending[0][2] is not None:
             self.ids = ArrayWriter(self.work / self.ids_name, np_dtype(self.id_dtype))
         counts = np.stack([np.diff(b) for _, _, _, b in self.pending])  # (batch, shard) -> rows
-        which_batch, which_shard = np.nonzero(counts)  # batch-major …
-        by_shard = np.lexsort((which_batch, which_shard))  # … made shard-major, batches in input order
+        which_shard, which_batch = np.nonzero(counts.T)  # shard-major, batches in input order within a shard
         tok_before = [np.concatenate([[0], np.cumsum(m["tokens"])]) for _, m, _, _ in self.pending]
         self.parts.append(f"spill-{self.index:05d}-{len(self.parts):04d}.arrow")
         tmp = self.work / f".{self.parts[-1]}.tmp"
-        index = np.zeros(len(by_shard), dtype=BATCH_DTYPE)
+        index = np.zeros(len(which_shard), dtype=BATCH_DTYPE)
         index["file"] = index["segment"] = len(self.parts) - 1  # a part holds one run of input positions
         with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, self.schema) as writer:  # tell() places batches
-            for k, (b, p) in enumerate(zip(which_batch[by_shard].tolist(), which_shard[by_shard].tolist())):
+            for k, (b, p) in enumerate(zip(which_batch.tolist(), which_shard.tolist())):
                 batch, meta, ids, bounds = self.pending[b]
                 lo, hi = int(bounds[p]), int(bounds[p + 1])
                 start = sink.tell()

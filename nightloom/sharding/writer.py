@@ -22,10 +22,10 @@ from nightloom.sharding import storage
 from nightloom.sharding.arrays import DEST_DTYPE, ArrayReader
 from nightloom.sharding.directio import DirectWriter
 from nightloom.sharding.errors import ShardingError
+from nightloom.sharding.fetch_ahead import ordered_ahead
 from nightloom.sharding.job import RANGE_BYTES, ShardJob
 from nightloom.sharding.manifest import ShardInfo, TokenFiles
 from nightloom.sharding.placement import MAPPING_NAME, dest_name
-from nightloom.sharding.readahead_pool import ordered_ahead
 from nightloom.sharding.scan import BATCH_DTYPE, META_DTYPE, ScanResult, gather_ids, row_indices, spill_schema
 from nightloom.sharding.tokens import TokenFileWriter, np_dtype
 from nightloom.sharding.workdir import WorkDir
@@ -62,12 +62,6 @@ def _cut(nbytes: np.ndarray) -> int:
     if len(csum) and csum[-1] >= ROW_GROUP_BYTES:
         return int(np.searchsorted(csum, ROW_GROUP_BYTES) + 1)
     return 0
-
-
-def _unit_bytes(job: ShardJob, index: int) -> int:
-    """Input bytes of scan unit `index` (its byte range, or its files' sizes)."""
-    rng = job.unit_range(index)
-    return rng[1] - rng[0] if rng is not None else sum(job.sources[i].size for i in job.units[index])
 
 
 def partitions_of(mapping: np.ndarray, index: int, num_shards: int, heldout: bool) -> np.ndarray:
@@ -291,7 +285,7 @@ def write_shard(job: ShardJob, scans: list[ScanResult], index: int) -> ShardInfo
         lambda s: list(share_of(s)),
         share_of,
         ahead,
-        eager=lambda s: _unit_bytes(job, s.index) <= RANGE_BYTES,  # a bigger unit (a .gz file) is streamed
+        eager=lambda s: job.unit_bytes(s.index) <= RANGE_BYTES,  # a bigger unit (a .gz file) is streamed
     )
     try:
         for share in shares:

@@ -3,7 +3,8 @@
 A shard writer on an S3 work folder reads each scan unit's share by a handful of ranged GETs, and every GET
 waits its round trip (tens of ms on S3) whatever its size: one unit after the other, a writer of a 100 GB
 corpus (1,600 units) would spend minutes waiting. Reading the next units' shares while this one is written keeps
-`ahead` requests in flight.
+`ahead` requests in flight. (Not `scan._prefetched`, which runs one generator a step ahead in one thread, nor
+`readahead.py`, the plan's small files kept for the scan.)
 """
 
 from __future__ import annotations
@@ -56,12 +57,12 @@ def ordered_ahead(
             item, future = queue.popleft()
             if future is None:
                 blocked = False
-                yield stream(item)
+                yield stream(item)  # consumed before the next items start
+                fill()
             else:
                 result = future.result()
-                fill()
+                fill()  # the freed place is taken while the caller consumes this result
                 yield result
-            fill()
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
 

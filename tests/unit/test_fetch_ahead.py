@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from nightloom.sharding.readahead_pool import ordered_ahead
+from nightloom.sharding.fetch_ahead import ordered_ahead
 
 
 def test_results_come_in_order_with_items_running_side_by_side():
