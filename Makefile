@@ -10,15 +10,16 @@ export PYTHONUNBUFFERED := 1
 .PHONY: demo test venv clean bench
 
 # Rebuilt when the pins or this recipe change (an older venv then gets what the recipe now does, e.g. the .pyc).
+# torch (and the uv installer) through pip, so pip's own config (find-links, index) picks the torch wheel;
+# then uv installs the ~150 pinned dependencies in seconds (pip took ~3 min). Then all of site-packages is
+# byte-compiled (~15-60 s on 2 cores): uv's --compile-bytecode compiles only what uv installed, so torch and its
+# dependencies (sympy, networkx, ...) had no .pyc, and with PYTHONDONTWRITEBYTECODE=1 (common on CI machines and
+# in images; set on these) Python never writes one: every process (each rank of each run) compiled them again on
+# import, 3.6 instead of 1.75 CPU-s for `import torch`, and CI ran at half speed. A few files hold 3.12-only
+# syntax (torch's py312_intrinsics.py) and can never compile under 3.11, hence `|| true`.
+# (These notes sit above the rule: a comment inside a recipe is a shell line, and make echoes it.)
 $(STAMP): pyproject.toml Makefile
 	test -x $(VENV)/bin/python || $(PY) -m venv $(VENV)
-	# torch (and the uv installer) through pip, so pip's own config (find-links, index) picks the torch wheel;
-	# then uv installs the ~150 pinned dependencies in seconds (pip took ~3 min). Then all of site-packages is
-	# byte-compiled (~15-60 s on 2 cores): uv's --compile-bytecode compiles only what uv installed, so torch and its
-	# dependencies (sympy, networkx, ...) had no .pyc, and with PYTHONDONTWRITEBYTECODE=1 (common on CI machines and
-	# in images; set on these) Python never writes one: every process (each rank of each run) compiled them again on
-	# import, 3.6 instead of 1.75 CPU-s for `import torch`, and CI ran at half speed. A few files hold 3.12-only
-	# syntax (torch's py312_intrinsics.py) and can never compile under 3.11, hence `|| true`.
 	$(VENV)/bin/pip install -q --no-compile uv==0.13.9 torch==2.13.0
 	$(VENV)/bin/uv pip install -q --python $(VENV)/bin/python -e '.[dev]'
 	$(VENV)/bin/python -m compileall -qq -j 0 "$$($(VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" || true

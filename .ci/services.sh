@@ -8,6 +8,10 @@
 #
 # State lives under $SVC_DIR (default $PWD/.ci-state); the venv is $VENV (default .venv).
 # Daemons run in the foreground, started with `&`; their PIDs go to $SVC_DIR/pids/NAME.pid.
+# munge's socket is the exception: munged refuses a socket whose every parent folder is not searchable by all,
+# so a clone under a private (0700) home folder would never start it; the socket lives in $MUNGE_SOCKET_DIR
+# (default /run/nightloom-munge-<hash of $SVC_DIR>, or under /tmp when /run is not writable), removed by `stop`.
+# When a service fails to start, the last lines of its logs are printed (its output and its own log file).
 # SKIP_PREFECT=1 / SKIP_S3=1 / SKIP_PROM=1 / SKIP_DASK=1 leave those services out (faster local iterations).
 set -uo pipefail
 
@@ -17,6 +21,11 @@ VENV=${VENV:-.venv}
 case $VENV in /*) ;; *) VENV=$ROOT/$VENV ;; esac
 PIDS=$SVC_DIR/pids
 LOGS=$SVC_DIR/logs
+if [[ -z ${MUNGE_SOCKET_DIR:-} ]]; then
+    MUNGE_SOCKET_DIR=/run; [[ -w /run ]] || MUNGE_SOCKET_DIR=${TMPDIR:-/tmp}
+    MUNGE_SOCKET_DIR+=/nightloom-munge-$(printf %s "$SVC_DIR" | md5sum | cut -c1-12)
+fi
+MUNGE_SOCKET=$MUNGE_SOCKET_DIR/munge.sock
 SLURM_CONF_FILE=$SVC_DIR/slurm/slurm.conf
 SSH_PORTS=(2201 2202)
 PROM_PORT=19090
@@ -37,12 +46,52 @@ alive() {  # a PID is alive when /proc/PID/stat exists and is not a zombie (kill
 
 pid_of() { [[ -f $PIDS/$1.pid ]] && cat "$PIDS/$1.pid"; }
 
-wait_until() {  # wait_until SECONDS DESCRIPTION CMD...: poll CMD every 0.2 s
-    local limit=$1 what=$2; shift 2
-    local t0=$SECONDS
+service_logs() {  # service_logs NAME: its log files, one a line: its output, then the log it writes itself
+    echo "$LOGS/$1.log"
+    case $1 in
+        munged) echo "$SVC_DIR/munge/munged.log" ;;
+        slurmctld) echo "$SVC_DIR/slurm/log/slurmctld.log" ;;
+        slurmd-*) echo "$SVC_DIR/slurm/log/slurmd-${1#slurmd-}.log" ;;
+    esac
+}
+
+show_logs() {  # show_logs NAME...: the last lines of each service's logs, after it failed
+    local name f
+    for name in "$@"; do
+        while IFS= read -r f; do
+            [[ -s $f ]] || continue
+            log "last lines of $f:"
+            tail -n 20 "$f" | sed 's/^/    /' >&2
+        done < <(service_logs "$name")
+    done
+}
+
+exited() {  # exited NAME...: the first of these launched services whose process is gone (none: status 1)
+    local name pid
+    for name in "$@"; do
+        pid=$(pid_of "$name") || continue
+        alive "$pid" || { echo "$name"; return 0; }
+    done
+    return 1
+}
+
+wait_until() {  # wait_until SECONDS DESCRIPTION "SERVICE..." CMD...: poll CMD every 0.2 s
+    # until it succeeds; on a timeout, or as soon as one of the services' processes has exited, say so and
+    # print those services' last log lines.
+    local limit=$1 what=$2 services=$3; shift 3
+    local t0=$SECONDS gone
+    # shellcheck disable=SC2086
     until "$@" >/dev/null 2>&1; do
-        (( SECONDS - t0 >= limit )) && { log "timeout after ${limit}s waiting for $what"; return 1; }
-        sleep 0.2
+        if gone=$(exited $services); then
+            log "$gone exited while waiting for $what"
+        elif (( SECONDS - t0 >= limit )); then
+            log "timeout after ${limit}s waiting for $what"
+        else
+            sleep 0.2
+            continue
+        fi
+        show_logs $services
+        return 1
     done
     log "$what ready after $((SECONDS - t0))s"
 }
@@ -63,7 +112,7 @@ install_missing() {
     if ((${#pkgs[@]})); then
         log "apt-get install ${pkgs[*]}"
         apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${pkgs[@]}" \
-            >"$LOGS/apt.log" 2>&1 || die "apt-get install failed (see $LOGS/apt.log)"
+            >"$LOGS/apt.log" 2>&1 || { show_logs apt; die "apt-get install failed (see $LOGS/apt.log)"; }
     fi
     grep -qE '^127\.0\.0\.1\s.*\bn1\b' /etc/hosts || { echo "127.0.0.1 n1 n2" >>/etc/hosts; log "added n1 n2 to /etc/hosts"; }
 }
@@ -113,11 +162,13 @@ start_slurm() {
     local m=$SVC_DIR/munge s=$SVC_DIR/slurm
     mkdir -p "$m" "$s/state" "$s/spool/n1" "$s/spool/n2" "$s/log"
     chmod 711 "$m"
+    # The socket's folder: owned by us, searchable by all and writable by us only, wherever the clone is.
+    [[ -d $MUNGE_SOCKET_DIR ]] || mkdir -m 755 -p "$MUNGE_SOCKET_DIR" || { log "cannot create $MUNGE_SOCKET_DIR"; return 1; }
     [[ -f $m/munge.key ]] || mungekey -c -k "$m/munge.key"
     chmod 600 "$m/munge.key"
-    launch munged munged -F --socket="$m/munge.sock" --key-file="$m/munge.key" --log-file="$m/munged.log" \
+    launch munged munged -F --socket="$MUNGE_SOCKET" --key-file="$m/munge.key" --log-file="$m/munged.log" \
         --pid-file="$m/munged.pid" --seed-file="$m/munged.seed"
-    wait_until 10 munge test -S "$m/munge.sock" || return 1
+    wait_until 10 munge munged test -S "$MUNGE_SOCKET" || return 1
     cat >"$SLURM_CONF_FILE" <<EOF
 ClusterName=ci
 SlurmctldHost=localhost(127.0.0.1)
@@ -126,7 +177,7 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket=$m/munge.sock
+AuthInfo=socket=$MUNGE_SOCKET
 CommunicationParameters=NoCtldInAddrAny,NoInAddrAny
 StateSaveLocation=$s/state
 SlurmdSpoolDir=$s/spool/%n
@@ -156,7 +207,7 @@ EOF
     launch slurmctld slurmctld -D
     launch slurmd-n1 slurmd -D -N n1
     launch slurmd-n2 slurmd -D -N n2
-    wait_until 30 "slurm (2 idle nodes)" slurm_idle
+    wait_until 30 "slurm (2 idle nodes)" "slurmctld slurmd-n1 slurmd-n2 munged" slurm_idle
 }
 
 slurm_idle() { [[ $(SLURM_CONF=$SLURM_CONF_FILE sinfo -h -N -o %T 2>/dev/null | grep -c idle) == 2 ]]; }
@@ -220,7 +271,7 @@ start_prefect_server() {
 start_prefect_worker() {
     prefect_env
     "$VENV/bin/prefect" --no-prompt work-pool create "$WORK_POOL" --type process --overwrite \
-        >"$LOGS/work-pool.log" 2>&1 || { log "work-pool create failed (see $LOGS/work-pool.log)"; return 1; }
+        >"$LOGS/work-pool.log" 2>&1 || { log "work-pool create failed"; show_logs work-pool prefect-server; return 1; }
     launch prefect-worker "$VENV/bin/prefect" worker start --pool "$WORK_POOL"
 }
 
@@ -262,13 +313,14 @@ do_start() {
     [[ -n ${SKIP_DASK:-} ]] || start_dask
     start_slurm || ok=1
     local port
-    for port in "${SSH_PORTS[@]}"; do wait_until 20 "sshd:$port" ssh_ok "$port" || ok=1; done
-    [[ -n ${SKIP_PROM:-} ]] || wait_until 30 prometheus http_ok "http://127.0.0.1:$PROM_PORT/-/ready" || ok=1
-    [[ -n ${SKIP_S3:-} ]] || wait_until 60 "s3 (weed mini)" s3_ready || ok=1
-    [[ -n ${SKIP_DASK:-} ]] || wait_until 90 "dask (scheduler + 2 workers)" dask_ready || ok=1
+    for port in "${SSH_PORTS[@]}"; do wait_until 20 "sshd:$port" "sshd$port" ssh_ok "$port" || ok=1; done
+    [[ -n ${SKIP_PROM:-} ]] || wait_until 30 prometheus prometheus http_ok "http://127.0.0.1:$PROM_PORT/-/ready" || ok=1
+    [[ -n ${SKIP_S3:-} ]] || wait_until 60 "s3 (weed mini)" weed s3_ready || ok=1
+    [[ -n ${SKIP_DASK:-} ]] || wait_until 90 "dask (scheduler + 2 workers)" "dask-scheduler dask-worker-1 dask-worker-2" \
+        dask_ready || ok=1
     if [[ -z ${SKIP_PREFECT:-} ]]; then
-        if wait_until 180 "prefect server" http_ok "http://127.0.0.1:$PREFECT_PORT/api/health"; then
-            start_prefect_worker && wait_until 60 "prefect worker ($WORK_POOL READY)" pool_ready || ok=1
+        if wait_until 180 "prefect server" prefect-server http_ok "http://127.0.0.1:$PREFECT_PORT/api/health"; then
+            start_prefect_worker && wait_until 60 "prefect worker ($WORK_POOL READY)" prefect-worker pool_ready || ok=1
         else
             ok=1
         fi
@@ -357,7 +409,7 @@ kill_tree() {  # kill_tree PID SIG: the process and all its descendants
 stray_stepds() {  # slurmstepd processes of THIS cluster (their environment names our SLURM_CONF)
     local p
     for p in $(pgrep -x slurmstepd 2>/dev/null); do
-        tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "SLURM_CONF=$SLURM_CONF_FILE" && echo "$p"
+        { tr '\0' '\n' <"/proc/$p/environ"; } 2>/dev/null | grep -qx "SLURM_CONF=$SLURM_CONF_FILE" && echo "$p"
     done
 }
 
@@ -376,6 +428,7 @@ do_stop() {
         stop_pid "$name" 5
     done
     for p in $(stray_stepds); do log "killing stray slurmstepd tree $p"; kill_tree "$p" KILL; done
+    rm -f "$MUNGE_SOCKET" "$MUNGE_SOCKET.lock"; rmdir "$MUNGE_SOCKET_DIR" 2>/dev/null
     # anything else still recorded (idempotent: nothing when already stopped)
     for f in "$PIDS"/*.pid; do [[ -e $f ]] && stop_pid "$(basename "$f" .pid)" 2; done
     log "stopped"

@@ -85,7 +85,7 @@ def make_job(
     from nightloom.catalog import get_model
     from nightloom.parallel import ParallelPlan
     from nightloom.spec import TrainSpec
-    from nightloom.train.job import ModelConfig, TrainJob
+    from nightloom.train.job import TrainJob
 
     run_dir.mkdir(parents=True, exist_ok=True)
     train = TrainSpec(
@@ -100,7 +100,7 @@ def make_job(
     job = TrainJob(
         run_id=run_dir.name,
         run_dir=str(run_dir),
-        model=ModelConfig.from_shape(get_model(model)),
+        model=(get_model(model)),
         plan=ParallelPlan(**plan),
         train=train,
         manifest=str(manifest),

@@ -109,7 +109,7 @@ def train(tmp: Path, args) -> None:
     from nightloom.metrics import read_metrics
     from nightloom.parallel import ParallelPlan
     from nightloom.spec import TrainSpec
-    from nightloom.train.job import ModelConfig, TrainJob
+    from nightloom.train.job import TrainJob
 
     cfg = tmp / "llama-1b" / "config.json"
     cfg.parent.mkdir(parents=True)
@@ -120,7 +120,7 @@ def train(tmp: Path, args) -> None:
     job = TrainJob(
         run_id="bench-gpu",
         run_dir=str(run),
-        model=ModelConfig.from_shape(shape_from_hf_config(cfg)),
+        model=(shape_from_hf_config(cfg)),
         plan=ParallelPlan(micro_batch=args.micro_batch, grad_accum=1),
         train=TrainSpec(
             steps=args.steps,

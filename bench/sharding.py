@@ -88,23 +88,23 @@ con.execute(
 """,
     "floor": """
 import sys, pyarrow as pa, pyarrow.json as pj, pyarrow.parquet as pq
-from nightloom.sharding.scan import _line_chunks
-from nightloom.sharding.writer import parquet_options
+from nightloom.sharding.jsonl_pieces import line_chunks
+from nightloom.sharding.write import parquet_options
 from pathlib import Path
 schema = pa.schema([("text", pa.string())])
 parse = pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
 with pq.ParquetWriter(sys.argv[2], schema, **parquet_options(sys.argv[3])) as w:
-    for piece in _line_chunks(Path(sys.argv[1])):
+    for piece in line_chunks(Path(sys.argv[1])):
         w.write_table(pj.read_json(piece, parse_options=parse))
 """,
     "pairs": """
 import sys, time
-from nightloom.sharding import job as jm
-jm.UNIT_FILES = int(sys.argv[3])
+from nightloom.sharding import plan as pm
+pm.UNIT_FILES = int(sys.argv[3])
 from nightloom.sharding import pipeline
-from nightloom.sharding.placement import place_documents
+from nightloom.sharding.place import place_documents
 from nightloom.sharding.scan import scan_unit
-from nightloom.sharding.writer import write_shard
+from nightloom.sharding.write import write_shard
 from nightloom.spec import DatasetSpec, ShardingSpec
 job = pipeline.plan_job(DatasetSpec(path=sys.argv[1], format="text"),
                         ShardingSpec(output=sys.argv[2], num_shards=16, tolerance=0.05))
@@ -357,10 +357,10 @@ def s3_readahead_route(scratch: Path, latency_ms: float) -> None:
 
     import boto3
 
-    from nightloom.sharding import job as jm
+    from nightloom import storage as st
     from nightloom.sharding import pipeline, shard_dataset
-    from nightloom.sharding import storage as st
-    from nightloom.sharding import writer as wm
+    from nightloom.sharding import plan as pm
+    from nightloom.sharding import write as wm
     from nightloom.spec import DatasetSpec, ShardingSpec, StorageSpec
 
     url = os.environ.get("S3_ENDPOINT_URL")
@@ -377,7 +377,7 @@ def s3_readahead_route(scratch: Path, latency_ms: float) -> None:
         client.put_object(Bucket=bucket, Key=f"in/p{i:02d}.jsonl", Body=b"".join(lines[i * per : (i + 1) * per]))
     storage, ds = StorageSpec(s3_endpoint_url=url), DatasetSpec(path=f"s3://{bucket}/in")
     real_write, real_read_at, real_get = pipeline.write_shard, st.RangeReader.read_at, st.get_file
-    default_ahead, jm.UNIT_FILES = wm.READ_AHEAD, 1  # one file a unit: 32 units
+    default_ahead, pm.UNIT_FILES = wm.READ_AHEAD, 1  # one file a unit: 32 units
 
     def later(*_):
         raise RuntimeError("the writers run on another machine")

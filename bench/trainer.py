@@ -33,12 +33,13 @@ import torch
 
 from bench._support import launch, make_job, write_corpus
 from nightloom import perf
-from nightloom.catalog import ModelShape, get_model
+from nightloom.catalog import get_model
+from nightloom.shape import ModelShape
 from nightloom.sharding.manifest import load_manifest
 from nightloom.spec import TokenizerSpec
 from nightloom.tokenizer import load_tokenizer
 from nightloom.train.data import PackedWindows, StepLoader
-from nightloom.train.job import ModelConfig, TrainJob
+from nightloom.train.job import TrainJob
 from nightloom.train.model import build_model
 from nightloom.train.parallelize import loss_fn
 from nightloom.train.trainer import lr_at
@@ -103,7 +104,7 @@ def trainer_run(
     )
     # the bench's own shape (e.g. a real tokenizer's vocabulary) and tokenizer in place of the catalog's
     tj = TrainJob.model_validate_json(job.read_text())
-    tj = tj.model_copy(update={"model": ModelConfig.from_shape(shape), "tokenizer": tok or TokenizerSpec()})
+    tj = tj.model_copy(update={"model": (shape), "tokenizer": tok or TokenizerSpec()})
     job.write_text(tj.model_dump_json(indent=2), encoding="utf-8")
     if nproc > 1:
         return launch(nproc, job, timeout=3600).metrics[WARMUP:]

@@ -23,7 +23,8 @@ from flows.stages import (
     train_stage,
 )
 from nightloom.report import RunSummary, run_status
-from nightloom.spec import RunSpec, coerce_spec
+from nightloom.spec import RunSpec
+from nightloom.spec_load import coerce_spec
 from nightloom.train.job import TrainJob
 from nightloom.validate import ValidationFailed
 from tasks.plan import plan_task

@@ -16,7 +16,9 @@ from prefect.context import FlowRunContext
 from nightloom.sharding import ShardingError, ShardJob, ShardManifest, readahead
 from nightloom.sharding.pipeline import shard_indices
 from nightloom.sharding.workdir import WorkDir
-from nightloom.spec import DaskSpec, RunSpec, coerce_spec
+from nightloom.spec import DaskSpec, RunSpec
+from nightloom.spec_load import coerce_spec
+from nightloom.storage import StorageError
 from tasks.shard import (
     place_documents_task,
     plan_shards_task,
@@ -83,7 +85,7 @@ def shard_dataset_flow(spec: RunSpec | str) -> ShardManifest:
         else:
             log.info("scan and write tasks on Dask (%s)", dask.address or dask.cluster_class)
             manifest = shard_on_dask_flow.with_options(task_runner=dask_runner(dask))(job)
-    except ShardingError as err:
+    except (ShardingError, StorageError) as err:
         report_failure(str(err))
         raise
     finally:

@@ -21,19 +21,24 @@ from prefect import get_run_logger
 from prefect.runtime import flow_run as current_run
 
 from flows.shard import shard_dataset_flow
-from nightloom.catalog import ModelShape, get_model
+from nightloom.model_resolver import model_shape as resolve_model_shape
 from nightloom.parallel import ParallelPlan
 from nightloom.provision.base import Cluster, Provider
 from nightloom.provision.shared_folder import check_shared_folder
 from nightloom.recovery import Event
 from nightloom.report import StageTime
-from nightloom.schedule import BillingSpan, RunRefused, next_window
+from nightloom.schedule.cost import BillingSpan
+from nightloom.schedule.errors import RunRefused
+from nightloom.schedule.gate import GateDecision
+from nightloom.schedule.night_record import NightsSoFar, night_record
+from nightloom.schedule.windows import next_window
+from nightloom.shape import ModelShape
 from nightloom.sharding import ShardManifest
 from nightloom.spec import RunSpec
 from nightloom.train.job import TrainJob, TrainOutcome
 from tasks.finetune import xtuner_train_task
-from tasks.gate import GateDecision, gate_task, schedule_same_deployment
-from tasks.nights import NightsSoFar, night_record, record_night_task
+from tasks.gate import gate_task, schedule_same_deployment
+from tasks.nights import record_night_task
 from tasks.plan import plan_task
 from tasks.provision import acquire_cluster, make_provider, release_cluster
 from tasks.record import fail_record_task, start_record_task
@@ -79,28 +84,20 @@ class Stopwatch:
 def model_shape(spec: RunSpec) -> ModelShape:
     """The model to train: its HF config (building the demo's random weights on first use) or the catalog's, with
     the vocabulary the tokenizer asks for (call after the shard stage: a `train_vocab` tokenizer exists then)."""
-    from nightloom.tokenizer import resolve_vocab
-
     if spec.model.build_demo_weights and spec.model.weights:
         from nightloom.hf.random_model import ensure_demo_weights
 
         ensure_demo_weights(spec.model.weights)
     if spec.train.backend == "xtuner":  # a bad or missing base model fails here, before any node is rented
         check_xtuner_base(spec)
-    if spec.model.config:
-        from nightloom.catalog import shape_from_hf_config
-
-        shape = shape_from_hf_config(spec.model.config)
-    else:
-        shape = get_model(spec.model.name)
-    return shape.with_(vocab=resolve_vocab(spec.model, shape.vocab))
+    return resolve_model_shape(spec.model)
 
 
 def check_xtuner_base(spec: RunSpec) -> None:
     """XTuner's base model (model.weights or train.xtuner.base_model; local or s3://) holds a config, a tokenizer
     and weights; a tiny demo model still to be built is checked when it is built."""
     from nightloom.finetune.base_model import base_source, check_source
-    from nightloom.sharding.storage import S3Config
+    from nightloom.storage import S3Config
 
     src = base_source(spec)
     if not (spec.train.xtuner.build_tiny_base_model and not src.is_s3 and not Path(src.uri).exists()):
@@ -214,7 +211,9 @@ def train_stage(spec: RunSpec, rental: Rental, job: TrainJob) -> TrainOutcome:
         if result.cluster is not None:  # recovery may have excluded or replaced nodes: teardown reaches them all
             rental.cluster = rental.cluster.union(result.cluster)
         for i in result.interruptions:  # the ledger keeps every interruption, as for the native backend
-            ev = Event(i.attempt, i.kind, i.detail, i.at, recovery_s=i.recovery_s, world_before=i.world_before)
+            ev = Event(
+                i.attempt, i.kind, i.detail, i.at, recovery_s=i.recovery_s, lost_s=i.lost_s, world_before=i.world_before
+            )
             record_interruption_task(spec.ledger.url, job.run_id, ev)
         span = BillingSpan(start, result.wall_s, rental.cluster.world_size)
         return TrainOutcome(

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from nightloom.sharding import storage
+from nightloom import storage
 from nightloom.util import atomic_write_text
 
 STAMP = ".nightloom-model.json"

@@ -17,7 +17,8 @@ import math
 import time
 from dataclasses import dataclass
 
-from nightloom.catalog import GPUS, ModelShape
+from nightloom.catalog import GPUS
+from nightloom.shape import ModelShape
 
 
 def count_params(shape: ModelShape, include_embeddings: bool = True) -> int:

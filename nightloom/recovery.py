@@ -15,7 +15,11 @@ can be read and tested without processes:
   time-to-recover), with enough GPUs left and `allow_relayout` when the world size changes, relaunch;
   otherwise give up with the reason;
 - account: each interruption is an `Event`, timed (`close_interruption`) once the next attempt reports
-  its first step; `RecoveryState` holds the loop's state between attempts.
+  its first step; `RecoveryAccount` holds what recovery has spent of its budget between attempts.
+
+Both training backends go through these rules: native training (tasks/recovery.py, `RecoveryState`) and
+XTuner (nightloom/finetune/attempts.py), so max_attempts, max_minutes, allow_relayout and spare_nodes mean
+the same on either.
 
 Every provider implements `Provider.reacquire(cluster, exclude) -> Cluster`: the nodes to relaunch on, the
 healthy ones plus any spare the provider can add. `local` adds spare process groups (preflighted, on a
@@ -34,12 +38,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Literal
+from typing import Generic, Literal, TypeVar
 
-from nightloom.parallel import ParallelPlan
 from nightloom.provision.base import Cluster, PreflightReport, Provider
 from nightloom.runfiles import RunFiles
-from nightloom.schedule import BillingSpan
+from nightloom.schedule.cost import BillingSpan
 from nightloom.train.job import TrainJob
 from nightloom.util import atomic_write_text
 
@@ -172,8 +175,10 @@ class Budget:
     def from_spec(cls, recovery) -> Budget:
         return cls(recovery.max_attempts, recovery.max_minutes)
 
-    def give_up_reason(self, relaunches_done: int, recovery_s_spent: float) -> str | None:
-        if relaunches_done >= self.max_attempts:
+    def give_up_reason(self, relaunches_done: int, recovery_s_spent: float, free: bool = False) -> str | None:
+        """Why the budget allows no further relaunch, or None. `free`: a relaunch max_attempts does not count
+        (time still does)."""
+        if relaunches_done >= self.max_attempts and not free:
             return f"out of attempts: {relaunches_done} of recovery.max_attempts={self.max_attempts} relaunches used"
         if recovery_s_spent >= self.max_minutes * 60:
             return (
@@ -271,13 +276,16 @@ def first_step_time(metrics_path, attempt: int, after_unix: float = 0.0) -> floa
 
 # ------------------------------------------------------------------------------------------------ decide
 
+#: what an attempt runs with: a ParallelPlan (native training) or an XTunerPlan (its rendered config)
+P = TypeVar("P")
+
 
 @dataclass(frozen=True)
-class Relaunch:
+class Relaunch(Generic[P]):
     """Go on: the next attempt runs on `cluster` with `plan` (re-planned when the world size changed)."""
 
     cluster: Cluster
-    plan: ParallelPlan
+    plan: P
 
 
 @dataclass(frozen=True)
@@ -293,17 +301,21 @@ def next_attempt(
     relaunches: int,
     spent_s: float,
     current: Cluster,
-    plan: ParallelPlan,
+    plan: P,
     *,
     min_nodes: int,
     allow_relayout: bool,
     reacquire: Callable[[], Cluster],
-    replan: Callable[[int], ParallelPlan],
-) -> Relaunch | GiveUp:
+    replan: Callable[[int], P],
+    free: bool = False,
+    futile: str | None = None,
+) -> Relaunch[P] | GiveUp:
     """Relaunch or give up after a failure, in this order: the budget (nothing reacquired when it is spent),
-    the nodes `reacquire()` gives back (enough of them, relayout allowed), then a layout for their world
-    size (`replan(world)`, only when it changed; an error there is the reason to give up)."""
-    reason = budget.give_up_reason(relaunches, spent_s)
+    `futile` (why a relaunch would only repeat the failure, when the caller knows), the nodes `reacquire()`
+    gives back (enough of them, relayout allowed), then a plan for their world size (`replan(world)`, only
+    when it changed; an error there is the reason to give up). `free`: this relaunch is not counted against
+    max_attempts (XTuner's known gloo abort); time is."""
+    reason = budget.give_up_reason(relaunches, spent_s, free) or futile
     if reason is not None:
         return GiveUp(reason)
     nxt = reacquire()
@@ -375,19 +387,15 @@ def recovery_summary(events: list[Event], train_s: float) -> str:
 
 
 @dataclass
-class RecoveryState:
-    """The recovery loop between attempts: where the next attempt runs, what recovery has spent, what is open."""
+class RecoveryAccount:
+    """What recovery has spent of its budget, on either backend: relaunches, time to recover (summed:
+    recovery.max_minutes), the interruptions so far and the one waiting for the next attempt's first step."""
 
     budget: Budget
-    cluster: Cluster  # the nodes of the current attempt
-    job: TrainJob  # the current attempt's job
-    seen: Cluster  # every node held so far (what teardown must reach)
-    started: float  # monotonic time the train stage began
     relaunches: int = 0
     spent_s: float = 0.0  # time-to-recover summed (recovery.max_minutes)
     events: list[Event] = field(default_factory=list)
     pending: Pending | None = None
-    spans: list[BillingSpan] = field(default_factory=list)  # each attempt (and the recovery after it) at its size
 
     def startup_timeout_s(self) -> float | None:
         """How long a relaunch may take to its first step: the recovery time left (None: the first attempt)."""
@@ -401,6 +409,17 @@ class RecoveryState:
         r = self.pending.event.recovery_s
         self.spent_s += r if r is not None else max(0.0, failed_at_unix - self.pending.detected_unix)
         self.pending = None
+
+
+@dataclass(kw_only=True)
+class RecoveryState(RecoveryAccount):
+    """Native training's recovery loop between attempts: the account, plus where the next attempt runs."""
+
+    cluster: Cluster  # the nodes of the current attempt
+    job: TrainJob  # the current attempt's job
+    seen: Cluster  # every node held so far (what teardown must reach)
+    started: float  # monotonic time the train stage began
+    spans: list[BillingSpan] = field(default_factory=list)  # each attempt (and the recovery after it) at its size
 
     def advance(self, to: Relaunch, pending: Pending) -> None:
         """Move on to the next attempt: on `to.cluster` with `to.plan`, resuming from the latest checkpoint."""

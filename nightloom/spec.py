@@ -1,21 +1,22 @@
-"""RunSpec: the declarative run spec, validated once at the edge.
+"""RunSpec: the schema of the declarative run spec (pydantic models, their defaults and per-field rules).
 
-`load_spec(path)` reads YAML and reports *every* invalid field at once as `FILE: field.path: reason`;
-unknown keys are errors so a typo is never silently ignored. Relative paths in a spec file resolve
+A leaf: it imports nothing of nightloom but the micro-batch arithmetic. Reading a YAML file with every error as
+`FILE:LINE: field.path: reason` is `nightloom.spec_load`; the checks that need a model, a tokenizer or the
+filesystem are `nightloom.spec_checks`. Unknown keys are errors so a typo is never silently ignored. Relative paths in a spec file resolve
 against the directory of that file; in a spec built in Python they resolve against the working directory.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from nightloom.micro_batch import micro_batches_per_step
 
 
 class SpecError(ValueError):
@@ -533,9 +534,7 @@ class RunSpec(_Section):
             )
         xs = self.train.xtuner
         if self.train.backend == "xtuner" and xs is not None:
-            from nightloom.finetune.config import micro_batches
-
-            micro_batches(
+            micro_batches_per_step(
                 self.train.global_batch, self.world_size, xs.micro_batch, xs.zero_stage, xs.sequence_parallel_size
             )
         return self
@@ -573,304 +572,3 @@ class RunSpec(_Section):
         if spec.train.xtuner is not None:
             spec.train.xtuner.base_model = fix(spec.train.xtuner.base_model) or ""
         return spec
-
-
-def _yaml_line(path: Path, text: str, loc: tuple) -> int | None:
-    """Best-effort line number of a field path in a YAML document (for error messages)."""
-    try:
-        node = yaml.compose(text)
-    except yaml.YAMLError:
-        return None
-    line = None
-    for key in loc:
-        if isinstance(node, yaml.MappingNode):
-            for k, v in node.value:
-                if k.value == key:
-                    line, node = k.start_mark.line + 1, v
-                    break
-            else:
-                return line
-        elif isinstance(node, yaml.SequenceNode) and isinstance(key, int) and key < len(node.value):
-            node = node.value[key]
-            line = node.start_mark.line + 1
-        else:
-            return line
-    return line
-
-
-def _older_provider_spelling(text: str) -> bool:
-    """The YAML spells the provider as `provider: <kind>` with a sibling `<kind>:` section."""
-    try:
-        return isinstance(_get(yaml.safe_load(text), "cluster", "provider"), str)
-    except yaml.YAMLError:
-        return False
-
-
-def format_errors(err: ValidationError, source: str, text: str | None = None) -> list[str]:
-    """One `SOURCE[:LINE]: field.path: reason` per pydantic error."""
-    out = []
-    older = text is not None and _older_provider_spelling(text)
-    for e in err.errors():
-        loc = tuple(x for x in e["loc"] if not (isinstance(x, str) and x.startswith(("function-after", "literal["))))
-        loc = tuple("validate" if x == "validate_" else x for x in loc)
-        # the `parallel` union reports both branches; keep the ParallelSpec one (it names the field)
-        if loc[:1] == ("parallel",) and len(loc) > 1 and loc[1] == "ParallelSpec":
-            loc = ("parallel",) + loc[2:]
-        # a provider's field: pydantic puts the union's tag in the path; name the field as the file spells it
-        if loc[:2] == ("cluster", "provider") and len(loc) > 2 and loc[2] in PROVIDER_KINDS:
-            loc = ("cluster", loc[2] if older else "provider", *loc[3:])
-        path = ".".join(str(x) for x in loc) or "<root>"
-        msg = e["msg"]
-        if e["type"] == "extra_forbidden":
-            msg = "unknown key (typo?)"
-        elif e["type"] == "missing":
-            msg = "required field is missing"
-        where = source
-        if text is not None:
-            line = _yaml_line(Path(source), text, loc)
-            if line:
-                where = f"{source}:{line}"
-        out.append(f"{where}: {path}: {msg}")
-    # dedupe while keeping order (union branches can repeat a message)
-    seen: set[str] = set()
-    return [x for x in out if not (x in seen or seen.add(x))]
-
-
-def _get(data: dict, *path, default=None):
-    for key in path:
-        if not isinstance(data, dict) or key not in data:
-            return default
-        data = data[key]
-    return data
-
-
-def _model_errors(data: dict, local) -> list[tuple[tuple, str]]:
-    """model.config parses (strictly: a field the native model cannot compute is named) and model.weights holds
-    safetensors; a demo whose weights are built on first use is checked when they exist."""
-    from nightloom.hf.config import config_path, shape_from_hf_config
-
-    config, weights = _get(data, "model", "config"), _get(data, "model", "weights")
-    build = _get(data, "model", "build_demo_weights") is True
-    if config is None and isinstance(weights, str) and "://" in weights:
-        return [(("model", "config"), "required when model.weights is an s3:// prefix")]
-    wdir = local(weights)
-    cfg = local(config) if config is not None else (wdir / "config.json" if wdir is not None else None)
-    errs: list[tuple[tuple, str]] = []
-    field = ("model", "config") if config is not None else ("model", "weights")
-    if cfg is not None and not (build and not config_path(cfg).exists()):
-        if not config_path(cfg).is_file():
-            errs.append((field, f"file not found: {config_path(cfg)}"))
-        else:
-            try:
-                shape_from_hf_config(cfg)
-            except ValueError as e:
-                errs.append((field, str(e)))
-    if wdir is not None and not (build and not wdir.exists()):
-        if not wdir.is_dir():
-            errs.append((("model", "weights"), f"folder not found: {wdir}"))
-        elif not any(wdir.glob("*.safetensors")):
-            errs.append((("model", "weights"), f"no *.safetensors files in {wdir}"))
-    if build and wdir is None:
-        errs.append((("model", "build_demo_weights"), "needs a local model.weights folder"))
-    return errs
-
-
-def _semantic_errors(data: dict, base_dir: Path) -> list[tuple[tuple, str]]:
-    """Checks that need the filesystem or the catalog: (field path, reason), before anything is rented.
-
-    They read the raw mapping (not the validated model) so they are reported together with schema errors."""
-    from nightloom.catalog import GPUS, MODELS
-
-    def local(p) -> Path | None:
-        if not isinstance(p, str) or "://" in p:
-            return None
-        q = Path(p).expanduser()
-        return q if q.is_absolute() else base_dir / q
-
-    errs: list[tuple[tuple, str]] = []
-    name, config = _get(data, "model", "name", default="tiny"), _get(data, "model", "config")
-    if config is None and isinstance(name, str) and name not in MODELS:
-        errs.append((("model", "name"), f"unknown model {name!r}; known: {', '.join(sorted(MODELS))}"))
-    errs += _model_errors(data, local)
-    errs += _tokenizer_errors(data, local)
-    every, eval_data = _get(data, "validate", "eval_every", default=0), _get(data, "validate", "eval_data")
-    if isinstance(every, int) and every > 0 and not eval_data and not _get(data, "sharding", "heldout", default=0):
-        errs.append((("validate", "eval_every"), "needs a held-out split (sharding.heldout) or validate.eval_data"))
-    if local(eval_data) is not None and not local(eval_data).is_file():
-        errs.append((("validate", "eval_data"), f"file not found: {local(eval_data)}"))
-    gpu = _get(data, "cluster", "gpu_type", default="cpu")
-    if isinstance(gpu, str) and gpu != "cpu" and gpu not in GPUS:
-        errs.append((("cluster", "gpu_type"), f"unknown GPU {gpu!r}; known: cpu, {', '.join(sorted(GPUS))}"))
-    dpath = local(_get(data, "dataset", "path"))
-    if dpath is not None and _get(data, "dataset", "sample") is not True and not dpath.exists():
-        errs.append((("dataset", "path"), f"not found: {dpath}"))
-    nodes, per = _get(data, "cluster", "nodes", default=2), _get(data, "cluster", "gpus_per_node", default=2)
-    errs += _parallel_errors(data, base_dir, nodes, per)
-    provider = _get(data, "cluster", "provider", default="local")
-    if (provider.get("kind") if isinstance(provider, dict) else provider) == "ssh":
-        where = ("cluster", "provider", "hosts") if isinstance(provider, dict) else ("cluster", "ssh", "hosts")
-        hosts = _get(data, *where, default=[]) or []
-        active = [h for h in hosts if isinstance(h, dict) and not h.get("spare")]
-        if isinstance(nodes, int) and len(active) < nodes:
-            errs.append((where, f"{len(active)} non-spare hosts for cluster.nodes={nodes}"))
-    return errs
-
-
-def _parallel_errors(data: dict, base_dir: Path, nodes, per) -> list[tuple[tuple, str]]:
-    """An explicit `parallel:` section against the world size and the model: ParallelDims.resolve fills
-    dp_shard=-1, ParallelDims.check gives the reasons (the rules the planner and the trainer apply)."""
-    from nightloom.catalog import MODELS, shape_from_hf_config
-    from nightloom.parallel import LayoutError, ParallelDims
-
-    par = _get(data, "parallel")
-    if not isinstance(par, dict) or not all(isinstance(x, int) and x > 0 for x in (nodes, per)):
-        return []
-    try:
-        p = ParallelSpec.model_validate(par)
-    except ValidationError:
-        return []  # the schema errors are reported already
-    try:
-        dims = ParallelDims.resolve(
-            nodes * per,
-            tp=p.tp,
-            pp=p.pp,
-            dp_replicate=p.dp_replicate,
-            dp_shard=p.dp_shard,
-            cp=p.cp,
-            sp=p.sp,
-            virtual_stages=p.virtual_stages,
-            schedule=p.schedule,
-            recompute=p.recompute,
-            zero=p.zero,
-            stages=tuple(p.stages) if p.stages else None,
-        )
-    except LayoutError as e:
-        return [(("parallel",), f"{e} (cluster.nodes·cluster.gpus_per_node)")]
-    name, config = _get(data, "model", "name", default="tiny"), _get(data, "model", "config")
-    try:
-        if isinstance(config, str) and "://" not in config:
-            q = Path(config).expanduser()
-            shape = shape_from_hf_config(q if q.is_absolute() else base_dir / q)
-        elif config is None and name in MODELS:
-            shape = MODELS[name]
-        else:
-            return []
-    except (OSError, ValueError, KeyError):
-        return []  # reported under model.*
-    seq = _get(data, "train", "seq_len", default=128)
-    gb = _get(data, "train", "global_batch", default=8)
-    if not (isinstance(seq, int) and isinstance(gb, int)):
-        return []
-    # micro_batch is pinned, grad_accum follows from the global batch (as the planner sets it)
-    per_rank = gb // dims.dp if gb % dims.dp == 0 else 0
-    accum = per_rank // p.micro_batch if per_rank and per_rank % p.micro_batch == 0 else 0
-    if accum:
-        dims = dataclasses.replace(dims, micro_batch=p.micro_batch, grad_accum=accum)
-    else:
-        return [
-            (
-                ("parallel", "micro_batch"),
-                f"train.global_batch ({gb}) is not divisible by micro_batch ({p.micro_batch}) · dp ({dims.dp})",
-            )
-        ]
-    return [(("parallel",), why) for why in dims.check(shape, seq, gb)]
-
-
-def _tokenizer_errors(data: dict, local) -> list[tuple[tuple, str]]:
-    """model.tokenizer: the path exists, the tokenizer loads, and the model's vocab covers its ids."""
-    raw = _get(data, "model", "tokenizer", default="bytes")
-    try:
-        tspec = TokenizerSpec.coerce(raw)
-    except (ValidationError, ValueError):
-        return []  # reported by the schema check
-    if tspec.path is not None and local(tspec.path) is not None:
-        tspec = tspec.model_copy(update={"path": str(local(tspec.path))})
-    from nightloom.tokenizer import TokenizerError, load_tokenizer
-
-    if tspec.path is not None and tspec.train_vocab is None and not Path(tspec.path).expanduser().exists():
-        return [(("model", "tokenizer"), f"not found: {tspec.path}")]
-    if tspec.train_vocab is not None and not (Path(tspec.path or "") / "tokenizer.json").is_file():
-        tok_vocab, what = tspec.train_vocab, f"the BPE trained on first use (train_vocab {tspec.train_vocab})"
-    else:
-        try:
-            tok = load_tokenizer(tspec)
-        except (TokenizerError, OSError) as e:
-            return [(("model", "tokenizer"), str(e))]
-        tok_vocab, what = tok.vocab_size, f"tokenizer {tspec.path or 'bytes'}"
-    vocab = _get(data, "model", "vocab")
-    if vocab == "tokenizer":
-        return []
-    if isinstance(vocab, int) and not isinstance(vocab, bool):
-        model_vocab, who = vocab, "model.vocab"
-    else:
-        try:
-            from nightloom.catalog import get_model
-            from nightloom.hf.config import shape_from_hf_config
-
-            config, weights = local(_get(data, "model", "config")), local(_get(data, "model", "weights"))
-            config = config if config is not None else (weights / "config.json" if weights is not None else None)
-            name = _get(data, "model", "name", default="tiny")
-            shape = shape_from_hf_config(config) if config is not None else get_model(name)
-        except Exception:  # noqa: BLE001 - model errors are reported by their own check (or built on first use)
-            return []
-        model_vocab, who = shape.vocab, f"model {shape.name}"
-    if model_vocab < tok_vocab:
-        return [
-            (
-                ("model", "tokenizer"),
-                f"{who} has {model_vocab} embedding rows but {what} has {tok_vocab} ids: the vocabulary does not "
-                "cover the tokenizer (set model.vocab: tokenizer, a number >= the tokenizer's, or another model)",
-            )
-        ]
-    return []
-
-
-MOVED = {("dataset", "tokenizer"): "model.tokenizer"}
-
-
-def parse_spec(data: object, source: str = "<spec>", text: str | None = None, base_dir: Path | None = None) -> RunSpec:
-    """Validate a mapping into a RunSpec; raise SpecError listing every problem (schema and semantic) at once."""
-    if not isinstance(data, dict):
-        raise SpecError([f"{source}: <root>: expected a mapping of sections, got {type(data).__name__}"])
-    base_dir = base_dir or Path.cwd()
-    errors: list[str] = []
-    spec = None
-    for (section, key), new in MOVED.items():  # a field that moved: say where, not "unknown key"
-        if isinstance(data.get(section), dict) and key in data[section]:
-            line = _yaml_line(Path(source), text, (section, key)) if text is not None else None
-            errors.append(f"{source}{f':{line}' if line else ''}: {section}.{key}: moved to {new} (set it there)")
-            data = {**data, section: {k: v for k, v in data[section].items() if k != key}}
-    try:
-        spec = RunSpec.model_validate(data)
-    except ValidationError as err:
-        errors += format_errors(err, source, text)
-    for loc, msg in _semantic_errors(data, base_dir):
-        line = _yaml_line(Path(source), text, loc) if text is not None else None
-        errors.append(f"{source}{f':{line}' if line else ''}: {'.'.join(loc)}: {msg}")
-    if errors or spec is None:
-        raise SpecError(errors)
-    return spec.resolved(base_dir)
-
-
-def load_spec(path: str | Path) -> RunSpec:
-    """Read and validate a YAML run spec; errors name the file, line and field path."""
-    p = Path(path)
-    if not p.is_file():
-        raise SpecError([f"{p}: file not found"])
-    text = p.read_text(encoding="utf-8")
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f"{p}:{mark.line + 1}:{mark.column + 1}" if mark else str(p)
-        raise SpecError([f"{where}: invalid YAML: {getattr(err, 'problem', err)}"]) from None
-    return parse_spec(data, source=str(p), text=text, base_dir=p.resolve().parent)
-
-
-def coerce_spec(spec: RunSpec | str | Path | dict) -> RunSpec:
-    """Accept what users pass (a spec, a path, a dict from the UI) and return a validated RunSpec."""
-    if isinstance(spec, RunSpec):
-        return parse_spec(spec.model_dump(by_alias=True), source="<RunSpec>")
-    if isinstance(spec, dict):
-        return parse_spec(spec, source="<parameters>")
-    return load_spec(spec)

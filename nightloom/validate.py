@@ -15,7 +15,6 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from nightloom.catalog import ModelShape
 from nightloom.metrics import StepMetrics, read_metrics
 from nightloom.perf import (  # noqa: F401 - Peak, PeakError and the resolvers are imported from here too
     Peak,
@@ -26,6 +25,7 @@ from nightloom.perf import (  # noqa: F401 - Peak, PeakError and the resolvers a
     resolve_peak,
     resolve_precision,
 )
+from nightloom.shape import ModelShape
 from nightloom.spec import GoldenSpec, ValidateSpec
 
 

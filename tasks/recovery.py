@@ -20,7 +20,7 @@ from nightloom.ledger import Ledger
 from nightloom.provision.base import Cluster, PreflightReport, Provider, ProvisionError
 from nightloom.provision.shared_folder import check_shared_folder
 from nightloom.report import NOT_MEASURED
-from nightloom.schedule import BillingSpan, lost_time_cost
+from nightloom.schedule.cost import BillingSpan, lost_time_cost
 from nightloom.spec import RunSpec
 from nightloom.train.job import TrainJob, TrainOutcome, TrainResult
 from tasks.plan import plan_task
@@ -113,7 +113,8 @@ def _span(start: datetime, gpus: int) -> BillingSpan:
 def train_with_recovery(spec: RunSpec, provider: Provider, cluster: Cluster, job: TrainJob) -> TrainOutcome:
     """Train; on a failure diagnose, exclude or replace nodes, re-plan and resume from the latest checkpoint,
     within spec.recovery; raise RecoveryGaveUp (checkpoint kept, reason given) when it must stop."""
-    st = rec.RecoveryState(rec.Budget.from_spec(spec.recovery), cluster, job, seen=cluster, started=time.monotonic())
+    budget = rec.Budget.from_spec(spec.recovery)
+    st = rec.RecoveryState(budget, cluster=cluster, job=job, seen=cluster, started=time.monotonic())
     while True:
         span_start = datetime.now(UTC)
         try:

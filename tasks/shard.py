@@ -17,16 +17,15 @@ from nightloom.sharding import (
     ShardManifest,
     place_documents,
     plan_job,
-    publish,
+    publish_manifest,
     scan_unit,
     summarize,
     write_shard,
 )
-from nightloom.sharding.errors import StorageError
-from nightloom.sharding.job import existing_manifest
 from nightloom.sharding.manifest import ShardInfo
-from nightloom.sharding.storage import set_secret_resolver
+from nightloom.sharding.plan import existing_manifest
 from nightloom.spec import DatasetSpec, ShardingSpec, StorageSpec, TokenizerSpec
+from nightloom.storage import StorageError, set_secret_resolver
 
 ARTIFACT_KEY = "shard-report"
 
@@ -86,7 +85,7 @@ def write_shard_task(job: ShardJob, scans: list[ScanResult], index: int) -> Shar
 def publish_manifest_task(
     job: ShardJob, scans: list[ScanResult], placement: Placement, infos: list[ShardInfo]
 ) -> ShardManifest:
-    return publish(job, scans, placement, infos)
+    return publish_manifest(job, scans, placement, infos)
 
 
 def report_shards(manifest: ShardManifest, output: str, reused: bool) -> None:

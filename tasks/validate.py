@@ -10,13 +10,13 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel, ConfigDict
 
-from nightloom.catalog import ModelShape
 from nightloom.ledger import Ledger
 from nightloom.metrics import read_metrics
 from nightloom.parallel import ParallelPlan
 from nightloom.perf import PeakMeasurement
 from nightloom.plots import write_run_plots
 from nightloom.runfiles import RunFiles
+from nightloom.shape import ModelShape
 from nightloom.spec import RunSpec
 from nightloom.train.job import TrainResult
 from nightloom.validate import (

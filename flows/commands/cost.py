@@ -4,7 +4,7 @@ rate of the time each part falls in), its finish time and total, the budget, and
 The step time is --hours / train.steps when given, else the ledger's measured rate for the same spec, cluster and
 size, else the planner's prediction (none on CPU: then give --hours). Time to ready is --provisioning-min, else
 the ledger's measurement on the cluster, else schedule.provisioning_minutes, else 10 min. The gate, the budget
-check and the run summary use the same plan (nightloom.schedule.plan_nights).
+check and the run summary use the same plan (nightloom.schedule.nights.plan_nights).
 Exit codes: 0 ok, 1 the plan exceeds schedule.budget or schedule.max_nights, 2 usage.
 """
 
@@ -15,15 +15,13 @@ import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from nightloom.schedule import (
-    NightPlan,
-    RunRefused,
-    inputs_for_spec,
-    plan_nights,
-    refuse_if_over,
-    rent_vs_buy,
-)
-from nightloom.spec import RunSpec, SpecError, load_spec
+from nightloom.schedule.budget import refuse_if_over
+from nightloom.schedule.errors import RunRefused
+from nightloom.schedule.inputs import inputs_for_spec
+from nightloom.schedule.nights import NightPlan, plan_nights
+from nightloom.schedule.rent_vs_buy import rent_vs_buy
+from nightloom.spec import RunSpec, SpecError
+from nightloom.spec_load import load_spec
 
 
 def register(sub) -> None:

@@ -50,7 +50,7 @@ def run(args) -> int:
                 raise FileNotFoundError(f"{ckpt}: no complete checkpoint at step {args.step}")
         out = export_checkpoint(
             ckpt,
-            job.model.to_shape(),
+            job.model,
             Path(args.output),
             dtype=args.dtype,
             source_config=job.hf_config,

@@ -12,7 +12,8 @@ import os
 import sys
 
 from nightloom.ledger import RUN_STATUSES, Ledger, LedgerError, RunRecord
-from nightloom.spec import LedgerSpec, SpecError, load_spec
+from nightloom.spec import LedgerSpec, SpecError
+from nightloom.spec_load import load_spec
 
 LIST_COLUMNS = (
     "run_id",

@@ -79,7 +79,7 @@ def _report(args) -> PlanReport:
     from nightloom.planner import plan, plan_for_spec
 
     if args.spec:
-        from nightloom.spec import load_spec
+        from nightloom.spec_load import load_spec
 
         if args.layout or args.stages or args.other_trainer:
             raise ValueError("--layout, --stages and --other-trainer apply to --model plans; a spec pins its own")

@@ -7,7 +7,8 @@ import sys
 from nightloom.provision import get_provider
 from nightloom.provision.base import ProvisionError
 from nightloom.provision.check import check, format_check
-from nightloom.spec import SpecError, load_spec
+from nightloom.spec import SpecError
+from nightloom.spec_load import load_spec
 
 
 def register(sub) -> None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import sys
 
 from nightloom.report import NOT_MEASURED
-from nightloom.spec import SpecError, load_spec
+from nightloom.spec import SpecError
+from nightloom.spec_load import load_spec
 from nightloom.validate import verdict_label
 
 

@@ -17,7 +17,9 @@ import time
 from pydantic import ValidationError
 
 from nightloom.sharding import ShardingError, shard_dataset, summarize
-from nightloom.spec import DatasetSpec, ShardingSpec, SpecError, StorageSpec, TokenizerSpec, load_spec
+from nightloom.spec import DatasetSpec, ShardingSpec, SpecError, StorageSpec, TokenizerSpec
+from nightloom.spec_load import load_spec
+from nightloom.storage import StorageError
 from nightloom.tokenizer import TokenizerError, load_tokenizer
 
 # flag → (section, field)
@@ -186,7 +188,7 @@ def run(args: argparse.Namespace) -> int:
             manifest = shard_dataset(
                 dataset, sharding, storage, workers=args.workers, progress=_progress_lines(), tokenizer=tokenizer
             )
-    except (ShardingError, OSError) as err:
+    except (ShardingError, StorageError, OSError) as err:
         if args.json:
             print(json.dumps({"output": sharding.output, "balanced": False, "error": str(err)}, indent=2))
         print(f"nightloom shard: failed: {err}", file=sys.stderr)

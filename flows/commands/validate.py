@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import sys
 
-from nightloom.spec import SpecError, load_spec
+from nightloom.spec import SpecError
+from nightloom.spec_load import load_spec
 
 
 def register(sub) -> None:

@@ -109,7 +109,7 @@ def check_source(src: BaseSource, s3=None) -> None:
     if src.tokenizer:
         check_tokenizer(src.tokenizer)
     if src.is_s3:
-        from nightloom.sharding import storage
+        from nightloom import storage
 
         try:
             names = [o.name for o in storage.list_objects(src.uri, s3)]
@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("uri")
     ap.add_argument("--endpoint", default=None)
     a = ap.parse_args(argv)
-    from nightloom.sharding.storage import S3Config, StorageError
+    from nightloom.storage import S3Config, StorageError
 
     try:
         got = fetch_cached(a.uri, s3=S3Config(endpoint_url=a.endpoint), log=lambda s: print(s, file=sys.stderr))

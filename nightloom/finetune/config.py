@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from nightloom.micro_batch import micro_batches_per_step
+
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 STATS_FILE = "nightloom_stats.json"  # written by node_wrapper.py prepare next to the processed dataset
 
@@ -291,33 +293,11 @@ def check_profile(profile: str, method: str, zero_stage: int, sequence_parallel_
 
 
 def micro_batches(global_batch: int, world: int, micro_batch: int | None, zero_stage: int = 0, sp: int = 1) -> int:
-    """Forward/backward passes per rank per step: the rank's share of the global batch (global_batch / world) in
-    micro-batches of `micro_batch` sequences (default: all of it in one). XTunerConfigError naming the field when
-    it does not divide, or when accumulation meets a layout that brings its own (DeepSpeed, sequence parallel)."""
-    if global_batch % world:
-        raise XTunerConfigError(
-            f"train.global_batch: {global_batch} is not divisible by the world size {world} "
-            "(each XTuner rank takes global_batch / world sequences per step)"
-        )
-    per_rank = global_batch // world
-    micro = micro_batch or per_rank
-    if per_rank % micro:
-        raise XTunerConfigError(
-            f"train.xtuner.micro_batch: {micro} does not divide the {per_rank} sequences a rank takes per step "
-            f"(train.global_batch {global_batch} / {world} ranks)"
-        )
-    k = per_rank // micro
-    if k > 1 and zero_stage:
-        raise XTunerConfigError(
-            f"train.xtuner.micro_batch: {k} micro-batches per step with zero_stage {zero_stage}: DeepSpeed runs take "
-            "their own strategy, not nightloom's micro-batch wrapper; use micro_batch = global_batch / world size "
-            "(or zero_stage 0)"
-        )
-    if k > 1 and sp > 1:
-        raise XTunerConfigError(
-            f"train.xtuner.micro_batch: {k} micro-batches per step with sequence_parallel_size {sp} is not supported"
-        )
-    return k
+    """`micro_batch.micro_batches_per_step`, its error as an XTunerConfigError (same message, naming the field)."""
+    try:
+        return micro_batches_per_step(global_batch, world, micro_batch, zero_stage, sp)
+    except ValueError as err:
+        raise XTunerConfigError(str(err)) from None
 
 
 def read_processed_stats(processed_dir: Path) -> dict:

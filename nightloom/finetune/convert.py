@@ -1,5 +1,7 @@
 """Turn an XTuner checkpoint into a Hugging Face model (LoRA merged when asked) and write it to storage.
 
+`convert_checkpoint` is the run's step: pth -> HF (adapter for LoRA), merge when asked, publish.
+
 Each step runs in the XTuner env through node_wrapper.py and is checked twice: the exit code, then the
 files a loader needs (the tools print errors and still leave folders behind).
 """
@@ -11,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from nightloom.finetune.launcher import WRAPPER, Runner, check, local_runner, tool_command
+from nightloom.finetune.plan import XTunerPlan
 
 
 class XTunerConvertError(RuntimeError):
@@ -117,3 +120,47 @@ def publish(src: Path, dest: str, s3_endpoint_url: str | None = None) -> str:
         shutil.rmtree(out)
     tmp.rename(out)
     return str(out)
+
+
+def convert_checkpoint(
+    plan: XTunerPlan,
+    checkpoint: Path,
+    *,
+    log: Callable[[str], None] = print,
+    publish_to: str | None = None,
+    s3_endpoint_url: str | None = None,
+    runner: Runner | None = None,
+) -> dict[str, str | None]:
+    """pth → HF (adapter for LoRA), merge when asked, then publish the final model folder. `runner`: where the
+    XTuner env runs the tools (node 0, the node whose rank 0 wrote the checkpoint, for remote clusters)."""
+    run_dir = Path(plan.run_dir)
+    log_file = Path(plan.log_dir) / "convert.log"
+    lora = plan.method in ("lora", "qlora")
+    hf = pth_to_hf(
+        plan.python,
+        Path(plan.config_path),
+        checkpoint,
+        run_dir / ("adapter" if lora else "model"),
+        lora=lora,
+        log_file=log_file,
+        log=log,
+        runner=runner,
+        wrapper=plan.wrapper,
+    )
+    out: dict[str, str | None] = {"adapter_dir": str(hf) if lora else None, "model_dir": None if lora else str(hf)}
+    if lora and plan.merge_lora:
+        merged = merge_lora(
+            plan.python,
+            Path(plan.base_model),
+            hf,
+            run_dir / "model",
+            device="cpu" if plan.profile == "cpu" else "cuda",
+            log_file=log_file,
+            log=log,
+            runner=runner,
+            wrapper=plan.wrapper,
+        )
+        out["model_dir"] = str(check_hf_model(merged))
+    final = out["model_dir"] or out["adapter_dir"]
+    out["published"] = publish(Path(final), publish_to, s3_endpoint_url) if publish_to else final
+    return out

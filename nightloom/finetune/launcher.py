@@ -131,11 +131,13 @@ def run_streaming(
     timeout_s: float | None = None,
     cwd: Path | None = None,
     ok_codes: Sequence[int] = (0,),
+    started: Callable[[subprocess.Popen], None] | None = None,
 ) -> int:
     """Run `cmd` in its own process group, stream its lines to `log` and `log_file`; return the exit code.
 
     On timeout the whole group is killed and XTunerLaunchError is raised. Non-zero codes are returned, not
-    raised, so the caller can map them (e.g. exit 3 = empty dataset)."""
+    raised, so the caller can map them (e.g. exit 3 = empty dataset). `started(proc)` is called once the
+    process runs (a watchdog that may end it)."""
     from nightloom.provision.local import kill_group
 
     log_file.parent.mkdir(parents=True, exist_ok=True)
@@ -164,6 +166,8 @@ def run_streaming(
 
         reader = threading.Thread(target=pump, daemon=True)
         reader.start()
+        if started is not None:
+            started(proc)
         try:
             code = proc.wait(timeout=None if deadline is None else max(1.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:

@@ -35,6 +35,12 @@ class RunShape:
     peak_flops_per_device: float | None = None
 
 
+def step_of(line: str) -> int | None:
+    """The step of an mmengine `Iter(train) [N/M]` progress line (as streamed, prefixes and all), else None."""
+    m = _LOG_LINE.search(line)
+    return int(m.group(1)) if m else None
+
+
 def launch_dirs(work_dir: Path) -> list[Path]:
     """mmengine's per-launch folders in launch order."""
     work_dir = Path(work_dir)

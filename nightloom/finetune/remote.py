@@ -5,6 +5,7 @@ every node and the orchestrator see (a shared file system, as Slurm's state fold
 results land in the run folder directly. What differs per node is the interpreter: `ensure_node_envs` runs
 `nightloom.finetune.node_env` on each node (in parallel), which finds or builds the env keyed by the
 requirements hash under the node's env root, under a lock, stamp last; the time to ready per node is kept.
+`RunNodes` readies a run's nodes (env, base model, run folder), and recovery's new ones the same way.
 """
 
 from __future__ import annotations
@@ -13,12 +14,13 @@ import json
 import re
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from nightloom.finetune.env import EnvError, XTunerEnv
 from nightloom.finetune.launcher import WRAPPER, Command
 from nightloom.finetune.node_env import MARK
+from nightloom.finetune.plan import XTunerPlan
 from nightloom.provision.base import REMOTE_PROVIDERS, Cluster, Node, NodeShell
 
 
@@ -153,6 +155,66 @@ def ensure_node_models(
     for n, r, info in results:
         log(f"base model on node {n.name}: {'fetched' if info['created'] else 'cached'} in {r.seconds:.2f} s")
     return paths.pop()
+
+
+@dataclass
+class RunNodes:
+    """A run's rented nodes made ready for XTuner: the env on each (`envs`), the s3:// base model in their
+    caches (`base_path`, one path on every node), and, for a node recovery adds, the run folder seen there."""
+
+    spec: object  # the RunSpec
+    provider: NodeShell
+    run_dir: Path
+    log: Callable[[str], None] = print
+    envs: dict[str, NodeEnv] = field(default_factory=dict)
+    base_path: str | None = None  # None: the base model is a folder the nodes share with this machine
+
+    def ensure_envs(self, cluster: Cluster) -> XTunerEnv:
+        """The XTuner env on every node of `cluster` not readied yet; node 0's env (XTuner's tools run there)."""
+        new = [n for n in cluster.nodes if n.name not in self.envs]
+        if new:
+            sub = cluster.model_copy(update={"nodes": new})
+            xs = self.spec.train.xtuner
+            self.envs.update(
+                ensure_node_envs(
+                    self.provider, sub, profile_of(self.spec.cluster.gpu_type), python=xs.python, log=self.log
+                )
+            )
+        return self.envs[cluster.nodes[0].name].as_env()
+
+    def ensure_model(self, cluster: Cluster) -> str | None:
+        """The s3:// base model in the caches of `cluster`'s nodes (None for a local one); the same path as before."""
+        from nightloom.finetune.base_model import base_source
+        from nightloom.finetune.config import XTunerConfigError
+        from nightloom.storage import S3Config
+
+        src = base_source(self.spec)
+        if not src.is_s3:
+            return None
+        endpoint = S3Config.from_spec(self.spec.storage).endpoint()
+        path = ensure_node_models(self.provider, cluster, src.uri, endpoint, log=self.log)
+        if self.base_path is not None and path != self.base_path:
+            raise XTunerConfigError(f"model.weights: the new nodes cache {src.uri} at another path")
+        self.base_path = path
+        return path
+
+    def ready(self, cluster: Cluster, plan: XTunerPlan) -> XTunerPlan:
+        """`plan` for `cluster` after recovery: a new node must see the run folder, gets the env and the base
+        model; the plan names each node's interpreter and where node_wrapper.py is there."""
+        from nightloom.provision.shared_folder import check_shared_folder
+
+        new = [n for n in cluster.nodes if n.name not in self.envs]
+        if new:
+            sub = cluster.model_copy(update={"nodes": new})
+            check_shared_folder(self.provider, sub, self.run_dir)  # a spare must see the run folder as the others do
+            self.ensure_envs(sub)
+            if self.base_path is not None:
+                self.ensure_model(sub)
+        return self.for_nodes(cluster, plan)
+
+    def for_nodes(self, cluster: Cluster, plan: XTunerPlan) -> XTunerPlan:
+        pythons = {name: e.python for name, e in self.envs.items()}
+        return plan.model_copy(update={"wrapper": wrapper_path(cluster), "node_pythons": pythons})
 
 
 def node_runner(

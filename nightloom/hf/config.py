@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from nightloom.catalog import ModelShape, RopeScaling
+from nightloom.shape import ModelShape, RopeScaling
 
 LLAMA_TYPES = ("llama", "mistral", "qwen2")
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
@@ -165,7 +165,8 @@ def shape_from_hf_config(path: str | Path, strict: bool = True) -> ModelShape:
     """A ModelShape from a config.json file (or a folder holding one); errors start with the file name."""
     p = config_path(path)
     cfg = read_config(p)
-    name = str(cfg.get("_name_or_path") or p.parent.name or p.stem)
+    # a model folder's config.json is named after the folder; a loose `qwen3-8b.json` after its own stem
+    name = str(cfg.get("_name_or_path") or (p.parent.name if p.name == "config.json" else p.stem) or p.stem)
     try:
         return shape_from_config(cfg, name, strict)
     except ValueError as err:

@@ -16,10 +16,10 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from nightloom.catalog import ModelShape
 from nightloom.hf.config import config_for_export, config_path, read_config
 from nightloom.hf.load import INDEX_NAME
 from nightloom.hf.names import to_hf
+from nightloom.shape import ModelShape
 from nightloom.util import atomic_write_text
 
 DTYPES = ("bf16", "fp32")

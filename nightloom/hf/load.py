@@ -14,8 +14,8 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from nightloom.catalog import ModelShape
 from nightloom.hf.names import expected_shapes, optional, to_hf
+from nightloom.shape import ModelShape
 
 INDEX_NAME = "model.safetensors.index.json"
 
@@ -115,8 +115,8 @@ def fetch_weights(uri: str, s3=None, cache_root: Path | None = None, log=print) 
     """A local folder for `uri`: itself, or an s3:// prefix in this machine's model cache (nightloom.model_cache:
     content-keyed, locked, checked against the objects, stamped last; the folder XTuner uses for the same model).
     `s3` is the job's storage.S3Config (None = the environment's endpoint)."""
+    from nightloom import storage
     from nightloom.model_cache import ModelFetchError, fetch_model
-    from nightloom.sharding import storage
 
     if not storage.is_s3(uri):
         return Path(uri)

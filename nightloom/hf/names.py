@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from nightloom.catalog import ModelShape
+from nightloom.shape import ModelShape
 
 _TOP = {
     "tok_embeddings.weight": "model.embed_tokens.weight",

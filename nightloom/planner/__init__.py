@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import math
 
-from nightloom.catalog import ModelShape, get_gpu, get_model, resolve_model, shape_from_hf_config
+from nightloom.catalog import get_gpu
+from nightloom.model_resolver import model_shape, shape_from_name_or_config
 from nightloom.parallel import LayoutError, ParallelDims
 from nightloom.perf import resolve_precision
 from nightloom.planner.request import (
@@ -25,6 +26,7 @@ from nightloom.planner.request import (
 )
 from nightloom.planner.search import search
 from nightloom.planner.steptime import DEFAULT_EFFICIENCY, calibrated_efficiency
+from nightloom.shape import ModelShape
 
 __all__ = [
     "DEFAULT_EFFICIENCY",
@@ -64,7 +66,7 @@ def plan(
     `recompute`: one mode (restricts the search) or a tuple of allowed modes; `stages`: forced pipeline stage
     sizes ("7,8,...,8,7"); `native_trainer=False`: also layouts only other trainers run (what-if);
     `fused_attention`: the stack runs a flash-style attention kernel (no stored scores; steptime.py)."""
-    shape = model if isinstance(model, ModelShape) else resolve_model(model)
+    shape = model if isinstance(model, ModelShape) else shape_from_name_or_config(model)
     gspec = None if gpu == "cpu" else get_gpu(gpu)
     if precision not in ("bf16", "fp32"):
         raise ValueError(f"precision must be bf16 or fp32, got {precision!r}")
@@ -106,10 +108,7 @@ def plan_for_spec(
     `calibration` = measured/predicted MFU of past ledger runs (bounded adjustment of the efficiency factor)."""
     from nightloom.spec import ParallelSpec
 
-    shape = shape_from_hf_config(spec.model.config) if spec.model.config else get_model(spec.model.name)
-    from nightloom.tokenizer import resolve_vocab
-
-    shape = shape.with_(vocab=resolve_vocab(spec.model, shape.vocab))
+    shape = model_shape(spec.model)
     cl, tr = spec.cluster, spec.train
     gpu = cl.gpu_type
     precision = resolve_precision(tr.precision, gpu)

@@ -1,6 +1,6 @@
 """Memory per GPU on the busiest pipeline stage: states under the chosen sharding plus activations in flight.
 
-States (DESIGN.md "Memory"): mixed-precision Adam holds 2 (bf16 weights) + 2 (grads) + 12 (fp32 master, m, v)
+States (ZeRO, Rajbhandari et al. 2020 §3.1): mixed-precision Adam holds 2 (bf16 weights) + 2 (grads) + 12 (fp32 master, m, v)
 bytes per parameter, fp32 training 4 + 4 + 8; ZeRO-3/FSDP divides all of them by the shard degree and adds the
 gathered working set (with pipeline parallelism FSDP2 must keep the stage gathered, reshard_after_forward=False).
 
@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from nightloom.catalog import ModelShape
 from nightloom.parallel import MemoryBreakdown, ParallelDims
+from nightloom.shape import ModelShape
 
 GIB = 1024**3
 #: CUDA context, NCCL/HCCL buffers, cuBLAS workspaces: a fixed cost per GPU.

@@ -7,8 +7,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from nightloom.catalog import GPUSpec, ModelShape
+from nightloom.catalog import GPUSpec
 from nightloom.parallel import ParallelPlan, Rejection
+from nightloom.shape import ModelShape
 
 RECOMPUTE_MODES = ("none", "selective", "full")
 

@@ -28,10 +28,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from nightloom.catalog import GPUSpec, ModelShape
+from nightloom.catalog import GPUSpec
 from nightloom.parallel import MESH_ORDER, ParallelDims
 from nightloom.perf import flops_per_token
 from nightloom.planner.memory import rank_layers, rank_params
+from nightloom.shape import ModelShape
 
 #: The one compute efficiency factor: achieved/peak dense matmul FLOP/s in a tuned training stack. Fitted once
 #: (mean error zero) on the first four rows of datasets/reference/published_runs.csv (PTD-P 1.7B–18.4B); the

@@ -17,7 +17,7 @@ from nightloom.provision.base import Cluster, Node, PreflightReport, ProvisionEr
 from nightloom.provision.nccl import render_nccl_env
 
 _DNS = re.compile(r"[a-z0-9]([-a-z0-9]{0,50}[a-z0-9])?")
-#: said by `provision --check` and the README until a test runs the provider against a real cluster
+#: said by `provision --check` and docs/providers.md until a test runs the provider against a real cluster
 UNTESTED_LIVE = (
     "the kubernetes provider has never run against a live cluster: its tests validate the manifests against "
     "the kubernetes client's models and call a fake API; none applies them to a real cluster"

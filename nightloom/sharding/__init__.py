@@ -1,8 +1,9 @@
 """Hash sharding: deterministic, deduplicated, balanced Parquet shards, each with its token ids as a Megatron
 indexed dataset (.bin/.idx), plus a manifest, local or on S3.
 
-Pure logic (no Prefect): `shard_dataset` runs everything in-process; flows/shard.py maps the same steps
-(`plan_job`, `scan_unit`, `place_documents`, `write_shard`, `publish`) over Prefect tasks.
+Pure logic (no Prefect). One module per step: plan.py (`plan_job`), scan.py (`scan_unit`), place.py
+(`place_documents`), write.py (`write_shard`), publish.py (`publish_manifest`); pipeline.py's `shard_dataset` runs them
+in-process, flows/shard.py maps the same steps over Prefect tasks.
 """
 
 from importlib import import_module
@@ -10,30 +11,24 @@ from importlib import import_module
 # name -> the submodule that defines it; imported on first use (PEP 562), so `import nightloom.sharding.manifest`
 # (every training rank reads a manifest) does not import pyarrow, xxhash and the whole sharder (~0.6 s per rank)
 _EXPORTS = {
-    "DPAssignment": "assign",
-    "RankShards": "assign",
-    "assign_shards": "assign",
     "ensure_sample_corpus": "corpus",
     "BadInputError": "errors",
     "ShardingError": "errors",
-    "StorageError": "errors",
     "TooSmallError": "errors",
     "ShardJob": "job",
-    "plan_job": "job",
     "ShardManifest": "manifest",
     "load_manifest": "manifest",
-    "publish": "pipeline",
     "run_job": "pipeline",
     "shard_dataset": "pipeline",
-    "Placement": "placement",
-    "place_documents": "placement",
-    "iter_texts": "read",
-    "read_shard": "read",
-    "ScanResult": "scan",
+    "Placement": "place",
+    "place_documents": "place",
+    "plan_job": "plan",
+    "publish_manifest": "publish",
     "scan_unit": "scan",
+    "ScanResult": "scan_result",
     "ShardSummary": "summary",
     "summarize": "summary",
-    "write_shard": "writer",
+    "write_shard": "write",
 }
 
 

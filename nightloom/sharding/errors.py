@@ -1,4 +1,5 @@
-"""Typed sharding errors: each message names what is wrong and where (file, line or row, field)."""
+"""Typed sharding errors: each message names what is wrong and where (file, line or row, field). An object store
+that cannot be reached raises nightloom.storage.StorageError, which the sharding flow and CLI report alike."""
 
 from __future__ import annotations
 
@@ -13,7 +14,3 @@ class BadInputError(ShardingError):
 
 class TooSmallError(ShardingError):
     """The corpus cannot be balanced within the tolerance; the message says how much data would be needed."""
-
-
-class StorageError(ShardingError):
-    """An object store or folder cannot be reached or used (endpoint, bucket, credentials); never shows secrets."""

@@ -3,7 +3,7 @@
 A shard writer on an S3 work folder reads each scan unit's share by a handful of ranged GETs, and every GET
 waits its round trip (tens of ms on S3) whatever its size: one unit after the other, a writer of a 100 GB
 corpus (1,600 units) would spend minutes waiting. Reading the next units' shares while this one is written keeps
-`ahead` requests in flight. (Not `scan._prefetched`, which runs one generator a step ahead in one thread, nor
+`ahead` requests in flight. (Not `scan_arrow._prefetched`, which runs one generator a step ahead in one thread, nor
 `readahead.py`, the plan's small files kept for the scan.)
 """
 

@@ -113,11 +113,11 @@ def manifest_uri(output: str) -> str:
 
 
 def load_manifest(output_or_manifest: str | Path, s3=None) -> ShardManifest:
-    """Load a manifest from a local folder/file, or an s3:// one through nightloom.sharding.storage with
+    """Load a manifest from a local folder/file, or an s3:// one through nightloom.storage with
     `s3` (a storage.S3Config; None = the environment's endpoint)."""
     s = str(output_or_manifest)
     if s.startswith("s3://"):
-        from nightloom.sharding.storage import read_bytes
+        from nightloom.storage import read_bytes
 
         uri = s if s.endswith(".json") else manifest_uri(s)
         return _validate(read_bytes(uri, s3), uri)

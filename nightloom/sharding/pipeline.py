@@ -1,8 +1,9 @@
 """shard_dataset: plan → scan each input → place (dedup + balance) → write each shard (Parquet text + .bin/.idx
-token files) → manifest (last).
+token files) → publish the manifest (last), in one process (`run_job`: threads for scan and write).
 
-Each step is a pure, idempotent function of a `ShardJob` and the previous steps' small results, so the flow
-(flows/shard.py) can map them over Prefect tasks and this module can run them in a plain loop or a pool.
+Each step is a pure, idempotent function of a `ShardJob` and the previous steps' small results (plan.py, scan.py,
+place.py, write.py, publish.py), so the flow (flows/shard.py) can map them over Prefect tasks and this module can
+run them in a plain loop or a pool.
 """
 
 from __future__ import annotations
@@ -11,13 +12,16 @@ import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 
-from nightloom.sharding import readahead, storage
-from nightloom.sharding.accounting import account_files
-from nightloom.sharding.job import WORK_DIR_NAME, ShardJob, existing_manifest, plan_job
-from nightloom.sharding.manifest import MANIFEST_NAME, ShardInfo, ShardManifest
-from nightloom.sharding.placement import Placement, place_documents
-from nightloom.sharding.scan import MAX_BAD_EXAMPLES, ScanResult, scan_unit, usable_cpus
-from nightloom.sharding.writer import write_shard
+from nightloom.sharding import readahead
+from nightloom.sharding.job import ShardJob
+from nightloom.sharding.manifest import ShardInfo, ShardManifest
+from nightloom.sharding.place import place_documents
+from nightloom.sharding.plan import existing_manifest, plan_job
+from nightloom.sharding.publish import publish_manifest
+from nightloom.sharding.scan import scan_unit
+from nightloom.sharding.scan_arrow import usable_cpus
+from nightloom.sharding.scan_result import ScanResult
+from nightloom.sharding.write import write_shard
 from nightloom.spec import DatasetSpec, ShardingSpec, StorageSpec, TokenizerSpec
 
 Progress = Callable[[str, int, int], None]  # (stage, items finished so far, total items)
@@ -34,65 +38,6 @@ class _Counter:
             self.done[stage] = done = self.done.get(stage, 0) + finished
             if self.progress is not None:
                 self.progress(stage, done, total)
-
-
-def build_manifest(
-    job: ShardJob, scans: list[ScanResult], placement: Placement, infos: list[ShardInfo]
-) -> ShardManifest:
-    scans = sorted(scans, key=lambda s: s.index)
-    infos = sorted(infos, key=lambda i: i.index)
-    heldout = next((i for i in infos if i.index == job.heldout_index), None)
-    infos = [i for i in infos if i.index != job.heldout_index]
-    examples = [e for s in scans for e in s.bad_examples][:MAX_BAD_EXAMPLES]
-    sources, files = account_files(job, scans, placement)
-    return ShardManifest(
-        num_shards=job.num_shards,
-        key=job.key_name,
-        salt=job.sharding.salt,
-        text_field=job.dataset.text_field,
-        keep_columns=list(job.dataset.keep_columns),
-        tokenizer=job.tokenizer_id,
-        compression=job.sharding.compression,
-        balance_by=job.sharding.balance_by,
-        tolerance=job.sharding.tolerance,
-        imbalance=round(placement.imbalance, 6),
-        imbalance_before_rebalance=round(placement.imbalance_before, 6),
-        rebalanced=placement.rebalanced,
-        balanced=placement.imbalance <= job.sharding.tolerance,
-        rows=sum(i.rows for i in infos),
-        tokens=sum(i.tokens for i in infos),
-        bytes=sum(i.bytes for i in infos),
-        dedup_dropped=placement.dedup_dropped,
-        empty_skipped=sum(s.empty for s in scans),
-        bad_records=sum(s.bad for s in scans),
-        bad_examples=examples,
-        files_read=files.read,
-        files_empty=files.empty,
-        files_bad=files.bad,
-        files_duplicate=files.duplicate,
-        files_ignored=files.ignored,
-        file_examples=files.examples,
-        sources=sources,
-        shards=infos,
-        heldout=heldout,
-        settings_hash=job.settings_hash,
-    )
-
-
-def publish(job: ShardJob, scans: list[ScanResult], placement: Placement, infos: list[ShardInfo]) -> ShardManifest:
-    """Write manifest.json (the last write: its presence means a complete dataset), then clean up."""
-    manifest = build_manifest(job, scans, placement, infos)
-    storage.write_bytes(storage.join(job.output, MANIFEST_NAME), manifest.to_json().encode(), job.s3)
-    shards = manifest.shards + ([manifest.heldout] if manifest.heldout else [])
-    keep = {f for s in shards for f in s.files()}
-    for rel, _ in storage.list_files(job.output, job.s3):
-        old = rel.startswith(("shard-", "heldout.")) and rel.endswith((".parquet", ".bin", ".idx"))
-        if "/" not in rel and old and rel not in keep:
-            storage.delete(storage.join(job.output, rel), job.s3)  # shards of an earlier, different run
-    job.work.remove()
-    # also work left in the output by interrupted runs with other settings
-    storage.delete_tree(storage.join(job.output, WORK_DIR_NAME), job.s3)
-    return manifest
 
 
 def shard_indices(job: ShardJob) -> list[int]:
@@ -145,7 +90,7 @@ def _run(job: ShardJob, workers: int, progress: Progress | None) -> ShardManifes
         return info
 
     infos = _map(write, indices, workers)
-    return publish(job, scans, placement, infos)
+    return publish_manifest(job, scans, placement, infos)
 
 
 def shard_dataset(
@@ -161,7 +106,8 @@ def shard_dataset(
     """Hash-shard `dataset` into `sharding.num_shards` Parquet shards + manifest.json at `sharding.output`.
 
     Deterministic (same bytes for any `workers`), idempotent (same settings_hash ⇒ no work, same manifest),
-    resumable (finished scans/shards of an interrupted run are reused). Raises ShardingError subclasses.
+    resumable (finished scans/shards of an interrupted run are reused). Raises ShardingError subclasses, or
+    StorageError when the object store cannot be used.
     """
     job = plan_job(dataset, sharding, storage, workdir=workdir, tokenizer=tokenizer)
     return run_job(job, workers=workers, progress=progress)

@@ -18,8 +18,9 @@ from typing import Literal
 import orjson
 from pydantic import BaseModel, ConfigDict
 
-from nightloom.sharding import storage
+from nightloom import storage
 from nightloom.sharding.errors import BadInputError, ShardingError
+from nightloom.storage import StorageError
 
 Format = Literal["jsonl", "parquet", "text", "arrow"]
 _JSONL = (".jsonl", ".ndjson", ".json")
@@ -93,7 +94,7 @@ def _hf_files(root: str, s3: storage.S3Config | None = None) -> list[str] | None
             return json.loads(storage.read_bytes(uri, s3))
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             return None
-        except ShardingError as err:
+        except StorageError as err:
             if "no such object" in str(err):
                 return None
             raise

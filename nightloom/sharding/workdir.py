@@ -17,8 +17,8 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from nightloom.sharding import storage
-from nightloom.sharding.storage import S3Config, S3Location
+from nightloom import storage
+from nightloom.storage import S3Config, S3Location
 
 TRANSFERS = 8  # S3 uploads or downloads of one call at once: each mostly waits its round trip
 

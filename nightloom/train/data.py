@@ -32,8 +32,8 @@ import numpy as np
 import torch
 
 from nightloom.sharding.manifest import MANIFEST_NAME, ShardManifest, load_manifest
-from nightloom.sharding.storage import S3Config, read_bytes
 from nightloom.spec import TokenizerSpec
+from nightloom.storage import S3Config, read_bytes
 from nightloom.tokenizer import Tokenizer, load_tokenizer
 
 SEPARATOR = 0

@@ -53,7 +53,7 @@ def load_model(run_dir: Path, seq_len: int):
     if found is None:
         raise EvalError(f"{job.checkpoint_dir}: no checkpoint (did the run save one?)")
     path, step = found
-    model = build_model(job.model.to_shape(), seq_len, device="cpu")
+    model = build_model(job.model, seq_len, device="cpu")
     state = {"model": get_model_state_dict(model)}
     dcp.load(state, checkpoint_id=str(path), no_dist=True)
     set_model_state_dict(model, state["model"])

@@ -14,60 +14,10 @@ from nightloom.parallel import ParallelPlan
 from nightloom.perf import resolve_peak
 from nightloom.provision.base import Cluster
 from nightloom.runfiles import RunFiles
-from nightloom.schedule import BillingSpan
-from nightloom.sharding.storage import S3Config
+from nightloom.schedule.cost import BillingSpan
+from nightloom.shape import ModelShape
 from nightloom.spec import RunSpec, TokenizerSpec, TrainSpec
-
-
-class RopeScalingConfig(BaseModel):
-    """catalog.RopeScaling, serialisable."""
-
-    model_config = ConfigDict(extra="forbid")
-    kind: str
-    factor: float
-    low_freq_factor: float = 1.0
-    high_freq_factor: float = 4.0
-    original_max_position_embeddings: int = 8192
-
-
-class ModelConfig(BaseModel):
-    """Shape of the model to build (mirrors catalog.ModelShape, serialisable)."""
-
-    model_config = ConfigDict(extra="forbid")
-    name: str
-    layers: int
-    hidden: int
-    heads: int
-    kv_heads: int
-    ffn_hidden: int
-    vocab: int
-    max_seq: int
-    tied_embeddings: bool = False
-    gated_mlp: bool = True
-    norm_eps: float = 1e-5
-    rope_theta: float = 10000.0
-    explicit_head_dim: int | None = None
-    rope_scaling: RopeScalingConfig | None = None
-    qkv_bias: bool = False
-    o_bias: bool = False
-    mlp_bias: bool = False
-    sliding_window: int | None = None
-    arch: str = "llama"
-
-    @classmethod
-    def from_shape(cls, shape) -> ModelConfig:
-        kw = {k: getattr(shape, k) for k in cls.model_fields}
-        if shape.rope_scaling is not None:
-            kw["rope_scaling"] = RopeScalingConfig(**vars(shape.rope_scaling))
-        return cls(**kw)
-
-    def to_shape(self):
-        from nightloom.catalog import ModelShape, RopeScaling
-
-        kw = self.model_dump()
-        if self.rope_scaling is not None:
-            kw["rope_scaling"] = RopeScaling(**kw["rope_scaling"])
-        return ModelShape(**kw)
+from nightloom.storage import S3Config
 
 
 class TrainJob(BaseModel):
@@ -76,7 +26,7 @@ class TrainJob(BaseModel):
     model_config = ConfigDict(extra="forbid")
     run_id: str
     run_dir: str
-    model: ModelConfig
+    model: ModelShape  # the resolved record itself (a dataclass pydantic serialises): no mirror to keep in step
     plan: ParallelPlan
     train: TrainSpec
     manifest: str  # folder, manifest.json path, or s3:// prefix
@@ -123,13 +73,13 @@ class TrainJob(BaseModel):
         spec: RunSpec,
         run_id: str,
         run_dir: str | Path,
-        shape,
+        shape: ModelShape,
         plan: ParallelPlan,
         *,
         deadline_unix: float | None = None,
         stop_after_steps: int | None = None,
     ) -> TrainJob:
-        """The first attempt's job of a run: the spec's model `shape` (catalog.ModelShape), training settings
+        """The first attempt's job of a run: the run's resolved model `shape`, training settings
         and data, the plan, the gate's stop conditions, and on a GPU the datasheet peak for the spec's
         precision (on CPU the trainer measures it)."""
         from nightloom.hf.export import tokenizer_source
@@ -139,7 +89,7 @@ class TrainJob(BaseModel):
         return cls(
             run_id=run_id,
             run_dir=str(run_dir),
-            model=ModelConfig.from_shape(shape),
+            model=shape,
             plan=plan,
             train=spec.train,
             manifest=spec.sharding.output,

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from nightloom.catalog import ModelShape, RopeScaling
+from nightloom.shape import ModelShape, RopeScaling
 
 
 class RMSNorm(nn.Module):

@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nightloom.catalog import ModelShape
 from nightloom.parallel import LayoutError, ParallelDims, ParallelPlan
+from nightloom.shape import ModelShape
 from nightloom.train.model import Transformer, build_model
 
 

@@ -130,7 +130,7 @@ def _init_distributed(job: TrainJob) -> Context:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     device_type = "cuda" if torch.cuda.is_available() else "cpu"
-    validate_plan(job.model.to_shape(), job.plan, job.train.seq_len, job.train.global_batch, world, device_type)
+    validate_plan(job.model, job.plan, job.train.seq_len, job.train.global_batch, world, device_type)
     if device_type == "cuda":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(device)
@@ -181,7 +181,7 @@ class Trainer:
         self.job, self.ctx = job, ctx
         self.plan = job.plan
         self.dims = job.plan.dims()
-        self.shape = job.model.to_shape()
+        self.shape = job.model
         if self.plan.tp > 1 and self.shape.vocab % self.plan.tp:  # embedding rows padded for TP, cut on export
             self.shape = self.shape.padded_for_tp(self.plan.tp)
         self.param_dtype = precision_dtype(job.train.precision, ctx.device.type)
@@ -498,7 +498,7 @@ def export_result(job: TrainJob, result: TrainResult, dtype: str) -> TrainResult
     t0 = time.perf_counter()
     out = export_checkpoint(
         Path(result.last_checkpoint),
-        job.model.to_shape(),
+        job.model,
         job.export_dir,
         dtype=dtype,
         source_config=job.hf_config,

@@ -25,7 +25,7 @@ from nightloom.hf.random_model import build_random_model
 from nightloom.parallel import ParallelPlan
 from nightloom.spec import TrainSpec
 from nightloom.train.data import PackedWindows
-from nightloom.train.job import ModelConfig, TrainJob
+from nightloom.train.job import TrainJob
 from tests.support.harness import ROOT, env, free_port, launch, launch_many, result, write_corpus
 
 SEQ, BATCH = 32, 8
@@ -77,7 +77,7 @@ def _job(run_dir, source, corpus, plan, steps=1, weights=None):
     job = TrainJob(
         run_id=run_dir.name,
         run_dir=str(run_dir),
-        model=ModelConfig.from_shape(shape_from_hf_config(source)),
+        model=(shape_from_hf_config(source)),
         plan=ParallelPlan(**plan),
         train=TrainSpec(steps=steps, seq_len=SEQ, global_batch=BATCH, lr=1e-3, warmup_steps=1, precision="fp32"),
         manifest=str(corpus),

@@ -99,7 +99,7 @@ def reference_run(job_path: Path) -> Reference:
 
     job = TrainJob.model_validate_json(job_path.read_text())
     t = job.train
-    model = build_model(job.model.to_shape(), t.seq_len, device="meta")
+    model = build_model(job.model, t.seq_len, device="meta")
     model.to_empty(device="cpu")
     model.init_weights(t.seed)
     params = [p for p in model.parameters()]

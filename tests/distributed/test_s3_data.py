@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from nightloom.sharding.storage import S3Config
+from nightloom.storage import S3Config
 from tests.support.harness import launch, make_job
 
 pytestmark = pytest.mark.services

@@ -17,7 +17,7 @@ from tests.support.harness import env, free_port
 
 SCRIPT = r"""
 import json, os, resource, torch, torch.distributed as dist
-from nightloom.catalog import ModelShape
+from nightloom.shape import ModelShape
 from nightloom.parallel import ParallelPlan
 from nightloom.train.parallelize import build_parts
 from nightloom.train.model import build_model, param_count

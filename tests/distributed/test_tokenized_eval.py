@@ -74,14 +74,14 @@ def _job(run_dir: Path, data, **plan) -> Path:
     from nightloom.catalog import get_model
     from nightloom.parallel import ParallelPlan
     from nightloom.spec import TrainSpec
-    from nightloom.train.job import ModelConfig, TrainJob
+    from nightloom.train.job import TrainJob
 
     root, tspec, tok, *_ = data
     run_dir.mkdir(parents=True, exist_ok=True)
     job = TrainJob(
         run_id=run_dir.name,
         run_dir=str(run_dir),
-        model=ModelConfig.from_shape(get_model("tiny").with_(vocab=tok.vocab_size)),
+        model=(get_model("tiny").with_(vocab=tok.vocab_size)),
         plan=ParallelPlan(**plan),
         train=TrainSpec(steps=3, seq_len=32, global_batch=4, lr=3e-3, warmup_steps=1, collective_timeout_s=60),
         manifest=str(root / "shards"),
@@ -172,7 +172,7 @@ def test_nightloom_eval_equals_transformers(single, data, tmp_path):
     root, tspec, _, _, docs, _ = data
     job = run_job(job_path.parent)
     ckpt, _ = checkpoint.latest(job.checkpoint_dir)
-    out = export_checkpoint(ckpt, job.model.to_shape(), tmp_path / "hf", dtype="fp32", tokenizer=tspec.path)
+    out = export_checkpoint(ckpt, job.model, tmp_path / "hf", dtype="fp32", tokenizer=tspec.path)
     hf_tok = AutoTokenizer.from_pretrained(str(out))
     model = LlamaForCausalLM.from_pretrained(str(out), torch_dtype=torch.float32).eval()
     eval_docs = docs[5:12] + ["数据 🌙 café naïve", "x"]

@@ -42,7 +42,7 @@ def reference_losses(job_file: Path, spec_path: Path, out: Path) -> list[float]:
     """The same job, uninterrupted, in one plain process (world size 1: grad_accum makes up the batch)."""
     from nightloom.metrics import read_metrics
     from nightloom.planner import plan_for_spec
-    from nightloom.spec import load_spec
+    from nightloom.spec_load import load_spec
     from nightloom.train.job import TrainJob
 
     job = TrainJob.model_validate_json(job_file.read_text())
@@ -71,7 +71,7 @@ def test_node_lost_mid_run_recovers_in_new_layout(prefect_backend, tmp_path):
     from nightloom.ledger import Ledger
     from nightloom.metrics import read_metrics
     from nightloom.provision.local import unhealthy_dir
-    from nightloom.spec import load_spec
+    from nightloom.spec_load import load_spec
 
     spec_path = recovery_spec(tmp_path, nodes=2, ranks=2, steps=STEPS)
     spec = load_spec(spec_path)
@@ -138,7 +138,7 @@ def test_out_of_attempts_stops_cleanly(prefect_backend, tmp_path):
     """max_attempts=1: a transient failure (preflight passes) is retried on the same nodes; the second
     failure stops the run with its checkpoint, a clear reason in the flow state and ledger, nothing running."""
     from nightloom.ledger import Ledger
-    from nightloom.spec import load_spec
+    from nightloom.spec_load import load_spec
 
     spec_path = recovery_spec(tmp_path, nodes=2, ranks=1, steps=40, max_attempts=1)
     spec = load_spec(spec_path)
@@ -156,6 +156,34 @@ def test_out_of_attempts_stops_cleanly(prefect_backend, tmp_path):
     assert [i.kind for i in row.interruptions] == ["transient", "transient"]
     assert row.interruptions[0].recovery_s > 0 and "preflight passed" in row.interruptions[0].detail
     assert "gave up" in row.interruptions[1].detail and row.interruptions[1].recovery_s is None
+    deadline = time.monotonic() + 15
+    while processes_mentioning(str(run_dir)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not processes_mentioning(str(run_dir))
+
+
+def test_max_minutes_spent_stops_relaunching(prefect_backend, tmp_path):
+    """recovery.max_minutes 0.01 (0.6 s) with 3 attempts allowed: a rank killed at step 5 is relaunched (nothing
+    spent yet) with the recovery time left, at least a second, to report its first step. The trainer cannot start
+    that fast: the relaunch is ended as a stall, the time to recover is past max_minutes, and the run stops with
+    that reason and its checkpoint though attempts remain (the XTuner backend's twin is in tests/xtuner)."""
+    from nightloom.ledger import Ledger
+    from nightloom.spec_load import load_spec
+
+    spec_path = recovery_spec(tmp_path, nodes=2, ranks=1, steps=40, max_attempts=3, max_minutes=0.01)
+    spec = load_spec(spec_path)
+    chaos, state = run_under_chaos(spec_path, tmp_path / "runs", [(0, 5, 1, None)])
+    assert len(chaos.done) == 1, chaos.done
+    assert state.is_failed()
+    assert "RecoveryGaveUp" in state.message and "out of time" in state.message, state.message
+    assert "recovery.max_minutes=0.01" in state.message and "checkpoint at step" in state.message
+    (run_dir,) = [d for d in (tmp_path / "runs").iterdir() if not d.name.startswith(".")]
+    with Ledger(spec.ledger.url) as ledger:
+        row = ledger.get(run_dir.name)
+    assert row.status == "failed" and "out of time" in row.reason
+    first, second = row.interruptions
+    assert first.recovery_s is None and first.detail.endswith("; not recovered"), first.detail
+    assert second.detail.startswith("stall") and "gave up: out of time" in second.detail, second.detail
     deadline = time.monotonic() + 15
     while processes_mentioning(str(run_dir)) and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -242,7 +270,7 @@ def test_local_reacquire_takes_a_healthy_spare(tmp_path):
     """A lost node is replaced by the spare when it passes preflight; an unhealthy spare is excluded too."""
     from nightloom.provision.local import LocalProvider, unhealthy_dir
     from nightloom.recovery import reacquire, without_nodes
-    from nightloom.spec import load_spec
+    from nightloom.spec_load import load_spec
 
     spec = load_spec(recovery_spec(tmp_path, nodes=2, ranks=1, steps=4, spare_nodes=1))
     provider = LocalProvider(spec)

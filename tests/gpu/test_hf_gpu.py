@@ -21,7 +21,7 @@ from nightloom.hf.random_model import build_random_model
 from nightloom.parallel import ParallelPlan
 from nightloom.spec import TrainSpec
 from nightloom.train.data import PackedWindows
-from nightloom.train.job import ModelConfig, TrainJob
+from nightloom.train.job import TrainJob
 from tests.support.harness import launch, result, write_corpus
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -68,7 +68,7 @@ def test_bf16_import_train_export(source, tmp_path):
     job = TrainJob(
         run_id="gpu-hf",
         run_dir=str(run),
-        model=ModelConfig.from_shape(shape_from_hf_config(source)),
+        model=(shape_from_hf_config(source)),
         plan=ParallelPlan(micro_batch=4, grad_accum=2),
         train=TrainSpec(steps=3, seq_len=128, global_batch=8, lr=1e-4, warmup_steps=1, precision="bf16"),
         manifest=str(corpus),

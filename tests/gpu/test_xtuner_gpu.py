@@ -34,7 +34,7 @@ def gpu_env(xtuner_env):
 
 
 def _run(gpu_env, base_model, tmp_path, ranks=1, **xt):
-    from nightloom.finetune import run_xtuner
+    from nightloom.finetune.run import run_xtuner
 
     shards = write_shards(tmp_path / "shards", alpaca_rows(48))
     spec = make_spec(

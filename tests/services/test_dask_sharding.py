@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from nightloom.sharding import job as job_module
+from nightloom import storage as st
 from nightloom.sharding import load_manifest, shard_dataset
-from nightloom.sharding import storage as st
+from nightloom.sharding import plan as plan_module
 from nightloom.spec import DaskSpec, DatasetSpec, RunSpec, ShardingSpec, StorageSpec
 from tests.support.ci import skip_or_fail
 from tests.support.s3 import upload
@@ -100,7 +100,7 @@ def _one_machine(src: str, out: str, url: str):
 
 def test_dask_shards_on_s3_equal_one_machine(prefect_backend, s3_endpoint, dask_address, isolated, monkeypatch):
     url, bucket = s3_endpoint
-    monkeypatch.setattr(job_module, "UNIT_FILES", 1)  # one scan task per input: work for both workers
+    monkeypatch.setattr(plan_module, "UNIT_FILES", 1)  # one scan task per input: work for both workers
     src = _s3_corpus(url, bucket, isolated, "dask1")
     alone = _one_machine(src, f"s3://{bucket}/dask1/alone", url)
     out = f"s3://{bucket}/dask1/dask"
@@ -110,7 +110,7 @@ def test_dask_shards_on_s3_equal_one_machine(prefect_backend, s3_endpoint, dask_
     assert on_dask == alone and on_dask.dedup_dropped > 0
     got = _objects(url, out)
     assert got == _objects(url, f"s3://{bucket}/dask1/alone")
-    assert not [k for k in got if k.startswith(job_module.WORK_DIR_NAME)]  # the S3 work folder is cleaned up
+    assert not [k for k in got if k.startswith(plan_module.WORK_DIR_NAME)]  # the S3 work folder is cleaned up
     assert load_manifest(out, st.S3Config(endpoint_url=url)) == alone
     left = [p for p in isolated.rglob("*") if p.is_file() and "cache-" in str(p.relative_to(isolated))]
     assert not left, left  # every process's cached copies of the S3 work folder are gone
@@ -118,11 +118,11 @@ def test_dask_shards_on_s3_equal_one_machine(prefect_backend, s3_endpoint, dask_
 
 def test_dask_worker_killed_mid_run_same_bytes(prefect_backend, s3_endpoint, dask_address, isolated, monkeypatch):
     url, bucket = s3_endpoint
-    monkeypatch.setattr(job_module, "UNIT_FILES", 1)
+    monkeypatch.setattr(plan_module, "UNIT_FILES", 1)
     src = _s3_corpus(url, bucket, isolated, "dask2")
     alone = _one_machine(src, f"s3://{bucket}/dask2/alone", url)
     out = f"s3://{bucket}/dask2/dask"
-    work = st.join(out, job_module.WORK_DIR_NAME)
+    work = st.join(out, plan_module.WORK_DIR_NAME)
     s3 = st.S3Config(endpoint_url=url)
     victim = _worker_pids(dask_address)[0]
     killed = threading.Event()

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from nightloom import storage as st
 from nightloom.finetune import base_model as bm
 from nightloom.hf.config import shape_from_hf_config
 from nightloom.hf.load import WeightsError, fetch_weights, scan_checkpoint
 from nightloom.hf.random_model import build_random_model
 from nightloom.model_cache import STAMP
-from nightloom.sharding import storage as st
 
 SMALL = {
     "vocab_size": 301,

@@ -12,12 +12,13 @@ import time
 import numpy as np
 import pytest
 
-from nightloom.sharding import StorageError, load_manifest, read_shard, shard_dataset
-from nightloom.sharding import storage as st
-from nightloom.sharding.scan import BATCH_DTYPE
+from nightloom import storage as st
+from nightloom.sharding import load_manifest, shard_dataset
+from nightloom.sharding.spill import BATCH_DTYPE
 from nightloom.spec import DatasetSpec, ShardingSpec, StorageSpec
+from nightloom.storage import StorageError
 from tests.support.s3 import free_ports, upload
-from tests.support.sharding import make_docs, small_bpe, write_jsonl, write_parquet
+from tests.support.sharding import make_docs, read_shard, small_bpe, write_jsonl, write_parquet
 
 pytestmark = pytest.mark.services
 
@@ -106,9 +107,9 @@ def test_s3_work_folder_resumes_on_another_machine(s3_endpoint, tmp_path, monkey
     s3, storage = st.S3Config(endpoint_url=url), StorageSpec(s3_endpoint_url=url)
     sharding = ShardingSpec(output=f"{prefix}/out", num_shards=3, tolerance=0.05)
     ds, work = DatasetSpec(path=f"{prefix}/in"), f"{prefix}/work"
-    monkeypatch.setattr("nightloom.sharding.job.UNIT_FILES", 1)
-    monkeypatch.setattr("nightloom.sharding.scan.JSON_CHUNK", 4096)  # many record batches per spill part
-    monkeypatch.setattr("nightloom.sharding.scan.JSON_BLOCK", 4096)
+    monkeypatch.setattr("nightloom.sharding.plan.UNIT_FILES", 1)
+    monkeypatch.setattr("nightloom.sharding.jsonl_pieces.JSON_CHUNK", 4096)  # many record batches per spill part
+    monkeypatch.setattr("nightloom.sharding.scan_arrow.JSON_BLOCK", 4096)
     monkeypatch.setenv("NIGHTLOOM_SHARD_CACHE", str(tmp_path / "cache-a"))
     real_write = pipeline.write_shard
 
@@ -154,9 +155,9 @@ def test_writers_on_another_machine_read_only_their_batches(s3_endpoint, tmp_pat
     tok = small_bpe(tmp_path / "bpe") if tokenizer == "bpe" else None
     sharding = ShardingSpec(output=f"{prefix}/out", num_shards=4, tolerance=0.05)
     ds, work = DatasetSpec(path=f"{prefix}/in"), f"{prefix}/work"
-    monkeypatch.setattr("nightloom.sharding.job.UNIT_FILES", 1)
-    monkeypatch.setattr("nightloom.sharding.scan.JSON_CHUNK", 4096)  # many record batches per spill part
-    monkeypatch.setattr("nightloom.sharding.scan.JSON_BLOCK", 4096)
+    monkeypatch.setattr("nightloom.sharding.plan.UNIT_FILES", 1)
+    monkeypatch.setattr("nightloom.sharding.jsonl_pieces.JSON_CHUNK", 4096)  # many record batches per spill part
+    monkeypatch.setattr("nightloom.sharding.scan_arrow.JSON_BLOCK", 4096)
     monkeypatch.setenv("NIGHTLOOM_SHARD_CACHE", str(tmp_path / "cache-scan"))
     real_write = pipeline.write_shard
 

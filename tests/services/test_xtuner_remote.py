@@ -30,9 +30,10 @@ from pathlib import Path
 
 import pytest
 
-from nightloom.finetune import EnvError, run_xtuner
+from nightloom.finetune.attempts import UPSTREAM_ABORT
+from nightloom.finetune.env import EnvError
 from nightloom.finetune.remote import ensure_node_envs
-from nightloom.finetune.run import UPSTREAM_ABORT
+from nightloom.finetune.run import run_xtuner
 from nightloom.metrics import read_metrics
 from nightloom.spec import RunSpec
 from tests.support.ssh import ours_running
@@ -296,7 +297,7 @@ def upload_model(folder: Path, endpoint: str, uri: str, skip: tuple[str, ...] = 
     """Every file of a local model folder under an s3:// prefix (the way users upload: boto3)."""
     import boto3
 
-    from nightloom.sharding.storage import S3Location
+    from nightloom.storage import S3Location
 
     loc = S3Location.parse(uri)
     client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
@@ -322,7 +323,7 @@ def test_xtuner_full_over_ssh_from_s3_recovers_onto_a_spare(
     from nightloom.finetune.logs import launch_dirs, parse_launch
     from nightloom.model_cache import STAMP
     from nightloom.provision.ssh import SSHProvider
-    from nightloom.sharding.storage import S3Config
+    from nightloom.storage import S3Config
     from tests.support.ssh import plant_fake_torch
     from tests.support.xtuner_data import run_in_env
 
@@ -414,7 +415,7 @@ def test_xtuner_full_over_ssh_from_s3_recovers_onto_a_spare(
     assert not _pids(str(cancel_dir)), "a process of the cancelled run outlived the cancellation"
     assert sum("base model on node" in x and " cached " in x for x in cancel_log) == 2, cancel_log  # reused
     # besides the node's, the only interruption may be the known gloo abort while a checkpoint is saved
-    # (nightloom.finetune.run.UPSTREAM_ABORT), relaunched from that checkpoint on its own budget
+    # (nightloom.finetune.attempts.UPSTREAM_ABORT), relaunched from that checkpoint on its own budget
     (ev,) = [e for e in r.interruptions if e.kind == "node"]
     aborts = [e for e in r.interruptions if e.kind != "node"]
     train_log = (run_dir / "xtuner" / "logs" / "train.log").read_text()

@@ -35,7 +35,7 @@ def main() -> None:
         dims = job.plan.dims()
         mesh = dims.build_mesh("cpu")
         parts = build_parts(
-            job.model.to_shape(), job.plan, dims, mesh, job.train.seq_len, job.train.seed, torch.device("cpu"), None
+            job.model, job.plan, dims, mesh, job.train.seq_len, job.train.seed, torch.device("cpu"), None
         )
         rows: list[dict[str, int]] = [{} for _ in range(dist.get_world_size())]
         dist.all_gather_object(rows, local_numels(parts.parts))

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from nightloom.sharding import storage as st
+from nightloom import storage as st
 from tests.support.ci import skip_or_fail
 
 

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import gzip
+import hashlib
+import io
 import json
 import mmap
 import os
 import random
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import zstandard
 
@@ -40,19 +43,30 @@ def write_jsonl(path: Path, docs: list[str], extra: dict | None = None, compress
 
 
 def write_parquet(path: Path, docs: list[str]) -> Path:
-    import pyarrow as pa
-
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.table({"text": docs, "id": list(range(len(docs)))}), path, row_group_size=50)
     return path
 
 
+def read_shard(output: str | Path, index: int, s3=None) -> pa.Table:
+    """Shard `index` of the dataset at `output` (local or s3://, `s3` a storage.S3Config) as an Arrow table, its
+    sha256 checked against the manifest."""
+    from nightloom import storage
+    from nightloom.sharding import load_manifest
+
+    output = str(output)
+    info = load_manifest(output, s3).shards[index]
+    data = storage.read_bytes(storage.join(output, info.path), s3)
+    assert hashlib.sha256(data).hexdigest() == info.sha256, f"{info.path}: sha256 does not match the manifest"
+    return pq.read_table(io.BytesIO(data))
+
+
 def shard_texts(out: Path) -> list[list[str]]:
     """Texts of every shard, through the manifest."""
-    from nightloom.sharding import iter_texts, load_manifest
+    from nightloom.sharding import load_manifest
 
     m = load_manifest(out)
-    return [list(iter_texts(out, [s.index], m)) for s in m.shards]
+    return [read_shard(out, s.index).column(m.text_field).to_pylist() for s in m.shards]
 
 
 def tree_bytes(out: Path) -> dict[str, bytes]:

@@ -7,7 +7,9 @@ import math
 
 import pytest
 
-from nightloom.catalog import GPUS, MODELS, get_gpu, resolve_model, shape_from_hf_config
+from nightloom.catalog import GPUS, MODELS, get_gpu
+from nightloom.hf.config import shape_from_hf_config
+from nightloom.model_resolver import shape_from_name_or_config as resolve_model
 from nightloom.perf import count_params
 
 PUBLISHED = [m for m in MODELS.values() if m.published_params]
@@ -130,3 +132,20 @@ def test_config_errors_name_file_and_field(tmp_path):
     (tmp_path / "broken.json").write_text('{\n  "a": ,\n}')
     with pytest.raises(ValueError, match=r"broken.json:2: invalid JSON"):
         shape_from_hf_config(tmp_path / "broken.json")
+
+
+def test_a_loose_config_file_is_named_after_its_stem_a_model_folder_after_itself(tmp_path):
+    """`plan --model models/qwen-tiny.json` says "qwen-tiny", not "models"; config.json in a folder keeps the folder's
+    name, and the config's own `_name_or_path` wins over both."""
+    cfg = {
+        "model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "intermediate_size": 128, "vocab_size": 256, "max_position_embeddings": 128,
+    }  # fmt: skip
+    models = tmp_path / "models"
+    models.mkdir()
+    assert resolve_model(_write(models, cfg, "qwen-tiny.json")).name == "qwen-tiny"
+    folder = tmp_path / "llama-mini"
+    folder.mkdir()
+    assert resolve_model(_write(folder, cfg)).name == "llama-mini"
+    assert resolve_model(str(folder)).name == "llama-mini"
+    assert resolve_model(_write(models, {**cfg, "_name_or_path": "org/named"}, "x.json")).name == "org/named"

@@ -8,11 +8,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from nightloom.finetune.run import _hf_flops_per_token
+from nightloom.finetune.plan import _hf_flops_per_token
 from nightloom.hf.random_model import build_random_model, ensure_demo_weights
 from nightloom.parallel import ParallelPlan
-from nightloom.spec import SpecError, TrainSpec, load_spec, parse_spec
-from nightloom.train.job import ModelConfig, TrainJob
+from nightloom.spec import SpecError, TrainSpec
+from nightloom.spec_load import load_spec, parse_spec
+from nightloom.train.job import TrainJob
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "deployments" / "continue-pretrain-demo.yaml"
@@ -79,7 +80,7 @@ def test_export_auto_follows_the_model_source(tmp_path):
         return TrainJob(
             run_id="r",
             run_dir=str(tmp_path),
-            model=ModelConfig.from_shape(get_model("tiny")),
+            model=(get_model("tiny")),
             plan=ParallelPlan(),
             train=TrainSpec(export=export),
             manifest="m",
@@ -91,13 +92,41 @@ def test_export_auto_follows_the_model_source(tmp_path):
     assert job(spec.model.config, "none").export_format == "none"
 
 
-def test_model_config_round_trips_rope_scaling(tmp_path):
+def test_job_json_round_trips_the_model_shape_with_rope_scaling(tmp_path):
+    """TrainJob carries the resolved ModelShape itself: every field survives job.json (no mirror to drift)."""
     from nightloom.hf.config import shape_from_hf_config
 
     p = _config(tmp_path, rope_theta=5e5, rope_scaling={"rope_type": "linear", "factor": 2.0}, attention_bias=True)
-    shape = shape_from_hf_config(p)
-    again = ModelConfig.model_validate_json(ModelConfig.from_shape(shape).model_dump_json()).to_shape()
-    assert again == shape and again.rope_scaling.factor == 2.0 and again.o_bias
+    shape = shape_from_hf_config(p).padded_for_tp(3)
+    job = TrainJob(run_id="r", run_dir=str(tmp_path), model=shape, plan=ParallelPlan(), train=TrainSpec(), manifest="m")
+    again = TrainJob.model_validate_json(job.model_dump_json()).model
+    assert (
+        again == shape
+        and again.rope_scaling.factor == 2.0
+        and again.o_bias
+        and again.padded_vocab == shape.padded_vocab
+    )
+
+
+def test_job_json_written_before_the_shape_record_still_loads(tmp_path):
+    """A job.json of an earlier release (its model section had no published_params / padded_vocab) still reads:
+    export and eval of old run folders open it."""
+    old = {
+        "run_id": "r",
+        "run_dir": str(tmp_path),
+        "model": {
+            "name": "tiny", "layers": 4, "hidden": 64, "heads": 4, "kv_heads": 2, "ffn_hidden": 176, "vocab": 256,
+            "max_seq": 512, "tied_embeddings": False, "gated_mlp": True, "norm_eps": 1e-5, "rope_theta": 10000.0,
+            "explicit_head_dim": None, "rope_scaling": {"kind": "linear", "factor": 2.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}, "qkv_bias": False, "o_bias": False,
+            "mlp_bias": False, "sliding_window": None, "arch": "llama",
+        },
+        "plan": {},
+        "train": {},
+        "manifest": "m",
+    }  # fmt: skip
+    job = TrainJob.model_validate(old)
+    assert job.model.layers == 4 and job.model.rope_scaling.factor == 2.0 and job.model.padded_vocab == 0
 
 
 def test_xtuner_flops_read_gpt2_configs(tmp_path):

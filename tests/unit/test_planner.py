@@ -7,13 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from nightloom.catalog import MODELS, ModelShape, get_gpu
+from nightloom.catalog import MODELS, get_gpu
 from nightloom.parallel import LayoutError, ParallelDims
 from nightloom.perf import flops_per_token
 from nightloom.planner import PlanError, plan, plan_for_spec
 from nightloom.planner.memory import memory_breakdown
 from nightloom.planner.steptime import DEFAULT_EFFICIENCY, calibrated_efficiency
-from nightloom.spec import ParallelSpec, parse_spec
+from nightloom.shape import ModelShape
+from nightloom.spec import ParallelSpec
+from nightloom.spec_load import parse_spec
 
 #: the published runs the planner is checked against, kept in the repository (a clone has nothing beside it)
 REF = Path(__file__).resolve().parents[2] / "datasets" / "reference" / "published_runs.csv"

@@ -121,18 +121,18 @@ def test_close_interruption_times_recovery_and_time_lost():
 def test_recovery_state_counts_spent_time_and_advances_the_job():
     from nightloom.catalog import get_model
     from nightloom.spec import TrainSpec
-    from nightloom.train.job import ModelConfig, TrainJob
+    from nightloom.train.job import TrainJob
 
     job = TrainJob(
         run_id="r",
         run_dir="/tmp/r",
-        model=ModelConfig.from_shape(get_model("tiny")),
+        model=(get_model("tiny")),
         plan=plan(4),
         train=TrainSpec(),
         manifest="/tmp/m",
     )
     first = cluster("a", "b")
-    st = RecoveryState(Budget(3, 1), first, job, seen=first, started=0.0)
+    st = RecoveryState(Budget(3, 1), cluster=first, job=job, seen=first, started=0.0)
     assert st.startup_timeout_s() is None  # the first attempt has the normal startup allowance
     nxt = cluster("a")
     st.advance(Relaunch(nxt, plan(2)), Pending(event(), 100.0, 0.0, 0.0, 4))

@@ -10,28 +10,13 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from nightloom.schedule import (
-    BillingSpan,
-    BudgetExceeded,
-    NightInputs,
-    ScheduleError,
-    TooManyNights,
-    budget_check,
-    budget_deadline,
-    check_budget,
-    cost_of_spans,
-    current_window,
-    decide,
-    estimate_cost,
-    inputs_for_spec,
-    lost_time_cost,
-    next_window,
-    plan_nights,
-    refuse_if_over,
-    rent_vs_buy,
-    run_cost,
-    windows_between,
-)
+from nightloom.schedule.budget import budget_check, budget_deadline, check_budget, refuse_if_over
+from nightloom.schedule.cost import BillingSpan, cost_of_spans, estimate_cost, lost_time_cost, run_cost
+from nightloom.schedule.errors import BudgetExceeded, ScheduleError, TooManyNights
+from nightloom.schedule.inputs import inputs_for_spec
+from nightloom.schedule.nights import NightInputs, plan_nights
+from nightloom.schedule.rent_vs_buy import rent_vs_buy
+from nightloom.schedule.windows import current_window, decide, next_window, windows_between
 from nightloom.spec import ScheduleSpec, WindowSpec
 
 SH = ZoneInfo("Asia/Shanghai")
@@ -524,8 +509,8 @@ def test_cost_cli_prints_the_nights_and_refuses_too_many(tmp_path, capsys):
 
 
 def test_gate_deadline_counts_money_spent_by_earlier_nights():
+    from nightloom.schedule.gate import gate_decision
     from nightloom.spec import RunSpec
-    from tasks.gate import gate_decision
 
     spec = RunSpec.model_validate(
         {
@@ -555,10 +540,10 @@ def test_gate_deadline_counts_money_spent_by_earlier_nights():
 
 
 def test_a_night_is_priced_on_the_gate_clock_and_compared_with_its_prediction():
+    from nightloom.schedule.gate import gate_decision
+    from nightloom.schedule.night_record import night_record
     from nightloom.spec import RunSpec
     from nightloom.train.job import TrainResult
-    from tasks.gate import gate_decision
-    from tasks.nights import night_record
 
     spec = RunSpec.model_validate(
         {

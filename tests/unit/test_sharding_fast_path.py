@@ -13,8 +13,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from nightloom.sharding import scan
-from nightloom.sharding.scan import _blank_rows, _line_chunks, _prefetched
+from nightloom.sharding import jsonl_pieces
+from nightloom.sharding.jsonl_pieces import line_chunks
+from nightloom.sharding.scan_arrow import _blank_rows, _prefetched
 from nightloom.spec import DatasetSpec, ShardingSpec
 from tests.support.sharding import make_docs, write_jsonl
 
@@ -27,7 +28,7 @@ def test_line_pieces_reassemble_the_file_exactly_and_end_on_newlines(tmp_path, s
     body = b"\n".join(lines + [b'{"last": 1}']) + ending
     path = tmp_path / "a.jsonl"
     path.write_bytes(body)
-    pieces = [p.to_pybytes() for p in _line_chunks(path, size=size)]
+    pieces = [p.to_pybytes() for p in line_chunks(path, size=size)]
     assert b"".join(pieces) == body
     assert all(p.endswith(b"\n") for p in pieces[:-1])
     if ending:
@@ -35,11 +36,11 @@ def test_line_pieces_reassemble_the_file_exactly_and_end_on_newlines(tmp_path, s
 
 
 def test_line_pieces_of_a_long_line_search_past_the_tail_window(tmp_path, monkeypatch):
-    monkeypatch.setattr(scan, "NEWLINE_SEARCH", 4)
+    monkeypatch.setattr(jsonl_pieces, "NEWLINE_SEARCH", 4)
     body = b"a" * 50 + b"\n" + b"b" * 30 + b"\n"
     path = tmp_path / "a.jsonl"
     path.write_bytes(body)
-    pieces = [p.to_pybytes() for p in _line_chunks(path, size=70)]
+    pieces = [p.to_pybytes() for p in line_chunks(path, size=70)]
     assert pieces == [b"a" * 50 + b"\n", b"b" * 30 + b"\n"]
 
 
@@ -95,7 +96,8 @@ def test_blank_rows_agree_with_str_isspace():
 
 @pytest.mark.parametrize("codec", ["zstd", "snappy", "none"])
 def test_shard_codec_is_applied_recorded_and_part_of_the_settings(tmp_path, codec):
-    from nightloom.sharding import load_manifest, read_shard, shard_dataset
+    from nightloom.sharding import load_manifest, shard_dataset
+    from tests.support.sharding import read_shard
 
     src = write_jsonl(tmp_path / "a.jsonl", make_docs(400, seed=5))
     out = tmp_path / codec
@@ -119,7 +121,7 @@ def test_shard_codec_is_applied_recorded_and_part_of_the_settings(tmp_path, code
 def test_partitioned_dedup_gives_the_same_shards_as_in_memory(tmp_path, monkeypatch):
     """Above PARTITION_DOCS documents dedup runs per hash partition through work files; the shards (and the
     manifest's counts) must be byte-identical to the single in-memory partition."""
-    from nightloom.sharding import placement, shard_dataset
+    from nightloom.sharding import place, shard_dataset
     from tests.support.sharding import tree_bytes
 
     docs = make_docs(1200, seed=4, dup_every=5)
@@ -128,7 +130,7 @@ def test_partitioned_dedup_gives_the_same_shards_as_in_memory(tmp_path, monkeypa
     write_jsonl(src / "b.jsonl", docs[700:] + docs[:50])  # duplicates across files: the first file's copy wins
     spec = dict(num_shards=3, tolerance=0.1)
     one = shard_dataset(DatasetSpec(path=str(src)), ShardingSpec(output=str(tmp_path / "one"), **spec))
-    monkeypatch.setattr(placement, "PARTITION_DOCS", 100)  # 12 partitions
+    monkeypatch.setattr(place, "PARTITION_DOCS", 100)  # 12 partitions
     many = shard_dataset(DatasetSpec(path=str(src)), ShardingSpec(output=str(tmp_path / "many"), **spec))
     assert one.dedup_dropped == many.dedup_dropped >= 50 + 1200 // 5 - 5
     assert tree_bytes(tmp_path / "one") == tree_bytes(tmp_path / "many")
@@ -177,7 +179,7 @@ def test_line_pieces_of_spans_and_of_a_gzip_stream_reassemble_exactly(tmp_path, 
     a gzip stream, which cannot seek, joins it to the next read instead: both give the same bytes."""
     import gzip
 
-    from nightloom.sharding.scan import line_span
+    from nightloom.sharding.jsonl_pieces import line_span
 
     rng = random.Random(size)
     body = b"".join(("y" * rng.choice([0, 3, 40, 500])).encode() + b"\n" for _ in range(300)) + b"tail"
@@ -187,13 +189,13 @@ def test_line_pieces_of_spans_and_of_a_gzip_stream_reassemble_exactly(tmp_path, 
     got = b""
     for a, b in zip(cuts, cuts[1:]):
         lo, hi = line_span(path, a, b)
-        pieces = [p.to_pybytes() for p in _line_chunks(path, size=size, span=(lo, hi))]
+        pieces = [p.to_pybytes() for p in line_chunks(path, size=size, span=(lo, hi))]
         assert b"".join(pieces) == body[lo:hi] and all(p.endswith(b"\n") for p in pieces[:-1])
         got += body[lo:hi]
     assert got == body
     gz = tmp_path / "a.jsonl.gz"
     gz.write_bytes(gzip.compress(body))
-    assert b"".join(p.to_pybytes() for p in _line_chunks(gz, size=size)) == body
+    assert b"".join(p.to_pybytes() for p in line_chunks(gz, size=size)) == body
 
 
 @pytest.mark.parametrize("tokenizer", ["bytes", "bpe"])

@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from nightloom.sharding import job as job_module
-from nightloom.sharding import load_manifest, plan_job, shard_dataset
+from nightloom.sharding import fingerprint, load_manifest, plan_job, shard_dataset
+from nightloom.sharding import plan as plan_module
 from nightloom.sharding import scan as scan_module
 from nightloom.sharding.sources import ignored_by_name
 from nightloom.spec import DatasetSpec, ShardingSpec
@@ -124,11 +124,11 @@ def test_small_files_are_scanned_in_units_one_at_a_time_with_identical_output(tm
     assert len(job.units) == 1 and job.units[0] == list(range(300))  # 300 small files: one scan
     grouped = shard_dataset(ds, sharding, workers=2)
 
-    monkeypatch.setattr(job_module, "UNIT_FILES", 1)  # one file per unit, as before units existed
+    monkeypatch.setattr(plan_module, "UNIT_FILES", 1)  # one file per unit, as before units existed
     alone = ShardingSpec(output=str(tmp_path / "b"), num_shards=3)
     assert len(plan_job(ds, alone).units) == 300
     running, most = [0], [0]  # text units are Python-bound: one at a time per process, whatever the threads
-    real = scan_module._scan_texts
+    real = scan_module.scan_texts
 
     def counted(*args):
         running[0] += 1
@@ -138,7 +138,7 @@ def test_small_files_are_scanned_in_units_one_at_a_time_with_identical_output(tm
         finally:
             running[0] -= 1
 
-    monkeypatch.setattr(scan_module, "_scan_texts", counted)
+    monkeypatch.setattr(scan_module, "scan_texts", counted)
     single = shard_dataset(ds, alone, workers=2)
     assert most[0] == 1
     assert tree_bytes(tmp_path / "a") == tree_bytes(tmp_path / "b")
@@ -153,7 +153,7 @@ def test_unit_bounds(tmp_path):
 
     mib = 1 << 20
     sizes = [1 * mib, 2 * mib, 20 * mib, 3 * mib, 15 * mib, 1 * mib]
-    units = job_module.plan_units([ref(i, s) for i, s in enumerate(sizes)])
+    units = plan_module.plan_units([ref(i, s) for i, s in enumerate(sizes)])
     assert units == [[0, 1], [2], [3], [4, 5]]  # a big file alone; never past UNIT_BYTES; order kept
     assert [i for u in units for i in u] == list(range(len(sizes)))
 
@@ -162,11 +162,11 @@ def test_fingerprints_are_cached_per_folder_and_a_rewritten_file_is_seen(tmp_pat
     """Re-planning an unchanged folder reads no file to fingerprint it; a file rewritten in place with its old
     size and mtime (its ctime moves) and a file changed just before the cache was written are hashed again."""
     monkeypatch.setenv("NIGHTLOOM_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(job_module, "RACY_S", 0.0)
+    monkeypatch.setattr(fingerprint, "RACY_S", 0.0)
     src, _ = _folder(tmp_path)
     hashed: list[str] = []
-    real = job_module.hash_file
-    monkeypatch.setattr(job_module, "hash_file", lambda s, *a: hashed.append(s.uri) or real(s, *a))
+    real = fingerprint.hash_file
+    monkeypatch.setattr(fingerprint, "hash_file", lambda s, *a: hashed.append(s.uri) or real(s, *a))
 
     def plan():
         hashed.clear()
@@ -198,7 +198,7 @@ def test_fingerprints_are_cached_per_folder_and_a_rewritten_file_is_seen(tmp_pat
         cache_files[0].write_text(junk)
         assert plan().settings_hash == changed.settings_hash and len(hashed) == len(first.sources)
     # a file changed within RACY_S of the cache write is not cached: hashed again next time
-    monkeypatch.setattr(job_module, "RACY_S", 3600.0)
+    monkeypatch.setattr(fingerprint, "RACY_S", 3600.0)
     cache_files[0].unlink()
     plan()
     plan()
@@ -210,19 +210,18 @@ def test_a_file_hashed_with_its_listed_size_is_hashed_whole_even_if_it_grew(tmp_
     and a small one read in several chunks gives the same hash."""
     import xxhash
 
-    from nightloom.sharding import storage
-
     p = tmp_path / "a.txt"
     p.write_bytes(b"x" * 1000 + b"tail that came later")
     whole = xxhash.xxh3_128(p.read_bytes()).hexdigest()
-    assert storage.xxh3_file(p, size=1000) == storage.xxh3_file(p) == whole
-    assert storage.xxh3_file(p, chunk=7, size=3) == whole
+    assert fingerprint.xxh3_file(p, size=1000) == fingerprint.xxh3_file(p) == whole
+    assert fingerprint.xxh3_file(p, chunk=7, size=3) == whole
 
 
 def test_a_first_run_reads_each_small_text_file_once_with_the_same_shards(tmp_path, monkeypatch):
     """The plan reads every new small text file to fingerprint it and keeps the bytes for the scan in this
     process (readahead.py): one read a file, the same shards as reading twice, nothing kept after the run."""
-    from nightloom.sharding import readahead, storage
+    from nightloom import storage
+    from nightloom.sharding import readahead
 
     monkeypatch.setenv("NIGHTLOOM_CACHE", str(tmp_path / "cache"))  # no fingerprint known yet: a first run
     src, _ = _folder(tmp_path)
@@ -233,7 +232,7 @@ def test_a_first_run_reads_each_small_text_file_once_with_the_same_shards(tmp_pa
         return lambda p, *a, **k: reads.update({str(p): reads.get(str(p), 0) + 1}) or fn(p, *a, **k)
 
     monkeypatch.setattr(storage, "read_whole", counted(storage.read_whole))  # the scan's read (and the plan's)
-    monkeypatch.setattr(storage, "xxh3_file", counted(storage.xxh3_file))  # the plan's read, when not kept
+    monkeypatch.setattr(fingerprint, "xxh3_file", counted(fingerprint.xxh3_file))  # the plan's read, when not kept
     settings = {"num_shards": 2, "tolerance": 0.5, "on_error": "skip", "max_bad_fraction": 0.1}
     once = shard_dataset(
         DatasetSpec(path=str(src), format="text"), ShardingSpec(output=str(tmp_path / "a"), **settings)

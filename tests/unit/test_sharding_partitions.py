@@ -15,9 +15,9 @@ import pytest
 import xxhash
 
 from nightloom.sharding import shard_dataset
-from nightloom.sharding import writer as writer_module
+from nightloom.sharding import write as write_module
 from nightloom.sharding.balance import balance, imbalance, lpt_mapping, move_mapping, plain_mapping, shard_loads
-from nightloom.sharding.writer import partitions_of
+from nightloom.sharding.write import partitions_of
 from nightloom.spec import DatasetSpec, ShardingSpec, TokenizerSpec
 from nightloom.tokenizer import load_tokenizer
 from tests.support.sharding import make_docs, small_bpe, write_jsonl
@@ -100,14 +100,14 @@ def test_each_spilled_row_is_read_by_one_writer_under_plain_hashing(tmp_path, mo
     """The writers together read each spilled batch once (before, each of N writers read every spill)."""
     src = write_jsonl(tmp_path / "a.jsonl", make_docs(4000, seed=9, dup_every=11))
     read = []
-    real = writer_module.read_spilled_batches
+    real = write_module.read_spilled_batches
 
     def counting(*args):
         batches = real(*args)
         read.append(sum(b.num_rows for b in batches))
         return batches
 
-    monkeypatch.setattr(writer_module, "read_spilled_batches", counting)
+    monkeypatch.setattr(write_module, "read_spilled_batches", counting)
     sharding = ShardingSpec(output=str(tmp_path / "o"), num_shards=8, tolerance=0.9)
     m = shard_dataset(DatasetSpec(path=str(src)), sharding, workers=2)
     assert not m.rebalanced
@@ -121,13 +121,13 @@ def test_a_unit_of_many_spill_parts_keeps_one_spill_file_open_per_writer(tmp_pat
     src = write_jsonl(tmp_path / "big.jsonl.gz", make_docs(10000, seed=1), compress="gz")
     code = (
         "import resource, sys\n"
-        "from nightloom.sharding import scan, shard_dataset\n"
+        "from nightloom.sharding import jsonl_pieces, scan_arrow, shard_dataset, spill\n"
         "from nightloom.spec import DatasetSpec, ShardingSpec\n"
-        "scan.SPILL_PART_BYTES = scan.JSON_CHUNK = scan.JSON_BLOCK = 2000\n"
+        "spill.SPILL_PART_BYTES = jsonl_pieces.JSON_CHUNK = scan_arrow.JSON_BLOCK = 2000\n"
         "resource.setrlimit(resource.RLIMIT_NOFILE, (128, 128))\n"
         "parts = []\n"
-        "finish = scan._Spill.finish\n"
-        "scan._Spill.finish = lambda self: (r := finish(self), parts.append(len(r[0])))[0]\n"
+        "finish = spill.Spill.finish\n"
+        "spill.Spill.finish = lambda self: (r := finish(self), parts.append(len(r[0])))[0]\n"
         "sh = ShardingSpec(output=sys.argv[2], num_shards=4, tolerance=0.9)\n"
         "m = shard_dataset(DatasetSpec(path=sys.argv[1]), sh, workers=4)\n"
         "print(sum(parts), m.rows)\n"
@@ -142,9 +142,9 @@ def test_documents_the_tokenizer_turns_into_no_ids_still_shard(tmp_path, bpe, mo
     """A normalizer that deletes '~' leaves a unit whose documents have no ids at all (an empty ids spill)."""
     from tokenizers import Tokenizer, normalizers
 
-    from nightloom.sharding import job as jobs
+    from nightloom.sharding import plan
 
-    monkeypatch.setattr(jobs, "UNIT_BYTES", 1)  # every file a scan unit of its own
+    monkeypatch.setattr(plan, "UNIT_BYTES", 1)  # every file a scan unit of its own
 
     folder = tmp_path / "tok"
     folder.mkdir()
@@ -179,10 +179,10 @@ def test_a_writer_that_fails_to_open_a_scans_files_leaves_nothing_open(tmp_path)
     is missing it fails naming it, and every descriptor it had opened is closed again."""
     import os
 
-    from nightloom.sharding.job import plan_job
-    from nightloom.sharding.placement import place_documents
+    from nightloom.sharding.place import place_documents
+    from nightloom.sharding.plan import plan_job
     from nightloom.sharding.scan import scan_unit
-    from nightloom.sharding.writer import write_shard
+    from nightloom.sharding.write import write_shard
 
     src = write_jsonl(tmp_path / "a.jsonl", make_docs(600, seed=4))
     job = plan_job(DatasetSpec(path=str(src)), ShardingSpec(output=str(tmp_path / "o"), num_shards=3, tolerance=0.9))

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from nightloom.sharding import BadInputError, load_manifest, plan_job, shard_dataset
-from nightloom.sharding import job as job_module
+from nightloom.sharding import plan as plan_module
 from nightloom.spec import DatasetSpec, ShardingSpec
 from tests.support.sharding import make_docs, tree_bytes
 
@@ -35,7 +35,7 @@ def test_ranges_give_the_same_bytes_and_one_file_entry(tmp_path, monkeypatch):
     assert plan_job(ds, whole).ranges == [None]
     m_whole = shard_dataset(ds, whole, workers=1)
 
-    monkeypatch.setattr(job_module, "RANGE_BYTES", 4096)
+    monkeypatch.setattr(plan_module, "RANGE_BYTES", 4096)
     ranged = whole.model_copy(update={"output": str(tmp_path / "ranged")})
     job = plan_job(ds, ranged)
     size = job.sources[0].size
@@ -53,7 +53,7 @@ def test_ranges_give_the_same_bytes_and_one_file_entry(tmp_path, monkeypatch):
 
 
 def test_bad_line_in_a_later_range_is_named_by_its_line_in_the_file(tmp_path, monkeypatch):
-    monkeypatch.setattr(job_module, "RANGE_BYTES", 4096)
+    monkeypatch.setattr(plan_module, "RANGE_BYTES", 4096)
     ds = _write(tmp_path, _lines(bad_at=301))
     assert len(plan_job(ds, ShardingSpec(output=str(tmp_path / "o"), num_shards=2)).units) > 10
     with pytest.raises(BadInputError, match=r"big.jsonl:301: invalid JSON"):
@@ -67,7 +67,7 @@ def test_bad_line_in_a_later_range_is_named_by_its_line_in_the_file(tmp_path, mo
 
 def test_no_ranges_when_the_record_path_reads_the_file(tmp_path, monkeypatch):
     """A kept column or a key field takes the record path, which numbers lines from the file's start: whole file."""
-    monkeypatch.setattr(job_module, "RANGE_BYTES", 4096)
+    monkeypatch.setattr(plan_module, "RANGE_BYTES", 4096)
     ds = _write(tmp_path, _lines())
     out = str(tmp_path / "o")
     assert len(plan_job(ds, ShardingSpec(output=out, num_shards=2)).units) > 10

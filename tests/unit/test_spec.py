@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from nightloom.spec import RunSpec, SpecError, load_spec
+from nightloom.spec import RunSpec, SpecError
+from nightloom.spec_load import load_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "deployments" / "local-demo.yaml"

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from nightloom.spec import ClusterSpec, LocalSpec, SlurmSpec, SpecError, SSHSpec, coerce_spec, load_spec
+from nightloom.spec import ClusterSpec, LocalSpec, SlurmSpec, SpecError, SSHSpec
+from nightloom.spec_load import coerce_spec, load_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 KINDS = {"local", "ssh", "slurm", "kubernetes"}

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from nightloom.spec import SpecError, TokenizerSpec, load_spec
+from nightloom.spec import SpecError, TokenizerSpec
+from nightloom.spec_load import load_spec
 
 
 def _bpe(folder: Path, corpus: Path, vocab: int = 300) -> Path:
@@ -80,7 +81,7 @@ def test_bytes_is_the_default_and_shorthand():
 
 
 def test_tokenizer_and_heldout_change_the_settings_hash(tmp_path, corpus):
-    from nightloom.sharding.job import plan_job
+    from nightloom.sharding.plan import plan_job
     from nightloom.spec import DatasetSpec, ShardingSpec
 
     ds, sh = DatasetSpec(path=str(corpus)), ShardingSpec(output=str(tmp_path / "out"), num_shards=2)

@@ -7,11 +7,11 @@ import pickle
 
 import pytest
 
-from nightloom.sharding import StorageError
-from nightloom.sharding import storage as st
-from nightloom.sharding.job import WORK_DIR_NAME, WORK_FORMAT, default_workdir, plan_job
+from nightloom import storage as st
+from nightloom.sharding.plan import WORK_DIR_NAME, WORK_FORMAT, default_workdir, plan_job
 from nightloom.sharding.workdir import WorkDir
 from nightloom.spec import DaskSpec, DatasetSpec, ShardingSpec, StorageSpec
+from nightloom.storage import StorageError
 from tests.support.sharding import make_docs, write_jsonl
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from nightloom.sharding import storage
+from nightloom import storage
 from nightloom.sharding.workdir import WorkDir
 
 

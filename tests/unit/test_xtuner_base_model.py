@@ -17,8 +17,8 @@ from pydantic import ValidationError
 from nightloom.finetune import base_model as bm
 from nightloom.finetune.config import XTunerConfigError
 from nightloom.model_cache import STAMP, content_key
-from nightloom.sharding.storage import S3Object
 from nightloom.spec import RunSpec
+from nightloom.storage import S3Object
 
 
 def _model(folder: Path, tokenizer: bool = True, weights: bool = True) -> Path:
@@ -110,13 +110,13 @@ class FakeS3:
 
     def __init__(self, src: Path, monkeypatch, corrupt: str | None = None):
         self.src, self.gets, self.corrupt = src, 0, corrupt
-        from nightloom.sharding import storage
+        from nightloom import storage
 
         monkeypatch.setattr(storage, "list_objects", self.listing)
         monkeypatch.setattr(storage, "get_file", self.get)
 
     def listing(self, uri, s3=None, markers=False):
-        from nightloom.sharding.storage import S3Object
+        from nightloom.storage import S3Object
 
         return sorted(
             (S3Object(p.name, p.stat().st_size, hashlib.md5(p.read_bytes()).hexdigest()) for p in self.src.iterdir()),

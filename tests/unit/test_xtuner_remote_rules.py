@@ -1,5 +1,5 @@
-"""XTuner on rented nodes, the pure parts: the catalog GPU a node reports (MFU peak), the relaunch rule (the
-known gloo abort is one case of recovery), where node_wrapper.py is on a node, and the node env's JSON line."""
+"""XTuner on rented nodes, the pure parts: the catalog GPU a node reports (MFU peak), where node_wrapper.py is
+on a node, the node env's JSON line, and a launch a failed node ends (the relaunch rule is test_xtuner_recovery)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,7 @@ import pytest
 
 from nightloom.finetune.config import XTunerConfigError
 from nightloom.finetune.remote import NodeEnv, _parse, catalog_gpu, node_peak, profile_of, wrapper_path
-from nightloom.finetune.run import UPSTREAM_ABORT, relaunch_reason
 from nightloom.provision.base import Cluster, MergedLaunch, Node
-from nightloom.recovery import AttemptFailure, Diagnosis
 
 
 @pytest.mark.parametrize(
@@ -52,31 +50,6 @@ def test_node_peak_is_the_catalog_datasheet_of_the_reported_gpu():
         node_peak(_env())
     with pytest.raises(XTunerConfigError, match="Tesla T4"):
         node_peak(_env(["Tesla T4"]))
-
-
-def _failure(code, cause="boom"):
-    return AttemptFailure(0, code, False, cause, None, at_unix=0.0)
-
-
-def test_relaunch_rule():
-    node = Diagnosis("node", {"n2": "torch: 0.0.1-fake"}, "x")
-    transient = Diagnosis("transient", {}, "x")
-    # the known gloo abort: relaunched once even with recovery.max_attempts = 0, never twice
-    assert relaunch_reason(_failure(134), None, f"[n1] {UPSTREAM_ABORT}\n", 0, 0) is None
-    assert "gloo abort's own 1" in relaunch_reason(_failure(134), None, UPSTREAM_ABORT, 0, 0, aborts=1)
-    # past its own budget, a further abort is relaunched within recovery.max_attempts, then not
-    assert relaunch_reason(_failure(134), transient, UPSTREAM_ABORT, 0, 3, aborts=1) is None
-    assert "out of attempts" in relaunch_reason(_failure(134), transient, UPSTREAM_ABORT, 3, 3, aborts=1)
-    # its budget is its own: a node recovery that used recovery.max_attempts = 1 leaves it a relaunch
-    assert relaunch_reason(_failure(134), transient, UPSTREAM_ABORT, 1, 1, aborts=0) is None
-    # an abort on a node preflight now fails is a node failure, within recovery.max_attempts
-    assert "out of attempts" in relaunch_reason(_failure(134), node, UPSTREAM_ABORT, 1, 1, aborts=0)
-    # a bad node: relaunched within the budget
-    assert relaunch_reason(_failure(1), node, "", 0, 1) is None
-    assert "out of attempts" in relaunch_reason(_failure(1), node, "", 1, 1)
-    # a killed rank on healthy nodes: relaunched; a plain crash on healthy nodes would repeat: not
-    assert relaunch_reason(_failure(137), transient, "", 0, 2) is None
-    assert "would repeat" in relaunch_reason(_failure(1, "ValueError: bad config"), transient, "", 0, 2)
 
 
 def _cluster(provider, handle):
@@ -210,8 +183,9 @@ class _HeldOpen(MergedLaunch):
 def test_a_failed_node_ends_the_launch_while_another_holds_its_stream_open(tmp_path):
     """The train log is read beside `wait`, so the failed node's grace period ends the launch (before, reading
     every line first waited for the other node's stream: its torchrun exit barrier, 300 s)."""
+    from nightloom.finetune.attempts import StepWatch, _launch_once
     from nightloom.finetune.launcher import XTunerLaunchError
-    from nightloom.finetune.run import XTunerPlan, _launch_once
+    from nightloom.finetune.plan import XTunerPlan
 
     launch = _HeldOpen()
 
@@ -232,8 +206,8 @@ def test_a_failed_node_ends_the_launch_while_another_holds_its_stream_open(tmp_p
     box: dict = {}
     t = threading.Thread(
         target=lambda: box.setdefault("err", pytest.raises(XTunerLaunchError, _launch_once, plan, cluster=cluster,
-                                                            provider=_Provider(), resume=False, log=lambda s: None,
-                                                            timeout_s=None)),
+                                                            provider=_Provider(), resume=False,
+                                                            watch=StepWatch(lambda s: None), timeout_s=None)),
         daemon=True,
     )  # fmt: skip
     t.start()

@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from nightloom.finetune import config as xcfg
 from nightloom.finetune import env as xenv
+from nightloom.finetune import plan as xplan
 from nightloom.finetune import run as xrun
 from nightloom.finetune.logs import RunShape, XTunerLogError, collect_steps, write_metrics
 from nightloom.spec import RunSpec
@@ -24,7 +25,7 @@ def no_env(monkeypatch):
     def boom(*a, **k):
         raise AssertionError("ensure_env called before the input checks failed")
 
-    monkeypatch.setattr(xrun, "ensure_env", boom)
+    monkeypatch.setattr(xplan, "ensure_env", boom)
 
 
 @pytest.fixture
@@ -107,25 +108,25 @@ def test_micro_batches_rendered_and_kept_for_fewer_ranks(tmp_path, fake_base, sh
     from nightloom.finetune.env import XTunerEnv
 
     env = XTunerEnv(tmp_path, Path(sys.executable), "k", "cpu", False, 0.0, {})
-    monkeypatch.setattr(xrun, "_hf_flops_per_token", lambda *a, **k: None)
+    monkeypatch.setattr(xplan, "_hf_flops_per_token", lambda *a, **k: None)
     spec = make_spec(tmp_path, fake_base, shards, ranks=4, global_batch=8)
-    first = xrun.plan_xtuner(spec, shards, tmp_path / "run", env=env, peak_flops=1.0)
+    first = xplan.plan_xtuner(spec, shards, tmp_path / "run", env=env, peak_flops=1.0)
     assert (first.world_size, first.micro_batch, first.micro_batches) == (4, 2, 1)
-    fewer = xrun.plan_xtuner(spec, shards, tmp_path / "run", env=env, peak_flops=1.0, world_size=1, micro_batch=2)
+    fewer = xplan.plan_xtuner(spec, shards, tmp_path / "run", env=env, peak_flops=1.0, world_size=1, micro_batch=2)
     assert (fewer.world_size, fewer.micro_batch, fewer.micro_batches) == (1, 2, 4)
     text = Path(fewer.config_path).read_text()
     assert "batch_size = 8 " in text and "micro_batches = 4 " in text
     assert 'type="nightloom_micro.MicroBatchDDP", micro_batches=micro_batches' in text
     assert fewer.tokens_per_step == first.tokens_per_step and fewer.total_steps == first.total_steps
     with pytest.raises(xcfg.XTunerConfigError, match="train.xtuner.micro_batch: 2 does not divide the 1 sequences"):
-        xrun.plan_xtuner(spec, shards, tmp_path / "run", env=env, peak_flops=1.0, world_size=8, micro_batch=2)
+        xplan.plan_xtuner(spec, shards, tmp_path / "run", env=env, peak_flops=1.0, world_size=8, micro_batch=2)
     # recovery's replan: 4 -> 2 ranks accumulate 2 forwards each; 4 -> 3 cannot (8 sequences on 3 ranks) and
     # is refused by the world check, 3 -> 2 with 6 sequences falls back to 3 per rank at once, said in the log
-    assert xrun.plan_for_world(spec, shards, first, 2, env=env).micro_batches == 2
+    assert xplan.plan_for_world(spec, shards, first, 2, env=env).micro_batches == 2
     odd = make_spec(tmp_path, fake_base, shards, ranks=3, global_batch=6, micro_batch=2)
-    first3 = xrun.plan_xtuner(odd, shards, tmp_path / "run", env=env, peak_flops=1.0)
+    first3 = xplan.plan_xtuner(odd, shards, tmp_path / "run", env=env, peak_flops=1.0)
     said: list[str] = []
-    two = xrun.plan_for_world(odd, shards, first3, 2, env=env, log=said.append)
+    two = xplan.plan_for_world(odd, shards, first3, 2, env=env, log=said.append)
     assert (two.micro_batches, two.micro_batch) == (1, 3) and "take global_batch / world size" in said[0], said
 
 

@@ -12,7 +12,7 @@ def test_full_pipeline_with_xtuner_backend(prefect_backend, xtuner_env, base_mod
     from flows.pipeline import training_pipeline
     from nightloom.ledger import Ledger
     from nightloom.metrics import read_metrics
-    from nightloom.spec import parse_spec
+    from nightloom.spec_load import parse_spec
 
     corpus = tmp_path / "alpaca.jsonl"
     corpus.write_text("".join(json.dumps(r) + "\n" for r in alpaca_rows(48)))

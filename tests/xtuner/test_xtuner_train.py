@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from nightloom.finetune import XTunerConfigError, run_xtuner
+from nightloom.finetune.config import XTunerConfigError
 from nightloom.finetune.logs import launch_dirs, parse_launch
+from nightloom.finetune.run import run_xtuner
 from nightloom.metrics import read_metrics
 from tests.support.xtuner_data import alpaca_rows, make_spec, run_in_env, write_shards
 

@@ -1,11 +1,14 @@
-"""Local folders and s3:// prefixes behind one small interface (read, write atomically, upload, list, delete).
+"""The object store: local folders and s3:// prefixes behind one small interface (read, write atomically, upload,
+list, delete). Sharding (inputs, work files, shards) and runs (trainer data, Hugging Face weights, the model cache,
+fine-tuning inputs) reach their files through it.
 
 S3 goes through boto3 with an optional endpoint (SeaweedFS, MinIO...) and path-style addressing. Where the
 S3 API lives is an `S3Config` that callers pass explicitly (it travels inside ShardJob/TrainJob to whichever
 process opens files, Dask workers included); credentials are never in it: they come from the environment
 (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, boto3's usual chain) or from a named secret that the orchestration
-layer resolves (`set_secret_resolver`), and are never put in messages. Large files are uploaded with multipart uploads; an S3 object only appears once complete,
-and a local file only appears through os.replace, so no reader sees a partial file.
+layer resolves (`set_secret_resolver`), and are never put in messages. Large files are uploaded with multipart
+uploads; an S3 object only appears once complete, and a local file only appears through os.replace, so no reader
+sees a partial file.
 """
 
 from __future__ import annotations
@@ -21,8 +24,12 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from nightloom.sharding.errors import StorageError
 from nightloom.util import atomic_write_bytes
+
+
+class StorageError(RuntimeError):
+    """An object store or folder cannot be reached or used (endpoint, bucket, credentials); never shows secrets."""
+
 
 MULTIPART_CHUNK = 8 * 1024 * 1024
 _ENDPOINT_ENV = ("NIGHTLOOM_S3_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "S3_ENDPOINT_URL")
@@ -457,21 +464,3 @@ def read_whole(path: Path | str, size: int | None = None) -> bytes:
         return data
     finally:
         os.close(fd)
-
-
-def xxh3_file(path: Path | str, chunk: int = 1 << 22, size: int | None = None) -> str:
-    """xxh3-128 of a file's bytes, read with plain os calls in reads of at most `chunk` (a small file: one read of
-    its size; `read(chunk)` would allocate the whole chunk for it, which cost more than the hash on a folder of
-    small files). `size`: what a listing just said (saves the fstat; the whole file is hashed whatever its size)."""
-    import xxhash
-
-    h = xxhash.xxh3_128()
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        want = min(chunk, (os.fstat(fd).st_size if size is None else size) + 1)
-        while b := os.read(fd, want):
-            h.update(b)
-            want = chunk
-    finally:
-        os.close(fd)
-    return h.hexdigest()

@@ -18,15 +18,17 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from nightloom.sharding import storage
+from nightloom import storage
 from nightloom.sharding.arrays import DEST_DTYPE, ArrayReader
 from nightloom.sharding.directio import DirectWriter
 from nightloom.sharding.errors import ShardingError
 from nightloom.sharding.fetch_ahead import ordered_ahead
-from nightloom.sharding.job import RANGE_BYTES, ShardJob
+from nightloom.sharding.job import ShardJob
 from nightloom.sharding.manifest import ShardInfo, TokenFiles
-from nightloom.sharding.placement import MAPPING_NAME, dest_name
-from nightloom.sharding.scan import BATCH_DTYPE, META_DTYPE, ScanResult, gather_ids, row_indices, spill_schema
+from nightloom.sharding.place import MAPPING_NAME, dest_name
+from nightloom.sharding.plan import RANGE_BYTES
+from nightloom.sharding.scan_result import ScanResult
+from nightloom.sharding.spill import BATCH_DTYPE, META_DTYPE, gather_ids, row_indices, spill_schema
 from nightloom.sharding.tokens import TokenFileWriter, np_dtype
 from nightloom.sharding.workdir import WorkDir
 from nightloom.sharding.writeback import durable_and_uncached

@@ -1,4 +1,4 @@
-"""Reduce step: global dedup and balancing over the scans' hashes; decides every document's shard.
+"""Place step (the reduce): global dedup and balancing over the scans' hashes; decides every document's shard.
 
 Reads only the scans' metadata (hashes, tokens, bytes: 32 B per document), streamed a chunk at a time, so
 memory is bounded whatever the corpus: dedup runs per hash partition (duplicates share their hash, so each
@@ -26,7 +26,8 @@ from nightloom.sharding.docflags import DocFlags
 from nightloom.sharding.errors import BadInputError, ShardingError
 from nightloom.sharding.hashing import first_occurrences
 from nightloom.sharding.job import ShardJob
-from nightloom.sharding.scan import META_DTYPE, ScanResult
+from nightloom.sharding.scan_result import ScanResult
+from nightloom.sharding.spill import META_DTYPE
 
 PARTITION_DOCS = 1 << 18  # documents deduplicated in memory at once (~16 MB with the sort's temporaries)
 MAX_PARTITIONS = 512  # open partition files at most (past 134M documents the partitions grow instead)

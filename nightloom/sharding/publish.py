@@ -1,0 +1,74 @@
+"""Publish step: manifest.json, written last (counts, checksums, per-file accounting), so a reader never sees half a
+dataset; then the shards of earlier runs with other settings and the work files are removed.
+"""
+
+from __future__ import annotations
+
+from nightloom import storage
+from nightloom.sharding.accounting import account_files
+from nightloom.sharding.job import ShardJob
+from nightloom.sharding.manifest import MANIFEST_NAME, ShardInfo, ShardManifest
+from nightloom.sharding.place import Placement
+from nightloom.sharding.plan import WORK_DIR_NAME
+from nightloom.sharding.scan_result import MAX_BAD_EXAMPLES, ScanResult
+
+
+def build_manifest(
+    job: ShardJob, scans: list[ScanResult], placement: Placement, infos: list[ShardInfo]
+) -> ShardManifest:
+    scans = sorted(scans, key=lambda s: s.index)
+    infos = sorted(infos, key=lambda i: i.index)
+    heldout = next((i for i in infos if i.index == job.heldout_index), None)
+    infos = [i for i in infos if i.index != job.heldout_index]
+    examples = [e for s in scans for e in s.bad_examples][:MAX_BAD_EXAMPLES]
+    sources, files = account_files(job, scans, placement)
+    return ShardManifest(
+        num_shards=job.num_shards,
+        key=job.key_name,
+        salt=job.sharding.salt,
+        text_field=job.dataset.text_field,
+        keep_columns=list(job.dataset.keep_columns),
+        tokenizer=job.tokenizer_id,
+        compression=job.sharding.compression,
+        balance_by=job.sharding.balance_by,
+        tolerance=job.sharding.tolerance,
+        imbalance=round(placement.imbalance, 6),
+        imbalance_before_rebalance=round(placement.imbalance_before, 6),
+        rebalanced=placement.rebalanced,
+        balanced=placement.imbalance <= job.sharding.tolerance,
+        rows=sum(i.rows for i in infos),
+        tokens=sum(i.tokens for i in infos),
+        bytes=sum(i.bytes for i in infos),
+        dedup_dropped=placement.dedup_dropped,
+        empty_skipped=sum(s.empty for s in scans),
+        bad_records=sum(s.bad for s in scans),
+        bad_examples=examples,
+        files_read=files.read,
+        files_empty=files.empty,
+        files_bad=files.bad,
+        files_duplicate=files.duplicate,
+        files_ignored=files.ignored,
+        file_examples=files.examples,
+        sources=sources,
+        shards=infos,
+        heldout=heldout,
+        settings_hash=job.settings_hash,
+    )
+
+
+def publish_manifest(
+    job: ShardJob, scans: list[ScanResult], placement: Placement, infos: list[ShardInfo]
+) -> ShardManifest:
+    """Write manifest.json (the last write: its presence means a complete dataset), then clean up."""
+    manifest = build_manifest(job, scans, placement, infos)
+    storage.write_bytes(storage.join(job.output, MANIFEST_NAME), manifest.to_json().encode(), job.s3)
+    shards = manifest.shards + ([manifest.heldout] if manifest.heldout else [])
+    keep = {f for s in shards for f in s.files()}
+    for rel, _ in storage.list_files(job.output, job.s3):
+        old = rel.startswith(("shard-", "heldout.")) and rel.endswith((".parquet", ".bin", ".idx"))
+        if "/" not in rel and old and rel not in keep:
+            storage.delete(storage.join(job.output, rel), job.s3)  # shards of an earlier, different run
+    job.work.remove()
+    # also work left in the output by interrupted runs with other settings
+    storage.delete_tree(storage.join(job.output, WORK_DIR_NAME), job.s3)
+    return manifest

@@ -1,0 +1,201 @@
+"""The spec checks that need more than the schema: the model's config and weights, the tokenizer against the
+model's vocabulary, an explicit layout against the model and the world size, files that must exist, catalog
+names. They run on the raw mapping (not the validated model), so they are reported together with the schema's
+errors, each as (field path, reason), before anything is rented.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from nightloom.catalog import GPUS, MODELS
+from nightloom.hf.config import config_path, shape_from_hf_config
+from nightloom.model_resolver import shape_from_name_or_config
+from nightloom.parallel import LayoutError, ParallelDims
+from nightloom.shape import ModelShape
+from nightloom.spec import ParallelSpec, TokenizerSpec
+from nightloom.tokenizer import TokenizerError, load_tokenizer
+
+FieldError = tuple[tuple, str]
+
+
+def _get(data: dict, *path, default=None):
+    for key in path:
+        if not isinstance(data, dict) or key not in data:
+            return default
+        data = data[key]
+    return data
+
+
+def _model_errors(data: dict, local) -> list[FieldError]:
+    """model.config parses (strictly: a field the native model cannot compute is named) and model.weights holds
+    safetensors; a demo whose weights are built on first use is checked when they exist."""
+    config, weights = _get(data, "model", "config"), _get(data, "model", "weights")
+    build = _get(data, "model", "build_demo_weights") is True
+    if config is None and isinstance(weights, str) and "://" in weights:
+        return [(("model", "config"), "required when model.weights is an s3:// prefix")]
+    wdir = local(weights)
+    cfg = local(config) if config is not None else (wdir / "config.json" if wdir is not None else None)
+    errs: list[FieldError] = []
+    field = ("model", "config") if config is not None else ("model", "weights")
+    if cfg is not None and not (build and not config_path(cfg).exists()):
+        if not config_path(cfg).is_file():
+            errs.append((field, f"file not found: {config_path(cfg)}"))
+        else:
+            try:
+                shape_from_hf_config(cfg)
+            except ValueError as e:
+                errs.append((field, str(e)))
+    if wdir is not None and not (build and not wdir.exists()):
+        if not wdir.is_dir():
+            errs.append((("model", "weights"), f"folder not found: {wdir}"))
+        elif not any(wdir.glob("*.safetensors")):
+            errs.append((("model", "weights"), f"no *.safetensors files in {wdir}"))
+    if build and wdir is None:
+        errs.append((("model", "build_demo_weights"), "needs a local model.weights folder"))
+    return errs
+
+
+def _raw_shape(data: dict, local) -> ModelShape | None:
+    """The model of a spec not yet validated, through the one resolver (model.config, else the config.json in a
+    local model.weights, else the catalog's model.name); None when it cannot be read (its own check says why)."""
+    config, weights = local(_get(data, "model", "config")), local(_get(data, "model", "weights"))
+    config = config if config is not None else (weights / "config.json" if weights is not None else None)
+    if config is None and _get(data, "model", "config") is not None:
+        return None  # an s3:// config is read when the run fetches it
+    try:
+        return shape_from_name_or_config(config if config is not None else _get(data, "model", "name", default="tiny"))
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def semantic_errors(data: dict, base_dir: Path) -> list[FieldError]:
+    """Checks that need the filesystem or the catalog: (field path, reason), before anything is rented.
+
+    They read the raw mapping (not the validated model) so they are reported together with schema errors."""
+
+    def local(p) -> Path | None:
+        if not isinstance(p, str) or "://" in p:
+            return None
+        q = Path(p).expanduser()
+        return q if q.is_absolute() else base_dir / q
+
+    errs: list[FieldError] = []
+    name, config = _get(data, "model", "name", default="tiny"), _get(data, "model", "config")
+    if config is None and isinstance(name, str) and name not in MODELS:
+        errs.append((("model", "name"), f"unknown model {name!r}; known: {', '.join(sorted(MODELS))}"))
+    errs += _model_errors(data, local)
+    errs += _tokenizer_errors(data, local)
+    every, eval_data = _get(data, "validate", "eval_every", default=0), _get(data, "validate", "eval_data")
+    if isinstance(every, int) and every > 0 and not eval_data and not _get(data, "sharding", "heldout", default=0):
+        errs.append((("validate", "eval_every"), "needs a held-out split (sharding.heldout) or validate.eval_data"))
+    if local(eval_data) is not None and not local(eval_data).is_file():
+        errs.append((("validate", "eval_data"), f"file not found: {local(eval_data)}"))
+    gpu = _get(data, "cluster", "gpu_type", default="cpu")
+    if isinstance(gpu, str) and gpu != "cpu" and gpu not in GPUS:
+        errs.append((("cluster", "gpu_type"), f"unknown GPU {gpu!r}; known: cpu, {', '.join(sorted(GPUS))}"))
+    dpath = local(_get(data, "dataset", "path"))
+    if dpath is not None and _get(data, "dataset", "sample") is not True and not dpath.exists():
+        errs.append((("dataset", "path"), f"not found: {dpath}"))
+    nodes, per = _get(data, "cluster", "nodes", default=2), _get(data, "cluster", "gpus_per_node", default=2)
+    errs += _parallel_errors(data, local, nodes, per)
+    provider = _get(data, "cluster", "provider", default="local")
+    if (provider.get("kind") if isinstance(provider, dict) else provider) == "ssh":
+        where = ("cluster", "provider", "hosts") if isinstance(provider, dict) else ("cluster", "ssh", "hosts")
+        hosts = _get(data, *where, default=[]) or []
+        active = [h for h in hosts if isinstance(h, dict) and not h.get("spare")]
+        if isinstance(nodes, int) and len(active) < nodes:
+            errs.append((where, f"{len(active)} non-spare hosts for cluster.nodes={nodes}"))
+    return errs
+
+
+def _parallel_errors(data: dict, local, nodes, per) -> list[FieldError]:
+    """An explicit `parallel:` section against the world size and the model: ParallelDims.resolve fills
+    dp_shard=-1, ParallelDims.check gives the reasons (the rules the planner and the trainer apply)."""
+    par = _get(data, "parallel")
+    if not isinstance(par, dict) or not all(isinstance(x, int) and x > 0 for x in (nodes, per)):
+        return []
+    try:
+        p = ParallelSpec.model_validate(par)
+    except ValidationError:
+        return []  # the schema errors are reported already
+    try:
+        dims = ParallelDims.resolve(
+            nodes * per,
+            tp=p.tp,
+            pp=p.pp,
+            dp_replicate=p.dp_replicate,
+            dp_shard=p.dp_shard,
+            cp=p.cp,
+            sp=p.sp,
+            virtual_stages=p.virtual_stages,
+            schedule=p.schedule,
+            recompute=p.recompute,
+            zero=p.zero,
+            stages=tuple(p.stages) if p.stages else None,
+        )
+    except LayoutError as e:
+        return [(("parallel",), f"{e} (cluster.nodes·cluster.gpus_per_node)")]
+    shape = _raw_shape(data, local)
+    if shape is None:
+        return []  # reported under model.* (or built on first use)
+    seq = _get(data, "train", "seq_len", default=128)
+    gb = _get(data, "train", "global_batch", default=8)
+    if not (isinstance(seq, int) and isinstance(gb, int)):
+        return []
+    # micro_batch is pinned, grad_accum follows from the global batch (as the planner sets it)
+    per_rank = gb // dims.dp if gb % dims.dp == 0 else 0
+    accum = per_rank // p.micro_batch if per_rank and per_rank % p.micro_batch == 0 else 0
+    if accum:
+        dims = dataclasses.replace(dims, micro_batch=p.micro_batch, grad_accum=accum)
+    else:
+        return [
+            (
+                ("parallel", "micro_batch"),
+                f"train.global_batch ({gb}) is not divisible by micro_batch ({p.micro_batch}) · dp ({dims.dp})",
+            )
+        ]
+    return [(("parallel",), why) for why in dims.check(shape, seq, gb)]
+
+
+def _tokenizer_errors(data: dict, local) -> list[FieldError]:
+    """model.tokenizer: the path exists, the tokenizer loads, and the model's vocab covers its ids."""
+    raw = _get(data, "model", "tokenizer", default="bytes")
+    try:
+        tspec = TokenizerSpec.coerce(raw)
+    except (ValidationError, ValueError):
+        return []  # reported by the schema check
+    if tspec.path is not None and local(tspec.path) is not None:
+        tspec = tspec.model_copy(update={"path": str(local(tspec.path))})
+    if tspec.path is not None and tspec.train_vocab is None and not Path(tspec.path).expanduser().exists():
+        return [(("model", "tokenizer"), f"not found: {tspec.path}")]
+    if tspec.train_vocab is not None and not (Path(tspec.path or "") / "tokenizer.json").is_file():
+        tok_vocab, what = tspec.train_vocab, f"the BPE trained on first use (train_vocab {tspec.train_vocab})"
+    else:
+        try:
+            tok = load_tokenizer(tspec)
+        except (TokenizerError, OSError) as e:
+            return [(("model", "tokenizer"), str(e))]
+        tok_vocab, what = tok.vocab_size, f"tokenizer {tspec.path or 'bytes'}"
+    vocab = _get(data, "model", "vocab")
+    if vocab == "tokenizer":
+        return []
+    if isinstance(vocab, int) and not isinstance(vocab, bool):
+        model_vocab, who = vocab, "model.vocab"
+    else:
+        shape = _raw_shape(data, local)
+        if shape is None:
+            return []  # model errors are reported by their own check (or the weights are built on first use)
+        model_vocab, who = shape.vocab, f"model {shape.name}"
+    if model_vocab < tok_vocab:
+        return [
+            (
+                ("model", "tokenizer"),
+                f"{who} has {model_vocab} embedding rows but {what} has {tok_vocab} ids: the vocabulary does not "
+                "cover the tokenizer (set model.vocab: tokenizer, a number >= the tokenizer's, or another model)",
+            )
+        ]
+    return []
