@@ -1,7 +1,7 @@
 """The run spec's field reference, generated from the pydantic schema (nightloom/spec.py) so it cannot drift.
 
 `python -m nightloom.spec_doc` prints the reference; `--write docs/spec.md` replaces the block between the
-markers in that file and keeps the hand-written prose around it. tests/unit/test_spec_doc.py fails when the
+markers in that file and keeps the hand-written prose around it. tests/unit/spec/test_spec_doc.py fails when the
 file's block differs from what the schema gives now.
 """
 

@@ -12,7 +12,7 @@ import yaml
 from nightloom.spec import RunSpec, SpecError
 from nightloom.spec_load import load_spec
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 DEMO = ROOT / "deployments" / "local-demo.yaml"
 
 

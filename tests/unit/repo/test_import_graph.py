@@ -7,7 +7,7 @@ from pathlib import Path
 
 from tests.support.import_graph import build, floor_violations
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_no_import_cycle_in_the_project():

@@ -11,7 +11,7 @@ from pydantic import BaseModel
 from nightloom import spec_doc
 from nightloom.spec import RunSpec
 
-SPEC_MD = Path(__file__).resolve().parents[2] / "docs" / "spec.md"
+SPEC_MD = Path(__file__).resolve().parents[3] / "docs" / "spec.md"
 
 
 def _models(tp) -> list[tuple[type[BaseModel], bool]]:

@@ -18,7 +18,7 @@ from nightloom.spec import ParallelSpec
 from nightloom.spec_load import parse_spec
 
 #: the published runs the planner is checked against, kept in the repository (a clone has nothing beside it)
-REF = Path(__file__).resolve().parents[2] / "datasets" / "reference" / "published_runs.csv"
+REF = Path(__file__).resolve().parents[3] / "datasets" / "reference" / "published_runs.csv"
 
 
 def _rows():

@@ -15,7 +15,7 @@ from nightloom.spec import SpecError, TrainSpec
 from nightloom.spec_load import load_spec, parse_spec
 from nightloom.train.job import TrainJob
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 DEMO = ROOT / "deployments" / "continue-pretrain-demo.yaml"
 BASE = {"name": "t", "dataset": {"path": "x.jsonl", "sample": True}}
 

@@ -10,7 +10,7 @@ import pytest
 
 from nightloom.metrics import PROMETHEUS_LABELS, PROMETHEUS_METRICS
 
-DASHBOARD = Path(__file__).resolve().parents[2] / "deployments" / "grafana" / "dashboard.json"
+DASHBOARD = Path(__file__).resolve().parents[3] / "deployments" / "grafana" / "dashboard.json"
 GRAFANA_VARS = {"run", "rank", "datasource"}
 
 

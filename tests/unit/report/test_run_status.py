@@ -13,7 +13,7 @@ from nightloom.report import RunStatus, run_status
 from nightloom.runfiles import RunFiles
 from nightloom.train.job import TrainJob, TrainResult
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def result(stopped: str = "completed", steps: int = 10) -> TrainResult:

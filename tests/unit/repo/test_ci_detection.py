@@ -3,7 +3,7 @@
 import re
 from pathlib import Path
 
-TESTS = Path(__file__).resolve().parents[1]
+TESTS = Path(__file__).resolve().parents[2]
 READS_CI = re.compile(r"""environ(\.get\(|\[)\s*["']CI["']|getenv\(\s*["']CI["']""")
 
 

@@ -25,7 +25,7 @@ from nightloom.sharding.balance import imbalance
 from nightloom.spec import DatasetSpec, ShardingSpec
 from tests.support.sharding import make_docs, read_shard, shard_texts, tree_bytes, write_jsonl, write_parquet
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _run(path, out, workers=1, progress=None, **kw):

@@ -1,5 +1,5 @@
 """Repository conventions: `datasets` is Hugging Face's, module and function sizes, the docs a clone holds, the venv
-recipe. The import graph (no cycles, imports point down) is tests/unit/test_import_graph.py."""
+recipe. The import graph (no cycles, imports point down) is tests/unit/repo/test_import_graph.py."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_datasets_is_hugging_face_from_repo_root():

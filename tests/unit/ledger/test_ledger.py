@@ -216,7 +216,7 @@ def test_two_processes_writing_at_once(tmp_path: Path):
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            cwd=Path(__file__).resolve().parents[2],
+            cwd=Path(__file__).resolve().parents[3],
         )
         for who in ("a", "b")
     ]

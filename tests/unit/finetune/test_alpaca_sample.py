@@ -23,7 +23,7 @@ def test_demo_spec_builds_its_sample_on_first_use():
 
     from nightloom.spec_load import load_spec
 
-    spec = load_spec(Path(__file__).resolve().parents[2] / "deployments" / "xtuner-lora-demo.yaml")
+    spec = load_spec(Path(__file__).resolve().parents[3] / "deployments" / "xtuner-lora-demo.yaml")
     assert spec.dataset.sample and spec.dataset.sample_kind == "alpaca"
     assert spec.train.xtuner.build_tiny_base_model
     assert set(spec.dataset.keep_columns) >= {"instruction", "input", "output"}

@@ -14,7 +14,7 @@ from nightloom.sharding.corpus import build_sample_corpus, ensure_sample_corpus
 def corpus():
     """The checkout's own sample corpus (datasets/sample/corpus.jsonl): built here on first use, or by whichever
     demo ran first; one build (~20 s on 2 cores) serves the whole suite."""
-    return ensure_sample_corpus(Path(__file__).resolve().parents[2] / "datasets" / "sample" / "corpus.jsonl")
+    return ensure_sample_corpus(Path(__file__).resolve().parents[3] / "datasets" / "sample" / "corpus.jsonl")
 
 
 def test_corpus_is_jsonl_of_varied_real_text(corpus):
