@@ -1,8 +1,8 @@
 """Honest fit of the planner's one efficiency factor against published runs: fitted rows and held-out rows apart.
 
 For every row of the reference table (default datasets/reference/published_runs.csv, or the path given), the
-published layout is evaluated as a what-if (native_trainer=False: PTD-P ties embeddings across TP/PP, which
-nightloom's trainer does not run): tp, pp, dp, cp and whatever else the source publishes (recompute, FSDP) are
+published layout is evaluated as a what-if (native_trainer=False: the rules that are limits of nightloom's trainer,
+such as CP with PP, are not applied): tp, pp, dp, cp and whatever else the source publishes (recompute, FSDP) are
 pinned, the rest (micro-batch, interleaving, stage split, unpublished recompute) is the planner's choice. Its
 predicted TFLOP/s per GPU is compared with the published figure in the source's own accounting (`metric`: PTD-P's
 HFU, Megatron's model FLOPs with logits, PaLM's MFU). Views:

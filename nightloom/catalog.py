@@ -37,6 +37,33 @@ MODELS["llama3.1-405b"] = replace(
 )
 
 
+def _qwen3(name, layers, hidden, heads, ffn, tied, params):
+    """Qwen3 dense (Qwen team 2025, the Qwen/Qwen3-* model cards and config.json files on the Hugging Face Hub):
+    8 kv heads, head_dim 128 (not hidden/heads for 0.6B, 4B, 32B), per-head q/k RMSNorm, vocab 151,936,
+    max_position_embeddings 40,960, rope_theta 1e6, rms_norm_eps 1e-6, no bias. `params`: the model card's
+    "Number of Parameters", printed to 0.1B (0.6B, 1.7B for 1.72e9, ...): checks allow for that rounding."""
+    return ModelShape(
+        name, layers, hidden, heads, 8, ffn, 151936, 40960, tied_embeddings=tied, norm_eps=1e-6, rope_theta=1e6,
+        published_params=params, explicit_head_dim=128 if hidden // heads != 128 else None, qk_norm=True,
+        arch="qwen3",
+    )  # fmt: skip
+
+
+MODELS.update(
+    {
+        m.name: m
+        for m in (
+            _qwen3("qwen3-0.6b", 28, 1024, 16, 3072, True, 0.6e9),
+            _qwen3("qwen3-1.7b", 28, 2048, 16, 6144, True, 1.7e9),
+            _qwen3("qwen3-4b", 36, 2560, 32, 9728, True, 4.0e9),
+            _qwen3("qwen3-8b", 36, 4096, 32, 12288, False, 8.2e9),
+            _qwen3("qwen3-14b", 40, 5120, 40, 17408, False, 14.8e9),
+            _qwen3("qwen3-32b", 64, 5120, 64, 25600, False, 32.8e9),
+        )
+    }
+)
+
+
 def _gpt(name, layers, hidden, heads, params):
     """GPT-3-style shape of Narayanan et al. 2021 (PTD-P) Table 1: vocab 51200, seq 2048, MHA, 4h GELU MLP, tied."""
     return ModelShape(

@@ -154,11 +154,6 @@ class ParallelDims:
                 f"stages {list(self.stages)} must be pp*virtual_stages ({p}*{v}) sizes >= 1 summing to layers "
                 f"({shape.layers}), got {len(self.stages)} summing to {sum(self.stages)}"
             )
-        if native_trainer and shape.tied_embeddings and (p > 1 or t > 1):
-            why.append(
-                f"model {shape.name} ties embeddings: not supported with pp ({p}) > 1 "
-                f"or tp ({t}) > 1 (use an untied model)"
-            )
         if self.sp and seq_len % t:
             why.append(f"sequence parallel needs seq_len ({seq_len}) divisible by tp ({t})")
         if p > 1:

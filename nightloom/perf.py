@@ -28,7 +28,7 @@ def count_params(shape: ModelShape, include_embeddings: bool = True) -> int:
     attn = 2 * h * q_dim + 2 * h * kv_dim  # q, k, v, o
     attn += (q_dim + 2 * kv_dim) * shape.qkv_bias + h * shape.o_bias
     mlp = (3 if shape.gated_mlp else 2) * h * f + ((2 if shape.gated_mlp else 1) * f + h) * shape.mlp_bias
-    norms = 2 * h
+    norms = 2 * h + 2 * shape.head_dim * shape.qk_norm  # + qwen3's q/k norms (one head_dim weight each)
     per_layer = attn + mlp + norms
     body = L * per_layer + h  # + final norm
     if not include_embeddings:
@@ -50,7 +50,9 @@ def flops_per_token(
 
     lm_head=True adds the output projection's 6·vocab·hidden (forward + backward, never recomputed), as
     Narayanan et al. 2021 count it (their V/(16·l·h) term); PaLM's formula leaves it out. frozen_base=True
-    (LoRA/QLoRA) drops the base weights' gradient FLOPs: 4·N instead of 6·N (see the module docstring)."""
+    (LoRA/QLoRA) drops the base weights' gradient FLOPs: 4·N instead of 6·N (see the module docstring).
+    Norms, qwen3's per-head q/k norms included, count only through their weights in N, as PaLM's 6·N does: their
+    elementwise work (a few FLOPs per activation, under 0.1% of a layer's matmuls) is not counted apart."""
     n = count_params(shape, include_embeddings=False)
     attn = 12 * shape.layers * shape.heads * shape.head_dim * seq_len
     per_param = 4 if frozen_base else 6

@@ -27,8 +27,8 @@ class RopeScaling:
 class ModelShape:
     """A Llama-style decoder shape (GPT-2 style models set `gated_mlp=False`, `kv_heads=heads`).
 
-    The fields after `published_params` carry what a Hugging Face llama/mistral/qwen2 config.json may change
-    in the math (nightloom/hf/config.py fills them); their defaults are the plain Llama decoder."""
+    The fields after `published_params` carry what a Hugging Face llama/mistral/qwen2/qwen3 config.json may
+    change in the math (nightloom/hf/config.py fills them); their defaults are the plain Llama decoder."""
 
     name: str
     layers: int
@@ -45,10 +45,11 @@ class ModelShape:
     published_params: float | None = None  # parameter count as published, for checks
     explicit_head_dim: int | None = None  # config.json `head_dim` when it is not hidden // heads
     rope_scaling: RopeScaling | None = None
-    qkv_bias: bool = False  # q/k/v projections carry a bias (qwen2; llama attention_bias)
-    o_bias: bool = False  # output projection carries a bias (llama attention_bias)
+    qkv_bias: bool = False  # q/k/v projections carry a bias (qwen2; llama/qwen3 attention_bias)
+    o_bias: bool = False  # output projection carries a bias (llama/qwen3 attention_bias)
     mlp_bias: bool = False  # gate/up/down carry a bias (llama mlp_bias)
     sliding_window: int | None = None  # attention window (mistral); training seq_len must not exceed it
+    qk_norm: bool = False  # per-head RMSNorm (weights of size head_dim) on q and k before RoPE (qwen3)
     padded_vocab: int = 0  # embedding/head rows when padded for TP (> vocab); logits are cut back to vocab
     arch: str = "llama"  # Hugging Face model_type written on export
 

@@ -64,7 +64,7 @@ def register(sub) -> None:
     p.add_argument(
         "--other-trainer",
         action="store_true",
-        help="what-if: also layouts only other trainers run (e.g. tied embeddings across TP/PP, as Megatron); "
+        help="what-if: also layouts only other trainers run (e.g. context parallel together with pipeline parallel, as Megatron); "
         "nightloom's own trainer rules are not applied",
     )
     p.add_argument("--recompute", choices=RECOMPUTE_MODES, help="restrict activation recompute to this mode")

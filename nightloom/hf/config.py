@@ -1,9 +1,11 @@
 """config.json -> ModelShape: the one parser of Hugging Face model configs (planner, trainer, XTuner, export).
 
-Every field of a llama, mistral or qwen2 config that changes the math is honoured or refused by name:
+Every field of a llama, mistral, qwen2 or qwen3 config that changes the math is honoured or refused by name:
 num_key_value_heads, head_dim, rope_theta and RoPE scaling in both spellings (transformers 4.x / the Hub's
 top-level `rope_theta` + `rope_scaling`, transformers 5's `rope_parameters`), rms_norm_eps,
 tie_word_embeddings, attention_bias / mlp_bias (qwen2 always has q/k/v bias), hidden_act, sliding windows.
+qwen3 adds a per-head RMSNorm on q and k (`qk_norm`); where its config leaves a field out, transformers'
+Qwen3Config default applies (head_dim 128, num_key_value_heads 32), as `from_pretrained` would read it.
 gpt2 configs are read for planning only (their math is not the native model's).
 """
 
@@ -14,8 +16,15 @@ from pathlib import Path
 
 from nightloom.shape import ModelShape, RopeScaling
 
-LLAMA_TYPES = ("llama", "mistral", "qwen2")
-ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+LLAMA_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+ARCHITECTURES = {
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+}
+#: transformers' Qwen3Config class defaults for fields a config.json may leave out (not the Llama rule)
+_QWEN3_DEFAULTS = {"head_dim": 128, "num_key_value_heads": 32}
 _ROPE_KINDS = ("default", "linear", "llama3")
 
 
@@ -78,18 +87,22 @@ def _rope(cfg: dict) -> tuple[float, RopeScaling | None]:
 
 def _refuse_unsupported(cfg: dict, mtype: str) -> None:
     """Fields whose non-default value would change the math the native model computes."""
+    if mtype in ("qwen2", "qwen3") and cfg.get("use_sliding_window"):
+        raise ValueError("use_sliding_window: true is not supported (sliding-window attention)")
     act = cfg.get("hidden_act", cfg.get("hidden_activation", "silu"))
     if act != "silu":
         raise ValueError(f"hidden_act: {act!r} is not supported (the native model uses silu / SwiGLU)")
     drop = cfg.get("attention_dropout", 0.0) or 0.0
     if float(drop) != 0.0:
         raise ValueError(f"attention_dropout: {drop!r} is not supported (the native model has no dropout)")
+    quant = cfg.get("quantization_config")
+    if quant:
+        method = quant.get("quant_method", "?") if isinstance(quant, dict) else quant
+        raise ValueError(f"quantization_config: {method!r} weights are not supported (unquantized weights only)")
     layer_types = cfg.get("layer_types") or []
     other = sorted({t for t in layer_types if t != "full_attention"})
     if other:
         raise ValueError(f"layer_types: {', '.join(other)} is not supported (only full_attention)")
-    if mtype == "qwen2" and cfg.get("use_sliding_window"):
-        raise ValueError("use_sliding_window: true is not supported (sliding-window attention)")
 
 
 def shape_from_config(cfg: dict, name: str = "hf", strict: bool = True) -> ModelShape:
@@ -111,6 +124,8 @@ def shape_from_config(cfg: dict, name: str = "hf", strict: bool = True) -> Model
     if mtype in LLAMA_TYPES:
         if strict:
             _refuse_unsupported(cfg, mtype)
+        if mtype == "qwen3":
+            cfg = {**cfg, **{k: v for k, v in _QWEN3_DEFAULTS.items() if cfg.get(k) is None}}
         heads = need("num_attention_heads")
         hidden = need("hidden_size")
         head_dim = cfg.get("head_dim")
@@ -137,9 +152,10 @@ def shape_from_config(cfg: dict, name: str = "hf", strict: bool = True) -> Model
             explicit_head_dim=head_dim if head_dim and head_dim != hidden // heads else None,
             rope_scaling=scaling,
             qkv_bias=attn_bias or mtype == "qwen2",
-            o_bias=attn_bias and mtype == "llama",
+            o_bias=attn_bias and mtype in ("llama", "qwen3"),
             mlp_bias=bool(cfg.get("mlp_bias", False)) and mtype == "llama",
             sliding_window=cfg.get("sliding_window") if mtype == "mistral" else None,
+            qk_norm=mtype == "qwen3",
             arch=mtype,
         )
     if mtype == "gpt2":
@@ -175,7 +191,8 @@ def shape_from_hf_config(path: str | Path, strict: bool = True) -> ModelShape:
 
 def config_for_export(shape: ModelShape, source: dict | None, dtype: str) -> dict:
     """The config.json of an export: the source config when the run started from one (dtype updated),
-    else a Llama config written from the shape (what transformers' LlamaConfig reads)."""
+    else a config of the shape's family written from the shape (what transformers' LlamaConfig, MistralConfig,
+    Qwen2Config or Qwen3Config reads)."""
     if source is not None:
         cfg = dict(source)
         cfg.setdefault("architectures", [ARCHITECTURES.get(cfg.get("model_type"), "LlamaForCausalLM")])
@@ -210,6 +227,9 @@ def config_for_export(shape: ModelShape, source: dict | None, dtype: str) -> dic
             "mlp_bias": shape.mlp_bias,
             "rope_parameters": rope,
         }
+        if shape.arch == "qwen3":  # attention_bias covers q/k/v and o alike; no mlp_bias in Qwen3Config
+            cfg |= {"attention_bias": shape.qkv_bias, "use_sliding_window": False}
+            del cfg["mlp_bias"]
     cfg.pop("torch_dtype", None)
     cfg["dtype"] = {"bf16": "bfloat16", "fp32": "float32"}[dtype]
     return cfg

@@ -1,4 +1,4 @@
-"""Native parameter names <-> Hugging Face llama/mistral/qwen2 names (the same tensors, no permutation).
+"""Native parameter names <-> Hugging Face llama/mistral/qwen2/qwen3 names (the same tensors, no permutation).
 
 The native model uses the rotate-half RoPE layout of transformers, so Q/K rows load as they are stored."""
 
@@ -20,6 +20,8 @@ _LAYER = {
     "attn.wk": "self_attn.k_proj",
     "attn.wv": "self_attn.v_proj",
     "attn.wo": "self_attn.o_proj",
+    "attn.q_norm": "self_attn.q_norm",  # qwen3
+    "attn.k_norm": "self_attn.k_norm",
     "ffn.w1": "mlp.gate_proj",
     "ffn.w3": "mlp.up_proj",
     "ffn.w2": "mlp.down_proj",
@@ -68,6 +70,8 @@ def expected_shapes(shape: ModelShape) -> dict[str, tuple[int, ...]]:
                 p + "self_attn.k_proj.bias": (kv,),
                 p + "self_attn.v_proj.bias": (kv,),
             }
+        if shape.qk_norm:
+            out |= {p + "self_attn.q_norm.weight": (d,), p + "self_attn.k_norm.weight": (d,)}
         if shape.o_bias:
             out[p + "self_attn.o_proj.bias"] = (h,)
         if shape.mlp_bias:

@@ -23,11 +23,18 @@ DEMO_CONFIG = {
 
 
 def build_random_model(
-    out: str | Path, arch: str = "llama", seed: int = 0, max_shard_size: str = "5GB", bias_std: float = 0.0, **config
+    out: str | Path,
+    arch: str = "llama",
+    seed: int = 0,
+    max_shard_size: str = "5GB",
+    bias_std: float = 0.0,
+    norm_std: float = 0.0,
+    **config,
 ) -> Path:
     """Write `<out>` = config.json, generation_config.json, *.safetensors (+ index when sharded) of a random
-    `arch` (llama, mistral, qwen2) model. `bias_std` > 0 gives biases random values (transformers zeroes them),
-    so a bias that is not loaded shows in a parity check."""
+    `arch` (llama, mistral, qwen2, qwen3) model. `bias_std` > 0 gives biases random values (transformers zeroes
+    them), `norm_std` > 0 gives RMSNorm weights 1 + N(0, norm_std) (transformers sets them to 1), so a bias or a
+    norm weight that is not loaded shows in a parity check."""
     import torch
     from transformers import (
         LlamaConfig,
@@ -36,12 +43,15 @@ def build_random_model(
         MistralForCausalLM,
         Qwen2Config,
         Qwen2ForCausalLM,
+        Qwen3Config,
+        Qwen3ForCausalLM,
     )
 
     classes = {
         "llama": (LlamaConfig, LlamaForCausalLM),
         "mistral": (MistralConfig, MistralForCausalLM),
         "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+        "qwen3": (Qwen3Config, Qwen3ForCausalLM),
     }
     cfg_cls, model_cls = classes[arch]
     final = Path(out)
@@ -49,11 +59,12 @@ def build_random_model(
     shutil.rmtree(tmp, ignore_errors=True)
     torch.manual_seed(seed)
     model = model_cls(cfg_cls(**{**DEMO_CONFIG, **config}))
-    if bias_std:
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                if name.endswith(".bias"):
-                    p.normal_(0.0, bias_std)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if bias_std and name.endswith(".bias"):
+                p.normal_(0.0, bias_std)
+            if norm_std and name.endswith("norm.weight"):
+                p.normal_(1.0, norm_std)
     model.save_pretrained(tmp, max_shard_size=max_shard_size)
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)

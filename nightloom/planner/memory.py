@@ -47,7 +47,8 @@ def stage_params(shape: ModelShape, tp: int, pp: int) -> tuple[float, float]:
     emb = shape.vocab * shape.hidden / tp
     if pp == 1:
         return (body + emb * (1 if shape.tied_embeddings else 2) + shape.hidden,) * 2
-    # with tied embeddings and pp > 1 the last stage keeps its own copy of the embedding for the head
+    # pp > 1: the head is the last stage's own; a tied model's last stage holds a copy of the embedding for it
+    # (weights, gradient and optimizer state; train/tied.py sums the two copies' gradients), so the sizes are equal
     return body + emb, body + emb + shape.hidden
 
 

@@ -2,6 +2,8 @@
 
 A `latest` pointer file (written last, atomically) names the newest complete checkpoint. State is keyed by
 global parameter names (flattened optimizer state too), so any layout can load what any other saved.
+A tied embedding is stored once, under the embedding's name: a pipeline's last stage writes and reads its head
+copy under that name (identical to the first stage's, train/tied.py), and one process or TP never writes the head.
 The step number is the only other state: data and learning rate are pure functions of it.
 """
 
@@ -24,17 +26,41 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from nightloom.train.tied import EMBED_NAME, HEAD_NAME, head_only
 from nightloom.util import atomic_write_text
 
 LATEST = "latest"
 _OPTS = StateDictOptions(flatten_optimizer_state_dict=True)
 
 
+def _renamed(state: dict, old: str, new: str) -> dict:
+    """Model (`name`) and flattened optimizer (`state.name.x`, `param_groups.name.x`) keys of `old` as `new`."""
+    out = {}
+    for k, v in state.items():
+        for prefix in ("", "state.", "param_groups."):
+            if k == prefix + old or k.startswith(prefix + old + "."):
+                k = prefix + new + k[len(prefix + old) :]
+                break
+        out[k] = v
+    return out
+
+
+def _stored(m: nn.Module, model: dict, optim: dict) -> tuple[dict, dict]:
+    """A part's state under the checkpoint's names: a tied head is stored as the embedding (once)."""
+    if not getattr(getattr(m, "shape", None), "tied_embeddings", False):
+        return model, optim
+    if head_only(m):  # the last pipeline stage's copy
+        return _renamed(model, HEAD_NAME, EMBED_NAME), _renamed(optim, HEAD_NAME, EMBED_NAME)
+    model.pop(HEAD_NAME, None)  # the same parameter as the embedding (the optimizer names it once already)
+    return model, optim
+
+
 def _state(parts: list[nn.Module], optims: list) -> dict:
     model, optim = {}, {}
     for m, o in zip(parts, optims):
-        model.update(get_model_state_dict(m))
-        optim.update(get_optimizer_state_dict(m, o, options=_OPTS))
+        msd, osd = _stored(m, get_model_state_dict(m), get_optimizer_state_dict(m, o, options=_OPTS))
+        model.update(msd)
+        optim.update(osd)
     return {"model": model, "optim": optim}
 
 
@@ -76,5 +102,8 @@ def load(path: Path, parts: list[nn.Module], optims: list) -> None:
     state = _state(parts, optims)
     dcp.load(state, checkpoint_id=str(path))
     for m, o in zip(parts, optims):
-        set_model_state_dict(m, state["model"], options=StateDictOptions(strict=False))
-        set_optimizer_state_dict(m, o, state["optim"], options=_OPTS)
+        model, optim = state["model"], state["optim"]
+        if head_only(m):  # a pipeline's last stage reads the stored embedding into its head copy
+            model, optim = _renamed(model, EMBED_NAME, HEAD_NAME), _renamed(optim, EMBED_NAME, HEAD_NAME)
+        set_model_state_dict(m, model, options=StateDictOptions(strict=False))
+        set_optimizer_state_dict(m, o, optim, options=_OPTS)

@@ -1,4 +1,5 @@
-"""A Llama-style decoder (RMSNorm, RoPE, SwiGLU, grouped-query attention, tied or untied embeddings).
+"""A Llama-style decoder (RMSNorm, RoPE, SwiGLU, grouped-query attention, tied or untied embeddings; with
+`shape.qk_norm` the per-head q/k RMSNorm of Qwen3).
 
 Layers live in an `nn.ModuleDict` keyed by their GLOBAL index ("0".."L-1"), so a pipeline stage that drops
 layers keeps the same parameter names and checkpoints do not depend on the layout. Embedding, final norm
@@ -82,6 +83,10 @@ class Attention(nn.Module):
         self.wk = nn.Linear(shape.hidden, kv_dim, bias=shape.qkv_bias)
         self.wv = nn.Linear(shape.hidden, kv_dim, bias=shape.qkv_bias)
         self.wo = nn.Linear(q_dim, shape.hidden, bias=shape.o_bias)
+        # Qwen3: RMSNorm over head_dim of every q and k head (one weight shared by the heads), before RoPE.
+        # Under TP each rank normalises its own heads; the weight is replicated (parallelize.py).
+        self.q_norm = RMSNorm(shape.head_dim, shape.norm_eps) if shape.qk_norm else None
+        self.k_norm = RMSNorm(shape.head_dim, shape.norm_eps) if shape.qk_norm else None
         self.recompute_core = False  # selective recompute: only softmax(QK^T)V is recomputed
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -90,6 +95,10 @@ class Attention(nn.Module):
         q = self.wq(x).view(b, t, -1, self.head_dim)
         k = self.wk(x).view(b, t, -1, self.head_dim)
         v = self.wv(x).view(b, t, -1, self.head_dim)
+        if self.q_norm is not None:
+            q = self.q_norm(q)
+        if self.k_norm is not None:
+            k = self.k_norm(k)
         q, k = apply_rope(q, cos[:t], sin[:t]), apply_rope(k, cos[:t], sin[:t])
         if self.rep > 1:
             k = k.repeat_interleave(self.rep, dim=2)

@@ -4,7 +4,8 @@ to backward) or replicate over dp_replicate (plain data parallel: DDP semantics 
 
 Follows torchtitan's parallelize_llama. Every rank builds only its pipeline stages on the meta device, applies
 TP and FSDP/replicate there, and only then materialises its own shards and initialises them per parameter from
-(seed, name), so layer names stay global, init is layout-free, and no rank ever holds a whole stage.
+(seed, name), so layer names stay global, init is layout-free, and no rank ever holds a whole stage. A tied
+embedding stays one parameter under TP and becomes two kept-identical copies under PP (train/tied.py).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from torch import nn
 from nightloom.parallel import LayoutError, ParallelDims, ParallelPlan
 from nightloom.shape import ModelShape
 from nightloom.train.model import Transformer, build_model
+from nightloom.train.tied import TiedCopies, retie, tied_copies
 
 
 @dataclass
@@ -29,6 +31,7 @@ class ModelParts:
     n_stages: int
     schedule: object | None = None
     stages: list = field(default_factory=list)
+    tied: TiedCopies | None = None  # a tied model's copy on the first or last pipeline stage
 
     @property
     def has_first(self) -> bool:
@@ -92,6 +95,8 @@ def _apply_tp(model: Transformer, tp_mesh, sp: bool) -> None:
         }
         if block.ffn.w3 is not None:
             plan["ffn.w3"] = ColwiseParallel()
+        if block.attn.q_norm is not None:  # qwen3: per-head norm of local heads (dim 2); weight replicated, grad summed
+            plan |= {n: SequenceParallel(sequence_dim=2, use_local_output=True) for n in ("attn.q_norm", "attn.k_norm")}
         if sp:
             plan.update(
                 {
@@ -104,6 +109,7 @@ def _apply_tp(model: Transformer, tp_mesh, sp: bool) -> None:
                 }
             )
         parallelize_module(block, tp_mesh, plan)
+    retie(model)  # a tied head takes the embedding's DTensor again (both vocab-sharded): one parameter
 
 
 def _dp_mesh(dims: ParallelDims, mesh):
@@ -182,6 +188,10 @@ def build_parts(
         m.init_weights(seed)
         parts.append(m)
     out = ModelParts(parts, stage_ids, n_stages)
+    if mesh is not None:
+        out.tied = tied_copies(shape, parts, stage_ids, n_stages, mesh)
+        if out.tied is not None:
+            out.tied.sync_weights()  # the last stage's copy starts as the first's
     if plan.pp > 1:
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 

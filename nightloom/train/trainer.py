@@ -94,17 +94,22 @@ def peak_memory_bytes(device: torch.device) -> int:
 
 
 def _grad_norm_and_clip(parts: ModelParts, max_norm: float, pp_group) -> torch.Tensor:
-    """Global L2 norm over all parts, TP/FSDP shards (DTensor) and pipeline stages; clip in place."""
+    """Global L2 norm over all parts, TP/FSDP shards (DTensor) and pipeline stages; clip in place. A tied
+    matrix's second copy (the last pipeline stage's head) is clipped but counted once, as in the whole model."""
     from torch.distributed.tensor import DTensor
 
     params = [p for m in parts.parts for p in m.parameters() if p.grad is not None]
+    copy = parts.tied.weight if parts.tied is not None and parts.tied.is_head_copy else None
     groups: dict[object, list[torch.nn.Parameter]] = {}  # DTensor ops need one mesh per foreach call
     for p in params:
         key = p.grad.device_mesh if isinstance(p.grad, DTensor) else None
         groups.setdefault(key, []).append(p)
     sq = torch.zeros((), dtype=torch.float32, device=params[0].device if params else None)
     for group in groups.values():
-        n = torch.nn.utils.get_total_norm([p.grad for p in group], 2.0, foreach=True)
+        counted = [p.grad for p in group if p is not copy]
+        if not counted:
+            continue
+        n = torch.nn.utils.get_total_norm(counted, 2.0, foreach=True)
         if isinstance(n, DTensor):
             n = n.full_tensor()
         sq = sq + n.float() ** 2
@@ -373,6 +378,8 @@ class Trainer:
                 for g in o.param_groups:
                     g["lr"] = lr
             local = self._forward_backward(step)
+            if self.parts.tied is not None:  # a tied matrix's two pipeline copies: one summed gradient
+                self.parts.tied.sum_grads()
             gnorm = float(_grad_norm_and_clip(self.parts, t.grad_clip, self.pp_group))
             for o in self.optims:
                 o.step()
@@ -467,6 +474,8 @@ class Trainer:
             folder = fetch_weights(uri, self.job.s3, log=lambda _: None)
         t0 = time.perf_counter()
         index = load_hf_weights(self.parts.parts, folder, self.shape)
+        if self.parts.tied is not None:  # the last stage's head is the loaded embedding
+            self.parts.tied.sync_weights()
         secs = time.perf_counter() - t0
         self._log(
             f"[nightloom.train] loaded {len(index.tensors)} tensors ({index.total_bytes / 2**20:.1f} MiB) from "

@@ -1,4 +1,5 @@
-"""DCP checkpoints: save in TP2xDP2, resume in PP2xDP2 and in 1 process; stop/deadline then resume."""
+"""DCP checkpoints: save in TP2xDP2, resume in PP2xDP2 and in 1 process; a tied model across PP, TP and one
+process; stop/deadline then resume."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import time
 
 import pytest
 
-from tests.support.harness import STEPS, launch, make_job, result
+from tests.support.harness import REF_PLAN, STEPS, launch, launch_many, make_job, result
 
 TOL = 1e-5
 
@@ -67,6 +68,49 @@ def test_save_tp2_dp2_resume_pp2_dp2_and_one_process(corpus, reference, tmp_path
     _copy_checkpoint(saved, one, 3)
     job = make_job(one, corpus, steps=STEPS, job_kw={"attempt": 1}, micro_batch=8, grad_accum=1)
     _check_resumed(launch(1, job), reference, 4)
+
+
+def _stored_keys(run, step: int) -> set[str]:
+    import torch.distributed.checkpoint as dcp
+
+    return set(dcp.FileSystemReader(str(run / "checkpoints" / f"step-{step}")).read_metadata().state_dict_metadata)
+
+
+@pytest.mark.timeout(400)
+def test_tied_model_is_stored_once_and_resumes_across_layouts(corpus, tmp_path):
+    """`tiny-tied` (embedding and head one matrix): checkpointed under PP2 (first and last stage each hold a copy)
+    it resumes in one process and under TP2; checkpointed in one process it resumes under PP2 (the last stage reads
+    its head from the stored embedding). Both checkpoints hold the matrix and its optimizer state once."""
+    tied = {"model": "tiny-tied", "steps": STEPS, "train_kw": {"checkpoint_every": 3}}
+    one = tmp_path / "one"
+    reference = launch(1, make_job(one, corpus, **tied, **REF_PLAN))
+    assert len(reference.losses) == STEPS, reference.output[-3000:]
+    pp = tmp_path / "pp2"
+    out = launch(2, make_job(pp, corpus, **tied, pp=2, micro_batch=2, grad_accum=4), timeout=280)
+    diff = max(abs(a - b) for a, b in zip(out.losses, reference.losses))
+    print(f"tied pp2: max |loss - ref| = {diff:.2e}")
+    assert len(out.losses) == STEPS and diff <= TOL, (out.losses, reference.losses)
+    for run in (one, pp):
+        keys = _stored_keys(run, 3)
+        assert "model.tok_embeddings.weight" in keys and "optim.state.tok_embeddings.weight.exp_avg" in keys
+        assert not [k for k in keys if "output.weight" in k], sorted(k for k in keys if "output" in k)
+
+    resumed = {"attempt": 1}
+    one_from_pp = tmp_path / "pp2_to_one"
+    _copy_checkpoint(pp, one_from_pp, 3)
+    job = make_job(one_from_pp, corpus, model="tiny-tied", steps=STEPS, job_kw=resumed, micro_batch=8, grad_accum=1)
+    _check_resumed(launch(1, job), reference, 4)
+
+    tp_from_pp, pp_from_one = tmp_path / "pp2_to_tp2", tmp_path / "one_to_pp2"
+    _copy_checkpoint(pp, tp_from_pp, 3)
+    _copy_checkpoint(one, pp_from_one, 3)
+    jobs = [
+        make_job(tp_from_pp, corpus, model="tiny-tied", steps=STEPS, job_kw=resumed, tp=2, sp=True, **REF_PLAN),
+        make_job(pp_from_one, corpus, model="tiny-tied", steps=STEPS, job_kw=resumed, pp=2, **REF_PLAN),
+    ]
+    for job, run in launch_many(2, jobs, timeout=280).items():
+        print(job.parent.name, end=": ")
+        _check_resumed(run, reference, 4)
 
 
 @pytest.mark.timeout(200)

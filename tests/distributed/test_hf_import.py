@@ -145,11 +145,11 @@ def tied(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def step1_runs(source, tied, corpus, tmp_path_factory):
-    """Every layout's one-step run, and the tied model's under FSDP2, in ONE 2-process launch (launch_many: a
-    torchrun start costs more than these runs on 2 cores); each job keeps its own run folder and export."""
+    """Every layout's one-step run, untied and tied, in ONE 2-process launch (launch_many: a torchrun start costs
+    more than these runs on 2 cores); each job keeps its own run folder and export."""
     root = tmp_path_factory.mktemp("step1")
     jobs = {name: _job(root / name, source, corpus, plan) for name, plan in LAYOUTS.items()}
-    jobs["tied_fsdp2"] = _job(root / "tied_fsdp2", tied, corpus, LAYOUTS["fsdp2"])
+    jobs |= {f"tied_{name}": _job(root / f"tied_{name}", tied, corpus, plan) for name, plan in LAYOUTS.items()}
     runs = launch_many(2, list(jobs.values()), timeout=400)
     return {name: (job, runs[job]) for name, job in jobs.items()}
 
@@ -231,9 +231,14 @@ def test_greedy_generation_equals_transformers(source):
 
 
 @pytest.mark.timeout(450)
-def test_tied_model_under_fsdp2(tied, corpus, step1_runs):
-    """Tied embeddings stay tied through materialisation (to_empty) and FSDP2: step 1 equals transformers."""
-    job, out = step1_runs["tied_fsdp2"]
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_tied_model_step1_equals_transformers(layout, tied, corpus, step1_runs):
+    """Tied embeddings stay tied through materialisation (to_empty), FSDP2 and TP (one padded vocab-sharded
+    matrix); under PP the last stage's head is the loaded embedding: step 1 equals transformers, and the export
+    (from a checkpoint holding the matrix once) has no lm_head and loads in transformers."""
+    job, out = step1_runs[f"tied_{layout}"]
     assert out.rc == 0 and out.losses, out.output[-5000:]
-    assert abs(out.losses[0] - _hf_loss(tied, corpus)) < 1e-5
+    assert abs(out.losses[0] - _hf_loss(tied, corpus)) < 1e-5, (layout, out.losses[0])
     assert "lm_head.weight" not in _tensors(job.parent / "export")
+    _, info = transformers.AutoModelForCausalLM.from_pretrained(result(job)["export_dir"], output_loading_info=True)
+    assert all(not v for v in info.values()), info

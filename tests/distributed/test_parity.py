@@ -4,6 +4,8 @@ Per step: the loss (abs 1e-5) and the pre-clip gradient norm (relative 1e-5); af
 (read back from the trainer's final DCP checkpoint) and a checksum over all of them. AdamW is invariant to a
 constant gradient scale and clipping normalises it, so a layout that summed gradients instead of averaging them
 would still match losses; the grad norm sees it, and so does the SGD, no-clip case, whose update is the gradient.
+The `tied_*` cases train `tiny-tied` (embedding and head one matrix): one parameter under TP, a copy on the first and
+the last pipeline stage whose gradients are summed, and a checkpoint that stores it once (no `output.weight`).
 """
 
 from __future__ import annotations
@@ -26,7 +28,9 @@ SGD = {"optimizer": "sgd", "grad_clip": NO_CLIP, "weight_decay": 0.0, "lr": 0.05
 #: amplifies rounding where a gradient element is tiny (seen ≤ 5e-6 apart over 5 steps)
 PARAM_ATOL = {"sgd": 1e-6, "adamw": 1e-5}
 
-# (id, processes, plan, train overrides): every plan has global batch micro_batch * grad_accum * dp = 8
+# (id, processes, plan, train overrides): every plan has global batch micro_batch * grad_accum * dp = 8; a plan's
+# "model" (default tiny) is the catalog model both the layout and its reference train
+TIED = {"model": "tiny-tied"}
 LAYOUTS = [
     # One case per axis: AdamW+clip for FSDP and 1F1B runs inside the composed cases below (pp2_dp2_gpipe, pp2_tp2_sp)
     ("dp2_fsdp_sgd_noclip", 2, {"dp_shard": 2, "micro_batch": 2, "grad_accum": 2}, SGD),
@@ -70,6 +74,28 @@ LAYOUTS = [
     ),
     # the mission's hybrid layout in miniature (every axis at once, 8 processes): ~30 s on 2 cores
     ("dp2_pp2_tp2_sp", 8, {"dp_shard": 2, "pp": 2, "tp": 2, "sp": True, "micro_batch": 2, "grad_accum": 2}, {}),
+    # tied embeddings: one vocab-sharded parameter under TP; under PP the first and last stage's copies (SGD without
+    # clipping moves them by their summed gradient: a copy that missed the other's gradient shows at step 2)
+    ("tied_tp2_sp", 2, {**TIED, "tp": 2, "sp": True, "micro_batch": 2, "grad_accum": 4}, {}),
+    ("tied_pp2_1f1b_sgd_noclip", 2, {**TIED, "pp": 2, "schedule": "1f1b", "micro_batch": 2, "grad_accum": 4}, SGD),
+    ("tied_fsdp2", 2, {**TIED, "dp_shard": 2, "micro_batch": 2, "grad_accum": 2}, {}),
+    # pp=4: the pair (first, last) is its own group and the middle stages take no part
+    ("tied_pp4", 4, {**TIED, "pp": 4, "schedule": "1f1b", "micro_batch": 2, "grad_accum": 4}, {}),
+    ("tied_pp2_tp2_sp", 4, {**TIED, "pp": 2, "tp": 2, "sp": True, "micro_batch": 2, "grad_accum": 4}, {}),
+    (
+        "tied_pp2_dp2_interleaved",
+        4,
+        {
+            **TIED,
+            "pp": 2,
+            "dp_shard": 2,
+            "virtual_stages": 2,
+            "schedule": "interleaved_1f1b",
+            "micro_batch": 1,
+            "grad_accum": 4,
+        },
+        {},
+    ),
 ]
 
 
@@ -99,7 +125,7 @@ def reference_run(job_path: Path) -> Reference:
 
     job = TrainJob.model_validate_json(job_path.read_text())
     t = job.train
-    model = build_model(job.model, t.seq_len, device="meta")
+    model = build_model(job.model, t.seq_len, device="meta")  # a tied model's head is its embedding
     model.to_empty(device="cpu")
     model.init_weights(t.seed)
     params = [p for p in model.parameters()]
@@ -124,7 +150,10 @@ def reference_run(job_path: Path) -> Reference:
         opt.zero_grad(set_to_none=True)
         losses.append(loss.item())
         norms.append(norm.item())
-    return Reference(losses, norms, {k: v.detach().clone() for k, v in model.state_dict().items() if "rope" not in k})
+    stored = {k: v.detach().clone() for k, v in model.state_dict().items() if "rope" not in k}
+    if job.model.tied_embeddings:
+        del stored["output.weight"]  # the same matrix as the embedding: a checkpoint holds it once
+    return Reference(losses, norms, stored)
 
 
 def final_params(run_dir: Path) -> dict[str, torch.Tensor]:
@@ -147,13 +176,14 @@ def checksum(params: dict[str, torch.Tensor]) -> tuple[float, float]:
 
 @pytest.fixture(scope="session")
 def references(corpus, tmp_path_factory):
-    """One plain-loop reference per optimizer setting, computed on first use."""
+    """One plain-loop reference per model and optimizer setting, computed on first use."""
     cache: dict[tuple, Reference] = {}
 
-    def get(train: dict) -> Reference:
-        key = tuple(sorted(train.items()))
+    def get(train: dict, model: str = "tiny") -> Reference:
+        key = (model, *sorted(train.items()))
         if key not in cache:
-            job = make_job(tmp_path_factory.mktemp("plain-ref") / "run", corpus, steps=STEPS, train_kw=dict(train))
+            run = tmp_path_factory.mktemp("plain-ref") / "run"
+            job = make_job(run, corpus, model=model, steps=STEPS, train_kw=dict(train))
             cache[key] = reference_run(job)
         return cache[key]
 
@@ -187,7 +217,7 @@ def launched(corpus, tmp_path_factory):
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("name,nproc,plan,train", LAYOUTS, ids=[c[0] for c in LAYOUTS])
 def test_layout_matches_a_plain_single_process_loop(name, nproc, plan, train, references, launched):
-    ref = references(train)
+    ref = references(train, plan.get("model", "tiny"))
     out, run_dir = launched(nproc)[name]
     assert len(out.losses) == STEPS, out.output[-3000:]
     loss_diff = max(abs(a - b) for a, b in zip(out.losses, ref.losses))

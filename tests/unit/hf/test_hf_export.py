@@ -39,12 +39,13 @@ def _tensors(folder) -> dict[str, torch.Tensor]:
     return out
 
 
-@pytest.fixture(params=["llama", "qwen2-tied"])
+@pytest.fixture(params=["llama", "qwen2-tied", "qwen3", "qwen3-tied"])
 def source(request, tmp_path):
     arch = request.param.split("-")[0]
     tied = request.param.endswith("tied")
+    extra = {"head_dim": 24, "norm_std": 0.3} if arch == "qwen3" else {}  # q/k norm weights that are not all 1
     return build_random_model(
-        tmp_path / "src", arch, seed=1, max_shard_size="60KB", bias_std=0.3, tie_word_embeddings=tied, **SMALL
+        tmp_path / "src", arch, seed=1, max_shard_size="60KB", bias_std=0.3, tie_word_embeddings=tied, **SMALL, **extra
     )
 
 
@@ -115,6 +116,25 @@ def test_export_without_source_config_writes_a_llama_config(tmp_path):
     ids = torch.randint(0, 301, (1, 32))
     with torch.no_grad():
         torch.testing.assert_close(hf(ids).logits, model(ids), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
+def test_qwen3_export_without_source_config_writes_a_qwen3_config(tmp_path, tied):
+    """From the shape alone (a catalog model, no config.json to copy): a Qwen3ForCausalLM config whose model
+    transformers loads with nothing missing and the same logits."""
+    src = build_random_model(
+        tmp_path / "src", "qwen3", seed=2, head_dim=24, norm_std=0.3, tie_word_embeddings=tied, **SMALL
+    )
+    model = model_from_hf(src, 32)
+    out = export_checkpoint(_save_native(model, tmp_path), model.shape, tmp_path / "x", "fp32")
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["architectures"] == ["Qwen3ForCausalLM"] and cfg["model_type"] == "qwen3" and cfg["head_dim"] == 24
+    assert shape_from_hf_config(out).with_(name="x") == model.shape.with_(name="x")
+    hf, info = transformers.AutoModelForCausalLM.from_pretrained(out, output_loading_info=True)
+    assert type(hf).__name__ == "Qwen3ForCausalLM" and all(not v for v in info.values()), info
+    ids = torch.randint(0, 301, (1, 32))
+    with torch.no_grad():
+        torch.testing.assert_close(hf.eval()(ids).logits, model(ids), rtol=0, atol=1e-5)
 
 
 # -- bad input: every tensor accounted for, errors name the file and the tensor -----------------------------

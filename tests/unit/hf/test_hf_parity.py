@@ -1,9 +1,10 @@
 """The native model against transformers (software we did not write) on Hugging Face checkpoints.
 
-Seeded tiny llama / mistral / qwen2 models, fp32, GQA, rope_theta != 1e4, llama3 and linear RoPE scaling,
+Seeded tiny llama / mistral / qwen2 / qwen3 models, fp32, GQA, rope_theta != 1e4, llama3 and linear RoPE scaling,
 initializer_range 0.25 so that a wrong RoPE layout or a skipped scaling moves the logits far beyond 1e-4
 (notes/model-interop.md), saved with a small max_shard_size so the index and several files are used.
-The negative controls (Q/K rows in the interleaved layout; RoPE scaling ignored) must fail the same check."""
+The negative controls (Q/K rows in the interleaved layout; RoPE scaling ignored; qwen3's q or k norm skipped)
+must fail the same check."""
 
 from __future__ import annotations
 
@@ -48,7 +49,14 @@ CASES = {
     ),
     "mistral": ("mistral", {"rope_theta": 1e6, "sliding_window": 128}),
     "qwen2-bias": ("qwen2", {"rope_theta": 1e6, "tie_word_embeddings": True}),
+    # qwen3: per-head q/k RMSNorm (weights randomised: NORM_STD), head_dim independent of hidden / heads
+    "qwen3-untied": ("qwen3", {"rope_theta": 1e6, "head_dim": 24, "tie_word_embeddings": False}),
+    "qwen3-tied-bias": (
+        "qwen3",
+        {"rope_theta": 1e6, "head_dim": 32, "tie_word_embeddings": True, "attention_bias": True},
+    ),
 }
+NORM_STD = 0.3  # RMSNorm weights 1 + N(0, 0.3): a norm weight left at 1 (not loaded) shows
 
 
 def _hf_logits(folder, ids):
@@ -71,7 +79,14 @@ def _parity(a, b) -> tuple[float, bool]:
 def case(request, tmp_path_factory):
     arch, cfg = CASES[request.param]
     folder = build_random_model(
-        tmp_path_factory.mktemp(request.param) / "hf", arch, seed=3, max_shard_size="100KB", bias_std=0.5, **BASE, **cfg
+        tmp_path_factory.mktemp(request.param) / "hf",
+        arch,
+        seed=3,
+        max_shard_size="100KB",
+        bias_std=0.5,
+        norm_std=NORM_STD if arch == "qwen3" else 0.0,  # the other families' models stay as they were
+        **BASE,
+        **cfg,
     )
     ids = torch.randint(0, BASE["vocab_size"], (2, SEQ), generator=torch.Generator().manual_seed(5))
     return request.param, folder, ids, _hf_logits(folder, ids)
@@ -100,6 +115,21 @@ def test_interleaved_qk_layout_fails_the_check(case):
                     lin.bias.copy_(lin.bias.view(-1, d)[:, perm].reshape(-1))
     diff, _ = _parity(ref, _ours(folder, ids, model))
     assert diff > 100 * TOL, f"{name}: the wrong Q/K layout went unnoticed ({diff:.2e})"
+
+
+@pytest.mark.parametrize("drop", ["q_norm", "k_norm"])
+def test_skipping_a_qk_norm_fails_the_check(drop, tmp_path):
+    """Negative control: qwen3 without its q (or k) norm, as a model that read the config as qwen2 would run."""
+    arch, cfg = CASES["qwen3-untied"]
+    folder = build_random_model(tmp_path / "hf", arch, seed=3, norm_std=NORM_STD, **BASE, **cfg)
+    ids = torch.randint(0, 300, (1, SEQ), generator=torch.Generator().manual_seed(1))
+    ref = _hf_logits(folder, ids)
+    model = model_from_hf(folder, SEQ)
+    assert _parity(ref, _ours(folder, ids, model))[0] < TOL
+    for block in model.layers.values():
+        setattr(block.attn, drop, None)
+    diff, _ = _parity(ref, _ours(folder, ids, model))
+    assert diff > 100 * TOL, f"{drop} skipped went unnoticed ({diff:.2e})"
 
 
 def test_ignoring_rope_scaling_fails_the_check(tmp_path):
@@ -145,6 +175,28 @@ def test_hub_rope_scaling_form_equals_transformers5_form(tmp_path):
         ({"model_type": "qwen2", "use_sliding_window": True}, "use_sliding_window"),
         ({"layer_types": ["sliding_attention", "full_attention"]}, "layer_types"),
         ({"partial_rotary_factor": 0.5}, "partial_rotary_factor"),
+        # qwen3: its sliding-window switch is named even though it also sets layer_types (as transformers saves it)
+        (
+            {
+                "model_type": "qwen3",
+                "use_sliding_window": True,
+                "sliding_window": 64,
+                "max_window_layers": 1,
+                "layer_types": ["full_attention", "sliding_attention", "sliding_attention"],
+            },
+            "use_sliding_window",
+        ),
+        ({"model_type": "qwen3", "layer_types": ["full_attention", "sliding_attention"]}, "layer_types"),
+        (
+            {
+                "model_type": "qwen3",
+                "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768},
+            },
+            "rope_scaling.rope_type",
+        ),
+        ({"model_type": "qwen3", "hidden_act": "gelu"}, "hidden_act"),
+        ({"model_type": "qwen3", "attention_dropout": 0.1}, "attention_dropout"),
+        ({"model_type": "qwen3", "quantization_config": {"quant_method": "fp8"}}, "quantization_config"),
     ],
 )
 def test_unsupported_math_is_an_error_naming_the_field(tmp_path, change, field):

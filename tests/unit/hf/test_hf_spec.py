@@ -127,6 +127,26 @@ def test_job_json_written_before_the_shape_record_still_loads(tmp_path):
     }  # fmt: skip
     job = TrainJob.model_validate(old)
     assert job.model.layers == 4 and job.model.rope_scaling.factor == 2.0 and job.model.padded_vocab == 0
+    assert not job.model.qk_norm  # written before qwen3: no q/k norms
+
+
+def test_qwen3_weights_resolve_and_its_sliding_window_is_refused_in_the_spec(tmp_path):
+    """A qwen3 folder is a model like any other (shape with q/k norms, export auto = hf); a config that turns its
+    sliding window on fails the spec naming the field, before anything is rented."""
+    from nightloom.model_resolver import model_shape
+
+    build_random_model(
+        tmp_path / "w", "qwen3", hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, vocab_size=256,
+    )  # fmt: skip
+    spec = _spec(tmp_path, {"weights": "w"})
+    shape = model_shape(spec.model)
+    assert shape.arch == "qwen3" and shape.qk_norm and shape.head_dim == 16
+    job = TrainJob(run_id="r", run_dir=str(tmp_path), model=shape, plan=ParallelPlan(), train=TrainSpec(), manifest="m")
+    assert TrainJob.model_validate_json(job.model_dump_json()).model == shape
+    _config(tmp_path, model_type="qwen3", use_sliding_window=True, sliding_window=64, max_window_layers=1)
+    with pytest.raises(SpecError, match=r"model.config: .*config.json: use_sliding_window: true is not supported"):
+        _spec(tmp_path, {"config": "config.json"})
 
 
 def test_xtuner_flops_read_gpt2_configs(tmp_path):

@@ -38,8 +38,8 @@ MCORE_CHECKED = [r for r in ALL_ROWS if r["source"] == "mcore2024" and int(r["hi
 
 
 def _published_layout(row):
-    """The published (Megatron) layout, evaluated as a what-if: PTD-P's GPT models tie embeddings across
-    TP and PP, which nightloom's own trainer does not run (native_trainer=False keeps that rule out)."""
+    """The published (Megatron) layout under nightloom's own trainer rules: PTD-P's GPT models tie embeddings
+    across TP and PP, which the trainer runs too (one vocab-sharded matrix under TP, summed stage copies under PP)."""
     return plan(
         row["model"],
         row["gpu"],
@@ -48,7 +48,6 @@ def _published_layout(row):
         int(row["seq_len"]),
         int(row["global_batch"]),
         layout=f"tp={row['tp']},pp={row['pp']},dp={row['dp']},zero=none,sp=0,recompute={row['recompute']}",
-        native_trainer=False,
     )
 
 
@@ -105,7 +104,6 @@ def test_megatron_core_rows_within_15_percent(row):
         int(row["seq_len"]),
         int(row["global_batch"]),
         layout=f"tp={row['tp']},pp={row['pp']},dp={row['dp']}",
-        native_trainer=False,
         fused_attention=True,
     )
     p = r.chosen
@@ -144,7 +142,6 @@ def test_planner_choice_fits_and_is_no_slower_than_published(row):
         8,
         int(row["seq_len"]),
         int(row["global_batch"]),
-        native_trainer=False,
     )
     c = r.chosen
     assert c.fits and c.memory_gib_per_gpu <= r.usable_memory_gib
