@@ -115,6 +115,14 @@ class AttemptFailure:
     at_unix: float = 0.0  # when the failure was detected
     silent_s: float = 0.0  # how long the run had been silent when it was detected
 
+    @property
+    def rendezvous_port_taken(self) -> bool:
+        """The launch died before step 1 because its rendezvous port was taken (another job bound it between
+        the provider's free-port check and torchrun's bind): a race, not a fault, so the relaunch on a fresh
+        port is not counted against max_attempts (its time is)."""
+        cause = self.cause.lower()
+        return self.last_step is None and ("eaddrinuse" in cause or "address already in use" in cause)
+
     @classmethod
     def unexplained(cls, attempt: int, cause: str, at_unix: float) -> AttemptFailure:
         """A failure the attempt did not describe (an error raised before or around the launch)."""
@@ -393,6 +401,7 @@ class RecoveryAccount:
 
     budget: Budget
     relaunches: int = 0
+    free_relaunches: int = 0  # of them, those max_attempts does not count (a lost rendezvous-port race)
     spent_s: float = 0.0  # time-to-recover summed (recovery.max_minutes)
     events: list[Event] = field(default_factory=list)
     pending: Pending | None = None
@@ -421,9 +430,11 @@ class RecoveryState(RecoveryAccount):
     started: float  # monotonic time the train stage began
     spans: list[BillingSpan] = field(default_factory=list)  # each attempt (and the recovery after it) at its size
 
-    def advance(self, to: Relaunch, pending: Pending) -> None:
-        """Move on to the next attempt: on `to.cluster` with `to.plan`, resuming from the latest checkpoint."""
+    def advance(self, to: Relaunch, pending: Pending, free: bool = False) -> None:
+        """Move on to the next attempt: on `to.cluster` with `to.plan`, resuming from the latest checkpoint.
+        `free`: a relaunch max_attempts does not count."""
         self.relaunches += 1
+        self.free_relaunches += int(free)
         self.pending = pending
         self.cluster = to.cluster
         self.job = self.job.model_copy(update={"plan": to.plan, "attempt": self.job.attempt + 1, "resume": True})

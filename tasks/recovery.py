@@ -153,7 +153,7 @@ def _recover(spec: RunSpec, provider: Provider, st: rec.RecoveryState, err: Trai
     ev.kind, ev.detail = diag.kind, diag.detail  # compares causes between providers
     decision = rec.next_attempt(
         st.budget,
-        st.relaunches,
+        st.relaunches - st.free_relaunches,
         st.spent_s,
         st.cluster,
         st.job.plan,
@@ -161,6 +161,7 @@ def _recover(spec: RunSpec, provider: Provider, st: rec.RecoveryState, err: Trai
         allow_relayout=spec.recovery.allow_relayout,
         reacquire=lambda: provider.reacquire(st.cluster, diag.bad_nodes),
         replan=lambda world: plan_task(spec, world),
+        free=failure.rendezvous_port_taken,  # reacquire gives a fresh port; a lost race is not a failure
     )
     if decision.cluster is not None:
         st.seen = st.seen.union(decision.cluster)
@@ -193,7 +194,7 @@ def _recover(spec: RunSpec, provider: Provider, st: rec.RecoveryState, err: Trai
     )
     pending = rec.Pending(ev, failure.at_unix, failure.silent_s, rw.discarded_s, st.cluster.world_size)
     st.spans.append(_span(span_start, st.cluster.world_size))  # the failed attempt and its recovery
-    st.advance(decision, pending)
+    st.advance(decision, pending, free=failure.rendezvous_port_taken)
 
 
 def _give_up(spec: RunSpec, provider: Provider, st: rec.RecoveryState, err, failure, reason: str, kept: str) -> None:

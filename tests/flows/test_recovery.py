@@ -283,3 +283,47 @@ def test_local_reacquire_takes_a_healthy_spare(tmp_path):
     assert [n.name for n in got.nodes] == ["local-0"] and "chaos hook" in got.excluded["local-2"]
     plain = without_nodes(cluster.model_copy(update={"master_addr": "10.0.0.9"}), {"local-1": "x"})
     assert [n.name for n in plain.nodes] == ["local-0"] and plain.master_addr == "127.0.0.1"
+
+
+def test_a_rendezvous_port_taken_before_step_1_is_relaunched_without_spending_an_attempt(
+    prefect_backend, tmp_path, monkeypatch
+):
+    """Another job binds the rendezvous port between the provider's free-port check and torchrun's bind (CI saw
+    it: EADDRINUSE on 29500). That race is not a fault: with max_attempts 0 the run still relaunches once, on
+    the fresh port reacquire gives, and completes; the interruption is recorded as transient."""
+    import socket
+
+    from flows.pipeline import training_pipeline
+    from nightloom.ledger import Ledger
+    from nightloom.provision import local
+    from nightloom.spec_load import load_spec
+
+    spec_path = recovery_spec(tmp_path, nodes=1, ranks=1, steps=6, max_attempts=0)
+    spec = load_spec(spec_path)
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", spec.cluster.master_port))  # held from before acquire to the end of the run
+    holder.listen(1)
+    real_is_free = local.port_is_free
+    monkeypatch.setattr(local, "port_is_free", lambda port, host="127.0.0.1": True)  # the check saw it free
+    monkeypatch.setattr(local, "free_port", lambda host="127.0.0.1": _free_port_other_than(real_is_free, holder))
+    try:
+        s = training_pipeline(str(spec_path))
+    finally:
+        holder.close()
+    assert s.status == "completed" and s.interruptions == 1, s
+    with Ledger(spec.ledger.url) as ledger:
+        row = ledger.get(s.run_id)
+    (it,) = row.interruptions
+    assert it.kind == "transient" and "address already in use" in it.detail.lower(), it.detail
+    job1 = json.loads((Path(s.run_dir) / "job-attempt1.json").read_text())
+    assert job1["attempt"] == 1
+
+
+def _free_port_other_than(is_free, holder) -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    assert port != holder.getsockname()[1] and is_free(port)
+    return port
