@@ -13,6 +13,7 @@ from __future__ import annotations
 from prefect import flow, get_run_logger, unmapped
 from prefect.context import FlowRunContext
 
+from nightloom.chat import ChatError, chat_settings
 from nightloom.sharding import ShardingError, ShardJob, ShardManifest, readahead
 from nightloom.sharding.pipeline import shard_indices
 from nightloom.sharding.workdir import WorkDir
@@ -74,7 +75,8 @@ def shard_dataset_flow(spec: RunSpec | str) -> ShardManifest:
     log = get_run_logger()
     output, dask = run_spec.sharding.output, run_spec.sharding.dask
     try:
-        job = plan_shards_task(run_spec.dataset, run_spec.sharding, run_spec.storage, run_spec.model.tokenizer)
+        chat = chat_settings(run_spec)  # train.task sft: chat records, their template and seq_len
+        job = plan_shards_task(run_spec.dataset, run_spec.sharding, run_spec.storage, run_spec.model.tokenizer, chat)
         done = reuse_manifest_task(job)
         if done is not None:
             log.info("inputs and settings unchanged (hash %s): reusing %s", job.settings_hash, output)
@@ -85,7 +87,7 @@ def shard_dataset_flow(spec: RunSpec | str) -> ShardManifest:
         else:
             log.info("scan and write tasks on Dask (%s)", dask.address or dask.cluster_class)
             manifest = shard_on_dask_flow.with_options(task_runner=dask_runner(dask))(job)
-    except (ShardingError, StorageError) as err:
+    except (ShardingError, StorageError, ChatError) as err:
         report_failure(str(err))
         raise
     finally:

@@ -37,6 +37,20 @@ MODELS["llama3.1-405b"] = replace(
 )
 
 
+def _llama32(name, layers, hidden, heads, params):
+    """Llama 3.2 1B and 3B (Meta 2024; meta-llama/Llama-3.2-1B and -3B config.json on the Hugging Face Hub): tied
+    embeddings, head_dim 64 / 128 (hidden / heads), 8 kv heads, intermediate 8192, vocab 128,256,
+    max_position_embeddings 131,072, rope_theta 500,000, rope_scaling llama3 factor 32 (low/high frequency factors
+    1/4, original 8192), rms_norm_eps 1e-5, no bias. `params`: the model card's 1.23B and 3.21B."""
+    shape = _llama(name, layers, hidden, heads, 8, 8192, 128256, 131072, params, 500000.0)
+    return replace(shape, tied_embeddings=True, rope_scaling=RopeScaling("llama3", 32.0))
+
+
+MODELS.update(
+    {m.name: m for m in (_llama32("llama3.2-1b", 16, 2048, 32, 1.23e9), _llama32("llama3.2-3b", 28, 3072, 24, 3.21e9))}
+)
+
+
 def _qwen3(name, layers, hidden, heads, ffn, tied, params):
     """Qwen3 dense (Qwen team 2025, the Qwen/Qwen3-* model cards and config.json files on the Hugging Face Hub):
     8 kv heads, head_dim 128 (not hidden/heads for 0.6B, 4B, 32B), per-head q/k RMSNorm, vocab 151,936,
@@ -59,6 +73,39 @@ MODELS.update(
             _qwen3("qwen3-8b", 36, 4096, 32, 12288, False, 8.2e9),
             _qwen3("qwen3-14b", 40, 5120, 40, 17408, False, 14.8e9),
             _qwen3("qwen3-32b", 64, 5120, 64, 25600, False, 32.8e9),
+        )
+    }
+)
+
+
+def _gemma3(name, layers, hidden, heads, kv, head_dim, ffn, vocab, seq, window, scalar, scaled, params):
+    """Gemma 3 text decoders (Gemma Team 2025, "Gemma 3 Technical Report", Table 1; the google/gemma-3-*-pt
+    config.json files on the Hugging Face Hub: 1B is gemma3_text, 4B-27B gemma3 image-text whose text_config leaves
+    out what Gemma3TextConfig defaults). Written from what we know of those files, not downloaded here: five
+    sliding layers to one global (sliding_window_pattern 6; window 512 for 1B, 1024 above), RoPE base 10,000 on
+    sliding layers and 1,000,000 on global ones (linear scaling factor 8 there for 4B-27B, 128K context), (1 + w)
+    RMSNorms before and after attention and MLP and on q/k, GeGLU (gelu_pytorch_tanh), embeddings times
+    sqrt(hidden), tied, rms_norm_eps 1e-6, no soft-capping. `params`: the report's embedding + non-embedding
+    parameters of the text decoder (the 417M vision encoder left out): 302M + 698M, 675M + 3,209M,
+    1,012M + 10,759M, 1,416M + 25,600M."""
+    return ModelShape(
+        name, layers, hidden, heads, kv, ffn, vocab, seq, tied_embeddings=True, norm_eps=1e-6, rope_theta=1e6,
+        published_params=params, explicit_head_dim=head_dim,
+        rope_scaling=RopeScaling("linear", 8.0) if scaled else None, sliding_window=window, qk_norm=True,
+        arch="gemma3_text", norm_offset=1.0, post_norms=True, embed_scale=True, mlp_act="gelu_tanh",
+        query_pre_attn_scalar=float(scalar), rope_local_theta=1e4,
+        layer_types=tuple("full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(layers)),
+    )  # fmt: skip
+
+
+MODELS.update(
+    {
+        m.name: m
+        for m in (
+            _gemma3("gemma3-1b", 26, 1152, 4, 1, 256, 6912, 262144, 32768, 512, 256, False, 1.000e9),
+            _gemma3("gemma3-4b", 34, 2560, 8, 4, 256, 10240, 262208, 131072, 1024, 256, True, 3.884e9),
+            _gemma3("gemma3-12b", 48, 3840, 16, 8, 256, 15360, 262208, 131072, 1024, 256, True, 11.771e9),
+            _gemma3("gemma3-27b", 62, 5376, 32, 16, 128, 21504, 262208, 131072, 1024, 168, True, 27.016e9),
         )
     }
 )

@@ -171,6 +171,13 @@ class ParallelDims:
                 why.append(f"context parallel (cp={self.cp}) with pp ({p}) > 1 is not supported")
             if seq_len % (2 * self.cp):
                 why.append(f"context parallel needs seq_len ({seq_len}) divisible by 2*cp ({2 * self.cp})")
+            if shape.windowed(seq_len) or shape.rope_local_theta is not None:
+                local = ", sliding layers with their own RoPE base" if shape.rope_local_theta is not None else ""
+                why.append(
+                    f"context parallel (cp={self.cp}) with sliding-window attention (window {shape.sliding_window}, "
+                    f"seq_len {seq_len}{local}) is not supported: ring attention runs plain causal SDPA over the "
+                    "whole sequence and shards only the global RoPE table"
+                )
         if global_batch is not None:
             dp_batch = self.micro_batch * self.grad_accum * self.dp
             if global_batch % self.dp:

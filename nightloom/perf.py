@@ -5,6 +5,12 @@ Source (cited once, here): Chowdhery et al. 2022, "PaLM", Appendix B:
     FLOPs/token = 6·N + 12·L·H·Q·T     (N non-embedding params, L layers, H heads, Q head dim, T seq len)
     MFU = tokens/s · FLOPs/token / (GPUs · peak FLOP/s)
 HFU additionally counts recomputed forward FLOPs (full recompute: one extra forward = +2·N + 4·L·H·Q·T per token).
+Sliding-window layers (Mistral, Gemma 3): a query attends to at most W keys (Beltagy et al. 2020, "Longformer",
+§3.1: windowed attention costs O(n·w), not O(n²)), so PaLM's attention term is summed per layer with the keys a
+query sees: 12·H·Q·Σ_l T_l, T_l = min(W, T) on a sliding layer and T on a global one (= 12·L·H·Q·T when no window
+is shorter than T). Like PaLM's T (which ignores the causal mask), min(W, T) ignores the first W tokens' shorter
+windows. The native model runs a sliding layer as masked dense SDPA, so its hardware work is still ~T per query:
+the count is what a kernel that skips masked blocks (flash, flex attention) does, as MFU should be.
 Frozen base weights (LoRA/QLoRA): Kaplan et al. 2020, "Scaling Laws for Neural Language Models", §2.1, split the
 6·N into 2·N forward and 4·N backward, half of which is weight gradients; frozen weights need none, so the base
 costs 4·N (the attention term is all activation work and stays). The adapters' own 6·N_adapter is left out
@@ -28,7 +34,8 @@ def count_params(shape: ModelShape, include_embeddings: bool = True) -> int:
     attn = 2 * h * q_dim + 2 * h * kv_dim  # q, k, v, o
     attn += (q_dim + 2 * kv_dim) * shape.qkv_bias + h * shape.o_bias
     mlp = (3 if shape.gated_mlp else 2) * h * f + ((2 if shape.gated_mlp else 1) * f + h) * shape.mlp_bias
-    norms = 2 * h + 2 * shape.head_dim * shape.qk_norm  # + qwen3's q/k norms (one head_dim weight each)
+    norms = 2 * h + 2 * shape.head_dim * shape.qk_norm  # + qwen3's / gemma3's q/k norms (one head_dim weight each)
+    norms += 2 * h * shape.post_norms  # gemma3: norms after attention and after the MLP
     per_layer = attn + mlp + norms
     body = L * per_layer + h  # + final norm
     if not include_embeddings:
@@ -51,10 +58,13 @@ def flops_per_token(
     lm_head=True adds the output projection's 6·vocab·hidden (forward + backward, never recomputed), as
     Narayanan et al. 2021 count it (their V/(16·l·h) term); PaLM's formula leaves it out. frozen_base=True
     (LoRA/QLoRA) drops the base weights' gradient FLOPs: 4·N instead of 6·N (see the module docstring).
-    Norms, qwen3's per-head q/k norms included, count only through their weights in N, as PaLM's 6·N does: their
-    elementwise work (a few FLOPs per activation, under 0.1% of a layer's matmuls) is not counted apart."""
+    Norms, qwen3's per-head q/k norms and gemma3's post-norms included, count only through their weights in N, as
+    PaLM's 6·N does: their elementwise work (a few FLOPs per activation, under 0.1% of a layer's matmuls) is not
+    counted apart, nor is Gemma's embedding scale or logit soft-capping. Sliding-window layers count
+    min(window, seq_len) keys per query (module docstring)."""
     n = count_params(shape, include_embeddings=False)
-    attn = 12 * shape.layers * shape.heads * shape.head_dim * seq_len
+    keys = sum(shape.attended(layer, seq_len) for layer in range(shape.layers))  # L·T without a shorter window
+    attn = 12 * shape.heads * shape.head_dim * keys
     per_param = 4 if frozen_base else 6
     model = per_param * n + attn + (per_param * shape.vocab * shape.hidden if lm_head else 0)
     if not hardware or recompute == "none":

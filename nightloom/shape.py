@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+LAYER_TYPES = ("full_attention", "sliding_attention")  # Hugging Face `layer_types` values the model computes
+MLP_ACTS = ("silu", "gelu_tanh")
+
 
 @dataclass(frozen=True)
 class RopeScaling:
@@ -27,8 +30,9 @@ class RopeScaling:
 class ModelShape:
     """A Llama-style decoder shape (GPT-2 style models set `gated_mlp=False`, `kv_heads=heads`).
 
-    The fields after `published_params` carry what a Hugging Face llama/mistral/qwen2/qwen3 config.json may
-    change in the math (nightloom/hf/config.py fills them); their defaults are the plain Llama decoder."""
+    The fields after `published_params` carry what a Hugging Face llama/mistral/qwen2/qwen3/gemma3_text
+    config.json may change in the math (nightloom/hf/config.py fills them); their defaults are the plain Llama
+    decoder, so a family that does not set one is unchanged by it."""
 
     name: str
     layers: int
@@ -48,10 +52,21 @@ class ModelShape:
     qkv_bias: bool = False  # q/k/v projections carry a bias (qwen2; llama/qwen3 attention_bias)
     o_bias: bool = False  # output projection carries a bias (llama/qwen3 attention_bias)
     mlp_bias: bool = False  # gate/up/down carry a bias (llama mlp_bias)
-    sliding_window: int | None = None  # attention window (mistral); training seq_len must not exceed it
-    qk_norm: bool = False  # per-head RMSNorm (weights of size head_dim) on q and k before RoPE (qwen3)
+    # attention window: a token sees itself and the sliding_window - 1 tokens before it, on every layer (mistral)
+    # or on the layers `layer_types` calls sliding (gemma3); None = plain causal attention everywhere
+    sliding_window: int | None = None
+    qk_norm: bool = False  # per-head RMSNorm (weights of size head_dim) on q and k before RoPE (qwen3, gemma3)
     padded_vocab: int = 0  # embedding/head rows when padded for TP (> vocab); logits are cut back to vocab
     arch: str = "llama"  # Hugging Face model_type written on export
+    # -- Gemma 3 (gemma3_text); each default is the Llama decoder's math --
+    norm_offset: float = 0.0  # RMSNorm scales by (norm_offset + weight): 1.0 is Gemma's (1 + w), weights around 0
+    post_norms: bool = False  # an RMSNorm on the attention and on the MLP output before each residual add (Gemma)
+    embed_scale: bool = False  # embeddings times sqrt(hidden), rounded to the embedding dtype (Gemma)
+    mlp_act: str = "silu"  # the gated MLP's activation: "silu" (SwiGLU) or "gelu_tanh" (GeGLU, Gemma)
+    query_pre_attn_scalar: float | None = None  # attention scale = this ** -0.5 (Gemma); None = head_dim ** -0.5
+    layer_types: tuple[str, ...] = ()  # per layer "sliding_attention" | "full_attention"; () = every layer alike
+    rope_local_theta: float | None = None  # RoPE base of sliding layers, unscaled (Gemma's rope_local_base_freq)
+    final_logit_softcap: float | None = None  # logits = cap * tanh(logits / cap) (Gemma's final_logit_softcapping)
 
     def __post_init__(self) -> None:
         if self.explicit_head_dim is None and self.hidden % self.heads:
@@ -60,10 +75,41 @@ class ModelShape:
             raise ValueError(f"model {self.name}: heads ({self.heads}) is not divisible by kv_heads ({self.kv_heads})")
         if self.padded_vocab and self.padded_vocab < self.vocab:
             raise ValueError(f"model {self.name}: padded_vocab ({self.padded_vocab}) < vocab ({self.vocab})")
+        if self.sliding_window is not None and self.sliding_window < 1:
+            raise ValueError(f"model {self.name}: sliding_window ({self.sliding_window}) must be >= 1")
+        if self.layer_types:
+            if len(self.layer_types) != self.layers:
+                raise ValueError(f"model {self.name}: {len(self.layer_types)} layer_types for {self.layers} layers")
+            odd = sorted(set(self.layer_types) - set(LAYER_TYPES))
+            if odd:
+                raise ValueError(f"model {self.name}: layer_types {odd} (expected {', '.join(LAYER_TYPES)})")
+            if "sliding_attention" in self.layer_types and self.sliding_window is None:
+                raise ValueError(f"model {self.name}: sliding_attention layers need a sliding_window")
+        if self.mlp_act not in MLP_ACTS:
+            raise ValueError(f"model {self.name}: mlp_act {self.mlp_act!r} (expected {', '.join(MLP_ACTS)})")
 
     @property
     def head_dim(self) -> int:
         return self.explicit_head_dim or self.hidden // self.heads
+
+    def is_sliding(self, layer: int) -> bool:
+        """Whether layer `layer` (global index) attends within `sliding_window` (every layer when layer_types is
+        empty and a window is set, as mistral)."""
+        if self.sliding_window is None:
+            return False
+        return not self.layer_types or self.layer_types[layer] == "sliding_attention"
+
+    def windowed(self, seq_len: int) -> bool:
+        """Whether some layer's window is shorter than `seq_len` (its attention is then not plain causal)."""
+        return (
+            self.sliding_window is not None
+            and self.sliding_window < seq_len
+            and any(self.is_sliding(i) for i in range(self.layers))
+        )
+
+    def attended(self, layer: int, seq_len: int) -> int:
+        """Keys a query of layer `layer` may see at most in a sequence of `seq_len`: min(window, seq_len)."""
+        return min(self.sliding_window, seq_len) if self.is_sliding(layer) else seq_len
 
     @property
     def embed_rows(self) -> int:

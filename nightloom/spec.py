@@ -74,11 +74,11 @@ class TokenizerSpec(_Section):
 class ModelSpec(_Section):
     """Which model to train: a catalog name (see nightloom/catalog.py) or a Hugging Face config.json."""
 
-    name: str = Field("tiny", description="Catalog model name, e.g. tiny, llama2-7b, llama3-70b.")
+    name: str = Field("tiny", description="Catalog model name, e.g. tiny, llama3-70b, llama3.2-1b, qwen3-8b.")
     config: str | None = Field(
         None,
-        description="A Hugging Face config.json (llama, mistral, qwen2), or a folder holding one; overrides "
-        "`name`. Default: the `weights` folder's config.json.",
+        description="A Hugging Face config.json (llama, mistral, qwen2, qwen3, gemma3; tied or untied embeddings, "
+        "under every layout), or a folder holding one; overrides `name`. Default: the `weights` folder's config.json.",
     )
     weights: str | None = Field(
         None,
@@ -94,6 +94,11 @@ class ModelSpec(_Section):
     )
     vocab: int | Literal["tokenizer"] | None = Field(
         None, description="Embedding rows: the model's own (null), a number, or `tokenizer` (the tokenizer's size)."
+    )
+    chat_template: str | None = Field(
+        None,
+        description="A Jinja chat template file for train.task sft (rendered by transformers' apply_chat_template); "
+        "default the tokenizer's own (tokenizer_config.json `chat_template`, or chat_template.jinja).",
     )
 
 
@@ -113,6 +118,13 @@ class DatasetSpec(_Section):
     sample: bool = Field(False, description="Build the deterministic sample corpus at `path` if it is missing.")
     sample_kind: Literal["docstrings", "alpaca"] = Field(
         "docstrings", description="docstrings: {id, text}; alpaca: {id, instruction, input, output} (fine-tuning)."
+    )
+    style: Literal["auto", "text", "messages", "alpaca", "sharegpt"] = Field(
+        "auto",
+        description="Record layout. text: `text_field`. With train.task sft, chats: messages = OpenAI "
+        "`messages` [{role, content}]; sharegpt = `conversations` [{from: human|gpt|system, value}]; alpaca = "
+        "instruction, input, output (+ system). auto: by each record's fields (messages, conversations, "
+        "instruction/output, else text).",
     )
 
 
@@ -367,6 +379,12 @@ class TrainSpec(_Section):
     """Training hyper-parameters; the same on every backend."""
 
     backend: Literal["native", "xtuner"] = "native"
+    task: Literal["pretrain", "sft"] = Field(
+        "pretrain",
+        description="pretrain: every token is a label. sft: chat records rendered with the chat template, one "
+        "conversation per sequence, the loss over the assistant's tokens only (held-out eval and `nightloom "
+        "eval` too); native backend only.",
+    )
     steps: int = Field(30, gt=0)
     seq_len: int = Field(128, gt=0)
     global_batch: int = Field(8, gt=0, description="Sequences per optimizer step across all DP ranks.")
@@ -497,6 +515,15 @@ class RecoverySpec(_Section):
     spare_nodes: int = Field(0, ge=0)
 
 
+#: Fields added since the ledger first keyed runs by spec hash, with their defaults: left out of the hash while
+#: they hold them (RunSpec.spec_hash). Add every new field here with its default.
+HASH_NEUTRAL_DEFAULTS: dict[tuple[str, str], object] = {
+    ("train", "task"): "pretrain",
+    ("dataset", "style"): "auto",
+    ("model", "chat_template"): None,
+}
+
+
 class RunSpec(_Section):
     """One declarative run: what to train, on what data, where, how, and what counts as success."""
 
@@ -544,8 +571,14 @@ class RunSpec(_Section):
         return self.cluster.nodes * self.cluster.gpus_per_node
 
     def spec_hash(self) -> str:
-        """Stable hash of the spec's content (ledger key: same spec ⇒ same hash)."""
-        blob = json.dumps(self.model_dump(mode="json", by_alias=True), sort_keys=True).encode()
+        """Stable hash of the spec's content (ledger key: same spec ⇒ same hash). A field added after ledgers began
+        keying runs by it is left out while it holds its default, so a spec written before keeps its hash (its
+        ledger rows and `golden.from_ledger` still match)."""
+        data = self.model_dump(mode="json", by_alias=True)
+        for (section, key), default in HASH_NEUTRAL_DEFAULTS.items():
+            if data.get(section, {}).get(key, default) == default:
+                data.get(section, {}).pop(key, None)
+        blob = json.dumps(data, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
     def resolved(self, base_dir: Path) -> RunSpec:
@@ -562,6 +595,7 @@ class RunSpec(_Section):
         spec.storage.root = fix(spec.storage.root)
         spec.model.config = fix(spec.model.config)
         spec.model.weights = fix(spec.model.weights)
+        spec.model.chat_template = fix(spec.model.chat_template)
         if spec.model.config is None and spec.model.weights is not None and "://" not in spec.model.weights:
             spec.model.config = str(Path(spec.model.weights) / "config.json")
         spec.model.tokenizer.path = fix(spec.model.tokenizer.path)

@@ -12,6 +12,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from nightloom.catalog import GPUS, MODELS
+from nightloom.chat import CHAT_STYLES, ChatError, detect_style, template_text
 from nightloom.hf.config import config_path, shape_from_hf_config
 from nightloom.model_resolver import shape_from_name_or_config
 from nightloom.parallel import LayoutError, ParallelDims
@@ -89,6 +90,7 @@ def semantic_errors(data: dict, base_dir: Path) -> list[FieldError]:
         errs.append((("model", "name"), f"unknown model {name!r}; known: {', '.join(sorted(MODELS))}"))
     errs += _model_errors(data, local)
     errs += _tokenizer_errors(data, local)
+    errs += _chat_errors(data, local)
     every, eval_data = _get(data, "validate", "eval_every", default=0), _get(data, "validate", "eval_data")
     if isinstance(every, int) and every > 0 and not eval_data and not _get(data, "sharding", "heldout", default=0):
         errs.append((("validate", "eval_every"), "needs a held-out split (sharding.heldout) or validate.eval_data"))
@@ -198,4 +200,66 @@ def _tokenizer_errors(data: dict, local) -> list[FieldError]:
                 "cover the tokenizer (set model.vocab: tokenizer, a number >= the tokenizer's, or another model)",
             )
         ]
+    return []
+
+
+def _first_record(path: Path | None, fmt) -> dict | None:
+    """The dataset's first good record (local JSONL, Parquet or Arrow), or None when it cannot be read cheaply
+    (the shard stage then reports what is wrong with it)."""
+    if path is None or not path.exists():
+        return None
+    from nightloom.sharding.scan_chats import first_record
+    from nightloom.sharding.sources import list_sources
+
+    try:
+        sources = list_sources(str(path), fmt if isinstance(fmt, str) else "auto")
+        src = next((s for s in sources if s.format != "text"), None)
+        return first_record(Path(src.uri), src.format) if src is not None else None
+    except Exception:  # noqa: BLE001 - a peek only: any problem is the shard stage's to report, with file:line
+        return None
+
+
+def _chat_errors(data: dict, local) -> list[FieldError]:
+    """train.task sft and dataset.style: sft runs natively on chat records, with a Hugging Face tokenizer whose
+    chat template (its own, or model.chat_template) renders them; chat records are not pretraining text."""
+    task, style = _get(data, "train", "task", default="pretrain"), _get(data, "dataset", "style", default="auto")
+    if task not in ("pretrain", "sft") or style not in ("auto", "text", *CHAT_STYLES):
+        return []  # the schema reports it
+    if task != "sft":
+        if style in CHAT_STYLES:
+            return [(("dataset", "style"), f"{style} records are chats, which train.task: sft trains on")]
+        return []
+    if _get(data, "train", "backend", default="native") != "native":
+        return [(("train", "task"), "sft runs on the native backend (XTuner applies its own map_fn and template)")]
+    try:
+        tspec = TokenizerSpec.coerce(_get(data, "model", "tokenizer", default="bytes"))
+    except (ValidationError, ValueError):
+        return []
+    folder = local(tspec.path)
+    if tspec.train_vocab is not None or tspec.is_bytes or tspec.kind not in ("auto", "hf") or folder is None:
+        what = f"train_vocab {tspec.train_vocab}" if tspec.train_vocab is not None else tspec.path or "bytes"
+        return [
+            (
+                ("model", "tokenizer"),
+                f"train.task sft renders chats with transformers' apply_chat_template: a Hugging Face tokenizer "
+                f"folder with a chat template is needed, got {what}",
+            )
+        ]
+    if not folder.is_dir():
+        return []  # reported by the tokenizer check
+    template = _get(data, "model", "chat_template")
+    try:
+        template_text(folder, local(template) if template is not None else None)
+    except ChatError as e:
+        return [(("model", "chat_template"), str(e).removeprefix("model.chat_template: "))]
+    if style == "auto":
+        first = _first_record(local(_get(data, "dataset", "path")), _get(data, "dataset", "format"))
+        if first is not None and detect_style(first) == "text":
+            return [
+                (
+                    ("dataset", "style"),
+                    f"train.task sft reads chat records; the first record has none of messages, conversations, "
+                    f"instruction/output (fields: {', '.join(sorted(first))})",
+                )
+            ]
     return []

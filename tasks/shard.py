@@ -10,6 +10,7 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
+from nightloom.chat import ChatSettings
 from nightloom.sharding import (
     Placement,
     ScanResult,
@@ -45,10 +46,15 @@ set_secret_resolver(prefect_secret_keys)  # every process that runs these tasks 
 
 @task(name="plan-shards", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
 def plan_shards_task(
-    dataset: DatasetSpec, sharding: ShardingSpec, storage: StorageSpec | None, tokenizer: TokenizerSpec | None = None
+    dataset: DatasetSpec,
+    sharding: ShardingSpec,
+    storage: StorageSpec | None,
+    tokenizer: TokenizerSpec | None = None,
+    chat: ChatSettings | None = None,
 ) -> ShardJob:
-    """List and fingerprint inputs (builds the sample corpus, and a `train_vocab` tokenizer, on first use)."""
-    job = plan_job(dataset, sharding, storage, tokenizer=tokenizer)
+    """List and fingerprint inputs (builds the sample corpus, and a `train_vocab` tokenizer, on first use);
+    `chat`: train.task sft's chat settings (records are chats)."""
+    job = plan_job(dataset, sharding, storage, tokenizer=tokenizer, chat=chat)
     get_run_logger().info(
         "%d input file(s) in %d scan unit(s), %d ignored by name; settings hash %s",
         len(job.sources),

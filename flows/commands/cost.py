@@ -5,7 +5,11 @@ The step time is --hours / train.steps when given, else the ledger's measured ra
 size, else the planner's prediction (none on CPU: then give --hours). Time to ready is --provisioning-min, else
 the ledger's measurement on the cluster, else schedule.provisioning_minutes, else 10 min. The gate, the budget
 check and the run summary use the same plan (nightloom.schedule.nights.plan_nights).
-Exit codes: 0 ok, 1 the plan exceeds schedule.budget or schedule.max_nights, 2 usage.
+With --choose it compares GPU types (--gpus TYPE=PRICE,...) and counts up to --max-gpus instead: each option's
+hours from the planner, its nights, finish and cost, and the cheapest that meets --deadline and --budget (else the
+fastest, with the reason; nightloom.schedule.rent_choice).
+Exit codes: 0 ok, 1 the plan exceeds schedule.budget or schedule.max_nights (--choose: no option meets the
+deadline and budget), 2 usage.
 """
 
 from __future__ import annotations
@@ -44,10 +48,22 @@ def register(sub) -> None:
     p.add_argument("--operations-per-month", type=float, default=28_000.0, help="power, space, staff (default 28,000)")
     p.add_argument("--idle", type=float, default=0.37, help="idle fraction of an owned cluster (default 0.37)")
     p.add_argument("--json", action="store_true")
+    choose = p.add_argument_group("what to rent (--choose)")
+    choose.add_argument(
+        "--choose",
+        action="store_true",
+        help="compare GPU types and counts (the planner's hours, the spec's nights) and choose the cheapest that "
+        "meets --deadline and --budget, else the fastest",
+    )
+    choose.add_argument("--gpus", help="the GPU types on offer and their prices per GPU-hour: TYPE=PRICE,...")
+    choose.add_argument("--max-gpus", type=int, help="the most GPUs to rent (default: the spec's world size)")
+    choose.add_argument("--deadline", help="ISO time with a zone offset by which the run must finish")
+    choose.add_argument("--budget", type=float, help="the most the run may cost (default: schedule.budget)")
     p.set_defaults(func=run)
 
 
-def _planner_step(spec: RunSpec) -> tuple[float | None, str]:
+def planner_step(spec: RunSpec) -> tuple[float | None, str]:
+    """The planner's step time (None on CPU) and its layout for `spec`."""
     from nightloom.planner import plan_for_spec
 
     chosen = plan_for_spec(spec, require_fit=False).chosen
@@ -80,7 +96,7 @@ def _now(at: str | None) -> datetime:
 
 def build_plan(spec: RunSpec, now: datetime, hours: float | None, provisioning_min: float | None) -> NightPlan:
     """The plan `nightloom cost` prints; ValueError when no step time is known from any source."""
-    step, layout = (None, "") if hours is not None else _planner_step(spec)
+    step, layout = (None, "") if hours is not None else planner_step(spec)
     inputs = inputs_for_spec(
         spec,
         planner_step_s=step,
@@ -110,6 +126,8 @@ def _decision(plan: NightPlan, now: datetime) -> dict:
 
 
 def run(args) -> int:
+    if args.choose:
+        return run_choose(args)
     try:
         spec = load_spec(args.spec)
         now = _now(args.at)
@@ -266,3 +284,72 @@ def _print_text(spec: RunSpec, plan: NightPlan, now: datetime, check, refused: s
         f"    buying takes {rvb.lead_time_days[0]}–{rvb.lead_time_days[1]} days; renting meanwhile costs "
         f"{lo:,.0f}–{hi:,.0f} {cur}"
     )
+
+
+def run_choose(args) -> int:
+    """`cost SPEC --choose`: every GPU type and count, and the one to rent."""
+    from nightloom.schedule.rent_choice import parse_gpu_prices, rent_options
+
+    try:
+        if not args.gpus:
+            raise ValueError("--choose needs --gpus TYPE=PRICE,... (the GPU types on offer and their prices)")
+        if args.hours is not None:
+            raise ValueError("--choose takes each option's hours from the planner: drop --hours")
+        prices = parse_gpu_prices(args.gpus)
+        spec = load_spec(args.spec)
+        now = _now(args.at)
+        deadline = None if args.deadline is None else datetime.fromisoformat(args.deadline)
+        if deadline is not None and deadline.tzinfo is None:
+            raise ValueError(f"--deadline needs a time zone offset, got {args.deadline!r}")
+        if args.budget is not None and args.budget <= 0:
+            raise ValueError(f"--budget must be > 0, got {args.budget}")
+        result = rent_options(spec, prices, now, max_gpus=args.max_gpus, deadline=deadline, budget=args.budget)
+    except SpecError as e:
+        print(str(e), file=sys.stderr)
+        return 2
+    except ValueError as e:
+        print(f"nightloom cost: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(result.to_json(), indent=2))
+    else:
+        _print_choice(spec, result)
+    if result.choice is None or not result.choice.acceptable:
+        print(f"nightloom cost: {result.reason}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _print_choice(spec: RunSpec, result) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from nightloom.schedule.windows import local_time_format
+
+    fmt, cur = local_time_format(spec.schedule.timezone), spec.schedule.currency
+    t = Table(title=f"{spec.name}: what to rent ({spec.train.steps} steps, policy {spec.schedule.policy})")
+    for c in ("GPU", "GPUs", "nodes", "layout", "hours", "nights", "finish", "cost", "deadline", "budget"):
+        t.add_column(c, justify="right" if c in ("GPUs", "nodes", "hours", "nights", "cost") else "left")
+    mark = {None: "—", True: "ok", False: "NO"}
+    for o in result.options:
+        chosen = " ◀" if o is result.choice else ""
+        t.add_row(
+            o.gpu_type + chosen,
+            str(o.gpus),
+            str(o.nodes),
+            o.layout,
+            f"{o.hours:.2f}",
+            str(o.nights),
+            fmt(o.finish),
+            f"{o.cost:,.2f} {cur}",
+            mark[o.meets_deadline],
+            mark[o.within_budget],
+        )
+    Console(width=None if sys.stdout.isatty() else 160).print(t)
+    for r in result.rejected:
+        print(f"  rejected {r.gpus} × {r.gpu_type}: {r.reason}")
+    if result.choice is not None:
+        c = result.choice
+        print(
+            f"  choice: {c.gpus} × {c.gpu_type} ({c.layout}), {c.cost:,.2f} {cur}, finish {fmt(c.finish)}: {result.reason}"
+        )

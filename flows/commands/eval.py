@@ -9,7 +9,12 @@ import sys
 def register(sub) -> None:
     p = sub.add_parser("eval", help="score a run's latest checkpoint on a JSONL file (mean NLL per token, ppl)")
     p.add_argument("run_dir", help="the run folder (holds job*.json and checkpoints/)")
-    p.add_argument("--data", required=True, help="JSONL file of documents ({'text': ...} per line)")
+    p.add_argument(
+        "--data",
+        required=True,
+        help="JSONL file of documents ({'text': ...} per line); for a train.task sft run, chat records (messages, "
+        "conversations or instruction/output), scored on their assistant tokens only",
+    )
     p.add_argument("--seq-len", type=int, default=None, help="tokens per document scored (default: the run's)")
     p.add_argument("--json", action="store_true", help="print {loss, tokens, ppl, ...} as JSON")
     p.set_defaults(func=run)
@@ -29,10 +34,12 @@ def run(args) -> int:
         return 1
     if args.json:
         out = {"loss": r.loss, "tokens": r.tokens, "ppl": r.ppl, "documents": r.documents, "step": r.step}
-        print(json.dumps(out | {"checkpoint": r.checkpoint}, indent=2))
+        sft = {"task": r.task, "dropped": r.dropped} if r.task == "sft" else {}
+        print(json.dumps(out | sft | {"checkpoint": r.checkpoint}, indent=2))
     else:
+        what = "assistant tokens" if r.task == "sft" else "predicted tokens"
         print(
-            f"{args.run_dir}: step {r.step}: loss {r.loss:.6f} ppl {r.ppl:.3f} over {r.tokens:,} predicted tokens "
-            f"in {r.documents} documents"
+            f"{args.run_dir}: step {r.step}: loss {r.loss:.6f} ppl {r.ppl:.3f} over {r.tokens:,} {what} "
+            f"in {r.documents} documents" + (f" ({r.dropped} too long, dropped)" if r.dropped else "")
         )
     return 0

@@ -45,7 +45,11 @@ def register(sub) -> None:
         "--gpus-per-node G --seq-len S --global-batch B [--layout tp=8,pp=4,dp=32]",
     )
     p.add_argument("spec", nargs="?", help="run spec YAML (alternatively give --model and the cluster flags)")
-    p.add_argument("--model", help="catalog model name or a Hugging Face config.json (llama, mistral, qwen2, gpt2)")
+    p.add_argument(
+        "--model",
+        help="catalog model name (llama3-8b, llama3.2-1b, qwen3-8b, ...) or a Hugging Face config.json or its folder "
+        "(llama, mistral, qwen2, qwen3, gemma3, tied or untied; gpt2 for planning only)",
+    )
     p.add_argument("--gpu", help="catalog GPU type (a100-80gb, h100-80gb, a800-80gb, ...) or cpu")
     p.add_argument("--nodes", type=int)
     p.add_argument("--gpus-per-node", type=int)

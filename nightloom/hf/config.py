@@ -6,7 +6,10 @@ top-level `rope_theta` + `rope_scaling`, transformers 5's `rope_parameters`), rm
 tie_word_embeddings, attention_bias / mlp_bias (qwen2 always has q/k/v bias), hidden_act, sliding windows.
 qwen3 adds a per-head RMSNorm on q and k (`qk_norm`); where its config leaves a field out, transformers'
 Qwen3Config default applies (head_dim 128, num_key_value_heads 32), as `from_pretrained` would read it.
-gpt2 configs are read for planning only (their math is not the native model's).
+gemma3_text (and the `text_config` of a gemma3 image-text config: the text decoder only) reads Gemma 3's math
+into the Gemma fields of ModelShape; fields it leaves out take transformers' Gemma3TextConfig defaults (the Hub's
+image-text configs leave most of text_config out). gpt2 configs are read for planning only (their math is not
+the native model's).
 """
 
 from __future__ import annotations
@@ -14,18 +17,39 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from nightloom.shape import ModelShape, RopeScaling
+from nightloom.shape import LAYER_TYPES, ModelShape, RopeScaling
 
 LLAMA_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+GEMMA3_TYPES = ("gemma3_text", "gemma3")  # gemma3: an image-text config; its text_config is the decoder
 ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
     "mistral": "MistralForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
+    "gemma3_text": "Gemma3ForCausalLM",
 }
 #: transformers' Qwen3Config class defaults for fields a config.json may leave out (not the Llama rule)
 _QWEN3_DEFAULTS = {"head_dim": 128, "num_key_value_heads": 32}
 _ROPE_KINDS = ("default", "linear", "llama3")
+#: transformers 5.24's Gemma3TextConfig class defaults, for fields a gemma3 config.json leaves out
+_GEMMA3_DEFAULTS = {
+    "vocab_size": 262_208,
+    "hidden_size": 2304,
+    "intermediate_size": 9216,
+    "num_hidden_layers": 26,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "head_dim": 256,
+    "hidden_activation": "gelu_pytorch_tanh",
+    "max_position_embeddings": 131_072,
+    "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": True,
+    "query_pre_attn_scalar": 256,
+    "sliding_window": 4096,
+    "sliding_window_pattern": 6,  # older configs: every 6th layer global, when layer_types is absent
+    "rope_theta": 1_000_000.0,  # global layers (with rope_scaling)
+    "rope_local_base_freq": 10_000.0,  # sliding layers (never scaled)
+}
 
 
 class HFConfigError(ValueError):
@@ -55,10 +79,14 @@ def read_config(path: str | Path) -> dict:
 def _rope(cfg: dict) -> tuple[float, RopeScaling | None]:
     """(rope_theta, scaling) from `rope_parameters` (transformers 5) or top-level `rope_theta` + `rope_scaling`."""
     field = "rope_parameters" if cfg.get("rope_parameters") is not None else "rope_scaling"
-    params = cfg.get(field) or {}
+    return _rope_of(cfg.get(field) or {}, field, cfg, float(cfg.get("rope_theta", 10000.0)))
+
+
+def _rope_of(params, field: str, cfg: dict, theta: float) -> tuple[float, RopeScaling | None]:
+    """(rope_theta, scaling) of one RoPE parameter object named `field` (its own rope_theta overrides `theta`)."""
     if not isinstance(params, dict):
         raise ValueError(f"{field}: expected an object, got {params!r}")
-    theta = float(params.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+    theta = float(params.get("rope_theta", theta))
     kind = params.get("rope_type", params.get("type", "default"))
     if kind not in _ROPE_KINDS:
         raise ValueError(f"{field}.rope_type: {kind!r} is not supported (supported: {', '.join(_ROPE_KINDS)})")
@@ -105,6 +133,129 @@ def _refuse_unsupported(cfg: dict, mtype: str) -> None:
         raise ValueError(f"layer_types: {', '.join(other)} is not supported (only full_attention)")
 
 
+def _gemma3_text_config(cfg: dict) -> tuple[dict, str]:
+    """(the decoder's config with transformers' defaults filled in, the prefix its field names take in errors)."""
+    where = ""
+    if cfg.get("model_type") == "gemma3":
+        text = cfg.get("text_config") or {}
+        if not isinstance(text, dict):
+            raise ValueError(f"text_config: expected an object, got {text!r}")
+        where = "text_config."
+        # the image-text model ties its head by the top-level flag (Gemma3Config), quantizes as a whole
+        top = {k: cfg[k] for k in ("tie_word_embeddings", "quantization_config") if k in cfg}
+        cfg = {**top, **text}
+    return {**_GEMMA3_DEFAULTS, **cfg}, where
+
+
+def _gemma3_layer_types(cfg: dict, where: str) -> tuple[str, ...]:
+    """`layer_types`, or the older `sliding_window_pattern` (layer i global when (i + 1) % pattern == 0)."""
+    n = cfg["num_hidden_layers"]
+    types = cfg.get("layer_types")
+    if types is None:
+        pattern = cfg.get("sliding_window_pattern") or 6
+        return tuple("full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(n))
+    if not isinstance(types, list) or len(types) != n:
+        raise ValueError(f"{where}layer_types: expected a list of num_hidden_layers ({n}) entries, got {types!r}")
+    odd = sorted({t for t in types if t not in LAYER_TYPES})
+    if odd:
+        raise ValueError(f"{where}layer_types: {', '.join(map(str, odd))} is not supported ({', '.join(LAYER_TYPES)})")
+    return tuple(types)
+
+
+def _gemma3_rope(cfg: dict, where: str) -> tuple[float, RopeScaling | None, float]:
+    """(global theta, global scaling, local theta): transformers 5's `rope_parameters` keyed by layer type, or
+    the Hub's top-level `rope_theta` + `rope_scaling` (global layers only) + `rope_local_base_freq`."""
+    params = cfg.get("rope_parameters")
+    if params is not None:
+        if not isinstance(params, dict) or not set(params) <= set(LAYER_TYPES):
+            raise ValueError(f"{where}rope_parameters: expected one object per layer type ({', '.join(LAYER_TYPES)})")
+        full = params.get("full_attention") or {}
+        local = params.get("sliding_attention") or {}
+        theta, scaling = _rope_of(full, f"{where}rope_parameters.full_attention", cfg, cfg["rope_theta"])
+        local_field = f"{where}rope_parameters.sliding_attention"
+    else:
+        theta, scaling = _rope_of(cfg.get("rope_scaling") or {}, f"{where}rope_scaling", cfg, cfg["rope_theta"])
+        local, local_field = {}, f"{where}rope_local_base_freq"
+    local_theta, local_scaling = _rope_of(local, local_field, cfg, cfg["rope_local_base_freq"])
+    if local_scaling is not None:
+        raise ValueError(f"{local_field}.rope_type: {local_scaling.kind!r} is not supported on sliding layers")
+    return theta, scaling, local_theta
+
+
+def _refuse_gemma3(cfg: dict, where: str) -> None:
+    """Gemma 3 fields whose value would change the math the native model computes, by name."""
+    act = cfg.get("hidden_activation")
+    if act != "gelu_pytorch_tanh":
+        raise ValueError(f"{where}hidden_activation: {act!r} is not supported (only gelu_pytorch_tanh)")
+    drop = cfg.get("attention_dropout", 0.0) or 0.0
+    if float(drop) != 0.0:
+        raise ValueError(f"{where}attention_dropout: {drop!r} is not supported (the native model has no dropout)")
+    cap = cfg.get("attn_logit_softcapping")
+    if cap is not None:
+        raise ValueError(
+            f"{where}attn_logit_softcapping: {cap!r} is not supported (Gemma 2 style score capping; transformers' "
+            "Gemma3 does not apply it either, so a checkpoint trained with it would not score the same there)"
+        )
+    if cfg.get("use_bidirectional_attention"):
+        raise ValueError(f"{where}use_bidirectional_attention: true is not supported (causal decoders only)")
+    quant = cfg.get("quantization_config")
+    if quant:
+        method = quant.get("quant_method", "?") if isinstance(quant, dict) else quant
+        raise ValueError(f"{where}quantization_config: {method!r} weights are not supported (unquantized only)")
+
+
+def _gemma3_shape(cfg: dict, name: str, strict: bool, need) -> ModelShape:
+    """Gemma 3's text decoder: (1 + w) RMSNorms before and after attention and MLP, q/k norms, embeddings times
+    sqrt(hidden), GeGLU, query_pre_attn_scalar, sliding layers with their own RoPE base, final logit capping."""
+    cfg, where = _gemma3_text_config(cfg)
+    if strict:
+        _refuse_gemma3(cfg, where)
+    layers, hidden, heads = need(cfg, "num_hidden_layers"), need(cfg, "hidden_size"), need(cfg, "num_attention_heads")
+    types = _gemma3_layer_types(cfg, where)
+    window = cfg.get("sliding_window")
+    if window is not None and (not isinstance(window, int) or isinstance(window, bool) or window < 1):
+        raise ValueError(f"{where}sliding_window: expected a positive integer, got {window!r}")
+    if window is None and "sliding_attention" in types:
+        raise ValueError(f"{where}sliding_window: required when layer_types has sliding_attention layers")
+    try:
+        theta, scaling, local_theta = _gemma3_rope(cfg, where)
+    except ValueError:
+        if strict:
+            raise
+        theta, scaling, local_theta = float(cfg["rope_theta"]), None, float(cfg["rope_local_base_freq"])
+    head_dim = cfg.get("head_dim") or hidden // heads
+    bias = bool(cfg.get("attention_bias", False))
+    cap = cfg.get("final_logit_softcapping")
+    return ModelShape(
+        name=name,
+        layers=layers,
+        hidden=hidden,
+        heads=heads,
+        kv_heads=cfg.get("num_key_value_heads") or heads,
+        ffn_hidden=need(cfg, "intermediate_size"),
+        vocab=need(cfg, "vocab_size"),
+        max_seq=need(cfg, "max_position_embeddings"),
+        tied_embeddings=bool(cfg.get("tie_word_embeddings")),
+        norm_eps=float(cfg.get("rms_norm_eps") or 1e-6),
+        rope_theta=theta,
+        explicit_head_dim=head_dim if head_dim != hidden // heads or hidden % heads else None,
+        rope_scaling=scaling,
+        qkv_bias=bias,
+        o_bias=bias,
+        sliding_window=window,
+        qk_norm=True,
+        arch="gemma3_text",
+        norm_offset=1.0,
+        post_norms=True,
+        embed_scale=True,
+        mlp_act="gelu_tanh",
+        query_pre_attn_scalar=float(cfg.get("query_pre_attn_scalar") or head_dim),
+        layer_types=types,
+        rope_local_theta=local_theta,
+        final_logit_softcap=float(cap) if cap is not None else None,
+    )
+
+
 def shape_from_config(cfg: dict, name: str = "hf", strict: bool = True) -> ModelShape:
     """A ModelShape from a parsed config.json; raises ValueError naming the field.
 
@@ -112,15 +263,21 @@ def shape_from_config(cfg: dict, name: str = "hf", strict: bool = True) -> Model
     native model cannot compute are then not refused and an unsupported RoPE scaling is left out."""
     mtype = cfg.get("model_type")
 
-    def need(*keys: str) -> int:
+    def need_in(src: dict, *keys: str, where: str = "") -> int:
         for k in keys:
-            if cfg.get(k) is not None:
-                v = cfg[k]
+            if src.get(k) is not None:
+                v = src[k]
                 if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-                    raise ValueError(f"{k}: expected a positive integer, got {v!r}")
+                    raise ValueError(f"{where}{k}: expected a positive integer, got {v!r}")
                 return v
         raise ValueError(f"{' or '.join(keys)}: required for model_type {mtype!r} but missing")
 
+    def need(*keys: str) -> int:
+        return need_in(cfg, *keys)
+
+    if mtype in GEMMA3_TYPES:
+        where = "text_config." if mtype == "gemma3" else ""
+        return _gemma3_shape(cfg, name, strict, lambda src, k: need_in(src, k, where=where))
     if mtype in LLAMA_TYPES:
         if strict:
             _refuse_unsupported(cfg, mtype)
@@ -174,7 +331,8 @@ def shape_from_config(cfg: dict, name: str = "hf", strict: bool = True) -> Model
             norm_eps=float(cfg.get("layer_norm_epsilon", 1e-5)),
             arch="gpt2",
         )
-    raise ValueError(f"model_type: unsupported {mtype!r}; supported: {', '.join(LLAMA_TYPES)}, gpt2")
+    supported = ", ".join((*LLAMA_TYPES, *GEMMA3_TYPES))
+    raise ValueError(f"model_type: unsupported {mtype!r}; supported: {supported}, gpt2")
 
 
 def shape_from_hf_config(path: str | Path, strict: bool = True) -> ModelShape:
@@ -189,26 +347,60 @@ def shape_from_hf_config(path: str | Path, strict: bool = True) -> ModelShape:
         raise HFConfigError(f"{p}: {err}") from None
 
 
+def _rope_entry(theta: float, scaling: RopeScaling | None) -> dict:
+    """One `rope_parameters` object as transformers 5 writes it."""
+    if scaling is None:
+        return {"rope_type": "default", "rope_theta": theta}
+    rope = {"rope_type": scaling.kind, "rope_theta": theta, "factor": scaling.factor}
+    if scaling.kind == "llama3":
+        rope.update(
+            low_freq_factor=scaling.low_freq_factor,
+            high_freq_factor=scaling.high_freq_factor,
+            original_max_position_embeddings=scaling.original_max_position_embeddings,
+        )
+    return rope
+
+
+def _gemma3_export(shape: ModelShape) -> dict:
+    """The gemma3_text fields of an export written from the shape (what Gemma3TextConfig reads)."""
+    scalar = shape.query_pre_attn_scalar or shape.head_dim
+    return {
+        "hidden_activation": "gelu_pytorch_tanh",
+        "attention_bias": shape.o_bias,
+        "query_pre_attn_scalar": int(scalar) if float(scalar).is_integer() else scalar,  # Gemma3TextConfig: an int
+        "sliding_window": shape.sliding_window,
+        "layer_types": list(shape.layer_types),
+        "rope_parameters": {
+            "full_attention": _rope_entry(shape.rope_theta, shape.rope_scaling),
+            "sliding_attention": _rope_entry(shape.rope_local_theta or shape.rope_theta, None),
+        },
+        "final_logit_softcapping": shape.final_logit_softcap,
+        "attn_logit_softcapping": None,
+        "use_bidirectional_attention": False,
+    }
+
+
+def _text_decoder_config(source: dict) -> dict:
+    """A gemma3 image-text config's text decoder as a gemma3_text config (the export holds the decoder only)."""
+    cfg = {k: v for k, v in source.items() if k in ("tie_word_embeddings", "bos_token_id", "eos_token_id")}
+    cfg |= dict(source.get("text_config") or {})
+    cfg |= {"model_type": "gemma3_text", "architectures": [ARCHITECTURES["gemma3_text"]]}
+    return cfg
+
+
 def config_for_export(shape: ModelShape, source: dict | None, dtype: str) -> dict:
-    """The config.json of an export: the source config when the run started from one (dtype updated),
-    else a config of the shape's family written from the shape (what transformers' LlamaConfig, MistralConfig,
-    Qwen2Config or Qwen3Config reads)."""
-    if source is not None:
+    """The config.json of an export: the source config when the run started from one (dtype updated; a gemma3
+    image-text source gives its text_config as gemma3_text), else a config of the shape's family written from
+    the shape (what transformers' LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config or Gemma3TextConfig
+    reads)."""
+    if source is not None and source.get("model_type") == "gemma3":
+        cfg = _text_decoder_config(source)
+    elif source is not None:
         cfg = dict(source)
         cfg.setdefault("architectures", [ARCHITECTURES.get(cfg.get("model_type"), "LlamaForCausalLM")])
     else:
-        if shape.arch not in LLAMA_TYPES:
+        if shape.arch not in ARCHITECTURES:
             raise ValueError(f"model {shape.name}: export needs a llama-style model, got {shape.arch!r}")
-        rope: dict = {"rope_type": "default", "rope_theta": shape.rope_theta}
-        if shape.rope_scaling is not None:
-            s = shape.rope_scaling
-            rope = {"rope_type": s.kind, "rope_theta": shape.rope_theta, "factor": s.factor}
-            if s.kind == "llama3":
-                rope.update(
-                    low_freq_factor=s.low_freq_factor,
-                    high_freq_factor=s.high_freq_factor,
-                    original_max_position_embeddings=s.original_max_position_embeddings,
-                )
         cfg = {
             "architectures": [ARCHITECTURES[shape.arch]],
             "model_type": shape.arch,
@@ -225,11 +417,16 @@ def config_for_export(shape: ModelShape, source: dict | None, dtype: str) -> dic
             "hidden_act": "silu",
             "attention_bias": shape.o_bias,
             "mlp_bias": shape.mlp_bias,
-            "rope_parameters": rope,
+            "rope_parameters": _rope_entry(shape.rope_theta, shape.rope_scaling),
         }
         if shape.arch == "qwen3":  # attention_bias covers q/k/v and o alike; no mlp_bias in Qwen3Config
             cfg |= {"attention_bias": shape.qkv_bias, "use_sliding_window": False}
             del cfg["mlp_bias"]
+        if shape.arch == "mistral":
+            cfg["sliding_window"] = shape.sliding_window
+        if shape.arch == "gemma3_text":
+            del cfg["hidden_act"], cfg["mlp_bias"]
+            cfg |= _gemma3_export(shape)
     cfg.pop("torch_dtype", None)
     cfg["dtype"] = {"bf16": "bfloat16", "fp32": "float32"}[dtype]
     return cfg

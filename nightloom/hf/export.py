@@ -118,7 +118,7 @@ def export_checkpoint(
             nbytes = t.numel() * t.element_size()
             if pending and sum(x.numel() * x.element_size() for x in pending.values()) + nbytes > max_shard_bytes:
                 flush()
-            pending[to_hf(ours)] = t
+            pending[to_hf(ours, shape)] = t
             total += nbytes
         del state
     flush()

@@ -14,7 +14,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from nightloom.hf.names import expected_shapes, optional, to_hf
+from nightloom.hf.names import VISION_PREFIXES, expected_shapes, optional, to_hf
 from nightloom.shape import ModelShape
 
 INDEX_NAME = "model.safetensors.index.json"
@@ -96,6 +96,7 @@ def scan_checkpoint(folder: str | Path, shape: ModelShape) -> CheckpointIndex:
         stray = sorted({t.file for t in tensors.values()} - set(weight_map.values()))
         if stray:
             raise WeightsError(f"{root / stray[0]}: not listed in {INDEX_NAME} (a stray file would be mixed in)")
+    _refuse_image_text(root, tensors)
     want = expected_shapes(shape)
     for name, shp in want.items():
         if name not in tensors:
@@ -109,6 +110,19 @@ def scan_checkpoint(folder: str | Path, shape: ModelShape) -> CheckpointIndex:
             f"{root / tensors[extra[0]].file}: tensor {extra[0]}: unexpected (not in model {shape.name})"
         )
     return CheckpointIndex(root, tensors)
+
+
+def _refuse_image_text(root: Path, tensors: dict[str, TensorEntry]) -> None:
+    """A gemma3 image-text checkpoint (vision tower, projector, the decoder under `language_model`): refused by
+    the first such tensor's name; the native trainer trains a text decoder saved as gemma3_text."""
+    prefixes = (*VISION_PREFIXES, "model.language_model.", "language_model.")
+    found = sorted((n for n in tensors if n.startswith(prefixes)), key=lambda n: (not n.startswith(VISION_PREFIXES), n))
+    if found:
+        part = "vision tower" if found[0].startswith(VISION_PREFIXES) else "image-text layout"
+        raise WeightsError(
+            f"{root / tensors[found[0]].file}: tensor {found[0]}: the {part} of an image-text (gemma3) checkpoint is "
+            "not supported: nightloom trains a text decoder only (a gemma3_text checkpoint, Gemma3ForCausalLM)"
+        )
 
 
 def fetch_weights(uri: str, s3=None, cache_root: Path | None = None, log=print) -> Path:
@@ -150,7 +164,7 @@ def load_hf_weights(parts: list, folder: str | Path, shape: ModelShape) -> Check
         for name, t in sd.items():
             if shape.tied_embeddings and name == "output.weight":
                 continue  # the same tensor as the embedding
-            hf = to_hf(name)
+            hf = to_hf(name, shape)
             if shape.embed_rows != shape.vocab and name in ("tok_embeddings.weight", "output.weight"):
                 padded.append((hf, t))
             else:

@@ -1,6 +1,9 @@
-"""Native parameter names <-> Hugging Face llama/mistral/qwen2/qwen3 names (the same tensors, no permutation).
+"""Native parameter names <-> Hugging Face llama/mistral/qwen2/qwen3/gemma3_text names (the same tensors, no
+permutation).
 
-The native model uses the rotate-half RoPE layout of transformers, so Q/K rows load as they are stored."""
+The native model uses the rotate-half RoPE layout of transformers, so Q/K rows load as they are stored. Gemma's
+`post_attention_layernorm` is the norm AFTER attention (Llama's is the one before the MLP, Gemma's
+`pre_feedforward_layernorm`), so the layer names depend on `shape.post_norms`."""
 
 from __future__ import annotations
 
@@ -26,17 +29,27 @@ _LAYER = {
     "ffn.w3": "mlp.up_proj",
     "ffn.w2": "mlp.down_proj",
 }
+#: Gemma 3: norms before and after attention and MLP
+_GEMMA_LAYER = {
+    **_LAYER,
+    "attn_post_norm.weight": "post_attention_layernorm.weight",
+    "ffn_norm.weight": "pre_feedforward_layernorm.weight",
+    "ffn_post_norm.weight": "post_feedforward_layernorm.weight",
+}
 _LAYER_RE = re.compile(r"layers\.(\d+)\.(.+)")
+#: tensors of a gemma3 image-text checkpoint that are not its text decoder
+VISION_PREFIXES = ("model.vision_tower.", "model.multi_modal_projector.", "vision_tower.", "multi_modal_projector.")
 
 
-def to_hf(name: str) -> str:
-    """`layers.3.attn.wq.weight` -> `model.layers.3.self_attn.q_proj.weight`."""
+def to_hf(name: str, shape: ModelShape | None = None) -> str:
+    """`layers.3.attn.wq.weight` -> `model.layers.3.self_attn.q_proj.weight` (Gemma's names with a shape whose
+    `post_norms` is set)."""
     if name in _TOP:
         return _TOP[name]
     m = _LAYER_RE.fullmatch(name)
     if m:
         rest = m.group(2)
-        for ours, theirs in _LAYER.items():
+        for ours, theirs in (_GEMMA_LAYER if shape is not None and shape.post_norms else _LAYER).items():
             if rest == ours or rest.startswith(ours + "."):
                 return f"model.layers.{m.group(1)}.{theirs}{rest[len(ours) :]}"
     raise KeyError(f"no Hugging Face name for parameter {name!r}")
@@ -53,6 +66,8 @@ def expected_shapes(shape: ModelShape) -> dict[str, tuple[int, ...]]:
         out["lm_head.weight"] = (v, h)
     for i in range(shape.layers):
         p = f"model.layers.{i}."
+        if shape.post_norms:
+            out |= {p + "pre_feedforward_layernorm.weight": (h,), p + "post_feedforward_layernorm.weight": (h,)}
         out |= {
             p + "input_layernorm.weight": (h,),
             p + "post_attention_layernorm.weight": (h,),

@@ -32,11 +32,15 @@ def build_random_model(
     **config,
 ) -> Path:
     """Write `<out>` = config.json, generation_config.json, *.safetensors (+ index when sharded) of a random
-    `arch` (llama, mistral, qwen2, qwen3) model. `bias_std` > 0 gives biases random values (transformers zeroes
-    them), `norm_std` > 0 gives RMSNorm weights 1 + N(0, norm_std) (transformers sets them to 1), so a bias or a
-    norm weight that is not loaded shows in a parity check."""
+    `arch` (llama, mistral, qwen2, qwen3, gemma3_text) model. `bias_std` > 0 gives biases random values
+    (transformers zeroes them), `norm_std` > 0 gives RMSNorm weights a scale of 1 + N(0, norm_std) (transformers
+    sets the scale to 1: weight 1, or 0 for Gemma's (1 + w) norms), so a bias or a norm weight that is not loaded
+    shows in a parity check. gemma3_text takes Gemma3TextConfig's own arguments (sliding_window, layer_types,
+    query_pre_attn_scalar, rope_local_base_freq, rope_scaling ...; rope_theta is the global layers' base)."""
     import torch
     from transformers import (
+        Gemma3ForCausalLM,
+        Gemma3TextConfig,
         LlamaConfig,
         LlamaForCausalLM,
         MistralConfig,
@@ -52,6 +56,7 @@ def build_random_model(
         "mistral": (MistralConfig, MistralForCausalLM),
         "qwen2": (Qwen2Config, Qwen2ForCausalLM),
         "qwen3": (Qwen3Config, Qwen3ForCausalLM),
+        "gemma3_text": (Gemma3TextConfig, Gemma3ForCausalLM),
     }
     cfg_cls, model_cls = classes[arch]
     final = Path(out)
@@ -59,12 +64,13 @@ def build_random_model(
     shutil.rmtree(tmp, ignore_errors=True)
     torch.manual_seed(seed)
     model = model_cls(cfg_cls(**{**DEMO_CONFIG, **config}))
+    unit = 0.0 if arch == "gemma3_text" else 1.0  # the weight that scales by 1
     with torch.no_grad():
         for name, p in model.named_parameters():
             if bias_std and name.endswith(".bias"):
                 p.normal_(0.0, bias_std)
             if norm_std and name.endswith("norm.weight"):
-                p.normal_(1.0, norm_std)
+                p.normal_(unit, norm_std)
     model.save_pretrained(tmp, max_shard_size=max_shard_size)
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)

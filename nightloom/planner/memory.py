@@ -9,6 +9,11 @@ a heads, t TP), in bytes:
     no recompute          t=1: s·b·h·(34 + 5·a·s/h)   TP: s·b·h·(10 + 24/t + 5·a·s/(h·t))   TP+SP: s·b·h·(34 + 5·a·s/h)/t
     selective recompute   TP+SP: 34·s·b·h/t            (TP without SP: s·b·h·(10 + 24/t))
     full recompute        2·s·b·h (the layer input; /t when SP shards it)
+Qwen3's per-head q/k RMSNorms (`shape.qk_norm`) save their inputs as the layer norms of Table 2 do (its 4·s·b·h
+for two norms): q and k before RoPE, 2·s·b·(q_dim + kv_dim) bytes in bf16 (q_dim = a·head_dim, kv_dim =
+kv_heads·head_dim). They are outputs of the column-parallel QKV projection, so TP shards them over heads (/t with
+or without SP, as Table 2's 24/t terms), and they are kept under selective recompute (it recomputes only the
+attention core after them); full recompute keeps only the layer input.
 These assume materialised attention scores (PTD-P's fused softmax kernels). With a fused (flash-style) attention
 kernel (`fused_attention=True`) the 5·a·s/h score terms vanish: only Q, K, V and the output are kept (plus a
 row statistic per head), and selective recompute has nothing left to save (Dao 2023, FlashAttention-2 §3.1).
@@ -21,6 +26,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from nightloom.parallel import MemoryBreakdown, ParallelDims
+from nightloom.perf import count_params
 from nightloom.shape import ModelShape
 
 GIB = 1024**3
@@ -34,10 +40,15 @@ LOGIT_BYTES = 4
 
 @lru_cache(maxsize=1024)
 def layer_params(shape: ModelShape, tp: int) -> float:
-    """Parameters of one transformer layer held by one TP rank (matrices split, norms replicated)."""
-    h, kv_dim = shape.hidden, shape.kv_heads * shape.head_dim
-    mats = 2 * h * h + 2 * h * kv_dim + (3 if shape.gated_mlp else 2) * h * shape.ffn_hidden
-    return mats / tp + 2 * h
+    """Parameters of one transformer layer held by one TP rank: the matrices and their column-parallel biases
+    split, the rest (norms, q/k norms, row-parallel biases) replicated. The layer's total is perf.count_params's
+    (its one owner); q and o are h × a·head_dim there, not h × h (qwen3's head_dim is independent of h / a)."""
+    h, f = shape.hidden, shape.ffn_hidden
+    q_dim, kv_dim = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
+    mats = 2 * h * q_dim + 2 * h * kv_dim + (3 if shape.gated_mlp else 2) * h * f
+    split = mats + (q_dim + 2 * kv_dim) * shape.qkv_bias + (2 if shape.gated_mlp else 1) * f * shape.mlp_bias
+    per_layer = (count_params(shape, include_embeddings=False) - h) / shape.layers  # less the final norm
+    return split / tp + (per_layer - split)
 
 
 @lru_cache(maxsize=4096)
@@ -55,20 +66,29 @@ def stage_params(shape: ModelShape, tp: int, pp: int) -> tuple[float, float]:
 def activation_bytes_per_layer(
     shape: ModelShape, seq: int, mb: int, tp: int, sp: bool, recompute: str, fused_attention: bool = False
 ) -> float:
-    """Saved activations of one layer for one micro-batch (Korthikanti et al. 2022, Table 2); a fused attention
-    kernel stores no scores (the 5·a·s/h term is 0)."""
+    """Saved activations of one layer for one micro-batch (Korthikanti et al. 2022, Table 2), plus the q/k norms'
+    saved inputs where the shape has them (`qk_norm_bytes`); a fused attention kernel stores no scores (the 5·a·s/h
+    term is 0)."""
     s, b, h, a, t = seq, mb, shape.hidden, shape.heads, tp
     sbh = s * b * h
     attn = 0.0 if fused_attention else 5 * a * s / h
     if recompute == "full":
         return 2 * sbh / (t if sp else 1)
+    qk = qk_norm_bytes(shape, seq, mb, tp)
     if recompute == "selective":
-        return 34 * sbh / t if sp else sbh * (10 + 24 / t)
+        return (34 * sbh / t if sp else sbh * (10 + 24 / t)) + qk
     if t == 1:
-        return sbh * (34 + attn)
+        return sbh * (34 + attn) + qk
     if sp:
-        return sbh * (34 + attn) / t
-    return sbh * (10 + 24 / t + attn / t)
+        return sbh * (34 + attn) / t + qk
+    return sbh * (10 + 24 / t + attn / t) + qk
+
+
+def qk_norm_bytes(shape: ModelShape, seq: int, mb: int, tp: int) -> float:
+    """Saved inputs of a layer's per-head q and k RMSNorms (bf16, sharded over heads by TP; 0 without them)."""
+    if not shape.qk_norm:
+        return 0.0
+    return 2 * seq * mb * (shape.heads + shape.kv_heads) * shape.head_dim / tp
 
 
 def _state_bytes(precision: str) -> tuple[float, float, float]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from nightloom.chat import ChatSettings
 from nightloom.sharding.sources import SourceRef
 from nightloom.sharding.workdir import WorkDir
 from nightloom.spec import DatasetSpec, ShardingSpec, TokenizerSpec
@@ -30,7 +31,8 @@ class ShardJob(BaseModel):
     tokenizer: TokenizerSpec = Field(default_factory=TokenizerSpec)  # counts tokens (model.tokenizer)
     tokenizer_id: str = "bytes"  # the tokenizer's fingerprint, recorded in the manifest
     token_dtype: str = "uint16"  # of the token files: uint8 (<= 256 ids), uint16 (< 65,500), else int32
-    eos_id: int = 0  # appended after every document in the token files
+    eos_id: int = 0  # appended after every document in the token files (not for chats: see nightloom/chat.py)
+    chat: ChatSettings | None = None  # train.task sft: records are chats, each with a label-mask file per shard
 
     @property
     def output(self) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
 SCHEMA_VERSION = 3  # 2: per-file status and the file counts (every input file accounted for); 3: token files
 READABLE_SCHEMAS = (1, 2, 3)  # older manifests load with defaults (no token files: the trainer reads the text)
@@ -25,11 +25,26 @@ class TokenFiles(BaseModel):
     tokens: int  # ids in the .bin, EOS included (= the shard's tokens + rows)
     bin_hash: str  # "xxh3-128:<hex>" of the .bin (as the sources' fingerprints)
     idx_hash: str
+    labels: str | None = None  # chats: `<prefix>.labels.bin`, a uint8 0/1 per id of the .bin (1 = a label)
+    labels_hash: str | None = None
+    label_tokens: int = 0  # chats: the 1s in the labels file (the assistant tokens the loss counts)
+
+    @model_serializer(mode="wrap")
+    def _without_chat_fields(self, handler):
+        """The chat fields only when set: a pretraining manifest keeps its bytes."""
+        out = handler(self)
+        if self.labels is None:
+            for key in ("labels", "labels_hash", "label_tokens"):
+                out.pop(key, None)
+        return out
 
     @property
     def prefix(self) -> str:
         """What Megatron's `IndexedDataset(path_prefix)` takes."""
         return self.bin.removesuffix(".bin")
+
+    def files(self) -> list[str]:
+        return [self.bin, self.idx] + ([self.labels] if self.labels else [])
 
 
 class ShardInfo(BaseModel):
@@ -44,7 +59,7 @@ class ShardInfo(BaseModel):
 
     def files(self) -> list[str]:
         """Every file of this shard, relative to the manifest: the Parquet text, then the token files if any."""
-        return [self.path] + ([self.token_files.bin, self.token_files.idx] if self.token_files else [])
+        return [self.path] + (self.token_files.files() if self.token_files else [])
 
 
 class BadRecord(BaseModel):
@@ -61,6 +76,18 @@ class SourceFile(BaseModel):
     fingerprint: str  # "xxh3-128:<hex>" of a local file's bytes, or "etag:<ETag>" of an S3 object
     status: str = "read"  # read | empty | bad | duplicate (nightloom.sharding.accounting)
     documents: int | None = None  # documents of this file in the shards (None: manifest before schema 2)
+
+
+class ChatStats(BaseModel):
+    """train.task sft: how chat records became sequences (nightloom/chat.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+    style: str  # dataset.style (auto: detected per record)
+    template: str  # "sha256:<hex>" of the chat template
+    seq_len: int  # conversations longer than seq_len + 1 ids were cut or dropped
+    cut: int = 0  # conversations cut at a turn boundary (the longest run of whole turns ending with an assistant's)
+    dropped: int = 0  # conversations with no such run that fits (in no shard)
+    label_tokens: int = 0  # assistant tokens in the training shards (what the loss counts)
 
 
 class ShardManifest(BaseModel):
@@ -99,6 +126,14 @@ class ShardManifest(BaseModel):
     shards: list[ShardInfo]
     heldout: ShardInfo | None = None  # held-out documents (sharding.heldout), never in a training shard
     settings_hash: str = ""  # hash of inputs + settings: a re-run with the same value does no work
+    chat: ChatStats | None = None  # train.task sft only (absent from a pretraining manifest)
+
+    @model_serializer(mode="wrap")
+    def _without_chat(self, handler):
+        out = handler(self)
+        if self.chat is None:
+            out.pop("chat", None)
+        return out
 
     def to_json(self) -> str:
         """Indented, keys sorted (orjson: the stdlib's encoder took 0.4 s for a manifest of 21k sources)."""

@@ -12,6 +12,7 @@ import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 
+from nightloom.chat import ChatSettings
 from nightloom.sharding import readahead
 from nightloom.sharding.job import ShardJob
 from nightloom.sharding.manifest import ShardInfo, ShardManifest
@@ -102,12 +103,13 @@ def shard_dataset(
     workdir: str | None = None,
     progress: Progress | None = None,
     tokenizer: TokenizerSpec | str | None = None,
+    chat: ChatSettings | None = None,
 ) -> ShardManifest:
     """Hash-shard `dataset` into `sharding.num_shards` Parquet shards + manifest.json at `sharding.output`.
 
     Deterministic (same bytes for any `workers`), idempotent (same settings_hash ⇒ no work, same manifest),
     resumable (finished scans/shards of an interrupted run are reused). Raises ShardingError subclasses, or
-    StorageError when the object store cannot be used.
+    StorageError when the object store cannot be used. `chat` (train.task sft): the records are chats.
     """
-    job = plan_job(dataset, sharding, storage, workdir=workdir, tokenizer=tokenizer)
+    job = plan_job(dataset, sharding, storage, workdir=workdir, tokenizer=tokenizer, chat=chat)
     return run_job(job, workers=workers, progress=progress)

@@ -181,9 +181,15 @@ def place_documents(job: ShardJob, scans: list[ScanResult]) -> Placement:
     if not total:
         records = sum(s.records for s in scans)
         empty, bad = sum(s.empty for s in scans), sum(s.bad for s in scans)
+        dropped = sum(s.chats_dropped for s in scans)  # chats longer than seq_len + 1 ids (train.task sft)
+        why = (
+            f", {dropped} conversations dropped as longer than seq_len + 1 = {job.chat.seq_len + 1} ids"
+            if dropped
+            else ""
+        )
         raise BadInputError(
             f"{job.dataset.path}: zero documents in the whole input ({len(job.sources)} files, {records} records: "
-            f"{empty} empty, {bad} bad)"
+            f"{empty} empty, {bad} bad{why})"
         )
     dup = duplicate_mask(work, scans, total) if job.sharding.dedup else DocFlags(total)
     kept = total - dup.count()

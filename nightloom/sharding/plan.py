@@ -16,9 +16,11 @@ from pathlib import Path
 import pyarrow
 
 from nightloom import storage
+from nightloom.chat import CHAT_STYLES, ChatSettings
 from nightloom.sharding import readahead
 from nightloom.sharding.balance import VIRTUAL_BUCKETS
 from nightloom.sharding.corpus import ensure_sample_corpus
+from nightloom.sharding.errors import BadInputError
 from nightloom.sharding.fingerprint import FingerprintCache, fingerprint_all
 from nightloom.sharding.job import ShardJob, extra_columns
 from nightloom.sharding.manifest import MANIFEST_NAME, SCHEMA_VERSION, ShardManifest, load_manifest
@@ -81,9 +83,10 @@ def settings_hash(
     ignored: list[str] | None = None,
     tokenizer_id: str = "bytes",
     token_dtype: str = "uint16",
+    chat: ChatSettings | None = None,
 ) -> str:
     """`tokenizer_id` is the tokenizer's content fingerprint ("bytes" keeps the hashes of earlier shards);
-    `token_dtype` the token files' dtype."""
+    `token_dtype` the token files' dtype; `chat` the task sft's style, template and seq_len (only when set)."""
     doc = {
         "algorithm": ALGORITHM_VERSION,
         "schema": SCHEMA_VERSION,
@@ -102,6 +105,8 @@ def settings_hash(
         doc["keep_columns"] = list(dataset.keep_columns)
     if ignored:  # the manifest accounts for them: a new ignored file is a new manifest
         doc["ignored"] = sorted(ignored)
+    if chat is not None:  # train.task sft: chats rendered by this template, cut at seq_len + 1 ids
+        doc["chat"] = {"task": "sft", "style": chat.style, "template": chat.template_id, "seq_len": chat.seq_len}
     if token_dtype == "uint8":  # only then: shards with uint16/int32 token files keep their hash (bytes' were uint16)
         doc["token_dtype"] = token_dtype
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:32]
@@ -148,15 +153,21 @@ def plan_job(
     storage_spec: StorageSpec | None = None,
     workdir: str | None = None,
     tokenizer: TokenizerSpec | str | None = None,
+    chat: ChatSettings | None = None,
 ) -> ShardJob:
     """List and fingerprint the inputs and fix the settings hash (reads inputs once to hash them, cached by mtime).
 
     `tokenizer` (the run's model.tokenizer, default bytes) counts tokens; a `train_vocab` BPE is trained on the
-    corpus here on first use, so its fingerprint enters the hash."""
+    corpus here on first use, so its fingerprint enters the hash. `chat` (train.task sft, nightloom.chat's
+    `chat_settings`): records are chats, rendered with its template into ids and assistant labels."""
     from nightloom.sharding.tokens import token_dtype
     from nightloom.tokenizer import ensure_trained, load_tokenizer
 
     tok_spec = TokenizerSpec.coerce(tokenizer)
+    if chat is None and dataset.style in CHAT_STYLES:
+        raise BadInputError(f"dataset.style: {dataset.style} records are chats, which train.task: sft trains on")
+    if chat is not None and (tok_spec.is_bytes or tok_spec.path is None):
+        raise BadInputError("model.tokenizer: train.task sft needs a Hugging Face tokenizer folder (chat template)")
     if tok_spec.train_vocab is None:
         load_tokenizer(tok_spec)  # a bad tokenizer fails here, before any input is read
     s3 = S3Config.from_spec(storage_spec)
@@ -177,13 +188,19 @@ def plan_job(
     ensure_trained(tok_spec, dataset)
     tok = load_tokenizer(tok_spec)
     tok_id, dtype = tok.fingerprint(), token_dtype(tok.vocab_size)
-    shash = settings_hash(dataset, sharding, sources, listing.ignored, tok_id, dtype)
-    units, ranges = plan_scan(sources, split=sharding.key_field is None and not extra_columns(dataset, sharding))
+    if chat is not None:
+        from nightloom.chat import renderer
+
+        renderer(tok_spec.path, chat)  # transformers loads the tokenizer folder here, before any input is read
+    shash = settings_hash(dataset, sharding, sources, listing.ignored, tok_id, dtype, chat)
+    fast = sharding.key_field is None and not extra_columns(dataset, sharding) and chat is None
+    units, ranges = plan_scan(sources, split=fast)
     return ShardJob(
         tokenizer=tok_spec,
         tokenizer_id=tok_id,
         token_dtype=dtype,
         eos_id=tok.eos_id,
+        chat=chat,
         dataset=dataset,
         sharding=sharding,
         s3=s3,

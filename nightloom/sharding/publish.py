@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from nightloom import storage
 from nightloom.sharding.accounting import account_files
+from nightloom.sharding.errors import BadInputError
 from nightloom.sharding.job import ShardJob
-from nightloom.sharding.manifest import MANIFEST_NAME, ShardInfo, ShardManifest
+from nightloom.sharding.manifest import MANIFEST_NAME, ChatStats, ShardInfo, ShardManifest
 from nightloom.sharding.place import Placement
 from nightloom.sharding.plan import WORK_DIR_NAME
 from nightloom.sharding.scan_result import MAX_BAD_EXAMPLES, ScanResult
@@ -53,6 +54,20 @@ def build_manifest(
         shards=infos,
         heldout=heldout,
         settings_hash=job.settings_hash,
+        chat=_chat_stats(job, scans, infos),
+    )
+
+
+def _chat_stats(job: ShardJob, scans: list[ScanResult], infos: list[ShardInfo]) -> ChatStats | None:
+    if job.chat is None:
+        return None
+    return ChatStats(
+        style=job.chat.style,
+        template=job.chat.template_id,
+        seq_len=job.chat.seq_len,
+        cut=sum(s.chats_cut for s in scans),
+        dropped=sum(s.chats_dropped for s in scans),
+        label_tokens=sum(i.token_files.label_tokens for i in infos if i.token_files is not None),
     )
 
 
@@ -61,6 +76,13 @@ def publish_manifest(
 ) -> ShardManifest:
     """Write manifest.json (the last write: its presence means a complete dataset), then clean up."""
     manifest = build_manifest(job, scans, placement, infos)
+    if manifest.chat is not None and manifest.chat.label_tokens == 0:
+        c = manifest.chat
+        raise BadInputError(
+            f"no assistant tokens to learn from in the training shards ({manifest.rows} conversations kept, "
+            f"{c.dropped} dropped as longer than seq_len + 1 = {c.seq_len + 1} ids, {manifest.bad_records} bad): "
+            "train.task sft would train on nothing"
+        )
     storage.write_bytes(storage.join(job.output, MANIFEST_NAME), manifest.to_json().encode(), job.s3)
     shards = manifest.shards + ([manifest.heldout] if manifest.heldout else [])
     keep = {f for s in shards for f in s.files()}

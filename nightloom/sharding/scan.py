@@ -22,6 +22,7 @@ from nightloom.sharding.job import ShardJob
 from nightloom.sharding.jsonl_pieces import line_span
 from nightloom.sharding.manifest import BadRecord
 from nightloom.sharding.scan_arrow import Fallback, arrow_threads_at_least, scan_fast, usable_cpus
+from nightloom.sharding.scan_chats import scan_chats
 from nightloom.sharding.scan_records import RecordBuffer, scan_records
 from nightloom.sharding.scan_result import FileScan, ScanResult
 from nightloom.sharding.scan_texts import scan_texts
@@ -31,7 +32,7 @@ from nightloom.sharding.spill import Spill, spill_schema
 
 def _plain_text(job: ShardJob, src: SourceRef) -> bool:
     """A local text file whose text is its own key (`scan_texts` reads it)."""
-    return src.format == "text" and job.sharding.key_field is None and not storage.is_s3(src.uri)
+    return src.format == "text" and job.sharding.key_field is None and not storage.is_s3(src.uri) and job.chat is None
 
 
 def _scan_file(
@@ -56,7 +57,9 @@ def _scan_file(
         local = storage.get_file(src.uri, downloaded, job.s3)
     before = (res.records, res.empty, res.bad, len(res.bad_examples), buf.count)
     try:
-        if fast:
+        if job.chat is not None:
+            scan_chats(local, src, job, buf, res, span)
+        elif fast:
             buf.flush()  # keep input order: buffered records of earlier files go first
             records, empty = scan_fast(local, src, job, buf.spill, span)
             res.records, res.empty = res.records + records, res.empty + empty
@@ -85,7 +88,7 @@ def _scan_file(
 
 
 def _fast_path(job: ShardJob, src: SourceRef) -> bool:
-    return src.format != "text" and job.sharding.key_field is None and not job.extra_columns
+    return src.format != "text" and job.sharding.key_field is None and not job.extra_columns and job.chat is None
 
 
 #: units of small text files are scanned one at a time per process: their scan is Python (GIL) bound, and two
@@ -131,6 +134,7 @@ def scan_unit(job: ShardJob, index: int) -> ScanResult:
         buf.spill.abort()
         raise
     res.spills, res.meta, res.docs, res.ids, res.batches = buf.spill.finish()
-    wd.publish(*res.spills, *(f for f in (res.meta, res.ids, res.batches) if f))  # files first, the marker last
+    res.labels = buf.spill.labels_file
+    wd.publish(*res.spills, *(f for f in (res.meta, res.ids, res.labels, res.batches) if f))  # the marker last
     wd.write_marker(marker, res.model_dump_json().encode())
     return res

@@ -4,6 +4,7 @@ every problem is reported with file:line or counted (`on_error=skip`); good reco
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -55,8 +56,22 @@ class RecordBuffer:
         self.pending = 0
         self.count = 0  # documents added so far (spilled or buffered)
         self.tok = spill_tokenizer(job)  # None for bytes (tokens = UTF-8 bytes, already in meta)
+        self.ids: list[list[int]] = []  # chats (scan_chats.py): ids and labels rendered already, not tokenized here
+        self.labels: list[list[int]] = []
 
-    def add(self, tb: bytes, kb: bytes, meta: tuple[int, int, int, int, int], extras) -> None:
+    def add(
+        self,
+        tb: bytes,
+        kb: bytes,
+        meta: tuple[int, int, int, int, int],
+        extras,
+        ids: list[int] | None = None,
+        labels: list[int] | None = None,
+    ) -> None:
+        """One good record; a chat comes with its ids and labels (meta's tokens = their length)."""
+        if ids is not None:
+            self.ids.append(ids)
+            self.labels.append(labels)
         self.texts.append(tb)
         if self.separate_key:
             self.keys.append(kb)
@@ -75,11 +90,14 @@ class RecordBuffer:
         cols = [_strings(self.texts)] + ([_strings(self.keys)] if self.separate_key else [])
         cols += [pa.array(values, type=pa.string()) for values in self.kept]
         meta = np.array(self.meta, dtype=META_DTYPE)
-        ids = None
-        if self.tok is not None:
+        ids = labels = None
+        if self.ids:
+            ids = np.fromiter(itertools.chain.from_iterable(self.ids), dtype=np.int64, count=int(meta["tokens"].sum()))
+            labels = np.fromiter(itertools.chain.from_iterable(self.labels), dtype=np.uint8, count=len(ids))
+        elif self.tok is not None:
             meta["tokens"], ids = self.tok.encode_ids([t.decode("utf-8") for t in self.texts])
-        self.spill.add(cols, meta, ids)
-        self.texts.clear(), self.keys.clear(), self.meta.clear()
+        self.spill.add(cols, meta, ids, labels)
+        self.texts.clear(), self.keys.clear(), self.meta.clear(), self.ids.clear(), self.labels.clear()
         for values in self.kept:
             values.clear()
         self.pending = 0

@@ -48,8 +48,11 @@ class ScanResult(BaseModel):
     meta: str | None = None  # META_DTYPE file: (h1, h2, tokens, nbytes, pos) per spilled record; None if none kept
     ids: str | None = None  # job.token_dtype file: every spilled record's token ids, back to back (not for bytes)
     batches: str | None = None  # BATCH_DTYPE file: the spill's record batches by plain shard; None if none kept
+    labels: str | None = None  # chats: uint8 file, a 0/1 label per id of `ids` (aligned); else None
     records: int = 0  # records seen (good + empty + bad)
     docs: int = 0  # non-empty good documents spilled (before dedup)
     empty: int = 0
     bad: int = 0
     bad_examples: list[BadRecord] = Field(default_factory=list)
+    chats_cut: int = 0  # chats: conversations cut at a turn boundary to fit seq_len + 1 ids
+    chats_dropped: int = 0  # chats: conversations with no run of whole turns that fits (not spilled)

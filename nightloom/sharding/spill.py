@@ -93,17 +93,23 @@ class Spill:
         self.parts: list[str] = []
         self.meta_name = f"meta-{index:05d}.bin"
         self.ids_name = f"ids-{index:05d}.bin"
+        self.labels_name = f"labels-{index:05d}.bin"  # chats: a uint8 0/1 per id, aligned with the ids file
         self.batches_name = f"batches-{index:05d}.bin"
         self.meta: ArrayWriter | None = None
         self.ids: ArrayWriter | None = None
+        self.labels: ArrayWriter | None = None
         self.batches: ArrayWriter | None = None
-        # batches not written yet: (record batch, its meta, its ids or None, each plain shard's [start, stop))
-        self.pending: list[tuple[pa.RecordBatch, np.ndarray, np.ndarray | None, np.ndarray]] = []
+        # batches not written yet: (record batch, its meta, its ids or None, each plain shard's [start, stop), its
+        # labels or None)
+        self.pending: list[tuple[pa.RecordBatch, np.ndarray, np.ndarray | None, np.ndarray, np.ndarray | None]] = []
         self.pending_bytes = 0
         self.rows = self.written = self.tokens = 0  # rows added (input positions), rows and ids written
 
-    def add(self, columns: list[pa.Array], meta: np.ndarray, ids: np.ndarray | None = None) -> None:
-        """`ids`: the records' token ids back to back (meta["tokens"] of them per record), or None for bytes."""
+    def add(
+        self, columns: list[pa.Array], meta: np.ndarray, ids: np.ndarray | None = None, labels: np.ndarray | None = None
+    ) -> None:
+        """`ids`: the records' token ids back to back (meta["tokens"] of them per record), or None for bytes;
+        `labels`: chats' 0/1 label per id (uint8, aligned with `ids`), else None."""
         if not len(meta):
             return
         meta["pos"] = np.arange(self.rows, self.rows + len(meta), dtype=np.int64)
@@ -112,8 +118,10 @@ class Spill:
         if not np.array_equal(order, np.arange(len(order))):
             if ids is not None:
                 ids = gather_ids(ids, meta["tokens"], order)
+            if labels is not None:
+                labels = gather_ids(labels, meta["tokens"], order)
             batch, meta = batch.take(row_indices(order)), meta[order]
-        self.pending.append((batch, meta, ids, bounds))
+        self.pending.append((batch, meta, ids, bounds, labels))
         self.rows += len(meta)
         self.pending_bytes += int(meta["nbytes"].sum())
         if self.pending_bytes >= SPILL_PART_BYTES:
@@ -129,16 +137,18 @@ class Spill:
             self.batches = ArrayWriter(self.work / self.batches_name, BATCH_DTYPE)
         if self.ids is None and self.pending[0][2] is not None:
             self.ids = ArrayWriter(self.work / self.ids_name, np_dtype(self.id_dtype))
-        counts = np.stack([np.diff(b) for _, _, _, b in self.pending])  # (batch, shard) -> rows
+        if self.labels is None and self.pending[0][4] is not None:
+            self.labels = ArrayWriter(self.work / self.labels_name, np.dtype(np.uint8))
+        counts = np.stack([np.diff(b) for _, _, _, b, _ in self.pending])  # (batch, shard) -> rows
         which_shard, which_batch = np.nonzero(counts.T)  # shard-major, batches in input order within a shard
-        tok_before = [np.concatenate([[0], np.cumsum(m["tokens"])]) for _, m, _, _ in self.pending]
+        tok_before = [np.concatenate([[0], np.cumsum(m["tokens"])]) for _, m, _, _, _ in self.pending]
         self.parts.append(f"spill-{self.index:05d}-{len(self.parts):04d}.arrow")
         tmp = self.work / f".{self.parts[-1]}.tmp"
         index = np.zeros(len(which_shard), dtype=BATCH_DTYPE)
         index["file"] = index["segment"] = len(self.parts) - 1  # a part holds one run of input positions
         with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, self.schema) as writer:  # tell() places batches
             for k, (b, p) in enumerate(zip(which_batch.tolist(), which_shard.tolist())):
-                batch, meta, ids, bounds = self.pending[b]
+                batch, meta, ids, bounds, labels = self.pending[b]
                 lo, hi = int(bounds[p]), int(bounds[p + 1])
                 start = sink.tell()
                 writer.write_batch(batch.slice(lo, hi - lo))
@@ -150,30 +160,40 @@ class Spill:
                     t0, t1 = int(tok_before[b][lo]), int(tok_before[b][hi])
                     index["tok"][k] = self.tokens
                     self.ids.append(ids[t0:t1])
+                    if labels is not None:
+                        self.labels.append(labels[t0:t1])
                     self.tokens += t1 - t0
         tmp.replace(self.work / self.parts[-1])
         self.batches.append(index)
         self.pending.clear()
         self.pending_bytes = 0
 
+    @property
+    def labels_file(self) -> str | None:
+        """The published labels file (chats), else None."""
+        return self.labels_name if self.labels is not None else None
+
     def abort(self) -> None:
         self.pending.clear()
         if self.parts:  # a part that failed half-written
             (self.work / f".{self.parts[-1]}.tmp").unlink(missing_ok=True)
-        for w in (self.meta, self.ids, self.batches):
+        for w in (self.meta, self.ids, self.labels, self.batches):
             if w is not None:
                 w.abort()
-        self.meta = self.ids = self.batches = None
+        self.meta = self.ids = self.labels = self.batches = None
         for p in self.parts:
             (self.work / p).unlink(missing_ok=True)
 
     def finish(self) -> tuple[list[str], str | None, int, str | None, str | None]:
-        """(spill parts, meta file, records, ids file, batch index file), all published."""
+        """(spill parts, meta file, records, ids file, batch index file), all published (and the labels file of
+        chats: `labels_file`)."""
         self.close_part()
         ids = None
         if self.ids is not None:
             self.ids.publish()
             ids = self.ids_name
+        if self.labels is not None:
+            self.labels.publish()
         if self.meta is None:
             return self.parts, None, 0, ids, None
         self.batches.publish()

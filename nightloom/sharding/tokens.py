@@ -12,6 +12,11 @@ same files. Layout, from megatron-core 0.16.1 `megatron/core/datasets/indexed_da
 
 Written with numpy a chunk at a time (lengths spill to a work file), so memory does not grow with the shard;
 both files are hashed (xxh3-128, ~5× faster than sha256 on these twice-the-text files) while they are written.
+
+Chats (train.task sft) differ in two ways: a document is the conversation's ids exactly as its chat template ends
+them (no EOS appended here: nightloom/chat.py appends one only to a template whose assistant turn has no end
+token), and beside the .bin a `<prefix>.labels.bin` holds one uint8 per id (1 = an assistant token, a label;
+0 = context), aligned with the .bin, so a reader takes a document's labels at the same offsets as its ids.
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ INDEX_HEADER = b"MMIDIDX\x00\x00"
 INDEX_VERSION = 1
 DTYPE_CODES = {"uint8": 1, "uint16": 8, "int32": 4}  # megatron.core.datasets.indexed_dataset.DType
 LENGTH_DTYPE = np.dtype("<i4")
+LABEL_DTYPE = np.dtype("u1")
+LABELS_SUFFIX = ".labels.bin"
 HASH_PREFIX = "xxh3-128:"
 
 
@@ -42,6 +49,19 @@ def token_dtype(vocab_size: int) -> str:
     if vocab_size <= 256:
         return "uint8"
     return "uint16" if vocab_size < 65_500 else "int32"
+
+
+def labels_file_name(prefix: str) -> str:
+    """The label-mask file of the indexed dataset `prefix` (chats)."""
+    return prefix + LABELS_SUFFIX
+
+
+def read_lengths(idx: bytes) -> np.ndarray:
+    """The sequence lengths of a .idx file's bytes (int64; one sequence per document here)."""
+    if idx[: len(INDEX_HEADER)] != INDEX_HEADER:
+        raise ValueError("not a Megatron .idx file (bad header)")
+    n = struct.unpack_from("<Q", idx, len(INDEX_HEADER) + 9)[0]
+    return np.frombuffer(idx, dtype=LENGTH_DTYPE, count=n, offset=len(INDEX_HEADER) + 25).astype(np.int64)
 
 
 def np_dtype(name: str) -> np.dtype:
@@ -103,33 +123,42 @@ class TokenCounts:
     """What one finished .bin/.idx pair holds, and the files' content hashes ("xxh3-128:<hex>")."""
 
     documents: int
-    tokens: int  # ids in the .bin, one EOS per document included
+    tokens: int  # ids in the .bin, one EOS per document included (chats: as the template ends them)
     bin_hash: str
     idx_hash: str
+    labels: int = 0  # chats: label ids (1s) in the labels file
+    labels_hash: str | None = None  # chats: of the labels file
 
 
 class TokenFileWriter:
     """Append documents to a .bin (temp path) and build its .idx at `finish`; the caller renames both into place.
 
-    `lengths_path` is a work file for the per-document lengths (the .idx needs them all before the pointers)."""
+    `lengths_path` is a work file for the per-document lengths (the .idx needs them all before the pointers).
+    `labels_tmp` (chats): the labels file's temp path; documents are then written without an EOS."""
 
-    def __init__(self, bin_tmp: Path, lengths_path: Path, dtype: str, eos_id: int):
+    def __init__(self, bin_tmp: Path, lengths_path: Path, dtype: str, eos_id: int, labels_tmp: Path | None = None):
         self.dtype, self.eos_id = np_dtype(dtype), int(eos_id)
         self.bin_tmp = Path(bin_tmp)
         self.bin_tmp.parent.mkdir(parents=True, exist_ok=True)
         # written once, never read back here: past the page cache, hashed as it is written
         self._bin = DirectWriter(self.bin_tmp, digest=xxhash.xxh3_128())
+        self._labels = None
         try:
             self._lengths = ArrayWriter(lengths_path, LENGTH_DTYPE)
+            if labels_tmp is not None:
+                self._labels = DirectWriter(Path(labels_tmp), digest=xxhash.xxh3_128())
         except BaseException:
             self._bin.abort()
             raise
-        self.documents = self.tokens = 0
+        self.documents = self.tokens = self.label_ids = 0
 
-    def add(self, lengths: np.ndarray, ids: np.ndarray) -> None:
-        """Documents with `lengths` ids each (EOS not included), their ids back to back."""
+    def add(self, lengths: np.ndarray, ids: np.ndarray, labels: np.ndarray | None = None) -> None:
+        """Documents with `lengths` ids each (EOS not included), their ids back to back; chats also give their
+        labels (aligned with `ids`) and get no EOS."""
         if not len(lengths):
             return
+        if (labels is None) != (self._labels is None):
+            raise ValueError("token ids: labels are given exactly when the writer has a labels file (chats)")
         lengths = np.asarray(lengths, dtype=np.int64)
         if int(lengths.sum()) != len(ids):
             raise ValueError(f"token ids: {len(ids)} ids for documents of {int(lengths.sum())} ids in all")
@@ -137,7 +166,18 @@ class TokenFileWriter:
             raise ValueError("token ids: negative id")
         if self.dtype == np.uint16 and len(ids) and int(ids.max()) > np.iinfo(np.uint16).max:
             raise ValueError(f"token ids: id {int(ids.max())} does not fit uint16 (vocab too small in the manifest?)")
-        self._put(lengths, with_eos(lengths, ids, self.eos_id, self.dtype))
+        if labels is None:
+            self._put(lengths, with_eos(lengths, ids, self.eos_id, self.dtype))
+            return
+        if len(labels) != len(ids):
+            raise ValueError(f"token ids: {len(labels)} labels for {len(ids)} ids")
+        mask = np.ascontiguousarray(labels, dtype=LABEL_DTYPE)
+        self._labels.write(memoryview(mask).cast("B"))
+        self.label_ids += int(mask.sum())
+        self._bin.write(memoryview(np.ascontiguousarray(ids, dtype=self.dtype)).cast("B"))
+        self._lengths.append(lengths)
+        self.documents += len(lengths)
+        self.tokens += len(ids)
 
     def add_texts(self, texts: pa.Array | pa.ChunkedArray) -> None:
         """Documents of the `bytes` tokenizer, whose ids are their UTF-8 bytes (a chunk at a time: no concatenation
@@ -173,8 +213,10 @@ class TokenFileWriter:
         self.tokens += ids
 
     def finish(self, idx_tmp: Path) -> TokenCounts:
-        """Close the .bin and write the .idx at `idx_tmp` (both still temp paths)."""
+        """Close the .bin (and labels) and write the .idx at `idx_tmp` (all still temp paths)."""
         self._bin.close()
+        if self._labels is not None:
+            self._labels.close()
         self._lengths.publish()
         n = self.documents
         h = xxhash.xxh3_128()
@@ -198,9 +240,13 @@ class TokenFileWriter:
             for a in range(0, n + 1, CHUNK_RECORDS):
                 put(np.arange(a, min(a + CHUNK_RECORDS, n + 1), dtype="<i8").tobytes())
         self._lengths.path.unlink(missing_ok=True)
-        return TokenCounts(n, self.tokens, HASH_PREFIX + self._bin.digest.hexdigest(), HASH_PREFIX + h.hexdigest())
+        labels_hash = HASH_PREFIX + self._labels.digest.hexdigest() if self._labels is not None else None
+        bin_hash, idx_hash = HASH_PREFIX + self._bin.digest.hexdigest(), HASH_PREFIX + h.hexdigest()
+        return TokenCounts(n, self.tokens, bin_hash, idx_hash, self.label_ids, labels_hash)
 
     def abort(self) -> None:
         self._bin.abort()  # closes it if open, and removes the temp file
+        if self._labels is not None:
+            self._labels.abort()
         self._lengths.abort()  # closes and removes the temp file (a no-op after publish)
         self._lengths.path.unlink(missing_ok=True)

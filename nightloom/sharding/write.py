@@ -29,7 +29,7 @@ from nightloom.sharding.place import MAPPING_NAME, dest_name
 from nightloom.sharding.plan import RANGE_BYTES
 from nightloom.sharding.scan_result import ScanResult
 from nightloom.sharding.spill import BATCH_DTYPE, META_DTYPE, gather_ids, row_indices, spill_schema
-from nightloom.sharding.tokens import TokenFileWriter, np_dtype
+from nightloom.sharding.tokens import LABEL_DTYPE, TokenFileWriter, labels_file_name, np_dtype
 from nightloom.sharding.workdir import WorkDir
 from nightloom.sharding.writeback import durable_and_uncached
 
@@ -148,7 +148,8 @@ def _rows_of_shard(
     wd: WorkDir, s: ScanResult, index: int, wanted: np.ndarray, schema: pa.Schema, cols: list[str], id_dtype: str
 ):
     """(shard `index`'s rows of scan `s` as a table, their META_DTYPE records, their token ids back to back or
-    None when the scan spilled none), segment by segment, in input order. Only the batches of the spill partitions
+    None when the scan spilled none, their labels aligned with the ids or None unless chats), segment by segment,
+    in input order. Only the batches of the spill partitions
     marked in `wanted` (a bool per plain shard) are read, a run of adjacent ones at a time (a plain shard's batches
     of a whole spill part are adjacent), with plain reads of the spill, meta, dest and ids files: what a batch
     holds is copied, so nothing refers to the files; on an S3 work folder this machine did not scan, the reads are
@@ -181,6 +182,7 @@ def _rows_of_shard(
     try:
         dest, meta = work_file(dest_name(s.index)), work_file(s.meta)
         ids_all = work_file(s.ids) if s.ids else None  # None: the scan spilled no ids (the bytes tokenizer)
+        labels_all = work_file(s.labels) if s.labels else None  # chats only
         for seg in _segments(entries):
             pieces = []
             mixed = False  # rows of several plain shards: input order is restored below
@@ -193,27 +195,33 @@ def _rows_of_shard(
                     raise ShardingError(f"internal: {s.spills[file]} holds {len(t)} rows at {offset}, its index {n}")
                 m = meta.records(META_DTYPE, row, n)
                 ids = ids_all.records(id_type, tok, int(m["tokens"].sum())) if ids_all else None
+                labels = labels_all.records(LABEL_DTYPE, tok, int(m["tokens"].sum())) if labels_all else None
                 mixed = mixed or several
                 if not mine.all():
                     keep = np.flatnonzero(mine)
                     if ids is not None:
                         ids = ids[np.repeat(mine, m["tokens"])]
+                    if labels is not None:
+                        labels = labels[np.repeat(mine, m["tokens"])]
                     t, m = t.take(row_indices(keep)), m[keep]
-                pieces.append((t, m, ids))
+                pieces.append((t, m, ids, labels))
             if not pieces:
                 continue
             if len(pieces) == 1:
-                t, m, ids = pieces[0]
+                t, m, ids, labels = pieces[0]
             else:
                 t = pa.concat_tables([p[0] for p in pieces])
                 m = np.concatenate([p[1] for p in pieces])
                 ids = np.concatenate([p[2] for p in pieces]) if ids_all is not None else None
+                labels = np.concatenate([p[3] for p in pieces]) if labels_all is not None else None
             if mixed or len(pieces) > 1:  # partitions met: input order back
                 order = np.argsort(m["pos"], kind="stable")
                 if ids is not None:
                     ids = gather_ids(ids, m["tokens"], order)
+                if labels is not None:
+                    labels = gather_ids(labels, m["tokens"], order)
                 t, m = t.take(row_indices(order)), m[order]
-            yield t.select(cols), m, ids
+            yield t.select(cols), m, ids, labels
     finally:  # whatever failed to open or read: nothing stays open
         for f in [*opened, current[1]]:
             if f is not None:
@@ -228,6 +236,7 @@ def write_shard(job: ShardJob, scans: list[ScanResult], index: int) -> ShardInfo
     final = storage.join(job.output, name)
     stem = job.shard_stem(index)
     bin_name, idx_name = f"{stem}.bin", f"{stem}.idx"
+    labels_name = labels_file_name(stem) if job.chat is not None else None
     done = wd.marker(marker)
     if done is not None and storage.exists(final, job.s3):  # the Parquet shard is published after its token files
         return ShardInfo.model_validate_json(done)
@@ -243,9 +252,12 @@ def write_shard(job: ShardJob, scans: list[ScanResult], index: int) -> ShardInfo
     tmp = tmp_dir / f".{name}.tmp"
     tmp.parent.mkdir(parents=True, exist_ok=True)
     bin_tmp, idx_tmp = tmp_dir / f".{bin_name}.tmp", tmp_dir / f".{idx_name}.tmp"
+    labels_tmp = tmp_dir / f".{labels_name}.tmp" if labels_name else None
     sink = DirectWriter(tmp, digest=hashlib.sha256())  # hashed as written: never read back
     try:
-        tokens_out = TokenFileWriter(bin_tmp, work / f"lengths-{index:05d}.bin", job.token_dtype, job.eos_id)
+        tokens_out = TokenFileWriter(
+            bin_tmp, work / f"lengths-{index:05d}.bin", job.token_dtype, job.eos_id, labels_tmp=labels_tmp
+        )
     except BaseException:
         sink.abort()
         raise
@@ -291,13 +303,13 @@ def write_shard(job: ShardJob, scans: list[ScanResult], index: int) -> ShardInfo
     )
     try:
         for share in shares:
-            for t, sel, ids in share:
+            for t, sel, ids, labels in share:
                 if t.schema != out_schema:
                     t = t.cast(out_schema)
                 if ids is None:  # bytes: the ids are the text's UTF-8 bytes
                     tokens_out.add_texts(t.column(0))
                 else:
-                    tokens_out.add(sel["tokens"], ids)
+                    tokens_out.add(sel["tokens"], ids, labels)
                 rows += len(sel)
                 tokens += int(sel["tokens"].sum())
                 nbytes += int(sel["nbytes"].sum())
@@ -317,13 +329,16 @@ def write_shard(job: ShardJob, scans: list[ScanResult], index: int) -> ShardInfo
         sink.close()
         digest = sink.digest.hexdigest()
         counts = tokens_out.finish(idx_tmp)
-        if counts.documents != rows or counts.tokens != tokens + rows:
+        eos = 0 if labels_tmp else rows  # chats end as their template ends them (nightloom/chat.py)
+        if counts.documents != rows or counts.tokens != tokens + eos:
             raise ShardingError(
                 f"internal: {bin_name} holds {counts.documents} documents and {counts.tokens} ids, the shard "
-                f"{rows} documents of {tokens} tokens (+1 EOS each)"
+                f"{rows} documents of {tokens} tokens (+{eos} EOS)"
             )
-        for done_file in (idx_tmp, bin_tmp, tmp):
+        for done_file in (idx_tmp, bin_tmp, tmp, *([labels_tmp] if labels_tmp else [])):
             durable_and_uncached(done_file)
+        if labels_tmp:
+            storage.put_file(labels_tmp, storage.join(job.output, labels_name), job.s3)
         storage.put_file(idx_tmp, storage.join(job.output, idx_name), job.s3)
         storage.put_file(bin_tmp, storage.join(job.output, bin_name), job.s3)
         storage.put_file(tmp, final, job.s3)
@@ -334,7 +349,7 @@ def write_shard(job: ShardJob, scans: list[ScanResult], index: int) -> ShardInfo
             with contextlib.suppress(Exception):
                 writer.close()
         tokens_out.abort()
-        for t in (tmp, bin_tmp, idx_tmp):
+        for t in (tmp, bin_tmp, idx_tmp, *([labels_tmp] if labels_tmp else [])):
             t.unlink(missing_ok=True)
     token_files = TokenFiles(
         bin=bin_name,
@@ -345,6 +360,11 @@ def write_shard(job: ShardJob, scans: list[ScanResult], index: int) -> ShardInfo
         tokens=counts.tokens,
         bin_hash=counts.bin_hash,
         idx_hash=counts.idx_hash,
+        **(
+            {"labels": labels_name, "labels_hash": counts.labels_hash, "label_tokens": counts.labels}
+            if labels_name
+            else {}
+        ),
     )
     info = ShardInfo(
         index=index, path=name, rows=rows, tokens=tokens, bytes=nbytes, sha256=digest, token_files=token_files

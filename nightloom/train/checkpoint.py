@@ -107,3 +107,14 @@ def load(path: Path, parts: list[nn.Module], optims: list) -> None:
             model, optim = _renamed(model, EMBED_NAME, HEAD_NAME), _renamed(optim, EMBED_NAME, HEAD_NAME)
         set_model_state_dict(m, model, options=StateDictOptions(strict=False))
         set_optimizer_state_dict(m, o, optim, options=_OPTS)
+
+
+def load_weights(path: Path, model: nn.Module) -> None:
+    """One process, no process group (eval, tools): the checkpoint's model weights into a whole `model`. A tied
+    head is the embedding's own parameter here, filled from the one stored matrix (the head is not stored)."""
+    state = get_model_state_dict(model)
+    tied = getattr(getattr(model, "shape", None), "tied_embeddings", False)
+    if tied:
+        state.pop(HEAD_NAME, None)
+    dcp.load({"model": state}, checkpoint_id=str(path), no_dist=True)
+    set_model_state_dict(model, state, options=StateDictOptions(strict=not tied))

@@ -15,7 +15,12 @@ With a seed, each shard's windows are permuted (numpy PCG64 seeded by (seed, sha
 whole corpus, so neighbouring windows no longer come from neighbouring documents (runs of hard batches from one
 module looked like loss spikes), while a rank still reads only the shards its slice touches.
 
-The global batch of step k is windows [k*G, (k+1)*G) (mod the number of windows: epochs wrap), and DP rank r
+train.task sft reads conversations instead (`ConversationRows`): one conversation per sequence (a shard's
+documents, its .idx gives their lengths), padded to seq_len + 1 ids, with the shard's label file (1 = an
+assistant token) turned into targets: the next id where it is a label, IGNORE_INDEX elsewhere. No row holds two
+conversations, so no attention crosses one; rows are permuted per shard with the same seeded scheme as windows.
+
+The global batch of step k is windows (or rows) [k*G, (k+1)*G) (mod their number: epochs wrap), and DP rank r
 gets the contiguous slice [r*G/dp, (r+1)*G/dp) of it. Hence step k sees the same set of sequences for every
 layout (parity and re-layout resume), every rank does the same number of micro-batches, and each DP rank
 reads only the one or two shards its slice touches.
@@ -37,6 +42,7 @@ from nightloom.storage import S3Config, read_bytes
 from nightloom.tokenizer import Tokenizer, load_tokenizer
 
 SEPARATOR = 0
+IGNORE_INDEX = -100  # a target that is not a label (F.cross_entropy's default ignore_index)
 
 
 class DataError(ValueError):
@@ -113,6 +119,11 @@ class PackedWindows:
             raise DataError(
                 f"{self.manifest_uri}: tokenizer: the shards were counted with {self.manifest.tokenizer!r}, the run "
                 f"uses {self.tokenizer.fingerprint()!r} (re-shard with the run's model.tokenizer)"
+            )
+        if self.manifest.chat is not None:
+            raise DataError(
+                f"{self.manifest_uri}: a chat dataset (sharded for train.task sft: conversations and their labels), "
+                "not a pretraining stream: set train.task: sft, or re-shard with train.task: pretrain"
             )
         self.window = seq_len + 1
         base = _base_uri(manifest)
@@ -207,6 +218,11 @@ class PackedWindows:
             k = int(np.searchsorted(self._starts, g, side="right") - 1)
             out[j] = self._shard(k)[g - self.spans[k].first]
         return torch.from_numpy(out)
+
+    def sequences(self, start: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(inputs, targets) of windows [start, start+n): every next id is a target."""
+        seqs = self.windows(start, n)
+        return seqs[:, :-1], seqs[:, 1:]
 
 
 def read_eval_texts(
@@ -307,12 +323,183 @@ class StepBatch:
 class StepLoader:
     """Batches by step number: resuming at step k needs no state other than k."""
 
-    def __init__(self, windows: PackedWindows, micro_batch: int, grad_accum: int, dp: int, dp_rank: int):
+    def __init__(self, windows, micro_batch: int, grad_accum: int, dp: int, dp_rank: int):
+        """`windows`: PackedWindows (pretraining) or ConversationRows (sft)."""
         self.w, self.mb, self.ga, self.dp, self.dp_rank = windows, micro_batch, grad_accum, dp, dp_rank
         self.global_batch = micro_batch * grad_accum * dp
 
     def batch(self, step: int) -> StepBatch:
         local = self.mb * self.ga
-        seqs = self.w.windows(step * self.global_batch + self.dp_rank * local, local)
-        micro = [(seqs[i : i + self.mb, :-1], seqs[i : i + self.mb, 1:]) for i in range(0, local, self.mb)]
+        x, y = self.w.sequences(step * self.global_batch + self.dp_rank * local, local)
+        micro = [(x[i : i + self.mb], y[i : i + self.mb]) for i in range(0, local, self.mb)]
         return StepBatch(step, micro)
+
+
+def chat_targets(ids: np.ndarray, labels: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    """(inputs, targets) of padded conversation rows (n, seq_len+1): the next id where it is a label, else
+    IGNORE_INDEX."""
+    ids_t, labels_t = torch.from_numpy(ids), torch.from_numpy(labels.astype(bool))
+    return ids_t[:, :-1], torch.where(labels_t[:, 1:], ids_t[:, 1:], IGNORE_INDEX)
+
+
+class _ChatShard:
+    """One shard's conversations: ids and labels (memory maps locally) and each one's offset and length."""
+
+    def __init__(self, ids: np.ndarray, labels: np.ndarray, lengths: np.ndarray, order: np.ndarray | None):
+        self.ids, self.labels, self.lengths, self.order = ids, labels, lengths, order
+        self.starts = np.cumsum(lengths) - lengths
+
+    def __getitem__(self, j: int) -> tuple[np.ndarray, np.ndarray]:
+        o = int(self.order[j]) if self.order is not None else j
+        a, n = int(self.starts[o]), int(self.lengths[o])
+        return self.ids[a : a + n], self.labels[a : a + n]
+
+
+def _array(uri: str, dtype: np.dtype, s3: S3Config | None, what: str) -> np.ndarray:
+    if uri.startswith("s3://"):
+        return np.frombuffer(_read_bytes(uri, s3), dtype=dtype)
+    p = Path(uri)
+    if not p.is_file():
+        raise DataError(f"{p}: {what} listed in the manifest does not exist")
+    return np.memmap(p, dtype=dtype, mode="r") if p.stat().st_size else np.zeros(0, dtype=dtype)
+
+
+def load_chat_shard(base: str, tf, s3: S3Config | None, order: np.ndarray | None, where: str) -> _ChatShard:
+    """A shard's (or the held-out split's) conversations from its token files and label file."""
+    from nightloom.sharding.tokens import LABEL_DTYPE, np_dtype, read_lengths
+
+    def at(rel: str) -> str:
+        return f"{base}/{rel}" if base.startswith("s3://") else str(Path(base) / rel)
+
+    if tf is None or tf.labels is None:
+        raise DataError(
+            f"{where}: no label file: train.task sft needs shards made for it (re-shard with train.task: sft)"
+        )
+    ids = _array(at(tf.bin), np_dtype(tf.dtype), s3, "token file")
+    labels = _array(at(tf.labels), LABEL_DTYPE, s3, "label file")
+    lengths = read_lengths(_read_bytes(at(tf.idx), s3))
+    if len(ids) != tf.tokens or len(labels) != len(ids) or int(lengths.sum()) != len(ids):
+        raise DataError(
+            f"{at(tf.bin)}: token_files.tokens = {tf.tokens}, but the token file holds {len(ids)} ids, the label "
+            f"file {len(labels)} and the index {int(lengths.sum())}"
+        )
+    return _ChatShard(ids, labels, lengths, order)
+
+
+class ConversationRows:
+    """train.task sft: random access to the global row stream, one conversation per row (see the module
+    docstring); shards are loaded lazily and a few are cached."""
+
+    def __init__(
+        self,
+        manifest: str,
+        seq_len: int,
+        cache_shards: int = 2,
+        seed: int | None = None,
+        tokenizer: TokenizerSpec | str | None = None,
+        s3: S3Config | None = None,
+    ):
+        self.manifest_uri, self.seed, self.s3 = str(manifest), seed, s3
+        self.manifest: ShardManifest = load_manifest(manifest, s3)
+        self.tokenizer: Tokenizer = load_tokenizer(tokenizer)
+        if self.manifest.tokenizer != self.tokenizer.fingerprint():
+            raise DataError(
+                f"{self.manifest_uri}: tokenizer: the shards were made with {self.manifest.tokenizer!r}, the run "
+                f"uses {self.tokenizer.fingerprint()!r} (re-shard with the run's model.tokenizer)"
+            )
+        if self.manifest.chat is None:
+            raise DataError(
+                f"{self.manifest_uri}: not a chat dataset (no `chat` in the manifest): train.task sft needs shards "
+                "made with train.task: sft"
+            )
+        self.window, self.base = seq_len + 1, _base_uri(manifest)
+        self.shards = sorted(self.manifest.shards, key=lambda s: s.index)
+        self._starts = np.cumsum([0] + [s.rows for s in self.shards])
+        self.total = int(self._starts[-1])
+        if self.total == 0:
+            raise DataError(f"{self.manifest_uri}: no conversation in the training shards")
+        self._cache: OrderedDict[int, _ChatShard] = OrderedDict()
+        self._cache_size = cache_shards
+
+    def _shard(self, k: int) -> _ChatShard:
+        if k in self._cache:
+            self._cache.move_to_end(k)
+            return self._cache[k]
+        s = self.shards[k]
+        order = None if self.seed is None else np.random.default_rng([self.seed, s.index]).permutation(s.rows)
+        shard = load_chat_shard(self.base, s.token_files, self.s3, order, f"{self.manifest_uri}: shards[{k}]")
+        self._cache[k] = shard
+        if len(self._cache) > self._cache_size:
+            self._cache.popitem(last=False)
+        return shard
+
+    def rows(self, start: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """(ids, labels) of global rows [start, start+n) (mod total), each (n, seq_len+1), padded with EOS ids
+        whose labels are 0."""
+        ids = np.full((n, self.window), self.tokenizer.eos_id, dtype=np.int64)
+        labels = np.zeros((n, self.window), dtype=np.uint8)
+        for j in range(n):
+            g = (start + j) % self.total
+            k = int(np.searchsorted(self._starts, g, side="right") - 1)
+            a, b = self._shard(k)[g - int(self._starts[k])]
+            if len(a) > self.window:
+                raise DataError(
+                    f"{self.manifest_uri}: a conversation of {len(a)} ids in shards[{k}] is longer than seq_len+1 = "
+                    f"{self.window} (sharded with seq_len {self.manifest.chat.seq_len}; re-shard with this one)"
+                )
+            ids[j, : len(a)], labels[j, : len(a)] = a, b
+        return ids, labels
+
+    def sequences(self, start: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(inputs, targets) of rows [start, start+n): targets are IGNORE_INDEX where the next id is no label."""
+        return chat_targets(*self.rows(start, n))
+
+
+def pad_rows(conversations: list[tuple[list[int], list[int]]], window: int, pad: int) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, labels) rows of `window` ids from conversations of at most that many, padded with `pad` (label 0)."""
+    ids = np.full((len(conversations), window), pad, dtype=np.int64)
+    labels = np.zeros((len(conversations), window), dtype=np.uint8)
+    for j, (a, b) in enumerate(conversations):
+        ids[j, : len(a)], labels[j, : len(a)] = a, b
+    return ids, labels
+
+
+def read_eval_rows(
+    manifest: str,
+    eval_data: str | None,
+    tokenizer: Tokenizer,
+    seq_len: int,
+    n: int,
+    chat=None,
+    s3: S3Config | None = None,
+) -> tuple[str, torch.Tensor, torch.Tensor]:
+    """train.task sft: (where, inputs, targets) of the first `n` eval conversations, from the held-out split's
+    token and label files, or `eval_data` (a JSONL of chat records, rendered with `chat`, nightloom.chat's
+    ChatSettings, as the shard stage does)."""
+    window = seq_len + 1
+    if eval_data:
+        from nightloom.chat import ChatError
+        from nightloom.sharding.scan_chats import render_chat_file
+
+        try:
+            convs, _ = render_chat_file(Path(eval_data), getattr(tokenizer, "folder", ""), chat)
+        except ChatError as e:
+            raise DataError(f"validate.eval_data: {e}") from None
+        if not convs:
+            raise DataError(f"{eval_data}: validate.eval_data: no conversation fits seq_len+1 = {window} ids")
+        ids, labels = pad_rows([(c.ids, c.labels) for c in convs[:n]], window, tokenizer.eos_id)
+        return eval_data, *chat_targets(ids, labels)
+    m = load_manifest(manifest, s3)
+    if m.heldout is None:
+        raise DataError(
+            f"{manifest}: validate.eval_every needs a held-out split (sharding.heldout) or validate.eval_data"
+        )
+    shard = load_chat_shard(_base_uri(manifest), m.heldout.token_files, s3, None, f"{manifest}: heldout")
+    k = min(n, len(shard.lengths))
+    if k == 0:
+        raise DataError(f"{manifest}: the held-out split holds no conversation")
+    rows = [tuple(np.asarray(v) for v in shard[j]) for j in range(k)]
+    if max(len(a) for a, _ in rows) > window:
+        raise DataError(f"{manifest}: a held-out conversation is longer than seq_len+1 = {window} ids (re-shard)")
+    ids, labels = pad_rows(rows, window, tokenizer.eos_id)
+    return f"{_base_uri(manifest)}/{m.heldout.token_files.bin}", *chat_targets(ids, labels)

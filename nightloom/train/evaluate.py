@@ -2,7 +2,9 @@
 
 Per document: the run's tokenizer ids (its own rules, no EOS appended), the first `seq_len` of them; every
 next-token prediction inside that prefix counts (a document of n ids predicts n-1 tokens). loss = the sum of
-those NLLs over all documents / their number, ppl = exp(loss). One process, fp32, the model rebuilt from the
+those NLLs over all documents / their number, ppl = exp(loss). A run of train.task sft scores chat records by its
+own rule: each conversation rendered with the run's chat template and cut (or dropped) at seq_len + 1 ids as the
+shard stage does (nightloom/chat.py), only its assistant tokens (labels by the prefix rule) predicted and counted. One process, fp32, the model rebuilt from the
 run's job file and filled from the DCP checkpoint (DCP reshards whatever layout saved it).
 """
 
@@ -28,6 +30,8 @@ class EvalResult:
     documents: int
     step: int
     checkpoint: str
+    task: str = "pretrain"  # sft: `tokens` are the conversations' assistant tokens
+    dropped: int = 0  # sft: conversations with no run of whole turns that fits seq_len + 1 ids (not scored)
 
 
 def run_job(run_dir: Path):
@@ -42,9 +46,6 @@ def run_job(run_dir: Path):
 
 def load_model(run_dir: Path, seq_len: int):
     """(model, step, checkpoint path) from the run's latest checkpoint, on CPU in fp32, in eval mode."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
-
     from nightloom.train import checkpoint
     from nightloom.train.model import build_model
 
@@ -54,9 +55,7 @@ def load_model(run_dir: Path, seq_len: int):
         raise EvalError(f"{job.checkpoint_dir}: no checkpoint (did the run save one?)")
     path, step = found
     model = build_model(job.model, seq_len, device="cpu")
-    state = {"model": get_model_state_dict(model)}
-    dcp.load(state, checkpoint_id=str(path), no_dist=True)
-    set_model_state_dict(model, state["model"])
+    checkpoint.load_weights(path, model)  # a tied matrix is stored once
     model.eval()
     return model, job, step, path
 
@@ -89,6 +88,32 @@ def score(model, ids_per_doc: list[list[int]], seq_len: int) -> tuple[float, int
     return total, count
 
 
+@torch.no_grad()
+def score_labels(model, conversations) -> tuple[float, int]:
+    """(sum of NLL, predicted tokens) over conversations' label tokens (nightloom.chat.Conversation)."""
+    total, count = 0.0, 0
+    for c in conversations:
+        ids = torch.tensor([c.ids], dtype=torch.long)
+        mask = torch.tensor(c.labels[1:], dtype=torch.bool)
+        logits = model(ids[:, :-1]).float()[0]
+        total += float(F.cross_entropy(logits[mask], ids[0, 1:][mask], reduction="sum").double())
+        count += int(mask.sum())
+    return total, count
+
+
+def _conversations(job, data: Path, tok, n: int):
+    """(conversations, dropped) of a JSONL file of chat records, rendered as the run's shard stage did."""
+    from nightloom.chat import ChatError
+    from nightloom.sharding.scan_chats import render_chat_file
+
+    if not data.is_file():
+        raise EvalError(f"{data}: --data: file not found")
+    try:
+        return render_chat_file(data, getattr(tok, "folder", ""), job.chat_settings(n))
+    except ChatError as e:
+        raise EvalError(str(e)) from None
+
+
 def evaluate_run(run_dir: str | Path, data: str | Path, seq_len: int | None = None) -> EvalResult:
     """Score the run's latest checkpoint on a JSONL file's documents (see the module docstring)."""
     from nightloom.tokenizer import load_tokenizer
@@ -98,11 +123,19 @@ def evaluate_run(run_dir: str | Path, data: str | Path, seq_len: int | None = No
     n = seq_len or job.train.seq_len
     if n > job.model.max_seq:
         raise EvalError(f"--seq-len {n} exceeds the model's max_seq {job.model.max_seq}")
-    docs = read_documents(Path(data))
+    sft = job.train.task == "sft"
     tok = load_tokenizer(job.tokenizer)
+    docs = _conversations(job, Path(data), tok, n) if sft else read_documents(Path(data))
     if tok.vocab_size > job.model.vocab:
         raise EvalError(f"tokenizer has {tok.vocab_size} ids but the run's model has {job.model.vocab} rows")
     model, _, step, path = load_model(run_dir, n)
+    if sft:
+        (convs, dropped), where = docs, str(path)
+        total, count = score_labels(model, convs)
+        if count == 0:
+            raise EvalError(f"{data}: no assistant token to score ({dropped} conversations longer than {n + 1} ids)")
+        loss = total / count
+        return EvalResult(loss, count, math.exp(min(loss, 700.0)), len(convs), step, where, "sft", dropped)
     total, count = score(model, tok.encode_batch(docs), n)
     if count == 0:
         raise EvalError(f"{data}: no document has two tokens: nothing to predict")

@@ -66,6 +66,15 @@ class TrainJob(BaseModel):
     eval_every: int = Field(0, ge=0, description="Held-out eval after step 1, every K steps and at the end (0 = off).")
     eval_windows: int = Field(16, gt=0, description="Eval windows (rounded to whole global batches).")
     eval_data: str | None = Field(None, description="JSONL of eval documents; default the manifest's held-out split.")
+    chat_template: str | None = Field(None, description="model.chat_template (sft); default the tokenizer's own.")
+    data_style: str = Field("auto", description="dataset.style: how chat records are read (sft eval data).")
+
+    def chat_settings(self, seq_len: int | None = None):
+        """train.task sft: nightloom.chat's ChatSettings for rendering eval chats as the shard stage did."""
+        from nightloom.chat import ChatSettings, template_text
+
+        template = template_text(self.tokenizer.path or "", self.chat_template)
+        return ChatSettings(style=self.data_style, template=template, seq_len=seq_len or self.train.seq_len)
 
     @classmethod
     def for_run(
@@ -105,6 +114,8 @@ class TrainJob(BaseModel):
             eval_every=spec.validate_.eval_every,
             eval_windows=spec.validate_.eval_windows,
             eval_data=spec.validate_.eval_data,
+            chat_template=spec.model.chat_template,
+            data_style=spec.dataset.style,
         )
 
     @property

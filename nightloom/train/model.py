@@ -1,15 +1,25 @@
 """A Llama-style decoder (RMSNorm, RoPE, SwiGLU, grouped-query attention, tied or untied embeddings; with
-`shape.qk_norm` the per-head q/k RMSNorm of Qwen3).
+`shape.qk_norm` the per-head q/k RMSNorm of Qwen3; with the Gemma 3 fields of ModelShape the (1 + w) norms, the
+norms after attention and MLP, scaled embeddings, GeGLU, query_pre_attn_scalar, sliding-window layers with their
+own RoPE base and final logit soft-capping).
 
 Layers live in an `nn.ModuleDict` keyed by their GLOBAL index ("0".."L-1"), so a pipeline stage that drops
 layers keeps the same parameter names and checkpoints do not depend on the layout. Embedding, final norm
 and head may be `None` on stages that do not own them. Parameters are initialised per parameter from a
 generator seeded by (seed, name), so any subset of the model (a pipeline stage) gets the same values as
 the full model built in one process.
+
+Sliding-window layers run SDPA with an explicit boolean mask (causal and within the window), built per call from
+the sequence length: the same math on CPU and GPU, no compile step, and what transformers' sdpa path computes.
+A flex-attention block mask would skip the blocks outside the window (attention work ~ T·W instead of T²) but
+needs torch.compile to be fast and has no CPU path the tests could compare; the FLOP count (perf.py) counts the
+window's work, as a kernel that skips blocks would do it. Packed training windows keep plain causal attention
+across document boundaries, as every other layer does.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import zlib
 
@@ -22,14 +32,20 @@ from nightloom.shape import ModelShape, RopeScaling
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float):
+    """RMSNorm (Zhang & Sennrich 2019). offset 0: Llama's (normalised x in x's dtype) * w. offset 1: Gemma's
+    (normalised x * (1 + w)) in fp32, then x's dtype (transformers' Gemma3RMSNorm; weights stored around 0)."""
+
+    def __init__(self, dim: int, eps: float, offset: float = 0.0):
         super().__init__()
         self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
+        self.offset = offset
+        self.weight = nn.Parameter(torch.full((dim,), 1.0 - offset))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         xf = x.float()
         out = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.offset:
+            return (out * (self.offset + self.weight.float())).type_as(x)
         return out.type_as(x) * self.weight
 
 
@@ -73,11 +89,30 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return torch.cat((x0 * c - x1 * s, x1 * c + x0 * s), dim=-1).type_as(x)
 
 
+def window_mask(t: int, window: int, device: torch.device) -> torch.Tensor:
+    """(t, t) boolean mask, True where query i may see key j: j <= i and i - j < window (transformers'
+    sliding_window_overlay on its causal mask: the token itself and the window - 1 before it). One tensor per
+    (t, window, device) is shared by every layer, so the copies SDPA saves for backward are one (t² bytes: 64 MiB
+    at t = 8192, not 64 MiB per sliding layer)."""
+    return _window_mask(t, window, torch.device(device), torch.is_inference_mode_enabled())
+
+
+@functools.lru_cache(maxsize=4)
+def _window_mask(t: int, window: int, device: torch.device, inference: bool) -> torch.Tensor:
+    # keyed on inference mode too: a tensor made under inference_mode cannot be saved for a later backward
+    i = torch.arange(t, device=device)
+    d = i[:, None] - i[None, :]
+    return (d >= 0) & (d < window)
+
+
 class Attention(nn.Module):
-    def __init__(self, shape: ModelShape):
+    def __init__(self, shape: ModelShape, layer: int = 0):
         super().__init__()
         self.head_dim = shape.head_dim
         self.rep = shape.heads // shape.kv_heads
+        self.window = shape.sliding_window if shape.is_sliding(layer) else None
+        # Gemma: scores scaled by query_pre_attn_scalar ** -0.5 (not head_dim ** -0.5; 27B: 168 vs head_dim 128)
+        self.scale = shape.query_pre_attn_scalar**-0.5 if shape.query_pre_attn_scalar else None
         q_dim, kv_dim = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
         self.wq = nn.Linear(shape.hidden, q_dim, bias=shape.qkv_bias)
         self.wk = nn.Linear(shape.hidden, kv_dim, bias=shape.qkv_bias)
@@ -85,8 +120,8 @@ class Attention(nn.Module):
         self.wo = nn.Linear(q_dim, shape.hidden, bias=shape.o_bias)
         # Qwen3: RMSNorm over head_dim of every q and k head (one weight shared by the heads), before RoPE.
         # Under TP each rank normalises its own heads; the weight is replicated (parallelize.py).
-        self.q_norm = RMSNorm(shape.head_dim, shape.norm_eps) if shape.qk_norm else None
-        self.k_norm = RMSNorm(shape.head_dim, shape.norm_eps) if shape.qk_norm else None
+        self.q_norm = RMSNorm(shape.head_dim, shape.norm_eps, shape.norm_offset) if shape.qk_norm else None
+        self.k_norm = RMSNorm(shape.head_dim, shape.norm_eps, shape.norm_offset) if shape.qk_norm else None
         self.recompute_core = False  # selective recompute: only softmax(QK^T)V is recomputed
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -104,23 +139,32 @@ class Attention(nn.Module):
             k = k.repeat_interleave(self.rep, dim=2)
             v = v.repeat_interleave(self.rep, dim=2)
         q, k, v = (z.transpose(1, 2) for z in (q, k, v))
+        # a window as long as the sequence is plain causal attention (and keeps the fused causal kernel)
+        mask = window_mask(t, self.window, q.device) if self.window is not None and self.window < t else None
         if self.recompute_core and torch.is_grad_enabled():
-            o = checkpoint(_causal_sdpa, q, k, v, use_reentrant=False)
+            o = checkpoint(_sdpa, q, k, v, mask, self.scale, use_reentrant=False)
         else:
-            o = _causal_sdpa(q, k, v)
+            o = _sdpa(q, k, v, mask, self.scale)
         return self.wo(o.transpose(1, 2).reshape(b, t, -1))
 
 
-def _causal_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+def _sdpa(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float | None
+) -> torch.Tensor:
+    """Causal attention, or within the boolean `mask` (sliding window) when given."""
+    if mask is None:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
 
 
 class FeedForward(nn.Module):
-    """SwiGLU (w2(silu(w1 x) * w3 x)) or, with gated_mlp=False, a GELU MLP."""
+    """SwiGLU (w2(silu(w1 x) * w3 x)), GeGLU with tanh-approximated GELU (mlp_act "gelu_tanh": Gemma's
+    gelu_pytorch_tanh) or, with gated_mlp=False, a GELU MLP."""
 
     def __init__(self, shape: ModelShape):
         super().__init__()
         self.gated = shape.gated_mlp
+        self.gelu_tanh = shape.mlp_act == "gelu_tanh"
         bias = shape.mlp_bias
         self.w1 = nn.Linear(shape.hidden, shape.ffn_hidden, bias=bias)
         self.w2 = nn.Linear(shape.ffn_hidden, shape.hidden, bias=bias)
@@ -128,22 +172,35 @@ class FeedForward(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.w3 is not None:
-            return self.w2(F.silu(self.w1(x)) * self.w3(x))
+            gate = F.gelu(self.w1(x), approximate="tanh") if self.gelu_tanh else F.silu(self.w1(x))
+            return self.w2(gate * self.w3(x))
         return self.w2(F.gelu(self.w1(x)))
 
 
 class Block(nn.Module):
-    def __init__(self, shape: ModelShape):
+    """Pre-norm block; with `shape.post_norms` (Gemma) the attention and MLP outputs are normalised again before
+    their residual add: h = x + post(attn(pre(x)))."""
+
+    def __init__(self, shape: ModelShape, layer: int = 0):
         super().__init__()
-        self.attn_norm = RMSNorm(shape.hidden, shape.norm_eps)
-        self.attn = Attention(shape)
-        self.ffn_norm = RMSNorm(shape.hidden, shape.norm_eps)
+        eps, off = shape.norm_eps, shape.norm_offset
+        self.attn_norm = RMSNorm(shape.hidden, eps, off)
+        self.attn = Attention(shape, layer)
+        self.attn_post_norm = RMSNorm(shape.hidden, eps, off) if shape.post_norms else None
+        self.ffn_norm = RMSNorm(shape.hidden, eps, off)
         self.ffn = FeedForward(shape)
+        self.ffn_post_norm = RMSNorm(shape.hidden, eps, off) if shape.post_norms else None
         self.recompute_full = False  # full recompute: the whole block is recomputed in backward
 
     def _forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        h = x + self.attn(self.attn_norm(x), cos, sin)
-        return h + self.ffn(self.ffn_norm(h))
+        a = self.attn(self.attn_norm(x), cos, sin)
+        if self.attn_post_norm is not None:
+            a = self.attn_post_norm(a)
+        h = x + a
+        f = self.ffn(self.ffn_norm(h))
+        if self.ffn_post_norm is not None:
+            f = self.ffn_post_norm(f)
+        return h + f
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         if self.recompute_full and torch.is_grad_enabled():
@@ -157,22 +214,34 @@ class Transformer(nn.Module):
     def __init__(self, shape: ModelShape, seq_len: int | None = None):
         super().__init__()
         seq_len = seq_len or shape.max_seq
-        if shape.sliding_window is not None and seq_len > shape.sliding_window:
-            raise ValueError(
-                f"model {shape.name}: sliding_window ({shape.sliding_window}) < sequence length ({seq_len}): "
-                "sliding-window attention is not supported; train with seq_len <= sliding_window"
-            )
         self.shape = shape
         self.tok_embeddings: nn.Embedding | None = nn.Embedding(shape.embed_rows, shape.hidden)
-        self.layers = nn.ModuleDict({str(i): Block(shape) for i in range(shape.layers)})
-        self.norm: RMSNorm | None = RMSNorm(shape.hidden, shape.norm_eps)
+        self.layers = nn.ModuleDict({str(i): Block(shape, i) for i in range(shape.layers)})
+        self.norm: RMSNorm | None = RMSNorm(shape.hidden, shape.norm_eps, shape.norm_offset)
         self.output: nn.Linear | None = nn.Linear(shape.hidden, shape.embed_rows, bias=False)
         if shape.tied_embeddings:
             self.output.weight = self.tok_embeddings.weight
-        cos, sin = rope_tables(shape.head_dim, seq_len, shape.rope_theta, shape.rope_scaling)
-        # non-persistent: recomputed, never checkpointed
-        self.register_buffer("rope_cos", cos, persistent=False)
-        self.register_buffer("rope_sin", sin, persistent=False)
+        #: sqrt(hidden) as each embedding dtype holds it (bf16: sqrt(3072) = 55.5, not 55.4256)
+        self._embed_scales = {
+            dt: float(torch.tensor(shape.hidden**0.5, device="cpu").to(dt))
+            for dt in (torch.float32, torch.bfloat16, torch.float16)
+        }
+        # non-persistent: recomputed, never checkpointed. Gemma's sliding layers have their own (unscaled) base.
+        for prefix, (cos, sin) in self._rope_tables(seq_len).items():
+            self.register_buffer(f"{prefix}_cos", cos, persistent=False)
+            self.register_buffer(f"{prefix}_sin", sin, persistent=False)
+
+    def _rope_tables(self, seq_len: int) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        s = self.shape
+        tables = {"rope": rope_tables(s.head_dim, seq_len, s.rope_theta, s.rope_scaling)}
+        if s.rope_local_theta is not None:
+            tables["rope_local"] = rope_tables(s.head_dim, seq_len, s.rope_local_theta)
+        return tables
+
+    def _layer_rope(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.shape.rope_local_theta is not None and self.shape.is_sliding(layer):
+            return self.rope_local_cos, self.rope_local_sin
+        return self.rope_cos, self.rope_sin
 
     def to_empty(self, *, device, recurse: bool = True) -> Transformer:
         """Materialise on `device`; torch's to_empty gives the two users of a tied matrix two copies, so re-tie."""
@@ -199,16 +268,23 @@ class Transformer(nn.Module):
             block.attn.recompute_core = mode == "selective"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.tok_embeddings(x) if self.tok_embeddings is not None else x
-        cos, sin = self.rope_cos, self.rope_sin  # attention slices them to its (full) sequence length
-        for block in self.layers.values():
-            h = block(h, cos, sin)
+        s = self.shape
+        if self.tok_embeddings is not None:
+            h = self.tok_embeddings(x)
+            if s.embed_scale:  # Gemma: sqrt(hidden) rounded to the embedding dtype first, as transformers does
+                h = h * self._embed_scales[h.dtype]
+        else:
+            h = x
+        for key, block in self.layers.items():
+            h = block(h, *self._layer_rope(int(key)))  # attention slices the tables to its (full) sequence length
         if self.norm is not None:
             h = self.norm(h)
         if self.output is not None:
             h = self.output(h)
-            if self.shape.embed_rows != self.shape.vocab:  # rows padded for TP are never predicted
-                h = h[..., : self.shape.vocab]
+            if s.final_logit_softcap is not None:
+                h = s.final_logit_softcap * torch.tanh(h / s.final_logit_softcap)
+            if s.embed_rows != s.vocab:  # rows padded for TP are never predicted
+                h = h[..., : s.vocab]
         return h
 
     @torch.no_grad()
@@ -218,7 +294,7 @@ class Transformer(nn.Module):
         out_std = std / (2 * self.shape.layers) ** 0.5  # GPT-2 scaled init of residual projections
         for name, p in self.named_parameters():
             if name.endswith("norm.weight") or name == "norm.weight":
-                p.fill_(1.0)  # elementwise: the same on a shard as on the whole
+                p.fill_(1.0 - self.shape.norm_offset)  # a scale of 1; elementwise: the same on a shard as whole
                 continue
             if name.endswith(".bias"):
                 p.zero_()
@@ -227,11 +303,9 @@ class Transformer(nn.Module):
             s = out_std if name.endswith(("attn.wo.weight", "ffn.w2.weight")) else std
             full = torch.randn(p.shape, generator=g, dtype=torch.float32).mul_(s).to(p.dtype)
             _copy_global(p, full)
-        cos, sin = rope_tables(
-            self.shape.head_dim, self.rope_cos.shape[0], self.shape.rope_theta, self.shape.rope_scaling
-        )
-        self.rope_cos.copy_(cos)
-        self.rope_sin.copy_(sin)
+        for prefix, (cos, sin) in self._rope_tables(self.rope_cos.shape[0]).items():
+            getattr(self, f"{prefix}_cos").copy_(cos)
+            getattr(self, f"{prefix}_sin").copy_(sin)
 
 
 def _copy_global(p: torch.Tensor, full: torch.Tensor) -> None:

@@ -32,6 +32,7 @@ class ModelParts:
     schedule: object | None = None
     stages: list = field(default_factory=list)
     tied: TiedCopies | None = None  # a tied model's copy on the first or last pipeline stage
+    loss: TokenLoss = field(default_factory=lambda: TokenLoss())  # the loss the pipeline schedule calls too
 
     @property
     def has_first(self) -> bool:
@@ -108,6 +109,8 @@ def _apply_tp(model: Transformer, tp_mesh, sp: bool) -> None:
                     "ffn": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
                 }
             )
+            if block.attn_post_norm is not None:  # gemma3: norms after attention and MLP, on the sequence shard too
+                plan |= {n: SequenceParallel(use_local_output=True) for n in ("attn_post_norm", "ffn_post_norm")}
         parallelize_module(block, tp_mesh, plan)
     retie(model)  # a tied head takes the embedding's DTensor again (both vocab-sharded): one parameter
 
@@ -154,6 +157,32 @@ def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
 
 
+IGNORE_INDEX = -100  # a target that is not a label (train/data.py's, F.cross_entropy's default)
+
+
+def label_nll_sum(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Sum of next-token NLL (fp32) over the targets that are labels (not IGNORE_INDEX)."""
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE_INDEX, reduction="sum")
+
+
+class TokenLoss:
+    """The loss of one micro-batch, as the trainer and the pipeline schedule call it.
+
+    `scale` None (pretraining): the mean cross entropy of the micro-batch. A number (train.task sft, and any eval
+    under PP): the sum of NLL over label targets times `scale`. For sft the trainer sets scale = dp·cp·m / N before
+    each step, N the label tokens of the whole global batch (all ranks, all m micro-batches): FSDP averages
+    gradients over the dp·cp ranks and the step divides each micro-batch's loss by m (the schedule: scale_grads),
+    which leaves the gradient of sum(NLL) / N, the single-process mean over the same batch's label tokens."""
+
+    def __init__(self):
+        self.scale: float | None = None
+
+    def __call__(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        if self.scale is None:
+            return loss_fn(logits, targets)
+        return label_nll_sum(logits, targets) * self.scale
+
+
 def build_parts(
     shape: ModelShape,
     plan: ParallelPlan,
@@ -198,8 +227,8 @@ def build_parts(
         group = mesh["pp"].get_group()
         out.stages = [PipelineStage(m, s, n_stages, device, group=group) for m, s in zip(parts, stage_ids)]
         if plan.schedule == "interleaved_1f1b":
-            out.schedule = ScheduleInterleaved1F1B(out.stages, n_microbatches=plan.grad_accum, loss_fn=loss_fn)
+            out.schedule = ScheduleInterleaved1F1B(out.stages, n_microbatches=plan.grad_accum, loss_fn=out.loss)
         else:
             cls = Schedule1F1B if plan.schedule == "1f1b" else ScheduleGPipe
-            out.schedule = cls(out.stages[0], n_microbatches=plan.grad_accum, loss_fn=loss_fn)
+            out.schedule = cls(out.stages[0], n_microbatches=plan.grad_accum, loss_fn=out.loss)
     return out

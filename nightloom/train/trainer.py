@@ -18,16 +18,15 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from nightloom import perf
 from nightloom.metrics import StepMetrics, append_metrics
 from nightloom.perf import resolve_precision
 from nightloom.runfiles import RunFiles
 from nightloom.train import checkpoint
-from nightloom.train.data import PackedWindows, StepLoader, read_eval_windows
+from nightloom.train.data import ConversationRows, PackedWindows, StepLoader, read_eval_rows, read_eval_windows
 from nightloom.train.job import TrainJob, TrainResult
-from nightloom.train.parallelize import ModelParts, build_parts, loss_fn, validate_plan
+from nightloom.train.parallelize import IGNORE_INDEX, ModelParts, build_parts, label_nll_sum, validate_plan
 from nightloom.util import atomic_write_text
 
 
@@ -197,8 +196,10 @@ class Trainer:
         t = job.train
         self.optims = [make_optimizer(m.parameters(), t) for m in self.parts.parts]
         dp_rank = self.dims.dp_rank(ctx.rank)
+        self.sft = t.task == "sft"  # one conversation per row, the loss over label tokens (assistant turns) only
+        rows = ConversationRows if self.sft else PackedWindows
         self.loader = StepLoader(
-            PackedWindows(job.manifest, t.seq_len, seed=t.seed, tokenizer=job.tokenizer, s3=job.s3),
+            rows(job.manifest, t.seq_len, seed=t.seed, tokenizer=job.tokenizer, s3=job.s3),
             self.plan.micro_batch,
             self.plan.grad_accum,
             self.dims.dp,
@@ -210,7 +211,7 @@ class Trainer:
         self.flops_tok = perf.flops_per_token(self.shape, t.seq_len)
         self.hflops_tok = perf.flops_per_token(self.shape, t.seq_len, self.plan.recompute, hardware=True)
         self.peak, self.peak_source = _measure_peak(job, ctx)
-        self.eval_batches: list[torch.Tensor] = []
+        self.eval_batches: list[tuple[torch.Tensor, torch.Tensor]] = []
         if job.eval_every:
             self.eval_batches = self._eval_set()
         self.prom = None
@@ -237,9 +238,12 @@ class Trainer:
         )
 
     def _forward_backward(self, step: int) -> torch.Tensor:
-        """Local mean loss of this rank's share (0 on non-last pipeline stages)."""
+        """Local mean loss of this rank's share (0 on non-last pipeline stages); sft: this rank's share of the
+        global mean over label tokens, times dp·cp (the mean over ranks in `_global_loss` gives the global mean)."""
         batch = self.loader.batch(step)
         dev = self.ctx.device
+        if self.sft:
+            self.parts.loss.scale = self._label_scale(batch)
         if self.parts.schedule is not None:
             x, y = batch.inputs.to(dev), batch.targets.to(dev)
             losses: list[torch.Tensor] = []
@@ -258,66 +262,84 @@ class Trainer:
                 model.set_requires_gradient_sync(i == n - 1)
             x, y = x.to(dev), y.to(dev)
             with self._autocast(), self._context_parallel(model, x, y):
-                loss = loss_fn(model(x), y) / n
+                loss = self.parts.loss(model(x), y) / n
                 loss.backward()
             total += loss.detach().float()
         return total
 
+    def _label_scale(self, batch) -> float:
+        """train.task sft: dp·cp·m / N, N the label tokens of the whole global batch (every rank of a DP slice
+        holds its slice's batch, so the world's sum counts each tp·pp·cp times): see parallelize.TokenLoss."""
+        mine = sum(int((y != IGNORE_INDEX).sum()) for _, y in batch.micro)
+        t = torch.tensor([float(mine)], dtype=torch.float64, device=self.ctx.device)
+        dist.all_reduce(t)
+        n = float(t.item()) / (self.plan.tp * self.plan.pp * self.plan.cp)
+        if n < 1:
+            raise RuntimeError(f"step {batch.step}: no label token in the global batch (train.task sft)")
+        return self.dims.dp * self.plan.cp * len(batch.micro) / n
+
     # -- held-out evaluation ---------------------------------------------------------------------------
-    def _eval_set(self) -> list[torch.Tensor]:
-        """This DP rank's slices of the fixed eval windows, one (mb·ga, seq_len+1) tensor per global batch.
+    def _eval_set(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """This DP rank's slices of the fixed eval set, one (inputs, targets) pair of mb·ga rows per global batch:
+        windows of the held-out stream, or for sft conversations (targets IGNORE_INDEX where not a label).
 
         The window count is rounded down to whole global batches (at least one), so the eval set depends only on
         the spec (global_batch), never on the layout; each eval batch has a training batch's shape (PP schedule)."""
-        _, wins = read_eval_windows(
-            self.job.manifest,
-            self.job.eval_data,
-            self.loader.w.tokenizer,
-            self.job.train.seq_len,
-            self.job.eval_windows,
-            s3=self.job.s3,
-        )
+        t, tok = self.job.train, self.loader.w.tokenizer
+        if self.sft:
+            chat = self.job.chat_settings() if self.job.eval_data else None
+            _, x, y = read_eval_rows(
+                self.job.manifest, self.job.eval_data, tok, t.seq_len, self.job.eval_windows, chat, s3=self.job.s3
+            )
+        else:
+            _, wins = read_eval_windows(
+                self.job.manifest, self.job.eval_data, tok, t.seq_len, self.job.eval_windows, s3=self.job.s3
+            )
+            x, y = wins[:, :-1], wins[:, 1:]
         g = self.loader.global_batch
-        n = max(1, len(wins) // g) * g
-        if len(wins) < g:
-            reps = -(-g // len(wins))
-            wins = wins.repeat(reps, 1)  # fewer windows than one batch: repeat them (the mean is unchanged)
-        wins = wins[:n]
+        n = max(1, len(x) // g) * g
+        if len(x) < g:
+            reps = -(-g // len(x))
+            x, y = x.repeat(reps, 1), y.repeat(reps, 1)  # fewer than one batch: repeated (the mean is unchanged)
         local = self.loader.mb * self.loader.ga
         r = self.loader.dp_rank
-        return [wins[b + r * local : b + (r + 1) * local] for b in range(0, n, g)]
+        return [
+            (x[b + r * local : b + (r + 1) * local], y[b + r * local : b + (r + 1) * local]) for b in range(0, n, g)
+        ]
 
     @torch.no_grad()
     def evaluate(self) -> tuple[float, int]:
         """(token-weighted mean NLL, predicted tokens) over the eval set: the NLL sum and token count of the last
         pipeline stage of each rank are all-reduced over every rank; TP (and CP) ranks of one DP group count
-        the same windows alike, so the ratio is the global mean."""
+        the same windows alike, so the ratio is the global mean. sft: label targets only."""
         dev = self.ctx.device
         nll = torch.zeros((), dtype=torch.float64, device=dev)
         count = torch.zeros((), dtype=torch.float64, device=dev)
         for m in self.parts.parts:
             m.eval()
         try:
-            for seqs in self.eval_batches:
-                x, y = seqs[:, :-1].to(dev), seqs[:, 1:].to(dev)
+            for x, y in self.eval_batches:
+                x, y = x.to(dev), y.to(dev)
                 if self.parts.schedule is not None:
                     losses: list[torch.Tensor] = []
                     args = (x,) if self.parts.has_first else ()
                     kwargs = {"target": y, "losses": losses} if self.parts.has_last else {}
-                    with self._autocast():
-                        self.parts.schedule.eval(*args, **kwargs)
-                    if self.parts.has_last:  # loss_fn is a per-micro-batch mean; micro-batches are equal-sized
-                        per_mb = self.plan.micro_batch * y.shape[1]
-                        nll += torch.stack([v.detach().double() for v in losses]).sum() * per_mb
-                        count += per_mb * len(losses)
+                    self.parts.loss.scale, scale = 1.0, self.parts.loss.scale  # each micro-batch's NLL sum
+                    try:
+                        with self._autocast():
+                            self.parts.schedule.eval(*args, **kwargs)
+                    finally:
+                        self.parts.loss.scale = scale
+                    if self.parts.has_last:
+                        nll += torch.stack([v.detach().double() for v in losses]).sum()
+                        count += (y != IGNORE_INDEX).sum().double()
                     continue
                 model = self.parts.parts[0]
                 for i in range(0, len(x), self.plan.micro_batch):
                     xb, yb = x[i : i + self.plan.micro_batch], y[i : i + self.plan.micro_batch]
                     with self._autocast(), self._context_parallel(model, xb, yb):
-                        logits = model(xb)
-                        nll += F.cross_entropy(logits.flatten(0, 1).float(), yb.flatten(), reduction="sum").double()
-                        count += yb.numel()
+                        nll += label_nll_sum(model(xb), yb).double()
+                        count += (yb != IGNORE_INDEX).sum().double()
         finally:
             for m in self.parts.parts:
                 m.train()

@@ -39,11 +39,26 @@ def _tensors(folder) -> dict[str, torch.Tensor]:
     return out
 
 
-@pytest.fixture(params=["llama", "qwen2-tied", "qwen3", "qwen3-tied"])
+#: gemma3: sliding and global layers, (1 + w) norm weights around 0 (random), query_pre_attn_scalar != head_dim
+GEMMA3 = {
+    "head_dim": 24,
+    "norm_std": 0.3,
+    "sliding_window": 8,
+    "layer_types": ["sliding_attention", "full_attention"],
+    "rope_theta": 1e6,
+    "rope_local_base_freq": 1e4,
+    "rope_scaling": {"rope_type": "linear", "factor": 4.0},
+    "query_pre_attn_scalar": 32,
+}
+
+
+@pytest.fixture(params=["llama", "qwen2-tied", "qwen3", "qwen3-tied", "gemma3", "gemma3-tied"])
 def source(request, tmp_path):
     arch = request.param.split("-")[0]
     tied = request.param.endswith("tied")
     extra = {"head_dim": 24, "norm_std": 0.3} if arch == "qwen3" else {}  # q/k norm weights that are not all 1
+    if arch == "gemma3":
+        arch, extra = "gemma3_text", GEMMA3
     return build_random_model(
         tmp_path / "src", arch, seed=1, max_shard_size="60KB", bias_std=0.3, tie_word_embeddings=tied, **SMALL, **extra
     )
@@ -132,6 +147,41 @@ def test_qwen3_export_without_source_config_writes_a_qwen3_config(tmp_path, tied
     assert shape_from_hf_config(out).with_(name="x") == model.shape.with_(name="x")
     hf, info = transformers.AutoModelForCausalLM.from_pretrained(out, output_loading_info=True)
     assert type(hf).__name__ == "Qwen3ForCausalLM" and all(not v for v in info.values()), info
+    ids = torch.randint(0, 301, (1, 32))
+    with torch.no_grad():
+        torch.testing.assert_close(hf.eval()(ids).logits, model(ids), rtol=0, atol=1e-5)
+
+
+def test_mistral_export_without_source_config_keeps_its_window(tmp_path):
+    """A mistral shape's window is written (MistralConfig's default would otherwise be 4096) and transformers scores
+    a sequence longer than the window as the native model does."""
+    src = build_random_model(tmp_path / "src", "mistral", seed=2, sliding_window=8, **SMALL)
+    model = model_from_hf(src, 32)
+    out = export_checkpoint(_save_native(model, tmp_path), model.shape, tmp_path / "x", "fp32")
+    assert json.loads((out / "config.json").read_text())["sliding_window"] == 8
+    hf = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    ids = torch.randint(0, 301, (1, 32))
+    with torch.no_grad():
+        torch.testing.assert_close(hf(ids).logits, model(ids), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
+def test_gemma3_export_without_source_config_writes_a_gemma3_text_config(tmp_path, tied):
+    """From the shape alone (a catalog model): a Gemma3ForCausalLM config (layer types, both RoPE bases, the
+    window, query_pre_attn_scalar, logit capping) whose model transformers loads with the same logits over a
+    sequence longer than the window."""
+    src = build_random_model(
+        tmp_path / "src", "gemma3_text", seed=2, tie_word_embeddings=tied, final_logit_softcapping=20.0,
+        **SMALL, **GEMMA3,
+    )  # fmt: skip
+    model = model_from_hf(src, 32)
+    out = export_checkpoint(_save_native(model, tmp_path), model.shape, tmp_path / "x", "fp32")
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["architectures"] == ["Gemma3ForCausalLM"] and cfg["model_type"] == "gemma3_text"
+    assert cfg["layer_types"] == GEMMA3["layer_types"] and cfg["sliding_window"] == 8
+    assert shape_from_hf_config(out).with_(name="x") == model.shape.with_(name="x")
+    hf, info = transformers.AutoModelForCausalLM.from_pretrained(out, output_loading_info=True)
+    assert type(hf).__name__ == "Gemma3ForCausalLM" and all(not v for v in info.values()), info
     ids = torch.randint(0, 301, (1, 32))
     with torch.no_grad():
         torch.testing.assert_close(hf.eval()(ids).logits, model(ids), rtol=0, atol=1e-5)

@@ -1,10 +1,12 @@
 """The native model against transformers (software we did not write) on Hugging Face checkpoints.
 
-Seeded tiny llama / mistral / qwen2 / qwen3 models, fp32, GQA, rope_theta != 1e4, llama3 and linear RoPE scaling,
-initializer_range 0.25 so that a wrong RoPE layout or a skipped scaling moves the logits far beyond 1e-4
-(notes/model-interop.md), saved with a small max_shard_size so the index and several files are used.
-The negative controls (Q/K rows in the interleaved layout; RoPE scaling ignored; qwen3's q or k norm skipped)
-must fail the same check."""
+Seeded tiny llama / mistral / qwen2 / qwen3 / gemma3_text models, fp32, GQA, rope_theta != 1e4, llama3 and linear
+RoPE scaling, initializer_range 0.25 so that a wrong RoPE layout or a skipped scaling moves the logits far beyond
+1e-4 (notes/model-interop.md), saved with a small max_shard_size so the index and several files are used. Mistral
+and Gemma 3 run with a sliding window shorter than the test sequence (Gemma: sliding and global layers, each with
+its RoPE base; random (1 + w) norm weights). The negative controls (Q/K rows in the interleaved layout; RoPE scaling
+ignored; qwen3's q or k norm skipped; a Gemma sliding window, local RoPE base, post-norm or embedding scale
+ignored) must fail the same check."""
 
 from __future__ import annotations
 
@@ -48,6 +50,7 @@ CASES = {
         {"rope_theta": 30000.0, "attention_bias": True, "mlp_bias": True, "head_dim": 24},
     ),
     "mistral": ("mistral", {"rope_theta": 1e6, "sliding_window": 128}),
+    "mistral-window": ("mistral", {"rope_theta": 1e6, "sliding_window": 24}),  # < SEQ: every layer windowed
     "qwen2-bias": ("qwen2", {"rope_theta": 1e6, "tie_word_embeddings": True}),
     # qwen3: per-head q/k RMSNorm (weights randomised: NORM_STD), head_dim independent of hidden / heads
     "qwen3-untied": ("qwen3", {"rope_theta": 1e6, "head_dim": 24, "tie_word_embeddings": False}),
@@ -55,8 +58,39 @@ CASES = {
         "qwen3",
         {"rope_theta": 1e6, "head_dim": 32, "tie_word_embeddings": True, "attention_bias": True},
     ),
+    # gemma3: sliding layers (window 16 < SEQ, RoPE base 1e4) around a global one (base 1e6, linear x8), scores
+    # scaled by query_pre_attn_scalar ** -0.5 != head_dim ** -0.5, final logits capped
+    "gemma3-untied-window": (
+        "gemma3_text",
+        {
+            "head_dim": 24,
+            "tie_word_embeddings": False,
+            "sliding_window": 16,
+            "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+            "rope_theta": 1e6,
+            "rope_local_base_freq": 1e4,
+            "rope_scaling": {"rope_type": "linear", "factor": 8.0},
+            "query_pre_attn_scalar": 40,
+            "final_logit_softcapping": 12.0,
+        },
+    ),
+    # the Hub's older form: sliding_window_pattern instead of layer_types; tied, biased, no capping
+    "gemma3-tied-bias-pattern": (
+        "gemma3_text",
+        {
+            "head_dim": 16,
+            "tie_word_embeddings": True,
+            "attention_bias": True,
+            "sliding_window": 32,
+            "sliding_window_pattern": 3,
+            "rope_theta": 5e5,
+            "rope_local_base_freq": 2e4,
+            "query_pre_attn_scalar": 16,
+        },
+    ),
 }
 NORM_STD = 0.3  # RMSNorm weights 1 + N(0, 0.3): a norm weight left at 1 (not loaded) shows
+NORMED = ("qwen3", "gemma3_text")  # families whose norm weights the tests randomise
 
 
 def _hf_logits(folder, ids):
@@ -84,7 +118,7 @@ def case(request, tmp_path_factory):
         seed=3,
         max_shard_size="100KB",
         bias_std=0.5,
-        norm_std=NORM_STD if arch == "qwen3" else 0.0,  # the other families' models stay as they were
+        norm_std=NORM_STD if arch in NORMED else 0.0,  # the other families' models stay as they were
         **BASE,
         **cfg,
     )
@@ -206,12 +240,59 @@ def test_unsupported_math_is_an_error_naming_the_field(tmp_path, change, field):
         shape_from_hf_config(tmp_path)
 
 
-def test_mistral_window_shorter_than_the_sequence_is_refused(tmp_path):
+def test_windowed_cases_are_windowed(case):
+    """The sliding cases' windows are shorter than the sequence, so the mask is really used."""
+    name, folder, _, _ = case
+    shape = shape_from_hf_config(folder)
+    assert shape.windowed(SEQ) == name.startswith(("gemma3", "mistral-window")), name
+
+
+def _gemma3_case(tmp_path):
+    arch, cfg = CASES["gemma3-untied-window"]
+    folder = build_random_model(tmp_path / "hf", arch, seed=3, norm_std=NORM_STD, **BASE, **cfg)
+    ids = torch.randint(0, 300, (1, SEQ), generator=torch.Generator().manual_seed(1))
+    return folder, ids, _hf_logits(folder, ids)
+
+
+def _no_window(model):
+    for block in model.layers.values():
+        block.attn.window = None
+
+
+def _no_local_rope(model):
+    model.rope_local_cos, model.rope_local_sin = model.rope_cos, model.rope_sin
+
+
+def _no_post_norms(model):
+    for block in model.layers.values():
+        block.attn_post_norm = block.ffn_post_norm = None
+
+
+def _no_embed_scale(model):
+    model.shape = model.shape.with_(embed_scale=False)
+
+
+def _plain_norms(model):
+    for m in model.modules():
+        if hasattr(m, "offset"):
+            m.offset = 0.0
+
+
+@pytest.mark.parametrize("damage", [_no_window, _no_local_rope, _no_post_norms, _no_embed_scale, _plain_norms])
+def test_skipping_a_gemma3_part_fails_the_check(damage, tmp_path):
+    """Negative controls: each Gemma 3 part the native model adds, left out, moves the logits past the tolerance."""
+    folder, ids, ref = _gemma3_case(tmp_path)
+    model = model_from_hf(folder, SEQ)
+    assert _parity(ref, _ours(folder, ids, model))[0] < TOL
+    damage(model)
+    diff, _ = _parity(ref, _ours(folder, ids, model))
+    assert diff > 100 * TOL, f"{damage.__name__} went unnoticed ({diff:.2e})"
+
+
+def test_gemma3_bf16_embedding_scale_is_rounded_as_transformers_does(tmp_path):
+    """In bf16 sqrt(hidden) is rounded to the embedding dtype before the multiply (hidden 3072: 55.5, not 55.43)."""
     from nightloom.train.model import build_model
 
-    cfg = {"model_type": "mistral", **BASE, "sliding_window": 64}
-    (tmp_path / "config.json").write_text(json.dumps(cfg))
-    shape = shape_from_hf_config(tmp_path)
-    build_model(shape, seq_len=64)
-    with pytest.raises(ValueError, match=r"sliding_window \(64\) < sequence length \(65\)"):
-        build_model(shape, seq_len=65)
+    shape = shape_from_hf_config(_gemma3_case(tmp_path)[0]).with_(hidden=3072)
+    model = build_model(shape, 8, device="meta")
+    assert model._embed_scales[torch.bfloat16] == 55.5 and abs(model._embed_scales[torch.float32] - 3072**0.5) < 1e-5

@@ -21,6 +21,7 @@ from nightloom import ledger as ledger_mod
 from nightloom import ledger_migrations
 from nightloom.ledger import SCHEMA_VERSION, Ledger, LedgerError, NightRecord
 from nightloom.parallel import ParallelPlan
+from nightloom.queue_store import queue_metadata
 
 T0 = datetime(2026, 6, 1, 2, 0, tzinfo=UTC)
 
@@ -160,7 +161,7 @@ def test_a_schema_1_ledger_opens_with_every_row_and_field_and_gains_nights(tmp_p
     assert "nights" not in columns(db)
 
     with Ledger(url) as lg:
-        assert lg.schema_version() == SCHEMA_VERSION == 2
+        assert lg.schema_version() == SCHEMA_VERSION == 3
         assert sorted(r.run_id for r in lg.list_runs()) == ["done", "running"]
         assert_done_intact(lg)
         running = lg.get("running")
@@ -171,31 +172,43 @@ def test_a_schema_1_ledger_opens_with_every_row_and_field_and_gains_nights(tmp_p
         assert lg.record_night("running", night).nights == [night]
 
     assert "nights" in columns(db)
-    assert markers(db) == (["0002"], 2)  # the legacy row moves too, so an older nightloom refuses this ledger
-    indexes = {r[0] for r in sql(db, "SELECT name FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL")}
+    assert markers(db) == (["0003"], 3)  # the legacy row moves too, so an older nightloom refuses this ledger
+    runs_index = (
+        "SELECT name FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL AND tbl_name = 'nightloom_runs'"
+    )
+    indexes = {r[0] for r in sql(db, runs_index)}
     assert indexes == {f"ix_nightloom_runs_{c}" for c in ("gpu_type", "spec_hash", "cluster", "status", "model")}
 
 
-def test_a_schema_2_ledger_without_alembic_is_stamped_not_migrated(tmp_path: Path, monkeypatch):
+def test_a_schema_2_ledger_without_alembic_is_stamped_at_2_not_migrated_from_1(tmp_path: Path, monkeypatch):
     db = tmp_path / "v2.db"
     nights = [{"night": 1, "start": "2026-06-01T18:00:00Z", "end": "2026-06-01T22:00:00Z", "steps": 10}]
     nights[0] |= {"steps_done": 10, "cost": 3.0, "stopped": "window", "predicted_cost": 3.5}
     url = write_old_ledger(db, 2, [DONE | {"nights": json.dumps(nights)}, RUNNING])
+    stamped, upgraded_from = [], []
+    real_stamp, real_upgrade = ledger_mod.command.stamp, ledger_mod.command.upgrade
 
-    def no_upgrade(*a, **k):
-        raise AssertionError("a schema-2 ledger must be stamped, not migrated")
+    def stamp(cfg, rev, *a, **k):
+        stamped.append(rev)
+        return real_stamp(cfg, rev, *a, **k)
 
-    monkeypatch.setattr(ledger_mod.command, "upgrade", no_upgrade)
+    def upgrade(cfg, rev, *a, **k):  # only the revisions after schema 2 run (the queue tables)
+        upgraded_from.append(ledger_mod._current_revisions(cfg.attributes["connection"]))
+        return real_upgrade(cfg, rev, *a, **k)
+
+    monkeypatch.setattr(ledger_mod.command, "stamp", stamp)
+    monkeypatch.setattr(ledger_mod.command, "upgrade", upgrade)
     with Ledger(url) as lg:
-        assert lg.schema_version() == 2
+        assert stamped == ["0002"] and upgraded_from == [("0002",)]
+        assert lg.schema_version() == SCHEMA_VERSION
         assert_done_intact(lg)
         (n,) = lg.get("done").nights
         assert (n.night, n.steps_done, n.cost, n.stopped, n.predicted_cost) == (1, 10, 3.0, "window", 3.5)
         assert n.end == datetime(2026, 6, 1, 22, 0, tzinfo=UTC)
-    assert markers(db) == (["0002"], 2)
+    assert markers(db) == (["0003"], 3)
     monkeypatch.undo()
     with Ledger(url) as lg:  # and opens again as an Alembic ledger
-        assert lg.schema_version() == 2 and len(lg.list_runs()) == 2
+        assert lg.schema_version() == SCHEMA_VERSION and len(lg.list_runs()) == 2
 
 
 def test_a_new_ledger_is_at_head_and_its_tables_match_the_models(tmp_path: Path):
@@ -206,7 +219,8 @@ def test_a_new_ledger_is_at_head_and_its_tables_match_the_models(tmp_path: Path)
         assert ledger_mod._scripts().get_current_head() == f"{SCHEMA_VERSION:04d}"
         with lg.engine.connect() as conn:
             ctx = MigrationContext.configure(conn, opts={"version_table": ledger_migrations.VERSION_TABLE})
-            assert compare_metadata(ctx, ledger_mod._Base.metadata) == []  # migrations and ORM agree
+            tables = [ledger_mod._Base.metadata, queue_metadata]
+            assert compare_metadata(ctx, tables) == []  # migrations and ORM agree
     assert markers(db) == ([f"{SCHEMA_VERSION:04d}"], SCHEMA_VERSION)
 
 
@@ -220,11 +234,11 @@ def test_downgrade_to_schema_1_and_back_keeps_the_rows(tmp_path: Path):
     eng.dispose()
     assert "nights" not in columns(db) and markers(db) == (["0001"], 1)
     with Ledger(url) as lg:
-        assert lg.schema_version() == 2 and len(lg.list_runs()) == 2
+        assert lg.schema_version() == SCHEMA_VERSION and len(lg.list_runs()) == 2
         assert_done_intact(lg)
 
 
-@pytest.mark.parametrize("rev", ["0003", "9f3c2a1b7d04"])
+@pytest.mark.parametrize("rev", ["0004", "9f3c2a1b7d04"])
 def test_an_unknown_revision_is_refused_naming_ledger_and_revision(tmp_path: Path, rev: str):
     db = tmp_path / "future.db"
     url = f"sqlite:///{db}"

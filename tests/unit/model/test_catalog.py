@@ -34,6 +34,15 @@ def test_llama_counts_within_one_percent():
         assert abs(count_params(m) / m.published_params - 1) < 0.01, name
 
 
+def test_llama32_counts_tied_and_long_rope():
+    """Llama 3.2 1B/3B: the model card's 1.23B and 3.21B (printed to 0.01B) count the tied matrix once."""
+    for name, exact in (("llama3.2-1b", 1_235_814_400), ("llama3.2-3b", 3_212_749_824)):
+        m = MODELS[name]
+        assert count_params(m) == exact and abs(exact - m.published_params) <= 0.006e9, name
+        assert m.tied_embeddings and count_params(m.with_(tied_embeddings=False)) == exact + 128256 * m.hidden
+        assert (m.rope_theta, m.rope_scaling.kind, m.rope_scaling.factor, m.max_seq) == (5e5, "llama3", 32.0, 131072)
+
+
 REQUIRED_GPUS = [
     "a100-40gb",
     "a100-80gb",

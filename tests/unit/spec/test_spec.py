@@ -100,3 +100,26 @@ def test_cli_validate_exit_codes(tmp_path, good):
     assert r.returncode == 1 and "sharding.num_shards" in r.stderr
     r = subprocess.run(cli, capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 2
+
+
+def test_a_spec_written_before_new_fields_keeps_its_ledger_hash():
+    """The ledger keys runs (and `golden.from_ledger`) by spec_hash: adding a field with a default must not change
+    the hash of a spec that does not set it. The values were computed by the release before train.task,
+    dataset.style and model.chat_template existed; a new field missing from HASH_NEUTRAL_DEFAULTS fails here."""
+    from nightloom.spec import HASH_NEUTRAL_DEFAULTS
+
+    plain = RunSpec.model_validate({"name": "pinned", "dataset": {"path": "/data/corpus.jsonl"}})
+    xtuner = RunSpec.model_validate(
+        {
+            "name": "pinned",
+            "dataset": {"path": "/data/corpus.jsonl"},
+            "train": {"backend": "xtuner", "xtuner": {}, "global_batch": 8},
+            "cluster": {"nodes": 2, "gpus_per_node": 2},
+        }
+    )
+    assert (plain.spec_hash(), xtuner.spec_hash()) == ("4852eacf88b24184", "8f3b7f5eb77e33e8")
+    # a field set away from its default does change the hash
+    for (section, key), default in HASH_NEUTRAL_DEFAULTS.items():
+        data = plain.model_dump(by_alias=True)
+        data[section][key] = {"pretrain": "sft", "auto": "messages", None: "/t/chat.jinja"}[default]
+        assert RunSpec.model_validate(data).spec_hash() != plain.spec_hash(), (section, key)
