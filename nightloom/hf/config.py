@@ -141,9 +141,10 @@ def _gemma3_text_config(cfg: dict) -> tuple[dict, str]:
         if not isinstance(text, dict):
             raise ValueError(f"text_config: expected an object, got {text!r}")
         where = "text_config."
-        # the image-text model ties its head by the top-level flag (Gemma3Config), quantizes as a whole
-        top = {k: cfg[k] for k in ("tie_word_embeddings", "quantization_config") if k in cfg}
-        cfg = {**top, **text}
+        # the image-text model ties its head by the top-level flag (Gemma3Config, default true: transformers
+        # writes text_config's own flag as true even for an untied model), quantizes as a whole
+        top = {k: cfg[k] for k in ("quantization_config",) if k in cfg}
+        cfg = {**top, **text, "tie_word_embeddings": bool(cfg.get("tie_word_embeddings", True))}
     return {**_GEMMA3_DEFAULTS, **cfg}, where
 
 
@@ -195,6 +196,12 @@ def _refuse_gemma3(cfg: dict, where: str) -> None:
         raise ValueError(
             f"{where}attn_logit_softcapping: {cap!r} is not supported (Gemma 2 style score capping; transformers' "
             "Gemma3 does not apply it either, so a checkpoint trained with it would not score the same there)"
+        )
+    final_cap = cfg.get("final_logit_softcapping")
+    if where and final_cap is not None:
+        raise ValueError(
+            f"{where}final_logit_softcapping: {final_cap!r} is not supported in an image-text config (transformers' "
+            "Gemma3ForConditionalGeneration does not apply it, the text-only export's Gemma3ForCausalLM would)"
         )
     if cfg.get("use_bidirectional_attention"):
         raise ValueError(f"{where}use_bidirectional_attention: true is not supported (causal decoders only)")
@@ -384,7 +391,11 @@ def _text_decoder_config(source: dict) -> dict:
     """A gemma3 image-text config's text decoder as a gemma3_text config (the export holds the decoder only)."""
     cfg = {k: v for k, v in source.items() if k in ("tie_word_embeddings", "bos_token_id", "eos_token_id")}
     cfg |= dict(source.get("text_config") or {})
-    cfg |= {"model_type": "gemma3_text", "architectures": [ARCHITECTURES["gemma3_text"]]}
+    cfg |= {
+        "model_type": "gemma3_text",
+        "architectures": [ARCHITECTURES["gemma3_text"]],
+        "tie_word_embeddings": bool(source.get("tie_word_embeddings", True)),  # the image-text model's flag
+    }
     return cfg
 
 

@@ -5,16 +5,22 @@ wrongly shaped, truncated: a WeightsError naming the file and the tensor) before
 `load_hf_weights` then fills every rank's DTensor shards with torch DCP's HuggingFaceStorageReader, which
 reads each rank's slice with `safe_open().get_slice()`: no rank holds the whole model. Only the embedding
 and head of a vocabulary padded for TP are read whole (one tensor) and padded with zero rows.
+
+A gemma3 image-text checkpoint (Gemma3ForConditionalGeneration) gives its text decoder, stored under
+`language_model.model.` (the Hub's files) or `model.language_model.` (transformers 5's module names); its vision
+tower and projector are left out, said once in the log: the run trains and exports the text decoder only.
 """
 
 from __future__ import annotations
 
 import json
 import struct
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from nightloom.hf.names import VISION_PREFIXES, expected_shapes, optional, to_hf
+from nightloom.hf.names import decoder_body, expected_shapes, optional, text_name, to_hf
 from nightloom.shape import ModelShape
 
 INDEX_NAME = "model.safetensors.index.json"
@@ -34,14 +40,39 @@ class TensorEntry:
 
 @dataclass(frozen=True)
 class CheckpointIndex:
-    """What a weights folder holds: tensor name -> where and what (from the headers only)."""
+    """What a weights folder holds (from the headers only): the text decoder's tensors by their text-model
+    Hugging Face name, the name each is stored under, and what was left out (an image-text checkpoint's vision
+    tower and projector, by stored name)."""
 
     folder: Path
     tensors: dict[str, TensorEntry]
+    stored: dict[str, str] = field(default_factory=dict)  # text-model name -> name in the files, where they differ
+    left_out: dict[str, TensorEntry] = field(default_factory=dict)
+    body: str = "model."  # the prefix the files keep the decoder's `model.*` tensors under
 
     @property
     def total_bytes(self) -> int:
         return sum(t.nbytes for t in self.tensors.values())
+
+    def stored_name(self, name: str) -> str:
+        return self.stored.get(name, name)
+
+    def left_out_line(self) -> str | None:
+        """The run log's one line on what an image-text checkpoint's load left out (None when nothing was)."""
+        if not self.left_out:
+            return None
+        mib = sum(t.nbytes for t in self.left_out.values()) / 2**20
+        return (
+            f"[nightloom.hf] {self.folder}: image-text checkpoint: loading its text decoder ({self.body}*) only; "
+            f"left out {len(self.left_out)} tensors ({mib:.1f} MiB) of {_groups(self.left_out)}: not trained, "
+            "not exported (the export is a text-only gemma3_text model)"
+        )
+
+
+def _groups(names) -> str:
+    """`vision_tower.* (10), multi_modal_projector.* (2)`: tensor counts by their first name part(s)."""
+    counts = Counter(".".join(n.split(".")[: 2 if n.startswith("model.") else 1]) + ".*" for n in names)
+    return ", ".join(f"{k} ({v})" for k, v in sorted(counts.items()))
 
 
 def read_header(path: Path) -> dict:
@@ -96,33 +127,51 @@ def scan_checkpoint(folder: str | Path, shape: ModelShape) -> CheckpointIndex:
         stray = sorted({t.file for t in tensors.values()} - set(weight_map.values()))
         if stray:
             raise WeightsError(f"{root / stray[0]}: not listed in {INDEX_NAME} (a stray file would be mixed in)")
-    _refuse_image_text(root, tensors)
+    body, tensors, stored, left_out = _text_decoder(root, tensors, shape)
+
+    def in_files(name: str) -> str:  # the name a message gives: as the files store it, or would
+        return stored.get(name) or (body + name.removeprefix("model.") if name.startswith("model.") else name)
+
     want = expected_shapes(shape)
     for name, shp in want.items():
         if name not in tensors:
-            raise WeightsError(f"{root}: tensor {name}: missing (model {shape.name} needs {list(shp)})")
+            raise WeightsError(f"{root}: tensor {in_files(name)}: missing (model {shape.name} needs {list(shp)})")
         got = tensors[name]
         if got.shape != shp:
-            raise WeightsError(f"{root / got.file}: tensor {name}: shape {list(got.shape)}, model needs {list(shp)}")
+            raise WeightsError(
+                f"{root / got.file}: tensor {in_files(name)}: shape {list(got.shape)}, model needs {list(shp)}"
+            )
     extra = sorted(set(tensors) - set(want) - optional(shape))
     if extra:
         raise WeightsError(
-            f"{root / tensors[extra[0]].file}: tensor {extra[0]}: unexpected (not in model {shape.name})"
+            f"{root / tensors[extra[0]].file}: tensor {in_files(extra[0])}: unexpected (not in model {shape.name})"
         )
-    return CheckpointIndex(root, tensors)
+    return CheckpointIndex(root, tensors, stored, left_out, body)
 
 
-def _refuse_image_text(root: Path, tensors: dict[str, TensorEntry]) -> None:
-    """A gemma3 image-text checkpoint (vision tower, projector, the decoder under `language_model`): refused by
-    the first such tensor's name; the native trainer trains a text decoder saved as gemma3_text."""
-    prefixes = (*VISION_PREFIXES, "model.language_model.", "language_model.")
-    found = sorted((n for n in tensors if n.startswith(prefixes)), key=lambda n: (not n.startswith(VISION_PREFIXES), n))
-    if found:
-        part = "vision tower" if found[0].startswith(VISION_PREFIXES) else "image-text layout"
+def _text_decoder(root: Path, tensors: dict[str, TensorEntry], shape: ModelShape):
+    """(the prefix the decoder is stored under, its tensors by text-model name, their stored names where they
+    differ, the left-out tensors): a text checkpoint as it is; an image-text one's decoder without its vision
+    tower and projector. A checkpoint with no decoder tensor at all is refused naming what it holds."""
+    try:
+        body = decoder_body(list(tensors))
+    except ValueError as err:
+        raise WeightsError(f"{root}: {err}") from None
+    ours, stored, left_out = {}, {}, {}
+    for name, entry in tensors.items():
+        text = text_name(name, body)
+        if text is None:
+            left_out[name] = entry
+            continue
+        if text in ours:
+            raise WeightsError(f"{root / entry.file}: tensor {name}: the same decoder tensor as {stored[text]}")
+        ours[text], stored[text] = entry, name
+    if not set(ours) & set(expected_shapes(shape)):
         raise WeightsError(
-            f"{root / tensors[found[0]].file}: tensor {found[0]}: the {part} of an image-text (gemma3) checkpoint is "
-            "not supported: nightloom trains a text decoder only (a gemma3_text checkpoint, Gemma3ForCausalLM)"
+            f"{root}: holds no text decoder for model {shape.name} (model.*, or an image-text checkpoint's "
+            f"language_model.model.* or model.language_model.*): found {len(tensors)} tensors: {_groups(tensors)}"
         )
+    return body, ours, {k: v for k, v in stored.items() if k != v}, left_out
 
 
 def fetch_weights(uri: str, s3=None, cache_root: Path | None = None, log=print) -> Path:
@@ -145,9 +194,12 @@ def fetch_weights(uri: str, s3=None, cache_root: Path | None = None, log=print) 
         raise WeightsError(str(e)) from None
 
 
-def load_hf_weights(parts: list, folder: str | Path, shape: ModelShape) -> CheckpointIndex:
+def load_hf_weights(
+    parts: list, folder: str | Path, shape: ModelShape, log: Callable[[str], None] | None = None
+) -> CheckpointIndex:
     """Collective (every rank, once): fill each part's parameters (DTensor shards or plain tensors) from the
-    folder. `shape` is the built model's shape (padded_vocab set when the vocabulary was padded for TP)."""
+    folder. `shape` is the built model's shape (padded_vocab set when the vocabulary was padded for TP). What an
+    image-text checkpoint's load leaves out goes to `log` once (default: printed by rank 0)."""
     import torch
     import torch.distributed.checkpoint as dcp
     from safetensors import safe_open
@@ -157,6 +209,9 @@ def load_hf_weights(parts: list, folder: str | Path, shape: ModelShape) -> Check
     from nightloom.train.model import _copy_global
 
     index = scan_checkpoint(folder, shape)
+    line = index.left_out_line()
+    if line is not None:
+        (log or _rank0_print)(line)
     states = [get_model_state_dict(m) for m in parts]
     to_read: dict[str, object] = {}
     padded: list[tuple[str, object]] = []
@@ -168,18 +223,28 @@ def load_hf_weights(parts: list, folder: str | Path, shape: ModelShape) -> Check
             if shape.embed_rows != shape.vocab and name in ("tok_embeddings.weight", "output.weight"):
                 padded.append((hf, t))
             else:
-                to_read[hf] = t
+                to_read[index.stored_name(hf)] = t
     dcp.load(to_read, storage_reader=HuggingFaceStorageReader(str(index.folder)))
     with torch.no_grad():
         for hf, t in padded:
             with safe_open(str(index.folder / index.tensors[hf].file), framework="pt") as f:
-                full = f.get_tensor(hf)
+                full = f.get_tensor(index.stored_name(hf))
             rows = torch.zeros((shape.embed_rows - shape.vocab, full.shape[1]), dtype=full.dtype)
             _copy_global(t, torch.cat([full, rows]).to(t.dtype))
     return index  # the state dicts share storage with the parameters: filled in place
 
 
-def model_from_hf(folder: str | Path, seq_len: int, config: str | Path | None = None):
+def _rank0_print(line: str) -> None:
+    """The run log's line from rank 0 only (every process when no process group is up)."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        print(line, flush=True)
+
+
+def model_from_hf(
+    folder: str | Path, seq_len: int, config: str | Path | None = None, log: Callable[[str], None] | None = None
+):
     """One process, no parallelism: the native model built from a Hugging Face folder's config and weights
     (tests, generation checks and single-process tools)."""
     from nightloom.hf.config import shape_from_hf_config
@@ -189,5 +254,5 @@ def model_from_hf(folder: str | Path, seq_len: int, config: str | Path | None = 
     model = build_model(shape, seq_len, device="meta")
     model.to_empty(device="cpu")
     model.init_weights(0)  # rope tables; every parameter is then overwritten
-    load_hf_weights([model], folder, shape)
+    load_hf_weights([model], folder, shape, log)
     return model

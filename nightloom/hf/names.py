@@ -3,7 +3,8 @@ permutation).
 
 The native model uses the rotate-half RoPE layout of transformers, so Q/K rows load as they are stored. Gemma's
 `post_attention_layernorm` is the norm AFTER attention (Llama's is the one before the MLP, Gemma's
-`pre_feedforward_layernorm`), so the layer names depend on `shape.post_norms`."""
+`pre_feedforward_layernorm`), so the layer names depend on `shape.post_norms`. A gemma3 image-text checkpoint
+keeps the same decoder tensors under a prefix (`decoder_body`, `text_name`) beside a vision tower and projector."""
 
 from __future__ import annotations
 
@@ -37,8 +38,13 @@ _GEMMA_LAYER = {
     "ffn_post_norm.weight": "post_feedforward_layernorm.weight",
 }
 _LAYER_RE = re.compile(r"layers\.(\d+)\.(.+)")
-#: tensors of a gemma3 image-text checkpoint that are not its text decoder
+#: tensors of a gemma3 image-text checkpoint that are not its text decoder (left out: not trained, not exported)
 VISION_PREFIXES = ("model.vision_tower.", "model.multi_modal_projector.", "vision_tower.", "multi_modal_projector.")
+#: where an image-text checkpoint keeps the text decoder's `model.*` tensors: transformers 5's module names, and
+#: the Hub's files (what save_pretrained writes: transformers maps `language_model.model` back on save)
+IMAGE_TEXT_BODIES = ("model.language_model.", "language_model.model.")
+#: an image-text checkpoint's untied head: `lm_head.weight`, or the Hub's `language_model.lm_head.weight`
+IMAGE_TEXT_HEADS = ("lm_head.weight", "language_model.lm_head.weight")
 
 
 def to_hf(name: str, shape: ModelShape | None = None) -> str:
@@ -97,3 +103,27 @@ def expected_shapes(shape: ModelShape) -> dict[str, tuple[int, ...]]:
 def optional(shape: ModelShape) -> set[str]:
     """Names a checkpoint may hold without the model needing them (a tied model's duplicate head)."""
     return {"lm_head.weight"} if shape.tied_embeddings else set()
+
+
+def decoder_body(stored: list[str]) -> str:
+    """The prefix a checkpoint keeps the text decoder's `model.*` tensors under: `model.` (a text model) or one
+    of IMAGE_TEXT_BODIES; ValueError when it holds the decoder under both."""
+    bodies = [b for b in IMAGE_TEXT_BODIES if any(n.startswith(b) for n in stored)]
+    if len(bodies) > 1:
+        raise ValueError(f"holds a text decoder under both {bodies[0]}* and {bodies[1]}*")
+    return bodies[0] if bodies else "model."
+
+
+def text_name(stored: str, body: str) -> str | None:
+    """The text model's Hugging Face name of a stored tensor whose checkpoint keeps its decoder under `body`
+    (`language_model.model.layers.0.x` -> `model.layers.0.x`); None for an image-text checkpoint's vision tower
+    and projector. A name of neither kind comes back as it is (then unexpected)."""
+    if body == "model.":
+        return stored
+    if stored.startswith(body):
+        return "model." + stored[len(body) :]
+    if stored in IMAGE_TEXT_HEADS:
+        return "lm_head.weight"
+    if stored.startswith(VISION_PREFIXES):
+        return None
+    return stored

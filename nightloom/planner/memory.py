@@ -14,6 +14,10 @@ for two norms): q and k before RoPE, 2·s·b·(q_dim + kv_dim) bytes in bf16 (q_
 kv_heads·head_dim). They are outputs of the column-parallel QKV projection, so TP shards them over heads (/t with
 or without SP, as Table 2's 24/t terms), and they are kept under selective recompute (it recomputes only the
 attention core after them); full recompute keeps only the layer input.
+Gemma 3's post-norms (`shape.post_norms`: an RMSNorm on the attention output and one on the MLP output, before
+each residual add) save their inputs too, as Table 2's two layer norms do: 2 more 16-bit s·b·h tensors, 4·s·b·h
+bytes per layer. They sit where Table 2's norms sit (after the row-parallel o/down projection's all-reduce, or its
+reduce-scatter under SP), so they are replicated under TP and /t under SP, and kept under selective recompute.
 These assume materialised attention scores (PTD-P's fused softmax kernels). With a fused (flash-style) attention
 kernel (`fused_attention=True`) the 5·a·s/h score terms vanish: only Q, K, V and the output are kept (plus a
 row statistic per head), and selective recompute has nothing left to save (Dao 2023, FlashAttention-2 §3.1).
@@ -67,21 +71,21 @@ def activation_bytes_per_layer(
     shape: ModelShape, seq: int, mb: int, tp: int, sp: bool, recompute: str, fused_attention: bool = False
 ) -> float:
     """Saved activations of one layer for one micro-batch (Korthikanti et al. 2022, Table 2), plus the q/k norms'
-    saved inputs where the shape has them (`qk_norm_bytes`); a fused attention kernel stores no scores (the 5·a·s/h
-    term is 0)."""
+    and Gemma's post-norms' saved inputs where the shape has them (`qk_norm_bytes`, `post_norm_bytes`); a fused
+    attention kernel stores no scores (the 5·a·s/h term is 0)."""
     s, b, h, a, t = seq, mb, shape.hidden, shape.heads, tp
     sbh = s * b * h
     attn = 0.0 if fused_attention else 5 * a * s / h
     if recompute == "full":
         return 2 * sbh / (t if sp else 1)
-    qk = qk_norm_bytes(shape, seq, mb, tp)
+    norms = qk_norm_bytes(shape, seq, mb, tp) + post_norm_bytes(shape, seq, mb, tp, sp)
     if recompute == "selective":
-        return (34 * sbh / t if sp else sbh * (10 + 24 / t)) + qk
+        return (34 * sbh / t if sp else sbh * (10 + 24 / t)) + norms
     if t == 1:
-        return sbh * (34 + attn) + qk
+        return sbh * (34 + attn) + norms
     if sp:
-        return sbh * (34 + attn) / t + qk
-    return sbh * (10 + 24 / t + attn / t) + qk
+        return sbh * (34 + attn) / t + norms
+    return sbh * (10 + 24 / t + attn / t) + norms
 
 
 def qk_norm_bytes(shape: ModelShape, seq: int, mb: int, tp: int) -> float:
@@ -89,6 +93,14 @@ def qk_norm_bytes(shape: ModelShape, seq: int, mb: int, tp: int) -> float:
     if not shape.qk_norm:
         return 0.0
     return 2 * seq * mb * (shape.heads + shape.kv_heads) * shape.head_dim / tp
+
+
+def post_norm_bytes(shape: ModelShape, seq: int, mb: int, tp: int, sp: bool) -> float:
+    """Saved inputs of a layer's post-attention and post-feedforward norms (Gemma 3): 2 · 2·s·b·h bytes in bf16,
+    as Table 2 counts its two layer norms (4·s·b·h), /t under SP, replicated under TP alone; 0 without them."""
+    if not shape.post_norms:
+        return 0.0
+    return 2 * 2 * seq * mb * shape.hidden / (tp if sp else 1)
 
 
 def _state_bytes(precision: str) -> tuple[float, float, float]:

@@ -202,8 +202,9 @@ def test_context_parallel_refuses_sliding_windows():
     assert not any("sliding-window" in w for w in cp.check(mistral, 1024, None, device_type="cuda"))
 
 
-def test_image_text_checkpoint_is_refused_by_its_vision_tower(tmp_path):
-    """A gemma3 image-text folder: the shape is its text decoder; the weights name the vision tower."""
+def test_image_text_checkpoint_gives_its_text_decoder(tmp_path):
+    """A gemma3 image-text folder: the shape is its text decoder; the weights' vision tower is left out, the
+    decoder read from under `model.language_model.` (tests/unit/hf/test_gemma3_image_text.py: logits)."""
     from safetensors.torch import save_file
 
     text = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
@@ -215,8 +216,37 @@ def test_image_text_checkpoint_is_refused_by_its_vision_tower(tmp_path):
     }
     tensors["model.vision_tower.vision_model.post_layernorm.weight"] = torch.zeros(4)
     save_file(tensors, str(tmp_path / "model.safetensors"))
-    with pytest.raises(WeightsError, match=r"model.safetensors: tensor model.vision_tower\..*: the vision tower"):
+    index = scan_checkpoint(tmp_path, shape)
+    assert set(index.tensors) == set(expected_shapes(shape)) and list(index.left_out) == [
+        "model.vision_tower.vision_model.post_layernorm.weight"
+    ]
+    assert index.stored_name("model.norm.weight") == "model.language_model.norm.weight"
+    assert "left out 1 tensors" in index.left_out_line() and "model.vision_tower.* (1)" in index.left_out_line()
+    tensors["model.language_model.extra.weight"] = torch.zeros(2)
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    with pytest.raises(WeightsError, match=r"tensor model\.language_model\.extra\.weight: unexpected"):
         scan_checkpoint(tmp_path, shape)
+
+
+def test_image_text_final_logit_capping_is_refused(tmp_path):
+    """transformers' Gemma3ForConditionalGeneration leaves the final capping out, its Gemma3ForCausalLM applies it:
+    the source and the text-only export would not score the same."""
+    (tmp_path / "config.json").write_text(
+        json.dumps(_image_text({**HUB_TEXT["gemma3-4b"], "final_logit_softcapping": 30.0}))
+    )
+    with pytest.raises(HFConfigError, match=r"text_config.final_logit_softcapping: 30.0 is not supported"):
+        shape_from_hf_config(tmp_path)
+
+
+def test_image_text_head_is_tied_by_the_top_level_flag():
+    """Gemma3Config's own tie_word_embeddings (default true) ties the head; transformers writes text_config's
+    flag as true even for an untied model."""
+    untied = {**_image_text({**HUB_TEXT["gemma3-4b"], "tie_word_embeddings": True}), "tie_word_embeddings": False}
+    assert not shape_from_config(untied).tied_embeddings
+    assert not config_for_export(shape_from_config(untied), untied, "bf16")["tie_word_embeddings"]
+    tied = _image_text({**HUB_TEXT["gemma3-4b"], "tie_word_embeddings": False})  # no top-level flag: true
+    assert shape_from_config(tied).tied_embeddings
+    assert config_for_export(shape_from_config(tied), tied, "bf16")["tie_word_embeddings"]
 
 
 def test_image_text_source_exports_its_text_decoder():

@@ -12,7 +12,14 @@ from nightloom.hf.config import shape_from_hf_config
 from nightloom.parallel import ParallelDims
 from nightloom.perf import count_params
 from nightloom.planner import plan, plan_for_spec
-from nightloom.planner.memory import GIB, activation_bytes_per_layer, memory_breakdown, qk_norm_bytes, stage_params
+from nightloom.planner.memory import (
+    GIB,
+    activation_bytes_per_layer,
+    memory_breakdown,
+    post_norm_bytes,
+    qk_norm_bytes,
+    stage_params,
+)
 from nightloom.spec_load import parse_spec
 
 #: a small config in the form of meta-llama/Llama-3.2-1B's config.json (tied, llama3 RoPE scaling factor 32)
@@ -117,3 +124,25 @@ def test_qwen3_8b_activation_memory_grows_by_the_qk_norm_inputs():
     c = ParallelDims(tp=2, pp=1, dp_replicate=1, dp_shard=4, sp=True, micro_batch=b, grad_accum=8)
     delta = memory_breakdown(shape, c, s).activations_gib - memory_breakdown(plain, c, s).activations_gib
     assert delta * GIB == pytest.approx(36 * 2 * s * b * (32 + 8) * 128 / 2)
+
+
+def test_gemma3_activation_memory_grows_by_the_post_norm_inputs():
+    """Gemma 3's post-attention and post-feedforward norms save their inputs: 2 more 16-bit s·b·h tensors per
+    layer (4·s·b·h bytes), replicated under TP alone, /t under SP, kept under selective recompute."""
+    shape = MODELS["gemma3-27b"]
+    plain = shape.with_(post_norms=False)
+    s, b, h = 4096, 2, shape.hidden
+    assert post_norm_bytes(plain, s, b, 1, False) == 0.0
+    for t, sp, rc, want in (
+        (1, False, "none", 4 * s * b * h),
+        (2, False, "none", 4 * s * b * h),  # TP without SP: the norm inputs are whole on every TP rank
+        (4, True, "none", 4 * s * b * h / 4),
+        (4, True, "selective", 4 * s * b * h / 4),
+        (2, False, "selective", 4 * s * b * h),
+        (4, True, "full", 0.0),  # full recompute keeps only the layer input
+    ):
+        grown = activation_bytes_per_layer(shape, s, b, t, sp, rc) - activation_bytes_per_layer(plain, s, b, t, sp, rc)
+        assert grown == want, (t, sp, rc)
+    c = ParallelDims(tp=2, pp=1, dp_replicate=1, dp_shard=4, sp=True, micro_batch=b, grad_accum=8)
+    delta = memory_breakdown(shape, c, s).activations_gib - memory_breakdown(plain, c, s).activations_gib
+    assert delta * GIB == pytest.approx(shape.layers * 4 * s * b * h / 2)
