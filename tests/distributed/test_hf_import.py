@@ -14,7 +14,6 @@ import sys
 
 import pytest
 import torch
-import torch.nn.functional as F
 import transformers
 from safetensors import safe_open
 
@@ -24,9 +23,9 @@ from nightloom.hf.load import model_from_hf
 from nightloom.hf.random_model import build_random_model
 from nightloom.parallel import ParallelPlan
 from nightloom.spec import TrainSpec
-from nightloom.train.data import PackedWindows
 from nightloom.train.job import TrainJob
 from tests.support.harness import ROOT, env, free_port, launch, launch_many, result, write_corpus
+from tests.support.hf_runs import hf_first_batch_loss
 
 SEQ, BATCH = 32, 8
 CONFIG = {
@@ -89,14 +88,6 @@ def _job(run_dir, source, corpus, plan, steps=1, weights=None):
     p = run_dir / "job.json"
     p.write_text(job.model_dump_json(indent=2))
     return p
-
-
-def _hf_loss(source, corpus) -> float:
-    seqs = PackedWindows(str(corpus), SEQ, seed=1234).windows(0, BATCH)
-    hf = transformers.AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).eval()
-    with torch.no_grad():
-        logits = hf(seqs[:, :-1]).logits
-    return float(F.cross_entropy(logits.flatten(0, 1), seqs[:, 1:].flatten()))
 
 
 @pytest.fixture(scope="module")
@@ -162,7 +153,7 @@ def test_step1_loss_equals_transformers(layout, source, corpus, step1_runs):
     assert f"[multi-job] done {job}" in out.output
     own = out.output.split(f"[multi-job] start {job}")[1].split(f"[multi-job] done {job}")[0]
     assert "[nightloom.train] loaded " in own  # this job's own lines: it loaded the HF weights
-    ref = _hf_loss(source, corpus)
+    ref = hf_first_batch_loss(source, corpus, SEQ, BATCH)
     assert abs(out.losses[0] - ref) < 1e-5, (layout, out.losses[0], ref)
     res = result(job)
     assert res["export_dir"] == str(job.parent / "export")
@@ -175,7 +166,7 @@ def test_single_process_step1_loss_and_export(source, corpus, tmp_path, capsys):
 
     run = tmp_path / "run"
     out = launch(1, _job(run, source, corpus, {"micro_batch": 4, "grad_accum": 2}, steps=2))
-    assert abs(out.losses[0] - _hf_loss(source, corpus)) < 1e-5
+    assert abs(out.losses[0] - hf_first_batch_loss(source, corpus, SEQ, BATCH)) < 1e-5
     trained = _tensors(run / "export")
     key = "model.layers.0.mlp.up_proj.weight"
     assert not torch.equal(trained[key], _tensors(source)[key])  # the export holds the trained weights
@@ -238,7 +229,7 @@ def test_tied_model_step1_equals_transformers(layout, tied, corpus, step1_runs):
     (from a checkpoint holding the matrix once) has no lm_head and loads in transformers."""
     job, out = step1_runs[f"tied_{layout}"]
     assert out.rc == 0 and out.losses, out.output[-5000:]
-    assert abs(out.losses[0] - _hf_loss(tied, corpus)) < 1e-5, (layout, out.losses[0])
+    assert abs(out.losses[0] - hf_first_batch_loss(tied, corpus, SEQ, BATCH)) < 1e-5, (layout, out.losses[0])
     assert "lm_head.weight" not in _tensors(job.parent / "export")
     _, info = transformers.AutoModelForCausalLM.from_pretrained(result(job)["export_dir"], output_loading_info=True)
     assert all(not v for v in info.values()), info

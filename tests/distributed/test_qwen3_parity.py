@@ -10,16 +10,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 import transformers
 
 from nightloom.hf.config import shape_from_hf_config
 from nightloom.hf.random_model import build_random_model
 from nightloom.parallel import ParallelPlan
 from nightloom.spec import TrainSpec
-from nightloom.train.data import PackedWindows
 from nightloom.train.job import TrainJob
 from tests.support.harness import launch_many, write_corpus
+from tests.support.hf_runs import final_checkpoint_params, hf_first_batch_loss
 
 SEQ, BATCH, STEPS = 32, 8, 3
 LOSS_TOL, GRAD_NORM_RTOL, PARAM_ATOL = 1e-5, 1e-5, 1e-5
@@ -74,24 +73,6 @@ def _job(run_dir, source, corpus, plan):
     return p
 
 
-def _final_params(run_dir, vocab: int) -> dict[str, torch.Tensor]:
-    """The last checkpoint's model tensors, gathered without a process group (TP-padded vocabulary rows cut)."""
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
-    latest = (run_dir / "checkpoints" / "latest").read_text().strip()
-    dcp_to_torch_save(run_dir / "checkpoints" / latest, run_dir / "final.pt")
-    state = torch.load(run_dir / "final.pt", weights_only=True)["model"]
-    return {k: v[:vocab] if k in ("tok_embeddings.weight", "output.weight") else v for k, v in state.items()}
-
-
-def _hf_loss(source, corpus) -> float:
-    seqs = PackedWindows(str(corpus), SEQ, seed=1234).windows(0, BATCH)
-    hf = transformers.AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).eval()
-    with torch.no_grad():
-        logits = hf(seqs[:, :-1]).logits
-    return float(F.cross_entropy(logits.flatten(0, 1), seqs[:, 1:].flatten()))
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """The one-process runs (untied, tied) in one launch, then every 2-process layout in one, the 4-process one."""
@@ -129,13 +110,16 @@ def test_layout_matches_one_process(layout, runs):
     print(f"qwen3 {layout}: max |loss - 1 process| {loss_diff:.2e}, max rel |grad_norm - 1 process| {norm_rel:.2e}")
     assert loss_diff <= LOSS_TOL, (out.losses, ref.losses)
     assert norm_rel <= GRAD_NORM_RTOL, ([m.grad_norm for m in out.metrics], [m.grad_norm for m in ref.metrics])
-    a, b = _final_params(job.parent, CONFIG["vocab_size"]), _final_params(ref_job.parent, CONFIG["vocab_size"])
+    a, b = (
+        final_checkpoint_params(job.parent, CONFIG["vocab_size"]),
+        final_checkpoint_params(ref_job.parent, CONFIG["vocab_size"]),
+    )
     assert sorted(a) == sorted(b) and any(".attn.q_norm." in k for k in a)
     worst, where = max((float((a[k] - b[k]).abs().max()), k) for k in b)
     print(f"qwen3 {layout}: max |param - 1 process| {worst:.2e} ({where})")
     assert worst <= PARAM_ATOL, worst
     # the first step's loss is transformers' on the same batch (the weights loaded as Qwen3ForCausalLM reads them)
-    hf_loss = _hf_loss(sources["tied" if tied else "untied"], sources["corpus"])
+    hf_loss = hf_first_batch_loss(sources["tied" if tied else "untied"], sources["corpus"], SEQ, BATCH)
     assert abs(out.losses[0] - hf_loss) < LOSS_TOL, (out.losses[0], hf_loss)
     _, info = transformers.AutoModelForCausalLM.from_pretrained(job.parent / "export", output_loading_info=True)
     assert all(not v for v in info.values()), info
@@ -147,7 +131,7 @@ def test_q_norm_weights_moved(runs):
     job, _ = single["untied"]
     from safetensors import safe_open
 
-    trained = _final_params(job.parent, CONFIG["vocab_size"])["layers.0.attn.q_norm.weight"]
+    trained = final_checkpoint_params(job.parent, CONFIG["vocab_size"])["layers.0.attn.q_norm.weight"]
     for f in sources["untied"].glob("*.safetensors"):
         with safe_open(str(f), framework="pt") as s:
             if "model.layers.0.self_attn.q_norm.weight" in s.keys():

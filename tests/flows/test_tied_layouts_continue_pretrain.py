@@ -7,22 +7,24 @@ built once for both layouts (issue 38, "Must show")."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-import torch
-import torch.nn.functional as F
-import yaml
 
 from tests.support.harness import free_port
+from tests.support.hf_runs import (
+    SEQ,
+    TOL,
+    bpe_tokenizer,
+    continue_pretrain_spec,
+    eval_data,
+    nightloom_eval,
+    run_two_steps,
+    transformers_nll,
+)
 
-ROOT = Path(__file__).resolve().parents[2]
-SEQ = 256
-TOL = 1e-4
 QWEN3_TIED = {
     "vocab_size": 320,  # >= the BPE's 300 ids, even (vocab-parallel under TP2)
     "hidden_size": 64,
@@ -58,33 +60,14 @@ class Setup:
     steps: dict[str, list[float]] = field(default_factory=dict)
 
 
-def _transformers_nll(model_dir: Path, tokenizer_dir: Path, docs: list[str]) -> tuple[float, int]:
-    """Mean NLL per predicted token of each document's first SEQ ids (AutoTokenizer's, no EOS), and their count."""
+def _tied_nll(model_dir: Path, tokenizer_dir: Path, docs: list[str]) -> tuple[float, int]:
+    """transformers' NLL of a folder it must load as tied (one matrix for the embedding and the head)."""
     import transformers
 
-    tok = transformers.AutoTokenizer.from_pretrained(str(tokenizer_dir))
-    model = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir))
     assert model.config.tie_word_embeddings
     assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
-    total, count = 0.0, 0
-    for d in docs:
-        ids = tok(d)["input_ids"][:SEQ]
-        if len(ids) < 2:
-            continue
-        with torch.no_grad():
-            logits = model(torch.tensor([ids])).logits[0, :-1].float()
-        total += float(F.cross_entropy(logits, torch.tensor(ids[1:]), reduction="sum").double())
-        count += len(ids) - 1
-    return total / count, count
-
-
-def _cli(args: list[str]) -> tuple[int, str]:
-    from flows.cli import main
-
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        rc = main(args)
-    return rc, buf.getvalue()
+    return transformers_nll(model_dir, tokenizer_dir, docs)
 
 
 @pytest.fixture(scope="module")
@@ -92,19 +75,10 @@ def setup(tmp_path_factory) -> Setup:
     from safetensors import safe_open
 
     from nightloom.hf.random_model import build_random_model
-    from nightloom.spec import DatasetSpec, TokenizerSpec
-    from nightloom.tokenizer import ensure_trained
 
     root = tmp_path_factory.mktemp("tied-layouts")
-    lines = (ROOT / "datasets" / "sample" / "corpus.jsonl").read_text(encoding="utf-8").splitlines()
-    corpus = root / "corpus.jsonl"
-    corpus.write_text("\n".join(lines[:400]) + "\n", encoding="utf-8")
-    longer = [t for t in (json.loads(line)["text"] for line in lines[400:]) if len(t) > 1500]  # past SEQ ids
-    docs = longer[:6] + [json.loads(line)["text"] for line in lines[400:406]] + ["x", "tied Qwen3 head"]
-    eval_data = root / "eval.jsonl"
-    eval_data.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs), encoding="utf-8")
-    tokenizer = root / "tokenizer"
-    assert ensure_trained(TokenizerSpec(path=str(tokenizer), train_vocab=300), DatasetSpec(path=str(corpus)))
+    data = eval_data(root, "tied Qwen3 head")
+    tokenizer = bpe_tokenizer(root, data.corpus)
     weights = build_random_model(
         root / "qwen3-tied", "qwen3", seed=23, max_shard_size="200KB", norm_std=0.3, **QWEN3_TIED
     )
@@ -113,30 +87,24 @@ def setup(tmp_path_factory) -> Setup:
         with safe_open(str(f), "pt") as st:
             names |= set(st.keys())
     assert "model.embed_tokens.weight" in names and "lm_head.weight" not in names  # the checkpoint is tied
-    ref, tokens = _transformers_nll(weights, tokenizer, docs)
-    return Setup(root, corpus, eval_data, tokenizer, weights, docs, ref, tokens)
+    ref, tokens = _tied_nll(weights, tokenizer, data.docs)
+    return Setup(root, data.corpus, data.eval_data, tokenizer, weights, data.docs, ref, tokens)
 
 
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
 def test_tied_qwen3_run_then_eval_equals_transformers(prefect_backend, setup: Setup, layout: str):
     s = setup
-    data = yaml.safe_load((ROOT / "deployments" / "continue-pretrain-demo.yaml").read_text())
-    data["model"] = {"weights": str(s.weights), "tokenizer": str(s.tokenizer)}
-    data["dataset"] = {"path": str(s.corpus), "text_field": "text"}
-    data["sharding"] = {"num_shards": 2, "output": str(s.root / "shards")}  # the second layout reuses the shards
-    data["cluster"]["master_port"] = free_port()
-    data["parallel"] = LAYOUTS[layout]
-    data["storage"]["root"] = str(s.root / f"runs-{layout}")
-    data["ledger"]["url"] = f"sqlite:///{s.root / f'ledger-{layout}.db'}"
-    data["train"].update({"steps": 2, "seq_len": 128, "lr": 1e-9, "warmup_steps": 0, "checkpoint_every": 0})
-    data["validate"] = {"min_loss_drop": 0.0}  # a negligible learning rate: the loss is not meant to fall
-    spec = s.root / f"spec-{layout}.yaml"
-    spec.write_text(yaml.safe_dump(data))
-
-    rc, out = _cli(["run", str(spec), "--json"])
-    assert rc == 0, out[-3000:]
-    summary = json.loads(out[out.index("{") :])
-    assert summary["status"] == "completed" and summary["steps"] == 2, summary
+    spec = continue_pretrain_spec(
+        s.root,
+        s.weights,
+        s.tokenizer,
+        s.corpus,
+        s.root / "shards",  # the second layout reuses the shards
+        tag=f"-{layout}",
+        cluster={"master_port": free_port()},
+        parallel=LAYOUTS[layout],
+    )
+    summary = run_two_steps(spec)
     run_dir = Path(summary["run_dir"])
     plan = json.loads(sorted(run_dir.glob("job-attempt*.json"))[-1].read_text())["plan"]
     assert (plan["tp"], plan["pp"]) == (LAYOUTS[layout].get("tp", 1), LAYOUTS[layout].get("pp", 1)), plan
@@ -147,9 +115,7 @@ def test_tied_qwen3_run_then_eval_equals_transformers(prefect_backend, setup: Se
     for other, seen in s.steps.items():
         assert len(seen) == 4 and seen == pytest.approx(s.steps[layout], rel=1e-5), (layout, other, s.steps)
 
-    rc, out = _cli(["eval", str(run_dir), "--data", str(s.eval_data), "--seq-len", str(SEQ), "--json"])
-    assert rc == 0, out
-    ours = json.loads(out)
+    ours = nightloom_eval(run_dir, s.eval_data)
     print(
         f"tied qwen3 {layout}: nightloom eval {ours['loss']:.8f}, transformers {s.ref_nll:.8f} ({s.ref_tokens} tokens)"
     )
@@ -160,6 +126,6 @@ def test_tied_qwen3_run_then_eval_equals_transformers(prefect_backend, setup: Se
     config = json.loads((export / "config.json").read_text())
     assert config["architectures"] == ["Qwen3ForCausalLM"] and config["tie_word_embeddings"] is True, config
     assert "lm_head.weight" not in json.loads((export / "model.safetensors.index.json").read_text())["weight_map"]
-    exported, _ = _transformers_nll(export, export, s.docs)
+    exported, _ = _tied_nll(export, export, s.docs)
     print(f"tied qwen3 {layout}: export {exported:.8f}")
     assert abs(exported - s.ref_nll) < TOL, (exported, s.ref_nll)

@@ -1,0 +1,139 @@
+"""What the family run-level tests share: a corpus and eval documents from the sample, a BPE tokenizer folder, a
+continued-pretraining spec over a Hugging Face folder, the CLI in-process, and transformers' mean NLL as reference.
+
+The shape of each test: `nightloom run` (2 steps at a negligible learning rate), then `nightloom eval RUN --data
+eval.jsonl --seq-len 256 --json` must equal transformers' NLL of the original checkpoint, and of the run's export.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+SEQ = 256  # scored prefix of each eval document
+TOL = 1e-4
+
+
+@dataclass(frozen=True)
+class EvalData:
+    """A 400-line training corpus, the eval documents (6 longer than SEQ ids, 6 ordinary, 2 short) and their file."""
+
+    corpus: Path
+    eval_data: Path
+    docs: list[str]
+
+
+def eval_data(folder: Path, tag: str) -> EvalData:
+    lines = (ROOT / "datasets" / "sample" / "corpus.jsonl").read_text(encoding="utf-8").splitlines()
+    corpus = folder / "corpus.jsonl"
+    corpus.write_text("\n".join(lines[:400]) + "\n", encoding="utf-8")
+    longer = [t for t in (json.loads(line)["text"] for line in lines[400:]) if len(t) > 1500]  # past SEQ ids
+    docs = longer[:6] + [json.loads(line)["text"] for line in lines[400:406]] + ["x", tag]
+    path = folder / "eval.jsonl"
+    path.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs), encoding="utf-8")
+    return EvalData(corpus, path, docs)
+
+
+def bpe_tokenizer(folder: Path, corpus: Path) -> Path:
+    """A 300-id BPE tokenizer folder trained on the corpus (tokenizer.json + tokenizer_config.json)."""
+    from nightloom.spec import DatasetSpec, TokenizerSpec
+    from nightloom.tokenizer import ensure_trained
+
+    path = folder / "tokenizer"
+    assert ensure_trained(TokenizerSpec(path=str(path), train_vocab=300), DatasetSpec(path=str(corpus)))
+    return path
+
+
+def transformers_nll(model_dir: Path, tokenizer_dir: Path, docs: list[str]) -> tuple[float, int]:
+    """Mean NLL per predicted token of each document's first SEQ ids (AutoTokenizer's, no EOS), and their count."""
+    import transformers
+
+    tok = transformers.AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    total, count = 0.0, 0
+    for d in docs:
+        ids = tok(d)["input_ids"][:SEQ]
+        if len(ids) < 2:
+            continue
+        with torch.no_grad():
+            logits = model(torch.tensor([ids])).logits[0, :-1].float()
+        total += float(F.cross_entropy(logits, torch.tensor(ids[1:]), reduction="sum").double())
+        count += len(ids) - 1
+    return total / count, count
+
+
+def cli(args: list[str]) -> tuple[int, str]:
+    """`nightloom ARGS` in this process: (exit code, stdout)."""
+    from flows.cli import main
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        rc = main(args)
+    return rc, buf.getvalue()
+
+
+def continue_pretrain_spec(
+    folder: Path, weights: Path, tokenizer: Path, corpus: Path, shards: Path, tag: str = "", **overrides
+) -> Path:
+    """The continue-pretrain demo over `weights`: 2 shards, 2 steps of 128 tokens at lr 1e-9 (the loss is not meant
+    to fall), its own runs folder and ledger; `overrides` set top-level sections (e.g. parallel, cluster keys)."""
+    data = yaml.safe_load((ROOT / "deployments" / "continue-pretrain-demo.yaml").read_text())
+    data["model"] = {"weights": str(weights), "tokenizer": str(tokenizer)}
+    data["dataset"] = {"path": str(corpus), "text_field": "text"}
+    data["sharding"] = {"num_shards": 2, "output": str(shards)}
+    data["storage"]["root"] = str(folder / f"runs{tag}")
+    data["ledger"]["url"] = f"sqlite:///{folder / f'ledger{tag}.db'}"
+    data["train"].update({"steps": 2, "seq_len": 128, "lr": 1e-9, "warmup_steps": 0, "checkpoint_every": 0})
+    data["validate"] = {"min_loss_drop": 0.0}
+    for key, value in overrides.items():
+        data[key] = {**data[key], **value} if isinstance(data.get(key), dict) else value
+    spec = folder / f"spec{tag}.yaml"
+    spec.write_text(yaml.safe_dump(data))
+    return spec
+
+
+def run_two_steps(spec: Path) -> dict:
+    """`nightloom run SPEC --json`, which must complete its 2 steps: the run summary."""
+    rc, out = cli(["run", str(spec), "--json"])
+    assert rc == 0, out[-3000:]
+    summary = json.loads(out[out.index("{") :])
+    assert summary["status"] == "completed" and summary["steps"] == 2, summary
+    return summary
+
+
+def nightloom_eval(run_dir: Path, data: Path) -> dict:
+    """`nightloom eval RUN --data DATA --seq-len SEQ --json`."""
+    rc, out = cli(["eval", str(run_dir), "--data", str(data), "--seq-len", str(SEQ), "--json"])
+    assert rc == 0, out
+    return json.loads(out)
+
+
+def hf_first_batch_loss(source: Path, corpus: Path, seq: int, batch: int) -> float:
+    """transformers' mean loss on the trainer's first global batch (PackedWindows at seed 1234): step 1's loss."""
+    import transformers
+
+    from nightloom.train.data import PackedWindows
+
+    seqs = PackedWindows(str(corpus), seq, seed=1234).windows(0, batch)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).eval()
+    with torch.no_grad():
+        logits = hf(seqs[:, :-1]).logits
+    return float(F.cross_entropy(logits.flatten(0, 1), seqs[:, 1:].flatten()))
+
+
+def final_checkpoint_params(run_dir: Path, vocab: int) -> dict[str, torch.Tensor]:
+    """The last checkpoint's model tensors, gathered without a process group (TP-padded vocabulary rows cut)."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    latest = (run_dir / "checkpoints" / "latest").read_text().strip()
+    dcp_to_torch_save(run_dir / "checkpoints" / latest, run_dir / "final.pt")
+    state = torch.load(run_dir / "final.pt", weights_only=True)["model"]
+    return {k: v[:vocab] if k in ("tok_embeddings.weight", "output.weight") else v for k, v in state.items()}
