@@ -98,6 +98,30 @@ class _TokenShard:
         return self.ids[o * self.window : (o + 1) * self.window]
 
 
+def open_training_manifest(
+    manifest: str, tokenizer: TokenizerSpec | str | None, s3: S3Config | None, *, chat: bool
+) -> tuple[ShardManifest, Tokenizer]:
+    """The manifest and the run's tokenizer, checked against each other and against the task: a pretraining stream
+    (`chat=False`) or conversations with labels (`chat=True`, train.task sft). DataError naming the manifest."""
+    m, tok = load_manifest(manifest, s3), load_tokenizer(tokenizer)
+    if m.tokenizer != tok.fingerprint():
+        raise DataError(
+            f"{manifest}: tokenizer: the shards were counted with {m.tokenizer!r}, the run uses "
+            f"{tok.fingerprint()!r} (re-shard with the run's model.tokenizer)"
+        )
+    if chat and m.chat is None:
+        raise DataError(
+            f"{manifest}: not a chat dataset (no `chat` in the manifest): train.task sft needs shards made with "
+            "train.task: sft"
+        )
+    if not chat and m.chat is not None:
+        raise DataError(
+            f"{manifest}: a chat dataset (sharded for train.task sft: conversations and their labels), not a "
+            "pretraining stream: set train.task: sft, or re-shard with train.task: pretrain"
+        )
+    return m, tok
+
+
 class PackedWindows:
     """Random access to the global window stream; shards are loaded lazily and a few are cached."""
 
@@ -113,18 +137,7 @@ class PackedWindows:
         self.manifest_uri = str(manifest)
         self.seed = seed
         self.s3 = s3  # where s3:// shards live (the job's storage config)
-        self.manifest: ShardManifest = load_manifest(manifest, s3)
-        self.tokenizer: Tokenizer = load_tokenizer(tokenizer)
-        if self.manifest.tokenizer != self.tokenizer.fingerprint():
-            raise DataError(
-                f"{self.manifest_uri}: tokenizer: the shards were counted with {self.manifest.tokenizer!r}, the run "
-                f"uses {self.tokenizer.fingerprint()!r} (re-shard with the run's model.tokenizer)"
-            )
-        if self.manifest.chat is not None:
-            raise DataError(
-                f"{self.manifest_uri}: a chat dataset (sharded for train.task sft: conversations and their labels), "
-                "not a pretraining stream: set train.task: sft, or re-shard with train.task: pretrain"
-            )
+        self.manifest, self.tokenizer = open_training_manifest(self.manifest_uri, tokenizer, s3, chat=False)
         self.window = seq_len + 1
         base = _base_uri(manifest)
         spans, first = [], 0
@@ -400,18 +413,7 @@ class ConversationRows:
         s3: S3Config | None = None,
     ):
         self.manifest_uri, self.seed, self.s3 = str(manifest), seed, s3
-        self.manifest: ShardManifest = load_manifest(manifest, s3)
-        self.tokenizer: Tokenizer = load_tokenizer(tokenizer)
-        if self.manifest.tokenizer != self.tokenizer.fingerprint():
-            raise DataError(
-                f"{self.manifest_uri}: tokenizer: the shards were made with {self.manifest.tokenizer!r}, the run "
-                f"uses {self.tokenizer.fingerprint()!r} (re-shard with the run's model.tokenizer)"
-            )
-        if self.manifest.chat is None:
-            raise DataError(
-                f"{self.manifest_uri}: not a chat dataset (no `chat` in the manifest): train.task sft needs shards "
-                "made with train.task: sft"
-            )
+        self.manifest, self.tokenizer = open_training_manifest(self.manifest_uri, tokenizer, s3, chat=True)
         self.window, self.base = seq_len + 1, _base_uri(manifest)
         self.shards = sorted(self.manifest.shards, key=lambda s: s.index)
         self._starts = np.cumsum([0] + [s.rows for s in self.shards])
