@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import transformers
 
 from nightloom.hf.config import shape_from_hf_config
 from nightloom.hf.random_model import build_random_model
@@ -18,7 +17,7 @@ from nightloom.parallel import ParallelPlan
 from nightloom.spec import TrainSpec
 from nightloom.train.job import TrainJob
 from tests.support.harness import launch_many, write_corpus
-from tests.support.hf_runs import final_checkpoint_params, hf_first_batch_loss
+from tests.support.hf_runs import Tolerances, assert_layout_matches_one_process, final_checkpoint_params
 
 SEQ, BATCH, STEPS = 32, 8, 3
 LOSS_TOL, GRAD_NORM_RTOL, PARAM_ATOL = 1e-5, 1e-5, 1e-5
@@ -102,27 +101,21 @@ def test_layout_matches_one_process(layout, runs):
     tied = layout.startswith("tied")
     ref_job, ref = single["tied" if tied else "untied"]
     job, out = double[layout]
-    assert len(ref.losses) == STEPS, ref.output[-4000:]
-    assert len(out.losses) == STEPS, out.output[-4000:]
-    assert "[nightloom.train] loaded " in out.output
-    loss_diff = max(abs(a - b) for a, b in zip(out.losses, ref.losses))
-    norm_rel = max(abs(a.grad_norm - b.grad_norm) / b.grad_norm for a, b in zip(out.metrics, ref.metrics))
-    print(f"qwen3 {layout}: max |loss - 1 process| {loss_diff:.2e}, max rel |grad_norm - 1 process| {norm_rel:.2e}")
-    assert loss_diff <= LOSS_TOL, (out.losses, ref.losses)
-    assert norm_rel <= GRAD_NORM_RTOL, ([m.grad_norm for m in out.metrics], [m.grad_norm for m in ref.metrics])
-    a, b = (
-        final_checkpoint_params(job.parent, CONFIG["vocab_size"]),
-        final_checkpoint_params(ref_job.parent, CONFIG["vocab_size"]),
+    assert_layout_matches_one_process(
+        f"qwen3 {layout}",
+        job,
+        out,
+        ref_job,
+        ref,
+        vocab=CONFIG["vocab_size"],
+        param_marker=".attn.q_norm.",
+        source=sources["tied" if tied else "untied"],
+        corpus=sources["corpus"],
+        seq=SEQ,
+        batch=BATCH,
+        steps=STEPS,
+        tol=Tolerances(LOSS_TOL, GRAD_NORM_RTOL, PARAM_ATOL),
     )
-    assert sorted(a) == sorted(b) and any(".attn.q_norm." in k for k in a)
-    worst, where = max((float((a[k] - b[k]).abs().max()), k) for k in b)
-    print(f"qwen3 {layout}: max |param - 1 process| {worst:.2e} ({where})")
-    assert worst <= PARAM_ATOL, worst
-    # the first step's loss is transformers' on the same batch (the weights loaded as Qwen3ForCausalLM reads them)
-    hf_loss = hf_first_batch_loss(sources["tied" if tied else "untied"], sources["corpus"], SEQ, BATCH)
-    assert abs(out.losses[0] - hf_loss) < LOSS_TOL, (out.losses[0], hf_loss)
-    _, info = transformers.AutoModelForCausalLM.from_pretrained(job.parent / "export", output_loading_info=True)
-    assert all(not v for v in info.values()), info
 
 
 def test_q_norm_weights_moved(runs):

@@ -137,3 +137,40 @@ def final_checkpoint_params(run_dir: Path, vocab: int) -> dict[str, torch.Tensor
     dcp_to_torch_save(run_dir / "checkpoints" / latest, run_dir / "final.pt")
     state = torch.load(run_dir / "final.pt", weights_only=True)["model"]
     return {k: v[:vocab] if k in ("tok_embeddings.weight", "output.weight") else v for k, v in state.items()}
+
+
+@dataclass(frozen=True)
+class Tolerances:
+    """How close a parallel layout must come to one process: per-step loss, relative grad norm, final parameters."""
+
+    loss: float
+    grad_norm_rel: float
+    param: float
+
+
+def assert_layout_matches_one_process(
+    tag: str, job: Path, out, ref_job: Path, ref, *, vocab: int, param_marker: str, source: Path, corpus: Path,
+    seq: int, batch: int, steps: int, tol: Tolerances,
+) -> None:  # fmt: skip
+    """A layout's run (`out`, of `job`) against the one-process run of the same job (`ref`): every step's loss and grad
+    norm, the final parameters (among them one whose name holds `param_marker`), step 1's loss against transformers
+    on the same batch, and an export transformers loads with no missing or unexpected tensor."""
+    import transformers
+
+    assert len(ref.losses) == steps, ref.output[-4000:]
+    assert len(out.losses) == steps, out.output[-4000:]
+    assert "[nightloom.train] loaded " in out.output
+    loss_diff = max(abs(a - b) for a, b in zip(out.losses, ref.losses))
+    norm_rel = max(abs(a.grad_norm - b.grad_norm) / b.grad_norm for a, b in zip(out.metrics, ref.metrics))
+    print(f"{tag}: max |loss - 1 process| {loss_diff:.2e}, max rel |grad_norm - 1 process| {norm_rel:.2e}")
+    assert loss_diff <= tol.loss, (out.losses, ref.losses)
+    assert norm_rel <= tol.grad_norm_rel, ([m.grad_norm for m in out.metrics], [m.grad_norm for m in ref.metrics])
+    a, b = final_checkpoint_params(job.parent, vocab), final_checkpoint_params(ref_job.parent, vocab)
+    assert sorted(a) == sorted(b) and any(param_marker in k for k in a)
+    worst, where = max((float((a[k] - b[k]).abs().max()), k) for k in b)
+    print(f"{tag}: max |param - 1 process| {worst:.2e} ({where})")
+    assert worst <= tol.param, worst
+    hf_loss = hf_first_batch_loss(source, corpus, seq, batch)
+    assert abs(out.losses[0] - hf_loss) < tol.loss, (out.losses[0], hf_loss)
+    _, info = transformers.AutoModelForCausalLM.from_pretrained(job.parent / "export", output_loading_info=True)
+    assert all(not v for v in info.values()), info
