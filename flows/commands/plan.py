@@ -71,6 +71,13 @@ def register(sub) -> None:
         help="what-if: also layouts only other trainers run (e.g. context parallel together with pipeline parallel, as Megatron); "
         "nightloom's own trainer rules are not applied",
     )
+    p.add_argument(
+        "--attention",
+        choices=("fused", "materialized"),
+        default="fused",
+        help="fused (default): a flash-style kernel stores no attention scores, as the trainer's SDPA on a GPU; "
+        "materialized: the s² scores are stored (PTD-P-era stacks; a what-if for --model plans)",
+    )
     p.add_argument("--recompute", choices=RECOMPUTE_MODES, help="restrict activation recompute to this mode")
     p.add_argument("--precision", choices=("bf16", "fp32"), default="bf16")
     p.add_argument("--no-zero", action="store_true", help="do not shard weights/optimizer states (no FSDP/ZeRO)")
@@ -85,8 +92,10 @@ def _report(args) -> PlanReport:
     if args.spec:
         from nightloom.spec_load import load_spec
 
-        if args.layout or args.stages or args.other_trainer:
-            raise ValueError("--layout, --stages and --other-trainer apply to --model plans; a spec pins its own")
+        if args.layout or args.stages or args.other_trainer or args.attention != "fused":
+            raise ValueError(
+                "--layout, --stages, --other-trainer and --attention apply to --model plans; a spec pins its own"
+            )
         spec = load_spec(args.spec)
         return plan_for_spec(spec, calibration=args.calibration, require_fit=False)
     missing = [
@@ -113,6 +122,7 @@ def _report(args) -> PlanReport:
         calibration=args.calibration,
         stages=args.stages,
         native_trainer=not args.other_trainer,
+        fused_attention=args.attention == "fused",
     )
 
 

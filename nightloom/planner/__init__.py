@@ -59,13 +59,14 @@ def plan(
     world_size: int | None = None,
     stages: str | tuple[int, ...] | None = None,
     native_trainer: bool = True,
-    fused_attention: bool = False,
+    fused_attention: bool = True,
 ) -> PlanReport:
     """Plan from plain values (the CLI path). `model`: catalog name, HF config.json path, or a ModelShape;
     `gpu`: catalog GPU type or "cpu"; `layout`: pins such as "tp=8,pp=4,dp=32" (evaluated, not searched);
     `recompute`: one mode (restricts the search) or a tuple of allowed modes; `stages`: forced pipeline stage
     sizes ("7,8,...,8,7"); `native_trainer=False`: also layouts only other trainers run (what-if);
-    `fused_attention`: the stack runs a flash-style attention kernel (no stored scores; steptime.py)."""
+    `fused_attention`: the stack runs a flash-style attention kernel (no stored scores; steptime.py), as the
+    trainer's SDPA does on a GPU; False models materialised scores (PTD-P-era stacks)."""
     shape = model if isinstance(model, ModelShape) else shape_from_name_or_config(model)
     gspec = None if gpu == "cpu" else get_gpu(gpu)
     if precision not in ("bf16", "fp32"):

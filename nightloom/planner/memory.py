@@ -18,9 +18,11 @@ Gemma 3's post-norms (`shape.post_norms`: an RMSNorm on the attention output and
 each residual add) save their inputs too, as Table 2's two layer norms do: 2 more 16-bit s·b·h tensors, 4·s·b·h
 bytes per layer. They sit where Table 2's norms sit (after the row-parallel o/down projection's all-reduce, or its
 reduce-scatter under SP), so they are replicated under TP and /t under SP, and kept under selective recompute.
-These assume materialised attention scores (PTD-P's fused softmax kernels). With a fused (flash-style) attention
-kernel (`fused_attention=True`) the 5·a·s/h score terms vanish: only Q, K, V and the output are kept (plus a
-row statistic per head), and selective recompute has nothing left to save (Dao 2023, FlashAttention-2 §3.1).
+Table 2 assumes materialised attention scores (PTD-P's fused softmax kernels: `fused_attention=False`, kept for
+the PTD-P reference rows and what-ifs). The default is what the trainer runs: SDPA, which on a GPU is a fused
+(flash or memory-efficient) kernel, so the 5·a·s/h score terms vanish: only Q, K, V and the output are kept
+(plus a row statistic per head), and selective recompute has nothing left to save (Dao 2023, FlashAttention-2
+§3.1). Sliding-window layers pass one boolean mask shared by every layer (train/model.py): t² bytes, not counted.
 1F1B keeps up to pp micro-batches on stage 0 (interleaved: × (1 + (p−1)/(p·v)), Narayanan et al. 2021 §2.2.2);
 GPipe keeps all of them. The last stage adds the logits (fp32, vocab sharded by TP with loss parallel).
 """
@@ -68,7 +70,7 @@ def stage_params(shape: ModelShape, tp: int, pp: int) -> tuple[float, float]:
 
 
 def activation_bytes_per_layer(
-    shape: ModelShape, seq: int, mb: int, tp: int, sp: bool, recompute: str, fused_attention: bool = False
+    shape: ModelShape, seq: int, mb: int, tp: int, sp: bool, recompute: str, fused_attention: bool = True
 ) -> float:
     """Saved activations of one layer for one micro-batch (Korthikanti et al. 2022, Table 2), plus the q/k norms'
     and Gemma's post-norms' saved inputs where the shape has them (`qk_norm_bytes`, `post_norm_bytes`); a fused
@@ -135,7 +137,7 @@ def rank_params(shape: ModelShape, c: ParallelDims) -> list[float]:
 
 
 def memory_breakdown(
-    shape: ModelShape, c: ParallelDims, seq: int, precision: str = "bf16", fused_attention: bool = False
+    shape: ModelShape, c: ParallelDims, seq: int, precision: str = "bf16", fused_attention: bool = True
 ) -> MemoryBreakdown:
     """Predicted memory of the busiest pipeline rank: every rank's layers, embedding or head, and the
     micro-batches it holds in flight (1F1B: rank i holds min(pp − i, m)), the largest total wins."""

@@ -135,7 +135,7 @@ class PlanRequest:
     recompute: tuple[str, ...] = RECOMPUTE_MODES  # modes the search may use
     allow_zero: bool = True  # ZeRO-3/FSDP, ZeRO-2 (and HSDP) over the data-parallel ranks
     native_trainer: bool = True  # False: also layouts only other trainers run (what-if predictions)
-    fused_attention: bool = False  # a flash-style attention kernel: no stored scores (memory and step time)
+    fused_attention: bool = True  # SDPA's flash-style kernel: no stored scores; False = materialised (PTD-P)
     tp_across_nodes: bool = False
     fixed: FixedLayout | None = None
     calibration: float | None = None  # measured/predicted MFU of past runs on this GPU type

@@ -222,6 +222,8 @@ def _explain(req: PlanRequest, s: _Scored, eff: float, runner_up: _Scored | None
         lines[1] += " (ZeRO-2: parameters kept gathered from forward to backward)"
     if req.fused_attention:
         lines[1] += "; attention: fused kernel (no stored scores)"
+    else:
+        lines[1] += "; attention: materialised scores (5·a·s/h per token and layer stored)"
     if c.pp > 1:
         sizes = c.stage_sizes(req.shape.layers)
         ranks = rank_layers(req.shape, c)

@@ -12,8 +12,8 @@ Per micro-batch and pipeline stage (per GPU):
               reduce-scatter pair moves the same), not overlapped.
   p2p       = pipeline send/recv of the stage boundary activation forward and its gradient backward (× v),
               split over the t TP ranks' links (SP, or Megatron's scatter/gather, Narayanan et al. 2021 §4.1).
-With a fused (flash-style) attention kernel (`fused_attention=True`, what current stacks and nightloom's own SDPA
-on a GPU run) the scores never reach HBM (no softmax term), and the attention core's matmuls are those the kernel
+With a fused (flash-style) attention kernel (`fused_attention=True`, the default: what current stacks and
+nightloom's own SDPA on a GPU run; False models PTD-P's materialised scores) the scores never reach HBM (no softmax term), and the attention core's matmuls are those the kernel
 does: causal blocks above the diagonal skipped (half of QKᵀ and AV), the backward's 5 matmuls recomputing QKᵀ
 (FlashAttention-2, Dao 2023, §3.1): 7·s·(a·d) FLOPs per token and layer in place of the formula's 12·s·(a·d).
 The pipeline runs m slots of its slowest rank plus (p − 1)/v average slots (bubble (p−1)/(v·m), Narayanan et
@@ -106,7 +106,7 @@ def step_time(
     gpus_per_node: int,
     efficiency: float,
     precision: str = "bf16",
-    fused_attention: bool = False,
+    fused_attention: bool = True,
 ) -> StepEstimate:
     """Seconds per optimizer step of candidate `c` (see the module docstring for every term)."""
     peak = gpu.peak(precision) * efficiency

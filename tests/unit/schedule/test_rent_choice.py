@@ -40,7 +40,7 @@ def choose(capsys, spec: str, *more) -> tuple[int, dict, str]:
 
 
 def test_the_cheapest_option_that_meets_the_deadline_and_hours_agree_with_plan(tmp_path: Path, capsys):
-    deadline = "2026-06-02T06:00:00+08:00"
+    deadline = "2026-06-02T03:10:00+08:00"
     rc, out, err = choose(capsys, write_spec(tmp_path), "--deadline", deadline)
     assert rc == 0, err
     options = out["options"]
