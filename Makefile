@@ -7,7 +7,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 180
 export PYTHONUNBUFFERED := 1
 
-.PHONY: demo test venv clean bench
+.PHONY: demo test venv clean bench ui
 
 # Rebuilt when the pins or this recipe change (an older venv then gets what the recipe now does, e.g. the .pyc).
 # torch (and the uv installer) through pip, so pip's own config (find-links, index) picks the torch wheel;
@@ -19,16 +19,21 @@ export PYTHONUNBUFFERED := 1
 # syntax (torch's py312_intrinsics.py) and can never compile under 3.11, hence `|| true`.
 # (These notes sit above the rule: a comment inside a recipe is a shell line, and make echoes it.)
 $(STAMP): pyproject.toml Makefile
-	test -x $(VENV)/bin/python || $(PY) -m venv $(VENV)
-	$(VENV)/bin/pip install -q --no-compile uv==0.13.9 torch==2.13.0
-	$(VENV)/bin/uv pip install -q --python $(VENV)/bin/python -e '.[dev]'
-	$(VENV)/bin/python -m compileall -qq -j 0 "$$($(VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" || true
-	touch $(STAMP)
+	@echo "installing $(VENV) (torch, the pinned dependencies, byte-compiled; a few minutes on first use) ..."
+	@test -x $(VENV)/bin/python || $(PY) -m venv $(VENV)
+	@$(VENV)/bin/pip install -q --no-compile uv==0.13.9 torch==2.13.0
+	@$(VENV)/bin/uv pip install -q --python $(VENV)/bin/python -e '.[dev]'
+	@$(VENV)/bin/python -m compileall -qq -j 0 "$$($(VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" || true
+	@touch $(STAMP)
 
 venv: $(STAMP)
 
 demo: $(STAMP)
-	$(VENV)/bin/nightloom run deployments/local-demo.yaml
+	@$(VENV)/bin/nightloom run deployments/local-demo.yaml
+
+# The Prefect UI on http://127.0.0.1:4200: server, work pool, deployments and a worker; Ctrl-C stops them.
+ui: $(STAMP)
+	@$(VENV)/bin/nightloom ui
 
 # The unit tests (pure logic, ~600, CPU-bound, independent) run on two workers: 92 s -> 48 s on 2 cores. The
 # rest starts processes, services and training runs, serially: on a 2-core box two at once would only slow each

@@ -109,6 +109,7 @@ install_missing() {
     command -v slurmctld >/dev/null || pkgs+=(slurm-wlm)
     command -v munged >/dev/null || pkgs+=(munge)
     [[ -n ${SKIP_PROM:-} ]] || command -v prometheus >/dev/null || pkgs+=(prometheus)
+    command -v chromium >/dev/null || pkgs+=(chromium)  # tests/services/test_ui_browser.py (playwright drives it)
     if ((${#pkgs[@]})); then
         log "apt-get install ${pkgs[*]}"
         apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${pkgs[@]}" \

@@ -10,7 +10,7 @@ import importlib
 import sys
 
 #: subcommand modules in flows/commands/, each exposing register(subparsers) and run(args) -> int
-COMMANDS = ("run", "validate", "plan", "shard", "provision", "cost", "ledger", "queue", "export", "eval")
+COMMANDS = ("run", "validate", "plan", "shard", "provision", "cost", "ledger", "queue", "export", "eval", "ui")
 
 
 def build_parser() -> argparse.ArgumentParser:
