@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 
 from nightloom.micro_batch import micro_batches_per_step
 
@@ -168,7 +168,7 @@ class ShardingSpec(_Section):
         0.0,
         ge=0,
         description="Held-out documents, never in a training shard: a fraction (< 1) or a count (>= 1), chosen "
-        "by hash; written as heldout.<hash>.parquet and listed in the manifest (0 = none).",
+        "by hash; written as `heldout.<hash>.parquet` and listed in the manifest (0 = none).",
     )
 
     @field_validator("heldout")
@@ -403,7 +403,7 @@ class TrainSpec(_Section):
     metrics_port: int | None = Field(None, description="Prometheus endpoint base port (rank r uses port+r).")
     export: Literal["auto", "hf", "none"] = Field(
         "auto",
-        description="When training completes, write <run_dir>/export/ (Hugging Face config, safetensors, "
+        description="When training completes, write `<run_dir>/export/` (Hugging Face config, safetensors, "
         "tokenizer) before the validation gates; auto = hf when the model comes from a Hugging Face config.",
     )
     xtuner: XTunerSpec | None = None
@@ -532,7 +532,11 @@ class RunSpec(_Section):
     dataset: DatasetSpec
     sharding: ShardingSpec = Field(default_factory=ShardingSpec)
     cluster: ClusterSpec = Field(default_factory=ClusterSpec)
-    parallel: Literal["auto"] | ParallelSpec = "auto"
+    parallel: Annotated[Literal["auto"], WithJsonSchema({"type": "string", "enum": ["auto"]})] | ParallelSpec = Field(
+        "auto",
+        description="auto: the planner chooses the layout (TP, PP, DP, CP, sequence parallel, ZeRO/FSDP) that fits "
+        "memory and is fastest for the cluster; or explicit degrees (tp, pp, dp, ...), checked against the model.",
+    )
     train: TrainSpec = Field(default_factory=TrainSpec)
     validate_: ValidateSpec = Field(default_factory=ValidateSpec, alias="validate")
     schedule: ScheduleSpec = Field(default_factory=ScheduleSpec)
