@@ -52,7 +52,7 @@ from nightloom.parallel import ParallelPlan
 from nightloom.util import atomic_write_text
 from nightloom.validate import Verdict, gated
 
-SCHEMA_VERSION = 3  # the newest Alembic revision's number; 2: the `nights` column; 3: the night queue (queue_store)
+SCHEMA_VERSION = 4  # the newest Alembic revision; 2: `nights`; 3: the night queue (queue_store); 4: its runs
 RunStatus = Literal["running", "succeeded", "failed", "cancelled", "stopped", "deferred", "refused"]
 RUN_STATUSES: tuple[str, ...] = RunStatus.__args__  # type: ignore[attr-defined]
 

@@ -1,5 +1,6 @@
-"""The night queues kept in the run ledger's database (schema 3): queues and their jobs, typed, over the ledger's
-engine and its retrying transactions.
+"""The night queues kept in the run ledger's database (schema 3, and 4 for their runs): queues, their jobs and what
+the nightly-queue deployment ran for each job each night, typed, over the ledger's engine and its retrying
+transactions.
 
 A queue has a name, the most nodes it holds at once, an optional budget per night, and the schedule its first job
 gave (time zone, windows, currency; cleared when its last job leaves). `add` checks a job against the queue inside
@@ -19,10 +20,11 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from nightloom.ledger import _UTC, Ledger, LedgerError
 from nightloom.schedule.queue_jobs import JobFigures, QueueRefused, refusals
+from nightloom.schedule.queue_night import JOB_STATUSES, JobProgress, remaining
 from nightloom.schedule.queue_plan import PlanJob
 from nightloom.spec import ScheduleSpec
 
-__all__ = ["QueueError", "QueueRecord", "QueueRefused", "QueueStore", "QueuedJob", "queue_metadata"]
+__all__ = ["QueueError", "QueueRecord", "QueueRefused", "QueueRun", "QueueStore", "QueuedJob", "queue_metadata"]
 
 
 class QueueError(LedgerError):
@@ -92,6 +94,29 @@ class QueuedJob(BaseModel):
         )
 
 
+class QueueRun(BaseModel):
+    """What one job's night did: the stretch the plan gave it, the pipeline run and flow run, the run's status and
+    the job's status after it, steps trained so far and the hours trained that night."""
+
+    model_config = ConfigDict(extra="forbid")
+    id: int | None = None
+    queue: str
+    job_id: int
+    night: datetime  # the window's start
+    segment_start: datetime
+    segment_end: datetime
+    nodes: list[int]
+    run_id: str | None = None
+    flow_run_id: str | None = None
+    status: str  # the pipeline run's: completed | split | stopped | failed | deferred | refused | crashed
+    job_status: str  # queued | split | done (nightloom.schedule.queue_night.night_outcome)
+    steps_done: int
+    hours_trained: float
+    reason: str = ""
+    started_at: datetime
+    finished_at: datetime
+
+
 # ---------------------------------------------------------------------------------------------- tables
 
 
@@ -136,6 +161,29 @@ class _Job(_QueueBase):
     spec_hash: Mapped[str] = mapped_column(String(64))
 
 
+class _Run(_QueueBase):
+    __tablename__ = "nightloom_queue_runs"
+    __table_args__ = {"sqlite_autoincrement": True}
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    queue: Mapped[str] = mapped_column(String(128), ForeignKey("nightloom_queues.name"), index=True)
+    job_id: Mapped[int] = mapped_column(Integer)
+    night: Mapped[datetime] = mapped_column(_UTC)
+    segment_start: Mapped[datetime] = mapped_column(_UTC)
+    segment_end: Mapped[datetime] = mapped_column(_UTC)
+    nodes: Mapped[Any] = mapped_column(JSON)
+    run_id: Mapped[str | None] = mapped_column(String(128))
+    flow_run_id: Mapped[str | None] = mapped_column(String(64))
+    status: Mapped[str] = mapped_column(String(16))
+    job_status: Mapped[str] = mapped_column(String(16))
+    steps_done: Mapped[int] = mapped_column(Integer)
+    hours_trained: Mapped[float] = mapped_column(Float)
+    reason: Mapped[str] = mapped_column(String(2048))
+    started_at: Mapped[datetime] = mapped_column(_UTC)
+    finished_at: Mapped[datetime] = mapped_column(_UTC)
+
+
+_RUN_COLUMNS = tuple(c.name for c in _Run.__table__.columns)
+assert set(_RUN_COLUMNS) == set(QueueRun.model_fields), "queue run table and QueueRun drifted apart"
 _JOB_COLUMNS = tuple(c.name for c in _Job.__table__.columns)
 assert set(_JOB_COLUMNS) == set(QueuedJob.model_fields), "queue job table and QueuedJob drifted apart"
 
@@ -288,3 +336,57 @@ class QueueStore:
             return rec
 
         return self._tx(fn)
+
+    # ------------------------------------------------------------------------------------------ what ran
+
+    def record_run(self, run: QueueRun) -> QueueRun:
+        """Record one job's night and set the job's status to what the night made of it, in one transaction."""
+        if run.job_status not in JOB_STATUSES:
+            raise QueueError(f"job status {run.job_status!r} is not one of {', '.join(JOB_STATUSES)}")
+
+        def fn(s: Session) -> QueueRun:
+            self._queue_row(s, run.queue)
+            row = _Run(**run.model_dump(exclude={"id"}, mode="python"))
+            s.add(row)
+            job = s.execute(select(_Job).where(_Job.queue == run.queue, _Job.id == run.job_id)).scalar_one_or_none()
+            if job is not None:
+                job.status = run.job_status
+            s.flush()
+            return QueueRun.model_validate({c: getattr(row, c) for c in _RUN_COLUMNS})
+
+        return self._tx(fn)
+
+    def runs(self, name: str, job_id: int | None = None) -> list[QueueRun]:
+        """What ran in the queue (or for one job), in the order it was recorded."""
+
+        def fn(s: Session) -> list[QueueRun]:
+            self._queue_row(s, name)
+            q = select(_Run).where(_Run.queue == name)
+            if job_id is not None:
+                q = q.where(_Run.job_id == job_id)
+            rows = s.execute(q.order_by(_Run.id)).scalars()
+            return [QueueRun.model_validate({c: getattr(r, c) for c in _RUN_COLUMNS}) for r in rows]
+
+        return self._tx(fn)
+
+    def progress(self, name: str) -> dict[int, JobProgress]:
+        """Each job's progress from its recorded nights: steps trained, the run a later night resumes (the newest
+        that has one), its status, the nights it ran."""
+        out: dict[int, JobProgress] = {}
+        for r in self.runs(name):
+            before = out.get(r.job_id, JobProgress(r.job_id))
+            out[r.job_id] = JobProgress(
+                job_id=r.job_id,
+                steps_done=max(before.steps_done, r.steps_done),
+                run_id=r.run_id or before.run_id,
+                status=r.job_status,
+                nights=before.nights + 1,
+            )
+        return out
+
+    def plan_jobs(self, name: str) -> list[PlanJob]:
+        """The queue's jobs as the plan should see them now: finished ones left out, the others with the steps they
+        have left (nightloom.schedule.queue_night.remaining)."""
+        prog = self.progress(name)
+        jobs = [remaining(j.plan_job(), prog.get(j.id)) for j in self.jobs(name) if j.status != "done"]
+        return [j for j in jobs if j is not None]

@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
+from prefect.context import FlowRunContext
 from prefect.runtime import deployment as current_deployment
 from prefect.runtime import flow_run as current_run
 
@@ -21,7 +22,12 @@ from nightloom.spec import RunSpec
 
 
 def schedule_same_deployment(parameters: dict, at: datetime) -> str | None:
-    """Create a scheduled run of this flow run's deployment at `at`; None when not running from a deployment."""
+    """Create a scheduled run of this flow run's deployment at `at`; None when not running from a deployment, or
+    when this is a subflow (Prefect hands a subflow its parent's deployment: the nightly queue's pipelines would
+    schedule `training-pipeline/nightly-queue`, which does not exist; the queue replans them itself)."""
+    ctx = FlowRunContext.get()
+    if ctx is not None and ctx.flow_run is not None and ctx.flow_run.parent_task_run_id is not None:
+        return None
     dep = current_deployment.get_name()
     flow_name = current_run.get_flow_name()
     if not dep or not flow_name:

@@ -87,11 +87,13 @@ def figures_for(spec: RunSpec, hours: float | None, ledger: Ledger) -> JobFigure
 
 
 def queue_plan(store: QueueStore, name: str, at: datetime) -> tuple[QueueRecord, list[QueuedJob], QueuePlan | None]:
-    """The queue, its jobs and their plan from `at` (None while the queue is empty)."""
+    """The queue, its jobs and their plan from `at` (None while the queue is empty or every job is done): a job
+    the nightly-queue deployment already ran is planned with the steps it has left, a finished one not at all."""
     q, jobs = store.get(name), store.jobs(name)
-    if q.schedule is None or not jobs:
+    left = store.plan_jobs(name)
+    if q.schedule is None or not left:
         return q, jobs, None
-    return q, jobs, plan_queue(q.schedule, q.max_nodes, [j.plan_job() for j in jobs], at, q.budget_per_night)
+    return q, jobs, plan_queue(q.schedule, q.max_nodes, left, at, q.budget_per_night)
 
 
 def run(args) -> int:

@@ -63,14 +63,15 @@ def test_a_schema_1_ledger_is_migrated_and_keeps_its_rows(tmp_path):
     con.execute("ALTER TABLE nightloom_runs DROP COLUMN nights")
     con.execute("UPDATE nightloom_schema SET version = 1")
     con.execute("DROP TABLE nightloom_alembic_version")
-    con.execute("DROP TABLE nightloom_queue_jobs")  # schema 3's queue tables did not exist either
+    con.execute("DROP TABLE nightloom_queue_runs")  # schema 3's and 4's queue tables did not exist either
+    con.execute("DROP TABLE nightloom_queue_jobs")
     con.execute("DROP TABLE nightloom_queues")
     con.commit()
     assert "nights" not in [r[1] for r in con.execute("PRAGMA table_info(nightloom_runs)")]
     con.close()
 
     with Ledger(url) as lg:
-        assert lg.schema_version() == SCHEMA_VERSION == 3
+        assert lg.schema_version() == SCHEMA_VERSION == 4
         old = lg.get("old-run")
         assert old.status == "succeeded" and old.cost == 12.5 and old.nights == []
         row = lg.record_night("old-run", night(1, 2.0, 10))

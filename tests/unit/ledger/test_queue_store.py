@@ -77,7 +77,7 @@ def test_a_schema_2_ledger_opens_with_nothing_lost_and_gains_usable_queue_tables
     before = sql(db, "SELECT * FROM nightloom_runs")
 
     with Ledger(url) as lg:
-        assert lg.schema_version() == SCHEMA_VERSION == 3
+        assert lg.schema_version() == SCHEMA_VERSION == 4
         old = lg.get("old")
         assert (old.status, old.cost, old.tokens_per_s, old.world_size) == ("stopped", 3.0, 1e5, 16)
         assert old.started_at == T0 and old.finished_at == T0 + timedelta(hours=4)
@@ -92,8 +92,8 @@ def test_a_schema_2_ledger_opens_with_nothing_lost_and_gains_usable_queue_tables
         job = add(store, "team", figures(), priority=2, deadline=T0 + timedelta(days=2), added_at=T0)
         assert store.jobs("team") == [job]
 
-    assert sql(db, f"SELECT version_num FROM {ledger_migrations.VERSION_TABLE}") == [("0003",)]
-    assert sql(db, "SELECT version FROM nightloom_schema") == [(3,)]  # an older nightloom refuses it
+    assert sql(db, f"SELECT version_num FROM {ledger_migrations.VERSION_TABLE}") == [("0004",)]
+    assert sql(db, "SELECT version FROM nightloom_schema") == [(4,)]  # an older nightloom refuses it
     with Ledger(url) as lg:  # and opens again, the queue kept
         assert [j.id for j in QueueStore(lg).jobs("team")] == [job.id]
 
@@ -114,7 +114,7 @@ def test_a_new_ledger_matches_the_queue_tables_and_downgrades_past_them(tmp_path
     assert not sql(db, "SELECT name FROM sqlite_master WHERE name LIKE 'nightloom_queue%'")
     assert sql(db, "SELECT version FROM nightloom_schema") == [(2,)]
     with Ledger(url) as lg:  # upgraded again: empty queue tables
-        assert lg.schema_version() == 3 and QueueStore(lg).names() == []
+        assert lg.schema_version() == SCHEMA_VERSION and QueueStore(lg).names() == []
 
 
 def test_the_queue_tables_render_for_postgresql():

@@ -1,0 +1,149 @@
+"""The nightly-queue flow: one night of a night queue. The `nightly-queue` deployment starts it at the window's start
+(prefect.yaml); it plans what is left of the queue's jobs from now, runs tonight's stretches, one training-pipeline
+subflow per job on its nodes, and records in the ledger what each did.
+
+Side by side: stretches on disjoint nodes run at once (Prefect tasks on the flow's thread pool, each running its
+job's pipeline as a subflow); a stretch whose nodes an earlier stretch of tonight holds waits for it to end. Each
+pipeline's window gate reads the flow's clock (`at`, or now), so a test can run night 1 and night 2 at any real
+time. A split job resumes its run (same run id, folder and ledger row) the next night, as split runs do; a job whose
+night failed, crashed or was preempted keeps the steps it had and is planned again from the next night. Outside
+every window the flow runs nothing and names the next night (the cron starts it then).
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import UTC, datetime
+from pathlib import Path
+from zoneinfo import ZoneInfo
+
+from prefect import flow, get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+from pydantic import BaseModel, ConfigDict
+
+from flows.pipeline import training_pipeline
+from flows.stages import clock_at
+from nightloom.ledger import Ledger
+from nightloom.queue_store import QueuedJob, QueueRun
+from nightloom.schedule.queue_night import JobProgress, NightStretch, night_outcome
+from nightloom.spec import LedgerSpec
+from nightloom.spec_load import coerce_spec
+from tasks.queue import QueueNight, gantt_task, load_night_task, night_table_task, record_run_task
+
+
+class QueueNightReport(BaseModel):
+    """What the flow did: the night it ran (or the next one, outside every window), each job's run, the chart."""
+
+    model_config = ConfigDict(extra="forbid")
+    queue: str
+    at: datetime
+    night_start: datetime | None = None
+    next_night: datetime | None = None
+    runs: list[QueueRun] = []
+    gantt: str | None = None
+
+
+@flow(name="nightly-queue", log_prints=True)
+def nightly_queue(
+    queue: str, ledger: str | None = None, at: str | None = None, folder: str | None = None
+) -> QueueNightReport:
+    """Run tonight's stretches of `queue` (in the ledger `ledger`, default $NIGHTLOOM_LEDGER_URL or the embedded
+    one) as planned at `at` (ISO time with offset; default now). The Gantt chart goes to `folder` (default:
+    the first job's storage.root/queues/QUEUE/NIGHT) and to the `queue-gantt` artifact."""
+    url = ledger or os.environ.get("NIGHTLOOM_LEDGER_URL") or LedgerSpec().url
+    when = _at(at)
+    night = load_night_task(url, queue, when)
+    report = QueueNightReport(queue=queue, at=when)
+    if night.plan is not None:
+        report.gantt = str(gantt_task(night.plan, _chart_path(night, folder), f"queue {queue}"))
+    if night.window is None:
+        report.next_night = night.next_window.start if night.next_window else None
+        return report
+    report.night_start = night.window.start
+    futures = {}
+    for s in night.stretches:
+        waits = [futures[j] for j in s.after if j in futures]
+        futures[s.job_id] = job_night_task.submit(
+            url, queue, night.jobs[s.job_id], s, night.progress.get(s.job_id), when, night.window.start, wait_for=waits
+        )
+    report.runs = [f.result() for f in futures.values()]
+    night_table_task(report.runs, {j: job.name for j, job in night.jobs.items()})
+    return report
+
+
+def _at(at: str | None) -> datetime:
+    if at is None:
+        return datetime.now(UTC)
+    t = datetime.fromisoformat(at)
+    if t.tzinfo is None:
+        raise ValueError(f"nightly_queue: at needs a time zone offset (e.g. 2026-12-01T02:00:00+08:00), got {at!r}")
+    return t
+
+
+def _chart_path(night: QueueNight, folder: str | None) -> Path:
+    """Where the night's Gantt chart goes: `folder`, else the first job's storage root under queues/QUEUE/NIGHT."""
+    win = night.window or night.next_window
+    tz = ZoneInfo(night.queue.schedule.timezone) if night.queue.schedule else UTC
+    stamp = (win.start if win else night.at).astimezone(tz).strftime("%Y%m%d-%H%M")
+    if folder:
+        return Path(folder) / f"gantt-{stamp}.png"
+    first = min(night.jobs.values(), key=lambda j: j.id)
+    root = Path(coerce_spec(first.spec).storage.root)
+    return root / "queues" / night.queue.name / stamp / "gantt.png"
+
+
+@task(name="queue-job-night", cache_policy=NO_CACHE)
+def job_night_task(
+    url: str,
+    queue: str,
+    job: QueuedJob,
+    stretch: NightStretch,
+    progress: JobProgress | None,
+    at: datetime,
+    night_start: datetime,
+) -> QueueRun:
+    """Run one job's stretch tonight as a training-pipeline subflow (resuming its run when it has one) on the
+    flow's clock, and record what it did; a failed or crashed night is recorded, never raised."""
+    spec = coerce_spec(job.spec)
+    before = progress or JobProgress(job.id)
+    started = datetime.now(UTC)
+    with clock_at(at):
+        state = training_pipeline(spec, resume_run_id=before.run_id, return_state=True)
+    fr_id = str(state.state_details.flow_run_id) if state.state_details.flow_run_id else None
+    result = state.result(raise_on_failure=False)
+    if state.is_completed() and not isinstance(result, BaseException):
+        status, run_id, steps, reason = result.status, result.run_id, result.steps or before.steps_done, result.reason
+        train_s = sum(st.seconds for st in result.stages if st.stage == "train")
+    else:
+        status, run_id, steps = "crashed" if state.is_crashed() else "failed", before.run_id, before.steps_done
+        run_id = run_id or _run_of(url, fr_id)
+        reason, train_s = f"{state.type.value}: {state.message or result}"[:1500], 0.0
+    out = night_outcome(status, steps, job.steps)
+    get_run_logger().info("job %d (%s): %s; %s", job.id, job.name, status, out.reason)
+    run = QueueRun(
+        queue=queue,
+        job_id=job.id,
+        night=night_start,
+        segment_start=stretch.start,
+        segment_end=stretch.end,
+        nodes=list(stretch.nodes),
+        run_id=run_id,
+        flow_run_id=fr_id,
+        status=status,
+        job_status=out.status,
+        steps_done=steps,
+        hours_trained=train_s / 3600.0,
+        reason=f"{reason}; {out.reason}"[:2000],
+        started_at=started,
+        finished_at=datetime.now(UTC),
+    )
+    return record_run_task(url, run)
+
+
+def _run_of(url: str, flow_run_id: str | None) -> str | None:
+    """The pipeline run a failed subflow opened (its run id ends with its flow run's id), if it got that far."""
+    if not flow_run_id:
+        return None
+    with Ledger(url) as lg:
+        rows = [r for r in lg.list_runs() if r.run_id.endswith(flow_run_id[:8])]
+    return rows[0].run_id if rows else None

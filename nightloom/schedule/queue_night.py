@@ -1,0 +1,134 @@
+"""One night of a night queue: what is left of each job, which stretches of the plan fall in tonight's window, and
+what a night's outcome makes of a job (done, continues as a split, or planned again).
+
+Pure: the nightly-queue flow (flows/queue_night.py) reads the queue and its runs from the ledger, asks these rules
+and runs what they pick. A job that ran before is planned with the steps it has left (its progress), and its first
+stretch pays a restore as well as the provisioning; a finished job leaves the plan; a failed, preempted or
+deferred night leaves its steps to be planned again from the next night on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from datetime import datetime
+
+from nightloom.schedule.queue_plan import PlanJob, QueuePlan
+from nightloom.schedule.windows import Interval, aware_utc, current_window, next_window
+from nightloom.spec import ScheduleSpec
+
+#: the queue job statuses: queued (never ran, or planned again after a failed night), split (continues next night),
+#: done (trained all its steps)
+JOB_STATUSES = ("queued", "split", "done")
+
+
+@dataclass(frozen=True)
+class JobProgress:
+    """What a job's nights did so far: its steps trained, the run (ledger row, run folder) a later night resumes,
+    and the status the last night left it in."""
+
+    job_id: int
+    steps_done: int = 0
+    run_id: str | None = None
+    status: str = "queued"
+    nights: int = 0
+
+
+@dataclass(frozen=True)
+class NightStretch:
+    """One stretch of a job tonight: when, on which node indices, its steps, and the jobs whose stretches tonight
+    must end first (they hold some of its nodes before it starts)."""
+
+    job_id: int
+    start: datetime
+    end: datetime
+    nodes: tuple[int, ...]
+    training_s: float
+    parts: tuple[str, ...]
+    after: tuple[int, ...] = ()
+
+    @property
+    def checkpoints(self) -> bool:
+        """True when the stretch ends with a checkpoint: the job continues another night."""
+        return bool(self.parts) and self.parts[-1] == "checkpoint"
+
+
+@dataclass(frozen=True)
+class NightOutcome:
+    """What a night's run made of a job: its new status and whether the queue plans it again."""
+
+    status: str
+    replanned: bool
+    reason: str
+
+
+def remaining(job: PlanJob, progress: JobProgress | None) -> PlanJob | None:
+    """The job as the plan should see it now: the steps it has left (None when it has none, or is done); a job that
+    trained before pays a restore on top of its first stretch's provisioning."""
+    if progress is None:
+        return job
+    if progress.status == "done":
+        return None
+    left = job.steps - progress.steps_done
+    if left <= 0:
+        return None
+    restore = job.restore_s if progress.steps_done > 0 else 0.0
+    return dataclasses.replace(job, steps=left, provisioning_s=job.provisioning_s + restore)
+
+
+def tonight_window(schedule: ScheduleSpec, at: datetime) -> Interval | None:
+    """The window `at` lies in (tonight), or None outside every window."""
+    return current_window(schedule, aware_utc(at, "at"))
+
+
+def next_night(schedule: ScheduleSpec, at: datetime) -> Interval:
+    """The next window to start after `at` (where a run outside every window points)."""
+    return next_window(schedule, aware_utc(at, "at"))
+
+
+def tonight(plan: QueuePlan, window: Interval) -> list[NightStretch]:
+    """The plan's stretches that start inside `window`, in start order (then placement order). A stretch is a run
+    of one job's contiguous segments that begins with its provisioning; `after` names the jobs whose stretches
+    tonight end before it and held some of its nodes."""
+    out: list[NightStretch] = []
+    for pj in plan.jobs:
+        cur: list = []
+        for seg in pj.segments:
+            if cur and (seg.what == "provisioning" or seg.start != cur[-1].end):
+                out.append(_stretch(pj.job.id, cur))
+                cur = []
+            cur.append(seg)
+        if cur:
+            out.append(_stretch(pj.job.id, cur))
+    picked = [s for s in out if window.start <= s.start < window.end]
+    order = {pj.job.id: i for i, pj in enumerate(plan.jobs)}
+    picked.sort(key=lambda s: (s.start, order[s.job_id]))
+    done: list[NightStretch] = []
+    for s in picked:
+        before = sorted({p.job_id for p in done if p.end <= s.start and set(p.nodes) & set(s.nodes)})
+        done.append(dataclasses.replace(s, after=tuple(j for j in before if j != s.job_id)))
+    return done
+
+
+def _stretch(job_id: int, segs: list) -> NightStretch:
+    return NightStretch(
+        job_id=job_id,
+        start=segs[0].start,
+        end=segs[-1].end,
+        nodes=segs[0].nodes,
+        training_s=sum(s.seconds for s in segs if s.what == "training"),
+        parts=tuple(s.what for s in segs),
+    )
+
+
+def night_outcome(run_status: str | None, steps_done: int, total_steps: int) -> NightOutcome:
+    """The job's status after a night whose pipeline run ended `run_status` (None: the run raised or crashed) with
+    `steps_done` of its `total_steps` trained: completed → done; split or stopped with steps left → split (the
+    next night resumes its checkpoint); failed, cancelled, crashed, preempted, deferred or refused → queued, planned
+    again from the next night with what it has left."""
+    if run_status == "completed" or (steps_done >= total_steps > 0):
+        return NightOutcome("done", False, "trained all its steps")
+    if run_status in ("split", "stopped"):
+        return NightOutcome("split", True, f"{steps_done}/{total_steps} steps; continues next night")
+    what = run_status or "crashed"
+    return NightOutcome("queued", True, f"the night's run ended {what}; planned again ({steps_done} steps kept)")
