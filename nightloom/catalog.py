@@ -174,6 +174,80 @@ MODELS.update(
 )
 
 
+def _qwen3_moe(name, layers, hidden, heads, kv, expert_ffn, dense_ffn, total, active):
+    """Qwen3 mixture of experts (Qwen team 2025; Qwen/Qwen3-30B-A3B and -235B-A22B config.json on the Hugging Face
+    Hub): 128 experts, top-8 with norm_topk_prob, decoder_sparse_step 1 and no mlp_only_layers (every layer sparse),
+    head_dim 128, per-head q/k RMSNorm, untied, vocab 151,936, max_position_embeddings 40,960, rope_theta 1e6,
+    router_aux_loss_coef 0.001. `total`/`active`: the model card's 30.5B/3.3B and 235B/22B."""
+    return ModelShape(
+        name, layers, hidden, heads, kv, dense_ffn, 151936, 40960, norm_eps=1e-6, rope_theta=1e6,
+        published_params=total, explicit_head_dim=128 if hidden // heads != 128 else None, qk_norm=True,
+        arch="qwen3_moe", num_experts=128, experts_per_token=8, expert_ffn_hidden=expert_ffn,
+        router_aux_loss_coef=0.001, published_active_params=active,
+    )  # fmt: skip
+
+
+MODELS.update(
+    {
+        m.name: m
+        for m in (
+            _qwen3_moe("qwen3-30b-a3b", 48, 2048, 32, 4, 768, 6144, 30.5e9, 3.3e9),
+            _qwen3_moe("qwen3-235b-a22b", 94, 4096, 64, 4, 1536, 12288, 235e9, 22e9),
+            # Mixtral 8x7B (Jiang et al. 2024, arXiv 2401.04088; mistralai/Mixtral-8x7B-v0.1 config.json): 8 experts of
+            # 14,336, top-2 renormalised, 32 layers, GQA 32/8, vocab 32,000, 32K context, rope_theta 1e6, no window,
+            # router_aux_loss_coef 0.02; 46.7B total, 12.9B active (the paper's §2.1).
+            ModelShape(
+                "mixtral-8x7b",
+                32,
+                4096,
+                32,
+                8,
+                14336,
+                32000,
+                32768,
+                rope_theta=1e6,
+                published_params=46.7e9,
+                arch="mixtral",
+                num_experts=8,
+                experts_per_token=2,
+                expert_ffn_hidden=14336,
+                router_aux_loss_coef=0.02,
+                published_active_params=12.9e9,
+            ),  # fmt: skip
+            # DeepSeek-V3 (DeepSeek-AI 2024, arXiv 2412.19437 §2, §4.2; deepseek-ai/DeepSeek-V3 config.json): 61 layers,
+            # the first 3 dense (first_k_dense_replace, ffn 18,432), 256 routed experts of 2,048 top-8 + 1 shared,
+            # multi-head latent attention (128 heads, q_lora_rank 1,536, kv_lora_rank 512, qk head 128 + 64 rotary,
+            # v head 128), vocab 129,280, 163,840 context (YaRN, not modelled: planning only); 671B total, 37B
+            # activated (the 14B multi-token-prediction module of the Hub's 685B is left out, as the paper counts).
+            ModelShape(
+                "deepseek-v3",
+                61,
+                7168,
+                128,
+                128,
+                18432,
+                129280,
+                163840,
+                norm_eps=1e-6,
+                published_params=671e9,
+                explicit_head_dim=192,
+                arch="deepseek_v3",
+                num_experts=256,
+                experts_per_token=8,
+                expert_ffn_hidden=2048,
+                shared_experts=1,
+                dense_layers=(0, 1, 2),
+                q_lora_rank=1536,
+                kv_lora_rank=512,
+                qk_rope_head_dim=64,
+                v_head_dim=128,
+                published_active_params=37e9,
+            ),  # fmt: skip
+        )
+    }
+)
+
+
 @dataclass(frozen=True)
 class GPUSpec:
     """Facts about one accelerator type. Bandwidths are per GPU, unidirectional, in bytes/s."""

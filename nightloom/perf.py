@@ -11,6 +11,12 @@ query sees: 12·H·Q·Σ_l T_l, T_l = min(W, T) on a sliding layer and T on a gl
 is shorter than T). Like PaLM's T (which ignores the causal mask), min(W, T) ignores the first W tokens' shorter
 windows. The native model runs a sliding layer as masked dense SDPA, so its hardware work is still ~T per query:
 the count is what a kernel that skips masked blocks (flash, flex attention) does, as MFU should be.
+Mixture of experts: a token runs only its top-k routed experts (and the shared ones), so FLOPs per token follow
+the *activated* parameters: 6·N_active + attention (Fedus et al. 2022, "Switch Transformers", §2: more parameters
+at a constant FLOPs per token; the DeepSeek-V3 report, arXiv 2412.19437 §4.2, and Megatron-Core's MoE MFU count
+the same way). N_active counts the router (h·E per MoE layer, every token computes all E logits) and k + shared
+experts; the total (all experts) is what memory holds. Multi-head latent attention (DeepSeek-V3 §2.1.1) counts
+its low-rank projections in N and its attention core as 6·H·(d_qk + d_v)·T (PaLM's 12·H·Q·T with d_qk = d_v = Q).
 Frozen base weights (LoRA/QLoRA): Kaplan et al. 2020, "Scaling Laws for Neural Language Models", §2.1, split the
 6·N into 2·N forward and 4·N backward, half of which is weight gradients; frozen weights need none, so the base
 costs 4·N (the attention term is all activation work and stays). The adapters' own 6·N_adapter is left out
@@ -27,22 +33,64 @@ from nightloom.catalog import GPUS
 from nightloom.shape import ModelShape
 
 
-def count_params(shape: ModelShape, include_embeddings: bool = True) -> int:
-    """Exact parameter count of the Llama-style decoder built by nightloom.train.model."""
-    h, L, f = shape.hidden, shape.layers, shape.ffn_hidden
-    q_dim, kv_dim = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
+def attention_params(shape: ModelShape) -> int:
+    """Parameters of one layer's attention (projections, their biases, q/k norms; MLA's low-rank projections and
+    their norms)."""
+    h, H = shape.hidden, shape.heads
+    if shape.kv_lora_rank:  # multi-head latent attention (DeepSeek-V2/V3)
+        qk, rope, v = shape.head_dim, shape.qk_rope_head_dim, shape.v_head_dim or shape.head_dim
+        r_q, r_kv = shape.q_lora_rank, shape.kv_lora_rank
+        q = (h * r_q + r_q + r_q * H * qk) if r_q else h * H * qk
+        kv = h * (r_kv + rope) + r_kv + r_kv * H * (qk - rope + v)
+        return q + kv + H * v * h
+    q_dim, kv_dim = H * shape.head_dim, shape.kv_heads * shape.head_dim
     attn = 2 * h * q_dim + 2 * h * kv_dim  # q, k, v, o
     attn += (q_dim + 2 * kv_dim) * shape.qkv_bias + h * shape.o_bias
-    mlp = (3 if shape.gated_mlp else 2) * h * f + ((2 if shape.gated_mlp else 1) * f + h) * shape.mlp_bias
-    norms = 2 * h + 2 * shape.head_dim * shape.qk_norm  # + qwen3's / gemma3's q/k norms (one head_dim weight each)
-    norms += 2 * h * shape.post_norms  # gemma3: norms after attention and after the MLP
-    per_layer = attn + mlp + norms
-    body = L * per_layer + h  # + final norm
+    return attn + 2 * shape.head_dim * shape.qk_norm  # qwen3's / gemma3's q/k norms (one head_dim weight each)
+
+
+def mlp_params(shape: ModelShape, ffn: int) -> int:
+    """Parameters of one MLP (dense, or one expert) of intermediate size `ffn`."""
+    h = shape.hidden
+    return (3 if shape.gated_mlp else 2) * h * ffn + ((2 if shape.gated_mlp else 1) * ffn + h) * shape.mlp_bias
+
+
+def layer_mlp_params(shape: ModelShape, layer: int, active: bool = False) -> int:
+    """Parameters of layer `layer`'s feed-forward part: a dense MLP, or the router (h·E), the routed experts (all
+    of them, or the top-k a token runs with `active`) and the shared experts."""
+    if not shape.is_moe_layer(layer):
+        return mlp_params(shape, shape.ffn_hidden)
+    routed = shape.experts_per_token if active else shape.num_experts
+    return shape.hidden * shape.num_experts + (routed + shape.shared_experts) * mlp_params(
+        shape, shape.expert_ffn_hidden
+    )
+
+
+def expert_params(shape: ModelShape) -> int:
+    """Parameters of every routed expert of the model (what expert parallelism shards); 0 for a dense model."""
+    return shape.moe_layers * shape.num_experts * mlp_params(shape, shape.expert_ffn_hidden)
+
+
+def count_params(shape: ModelShape, include_embeddings: bool = True, active: bool = False) -> int:
+    """Exact parameter count of the decoder built by nightloom.train.model (an MoE model's total: every expert);
+    `active=True`: the parameters one token runs through (top-k routed + shared experts, the router)."""
+    h, L = shape.hidden, shape.layers
+    norms = 2 * h + 2 * h * shape.post_norms  # gemma3: norms after attention and after the MLP
+    if shape.moe:
+        mlp = sum(layer_mlp_params(shape, i, active) for i in range(L))
+    else:
+        mlp = L * mlp_params(shape, shape.ffn_hidden)
+    body = L * (attention_params(shape) + norms) + mlp + h  # + final norm
     if not include_embeddings:
         return body
     emb = shape.vocab * h
     head = 0 if shape.tied_embeddings else shape.vocab * h
     return body + emb + head
+
+
+def active_params(shape: ModelShape, include_embeddings: bool = True) -> int:
+    """Parameters a token is computed with (= count_params for a dense model)."""
+    return count_params(shape, include_embeddings, active=True)
 
 
 def flops_per_token(
@@ -61,10 +109,10 @@ def flops_per_token(
     Norms, qwen3's per-head q/k norms and gemma3's post-norms included, count only through their weights in N, as
     PaLM's 6·N does: their elementwise work (a few FLOPs per activation, under 0.1% of a layer's matmuls) is not
     counted apart, nor is Gemma's embedding scale or logit soft-capping. Sliding-window layers count
-    min(window, seq_len) keys per query (module docstring)."""
-    n = count_params(shape, include_embeddings=False)
+    min(window, seq_len) keys per query; an MoE model counts its activated parameters (module docstring)."""
+    n = count_params(shape, include_embeddings=False, active=True)  # an MoE model's activated parameters
     keys = sum(shape.attended(layer, seq_len) for layer in range(shape.layers))  # L·T without a shorter window
-    attn = 12 * shape.heads * shape.head_dim * keys
+    attn = 6 * shape.heads * (shape.head_dim + (shape.v_head_dim or shape.head_dim)) * keys  # 12·H·Q·T when d_v = Q
     per_param = 4 if frozen_base else 6
     model = per_param * n + attn + (per_param * shape.vocab * shape.hidden if lm_head else 0)
     if not hardware or recompute == "none":

@@ -67,6 +67,20 @@ class ModelShape:
     layer_types: tuple[str, ...] = ()  # per layer "sliding_attention" | "full_attention"; () = every layer alike
     rope_local_theta: float | None = None  # RoPE base of sliding layers, unscaled (Gemma's rope_local_base_freq)
     final_logit_softcap: float | None = None  # logits = cap * tanh(logits / cap) (Gemma's final_logit_softcapping)
+    # -- mixture of experts (qwen3_moe, mixtral, deepseek_v3); num_experts 0 = a dense model --
+    num_experts: int = 0  # routed experts of every MoE layer
+    experts_per_token: int = 0  # top-k routed experts each token goes to
+    expert_ffn_hidden: int = 0  # intermediate size of one routed expert (and of one shared expert)
+    shared_experts: int = 0  # always-active experts of expert_ffn_hidden each (DeepSeek's n_shared_experts)
+    dense_layers: tuple[int, ...] = ()  # layers of an MoE model with a dense MLP of ffn_hidden (mlp_only_layers...)
+    norm_topk_prob: bool = True  # the top-k router weights renormalised to sum to 1 (mixtral always; qwen3_moe flag)
+    router_aux_loss_coef: float = 0.0  # load-balancing loss coefficient of the config
+    published_active_params: float | None = None  # activated parameters per token as published (MoE)
+    # -- multi-head latent attention (deepseek_v3); kv_lora_rank 0 = standard attention --
+    q_lora_rank: int = 0  # low-rank query projection (0: a full h × heads·head_dim query)
+    kv_lora_rank: int = 0  # compressed key/value latent
+    qk_rope_head_dim: int = 0  # the rotary part of head_dim (head_dim = nope + rope)
+    v_head_dim: int = 0  # value head size (0: head_dim)
 
     def __post_init__(self) -> None:
         if self.explicit_head_dim is None and self.hidden % self.heads:
@@ -85,6 +99,17 @@ class ModelShape:
                 raise ValueError(f"model {self.name}: layer_types {odd} (expected {', '.join(LAYER_TYPES)})")
             if "sliding_attention" in self.layer_types and self.sliding_window is None:
                 raise ValueError(f"model {self.name}: sliding_attention layers need a sliding_window")
+        if self.num_experts:
+            if not 1 <= self.experts_per_token <= self.num_experts or self.expert_ffn_hidden < 1:
+                raise ValueError(
+                    f"model {self.name}: {self.num_experts} experts need 1 <= experts_per_token "
+                    f"({self.experts_per_token}) <= num_experts and expert_ffn_hidden ({self.expert_ffn_hidden}) >= 1"
+                )
+            odd = [i for i in self.dense_layers if not 0 <= i < self.layers]
+            if odd:
+                raise ValueError(f"model {self.name}: dense_layers {odd} outside 0..{self.layers - 1}")
+        elif self.experts_per_token or self.shared_experts or self.dense_layers:
+            raise ValueError(f"model {self.name}: experts_per_token/shared_experts/dense_layers need num_experts > 0")
         if self.mlp_act not in MLP_ACTS:
             raise ValueError(f"model {self.name}: mlp_act {self.mlp_act!r} (expected {', '.join(MLP_ACTS)})")
 
@@ -110,6 +135,20 @@ class ModelShape:
     def attended(self, layer: int, seq_len: int) -> int:
         """Keys a query of layer `layer` may see at most in a sequence of `seq_len`: min(window, seq_len)."""
         return min(self.sliding_window, seq_len) if self.is_sliding(layer) else seq_len
+
+    @property
+    def moe(self) -> bool:
+        """A mixture-of-experts model (some layers route tokens to experts)."""
+        return self.num_experts > 0
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """Whether layer `layer` (global index) has routed experts (not one of `dense_layers`)."""
+        return self.num_experts > 0 and layer not in self.dense_layers
+
+    @property
+    def moe_layers(self) -> int:
+        """How many layers have routed experts."""
+        return sum(self.is_moe_layer(i) for i in range(self.layers)) if self.num_experts else 0
 
     @property
     def embed_rows(self) -> int:

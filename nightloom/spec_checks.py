@@ -60,6 +60,25 @@ def _model_errors(data: dict, local) -> list[FieldError]:
     return errs
 
 
+def _moe_errors(data: dict, local) -> list[FieldError]:
+    """The one refusal of mixture-of-experts models by the trainers (the planner and cost read them): named, with
+    its experts, on the field that chose the model."""
+    shape = _raw_shape(data, local)
+    if shape is None or not shape.moe:
+        return []
+    field = ("model", "config") if _get(data, "model", "config") is not None else ("model", "name")
+    if _get(data, "model", "config") is None and _get(data, "model", "weights") is not None:
+        field = ("model", "weights")
+    return [
+        (
+            field,
+            f"{shape.name} is a mixture-of-experts model ({shape.arch}: {shape.num_experts} experts, top-"
+            f"{shape.experts_per_token}): training it is not supported yet; `nightloom plan` and `nightloom cost` "
+            "read it",
+        )
+    ]
+
+
 def _raw_shape(data: dict, local) -> ModelShape | None:
     """The model of a spec not yet validated, through the one resolver (model.config, else the config.json in a
     local model.weights, else the catalog's model.name); None when it cannot be read (its own check says why)."""
@@ -89,6 +108,7 @@ def semantic_errors(data: dict, base_dir: Path) -> list[FieldError]:
     if config is None and isinstance(name, str) and name not in MODELS:
         errs.append((("model", "name"), f"unknown model {name!r}; known: {', '.join(sorted(MODELS))}"))
     errs += _model_errors(data, local)
+    errs += _moe_errors(data, local)
     errs += _tokenizer_errors(data, local)
     errs += _chat_errors(data, local)
     every, eval_data = _get(data, "validate", "eval_every", default=0), _get(data, "validate", "eval_data")

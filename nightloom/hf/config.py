@@ -20,6 +20,9 @@ from pathlib import Path
 from nightloom.shape import LAYER_TYPES, ModelShape, RopeScaling
 
 LLAMA_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+#: mixture-of-experts families read for planning (the native trainer refuses them: spec_checks); their attention is
+#: the family named beside them
+MOE_TYPES = {"qwen3_moe": "qwen3", "mixtral": "mistral", "deepseek_v3": "deepseek_v3"}
 GEMMA3_TYPES = ("gemma3_text", "gemma3")  # gemma3: an image-text config; its text_config is the decoder
 ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
@@ -263,6 +266,93 @@ def _gemma3_shape(cfg: dict, name: str, strict: bool, need) -> ModelShape:
     )
 
 
+#: transformers 5.24's class defaults (Qwen3MoeConfig, MixtralConfig) for fields a config.json leaves out
+_MOE_DEFAULTS = {
+    "qwen3_moe": {
+        "num_key_value_heads": 4,
+        "num_experts_per_tok": 8,
+        "moe_intermediate_size": 768,
+        "decoder_sparse_step": 1,
+        "norm_topk_prob": False,
+        "router_aux_loss_coef": 0.001,
+    },
+    "mixtral": {"num_local_experts": 8, "num_experts_per_tok": 2, "router_aux_loss_coef": 0.001},
+}
+
+
+def _experts(cfg: dict, *keys: str) -> int:
+    """The routed expert count: the first of `keys` set (qwen3_moe Hub configs say num_experts; transformers 5.24
+    writes num_local_experts with num_experts null)."""
+    for k in keys:
+        v = cfg.get(k)
+        if v is not None:
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"{k}: expected a positive integer, got {v!r}")
+            return v
+    return 128  # Qwen3MoeConfig's default (mixtral's key has its default filled in)
+
+
+def _moe_fields(cfg: dict, moe_type: str, layers: int) -> dict:
+    """The ModelShape MoE fields of a qwen3_moe or mixtral config. qwen3_moe: a layer is dense when it is listed
+    in mlp_only_layers or (i + 1) % decoder_sparse_step != 0 (transformers' Qwen3MoeDecoderLayer); mixtral: every
+    layer is sparse, experts of intermediate_size, the top-2 weights always renormalised."""
+    if moe_type == "mixtral":
+        experts, ffn, norm = _experts(cfg, "num_local_experts", "num_experts"), cfg["intermediate_size"], True
+        dense: tuple[int, ...] = ()
+    else:
+        experts, ffn = _experts(cfg, "num_experts", "num_local_experts"), cfg["moe_intermediate_size"]
+        norm = bool(cfg["norm_topk_prob"])
+        only, step = cfg.get("mlp_only_layers") or [], cfg["decoder_sparse_step"]
+        if not isinstance(step, int) or step < 1:
+            raise ValueError(f"decoder_sparse_step: expected a positive integer, got {step!r}")
+        bad = [i for i in only if not isinstance(i, int) or not 0 <= i < layers]
+        if bad:
+            raise ValueError(f"mlp_only_layers: {bad} outside 0..{layers - 1}")
+        dense = tuple(i for i in range(layers) if i in only or (i + 1) % step)
+    return {
+        "num_experts": experts,
+        "experts_per_token": cfg["num_experts_per_tok"],
+        "expert_ffn_hidden": ffn,
+        "dense_layers": dense,
+        "norm_topk_prob": norm,
+        "router_aux_loss_coef": float(cfg["router_aux_loss_coef"]),
+    }
+
+
+def _deepseek_v3_shape(cfg: dict, name: str, need) -> ModelShape:
+    """A deepseek_v3 config's shape, for planning (multi-head latent attention, shared experts, the first
+    first_k_dense_replace layers dense; YaRN RoPE scaling is not modelled; the sigmoid router's bias is a buffer)."""
+    layers = need("num_hidden_layers")
+    freq = cfg.get("moe_layer_freq", 1) or 1
+    first = cfg.get("first_k_dense_replace", 0) or 0
+    nope, rope = need("qk_nope_head_dim"), need("qk_rope_head_dim")
+    return ModelShape(
+        name=name,
+        layers=layers,
+        hidden=need("hidden_size"),
+        heads=need("num_attention_heads"),
+        kv_heads=need("num_attention_heads"),
+        ffn_hidden=need("intermediate_size"),
+        vocab=need("vocab_size"),
+        max_seq=need("max_position_embeddings"),
+        tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+        rope_theta=float(cfg.get("rope_theta", 10000.0)),
+        explicit_head_dim=nope + rope,
+        arch="deepseek_v3",
+        num_experts=need("n_routed_experts"),
+        experts_per_token=need("num_experts_per_tok"),
+        expert_ffn_hidden=need("moe_intermediate_size"),
+        shared_experts=cfg.get("n_shared_experts") or 0,
+        dense_layers=tuple(i for i in range(layers) if i < first or i % freq),
+        norm_topk_prob=bool(cfg.get("norm_topk_prob", True)),
+        q_lora_rank=cfg.get("q_lora_rank") or 0,
+        kv_lora_rank=need("kv_lora_rank"),
+        qk_rope_head_dim=rope,
+        v_head_dim=need("v_head_dim"),
+    )
+
+
 def shape_from_config(cfg: dict, name: str = "hf", strict: bool = True) -> ModelShape:
     """A ModelShape from a parsed config.json; raises ValueError naming the field.
 
@@ -285,11 +375,16 @@ def shape_from_config(cfg: dict, name: str = "hf", strict: bool = True) -> Model
     if mtype in GEMMA3_TYPES:
         where = "text_config." if mtype == "gemma3" else ""
         return _gemma3_shape(cfg, name, strict, lambda src, k: need_in(src, k, where=where))
-    if mtype in LLAMA_TYPES:
+    if mtype == "deepseek_v3":
+        return _deepseek_v3_shape(cfg, name, need)
+    if mtype in LLAMA_TYPES or mtype in MOE_TYPES:
+        moe_type, mtype = (mtype, MOE_TYPES[mtype]) if mtype in MOE_TYPES else (None, mtype)
         if strict:
             _refuse_unsupported(cfg, mtype)
-        if mtype == "qwen3":
+        if mtype == "qwen3" and moe_type is None:
             cfg = {**cfg, **{k: v for k, v in _QWEN3_DEFAULTS.items() if cfg.get(k) is None}}
+        if moe_type is not None:
+            cfg = {**cfg, **{k: v for k, v in _MOE_DEFAULTS[moe_type].items() if cfg.get(k) is None}}
         heads = need("num_attention_heads")
         hidden = need("hidden_size")
         head_dim = cfg.get("head_dim")
@@ -320,7 +415,8 @@ def shape_from_config(cfg: dict, name: str = "hf", strict: bool = True) -> Model
             mlp_bias=bool(cfg.get("mlp_bias", False)) and mtype == "llama",
             sliding_window=cfg.get("sliding_window") if mtype == "mistral" else None,
             qk_norm=mtype == "qwen3",
-            arch=mtype,
+            arch=moe_type or mtype,
+            **(_moe_fields(cfg, moe_type, need("num_hidden_layers")) if moe_type else {}),
         )
     if mtype == "gpt2":
         hidden = need("n_embd", "hidden_size")
@@ -339,7 +435,9 @@ def shape_from_config(cfg: dict, name: str = "hf", strict: bool = True) -> Model
             arch="gpt2",
         )
     supported = ", ".join((*LLAMA_TYPES, *GEMMA3_TYPES))
-    raise ValueError(f"model_type: unsupported {mtype!r}; supported: {supported}, gpt2")
+    raise ValueError(
+        f"model_type: unsupported {mtype!r}; supported: {supported}, gpt2 (and for planning: qwen3_moe, mixtral, deepseek_v3)"
+    )
 
 
 def shape_from_hf_config(path: str | Path, strict: bool = True) -> ModelShape:
