@@ -127,7 +127,7 @@ def shard_stage(spec: RunSpec) -> ShardManifest:
 def gate_stage(spec: RunSpec, shape: ModelShape, run_id: str, resume: bool) -> tuple[ParallelPlan, GateDecision]:
     """Plan on the requested size and ask the window gate; a refusal (budget, max_nights) is recorded in the ledger
     (nothing was rented) and raised."""
-    pre_plan = plan_task(spec, spec.world_size, publish=False)
+    pre_plan = plan_task.with_options(task_run_name="pre-plan")(spec, spec.world_size, publish=False)
     try:
         decision = gate_task(spec, pre_plan, shape, run_id=run_id, now=clock())
     except RunRefused as e:  # over budget or max_nights: refused before renting; the ledger keeps it

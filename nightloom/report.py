@@ -3,12 +3,23 @@ gives a run its status."""
 
 from __future__ import annotations
 
+import base64
+import html
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from nightloom.train.job import TrainOutcome, TrainResult
+from nightloom.validate import Verdict
+
+#: what a table cell shows for a figure that is not there; never "-", which the Prefect UI's markdown renders
+#: as a list bullet
+NOT_MEASURED = "n/a"
+
+#: one precision for a loss wherever the summary shows one (terminal, artifact, notebook)
+LOSS = "{:.4f}"
 
 if TYPE_CHECKING:
     from nightloom.sharding.manifest import ShardManifest
@@ -44,7 +55,7 @@ class RunSummary(BaseModel):
     cost: float | None = None
     currency: str = ""
     ledger_id: str | None = None  # the ledger row key (the run id)
-    verdicts: list[dict] = Field(default_factory=list)
+    verdicts: list[Verdict] = Field(default_factory=list)  # every gate's verdict, skipped ones included
     stages: list[StageTime] = Field(default_factory=list)
     next_run_at: str | None = None
     interruptions: int = 0  # failures recovered from (or given up on) during training
@@ -53,6 +64,35 @@ class RunSummary(BaseModel):
     nights_used: int = 0  # nights (stretches of renting) this run has used, this one included
     nights_left: int | None = None  # predicted nights still to come (None: unknown, no prediction)
     predicted_finish: str | None = None  # ISO time in the schedule's zone (None: unknown or finished)
+
+    def loss_text(self) -> str:
+        """'6.2457 -> 5.2698 over 30 steps' (n/a for a loss not measured)."""
+
+        def f(x: float | None) -> str:
+            return NOT_MEASURED if x is None else LOSS.format(x)
+
+        return f"{f(self.first_loss)} -> {f(self.last_loss)} over {self.steps} steps"
+
+    def _repr_html_(self) -> str:
+        """Jupyter's display: a table of the run's figures and gates, and its loss curve inline (a PNG)."""
+        rows = [
+            ("run", self.run_id),
+            ("status", self.status + (f" ({self.reason})" if self.reason else "")),
+            ("layout", f"{self.layout or NOT_MEASURED} on {self.world_size} ranks"),
+            ("loss", self.loss_text()),
+            ("tokens/s", NOT_MEASURED if self.tokens_per_s is None else f"{self.tokens_per_s:,.0f}"),
+            ("MFU", NOT_MEASURED if self.mfu is None else f"{self.mfu:.2%}"),
+            *((f"gate {v.name}", f"{v.label}: {v.reason}") for v in self.verdicts),
+            ("stages", ", ".join(f"{s.stage} {s.seconds:.1f} s" for s in self.stages)),
+            ("run dir", self.run_dir),
+        ]
+        body = "".join(
+            f"<tr><th style='text-align:left'>{html.escape(k)}</th><td style='text-align:left'>{html.escape(v)}</td></tr>"
+            for k, v in rows
+        )
+        png = loss_png(self.run_dir)
+        img = f"<img alt='loss curve' src='data:image/png;base64,{png}'/>" if png else ""
+        return f"<table><caption>nightloom run {html.escape(self.name)}</caption>{body}</table>{img}"
 
     def nights_text(self) -> str:
         """'2 used, 1 left; predicted finish 2026-12-03T02:24:00+08:00' (the run-summary row)."""
@@ -88,9 +128,22 @@ class RunSummary(BaseModel):
         self.export_dir = trained.result.export_dir
 
 
-#: what a table cell shows for a figure that is not there; never "-", which the Prefect UI's markdown renders
-#: as a list bullet
-NOT_MEASURED = "n/a"
+def loss_png(run_dir: str) -> str | None:
+    """The run's loss curve as base64 PNG: its `loss.png` (written with the gates), else drawn from its metrics;
+    None when the run has no metrics."""
+    from nightloom.metrics import read_metrics
+    from nightloom.plots import plot_loss
+    from nightloom.runfiles import RunFiles
+
+    if not run_dir:
+        return None
+    path = Path(run_dir) / "loss.png"
+    if not path.is_file():
+        metrics = RunFiles(run_dir).metrics
+        if not metrics.is_file() or not (steps := read_metrics(metrics)):
+            return None
+        path = plot_loss(steps, Path(run_dir) / "loss.png")
+    return base64.b64encode(path.read_bytes()).decode()
 
 
 def summary_rows(
@@ -105,13 +158,16 @@ def summary_rows(
         {"field": "status", "value": summary.status},
         {"field": "shards", "value": f"{summary.shards} (imbalance {summary.shard_imbalance:.2%})"},
         {"field": "layout", "value": f"{summary.layout} on {summary.world_size} ranks"},
-        {"field": "loss", "value": f"{summary.first_loss:.4f} -> {summary.last_loss:.4f} ({summary.steps} steps)"},
+        {"field": "loss", "value": summary.loss_text()},
         {"field": "tokens/s", "value": fmt(summary.tokens_per_s, "{:,.0f}")},
         {"field": "MFU", "value": fmt(summary.mfu, "{:.2%}") + (f" ({summary.peak_source})" if summary.mfu else "")},
         {"field": "MFU planned", "value": fmt(summary.mfu_predicted, "{:.2%}")},
         {"field": "time to ready", "value": f"{time_to_ready_s:.1f} s"},
-        {"field": "cost", "value": f"{cost:.2f} {currency}"},
-        {"field": "nights", "value": summary.nights_text()},
+        *(  # costs and nights only where a price is set (without one a run costs 0.00 by definition)
+            [{"field": "cost", "value": f"{cost:.2f} {currency}"}, {"field": "nights", "value": summary.nights_text()}]
+            if cost
+            else []
+        ),
         *({"field": f"gate {v.name}", "value": f"{v.label}: {v.reason}"} for v in verdicts),
         *({"field": f"stage {s.stage}", "value": f"{s.seconds:.1f} s"} for s in stages),
         {"field": "ledger row", "value": summary.run_id},

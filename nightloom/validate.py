@@ -330,7 +330,7 @@ def check_loss_drop(
         passed=ok,
         measured=drop,
         threshold=min_drop,
-        reason=f"fitted loss {start:.4g} → {end:.4g} over steps {pts[0].step}–{pts[-1].step}: "
+        reason=f"fitted loss {start:.4f} → {end:.4f} over steps {pts[0].step}–{pts[-1].step}: "
         f"drop {drop:.1%} {'>=' if ok else '<'} {min_drop:.1%}" + ("" if ok else " (not learning)"),
     )
 
@@ -393,7 +393,7 @@ def check_spikes(
         measured=x,
         threshold=k,
         step=m.step,
-        reason=f"loss spike at step {m.step}: {m.loss:.4g} is {x:.1f} × MAD above the "
+        reason=f"loss spike at step {m.step}: {m.loss:.4f} is {x:.1f} × MAD above the "
         f"trailing median (limit {k:g} × MAD)",
     )
 

@@ -58,18 +58,13 @@ def gate_task(spec: RunSpec, plan: ParallelPlan, shape, run_id: str, now: dateti
     now = now or real_now
     nights = night_plan(spec, plan, run_id, now)
     decision = decide_gate(spec, nights, now, real_now)  # raises BudgetExceeded / TooManyNights
-    log.info(
-        "window gate: %s; night %d of %s, finish %s, cost %.2f ± %.2f %s; %s%s",
-        nights.reason,
-        decision.night,
-        "unknown" if nights.total_nights is None else nights.total_nights,
-        nights.local(nights.finish),
-        nights.cost,
-        nights.uncertainty,
-        nights.currency,
-        decision.budget,
-        f"; {nights.note}" if nights.note else "",
-    )
+    parts = [f"window gate: {nights.reason}"]
+    if nights.total_nights is not None:  # nights and a finish are predicted only when they are known
+        parts.append(f"night {decision.night} of {nights.total_nights}, finish {nights.local(nights.finish)}")
+    if spec.schedule.price_per_gpu_hour > 0:  # no price set: no cost to show
+        parts.append(f"cost {nights.cost:.2f} ± {nights.uncertainty:.2f} {nights.currency}")
+    parts += [p for p in (decision.budget, nights.note) if p]
+    log.info("; ".join(parts))
     if decision.run_now:
         return decision
     resume = run_id if nights.inputs.resumed else None

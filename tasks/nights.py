@@ -20,17 +20,14 @@ def record_night_task(spec: RunSpec, run_id: str, decision: GateDecision, night:
         row = ledger.record_night(run_id, night)
     so_far = nights_so_far(decision, night, row.cost or 0.0, len(row.nights))
     _artifact(spec, row.nights, so_far)
-    get_run_logger().info(
-        "night %d: %d steps (predicted %s), %.2f %s (predicted %s); run so far %.2f over %d night(s)",
-        night.night,
-        night.steps,
-        night.predicted_steps if night.predicted_steps is not None else "unknown",
-        night.cost,
-        spec.schedule.currency,
-        "unknown" if night.predicted_cost is None else f"{night.predicted_cost:.2f} ± {night.uncertainty or 0:.2f}",
-        so_far.run_cost,
-        so_far.nights_used,
-    )
+    predicted = "unknown" if night.predicted_steps is None else str(night.predicted_steps)
+    line = f"night {night.night}: {night.steps} steps (predicted {predicted})"
+    if spec.schedule.price_per_gpu_hour > 0:  # costs only where prices are set
+        forecast = (
+            "unknown" if night.predicted_cost is None else f"{night.predicted_cost:.2f} ± {night.uncertainty or 0:.2f}"
+        )
+        line += f", {night.cost:.2f} {spec.schedule.currency} (predicted {forecast}); run so far {so_far.run_cost:.2f}"
+    get_run_logger().info("%s over %d night(s)", line, so_far.nights_used)
     return so_far
 
 

@@ -22,6 +22,9 @@ def plan_task(spec: RunSpec, world_size: int, calibration: float | None = None, 
         log.info("calibration from %d ledger run(s): measured/predicted MFU %.3f", cal.runs, cal.raw_median)
     report = plan_for_spec(spec, world_size=world_size, calibration=calibration)
     plan = report.chosen
+    if not publish:  # the gate's pre-plan on the requested size: one line; the plan proper follows, explained
+        log.info("layout for the gate's estimate on %d requested rank(s): %s", world_size, plan.layout())
+        return plan
     log.info(
         "plan: %s, micro-batch %d × accum %d, recompute %s",
         plan.layout(),

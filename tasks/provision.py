@@ -6,6 +6,8 @@ nightloom/, and handed to the provider in memory (it is not logged, put in artif
 
 from __future__ import annotations
 
+import time
+
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
@@ -87,5 +89,15 @@ def acquire_cluster(provider: Provider) -> Cluster:
 @task(name="teardown", cache_policy=NO_CACHE)
 def release_cluster(provider: Provider, cluster: Cluster | None) -> None:
     """Release every node and process of ours; safe to call twice."""
-    if cluster is not None:
-        provider.release(cluster)
+    if cluster is None:
+        get_run_logger().info("nothing to release: no cluster was acquired")
+        return
+    t0 = time.perf_counter()
+    provider.release(cluster)
+    get_run_logger().info(
+        "released %s: %d node(s), %d rank(s); %.2f s",
+        cluster.name,
+        len(cluster.nodes),
+        cluster.world_size,
+        time.perf_counter() - t0,
+    )

@@ -21,6 +21,7 @@ def start_record_task(spec: RunSpec, run_id: str, plan: ParallelPlan | None, res
             try:
                 ledger.get(run_id)
                 ledger.update_run(run_id, status="running")
+                get_run_logger().info("re-opened ledger row %s (running)", run_id)
                 return run_id
             except LedgerError:
                 pass
@@ -36,6 +37,9 @@ def start_record_task(spec: RunSpec, run_id: str, plan: ParallelPlan | None, res
             plan=plan,
             currency=spec.schedule.currency,
         )
+    get_run_logger().info(
+        "opened ledger row %s (running; spec hash %s, %d rank(s) requested)", run_id, spec.spec_hash(), spec.world_size
+    )
     return run_id
 
 
@@ -44,6 +48,7 @@ def fail_record_task(spec: RunSpec, run_id: str, status: str, reason: str, durat
     """Close the row of a run that did not complete (failed, cancelled, refused), with the reason."""
     with Ledger(spec.ledger.url) as ledger:
         ledger.finish_run(run_id, status=status, reason=reason[:2000], duration_s=duration_s)
+    get_run_logger().info("closed ledger row %s: %s after %.1f s (%s)", run_id, status, duration_s, reason[:200])
 
 
 @task(name="record", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=1)
@@ -94,7 +99,7 @@ def record_task(
             currency=spec.schedule.currency,
             ledger_id=summary.run_id,
             stages=stages,
-            verdicts=[v.model_dump() for v in outcome.verdicts],
+            verdicts=list(outcome.verdicts),
         )
     )
     rows = summary_rows(summary, outcome.verdicts, cluster.time_to_ready_s, cost, spec.schedule.currency, stages)

@@ -53,6 +53,14 @@ def record_interruption_task(ledger_url: str, run_id: str, e: rec.Event) -> None
         ledger.record_interruption(
             run_id, kind=e.kind, detail=e.detail[:2000], recovery_s=e.recovery_s, at=e.at, lost_s=e.lost_s, cost=e.cost
         )
+    get_run_logger().info(
+        "recorded interruption of attempt %d in ledger row %s: %s (recovery %s s, lost %s s)",
+        e.attempt,
+        run_id,
+        e.kind,
+        "n/a" if e.recovery_s is None else f"{e.recovery_s:.1f}",
+        "n/a" if e.lost_s is None else f"{e.lost_s:.1f}",
+    )
 
 
 def _cost(spec: RunSpec, at: datetime, seconds: float, gpus: int) -> float:

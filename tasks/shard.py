@@ -6,6 +6,8 @@ run stopped; results are small pydantic records (the data itself moves through f
 
 from __future__ import annotations
 
+import time
+
 from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
@@ -27,6 +29,7 @@ from nightloom.sharding.manifest import ShardInfo
 from nightloom.sharding.plan import existing_manifest
 from nightloom.spec import DatasetSpec, ShardingSpec, StorageSpec, TokenizerSpec
 from nightloom.storage import StorageError, set_secret_resolver
+from tasks.progress import heartbeat, human_bytes
 
 ARTIFACT_KEY = "shard-report"
 
@@ -54,13 +57,27 @@ def plan_shards_task(
 ) -> ShardJob:
     """List and fingerprint inputs (builds the sample corpus, and a `train_vocab` tokenizer, on first use);
     `chat`: train.task sft's chat settings (records are chats)."""
-    job = plan_job(dataset, sharding, storage, tokenizer=tokenizer, chat=chat)
-    get_run_logger().info(
-        "%d input file(s) in %d scan unit(s), %d ignored by name; settings hash %s",
+    log, t0 = get_run_logger(), time.perf_counter()
+    first_use = [
+        w
+        for w, todo in (("the sample corpus", dataset.sample), ("a tokenizer", getattr(tokenizer, "train_vocab", None)))
+        if todo
+    ]
+    log.info(
+        "listing and fingerprinting %s%s",
+        dataset.path,
+        f" (builds {' and '.join(first_use)} on first use)" if first_use else "",
+    )
+    with heartbeat(log, "plan-shards"):
+        job = plan_job(dataset, sharding, storage, tokenizer=tokenizer, chat=chat)
+    log.info(
+        "%d input file(s), %s, in %d scan unit(s), %d ignored by name; settings hash %s; %.1f s",
         len(job.sources),
+        human_bytes(sum(src.size for src in job.sources)),
         len(job.units),
         len(job.ignored),
         job.settings_hash,
+        time.perf_counter() - t0,
     )
     return job
 
@@ -68,30 +85,106 @@ def plan_shards_task(
 @task(name="reuse-manifest", cache_policy=NO_CACHE)
 def reuse_manifest_task(job: ShardJob) -> ShardManifest | None:
     """The finished manifest for these exact inputs and settings, if any (then nothing else runs)."""
-    return existing_manifest(job.output, job.settings_hash, job.s3)
+    done = existing_manifest(job.output, job.settings_hash, job.s3)
+    if done is None:
+        get_run_logger().info(
+            "no finished manifest for settings hash %s at %s: sharding", job.settings_hash, job.output
+        )
+    else:
+        get_run_logger().info(
+            "%s/manifest.json has settings hash %s: reusing its %d shards",
+            job.output,
+            job.settings_hash,
+            done.num_shards,
+        )
+    return done
 
 
 @task(name="scan-input", cache_policy=NO_CACHE, task_run_name="scan-input-{index}")
 def scan_input_task(job: ShardJob, index: int) -> ScanResult:
     """Scan unit `index`: one input file, or several small ones in order."""
-    return scan_unit(job, index)
+    log, t0 = get_run_logger(), time.perf_counter()
+    with heartbeat(log, f"scan-input-{index}"):
+        scan = scan_unit(job, index)
+    log.info(
+        "unit %d: %d file(s), %s read, %d records: %d documents kept, %d empty, %d bad; %.2f s",
+        index,
+        len(job.units[index]),
+        human_bytes(job.unit_bytes(index)),
+        scan.records,
+        scan.docs,
+        scan.empty,
+        scan.bad,
+        time.perf_counter() - t0,
+    )
+    return scan
 
 
 @task(name="place-documents", cache_policy=NO_CACHE)
 def place_documents_task(job: ShardJob, scans: list[ScanResult]) -> Placement:
-    return place_documents(job, scans)
+    """Global dedup, the held-out split and token balancing: which shard each document goes to."""
+    log, t0 = get_run_logger(), time.perf_counter()
+    with heartbeat(log, "place-documents"):
+        placement = place_documents(job, scans)
+    log.info(
+        "placed %d documents in %d shards: %d duplicates dropped, %d held out; imbalance %.4f -> %.4f%s; %.2f s",
+        placement.kept,
+        job.num_shards,
+        placement.dedup_dropped,
+        placement.heldout,
+        placement.imbalance_before,
+        placement.imbalance,
+        " (rebalanced)" if placement.rebalanced else "",
+        time.perf_counter() - t0,
+    )
+    return placement
 
 
-@task(name="write-shard", cache_policy=NO_CACHE, task_run_name="write-shard-{index}")
+def write_task_name() -> str:
+    """`write-shard-N`, or `write-heldout` for the held-out split (its index follows the training shards')."""
+    from prefect.runtime import task_run
+
+    job, index = task_run.parameters["job"], task_run.parameters["index"]
+    return "write-heldout" if job.has_heldout and index == job.heldout_index else f"write-shard-{index}"
+
+
+@task(name="write-shard", cache_policy=NO_CACHE, task_run_name=write_task_name)
 def write_shard_task(job: ShardJob, scans: list[ScanResult], index: int) -> ShardInfo:
-    return write_shard(job, scans, index)
+    """Write one Parquet shard (or the held-out split) and its token files."""
+    log, t0 = get_run_logger(), time.perf_counter()
+    what = "held-out split" if job.has_heldout and index == job.heldout_index else f"shard {index}"
+    with heartbeat(log, f"write {what}"):
+        info = write_shard(job, scans, index)
+    log.info(
+        "%s: %d rows, %d tokens, %s -> %s/%s; %.2f s",
+        what,
+        info.rows,
+        info.tokens,
+        human_bytes(info.bytes),
+        job.output,
+        info.path,
+        time.perf_counter() - t0,
+    )
+    return info
 
 
 @task(name="publish-manifest", cache_policy=NO_CACHE)
 def publish_manifest_task(
     job: ShardJob, scans: list[ScanResult], placement: Placement, infos: list[ShardInfo]
 ) -> ShardManifest:
-    return publish_manifest(job, scans, placement, infos)
+    """Write manifest.json last: readers see the dataset only once every shard is durable."""
+    t0 = time.perf_counter()
+    manifest = publish_manifest(job, scans, placement, infos)
+    get_run_logger().info(
+        "published %s/manifest.json: %d shards, %d rows, %d tokens, %s; %.2f s",
+        job.output,
+        manifest.num_shards,
+        sum(i.rows for i in infos),
+        sum(i.tokens for i in infos),
+        human_bytes(sum(i.bytes for i in infos)),
+        time.perf_counter() - t0,
+    )
+    return manifest
 
 
 def report_shards(manifest: ShardManifest, output: str, reused: bool) -> None:

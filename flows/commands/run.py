@@ -7,7 +7,6 @@ import sys
 from nightloom.report import NOT_MEASURED
 from nightloom.spec import SpecError
 from nightloom.spec_load import load_spec
-from nightloom.validate import verdict_label
 
 
 def register(sub) -> None:
@@ -36,23 +35,25 @@ def print_summary(summary) -> None:
         f"{'balanced' if summary.shards_balanced else 'NOT balanced'})",
     )
     t.add_row("plan", f"{summary.layout or '-'} on {summary.world_size} ranks")
-    t.add_row("loss", f"{fmt(summary.first_loss)} → {fmt(summary.last_loss)} over {summary.steps} steps")
+    t.add_row("loss", summary.loss_text())
     t.add_row("tokens/s", fmt(summary.tokens_per_s, "{:,.0f}"))
     t.add_row(
         "MFU",
         f"{fmt(summary.mfu, '{:.2%}')} (planned {fmt(summary.mfu_predicted, '{:.2%}')}; "
         f"peak {summary.peak_source or '-'})",
     )
-    if summary.cost is not None:
+    if summary.cost:  # a price is set (a run without one costs 0.00 by definition: not shown)
         t.add_row("cost", f"{summary.cost:.2f} {summary.currency}")
+        t.add_row("nights", summary.nights_text())
     for v in summary.verdicts:
-        t.add_row(f"gate {v.get('name')}", f"{verdict_label(v)}: {v.get('reason', '')}")
+        t.add_row(f"gate {v.name}", f"{v.label}: {v.reason}")
     t.add_row("stages", ", ".join(f"{s.stage} {s.seconds:.1f}s" for s in summary.stages))
-    t.add_row("ledger row", str(summary.ledger_id))
-    t.add_row("run dir", summary.run_dir)
     if summary.reason:
         t.add_row("reason", summary.reason)
     con.print(t)
+    # outside the table, whole and on one line each, so they can be copied
+    print(f"ledger row: {summary.ledger_id}")
+    print(f"run dir:    {summary.run_dir}")
 
 
 def run(args) -> int:
