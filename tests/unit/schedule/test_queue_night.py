@@ -90,3 +90,21 @@ def test_a_nights_outcome_makes_a_job_done_split_or_planned_again():
         assert out.status == "queued" and out.replanned, out
     assert "crashed" in night_outcome(None, 30, 100).reason
     assert night_outcome("split", 100, 100).status == "done"  # the last steps done at the window's end
+
+
+def test_prefect_yaml_runs_the_queue_at_the_windows_start():
+    import inspect
+    from pathlib import Path
+
+    import yaml
+
+    from flows.queue_night import nightly_queue
+
+    root = Path(__file__).resolve().parents[3]
+    (dep,) = [
+        d for d in yaml.safe_load((root / "prefect.yaml").read_text())["deployments"] if d["name"] == "nightly-queue"
+    ]
+    assert dep["entrypoint"] == "flows/queue_night.py:nightly_queue"
+    (cron,) = dep["schedules"]
+    assert (cron["cron"], cron["timezone"]) == ("0 2 * * *", "Asia/Shanghai")  # the 02:00-06:00 window's start
+    assert set(dep["parameters"]) <= set(inspect.signature(nightly_queue.fn).parameters)
