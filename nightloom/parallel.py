@@ -34,7 +34,10 @@ class ParallelDims:
     The spec, the planner (its search candidates are ParallelDims) and the trainer build this record and ask
     `check(...)` whether the layout can run; `resolve(...)` fills a `-1` degree from the world size.
     `stages`: transformer layers per pipeline chunk (pp·v chunks, chunk c on pp rank c mod pp) when the split is
-    uneven (None: layers / (pp·v) each)."""
+    uneven (None: layers / (pp·v) each).
+    `ep`: expert parallel (MoE): each expert lives on one of ep ranks drawn from the data-parallel ranks, as
+    torchtitan and Megatron-Core do (not a mesh dim of its own): from dp_shard·cp under FSDP/ZeRO, else from
+    dp_replicate·cp; the experts' own FSDP then shards over the rest of those ranks (`expert_shard`)."""
 
     tp: int = 1
     pp: int = 1
@@ -49,9 +52,10 @@ class ParallelDims:
     recompute: str = "none"
     zero: str = "fsdp"
     stages: tuple[int, ...] | None = None
+    ep: int = 1
 
     def __post_init__(self) -> None:
-        degrees = {k: getattr(self, k) for k in ("dp_replicate", "dp_shard", "tp", "pp", "cp")}
+        degrees = {k: getattr(self, k) for k in ("dp_replicate", "dp_shard", "tp", "pp", "cp", "ep")}
         bad = {k: v for k, v in degrees.items() if v < 1}
         if bad:
             raise LayoutError(f"parallel degrees must be >= 1, got {bad}")
@@ -100,6 +104,17 @@ class ParallelDims:
         return self.dp_shard * self.cp if self.dp_shard > 1 else 1
 
     @property
+    def ep_pool(self) -> int:
+        """The data-parallel ranks expert parallel is drawn from: dp_shard·cp when sharded, else dp_replicate·cp."""
+        return self.dp_shard * self.cp if self.dp_shard > 1 else self.dp_replicate * self.cp
+
+    @property
+    def expert_shard(self) -> int:
+        """Degree the experts' gradients and optimizer states are divided by: FSDP over the sharded ranks that
+        hold the same experts (shard / ep); 1 for replicas."""
+        return self.shard // self.ep if self.dp_shard > 1 else 1
+
+    @property
     def chunks_per_rank(self) -> int:
         """Pipeline chunks (virtual stages) each pp rank holds."""
         return self.virtual_stages if self.schedule == "interleaved_1f1b" else 1
@@ -140,6 +155,7 @@ class ParallelDims:
             )
         if shape.ffn_hidden % t:
             why.append(f"tp={t} does not divide ffn_hidden ({shape.ffn_hidden})")
+        why += self._ep_errors(shape)
         v = self.chunks_per_rank
         if self.schedule != "interleaved_1f1b" and self.virtual_stages != 1:
             why.append(f"virtual_stages={self.virtual_stages} needs schedule 'interleaved_1f1b', got {self.schedule!r}")
@@ -191,6 +207,27 @@ class ParallelDims:
             why.append(f"train.seq_len ({seq_len}) exceeds model {shape.name} max_seq ({shape.max_seq})")
         return why
 
+    def _ep_errors(self, shape) -> list[str]:
+        """Expert parallel's rules: an MoE model, ep dividing its experts and the data-parallel ranks it is
+        drawn from (dp_shard·cp under FSDP/ZeRO, dp_replicate·cp for replicas)."""
+        ep, experts = self.ep, getattr(shape, "num_experts", 0)
+        why = []
+        if experts and shape.expert_ffn_hidden % self.tp:
+            why.append(f"tp={self.tp} does not divide expert_ffn_hidden ({shape.expert_ffn_hidden})")
+        if ep == 1:
+            return why
+        if not experts:
+            return why + [f"expert parallel (ep={ep}) needs a mixture-of-experts model; {shape.name} is dense"]
+        if experts % ep:
+            why.append(f"ep={ep} does not divide the {experts} experts of {shape.name}")
+        if self.ep_pool % ep:
+            pool = "dp_shard·cp" if self.dp_shard > 1 else "dp_replicate·cp"
+            why.append(
+                f"ep={ep} must divide the data-parallel ranks it is drawn from: {pool} = {self.ep_pool} "
+                f"(dp_replicate={self.dp_replicate}, dp_shard={self.dp_shard}, cp={self.cp})"
+            )
+        return why
+
     def mesh_shape(self) -> tuple[tuple[str, ...], tuple[int, ...]]:
         return MESH_ORDER, tuple(getattr(self, n) for n in MESH_ORDER)
 
@@ -215,11 +252,13 @@ class ParallelDims:
         return init_device_mesh(device_type, sizes, mesh_dim_names=names)
 
     def layout(self) -> str:
-        return layout_name(self.tp, self.pp, self.dp_replicate, self.dp_shard, self.cp, self.sp, self.zero)
+        return layout_name(self.tp, self.pp, self.dp_replicate, self.dp_shard, self.cp, self.sp, self.zero, self.ep)
 
 
-def layout_name(tp: int, pp: int, dp_replicate: int, dp_shard: int, cp: int = 1, sp: bool = False, zero: str = "fsdp"):
-    """Short name of a layout's degrees, e.g. TP8·PP16·DP128 (replicas), TP8·PP1·DPr2·FSDP4·SP (HSDP)."""
+def layout_name(
+    tp: int, pp: int, dp_replicate: int, dp_shard: int, cp: int = 1, sp: bool = False, zero: str = "fsdp", ep: int = 1
+):
+    """Short name of a layout's degrees, e.g. TP8·PP16·DP128 (replicas), TP8·PP1·DPr2·FSDP4·SP (HSDP), ·EP8."""
     parts = [f"TP{tp}", f"PP{pp}"]
     if dp_shard == 1:
         parts.append(f"DP{dp_replicate}")
@@ -231,6 +270,8 @@ def layout_name(tp: int, pp: int, dp_replicate: int, dp_shard: int, cp: int = 1,
         parts.append(f"CP{cp}")
     if sp:
         parts.append("SP")
+    if ep > 1:
+        parts.append(f"EP{ep}")
     return "·".join(parts)
 
 
@@ -280,6 +321,7 @@ class ParallelPlan(BaseModel):
     recompute: Recompute = "none"
     zero: Zero = "fsdp"
     stages: list[int] | None = None
+    ep: int = 1
     # predictions (None when not predicted, e.g. CPU)
     memory: MemoryBreakdown | None = None
     memory_gib_per_gpu: float | None = None
@@ -326,4 +368,4 @@ class ParallelPlan(BaseModel):
         return ParallelDims(**d)
 
     def layout(self) -> str:
-        return layout_name(self.tp, self.pp, self.dp_replicate, self.dp_shard, self.cp, self.sp, self.zero)
+        return layout_name(self.tp, self.pp, self.dp_replicate, self.dp_shard, self.cp, self.sp, self.zero, self.ep)

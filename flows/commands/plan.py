@@ -18,6 +18,7 @@ JSON_KEYS = (
     "dp_replicate",
     "dp_shard",
     "cp",
+    "ep",
     "sp",
     "micro_batch",
     "grad_accum",
@@ -58,7 +59,7 @@ def register(sub) -> None:
     p.add_argument(
         "--layout",
         help="evaluate this layout instead of searching, e.g. tp=8,pp=4,dp=32 "
-        "(also cp=, sp=, mb=, v=, recompute=, zero=none|fsdp|zero2, dp_replicate=, dp_shard=, stages=7:8:8:7)",
+        "(also cp=, ep=, sp=, mb=, v=, recompute=, zero=none|fsdp|zero2, dp_replicate=, dp_shard=, stages=7:8:8:7)",
     )
     p.add_argument(
         "--stages",

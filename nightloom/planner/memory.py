@@ -32,7 +32,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from nightloom.parallel import MemoryBreakdown, ParallelDims
-from nightloom.perf import count_params
+from nightloom.perf import attention_params, expert_params, mlp_params
 from nightloom.shape import ModelShape
 
 GIB = 1024**3
@@ -45,22 +45,35 @@ LOGIT_BYTES = 4
 
 
 @lru_cache(maxsize=1024)
-def layer_params(shape: ModelShape, tp: int) -> float:
-    """Parameters of one transformer layer held by one TP rank: the matrices and their column-parallel biases
-    split, the rest (norms, q/k norms, row-parallel biases) replicated. The layer's total is perf.count_params's
-    (its one owner); q and o are h × a·head_dim there, not h × h (qwen3's head_dim is independent of h / a)."""
-    h, f = shape.hidden, shape.ffn_hidden
-    q_dim, kv_dim = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
-    mats = 2 * h * q_dim + 2 * h * kv_dim + (3 if shape.gated_mlp else 2) * h * f
-    split = mats + (q_dim + 2 * kv_dim) * shape.qkv_bias + (2 if shape.gated_mlp else 1) * f * shape.mlp_bias
-    per_layer = (count_params(shape, include_embeddings=False) - h) / shape.layers  # less the final norm
-    return split / tp + (per_layer - split)
+def layer_params(shape: ModelShape, tp: int, ep: int = 1) -> float:
+    """Parameters of one transformer layer held by one TP rank (an MoE model's mean layer): the matrices and their
+    column-parallel biases split, the rest (norms, q/k norms, row-parallel biases, the router) replicated; routed
+    experts split over tp·ep (expert TP = TP, Megatron-Core's default). The totals are perf.py's (their one owner)."""
+    h = shape.hidden
+    attn = attention_params(shape)
+    attn_rep = 0 if shape.kv_lora_rank else h * shape.o_bias + 2 * shape.head_dim * shape.qk_norm
+    norms = 2 * h + 2 * h * shape.post_norms
+    dense_mlp = mlp_params(shape, shape.ffn_hidden)
+    mlp_rep = h * shape.mlp_bias
+    per_layer = (attn - attn_rep) / tp + attn_rep + norms
+    if not shape.moe:
+        return per_layer + (dense_mlp - mlp_rep) / tp + mlp_rep
+    L, moe = shape.layers, shape.moe_layers
+    one = mlp_params(shape, shape.expert_ffn_hidden)
+    dense_part = (L - moe) * ((dense_mlp - mlp_rep) / tp + mlp_rep)
+    moe_part = moe * (h * shape.num_experts + shape.shared_experts * ((one - mlp_rep) / tp + mlp_rep))
+    return per_layer + (dense_part + moe_part) / L + layer_expert_params(shape, tp, ep)
+
+
+def layer_expert_params(shape: ModelShape, tp: int, ep: int = 1) -> float:
+    """Routed-expert parameters of one (mean) layer on one rank: every expert / (tp·ep); 0 for a dense model."""
+    return expert_params(shape) / shape.layers / (tp * ep)
 
 
 @lru_cache(maxsize=4096)
-def stage_params(shape: ModelShape, tp: int, pp: int) -> tuple[float, float]:
+def stage_params(shape: ModelShape, tp: int, pp: int, ep: int = 1) -> tuple[float, float]:
     """(first stage, last stage) parameters per GPU: layers + vocab-parallel embedding / output head."""
-    body = layer_params(shape, tp) * shape.layers / pp
+    body = layer_params(shape, tp, ep) * shape.layers / pp
     emb = shape.vocab * shape.hidden / tp
     if pp == 1:
         return (body + emb * (1 if shape.tied_embeddings else 2) + shape.hidden,) * 2
@@ -81,6 +94,7 @@ def activation_bytes_per_layer(
     if recompute == "full":
         return 2 * sbh / (t if sp else 1)
     norms = qk_norm_bytes(shape, seq, mb, tp) + post_norm_bytes(shape, seq, mb, tp, sp)
+    norms += moe_activation_bytes(shape, seq, mb, tp, recompute)
     if recompute == "selective":
         return (34 * sbh / t if sp else sbh * (10 + 24 / t)) + norms
     if t == 1:
@@ -88,6 +102,18 @@ def activation_bytes_per_layer(
     if sp:
         return sbh * (34 + attn) / t + norms
     return sbh * (10 + 24 / t + attn / t) + norms
+
+
+def moe_activation_bytes(shape: ModelShape, seq: int, mb: int, tp: int, recompute: str) -> float:
+    """What an MoE layer saves beyond Table 2's MLP (mean over layers): Table 2 counts an MLP of 4h as 2·sbh input +
+    16·sbh for its 4h-wide outputs + sbh; a routed layer keeps, for each of a token's k + shared experts, its
+    dispatched input (2·h bytes) and the expert's outputs (4·f_e bytes: 2 tensors of f_e in bf16), plus the router's
+    fp32 logits (4·E). Sharded over TP as the MLP's terms; nothing under full recompute (the layer input only)."""
+    if not shape.moe or recompute == "full":
+        return 0.0
+    n = shape.experts_per_token + shape.shared_experts
+    per_token = n * (2 * shape.hidden + 4 * shape.expert_ffn_hidden) + 4 * shape.num_experts - 16 * shape.hidden
+    return seq * mb * per_token / tp * shape.moe_layers / shape.layers
 
 
 def qk_norm_bytes(shape: ModelShape, seq: int, mb: int, tp: int) -> float:
@@ -124,10 +150,10 @@ def _per_rank(stages: tuple[int, ...], pp: int) -> tuple[int, ...]:
 
 def rank_params(shape: ModelShape, c: ParallelDims) -> list[float]:
     """Parameters per GPU of every pipeline rank: its layers plus the embedding (first) or head (last)."""
-    first_p, last_p = stage_params(shape, c.tp, c.pp)
+    first_p, last_p = stage_params(shape, c.tp, c.pp, c.ep)
     if c.pp == 1:
         return [first_p]
-    unit = layer_params(shape, c.tp)
+    unit = layer_params(shape, c.tp, c.ep)
     even = unit * shape.layers / c.pp
     sizes = rank_layers(shape, c)
     out = [n * unit for n in sizes]
@@ -142,7 +168,7 @@ def memory_breakdown(
     """Predicted memory of the busiest pipeline rank: every rank's layers, embedding or head, and the
     micro-batches it holds in flight (1F1B: rank i holds min(pp − i, m)), the largest total wins."""
     wb, gb, ob = _state_bytes(precision)
-    unit = layer_params(shape, c.tp)
+    unit = layer_params(shape, c.tp, c.ep)
     params_of = rank_params(shape, c)
     # context parallel: each rank holds seq/cp tokens, and ring attention's blockwise scores are (seq/cp)² per step
     local = seq / c.cp
@@ -161,11 +187,17 @@ def memory_breakdown(
     # ZeRO-3 without PP gathers 2 layers at a time; under PP, or ZeRO-2, the rank's whole stage stays gathered
     keep_gathered = c.pp > 1 or c.zero == "zero2"
 
-    def stage(params: float, acts: float) -> tuple[float, ...]:
+    de = c.expert_shard
+    ex_unit = layer_expert_params(shape, c.tp, c.ep) if shape.moe else 0.0
+
+    def stage(params: float, acts: float, layers: int) -> tuple[float, ...]:
         gathered = 0.0
         if d > 1:  # FSDP working set: gathered bf16 params + 1 layer of grads
             gathered = (params if keep_gathered else 2 * unit) * wb + unit * gb
-        return (params * wb / d, params * gb / d, params * ob / d, acts, gathered)
+        # a rank's experts (already / ep) are sharded over the expert_shard ranks holding the same experts
+        ex = layers * ex_unit
+        held = (params - ex) / d + ex / de
+        return (held * wb, held * gb, held * ob, acts, gathered)
 
     sizes = rank_layers(shape, c)
     last = c.pp - 1
@@ -178,7 +210,7 @@ def memory_breakdown(
             acts = n * per_layer_act + working + logits
         else:
             acts = n * per_layer_act * min(c.pp - i, m) * interleave + working
-        parts = stage(params_of[i], acts)
+        parts = stage(params_of[i], acts, n)
         if best is None or sum(parts) > sum(best):
             best = parts
     w, g, o, a, gathered = best

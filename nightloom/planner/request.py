@@ -36,6 +36,7 @@ class FixedLayout:
     recompute: Literal["none", "selective", "full"] | None = None
     zero: Literal["none", "fsdp", "zero2"] | None = None
     stages: tuple[int, ...] | None = None  # transformer layers per pipeline stage (uneven split)
+    ep: int | None = None  # expert parallel (MoE), drawn from the data-parallel ranks
 
     def __post_init__(self) -> None:
         if self.zero == "none" and self.dp_shard is not None and self.dp_shard > 1:
@@ -66,11 +67,12 @@ _LAYOUT_KEYS = {
     "recompute": "recompute",
     "zero": "zero",
     "stages": "stages",
+    "ep": "ep",
 }
 
 
 def parse_layout(text: str) -> FixedLayout:
-    """Parse `tp=8,pp=4,dp=32[,cp=2,sp=1,mb=2,v=2,recompute=full,zero=fsdp|zero2|none,stages=7:8:8:7]` into a
+    """Parse `tp=8,pp=4,dp=32[,cp=2,ep=8,sp=1,mb=2,v=2,recompute=full,zero=fsdp|zero2|none,stages=7:8:8:7]` into a
     FixedLayout (clear errors). Stage sizes are separated by ':' (a comma separates keys)."""
     vals: dict[str, object] = {}
     for part in filter(None, (p.strip() for p in text.split(","))):

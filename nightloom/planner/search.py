@@ -8,6 +8,8 @@ permissive member, when the rules fail it; every family that loses gets one reas
 search space itself: tp stays within a node unless allowed; pipeline splits are even, or equal inner stages with
 lighter end stages (Llama 3's 126 layers on 16 stages: 7 + 14·8 + 7); any other split is forced by the user.
 Context parallel is searched when the sequence is long (>= LONG_SEQ) and the native trainer's rules allow it.
+Expert parallel (MoE models) is searched within each family: every ep dividing the experts and the data-parallel
+ranks it is drawn from (ParallelDims.check); the family's best ep wins, and the explanation says what it saved.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from nightloom.parallel import ParallelDims, ParallelPlan, Rejection, layout_name
-from nightloom.perf import count_params, flops_per_token, mfu
+from nightloom.perf import active_params, count_params, expert_params, flops_per_token, mfu
 from nightloom.planner.memory import memory_breakdown, rank_layers, usable_gib
 from nightloom.planner.request import FixedLayout, PlanError, PlanReport, PlanRequest
 from nightloom.planner.steptime import (
@@ -173,6 +175,17 @@ def _knobs(req: PlanRequest, fixed: FixedLayout, tp: int, pp: int, dp: int):
                     yield sp, mb, v, split, rc, m
 
 
+def _eps(req: PlanRequest, fixed: FixedLayout, dpr: int, dps: int, cp: int) -> list[int]:
+    """Expert-parallel degrees to try: 1 for a dense model; the pinned one; else the divisors of the experts
+    that divide the data-parallel ranks EP is drawn from (ParallelDims.ep_pool)."""
+    if fixed.ep is not None:
+        return [fixed.ep]
+    if not req.shape.moe:
+        return [1]
+    pool = dps * cp if dps > 1 else dpr * cp
+    return [e for e in _divisors(req.shape.num_experts) if pool % e == 0]
+
+
 def _plan_from(req: PlanRequest, s: _Scored, eff: float | None) -> ParallelPlan:
     c = s.c
     p = ParallelPlan.of(c)
@@ -198,9 +211,10 @@ def _plan_from(req: PlanRequest, s: _Scored, eff: float | None) -> ParallelPlan:
 def _explain(req: PlanRequest, s: _Scored, eff: float, runner_up: _Scored | None) -> list[str]:
     c, m, st, gpu = s.c, s.mem, s.step, req.gpu
     n = count_params(req.shape)
+    moe = f", {active_params(req.shape) / 1e9:.2f}B active" if req.shape.moe else ""
     lines = [
         (
-            f"{req.shape.name} ({n / 1e9:.2f}B params) on {req.world} × {gpu.name} "
+            f"{req.shape.name} ({n / 1e9:.2f}B params{moe}) on {req.world} × {gpu.name} "
             f"({req.nodes} nodes × {req.gpus_per_node}); global batch {req.global_batch} × seq {req.seq_len}, "
             f"{req.precision}, AdamW"
         ),
@@ -215,7 +229,9 @@ def _explain(req: PlanRequest, s: _Scored, eff: float, runner_up: _Scored | None
             f"{gpu.peak(req.precision) / 1e12:.0f} TFLOP/s, memory-bound {st.hbm_s:.3f}, TP comm {st.tp_comm_s:.3f}, "
             f"PP p2p {st.pp_comm_s:.3f}, bubble {st.bubble_s:.3f} ((p−1)/(v·m) = "
             f"{bubble_fraction(c.pp, c.virtual_stages, c.grad_accum):.3f}), DP exposed {st.dp_exposed_s:.3f}, "
-            f"optimizer {st.optimizer_s:.3f}" + (f", CP ring exposed {st.cp_comm_s:.3f}" if c.cp > 1 else "")
+            f"optimizer {st.optimizer_s:.3f}"
+            + (f", CP ring exposed {st.cp_comm_s:.3f}" if c.cp > 1 else "")
+            + (f", EP all-to-all {st.ep_comm_s:.3f}" if c.ep > 1 else "")
         ),
     ]
     if c.zero == "zero2":
@@ -242,6 +258,8 @@ def _explain(req: PlanRequest, s: _Scored, eff: float, runner_up: _Scored | None
             f"ring attention passes K,V blocks around the cp group, {st.cp_comm_s:.3f} s not hidden behind the "
             "attention compute",
         )
+    if req.shape.moe:
+        lines.insert(1, _moe_line(req, c, st))
     if not req.native_trainer:
         lines.append("layout rules of nightloom's trainer not applied (a prediction for another trainer)")
     if req.calibration is not None:
@@ -257,6 +275,23 @@ def _explain(req: PlanRequest, s: _Scored, eff: float, runner_up: _Scored | None
             f"v={rc.virtual_stages}, recompute={rc.recompute}) is {100 * gain:.1f}% slower"
         )
     return lines
+
+
+def _moe_line(req: PlanRequest, c: ParallelDims, st: StepEstimate) -> str:
+    """What expert parallel does in this plan: experts per rank, their state, the all-to-all it costs."""
+    s = req.shape
+    per_gpu = expert_params(s) / (c.tp * c.pp * c.ep) / 1e9
+    shard = f", their states sharded over {c.expert_shard} more ranks (FSDP)" if c.expert_shard > 1 else ""
+    if c.ep == 1:
+        return (
+            f"mixture of experts ({s.num_experts} experts, top-{s.experts_per_token}): no expert parallel, every rank "
+            f"holds all experts of its stage ({per_gpu:.2f}B expert params per GPU{shard}); no all-to-all"
+        )
+    return (
+        f"expert parallel ep={c.ep} (drawn from the data-parallel ranks): {s.num_experts // c.ep} of "
+        f"{s.num_experts} experts per rank, {per_gpu:.2f}B expert params per GPU{shard}; token dispatch/combine "
+        f"all-to-all {st.ep_comm_s:.3f} s per step, not overlapped"
+    )
 
 
 def search(req: PlanRequest) -> PlanReport:
@@ -276,10 +311,11 @@ def search(req: PlanRequest) -> PlanReport:
     overall_min: _Scored | None = None
     for tp, pp, dpr, dps, zero, cp in families:
         fam = layout_name(tp, pp, dpr, dps, cp, False, zero)
-        for sp, mb, v, split, rc, m in _knobs(req, fixed, tp, pp, dpr * dps):
+        knobs = [(k, ep) for k in _knobs(req, fixed, tp, pp, dpr * dps) for ep in _eps(req, fixed, dpr, dps, cp)]
+        for (sp, mb, v, split, rc, m), ep in knobs:
             considered += 1
             sched = "interleaved_1f1b" if v > 1 else "1f1b"
-            c = ParallelDims(tp, pp, dpr, dps, cp, sp, mb, m, v, sched, rc, zero, split)
+            c = ParallelDims(tp, pp, dpr, dps, cp, sp, mb, m, v, sched, rc, zero, split, ep)
             if c.check(req.shape, req.seq_len, req.global_batch, native_trainer=req.native_trainer):
                 pruned += 1
                 continue
@@ -369,8 +405,10 @@ def _pct(reason: str) -> float:
 
 def _knob_str(c: ParallelDims) -> str:
     split = f", stages={':'.join(map(str, c.stages))}" if c.stages is not None else ""
+    ep = f", ep={c.ep}" if c.ep > 1 else ""
     return (
         f"mb={c.micro_batch}, accum={c.grad_accum}, v={c.virtual_stages}, sp={int(c.sp)}, recompute={c.recompute}"
+        + ep
         + split
     )
 

@@ -20,6 +20,11 @@ The pipeline runs m slots of its slowest rank plus (p − 1)/v average slots (bu
 al. 2021); with uneven stages each rank's slot counts its own layers, the last adds the output head.
 Data parallel: gradient all-reduce (replicated) or reduce-scatter + all-gather (FSDP/ZeRO-3 gathers in forward
 and backward, ZeRO-2 in forward only; HSDP adds an all-reduce over replicas) overlapped with backward compute; only the excess is exposed. The optimizer step is HBM-bound.
+Expert parallel (MoE): per MoE layer the token dispatch and combine all-to-alls, 2 forward and 2 backward (+2 for a
+full recompute), each rank sending its s·b/t tokens × k experts × h × 2 bytes, (n−1)/n of it to other ranks
+(nccl-tests' alltoall bus bandwidth, algbw·(n−1)/n): the share to peers in its node over NVLink, the rest over its
+own NIC, the slower of the two; not overlapped (Megatron-Core's default dispatcher). The expert matmuls are in
+the FLOPs already (activated parameters, perf.py).
 A group's bus bandwidth is the intra-node link when it stays in a node, else min(intra, k · NIC) with k of its
 members per node each using their own NIC (rail-optimised clusters, as the catalog assumes).
 """
@@ -60,6 +65,7 @@ class StepEstimate:
     cp_comm_s: float = 0.0
     slot_max_s: float = 0.0  # one micro-batch on the slowest pipeline rank
     slot_avg_s: float = 0.0
+    ep_comm_s: float = 0.0  # expert-parallel all-to-all, exposed
 
 
 def calibrated_efficiency(calibration: float | None, base: float = DEFAULT_EFFICIENCY) -> float:
@@ -84,6 +90,20 @@ def group_bandwidth(dim: str, c: ParallelDims, gpus_per_node: int, gpu: GPUSpec)
         return gpu.intra_node_bw, gpu.intra_node_latency_s
     per_node = min(n, gpus_per_node // stride) if stride < gpus_per_node else 1
     return min(gpu.intra_node_bw, per_node * gpu.inter_node_bw), gpu.inter_node_latency_s
+
+
+def all_to_all_s(c: ParallelDims, nbytes: float, gpus_per_node: int, gpu: GPUSpec) -> float:
+    """One all-to-all of `nbytes` per rank over the ep group (its ranks adjacent outside tp, as torchtitan and
+    Megatron draw them from the data-parallel ranks): (local − 1)/ep of the bytes over NVLink, (ep − local)/ep
+    over the rank's NIC, the slower of the two, plus one latency."""
+    n = c.ep
+    if n <= 1:
+        return 0.0
+    local = max(1, min(n, gpus_per_node // c.tp)) if c.tp <= gpus_per_node else 1
+    intra = (local - 1) / n * nbytes / gpu.intra_node_bw
+    inter = (n - local) / n * nbytes / gpu.inter_node_bw
+    lat = gpu.inter_node_latency_s if local < n else gpu.intra_node_latency_s
+    return max(intra, inter) + lat
 
 
 def bubble_fraction(pp: int, virtual_stages: int, microbatches: int) -> float:
@@ -156,8 +176,14 @@ def step_time(
         hops = (c.cp - 1) * (4 if c.recompute == "full" else 3)
         attn = tokens * (7 if fused_attention else 12) * h * seq / t / peak * (4 / 3 if c.recompute == "full" else 1)
         cp_s = lps * max(0.0, hops * (block / cp_bw + cp_lat) - attn)
+    # expert parallel: dispatch + combine all-to-alls of every MoE layer (mean over layers)
+    ep_s = 0.0
+    if shape.moe and c.ep > 1:
+        n_a2a = 4 + (2 if c.recompute == "full" else 0)
+        payload = tokens / t * shape.experts_per_token * h * ebytes
+        ep_s = lps * shape.moe_layers / L * n_a2a * all_to_all_s(c, payload, gpus_per_node, gpu)
     # every pipeline rank's slot (uneven stages: its own layer count); the last adds the output head
-    per_layer = (body_mm + body_hbm + tp_s + cp_s) / lps
+    per_layer = (body_mm + body_hbm + tp_s + cp_s + ep_s) / lps
     sizes = rank_layers(shape, c)
     slots = [n * per_layer + pp_s for n in sizes]
     slots[-1] += head_mm + head_hbm
@@ -201,4 +227,5 @@ def step_time(
         m * cp_s,
         slot_max,
         slot_avg,
+        m * ep_s,
     )
