@@ -60,6 +60,8 @@ def plan(
     stages: str | tuple[int, ...] | None = None,
     native_trainer: bool = True,
     fused_attention: bool = True,
+    lora_rank: int | None = None,
+    lora_targets: tuple[str, ...] = ("all-linear",),
 ) -> PlanReport:
     """Plan from plain values (the CLI path). `model`: catalog name, HF config.json path, or a ModelShape;
     `gpu`: catalog GPU type or "cpu"; `layout`: pins such as "tp=8,pp=4,dp=32" (evaluated, not searched);
@@ -95,6 +97,8 @@ def plan(
         world_size=world_size,
         native_trainer=native_trainer,
         fused_attention=fused_attention,
+        lora_rank=lora_rank,
+        lora_targets=tuple(lora_targets),
     )
     return search(req)
 
@@ -129,6 +133,7 @@ def plan_for_spec(
         precision=precision,
         calibration=calibration,
         world_size=ws,
+        **_lora_of(tr),
     )
     if fixed is not None:
         p = spec.parallel
@@ -145,6 +150,15 @@ def plan_for_spec(
             f"{report.min_memory_gib:.1f} GiB per GPU, {report.usable_memory_gib:.1f} GiB usable"
         )
     return report
+
+
+def _lora_of(train) -> dict:
+    """train.lora as the planner's lora_rank / lora_targets (none without adapters)."""
+    lora = getattr(train, "lora", None)
+    if lora is None:
+        return {}
+    targets = (lora.targets,) if isinstance(lora.targets, str) else tuple(lora.targets)
+    return {"lora_rank": lora.rank, "lora_targets": targets}
 
 
 def spec_layout(p, world_size: int) -> FixedLayout:

@@ -131,6 +131,21 @@ def post_norm_bytes(shape: ModelShape, seq: int, mb: int, tp: int, sp: bool) -> 
     return 2 * 2 * seq * mb * shape.hidden / (tp if sp else 1)
 
 
+#: the linears a LoRA target name stands for ("all-linear": every one of them, PEFT's spelling)
+LORA_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def lora_layer_params(shape: ModelShape, rank: int, targets: tuple[str, ...]) -> int:
+    """Adapter parameters of one layer: r·(in + out) per targeted linear (lora_A is r × in, lora_B out × r; Hu et
+    al. 2021 §4). An MoE layer's experts are not targeted (their names differ)."""
+    h, f = shape.hidden, shape.ffn_hidden
+    q, kv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
+    dims = {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h), "down_proj": (f, h)}
+    dims |= {"gate_proj": (h, f), "up_proj": (h, f)} if shape.gated_mlp else {"up_proj": (h, f)}
+    names = dims if "all-linear" in targets else [t for t in targets if t in dims]
+    return sum(rank * sum(dims[n]) for n in names)
+
+
 def _state_bytes(precision: str) -> tuple[float, float, float]:
     """(weights, grads, optimizer) bytes per parameter for AdamW."""
     return (2.0, 2.0, 12.0) if precision == "bf16" else (4.0, 4.0, 8.0)
@@ -163,10 +178,18 @@ def rank_params(shape: ModelShape, c: ParallelDims) -> list[float]:
 
 
 def memory_breakdown(
-    shape: ModelShape, c: ParallelDims, seq: int, precision: str = "bf16", fused_attention: bool = True
+    shape: ModelShape,
+    c: ParallelDims,
+    seq: int,
+    precision: str = "bf16",
+    fused_attention: bool = True,
+    lora_rank: int | None = None,
+    lora_targets: tuple[str, ...] = ("all-linear",),
 ) -> MemoryBreakdown:
     """Predicted memory of the busiest pipeline rank: every rank's layers, embedding or head, and the
-    micro-batches it holds in flight (1F1B: rank i holds min(pp − i, m)), the largest total wins."""
+    micro-batches it holds in flight (1F1B: rank i holds min(pp − i, m)), the largest total wins.
+    `lora_rank` (train.lora): the base weights are frozen (weights only: no gradients, no optimizer state) and
+    each layer's adapters (`lora_layer_params`, split over TP) carry weights, gradients and fp32 Adam state."""
     wb, gb, ob = _state_bytes(precision)
     unit = layer_params(shape, c.tp, c.ep)
     params_of = rank_params(shape, c)
@@ -197,6 +220,9 @@ def memory_breakdown(
         # a rank's experts (already / ep) are sharded over the expert_shard ranks holding the same experts
         ex = layers * ex_unit
         held = (params - ex) / d + ex / de
+        if lora_rank:  # frozen base: weights only; the adapters train
+            adapters = layers * lora_layer_params(shape, lora_rank, lora_targets) / c.tp / d
+            return (held * wb + adapters * wb, adapters * gb, adapters * ob, acts, gathered)
         return (held * wb, held * gb, held * ob, acts, gathered)
 
     sizes = rank_layers(shape, c)

@@ -139,6 +139,8 @@ class PlanRequest:
     native_trainer: bool = True  # False: also layouts only other trainers run (what-if predictions)
     fused_attention: bool = True  # SDPA's flash-style kernel: no stored scores; False = materialised (PTD-P)
     tp_across_nodes: bool = False
+    lora_rank: int | None = None  # train.lora: frozen base weights + adapters of this rank (memory)
+    lora_targets: tuple[str, ...] = ("all-linear",)
     fixed: FixedLayout | None = None
     calibration: float | None = None  # measured/predicted MFU of past runs on this GPU type
     efficiency: float | None = None  # override the compute efficiency factor (default: calibrated constant)

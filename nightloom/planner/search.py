@@ -322,7 +322,9 @@ def search(req: PlanRequest) -> PlanReport:
             if req.gpu is None:
                 fitting.append(_Scored(c, None, None, None))
                 continue
-            mem = memory_breakdown(req.shape, c, req.seq_len, req.precision, req.fused_attention)
+            mem = memory_breakdown(
+                req.shape, c, req.seq_len, req.precision, req.fused_attention, req.lora_rank, req.lora_targets
+            )
             sc = _Scored(c, mem, None, None)
             if smallest_by_family.get(fam) is None or mem.total_gib < smallest_by_family[fam].mem.total_gib:
                 smallest_by_family[fam] = sc
