@@ -385,6 +385,12 @@ class TrainSpec(_Section):
         "conversation per sequence, the loss over the assistant's tokens only (held-out eval and `nightloom "
         "eval` too); native backend only.",
     )
+    pack: bool = Field(
+        False,
+        description="sft: several whole conversations per sequence (greedy first-fit in the shuffled order), "
+        "attention block-causal within each and positions restarting per conversation; global_batch then counts "
+        "packed sequences. Needs parallel.pp = 1 and cp = 1.",
+    )
     steps: int = Field(30, gt=0)
     seq_len: int = Field(128, gt=0)
     global_batch: int = Field(8, gt=0, description="Sequences per optimizer step across all DP ranks.")
@@ -407,6 +413,13 @@ class TrainSpec(_Section):
         "tokenizer) before the validation gates; auto = hf when the model comes from a Hugging Face config.",
     )
     xtuner: XTunerSpec | None = None
+
+    @field_validator("pack")
+    @classmethod
+    def _pack(cls, v: bool, info):
+        if v and info.data.get("task") != "sft":
+            raise ValueError("packing places whole conversations in a sequence: it needs train.task: sft")
+        return v
 
 
 class GoldenSpec(_Section):
@@ -521,6 +534,7 @@ HASH_NEUTRAL_DEFAULTS: dict[tuple[str, str], object] = {
     ("train", "task"): "pretrain",
     ("dataset", "style"): "auto",
     ("model", "chat_template"): None,
+    ("train", "pack"): False,
 }
 
 
@@ -562,6 +576,12 @@ class RunSpec(_Section):
             raise ValueError(
                 f"model.weights ({self.model.weights!r}) and train.xtuner.base_model ({alias!r}) name different "
                 "base models; set model.weights only (train.xtuner.base_model is its older alias)"
+            )
+        p = self.parallel
+        if self.train.pack and p != "auto" and (p.pp > 1 or p.cp > 1):
+            raise ValueError(
+                f"train.pack: packed sequences need parallel.pp = 1 and parallel.cp = 1 (got pp {p.pp}, cp {p.cp}): "
+                "the pipeline schedule and ring attention take no per-sequence document mask"
             )
         xs = self.train.xtuner
         if self.train.backend == "xtuner" and xs is not None:

@@ -19,6 +19,8 @@ train.task sft reads conversations instead (`ConversationRows`): one conversatio
 documents, its .idx gives their lengths), padded to seq_len + 1 ids, with the shard's label file (1 = an
 assistant token) turned into targets: the next id where it is a label, IGNORE_INDEX elsewhere. No row holds two
 conversations, so no attention crosses one; rows are permuted per shard with the same seeded scheme as windows.
+With train.pack a row holds several whole conversations (nightloom/train/packing.py: first-fit in that seeded
+order, planned per shard from its .idx lengths at start) and per-id document ids the model masks attention by.
 
 The global batch of step k is windows (or rows) [k*G, (k+1)*G) (mod their number: epochs wrap), and DP rank r
 gets the contiguous slice [r*G/dp, (r+1)*G/dp) of it. Hence step k sees the same set of sequences for every
@@ -319,10 +321,12 @@ def read_eval_windows(
 
 @dataclass(frozen=True)
 class StepBatch:
-    """One DP rank's share of one optimizer step: `micro` lists (inputs, targets) of (micro_batch, seq_len)."""
+    """One DP rank's share of one optimizer step: `micro` lists (inputs, targets) of (micro_batch, seq_len);
+    `docs` (train.pack) each micro-batch's document ids of the inputs (the model's block-causal mask), else None."""
 
     step: int
     micro: list[tuple[torch.Tensor, torch.Tensor]]
+    docs: list[torch.Tensor] | None = None
 
     @property
     def inputs(self) -> torch.Tensor:
@@ -343,7 +347,12 @@ class StepLoader:
 
     def batch(self, step: int) -> StepBatch:
         local = self.mb * self.ga
-        x, y = self.w.sequences(step * self.global_batch + self.dp_rank * local, local)
+        start = step * self.global_batch + self.dp_rank * local
+        if getattr(self.w, "pack", False):
+            x, y, d = self.w.packed_sequences(start, local)
+            micro = [(x[i : i + self.mb], y[i : i + self.mb]) for i in range(0, local, self.mb)]
+            return StepBatch(step, micro, [d[i : i + self.mb] for i in range(0, local, self.mb)])
+        x, y = self.w.sequences(start, local)
         micro = [(x[i : i + self.mb], y[i : i + self.mb]) for i in range(0, local, self.mb)]
         return StepBatch(step, micro)
 
@@ -400,8 +409,8 @@ def load_chat_shard(base: str, tf, s3: S3Config | None, order: np.ndarray | None
 
 
 class ConversationRows:
-    """train.task sft: random access to the global row stream, one conversation per row (see the module
-    docstring); shards are loaded lazily and a few are cached."""
+    """train.task sft: random access to the global row stream, one conversation per row, or with `pack` several
+    (see the module docstring); shards are loaded lazily and a few are cached."""
 
     def __init__(
         self,
@@ -411,25 +420,58 @@ class ConversationRows:
         seed: int | None = None,
         tokenizer: TokenizerSpec | str | None = None,
         s3: S3Config | None = None,
+        pack: bool = False,
     ):
-        self.manifest_uri, self.seed, self.s3 = str(manifest), seed, s3
+        self.manifest_uri, self.seed, self.s3, self.pack = str(manifest), seed, s3, pack
         self.manifest, self.tokenizer = open_training_manifest(self.manifest_uri, tokenizer, s3, chat=True)
         self.window, self.base = seq_len + 1, _base_uri(manifest)
         self.shards = sorted(self.manifest.shards, key=lambda s: s.index)
-        self._starts = np.cumsum([0] + [s.rows for s in self.shards])
+        self.plans = [self._plan(k) for k in range(len(self.shards))] if pack else None
+        counts = [p.rows for p in self.plans] if pack else [s.rows for s in self.shards]
+        self._starts = np.cumsum([0] + counts)
         self.total = int(self._starts[-1])
         if self.total == 0:
             raise DataError(f"{self.manifest_uri}: no conversation in the training shards")
         self._cache: OrderedDict[int, _ChatShard] = OrderedDict()
         self._cache_size = cache_shards
 
+    def _order(self, k: int) -> np.ndarray | None:
+        s = self.shards[k]
+        return None if self.seed is None else np.random.default_rng([self.seed, s.index]).permutation(s.rows)
+
+    def _plan(self, k: int):
+        """Shard k's packed rows, from its .idx lengths alone (first-fit in its seeded order)."""
+        from nightloom.sharding.tokens import read_lengths
+        from nightloom.train.packing import first_fit
+
+        tf = self.shards[k].token_files
+        if tf is None or tf.labels is None:
+            raise DataError(f"{self.manifest_uri}: shards[{k}]: no label file: train.task sft needs shards made for it")
+        idx = f"{self.base}/{tf.idx}" if self.base.startswith("s3://") else str(Path(self.base) / tf.idx)
+        try:
+            return first_fit(read_lengths(_read_bytes(idx, self.s3)), self._order(k), self.window)
+        except ValueError as e:
+            raise DataError(
+                f"{self.manifest_uri}: shards[{k}]: {e} (sharded with seq_len {self.manifest.chat.seq_len}; "
+                "re-shard with this one)"
+            ) from None
+
+    def stats(self):
+        """train.pack: PackStats (conversations per row, the share of ids that are tokens) over all shards."""
+        from nightloom.train.packing import PackStats
+
+        plans = self.plans or []
+        return PackStats(sum(len(p.members) for p in plans), self.total, sum(p.ids for p in plans), self.window)
+
     def _shard(self, k: int) -> _ChatShard:
         if k in self._cache:
             self._cache.move_to_end(k)
             return self._cache[k]
-        s = self.shards[k]
-        order = None if self.seed is None else np.random.default_rng([self.seed, s.index]).permutation(s.rows)
-        shard = load_chat_shard(self.base, s.token_files, self.s3, order, f"{self.manifest_uri}: shards[{k}]")
+        # packed: the plan holds the seeded order, so the shard is read in stored order
+        order = None if self.pack else self._order(k)
+        shard = load_chat_shard(
+            self.base, self.shards[k].token_files, self.s3, order, f"{self.manifest_uri}: shards[{k}]"
+        )
         self._cache[k] = shard
         if len(self._cache) > self._cache_size:
             self._cache.popitem(last=False)
@@ -437,7 +479,9 @@ class ConversationRows:
 
     def rows(self, start: int, n: int) -> tuple[np.ndarray, np.ndarray]:
         """(ids, labels) of global rows [start, start+n) (mod total), each (n, seq_len+1), padded with EOS ids
-        whose labels are 0."""
+        whose labels are 0 (train.pack: packed rows)."""
+        if self.pack:
+            return self.packed_rows(start, n)[:2]
         ids = np.full((n, self.window), self.tokenizer.eos_id, dtype=np.int64)
         labels = np.zeros((n, self.window), dtype=np.uint8)
         for j in range(n):
@@ -454,7 +498,30 @@ class ConversationRows:
 
     def sequences(self, start: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(inputs, targets) of rows [start, start+n): targets are IGNORE_INDEX where the next id is no label."""
+        if self.pack:
+            return self.packed_sequences(start, n)[:2]
         return chat_targets(*self.rows(start, n))
+
+    def packed_rows(self, start: int, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """train.pack: (ids, labels, docs) of packed global rows [start, start+n) (mod total), each (n,
+        seq_len+1): whole conversations back to back, then EOS padding (packing.fill_row)."""
+        from nightloom.train.packing import fill_row
+
+        out = [np.empty((n, self.window), dtype=t) for t in (np.int64, np.uint8, np.int64)]
+        for j in range(n):
+            g = (start + j) % self.total
+            k = int(np.searchsorted(self._starts, g, side="right") - 1)
+            shard = self._shard(k)
+            convs = [shard[int(c)] for c in self.plans[k].row(g - int(self._starts[k]))]
+            for arr, row in zip(out, fill_row(convs, self.window, self.tokenizer.eos_id)):
+                arr[j] = row
+        return out[0], out[1], out[2]
+
+    def packed_sequences(self, start: int, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """train.pack: (inputs, targets, document ids of the inputs) of packed rows [start, start+n)."""
+        ids, labels, docs = self.packed_rows(start, n)
+        x, y = chat_targets(ids, labels)
+        return x, y, torch.from_numpy(docs[:, :-1])
 
 
 def pad_rows(conversations: list[tuple[list[int], list[int]]], window: int, pad: int) -> tuple[np.ndarray, np.ndarray]:

@@ -149,6 +149,8 @@ class TrainResult(BaseModel):
     peak_flops: float | None = None  # per-device peak used for MFU (measured on CPU, datasheet on GPU)
     peak_source: str | None = None
     export_dir: str | None = None  # the Hugging Face export written when training completed
+    conversations_per_row: float | None = None  # train.pack: conversations per packed sequence, on average
+    pack_fill: float | None = None  # train.pack: the share of the packed sequences' ids that are conversation tokens
 
 
 @dataclass

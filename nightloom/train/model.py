@@ -13,8 +13,13 @@ Sliding-window layers run SDPA with an explicit boolean mask (causal and within 
 the sequence length: the same math on CPU and GPU, no compile step, and what transformers' sdpa path computes.
 A flex-attention block mask would skip the blocks outside the window (attention work ~ T·W instead of T²) but
 needs torch.compile to be fast and has no CPU path the tests could compare; the FLOP count (perf.py) counts the
-window's work, as a kernel that skips blocks would do it. Packed training windows keep plain causal attention
+window's work, as a kernel that skips blocks would do it. Packed pretraining windows keep plain causal attention
 across document boundaries, as every other layer does.
+
+Packed sft rows (train.pack) pass `doc_ids` (B, T) to `Transformer.forward`: attention is block-causal (causal AND
+the same document, AND the window on sliding layers) through one boolean mask per forward and window, shared by
+every layer, and RoPE takes each id's position within its document (the tables gathered per row). Without
+`doc_ids` nothing changes: no mask, the fused causal kernel.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from __future__ import annotations
 import functools
 import math
 import zlib
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -82,10 +88,14 @@ def rope_tables(
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate pairs (x[i], x[i + head_dim/2]) (the rotate-half layout of Hugging Face checkpoints, so their Q/K
-    rows load unpermuted); x is (B, T, heads, head_dim), cos/sin are (T, head_dim/2)."""
+    rows load unpermuted); x is (B, T, heads, head_dim), cos/sin are (T, head_dim/2), or (B, T, head_dim/2)
+    gathered per row (packed documents)."""
     xf = x.float()
     x0, x1 = xf.chunk(2, dim=-1)
-    c, s = cos[None, :, None, :], sin[None, :, None, :]
+    if cos.dim() == 3:
+        c, s = cos[:, :, None, :], sin[:, :, None, :]
+    else:
+        c, s = cos[None, :, None, :], sin[None, :, None, :]
     return torch.cat((x0 * c - x1 * s, x1 * c + x0 * s), dim=-1).type_as(x)
 
 
@@ -103,6 +113,43 @@ def _window_mask(t: int, window: int, device: torch.device, inference: bool) -> 
     i = torch.arange(t, device=device)
     d = i[:, None] - i[None, :]
     return (d >= 0) & (d < window)
+
+
+@dataclass
+class DocumentMask:
+    """Packed rows' documents: the (B, T) document id of every position, each document a contiguous run. Builds
+    each attention mask once per forward (per window size) and each layer's RoPE tables gathered by position."""
+
+    doc_ids: torch.Tensor
+    positions: torch.Tensor = field(init=False)
+    _masks: dict = field(default_factory=dict, init=False, repr=False)
+    _ropes: dict = field(default_factory=dict, init=False, repr=False)
+
+    def __post_init__(self):
+        d = self.doc_ids
+        t = torch.arange(d.shape[1], device=d.device).expand_as(d)
+        new = torch.ones_like(d, dtype=torch.bool)
+        new[:, 1:] = d[:, 1:] != d[:, :-1]
+        start = torch.where(new, t, torch.zeros_like(t)).cummax(dim=1).values  # first position of its document
+        self.positions = t - start
+
+    def mask(self, window: int | None) -> torch.Tensor:
+        """(B, 1, T, T) boolean: query i sees key j when j <= i, both in one document (and i - j < window)."""
+        if window not in self._masks:
+            d, i = self.doc_ids, torch.arange(self.doc_ids.shape[1], device=self.doc_ids.device)
+            dist = i[:, None] - i[None, :]
+            m = (d[:, :, None] == d[:, None, :]) & (dist >= 0)
+            if window is not None:
+                m = m & (dist < window)
+            self._masks[window] = m[:, None]
+        return self._masks[window]
+
+    def rope(self, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The tables (T_max, head_dim/2) at each id's position in its document: (B, T, head_dim/2)."""
+        key = (cos.data_ptr(), sin.data_ptr())
+        if key not in self._ropes:
+            self._ropes[key] = (cos[self.positions], sin[self.positions])
+        return self._ropes[key]
 
 
 class Attention(nn.Module):
@@ -124,7 +171,10 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(shape.head_dim, shape.norm_eps, shape.norm_offset) if shape.qk_norm else None
         self.recompute_core = False  # selective recompute: only softmax(QK^T)V is recomputed
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """`mask` (packed documents: DocumentMask.mask, the window included) with cos/sin already per row."""
         b, t, _ = x.shape
         # view(..., -1, head_dim): under TP the local projection holds heads/tp heads.
         q = self.wq(x).view(b, t, -1, self.head_dim)
@@ -134,13 +184,16 @@ class Attention(nn.Module):
             q = self.q_norm(q)
         if self.k_norm is not None:
             k = self.k_norm(k)
-        q, k = apply_rope(q, cos[:t], sin[:t]), apply_rope(k, cos[:t], sin[:t])
+        if cos.dim() == 2:
+            cos, sin = cos[:t], sin[:t]
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if self.rep > 1:
             k = k.repeat_interleave(self.rep, dim=2)
             v = v.repeat_interleave(self.rep, dim=2)
         q, k, v = (z.transpose(1, 2) for z in (q, k, v))
         # a window as long as the sequence is plain causal attention (and keeps the fused causal kernel)
-        mask = window_mask(t, self.window, q.device) if self.window is not None and self.window < t else None
+        if mask is None and self.window is not None and self.window < t:
+            mask = window_mask(t, self.window, q.device)
         if self.recompute_core and torch.is_grad_enabled():
             o = checkpoint(_sdpa, q, k, v, mask, self.scale, use_reentrant=False)
         else:
@@ -192,8 +245,13 @@ class Block(nn.Module):
         self.ffn_post_norm = RMSNorm(shape.hidden, eps, off) if shape.post_norms else None
         self.recompute_full = False  # full recompute: the whole block is recomputed in backward
 
-    def _forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        a = self.attn(self.attn_norm(x), cos, sin)
+    def _forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        if mask is None:
+            a = self.attn(self.attn_norm(x), cos, sin)
+        else:  # a keyword: TP's PrepareModuleInput converts the positional (x, cos, sin) only
+            a = self.attn(self.attn_norm(x), cos, sin, mask=mask)
         if self.attn_post_norm is not None:
             a = self.attn_post_norm(a)
         h = x + a
@@ -202,10 +260,12 @@ class Block(nn.Module):
             f = self.ffn_post_norm(f)
         return h + f
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
         if self.recompute_full and torch.is_grad_enabled():
-            return checkpoint(self._forward, x, cos, sin, use_reentrant=False)
-        return self._forward(x, cos, sin)
+            return checkpoint(self._forward, x, cos, sin, mask, use_reentrant=False)
+        return self._forward(x, cos, sin, mask)
 
 
 class Transformer(nn.Module):
@@ -267,8 +327,10 @@ class Transformer(nn.Module):
             block.recompute_full = mode == "full"
             block.attn.recompute_core = mode == "selective"
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, doc_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """`doc_ids` (B, T): packed documents (train.pack), attention block-causal and positions per document."""
         s = self.shape
+        docs = DocumentMask(doc_ids) if doc_ids is not None else None
         if self.tok_embeddings is not None:
             h = self.tok_embeddings(x)
             if s.embed_scale:  # Gemma: sqrt(hidden) rounded to the embedding dtype first, as transformers does
@@ -276,7 +338,10 @@ class Transformer(nn.Module):
         else:
             h = x
         for key, block in self.layers.items():
-            h = block(h, *self._layer_rope(int(key)))  # attention slices the tables to its (full) sequence length
+            if docs is None:
+                h = block(h, *self._layer_rope(int(key)))  # attention slices the tables to its (full) sequence length
+            else:
+                h = block(h, *docs.rope(*self._layer_rope(int(key))), mask=docs.mask(block.attn.window))
         if self.norm is not None:
             h = self.norm(h)
         if self.output is not None:

@@ -120,6 +120,19 @@ def _grad_norm_and_clip(parts: ModelParts, max_norm: float, pp_group) -> torch.T
     return total
 
 
+def check_pack(job: TrainJob) -> None:
+    """train.pack runs sft rows under DP/FSDP2 and TP (SP too); the pipeline schedule and CP's ring attention
+    take no per-row document mask, so a layout with pp or cp > 1 is refused (ValueError naming the field)."""
+    t, p = job.train, job.plan
+    if t.pack and t.task != "sft":
+        raise ValueError(f"train.pack: packing places whole conversations in a sequence; train.task is {t.task!r}")
+    if t.pack and (p.pp > 1 or p.cp > 1):
+        raise ValueError(
+            f"train.pack: packed sequences need pp = 1 and cp = 1, the layout {p.layout()} has pp {p.pp}, cp {p.cp} "
+            "(the pipeline schedule and ring attention take no per-sequence document mask)"
+        )
+
+
 @dataclass
 class Context:
     rank: int
@@ -135,6 +148,7 @@ def _init_distributed(job: TrainJob) -> Context:
     rank = int(os.environ.get("RANK", "0"))
     device_type = "cuda" if torch.cuda.is_available() else "cpu"
     validate_plan(job.model, job.plan, job.train.seq_len, job.train.global_batch, world, device_type)
+    check_pack(job)
     if device_type == "cuda":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(device)
@@ -197,9 +211,11 @@ class Trainer:
         self.optims = [make_optimizer(m.parameters(), t) for m in self.parts.parts]
         dp_rank = self.dims.dp_rank(ctx.rank)
         self.sft = t.task == "sft"  # one conversation per row, the loss over label tokens (assistant turns) only
-        rows = ConversationRows if self.sft else PackedWindows
+        data = dict(seed=t.seed, tokenizer=job.tokenizer, s3=job.s3)
+        rows = ConversationRows(job.manifest, t.seq_len, pack=t.pack, **data) if self.sft else None
+        self.pack_stats = rows.stats() if t.pack else None  # conversations per packed row, logged and in result
         self.loader = StepLoader(
-            rows(job.manifest, t.seq_len, seed=t.seed, tokenizer=job.tokenizer, s3=job.s3),
+            rows or PackedWindows(job.manifest, t.seq_len, **data),
             self.plan.micro_batch,
             self.plan.grad_accum,
             self.dims.dp,
@@ -262,7 +278,9 @@ class Trainer:
                 model.set_requires_gradient_sync(i == n - 1)
             x, y = x.to(dev), y.to(dev)
             with self._autocast(), self._context_parallel(model, x, y):
-                loss = self.parts.loss(model(x), y) / n
+                # train.pack: each row's document ids make attention block-causal and positions per conversation
+                out = model(x) if batch.docs is None else model(x, doc_ids=batch.docs[i].to(dev))
+                loss = self.parts.loss(out, y) / n
                 loss.backward()
             total += loss.detach().float()
         return total
@@ -383,6 +401,8 @@ class Trainer:
             f"global batch {self.loader.global_batch}x{t.seq_len} peak {self.peak / 1e9:.1f} GFLOP/s "
             f"({self.peak_source})"
         )
+        if self.pack_stats is not None:
+            self._log(f"[nightloom.train] {self.pack_stats.line()}")
         step, stopped, last_loss, last_ckpt, saved_at = start, "completed", None, None, None
         est = 0.0
         reset_peak_memory(self.ctx.device)
@@ -479,6 +499,8 @@ class Trainer:
             last_checkpoint=last_ckpt,
             peak_flops=self.peak,
             peak_source=self.peak_source,
+            conversations_per_row=self.pack_stats.per_row if self.pack_stats else None,
+            pack_fill=self.pack_stats.fill if self.pack_stats else None,
         )
         if self.ctx.rank == 0:
             atomic_write_text(job.result_path, result.model_dump_json(indent=2) + "\n")

@@ -121,5 +121,7 @@ def test_a_spec_written_before_new_fields_keeps_its_ledger_hash():
     # a field set away from its default does change the hash
     for (section, key), default in HASH_NEUTRAL_DEFAULTS.items():
         data = plain.model_dump(by_alias=True)
-        data[section][key] = {"pretrain": "sft", "auto": "messages", None: "/t/chat.jinja"}[default]
+        data[section][key] = {"pretrain": "sft", "auto": "messages", None: "/t/chat.jinja", False: True}[default]
+        if (section, key) == ("train", "pack"):  # packing needs train.task sft
+            data["train"]["task"] = "sft"
         assert RunSpec.model_validate(data).spec_hash() != plain.spec_hash(), (section, key)
