@@ -1,0 +1,162 @@
+"""The Prefect UI as a user drives it: headless Chromium (Debian's `chromium`, .ci/services.sh installs it) through
+playwright, on the CI server (.ci/services.sh) or any server in PREFECT_API_URL (`nightloom ui` starts one).
+
+Opens the on-demand deployment, Run → Custom run, submits the form's default (the demo spec), waits for
+Completed; then every task page of the run (the shard subflow's too) shows a log line of its own beyond
+"Finished in state", and the run-summary artifact exists. Screenshots (the form, the run page, the
+artifacts tab) are saved in the test's tmp folder: pytest's basetemp, `test_default_run_from_the_form0/`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.support.ci import require_binary, skip_or_fail
+
+ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.services
+
+
+@pytest.fixture(scope="module")
+def ui_url() -> str:
+    api = os.environ.get("PREFECT_API_URL")
+    if not api:
+        skip_or_fail("needs a Prefect server and a worker on pool local-pool (PREFECT_API_URL; .ci/services.sh)")
+    r = subprocess.run(
+        [sys.executable, "-m", "prefect", "--no-prompt", "deploy", "--all"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
+    )
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return api.removesuffix("/").removesuffix("/api")
+
+
+def client():
+    from prefect import get_client
+
+    return get_client(sync_client=True)
+
+
+def wait_final(flow_run_id: str, timeout: float = 900):
+    deadline = time.monotonic() + timeout
+    with client() as c:
+        while time.monotonic() < deadline:
+            fr = c.read_flow_run(flow_run_id)
+            if fr.state and fr.state.is_final():
+                return fr
+            time.sleep(2)
+    raise AssertionError(f"flow run {flow_run_id} not final after {timeout} s")
+
+
+def runs_of(deployment_id) -> list:
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+
+    with client() as c:
+        return c.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id])))
+
+
+def new_run(deployment_id, before: set, timeout: float = 60) -> str:
+    """The flow run the form's Submit created (the deployment's run not in `before`)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        new = [r for r in runs_of(deployment_id) if r.id not in before]
+        if new:
+            assert len(new) == 1, [r.name for r in new]
+            return str(new[0].id)
+        time.sleep(0.5)
+    raise AssertionError(f"no flow run of deployment {deployment_id} appeared {timeout} s after Submit")
+
+
+def task_runs_of(flow_run_id: str) -> list:
+    """The run's task runs and its subflows' (not the placeholder task a subflow has in its parent)."""
+    from prefect.client.schemas.filters import (
+        FlowRunFilter,
+        FlowRunFilterParentFlowRunId,
+        TaskRunFilter,
+        TaskRunFilterFlowRunId,
+    )
+
+    with client() as c:
+        subs = c.read_flow_runs(
+            flow_run_filter=FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[flow_run_id]))
+        )
+        runs = c.read_task_runs(
+            task_run_filter=TaskRunFilter(flow_run_id=TaskRunFilterFlowRunId(any_=[flow_run_id, *(s.id for s in subs)]))
+        )
+    placeholders = {s.parent_task_run_id for s in subs}
+    return [t for t in runs if t.id not in placeholders]
+
+
+def own_lines(task_run_id) -> list[str]:
+    """A task run's log lines other than Prefect's "Finished in state ..."."""
+    from prefect.client.schemas.filters import LogFilter, LogFilterTaskRunId
+
+    with client() as c:
+        logs = c.read_logs(log_filter=LogFilter(task_run_id=LogFilterTaskRunId(any_=[task_run_id])))
+    return [x.message for x in logs if not x.message.startswith("Finished in state")]
+
+
+def test_default_run_from_the_form(ui_url, tmp_path):
+    from playwright.sync_api import expect, sync_playwright
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    chromium = require_binary("chromium")
+    with client() as c:
+        deployment = c.read_deployment_by_name("training-pipeline/on-demand")
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium, args=["--no-sandbox", "--disable-dev-shm-usage"])
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.set_default_timeout(60_000)
+        try:
+            page.goto(f"{ui_url}/deployments/deployment/{deployment.id}")
+            page.get_by_role("button", name="Run", exact=True).click()
+            page.get_by_text("Custom run", exact=True).click()
+            page.wait_for_url(re.compile(rf"/deployments/deployment/{deployment.id}/run"))
+            expect(page.get_by_text("heldout.<hash>.parquet", exact=False)).to_be_visible()  # not swallowed
+            page.screenshot(path=tmp_path / "form.png", full_page=True)
+            before = {r.id for r in runs_of(deployment.id)}
+            page.get_by_role("button", name="Submit").click()
+            flow_run_id = new_run(deployment.id, before)  # the UI goes back to the deployment's runs
+            page.goto(f"{ui_url}/runs/flow-run/{flow_run_id}")
+
+            final = wait_final(flow_run_id)
+            page.reload()
+            expect(page.get_by_text("Completed").first).to_be_visible()
+            page.screenshot(path=tmp_path / "run.png", full_page=True)
+            assert final.state.is_completed(), final.state.message
+
+            tasks = task_runs_of(flow_run_id)
+            assert len(tasks) >= 10, [t.name for t in tasks]  # shard tasks, gate, provision, plan, train, ...
+            silent = []
+            for t in tasks:
+                lines = own_lines(t.id)
+                if not lines:
+                    silent.append(t.name)
+                    continue
+                page.goto(f"{ui_url}/runs/task-run/{t.id}")
+                expect(page.get_by_text(lines[0][:60], exact=False).first).to_be_visible()
+            assert not silent, f"task pages with no log line of their own: {silent}"
+
+            with client() as c:
+                arts = c.read_artifacts(
+                    artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]))
+                )
+            assert "run-summary" in {a.key for a in arts}
+            page.goto(f"{ui_url}/runs/flow-run/{flow_run_id}")
+            page.get_by_text("Artifacts", exact=True).click()
+            expect(page.get_by_text("run-summary", exact=True).first).to_be_visible()
+            page.screenshot(path=tmp_path / "artifacts.png", full_page=True)
+        finally:
+            page.screenshot(path=tmp_path / "last.png", full_page=True)
+            browser.close()
