@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 # Defaults that make a notebook or script work with no server configured (ephemeral mode). Set before
 # Prefect is imported; a user's own settings (env or profile) win.
@@ -11,13 +12,25 @@ os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
-def __getattr__(name: str):
-    # lazy, so `import flows.cli` stays fast for pure commands (plan, shard --json, ledger)
-    if name == "training_pipeline":
-        from flows.pipeline import training_pipeline
+def training_pipeline(spec, resume_run_id: str | None = None):
+    """The whole run from Python (a notebook, a script): `flows.pipeline.training_pipeline`, the flow, with a
+    spec file checked first, so that a wrong path or field fails at once, before a temporary server starts.
 
-        return training_pipeline
-    raise AttributeError(name)
+    `spec`: a path to a spec YAML (relative to the current folder) or a `nightloom.spec.RunSpec`. Returns the
+    run's `nightloom.report.RunSummary` (a table with the loss curve in Jupyter)."""
+    if isinstance(spec, (str, os.PathLike)):
+        path = Path(spec)
+        if not path.is_file():
+            raise FileNotFoundError(
+                f"spec file {str(spec)!r} not found: no file {path.absolute()} (current folder {Path.cwd()})"
+            )
+        from nightloom.spec_load import load_spec
+
+        load_spec(path)  # every field error at once (SpecError), before Prefect starts
+        spec = str(spec)
+    from flows.pipeline import training_pipeline as flow
+
+    return flow(spec, resume_run_id=resume_run_id)
 
 
 __all__ = ["training_pipeline"]

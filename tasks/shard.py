@@ -12,6 +12,7 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
+from nightloom import storage
 from nightloom.chat import ChatSettings
 from nightloom.sharding import (
     Placement,
@@ -25,7 +26,9 @@ from nightloom.sharding import (
     summarize,
     write_shard,
 )
-from nightloom.sharding.manifest import ShardInfo
+from nightloom.sharding.errors import ShardingError
+from nightloom.sharding.job import settings_differences
+from nightloom.sharding.manifest import MANIFEST_NAME, ShardInfo, load_manifest
 from nightloom.sharding.plan import existing_manifest
 from nightloom.spec import DatasetSpec, ShardingSpec, StorageSpec, TokenizerSpec
 from nightloom.storage import StorageError, set_secret_resolver
@@ -87,6 +90,7 @@ def reuse_manifest_task(job: ShardJob) -> ShardManifest | None:
     """The finished manifest for these exact inputs and settings, if any (then nothing else runs)."""
     done = existing_manifest(job.output, job.settings_hash, job.s3)
     if done is None:
+        refuse_other_settings(job)
         get_run_logger().info(
             "no finished manifest for settings hash %s at %s: sharding", job.settings_hash, job.output
         )
@@ -98,6 +102,24 @@ def reuse_manifest_task(job: ShardJob) -> ShardManifest | None:
             done.num_shards,
         )
     return done
+
+
+def refuse_other_settings(job: ShardJob) -> None:
+    """A manifest at the output made with other sharding settings is another spec's (or deployment's) dataset:
+    refused with the differences, never overwritten (inputs that changed under the same settings re-shard)."""
+    uri = storage.join(job.output, MANIFEST_NAME)
+    if not storage.exists(uri, job.s3):
+        return
+    try:
+        there = load_manifest(uri, job.s3)
+    except (ValueError, OSError):
+        return  # unreadable: a half-written folder of ours, re-sharded
+    if diffs := settings_differences(job, there):
+        raise ShardingError(
+            f"sharding.output {job.output} holds shards made with other settings ({'; '.join(diffs)}): "
+            "another spec's or deployment's; give this run a sharding.output of its own, or delete that folder "
+            "to re-shard there"
+        )
 
 
 @task(name="scan-input", cache_policy=NO_CACHE, task_run_name="scan-input-{index}")

@@ -4,6 +4,8 @@ after the plan (scan, place, write, publish) receives; plan.py makes it.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from nightloom.chat import ChatSettings
@@ -11,6 +13,9 @@ from nightloom.sharding.sources import SourceRef
 from nightloom.sharding.workdir import WorkDir
 from nightloom.spec import DatasetSpec, ShardingSpec, TokenizerSpec
 from nightloom.storage import S3Config
+
+if TYPE_CHECKING:
+    from nightloom.sharding.manifest import ShardManifest
 
 
 class ShardJob(BaseModel):
@@ -88,6 +93,37 @@ class ShardJob(BaseModel):
     def work(self) -> WorkDir:
         """The work folder (local, or an s3:// prefix cached locally), with this job's S3 settings."""
         return WorkDir(self.workdir, self.s3)
+
+
+def settings_differences(job: ShardJob, manifest: ShardManifest) -> list[str]:
+    """How the settings of a manifest already in the job's output differ from the job's ('num_shards 8 there, 4
+    here'): those of another spec or deployment, whose shards a run must not overwrite. Inputs that changed are
+    not a difference (a re-shard of the same settings replaces them)."""
+    here = {
+        "num_shards": job.num_shards,
+        "key": job.key_name,
+        "salt": job.sharding.salt,
+        "text_field": job.dataset.text_field,
+        "keep_columns": list(job.dataset.keep_columns),
+        "tokenizer": job.tokenizer_id,
+        "compression": job.sharding.compression,
+        "balance_by": job.sharding.balance_by,
+        "tolerance": job.sharding.tolerance,
+        "heldout split": job.has_heldout,
+    }
+    there = {
+        "num_shards": manifest.num_shards,
+        "key": manifest.key,
+        "salt": manifest.salt,
+        "text_field": manifest.text_field,
+        "keep_columns": list(manifest.keep_columns),
+        "tokenizer": manifest.tokenizer,
+        "compression": manifest.compression,
+        "balance_by": manifest.balance_by,
+        "tolerance": manifest.tolerance,
+        "heldout split": manifest.heldout is not None,
+    }
+    return [f"{k} {there[k]!r} there, {here[k]!r} here" for k in here if here[k] != there[k]]
 
 
 def extra_columns(dataset: DatasetSpec, sharding: ShardingSpec) -> tuple[str, ...]:
