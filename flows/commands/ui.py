@@ -151,12 +151,18 @@ def bring_up(stack: Stack, root: Path, port: int, home: Path, timeout: float) ->
     return url
 
 
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
 def run(args) -> int:
     root = Path.cwd()
     if not (root / "prefect.yaml").is_file():
         print(f"nightloom ui: no prefect.yaml in {root}; run it from the repository root", file=sys.stderr)
         return 2
     home = Path(args.home).expanduser().resolve()
+    for sig in (signal.SIGINT, signal.SIGTERM):  # Ctrl-C, or `kill` (also when started with SIGINT ignored: `&`)
+        signal.signal(sig, _interrupt)
     stack = Stack()
     try:
         url = bring_up(stack, root, args.port, home, args.timeout)
