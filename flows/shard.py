@@ -20,6 +20,7 @@ from nightloom.sharding.workdir import WorkDir
 from nightloom.spec import DaskSpec, RunSpec
 from nightloom.spec_load import coerce_spec
 from nightloom.storage import StorageError
+from nightloom.tokenizer import prepare_chat_tokenizer
 from tasks.shard import (
     place_documents_task,
     plan_shards_task,
@@ -75,6 +76,8 @@ def shard_dataset_flow(spec: RunSpec | str) -> ShardManifest:
     log = get_run_logger()
     output, dask = run_spec.sharding.output, run_spec.sharding.dask
     try:
+        if prepare_chat_tokenizer(run_spec):  # sft with train_vocab: a BPE with ChatML, before its template is read
+            log.info("trained a ChatML BPE tokenizer at %s", run_spec.model.tokenizer.path)
         chat = chat_settings(run_spec)  # train.task sft: chat records, their template and seq_len
         job = plan_shards_task(run_spec.dataset, run_spec.sharding, run_spec.storage, run_spec.model.tokenizer, chat)
         done = reuse_manifest_task(job)

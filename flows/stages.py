@@ -87,7 +87,7 @@ def model_shape(spec: RunSpec) -> ModelShape:
     if spec.model.build_demo_weights and spec.model.weights:
         from nightloom.hf.random_model import ensure_demo_weights
 
-        ensure_demo_weights(spec.model.weights)
+        ensure_demo_weights(spec.model.weights, spec.model.config)
     if spec.train.backend == "xtuner":  # a bad or missing base model fails here, before any node is rented
         check_xtuner_base(spec)
     return resolve_model_shape(spec.model)

@@ -1,6 +1,7 @@
 """RunSpec: the schema of the declarative run spec (pydantic models, their defaults and per-field rules).
 
-A leaf: it imports nothing of nightloom but the micro-batch arithmetic. Reading a YAML file with every error as
+A leaf: it imports nothing of nightloom but the micro-batch arithmetic and its own parts (spec_base.py: the
+section base and SpecError; spec_cluster.py: the cluster section). Reading a YAML file with every error as
 `FILE:LINE: field.path: reason` is `nightloom.spec_load`; the checks that need a model, a tokenizer or the
 filesystem are `nightloom.spec_checks`. Unknown keys are errors so a typo is never silently ignored. Relative paths in a spec file resolve
 against the directory of that file; in a spec built in Python they resolve against the working directory.
@@ -14,21 +15,35 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
+from pydantic import ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 
 from nightloom.micro_batch import micro_batches_per_step
+from nightloom.spec_base import Section as _Section
+from nightloom.spec_base import SpecError
+from nightloom.spec_cluster import (
+    PROVIDER_KINDS,
+    ClusterSpec,
+    KubernetesSpec,
+    LocalSpec,
+    NCCLSpec,
+    ProviderSpec,
+    SlurmSpec,
+    SSHHost,
+    SSHSpec,
+)
 
-
-class SpecError(ValueError):
-    """A spec that cannot be used; `errors` holds one `FILE: field.path: reason` line per problem."""
-
-    def __init__(self, errors: list[str]):
-        self.errors = errors
-        super().__init__("invalid run spec:\n  " + "\n  ".join(errors))
-
-
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+__all__ = [  # the cluster section and the base live in their own leaves; `from nightloom.spec import X` still works
+    "PROVIDER_KINDS",
+    "ClusterSpec",
+    "KubernetesSpec",
+    "LocalSpec",
+    "NCCLSpec",
+    "ProviderSpec",
+    "SlurmSpec",
+    "SpecError",
+    "SSHHost",
+    "SSHSpec",
+]
 
 
 class TokenizerSpec(_Section):
@@ -116,8 +131,10 @@ class DatasetSpec(_Section):
         "Not for text-file folders.",
     )
     sample: bool = Field(False, description="Build the deterministic sample corpus at `path` if it is missing.")
-    sample_kind: Literal["docstrings", "alpaca"] = Field(
-        "docstrings", description="docstrings: {id, text}; alpaca: {id, instruction, input, output} (fine-tuning)."
+    sample_kind: Literal["docstrings", "alpaca", "chats"] = Field(
+        "docstrings",
+        description="docstrings: {id, text}; alpaca: {id, instruction, input, output} (fine-tuning); chats: {id, "
+        "messages} (OpenAI style: system, user and assistant turns, some multi-turn; train.task sft).",
     )
     style: Literal["auto", "text", "messages", "alpaca", "sharegpt"] = Field(
         "auto",
@@ -179,135 +196,6 @@ class ShardingSpec(_Section):
         return v
 
 
-class SSHHost(_Section):
-    """One SSH machine the user already rents."""
-
-    host: str
-    port: int = Field(22, gt=0, lt=65536)
-    user: str = "root"
-    gpus: int = Field(1, gt=0)
-    python: str = Field("python3", description="Interpreter on the node used for training.")
-    workdir: str = Field("~/nightloom", description="Working folder on the node.")
-    spare: bool = Field(False, description="A spare host used only to replace a failed node.")
-
-
-class LocalSpec(_Section):
-    """Process groups on this machine, one per node (the embedded default); nothing to set."""
-
-    model_config = ConfigDict(title="local")
-    kind: Literal["local"] = "local"
-
-
-class SSHSpec(_Section):
-    """Machines you already rent, reached over SSH."""
-
-    model_config = ConfigDict(title="ssh")
-    kind: Literal["ssh"] = "ssh"
-    hosts: list[SSHHost] = Field(default_factory=list)
-    key_secret: str | None = Field(None, description="Prefect Secret block holding the private key.")
-    key_env: str = Field("NIGHTLOOM_SSH_KEY", description="Env var holding the private key (or a path).")
-    known_hosts: str = Field("~/.ssh/known_hosts", description="known_hosts file; host keys are always verified.")
-
-
-class SlurmSpec(_Section):
-    """One sbatch allocation per run."""
-
-    model_config = ConfigDict(title="slurm")
-    kind: Literal["slurm"] = "slurm"
-    partition: str = "debug"
-    account: str | None = None
-    time_limit: str = "01:00:00"
-    exclude: list[str] = Field(default_factory=list)
-    python: str | None = Field(
-        None, description="Interpreter on the nodes (shared file system); default: the orchestrator's own."
-    )
-    extra_sbatch: list[str] = Field(default_factory=list, description="Extra `#SBATCH` options, as given.")
-
-
-class KubernetesSpec(_Section):
-    """An indexed Job and a headless Service per run."""
-
-    model_config = ConfigDict(title="kubernetes")
-    kind: Literal["kubernetes"] = "kubernetes"
-    namespace: str = "default"
-    image: str = "nvcr.io/nvidia/pytorch:24.10-py3"
-    kubeconfig: str | None = None
-    gpu_resource: str = "nvidia.com/gpu"
-
-
-PROVIDER_KINDS = ("local", "ssh", "slurm", "kubernetes")
-
-
-def _any_of(schema: dict) -> None:
-    """Prefect's Run form (3.9.1) renders `anyOf` as a selector of its branches and has no `oneOf`: publish the
-    discriminated union as `anyOf` (the `discriminator` keyword stays, for other readers of the schema)."""
-    if "oneOf" in schema:
-        schema["anyOf"] = schema.pop("oneOf")
-
-
-#: where training runs, one settings section per provider, chosen by `kind`
-ProviderSpec = Annotated[
-    LocalSpec | SSHSpec | SlurmSpec | KubernetesSpec, Field(discriminator="kind", json_schema_extra=_any_of)
-]
-
-
-class NCCLSpec(_Section):
-    """NCCL/InfiniBand settings rendered to env vars and validated; unset fields are left to NCCL."""
-
-    ib_disable: bool | None = None
-    p2p_disable: bool | None = None
-    ib_hca: str | None = Field(None, description="e.g. '=mlx5_0,mlx5_1' (leading '=' = exact match).")
-    socket_ifname: str | None = None
-    buffsize: int | None = Field(None, gt=0)
-    ib_gid_index: int | None = Field(None, ge=0)
-    debug: Literal["OFF", "VERSION", "WARN", "INFO", "TRACE"] = "OFF"
-
-
-class ClusterSpec(_Section):
-    """Where training runs: the provider (its `kind` and only its settings) and the nodes to rent."""
-
-    provider: ProviderSpec = Field(
-        default_factory=LocalSpec, description="The provider (`kind`) and its settings: local, ssh, slurm, kubernetes."
-    )
-    name: str = Field("local", description="Cluster name: the concurrency limit key (one run per cluster).")
-    nodes: int = Field(2, gt=0)
-    gpus_per_node: int = Field(2, gt=0, description="GPUs (or CPU ranks on `local`) per node.")
-    gpu_type: str = Field("cpu", description="Catalog GPU type, or `cpu` (peak measured at run time).")
-    master_port: int = Field(29500, gt=1024, lt=65536)
-    min_free_disk_gib: float = Field(1.0, ge=0)
-    min_nodes: int | None = Field(
-        None,
-        gt=0,
-        description="Fewest healthy nodes to go on with after preflight "
-        "excludes failing ones (re-planned); default: all of `nodes`.",
-    )
-    env_requirements: list[str] = Field(
-        default_factory=list,
-        description="Extra pip requirements of the node "
-        "environment (keyed by their hash); torch comes from the node image.",
-    )
-    nccl: NCCLSpec = Field(default_factory=NCCLSpec)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _one_provider_section(cls, data):
-        """The spelling before the union, `provider: slurm` beside a `slurm:` section, reads as
-        `provider: {kind: slurm, ...}`; sections of providers not chosen are dropped (they were never read)."""
-        if not isinstance(data, dict) or not isinstance(data.get("provider", "local"), str):
-            return data
-        data = dict(data)
-        kind = data.pop("provider", "local")
-        sections = {k: data.pop(k) for k in PROVIDER_KINDS[1:] if k in data}
-        chosen = sections.get(kind)
-        if isinstance(chosen, BaseModel):  # ClusterSpec(provider="slurm", slurm=SlurmSpec(...)) in Python
-            data["provider"] = chosen
-        elif chosen is None or isinstance(chosen, dict):
-            data["provider"] = {**(chosen or {}), "kind": kind}
-        else:
-            raise ValueError(f"cluster.{kind}: expected a mapping of {kind} settings, got {type(chosen).__name__}")
-        return data
-
-
 class ParallelSpec(_Section):
     """Explicit parallel degrees; leave `parallel: auto` in the spec to let the planner choose. The rules are
     nightloom.parallel.ParallelDims.check's (run at load time when the model is known)."""
@@ -317,6 +205,12 @@ class ParallelSpec(_Section):
     dp_replicate: int = Field(1, gt=0, description="Replicas (plain data parallel); HSDP's replica groups.")
     dp_shard: int = Field(-1, description="Ranks sharding with FSDP2; -1 = whatever is left of the world size.")
     cp: int = Field(1, gt=0, description="Context parallel (GPU only).")
+    ep: int = Field(
+        1,
+        gt=0,
+        description="Expert parallel (mixtures of experts): experts split over ep of the data-parallel ranks; "
+        "planned today, trained once MoE training lands.",
+    )
     sp: bool = Field(False, description="Sequence parallel with TP (Megatron-SP).")
     micro_batch: int = Field(1, gt=0)
     virtual_stages: int = Field(1, gt=0)
@@ -375,6 +269,40 @@ class XTunerSpec(_Section):
     )
 
 
+#: Hugging Face module names a LoRA adapter may target (the decoder's linears); "all-linear" is all of them
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+class LoraSpec(_Section):
+    """Low-rank adapters (Hu et al. 2021) on the decoder's linears: W x + (alpha / rank) · B A dropout(x), the
+    base frozen (no gradients, no optimizer state), A and B trained; exported merged and as a PEFT adapter."""
+
+    rank: int = Field(8, gt=0, description="r: the adapters' inner size (a multiple of parallel.tp).")
+    alpha: float = Field(16.0, gt=0, description="The update is scaled by alpha / rank (PEFT's lora_alpha).")
+    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the adapters' input (PEFT's lora_dropout).")
+    targets: Literal["all-linear"] | list[str] = Field(
+        "all-linear",
+        description="Hugging Face module names to adapt (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, "
+        "down_proj), or all-linear for every one of them.",
+    )
+
+    @field_validator("targets")
+    @classmethod
+    def _targets(cls, v):
+        if isinstance(v, str):
+            return v
+        unknown = [t for t in v if t not in LORA_TARGETS]
+        if unknown or not v:
+            raise ValueError(
+                f"unknown module {unknown or v!r}: expected some of {', '.join(LORA_TARGETS)}, or all-linear"
+            )
+        return sorted(set(v), key=LORA_TARGETS.index)
+
+    def modules(self) -> tuple[str, ...]:
+        """The targeted Hugging Face module names, in a fixed order."""
+        return LORA_TARGETS if self.targets == "all-linear" else tuple(self.targets)
+
+
 class TrainSpec(_Section):
     """Training hyper-parameters; the same on every backend."""
 
@@ -411,6 +339,11 @@ class TrainSpec(_Section):
         "auto",
         description="When training completes, write `<run_dir>/export/` (Hugging Face config, safetensors, "
         "tokenizer) before the validation gates; auto = hf when the model comes from a Hugging Face config.",
+    )
+    lora: LoraSpec | None = Field(
+        None,
+        description="Train low-rank adapters instead of every weight (native backend; for XTuner use "
+        "train.xtuner.method).",
     )
     xtuner: XTunerSpec | None = None
 
@@ -534,6 +467,8 @@ HASH_NEUTRAL_DEFAULTS: dict[tuple[str, str], object] = {
     ("train", "task"): "pretrain",
     ("dataset", "style"): "auto",
     ("model", "chat_template"): None,
+    ("train", "lora"): None,
+    ("parallel", "ep"): 1,
     ("train", "pack"): False,
 }
 
@@ -577,6 +512,14 @@ class RunSpec(_Section):
                 f"model.weights ({self.model.weights!r}) and train.xtuner.base_model ({alias!r}) name different "
                 "base models; set model.weights only (train.xtuner.base_model is its older alias)"
             )
+        lora = self.train.lora
+        if lora is not None and self.train.backend != "native":
+            raise ValueError("train.lora: native backend only (XTuner's LoRA is train.xtuner.method: lora)")
+        if lora is not None and isinstance(self.parallel, ParallelSpec) and lora.rank % self.parallel.tp:
+            raise ValueError(
+                f"train.lora.rank: {lora.rank} is not a multiple of parallel.tp ({self.parallel.tp}): each adapter "
+                "is split over the TP ranks as its base linear is"
+            )
         p = self.parallel
         if self.train.pack and p != "auto" and (p.pp > 1 or p.cp > 1):
             raise ValueError(
@@ -600,8 +543,9 @@ class RunSpec(_Section):
         ledger rows and `golden.from_ledger` still match)."""
         data = self.model_dump(mode="json", by_alias=True)
         for (section, key), default in HASH_NEUTRAL_DEFAULTS.items():
-            if data.get(section, {}).get(key, default) == default:
-                data.get(section, {}).pop(key, None)
+            part = data.get(section)
+            if isinstance(part, dict) and part.get(key, default) == default:  # parallel may be "auto"
+                part.pop(key, None)
         blob = json.dumps(data, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 

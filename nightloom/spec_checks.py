@@ -256,8 +256,10 @@ def _chat_errors(data: dict, local) -> list[FieldError]:
     except (ValidationError, ValueError):
         return []
     folder = local(tspec.path)
-    if tspec.train_vocab is not None or tspec.is_bytes or tspec.kind not in ("auto", "hf") or folder is None:
-        what = f"train_vocab {tspec.train_vocab}" if tspec.train_vocab is not None else tspec.path or "bytes"
+    if tspec.train_vocab is not None and folder is not None and not (folder / "tokenizer.json").is_file():
+        return []  # trained on first use for the chats, with ChatML's specials and template (tokenizer.py)
+    if tspec.is_bytes or tspec.kind not in ("auto", "hf") or folder is None:
+        what = tspec.path or "bytes"
         return [
             (
                 ("model", "tokenizer"),

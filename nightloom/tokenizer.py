@@ -14,7 +14,7 @@ import itertools
 import json
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -314,12 +314,42 @@ def load_tokenizer(spec: TokenizerSpec | str | None) -> Tokenizer:
 
 
 BPE_SPECIALS = ("<|endoftext|>",)  # id 0: the EOS of a trained BPE
+#: a trained BPE for chats (train.task sft) also has ChatML's turn markers, and ChatML as its chat template
+CHATML_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+#: Qwen2's ChatML without its default system prompt, and without {% generation %} markers (as most Hub templates)
+CHATML_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' "
+    "+ '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
 
 
-def ensure_trained(spec: TokenizerSpec, dataset) -> bool:
+def _record_texts(path: Path) -> Iterator[str]:
+    """Every string of every JSON record of a chat file (message contents, ShareGPT values, Alpaca fields)."""
+
+    def strings(v):
+        if isinstance(v, str):
+            yield v
+        elif isinstance(v, dict):
+            for x in v.values():
+                yield from strings(x)
+        elif isinstance(v, list):
+            for x in v:
+                yield from strings(x)
+
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue  # reported as file:line by the shard stage
+            yield " ".join(s for s in strings(rec) if s and s not in ("system", "user", "assistant"))
+
+
+def ensure_trained(spec: TokenizerSpec, dataset, chat: bool = False) -> bool:
     """`train_vocab`: train a byte-level BPE (`tokenizers`' BpeTrainer) on the dataset's local text and save
     tokenizer.json + tokenizer_config.json at `spec.path`, once (a folder already holding them is kept).
-    Deterministic: the same corpus gives the same file. Written to a temporary folder, then renamed.
+    Deterministic: the same corpus gives the same file. Written to a temporary folder, then renamed. `chat`
+    (train.task sft): trained on the chats' strings, with ChatML's specials and template (EOS `<|im_end|>`).
     Returns True when it trained one."""
     if spec.train_vocab is None:
         return False
@@ -340,6 +370,9 @@ def ensure_trained(spec: TokenizerSpec, dataset) -> bool:
         for src in list_sources(dataset.path, dataset.format):
             if "://" in src.uri:
                 raise TokenizerError(f"{src.uri}: train_vocab trains on local files only")
+            if chat:
+                yield from _record_texts(Path(src.uri))
+                continue
             for _, text, _, err, _ in read_records(Path(src.uri), src.format, dataset.text_field, None):
                 if err is None and text:
                     yield text
@@ -349,7 +382,7 @@ def ensure_trained(spec: TokenizerSpec, dataset) -> bool:
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=spec.train_vocab,
-        special_tokens=list(BPE_SPECIALS),
+        special_tokens=list(CHATML_SPECIALS if chat else BPE_SPECIALS),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
@@ -368,6 +401,8 @@ def ensure_trained(spec: TokenizerSpec, dataset) -> bool:
             "model_max_length": 1 << 30,
             "clean_up_tokenization_spaces": False,
         }
+        if chat:
+            config |= {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "chat_template": CHATML_TEMPLATE}
         (tmp / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
         try:
             tmp.rename(out)
@@ -391,3 +426,16 @@ def resolve_vocab(model_spec, model_vocab: int) -> int:
     if t.train_vocab is not None and not (Path(t.path or "").expanduser() / "tokenizer.json").is_file():
         return t.train_vocab
     return load_tokenizer(t).vocab_size
+
+
+def prepare_chat_tokenizer(spec) -> bool:
+    """train.task sft with a `train_vocab` tokenizer: train it (ChatML specials and template) before the chat
+    settings read its template; the sample chats are built first when the spec asks for them. True when trained."""
+    tok, dataset = spec.model.tokenizer, spec.dataset
+    if spec.train.task != "sft" or tok.train_vocab is None or "://" in dataset.path:
+        return False
+    if dataset.sample:
+        from nightloom.sharding.corpus import ensure_sample_corpus
+
+        ensure_sample_corpus(dataset.path, kind=dataset.sample_kind)
+    return ensure_trained(tok, dataset, chat=True)

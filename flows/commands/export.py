@@ -35,6 +35,7 @@ def _job(run_dir: Path):
 def run(args) -> int:
     from nightloom.hf.export import export_checkpoint
     from nightloom.train import checkpoint
+    from nightloom.train.lora import LoraSettings
 
     run_dir = Path(args.run_dir)
     try:
@@ -55,6 +56,7 @@ def run(args) -> int:
             dtype=args.dtype,
             source_config=job.hf_config,
             tokenizer=job.tokenizer_dir,
+            lora=LoraSettings.from_spec(job.train.lora),
         )
     except (FileNotFoundError, ValueError) as e:
         print(f"nightloom export: {e}", file=sys.stderr)

@@ -15,6 +15,7 @@ import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from nightloom.hf.config import config_for_export, config_path, read_config
 from nightloom.hf.load import INDEX_NAME
@@ -22,7 +23,11 @@ from nightloom.hf.names import to_hf
 from nightloom.shape import ModelShape
 from nightloom.util import atomic_write_text
 
+if TYPE_CHECKING:  # train/lora.py imports torch, which `nightloom export --help` need not load
+    from nightloom.train.lora import LoraSettings
+
 DTYPES = ("bf16", "fp32")
+ADAPTER_DIR = "adapter"  # a LoRA run's PEFT adapter, inside the export
 MAX_SHARD_BYTES = 5 * 2**30  # transformers' default max_shard_size
 _TOKENIZER_FILES = re.compile(r"(tokenizer.*|special_tokens_map\.json|.*\.model|.*\.tiktoken|vocab\.json|merges\.txt)")
 
@@ -75,8 +80,10 @@ def export_checkpoint(
     source_config: str | Path | None = None,
     tokenizer: str | Path | None = None,
     max_shard_bytes: int = MAX_SHARD_BYTES,
+    lora: LoraSettings | None = None,
 ) -> Path:
-    """Write the export of DCP checkpoint `ckpt` (a `step-N` folder) to `out`; returns `out`."""
+    """Write the export of DCP checkpoint `ckpt` (a `step-N` folder) to `out`; returns `out`. A LoRA run's (`lora`)
+    is the merged model there and its adapter, as PEFT writes one, in `out/adapter/`."""
     import torch
     import torch.distributed.checkpoint as dcp
     from safetensors.torch import save_file
@@ -104,10 +111,16 @@ def export_checkpoint(
             files.append(sorted(pending))
             pending.clear()
 
+    adapters: dict[str, torch.Tensor] = {}
     for group in _groups(keys):
         state = {k: torch.empty(meta[k].size, dtype=meta[k].properties.dtype) for k in group}
         dcp.load(state, checkpoint_id=str(ckpt), no_dist=True)
-        for k in group:
+        if lora is not None:
+            state, found = merge_lora(state, lora.scaling)
+            adapters |= {"base_model.model." + to_hf(k[len("model.") :], shape): t for k, t in found.items()}
+        elif any(".lora_" in k for k in state):
+            raise ValueError(f"{ckpt}: holds LoRA adapters but no train.lora settings were given to merge them")
+        for k in sorted(state):
             ours = k[len("model.") :]
             if shape.tied_embeddings and ours == "output.weight":
                 continue  # transformers re-ties lm_head to the embedding
@@ -140,7 +153,49 @@ def export_checkpoint(
         atomic_write_text(tmp / "generation_config.json", json.dumps(gen, indent=2) + "\n")
     for f in tokenizer_files(tokenizer):
         shutil.copyfile(f, tmp / f.name)
+    if lora is not None:
+        write_peft_adapter(tmp / ADAPTER_DIR, adapters, lora, torch_dtype, base=str(source_config or ""))
     if out.exists():
         shutil.rmtree(out)
     os.replace(tmp, out)
     return out
+
+
+def merge_lora(state: dict, scaling: float) -> tuple[dict, dict]:
+    """(base tensors with W + scaling · B A merged in fp32, the adapters' tensors) of one group of checkpoint keys."""
+    adapters = {k: v for k, v in state.items() if ".lora_" in k}
+    merged = {k: v for k, v in state.items() if ".lora_" not in k}
+    for k in [k for k in adapters if k.endswith(".lora_A.weight")]:
+        stem = k[: -len(".lora_A.weight")]
+        a, b = adapters[k].float(), adapters[f"{stem}.lora_B.weight"].float()
+        w = merged[f"{stem}.weight"]
+        merged[f"{stem}.weight"] = (w.float() + scaling * (b @ a)).to(w.dtype)
+    return merged, adapters
+
+
+def write_peft_adapter(folder: Path, tensors: dict, lora: LoraSettings, dtype, base: str) -> None:
+    """adapter_config.json and adapter_model.safetensors as peft's save_pretrained writes them (key names
+    `base_model.model.<HF name>.lora_A.weight`), so `PeftModel.from_pretrained(base, folder)` loads them."""
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(
+        {k: v.to(dtype).contiguous() for k, v in sorted(tensors.items())}, str(folder / "adapter_model.safetensors")
+    )
+    config = {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "r": lora.rank,
+        "lora_alpha": lora.alpha,
+        "lora_dropout": lora.dropout,
+        "target_modules": list(lora.modules),
+        "bias": "none",
+        "fan_in_fan_out": False,
+        "inference_mode": True,
+        "init_lora_weights": True,
+        "use_rslora": False,
+        "use_dora": False,
+        "modules_to_save": None,
+        "base_model_name_or_path": str(Path(base).parent) if base else None,
+    }
+    atomic_write_text(folder / "adapter_config.json", json.dumps(config, indent=2, sort_keys=True) + "\n")

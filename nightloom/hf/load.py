@@ -219,6 +219,8 @@ def load_hf_weights(
         for name, t in sd.items():
             if shape.tied_embeddings and name == "output.weight":
                 continue  # the same tensor as the embedding
+            if ".lora_" in name:
+                continue  # LoRA adapters (train/lora.py) start from their own init, not from the base checkpoint
             hf = to_hf(name, shape)
             if shape.embed_rows != shape.vocab and name in ("tok_embeddings.weight", "output.weight"):
                 padded.append((hf, t))

@@ -77,9 +77,19 @@ def build_random_model(
     return final
 
 
-def ensure_demo_weights(folder: str | Path) -> Path:
-    """The demo's starting checkpoint: built once, reused after."""
+def ensure_demo_weights(folder: str | Path, config: str | Path | None = None) -> Path:
+    """The demo's starting checkpoint: built once, reused after. `config` (a spec's model.config outside the
+    folder, e.g. deployments/chat-sft-demo.json) gives its architecture and sizes; else DEMO_CONFIG's Llama."""
+    import json
+
     p = Path(folder)
-    if not (p / "config.json").is_file():
+    if (p / "config.json").is_file():
+        return p
+    if config is not None and Path(config).is_file() and Path(config).resolve() != (p / "config.json").resolve():
+        cfg = json.loads(Path(config).read_text(encoding="utf-8"))
+        arch = cfg.pop("model_type", "llama")
+        cfg.pop("architectures", None)
+        build_random_model(p, arch=arch, max_shard_size="200KB", **cfg)
+    else:
         build_random_model(p, max_shard_size="200KB")
     return p

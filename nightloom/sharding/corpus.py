@@ -77,6 +77,46 @@ def alpaca_records(max_rows: int = 2000) -> Iterator[dict[str, str]]:
             return
 
 
+#: the chat sample's system prompt (on every third conversation: records with and without one)
+CHAT_SYSTEM = "You are a concise assistant who explains Python's standard library."
+
+
+def chat_records(max_rows: int = 1200) -> Iterator[dict]:
+    """OpenAI-style chats from the same docstrings: "What does `name` do?" → its first paragraph; every third has a
+    system turn and every fourth a second question (the next docstring), so some are multi-turn."""
+    docs = alpaca_records(max_rows * 2)
+    n = 0
+    for rec in docs:
+        answer = rec["output"][:400]
+        messages = [{"role": "system", "content": CHAT_SYSTEM}] if n % 3 == 0 else []
+        messages += [
+            {"role": "user", "content": f"What does `{rec['id']}` do?"},
+            {"role": "assistant", "content": answer},
+        ]
+        if n % 4 == 1:
+            nxt = next(docs, None)
+            if nxt is not None:
+                messages += [
+                    {"role": "user", "content": f"And `{nxt['id']}`?"},
+                    {"role": "assistant", "content": nxt["output"][:400]},
+                ]
+        yield {"id": rec["id"], "messages": messages}
+        n += 1
+        if n >= max_rows:
+            return
+
+
+def _sample_rows(kind: str) -> Iterator[tuple[dict, int]]:
+    """(record, text bytes) of the sample of `kind`: docstrings, alpaca or chats."""
+    if kind == "docstrings":
+        return ((r, len(r["text"].encode())) for r in iter_stdlib_docstrings())
+    if kind == "alpaca":
+        return ((r, len(r["output"].encode())) for r in alpaca_records())
+    if kind == "chats":
+        return ((r, sum(len(m["content"].encode()) for m in r["messages"])) for r in chat_records())
+    raise ValueError(f"dataset.sample_kind: {kind!r}; expected docstrings, alpaca or chats")
+
+
 def build_sample_corpus(path: Path, max_bytes: int = DEFAULT_MAX_BYTES, kind: str = "docstrings") -> Path:
     """Write the corpus to `path` atomically (temp file in the same folder, then os.replace)."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -84,10 +124,9 @@ def build_sample_corpus(path: Path, max_bytes: int = DEFAULT_MAX_BYTES, kind: st
     try:
         written = 0
         with os.fdopen(fd, "wb") as f:
-            for rec in iter_stdlib_docstrings() if kind == "docstrings" else alpaca_records():
-                line = orjson.dumps(rec) + b"\n"
-                f.write(line)
-                written += len((rec["text"] if kind == "docstrings" else rec["output"]).encode())
+            for rec, size in _sample_rows(kind):
+                f.write(orjson.dumps(rec) + b"\n")
+                written += size
                 if written >= max_bytes:
                     break
             f.flush()
@@ -101,7 +140,8 @@ def build_sample_corpus(path: Path, max_bytes: int = DEFAULT_MAX_BYTES, kind: st
 
 
 def ensure_sample_corpus(path: str | Path, kind: str = "docstrings") -> Path:
-    """Return `path`, building the stdlib-docstring sample (`kind` docstrings or alpaca) there if it is missing."""
+    """Return `path`, building the stdlib-docstring sample (`kind` docstrings, alpaca or chats) there if it is
+    missing."""
     p = Path(path).expanduser()
     if p.is_file():
         return p

@@ -185,7 +185,7 @@ def plan_job(
     listing = list_inputs(dataset.path, dataset.format, s3, cached=cache.cached if cache else None)
     check_keep_columns(dataset.keep_columns, listing.sources)
     sources = fingerprint_all(dataset.path, listing.sources, s3, cache)
-    ensure_trained(tok_spec, dataset)
+    ensure_trained(tok_spec, dataset, chat=chat is not None)
     tok = load_tokenizer(tok_spec)
     tok_id, dtype = tok.fingerprint(), token_dtype(tok.vocab_size)
     if chat is not None:

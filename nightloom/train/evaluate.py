@@ -47,6 +47,7 @@ def run_job(run_dir: Path):
 def load_model(run_dir: Path, seq_len: int):
     """(model, step, checkpoint path) from the run's latest checkpoint, on CPU in fp32, in eval mode."""
     from nightloom.train import checkpoint
+    from nightloom.train.lora import LoraSettings, apply_lora
     from nightloom.train.model import build_model
 
     job = run_job(run_dir)
@@ -55,6 +56,9 @@ def load_model(run_dir: Path, seq_len: int):
         raise EvalError(f"{job.checkpoint_dir}: no checkpoint (did the run save one?)")
     path, step = found
     model = build_model(job.model, seq_len, device="cpu")
+    lora = LoraSettings.from_spec(job.train.lora)
+    if lora is not None:  # the checkpoint holds the frozen base and the adapters: score base + adapter
+        apply_lora(model, lora)
     checkpoint.load_weights(path, model)  # a tied matrix is stored once
     model.eval()
     return model, job, step, path

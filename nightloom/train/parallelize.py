@@ -18,6 +18,7 @@ from torch import nn
 
 from nightloom.parallel import LayoutError, ParallelDims, ParallelPlan
 from nightloom.shape import ModelShape
+from nightloom.train.lora import LoraSettings, apply_lora, init_lora
 from nightloom.train.model import Transformer, build_model
 from nightloom.train.tied import TiedCopies, retie, tied_copies
 
@@ -192,8 +193,10 @@ def build_parts(
     seed: int,
     device: torch.device,
     param_dtype: torch.dtype | None,
+    lora: LoraSettings | None = None,
 ) -> ModelParts:
-    """This rank's model chunks, parallelised; with pp > 1 also the pipeline schedule."""
+    """This rank's model chunks, parallelised; with pp > 1 also the pipeline schedule. With `lora` the base is
+    frozen and the targeted linears get adapters (train/lora.py), split as their base under TP."""
     v = dims.chunks_per_rank
     n_stages = plan.pp * v
     pp_rank = mesh["pp"].get_local_rank() if mesh is not None else 0
@@ -207,6 +210,8 @@ def build_parts(
         # shard while still on the meta device, then materialise only this rank's shards and initialise them
         if plan.tp > 1:
             _apply_tp(m, mesh["tp"], plan.sp)
+        if lora is not None:
+            apply_lora(m, lora, mesh["tp"] if plan.tp > 1 else None, plan.sp)
         m.set_recompute(plan.recompute)
         if dims.dp * dims.cp > 1:  # cp ranks hold the same parameters: their gradients are reduced too
             if dims.dp_shard == 1:
@@ -215,6 +220,8 @@ def build_parts(
                 _apply_fsdp(m, _dp_mesh(dims, mesh), param_dtype, keep_gathered=plan.pp > 1 or dims.zero == "zero2")
         m.to_empty(device=device)
         m.init_weights(seed)
+        if lora is not None:
+            init_lora(m, seed)
         parts.append(m)
     out = ModelParts(parts, stage_ids, n_stages)
     if mesh is not None:

@@ -26,6 +26,7 @@ from nightloom.runfiles import RunFiles
 from nightloom.train import checkpoint
 from nightloom.train.data import ConversationRows, PackedWindows, StepLoader, read_eval_rows, read_eval_windows
 from nightloom.train.job import TrainJob, TrainResult
+from nightloom.train.lora import LoraSettings, trainable
 from nightloom.train.parallelize import IGNORE_INDEX, ModelParts, build_parts, label_nll_sum, validate_plan
 from nightloom.util import atomic_write_text
 
@@ -204,11 +205,20 @@ class Trainer:
             self.shape = self.shape.padded_for_tp(self.plan.tp)
         self.param_dtype = precision_dtype(job.train.precision, ctx.device.type)
         torch.manual_seed(job.train.seed)
+        self.lora = LoraSettings.from_spec(job.train.lora)
         self.parts = build_parts(
-            self.shape, self.plan, self.dims, ctx.mesh, job.train.seq_len, job.train.seed, ctx.device, self.param_dtype
+            self.shape,
+            self.plan,
+            self.dims,
+            ctx.mesh,
+            job.train.seq_len,
+            job.train.seed,
+            ctx.device,
+            self.param_dtype,
+            lora=self.lora,
         )
         t = job.train
-        self.optims = [make_optimizer(m.parameters(), t) for m in self.parts.parts]
+        self.optims = [make_optimizer(trainable(m), t) for m in self.parts.parts]  # LoRA: the adapters only
         dp_rank = self.dims.dp_rank(ctx.rank)
         self.sft = t.task == "sft"  # one conversation per row, the loss over label tokens (assistant turns) only
         data = dict(seed=t.seed, tokenizer=job.tokenizer, s3=job.s3)
@@ -403,6 +413,14 @@ class Trainer:
         )
         if self.pack_stats is not None:
             self._log(f"[nightloom.train] {self.pack_stats.line()}")
+        if self.lora is not None:
+            params = {id(p): p for m in self.parts.parts for p in m.parameters()}.values()
+            n_train, n_all = sum(p.numel() for p in params if p.requires_grad), sum(p.numel() for p in params)
+            self._log(
+                f"[nightloom.train] LoRA rank {self.lora.rank} alpha {self.lora.alpha:g} on "
+                f"{','.join(self.lora.modules)}: {n_train:,} trainable of {n_all:,} parameters"
+                f"{' on this stage' if self.plan.pp > 1 else ''} ({n_train / max(n_all, 1):.2%}); the base is frozen"
+            )
         step, stopped, last_loss, last_ckpt, saved_at = start, "completed", None, None, None
         est = 0.0
         reset_peak_memory(self.ctx.device)
@@ -556,6 +574,7 @@ def export_result(job: TrainJob, result: TrainResult, dtype: str) -> TrainResult
         dtype=dtype,
         source_config=job.hf_config,
         tokenizer=job.tokenizer_dir,
+        lora=LoraSettings.from_spec(job.train.lora),
     )
     result = result.model_copy(update={"export_dir": str(out)})
     atomic_write_text(job.result_path, result.model_dump_json(indent=2) + "\n")

@@ -134,7 +134,13 @@ FORBIDDEN = {
     "tasks": ("flows",),
 }
 #: Modules that are leaves of nightloom: they import nothing of nightloom beyond what is listed.
-LEAVES = {"nightloom.spec": {"nightloom.micro_batch"}, "nightloom.shape": set(), "nightloom.micro_batch": set()}
+LEAVES = {
+    "nightloom.spec": {"nightloom.micro_batch", "nightloom.spec_base", "nightloom.spec_cluster"},
+    "nightloom.spec_base": set(),
+    "nightloom.spec_cluster": {"nightloom.spec_base"},
+    "nightloom.shape": set(),
+    "nightloom.micro_batch": set(),
+}
 
 
 #: The floors of nightloom/ (docs/architecture.md): a module imports only from its own floor or below. A module
@@ -175,6 +181,8 @@ FLOORS = {
     "nightloom.spec": 0,
     "nightloom.shape": 0,
     "nightloom.micro_batch": 0,
+    "nightloom.spec_base": 0,
+    "nightloom.spec_cluster": 0,
     "nightloom.runfiles": 0,
     "nightloom.util": 0,
 }

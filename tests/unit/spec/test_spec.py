@@ -121,7 +121,16 @@ def test_a_spec_written_before_new_fields_keeps_its_ledger_hash():
     # a field set away from its default does change the hash
     for (section, key), default in HASH_NEUTRAL_DEFAULTS.items():
         data = plain.model_dump(by_alias=True)
+        if section == "parallel":  # plain's parallel is "auto": compare layouts with and without the field
+            fixed = {**data, "parallel": {"tp": 1}}
+            same = RunSpec.model_validate({**data, "parallel": {"tp": 1, key: default}}).spec_hash()
+            assert same == RunSpec.model_validate(fixed).spec_hash(), key
+            data, plain_hash = {**data, "parallel": {"tp": 1, key: 2}}, RunSpec.model_validate(fixed).spec_hash()
+            assert RunSpec.model_validate(data).spec_hash() != plain_hash, (section, key)
+            continue
         data[section][key] = {"pretrain": "sft", "auto": "messages", None: "/t/chat.jinja", False: True}[default]
+        if (section, key) == ("train", "lora"):
+            data["train"]["lora"] = {"rank": 4}
         if (section, key) == ("train", "pack"):  # packing needs train.task sft
             data["train"]["task"] = "sft"
         assert RunSpec.model_validate(data).spec_hash() != plain.spec_hash(), (section, key)

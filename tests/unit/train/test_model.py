@@ -10,8 +10,10 @@ from nightloom.perf import count_params
 from nightloom.train.model import build_model, param_count
 
 
-@pytest.mark.parametrize("name", sorted(MODELS))
+@pytest.mark.parametrize("name", sorted(n for n, m in MODELS.items() if not m.num_experts))
 def test_param_count_matches_perf_on_meta(name):
+    """Dense models: the native model (what trains) has the catalog's count. Mixtures of experts are planned, not
+    trained yet: their counts are checked against transformers' models in tests/unit/model/test_moe_shape.py."""
     shape = MODELS[name]
     model = build_model(shape, seq_len=16, device="meta")
     assert param_count(model) == count_params(shape)

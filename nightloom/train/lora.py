@@ -1,0 +1,161 @@
+"""LoRA (Hu et al. 2021) on the native model: each targeted linear W keeps its name and its (frozen) weight and
+gains two children, `lora_A` (rank x in) and `lora_B` (out x rank), whose product adds (alpha / rank) · B A x to
+its output through a forward hook. The names are PEFT's (`...q_proj.lora_A.weight` once mapped by hf/names.py),
+so a checkpoint's adapters export as a PEFT adapter without renaming, and the base's names do not change.
+
+Under TP each adapter is split as its base linear is (Megatron's column/row rule applied to A and B): a column-
+parallel W (q/k/v, gate/up) gets a column-parallel A whose rank outputs are all-gathered and a column-parallel B
+(each rank its W's output rows); a row-parallel W (o, down) gets a row-parallel A (each rank its W's input columns)
+reduce-scattered over the rank dim, and a row-parallel B whose output is reduced (or, under SP, reduce-scattered
+over the sequence) exactly as W's is. So rank must be a multiple of tp. DTensor's autograd gives the adapters'
+gradients the right reductions; FSDP2 then shards them with the frozen base (it only reduces what has a gradient).
+
+Dropout is drawn on the rank's local input: under TP the ranks of a row-parallel linear draw their shards' masks
+from the same generator state (equal distribution, not the one-process draw); parity tests use dropout 0.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from nightloom.hf.names import to_hf
+from nightloom.shape import ModelShape
+
+#: native linear -> is it column parallel under TP (else row parallel)
+_COLUMN = {
+    "attn.wq": True,
+    "attn.wk": True,
+    "attn.wv": True,
+    "attn.wo": False,
+    "ffn.w1": True,
+    "ffn.w3": True,
+    "ffn.w2": False,
+}
+
+
+@dataclass(frozen=True)
+class LoraSettings:
+    """What the trainer, the exporter and eval need of train.lora."""
+
+    rank: int
+    alpha: float
+    dropout: float
+    modules: tuple[str, ...]  # Hugging Face module names (q_proj, ..., down_proj)
+
+    @property
+    def scaling(self) -> float:
+        return self.alpha / self.rank
+
+    @classmethod
+    def from_spec(cls, lora) -> LoraSettings | None:
+        """From a spec's LoraSpec (or None: full fine-tuning)."""
+        if lora is None:
+            return None
+        return cls(lora.rank, float(lora.alpha), float(lora.dropout), tuple(lora.modules()))
+
+
+def hf_module(name: str, shape: ModelShape) -> str:
+    """`layers.3.attn.wq` -> `q_proj` (the Hugging Face module name LoRA targets)."""
+    return to_hf(f"{name}.weight", shape).rsplit(".", 2)[-2]
+
+
+def targeted(model: nn.Module, lora: LoraSettings) -> list[tuple[str, nn.Linear, bool]]:
+    """(native name, linear, column parallel?) of every linear the settings target in this model (or stage)."""
+    out = []
+    for key, block in getattr(model, "layers", {}).items():
+        for local, column in _COLUMN.items():
+            mod = block.get_submodule(local) if _has(block, local) else None
+            if mod is None:
+                continue
+            name = f"layers.{key}.{local}"
+            if hf_module(name, model.shape) in lora.modules:
+                out.append((name, mod, column))
+    return out
+
+
+def _has(block: nn.Module, path: str) -> bool:
+    try:
+        return block.get_submodule(path) is not None
+    except AttributeError:
+        return False
+
+
+def _lora_forward(module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
+    """W x (already computed, in W's output layout) + scaling · B A dropout(x)."""
+    from torch.distributed.tensor import DTensor
+
+    x = args[0]
+    if isinstance(x, DTensor):  # TP's input hook made it a DTensor; the adapters' own hooks re-wrap the local part
+        x = x.to_local()
+    return output + module.lora_B(module.lora_A(module.lora_dropout(x))) * module.lora_scaling
+
+
+def apply_lora(model: nn.Module, lora: LoraSettings, tp_mesh=None, sp: bool = False) -> int:
+    """Freeze `model` and give each targeted linear its adapters (on the model's device: meta before to_empty), split
+    over `tp_mesh` when given (after the base's TP, before FSDP). Returns the number of adapted linears."""
+    for p in model.parameters():
+        p.requires_grad_(False)
+    found = targeted(model, lora)
+    for _, lin, column in found:
+        dev = lin.weight.device
+        lin.lora_A = nn.Linear(lin.in_features, lora.rank, bias=False, device=dev)
+        lin.lora_B = nn.Linear(lora.rank, lin.out_features, bias=False, device=dev)
+        lin.lora_dropout = nn.Dropout(lora.dropout) if lora.dropout else nn.Identity()
+        lin.lora_scaling = lora.scaling
+        if tp_mesh is not None:
+            _split(lin, column, tp_mesh, sp)
+        lin.register_forward_hook(_lora_forward)
+    return len(found)
+
+
+def _split(lin: nn.Module, column: bool, tp_mesh, sp: bool) -> None:
+    """Shard A and B over the TP mesh as the base linear is (see the module docstring)."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    if tp_mesh.size() > 1 and lin.lora_A.out_features % tp_mesh.size():
+        raise ValueError(f"train.lora.rank {lin.lora_A.out_features} is not a multiple of tp {tp_mesh.size()}")
+    if column:
+        plan = {"lora_A": ColwiseParallel(output_layouts=Replicate()), "lora_B": ColwiseParallel()}
+    else:
+        seq = Shard(1) if sp else Replicate()
+        plan = {
+            "lora_A": RowwiseParallel(output_layouts=Shard(2)),
+            "lora_B": RowwiseParallel(input_layouts=Shard(2), output_layouts=seq),
+        }
+    parallelize_module(lin, tp_mesh, plan)
+
+
+@torch.no_grad()
+def init_lora(model: nn.Module, seed: int) -> None:
+    """PEFT's default start: A ~ U(-1/sqrt(in), 1/sqrt(in)) (kaiming_uniform with a = sqrt(5)), B = 0, so training
+    starts from the base model exactly. Drawn per parameter from (seed, name): the same in any layout."""
+    from nightloom.train.model import _copy_global
+
+    for name, p in model.named_parameters():
+        if name.endswith("lora_B.weight"):
+            p.zero_()
+        elif name.endswith("lora_A.weight"):
+            g = torch.Generator(device="cpu").manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
+            bound = 1.0 / math.sqrt(p.shape[1])
+            full = (torch.rand(p.shape, generator=g, dtype=torch.float32) * 2 - 1) * bound
+            _copy_global(p, full.to(p.dtype))
+
+
+def trainable(model: nn.Module) -> list[nn.Parameter]:
+    """The parameters the optimizer steps: every one, or with LoRA only the adapters."""
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def adapter_parameters(shape: ModelShape, lora: LoraSettings) -> int:
+    """Trainable parameters of the adapters on the whole model: rank · (in + out) per targeted linear."""
+    h, q, kv, f = shape.hidden, shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim, shape.ffn_hidden
+    dims = {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h)}
+    dims |= {"gate_proj": (h, f), "up_proj": (h, f) if shape.gated_mlp else None, "down_proj": (f, h)}
+    per_layer = sum(lora.rank * sum(d) for m, d in dims.items() if d is not None and m in lora.modules)
+    return per_layer * shape.layers
