@@ -79,9 +79,12 @@ def make_job(
     timeout_s: int,
     peak_flops: float,
     peak_source: str,
+    shape=None,
+    train_extra: dict | None = None,
     **plan,
 ) -> Path:
-    """Write `<run_dir>/job.json` (a TrainJob; `plan` holds ParallelPlan fields) and return its path."""
+    """Write `<run_dir>/job.json` (a TrainJob; `plan` holds ParallelPlan fields) and return its path. `shape` (a
+    ModelShape) instead of the catalog's `model`; `train_extra`: more TrainSpec fields (e.g. lora)."""
     from nightloom.catalog import get_model
     from nightloom.parallel import ParallelPlan
     from nightloom.spec import TrainSpec
@@ -96,11 +99,12 @@ def make_job(
         warmup_steps=2,
         collective_timeout_s=timeout_s,
         seed=1234,
+        **(train_extra or {}),
     )
     job = TrainJob(
         run_id=run_dir.name,
         run_dir=str(run_dir),
-        model=(get_model(model)),
+        model=shape if shape is not None else get_model(model),
         plan=ParallelPlan(**plan),
         train=train,
         manifest=str(manifest),
