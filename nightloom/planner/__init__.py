@@ -122,6 +122,8 @@ def plan_for_spec(
     fixed = None
     if isinstance(spec.parallel, ParallelSpec):
         fixed = spec_layout(spec.parallel, ws)
+    # packed rows carry a per-row document mask, which the pipeline schedule and ring attention do not take
+    pins = fixed or (FixedLayout(pp=1, cp=1) if getattr(tr, "pack", False) else None)
     report = plan(
         shape,
         gpu,
@@ -129,7 +131,7 @@ def plan_for_spec(
         cl.gpus_per_node,
         tr.seq_len,
         tr.global_batch,
-        layout=fixed,
+        layout=pins,
         precision=precision,
         calibration=calibration,
         world_size=ws,

@@ -36,3 +36,27 @@ def test_lora_makes_an_8b_model_fit_one_gpu():
     assert not plan("llama3-8b", "h100-80gb", 1, 1, 4096, 8, layout="tp=1,pp=1,dp=1").feasible
     r = plan("llama3-8b", "h100-80gb", 1, 1, 4096, 8, layout="tp=1,pp=1,dp=1", lora_rank=16)
     assert r.feasible and r.chosen.memory.grads_gib < 0.2
+
+
+def test_auto_layout_of_a_packed_sft_run_has_no_pipeline_or_context_parallel():
+    """train.pack: the trainer refuses pp > 1 and cp > 1 (no per-row document mask there), so `parallel: auto`
+    never picks them: Llama 3.1 405B at 32k tokens on 128 H100 plans CP2 unpacked, none packed; at 128k on 512
+    GPUs with a global batch of 16 nothing without CP fits the batch, which is an error before any rental."""
+    from nightloom.planner import PlanError, plan_for_spec
+    from nightloom.spec import RunSpec
+
+    def spec(nodes: int, seq: int, batch: int, **train):
+        cluster = {"nodes": nodes, "gpus_per_node": 8, "gpu_type": "h100-80gb"}
+        model = {"name": "llama3.1-405b"}
+        train = {"seq_len": seq, "global_batch": batch, **train}
+        return RunSpec.model_validate(
+            {"name": "p", "dataset": {"path": "d"}, "model": model, "cluster": cluster, "train": train}
+        )
+
+    unpacked = plan_for_spec(spec(16, 32768, 64), require_fit=False).chosen
+    assert unpacked.cp > 1, unpacked.layout()
+    packed = plan_for_spec(spec(16, 32768, 64, task="sft", pack=True), require_fit=False).chosen
+    assert packed.pp == 1 and packed.cp == 1, packed.layout()
+    assert plan_for_spec(spec(64, 131072, 16), require_fit=False).chosen.cp > 1
+    with pytest.raises(PlanError, match="global batch 16 is not divisible by dp"):
+        plan_for_spec(spec(64, 131072, 16, task="sft", pack=True), require_fit=False)
