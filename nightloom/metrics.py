@@ -21,6 +21,13 @@ PROMETHEUS_METRICS: tuple[str, ...] = (
 )
 #: Exported only by runs with held-out evaluation (validate.eval_every > 0), from the first evaluation on.
 PROMETHEUS_EVAL_METRICS: tuple[str, ...] = ("nightloom_eval_loss", "nightloom_eval_perplexity")
+#: Exported only by mixture-of-experts runs: tokens routed to each expert in the last step (label `expert`), their
+#: max/mean, and the router's load-balancing loss (unscaled).
+PROMETHEUS_MOE_METRICS: tuple[str, ...] = (
+    "nightloom_expert_tokens",
+    "nightloom_expert_imbalance",
+    "nightloom_router_aux_loss",
+)
 PROMETHEUS_LABELS: tuple[str, ...] = ("run", "rank")
 
 
@@ -49,6 +56,11 @@ class StepMetrics(BaseModel):
     eval_loss: float | None = None  # held-out token-weighted mean NLL after this step (when evaluated)
     eval_ppl: float | None = None  # exp(eval_loss)
     eval_tokens: int | None = None  # predicted tokens the eval loss averages over
+    # mixture of experts: top-k assignments per expert this step (global batch, summed over the MoE layers), their
+    # max/mean (1.0 = balanced) and the router's load-balancing loss (unscaled; the loss above includes coef times it)
+    expert_tokens: list[int] | None = None
+    expert_imbalance: float | None = None
+    router_aux_loss: float | None = None
 
 
 def append_metrics(path: Path, m: StepMetrics) -> None:

@@ -7,6 +7,7 @@ errors, each as (field path, reason), before anything is rented.
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -19,6 +20,7 @@ from nightloom.parallel import LayoutError, ParallelDims
 from nightloom.shape import ModelShape
 from nightloom.spec import ParallelSpec, TokenizerSpec
 from nightloom.tokenizer import TokenizerError, load_tokenizer
+from nightloom.xtuner_families import xtuner_refusal
 
 FieldError = tuple[tuple, str]
 
@@ -60,23 +62,44 @@ def _model_errors(data: dict, local) -> list[FieldError]:
     return errs
 
 
+#: mixture-of-experts families the native trainer runs (train/moe.py); others are read for planning only
+TRAINED_MOE = ("qwen3_moe", "mixtral")
+#: parallel degrees an MoE model does not train with yet (the trainer's train/moe.py refuses them too)
+_MOE_UNSUPPORTED = {
+    "tp": "tensor parallel of the experts",
+    "pp": "the router's aux loss across pipeline stages",
+    "cp": "context parallel",
+}
+
+
 def _moe_errors(data: dict, local) -> list[FieldError]:
-    """The one refusal of mixture-of-experts models by the trainers (the planner and cost read them): named, with
-    its experts, on the field that chose the model."""
+    """Mixture-of-experts models the trainers cannot run, named on the field that chose the model (deepseek_v3:
+    multi-head latent attention and its sigmoid router are read for planning only), and the layouts qwen3_moe and
+    mixtral do not train with (tp, pp, cp > 1; ep beside dp_replicate), on the parallel field."""
     shape = _raw_shape(data, local)
     if shape is None or not shape.moe:
         return []
     field = ("model", "config") if _get(data, "model", "config") is not None else ("model", "name")
     if _get(data, "model", "config") is None and _get(data, "model", "weights") is not None:
         field = ("model", "weights")
-    return [
-        (
-            field,
-            f"{shape.name} is a mixture-of-experts model ({shape.arch}: {shape.num_experts} experts, top-"
-            f"{shape.experts_per_token}): training it is not supported yet; `nightloom plan` and `nightloom cost` "
-            "read it",
-        )
-    ]
+    if shape.arch not in TRAINED_MOE:
+        return [
+            (
+                field,
+                f"{shape.name} is a mixture-of-experts model ({shape.arch}: {shape.num_experts} experts, top-"
+                f"{shape.experts_per_token}): training {shape.arch} is not supported yet (qwen3_moe and mixtral "
+                "are); `nightloom plan` and `nightloom cost` read it",
+            )
+        ]
+    errs: list[FieldError] = []
+    for name, what in _MOE_UNSUPPORTED.items():
+        v = _get(data, "parallel", name, default=1)
+        if isinstance(v, int) and v > 1:
+            errs.append((("parallel", name), f"{name}={v}: {shape.name} is a mixture-of-experts model; no {what} yet"))
+    ep, dpr = _get(data, "parallel", "ep", default=1), _get(data, "parallel", "dp_replicate", default=1)
+    if isinstance(ep, int) and isinstance(dpr, int) and ep > 1 and dpr > 1:
+        errs.append((("parallel", "ep"), f"ep={ep} with dp_replicate={dpr}: expert parallel is drawn from dp_shard"))
+    return errs
 
 
 def _raw_shape(data: dict, local) -> ModelShape | None:
@@ -111,6 +134,7 @@ def semantic_errors(data: dict, base_dir: Path) -> list[FieldError]:
     errs += _moe_errors(data, local)
     errs += _tokenizer_errors(data, local)
     errs += _chat_errors(data, local)
+    errs += _xtuner_family_errors(data, local)
     every, eval_data = _get(data, "validate", "eval_every", default=0), _get(data, "validate", "eval_data")
     if isinstance(every, int) and every > 0 and not eval_data and not _get(data, "sharding", "heldout", default=0):
         errs.append((("validate", "eval_every"), "needs a held-out split (sharding.heldout) or validate.eval_data"))
@@ -285,3 +309,22 @@ def _chat_errors(data: dict, local) -> list[FieldError]:
                 )
             ]
     return []
+
+
+def _xtuner_family_errors(data: dict, local) -> list[FieldError]:
+    """train.backend xtuner with a model family transformers 4.48 (XTuner's pin) cannot load: named, with the
+    native trainer as the way to fine-tune it (nightloom/xtuner_families.py)."""
+    if _get(data, "train", "backend", default="native") != "xtuner":
+        return []
+    alias = _get(data, "train", "xtuner", "base_model", default="")
+    weights = _get(data, "model", "weights") or alias
+    folder = local(weights)
+    if folder is None or not (folder / "config.json").is_file():
+        return []  # not built yet (a demo), remote, or missing: the base-model check names it
+    try:
+        model_type = json.loads((folder / "config.json").read_text(encoding="utf-8")).get("model_type")
+    except (OSError, ValueError):
+        return []
+    why = xtuner_refusal(model_type)
+    field = ("model", "weights") if _get(data, "model", "weights") else ("train", "xtuner", "base_model")
+    return [] if why is None else [(field, why)]

@@ -3,8 +3,10 @@
 config.json (the source config when the run started from one), generation_config.json, consolidated
 `model-XXXXX-of-YYYYY.safetensors` + `model.safetensors.index.json`, and the tokenizer's files. Tensors are
 read from the checkpoint one layer at a time (one process, no process group), so memory holds one layer and
-one output file, never the optimizer state. Vocabulary rows padded for TP are cut off. Everything is
-written to a temporary folder that is renamed into place last: a reader never sees a half-written export.
+one output file, never the optimizer state. A mixture-of-experts layer's stacked experts are written in the Hub's
+per-expert layout (one tensor per expert and matrix, hf/names.py), as transformers 5.24's save_pretrained does.
+Vocabulary rows padded for TP are cut off. Everything is written to a temporary folder that is renamed into place
+last: a reader never sees a half-written export.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from nightloom.hf.config import config_for_export, config_path, read_config
 from nightloom.hf.load import INDEX_NAME
-from nightloom.hf.names import to_hf
+from nightloom.hf.names import expert_names, to_hf
 from nightloom.shape import ModelShape
 from nightloom.util import atomic_write_text
 
@@ -131,7 +133,9 @@ def export_checkpoint(
             nbytes = t.numel() * t.element_size()
             if pending and sum(x.numel() * x.element_size() for x in pending.values()) + nbytes > max_shard_bytes:
                 flush()
-            pending[to_hf(ours, shape)] = t
+            per_expert = expert_names(ours, shape) if shape.moe else None
+            for name, part in zip(per_expert, t) if per_expert is not None else [(to_hf(ours, shape), t)]:
+                pending[name] = part.contiguous()
             total += nbytes
         del state
     flush()

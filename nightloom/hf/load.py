@@ -9,6 +9,10 @@ and head of a vocabulary padded for TP are read whole (one tensor) and padded wi
 A gemma3 image-text checkpoint (Gemma3ForConditionalGeneration) gives its text decoder, stored under
 `language_model.model.` (the Hub's files) or `model.language_model.` (transformers 5's module names); its vision
 tower and projector are left out, said once in the log: the run trains and exports the text decoder only.
+
+A mixture-of-experts checkpoint's per-expert tensors (hf/names.py) are read one stacked matrix at a time: every
+expert's tensor of that matrix, stacked to (E, ...), and each rank keeps its own slice of it (its EP experts, its
+FSDP rows): one layer's matrix in memory at a time, never the model.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nightloom.hf.names import decoder_body, expected_shapes, optional, text_name, to_hf
+from nightloom.hf.names import decoder_body, expected_shapes, expert_names, optional, text_name, to_hf
 from nightloom.shape import ModelShape
 
 INDEX_NAME = "model.safetensors.index.json"
@@ -215,12 +219,17 @@ def load_hf_weights(
     states = [get_model_state_dict(m) for m in parts]
     to_read: dict[str, object] = {}
     padded: list[tuple[str, object]] = []
+    stacked: list[tuple[list[str], object]] = []  # MoE experts: (per-expert names, the stacked tensor)
     for sd in states:
         for name, t in sd.items():
             if shape.tied_embeddings and name == "output.weight":
                 continue  # the same tensor as the embedding
             if ".lora_" in name:
                 continue  # LoRA adapters (train/lora.py) start from their own init, not from the base checkpoint
+            per_expert = expert_names(name, shape) if shape.moe else None
+            if per_expert is not None:
+                stacked.append((per_expert, t))
+                continue
             hf = to_hf(name, shape)
             if shape.embed_rows != shape.vocab and name in ("tok_embeddings.weight", "output.weight"):
                 padded.append((hf, t))
@@ -233,7 +242,17 @@ def load_hf_weights(
                 full = f.get_tensor(index.stored_name(hf))
             rows = torch.zeros((shape.embed_rows - shape.vocab, full.shape[1]), dtype=full.dtype)
             _copy_global(t, torch.cat([full, rows]).to(t.dtype))
+        for names, t in stacked:
+            _copy_global(t, torch.stack([_read_tensor(index, n) for n in names]).to(t.dtype))
     return index  # the state dicts share storage with the parameters: filled in place
+
+
+def _read_tensor(index: CheckpointIndex, name: str):
+    """One tensor of the folder, whole (an MoE expert's matrix)."""
+    from safetensors import safe_open
+
+    with safe_open(str(index.folder / index.tensors[name].file), framework="pt") as f:
+        return f.get_tensor(index.stored_name(name))
 
 
 def _rank0_print(line: str) -> None:

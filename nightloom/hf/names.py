@@ -4,7 +4,13 @@ permutation).
 The native model uses the rotate-half RoPE layout of transformers, so Q/K rows load as they are stored. Gemma's
 `post_attention_layernorm` is the norm AFTER attention (Llama's is the one before the MLP, Gemma's
 `pre_feedforward_layernorm`), so the layer names depend on `shape.post_norms`. A gemma3 image-text checkpoint
-keeps the same decoder tensors under a prefix (`decoder_body`, `text_name`) beside a vision tower and projector."""
+keeps the same decoder tensors under a prefix (`decoder_body`, `text_name`) beside a vision tower and projector.
+
+Mixture-of-experts layers (qwen3_moe, mixtral) keep the Hub's per-expert layout on disk, what transformers 5.24's
+save_pretrained writes: one tensor per expert and matrix (`mlp.experts.N.gate_proj.weight`; mixtral
+`block_sparse_moe.experts.N.w1.weight`), the router at `mlp.gate.weight` / `block_sparse_moe.gate.weight`. The
+native model stacks each matrix over the experts (`ffn.experts.w1`, (E, ffn, hidden)): `expert_names` lists the
+per-expert names of one stacked tensor, in expert order."""
 
 from __future__ import annotations
 
@@ -37,6 +43,12 @@ _GEMMA_LAYER = {
     "ffn_norm.weight": "pre_feedforward_layernorm.weight",
     "ffn_post_norm.weight": "post_feedforward_layernorm.weight",
 }
+#: mixture-of-experts blocks: (module prefix, {native stacked name: per-expert matrix name}) per family
+_MOE = {
+    "qwen3_moe": ("mlp", {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}),
+    "mixtral": ("block_sparse_moe", {"w1": "w1", "w3": "w3", "w2": "w2"}),
+}
+_EXPERTS_RE = re.compile(r"layers\.(\d+)\.ffn\.experts\.(w[123])")
 _LAYER_RE = re.compile(r"layers\.(\d+)\.(.+)")
 #: tensors of a gemma3 image-text checkpoint that are not its text decoder (left out: not trained, not exported)
 VISION_PREFIXES = ("model.vision_tower.", "model.multi_modal_projector.", "vision_tower.", "multi_modal_projector.")
@@ -53,12 +65,31 @@ def to_hf(name: str, shape: ModelShape | None = None) -> str:
     if name in _TOP:
         return _TOP[name]
     m = _LAYER_RE.fullmatch(name)
+    if m and shape is not None and shape.moe and m.group(2) == "ffn.router.weight":
+        return f"model.layers.{m.group(1)}.{_moe_names(shape)[0]}.gate.weight"
     if m:
         rest = m.group(2)
         for ours, theirs in (_GEMMA_LAYER if shape is not None and shape.post_norms else _LAYER).items():
             if rest == ours or rest.startswith(ours + "."):
                 return f"model.layers.{m.group(1)}.{theirs}{rest[len(ours) :]}"
     raise KeyError(f"no Hugging Face name for parameter {name!r}")
+
+
+def _moe_names(shape: ModelShape) -> tuple[str, dict[str, str]]:
+    if shape.arch not in _MOE:
+        raise KeyError(f"model {shape.name}: no Hugging Face expert names for {shape.arch!r} (qwen3_moe, mixtral)")
+    return _MOE[shape.arch]
+
+
+def expert_names(name: str, shape: ModelShape) -> list[str] | None:
+    """The Hugging Face names of the E slices of a stacked expert tensor (`layers.1.ffn.experts.w1` ->
+    `model.layers.1.mlp.experts.{0..E-1}.gate_proj.weight`); None when `name` is not one."""
+    m = _EXPERTS_RE.fullmatch(name)
+    if m is None:
+        return None
+    block, mats = _moe_names(shape)
+    layer, which = m.group(1), mats[m.group(2)]
+    return [f"model.layers.{layer}.{block}.experts.{e}.{which}.weight" for e in range(shape.num_experts)]
 
 
 def expected_shapes(shape: ModelShape) -> dict[str, tuple[int, ...]]:
@@ -81,10 +112,20 @@ def expected_shapes(shape: ModelShape) -> dict[str, tuple[int, ...]]:
             p + "self_attn.k_proj.weight": (kv, h),
             p + "self_attn.v_proj.weight": (kv, h),
             p + "self_attn.o_proj.weight": (h, q),
-            p + "mlp.gate_proj.weight": (f, h),
-            p + "mlp.up_proj.weight": (f, h),
-            p + "mlp.down_proj.weight": (h, f),
         }
+        if shape.is_moe_layer(i):
+            block, mats = _moe_names(shape)
+            fe, mat = shape.expert_ffn_hidden, {"w1": (shape.expert_ffn_hidden, h), "w3": (shape.expert_ffn_hidden, h)}
+            mat["w2"] = (h, fe)
+            out[f"{p}{block}.gate.weight"] = (shape.num_experts, h)
+            for e in range(shape.num_experts):
+                out |= {f"{p}{block}.experts.{e}.{mats[k]}.weight": mat[k] for k in ("w1", "w3", "w2")}
+        else:
+            out |= {
+                p + "mlp.gate_proj.weight": (f, h),
+                p + "mlp.up_proj.weight": (f, h),
+                p + "mlp.down_proj.weight": (h, f),
+            }
         if shape.qkv_bias:
             out |= {
                 p + "self_attn.q_proj.bias": (q,),

@@ -32,7 +32,8 @@ def build_random_model(
     **config,
 ) -> Path:
     """Write `<out>` = config.json, generation_config.json, *.safetensors (+ index when sharded) of a random
-    `arch` (llama, mistral, qwen2, qwen3, gemma3_text) model. `bias_std` > 0 gives biases random values
+    `arch` (llama, mistral, qwen2, qwen3, gemma3_text; qwen3_moe and mixtral, saved in the Hub's per-expert layout)
+    model. `bias_std` > 0 gives biases random values
     (transformers zeroes them), `norm_std` > 0 gives RMSNorm weights a scale of 1 + N(0, norm_std) (transformers
     sets the scale to 1: weight 1, or 0 for Gemma's (1 + w) norms), so a bias or a norm weight that is not loaded
     shows in a parity check. gemma3_text takes Gemma3TextConfig's own arguments (sliding_window, layer_types,
@@ -45,10 +46,14 @@ def build_random_model(
         LlamaForCausalLM,
         MistralConfig,
         MistralForCausalLM,
+        MixtralConfig,
+        MixtralForCausalLM,
         Qwen2Config,
         Qwen2ForCausalLM,
         Qwen3Config,
         Qwen3ForCausalLM,
+        Qwen3MoeConfig,
+        Qwen3MoeForCausalLM,
     )
 
     classes = {
@@ -57,6 +62,8 @@ def build_random_model(
         "qwen2": (Qwen2Config, Qwen2ForCausalLM),
         "qwen3": (Qwen3Config, Qwen3ForCausalLM),
         "gemma3_text": (Gemma3TextConfig, Gemma3ForCausalLM),
+        "qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM),
+        "mixtral": (MixtralConfig, MixtralForCausalLM),
     }
     cfg_cls, model_cls = classes[arch]
     final = Path(out)

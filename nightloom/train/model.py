@@ -35,6 +35,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from nightloom.shape import ModelShape, RopeScaling
+from nightloom.train.moe import MoEFeedForward
 
 
 class RMSNorm(nn.Module):
@@ -241,7 +242,8 @@ class Block(nn.Module):
         self.attn = Attention(shape, layer)
         self.attn_post_norm = RMSNorm(shape.hidden, eps, off) if shape.post_norms else None
         self.ffn_norm = RMSNorm(shape.hidden, eps, off)
-        self.ffn = FeedForward(shape)
+        # mixture of experts (train/moe.py): routed experts in place of the MLP, except on the model's dense layers
+        self.ffn = MoEFeedForward(shape) if shape.is_moe_layer(layer) else FeedForward(shape)
         self.ffn_post_norm = RMSNorm(shape.hidden, eps, off) if shape.post_norms else None
         self.recompute_full = False  # full recompute: the whole block is recomputed in backward
 

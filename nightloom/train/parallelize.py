@@ -20,6 +20,7 @@ from nightloom.parallel import LayoutError, ParallelDims, ParallelPlan
 from nightloom.shape import ModelShape
 from nightloom.train.lora import LoraSettings, apply_lora, init_lora
 from nightloom.train.model import Transformer, build_model
+from nightloom.train.moe import prepare_moe
 from nightloom.train.tied import TiedCopies, retie, tied_copies
 
 
@@ -213,6 +214,8 @@ def build_parts(
         if lora is not None:
             apply_lora(m, lora, mesh["tp"] if plan.tp > 1 else None, plan.sp)
         m.set_recompute(plan.recompute)
+        if shape.moe:  # mixture of experts (train/moe.py): unsupported layouts refused; EP before FSDP2
+            prepare_moe(m, shape, dims, device.type)
         if dims.dp * dims.cp > 1:  # cp ranks hold the same parameters: their gradients are reduced too
             if dims.dp_shard == 1:
                 _apply_replicate(m, _replicate_mesh(dims, mesh), param_dtype)

@@ -44,5 +44,26 @@ class RankMetrics:
             if v is not None:
                 self.gauges[k].labels(**self.labels).set(v)
 
+    def experts(self, tokens: list[int], aux: float | None) -> None:
+        """Mixture of experts: tokens routed to each expert in the last step (gauge per `expert`), max/mean, and
+        the router's load-balancing loss; created on first use, so dense runs export none of them."""
+        from nightloom.train.moe import imbalance
+
+        if "expert_tokens" not in self.gauges:
+            self.gauges["expert_tokens"] = Gauge(
+                "nightloom_expert_tokens",
+                "Tokens routed to this expert in the last step (all ranks, summed over MoE layers)",
+                ["run", "rank", "expert"],
+                registry=self.registry,
+            )
+            for k, n, h in (
+                ("expert_imbalance", "nightloom_expert_imbalance", "Max / mean tokens per expert (1 = balanced)"),
+                ("router_aux_loss", "nightloom_router_aux_loss", "Router load-balancing loss (unscaled)"),
+            ):
+                self.gauges[k] = Gauge(n, h, ["run", "rank"], registry=self.registry)
+        for e, n in enumerate(tokens):
+            self.gauges["expert_tokens"].labels(**self.labels, expert=str(e)).set(n)
+        self.update(expert_imbalance=imbalance(tokens), router_aux_loss=aux)
+
     def close(self) -> None:
         self.server.shutdown()

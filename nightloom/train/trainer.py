@@ -27,6 +27,7 @@ from nightloom.train import checkpoint
 from nightloom.train.data import ConversationRows, PackedWindows, StepLoader, read_eval_rows, read_eval_windows
 from nightloom.train.job import TrainJob, TrainResult
 from nightloom.train.lora import LoraSettings, trainable
+from nightloom.train.moe import ExpertLoad, imbalance
 from nightloom.train.parallelize import IGNORE_INDEX, ModelParts, build_parts, label_nll_sum, validate_plan
 from nightloom.util import atomic_write_text
 
@@ -236,6 +237,7 @@ class Trainer:
         self.fsdp = self.dims.dp > 1
         self.flops_tok = perf.flops_per_token(self.shape, t.seq_len)
         self.hflops_tok = perf.flops_per_token(self.shape, t.seq_len, self.plan.recompute, hardware=True)
+        self.moe = ExpertLoad(self.shape.router_aux_loss_coef, self.shape.num_experts) if self.shape.moe else None
         self.peak, self.peak_source = _measure_peak(job, ctx)
         self.eval_batches: list[tuple[torch.Tensor, torch.Tensor]] = []
         if job.eval_every:
@@ -291,6 +293,8 @@ class Trainer:
                 # train.pack: each row's document ids make attention block-causal and positions per conversation
                 out = model(x) if batch.docs is None else model(x, doc_ids=batch.docs[i].to(dev))
                 loss = self.parts.loss(out, y) / n
+                if self.moe is not None:  # MoE: + coef · router load-balancing loss (transformers'), experts' load
+                    loss = loss + self.moe.loss(model) / n
                 loss.backward()
             total += loss.detach().float()
         return total
@@ -445,6 +449,7 @@ class Trainer:
                 o.step()
                 o.zero_grad(set_to_none=True)
             last_loss = self._global_loss(local)
+            experts, aux = self.moe.take(self.ctx.device) if self.moe is not None else (None, None)
             mem = torch.tensor([float(peak_memory_bytes(self.ctx.device))], device=self.ctx.device)
             dist.all_reduce(mem, op=dist.ReduceOp.MAX)
             dt = time.perf_counter() - t0
@@ -480,6 +485,9 @@ class Trainer:
                         eval_loss=ev_loss,
                         eval_ppl=ev_ppl,
                         eval_tokens=ev_tokens,
+                        router_aux_loss=aux,
+                        expert_tokens=experts,
+                        expert_imbalance=imbalance(experts) if experts else None,
                     ),
                 )
                 print(
@@ -500,6 +508,8 @@ class Trainer:
                     eval_loss=ev_loss,
                     eval_ppl=ev_ppl,
                 )
+                if experts:
+                    self.prom.experts(experts, aux)
             if t.checkpoint_every and step % t.checkpoint_every == 0 and step < t.steps:
                 last_ckpt = self._save(step)
                 saved_at = step

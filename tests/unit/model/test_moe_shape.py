@@ -125,10 +125,11 @@ def test_transformers5_spelling_of_qwen3_moe_experts(tmp_path):
         shape_from_config(CASES["qwen3_moe"] | {"mlp_only_layers": [9]})
 
 
-@pytest.mark.parametrize("model", [{"name": "mixtral-8x7b"}, {"config": "moe/config.json"}])
+@pytest.mark.parametrize("model", [{"name": "deepseek-v3"}, {"config": "moe/config.json"}])
 def test_the_trainer_refuses_a_moe_model_by_name(tmp_path, model):
+    """deepseek_v3 is read for planning only (qwen3_moe and mixtral train: tests/unit/train/test_moe.py)."""
     (tmp_path / "moe").mkdir()
-    (tmp_path / "moe" / "config.json").write_text(json.dumps(CASES["qwen3_moe"]))
+    (tmp_path / "moe" / "config.json").write_text(json.dumps(CASES["deepseek_v3"]))
     (tmp_path / "c.jsonl").write_text('{"text": "hello"}\n')
     spec = {"name": "t", "dataset": {"path": "c.jsonl"}, "model": model}
     path = tmp_path / "spec.yaml"

