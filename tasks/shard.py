@@ -7,6 +7,7 @@ run stopped; results are small pydantic records (the data itself moves through f
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
@@ -61,15 +62,19 @@ def plan_shards_task(
     """List and fingerprint inputs (builds the sample corpus, and a `train_vocab` tokenizer, on first use);
     `chat`: train.task sft's chat settings (records are chats)."""
     log, t0 = get_run_logger(), time.perf_counter()
+    tok_path = getattr(tokenizer, "path", None)
     first_use = [
-        w
-        for w, todo in (("the sample corpus", dataset.sample), ("a tokenizer", getattr(tokenizer, "train_vocab", None)))
+        what
+        for what, todo in (
+            ("the sample corpus", dataset.sample and not _exists_locally(dataset.path)),
+            ("a tokenizer", getattr(tokenizer, "train_vocab", None) and not _exists_locally(tok_path)),
+        )
         if todo
     ]
     log.info(
         "listing and fingerprinting %s%s",
         dataset.path,
-        f" (builds {' and '.join(first_use)} on first use)" if first_use else "",
+        f" (first use: builds {' and '.join(first_use)})" if first_use else "",
     )
     with heartbeat(log, "plan-shards"):
         job = plan_job(dataset, sharding, storage, tokenizer=tokenizer, chat=chat)
@@ -83,6 +88,11 @@ def plan_shards_task(
         time.perf_counter() - t0,
     )
     return job
+
+
+def _exists_locally(path: str | None) -> bool:
+    """A local path that exists (an s3:// one counts as there: nothing is built on S3)."""
+    return path is None or "://" in path or Path(path).exists()
 
 
 @task(name="reuse-manifest", cache_policy=NO_CACHE)

@@ -59,25 +59,6 @@ def wait_final(flow_run_id: str, timeout: float = 900):
     raise AssertionError(f"flow run {flow_run_id} not final after {timeout} s")
 
 
-def runs_of(deployment_id) -> list:
-    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
-
-    with client() as c:
-        return c.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id])))
-
-
-def new_run(deployment_id, before: set, timeout: float = 60) -> str:
-    """The flow run the form's Submit created (the deployment's run not in `before`)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        new = [r for r in runs_of(deployment_id) if r.id not in before]
-        if new:
-            assert len(new) == 1, [r.name for r in new]
-            return str(new[0].id)
-        time.sleep(0.5)
-    raise AssertionError(f"no flow run of deployment {deployment_id} appeared {timeout} s after Submit")
-
-
 def task_runs_of(flow_run_id: str) -> list:
     """The run's task runs and its subflows' (not the placeholder task a subflow has in its parent)."""
     from prefect.client.schemas.filters import (
@@ -108,6 +89,7 @@ def own_lines(task_run_id) -> list[str]:
 
 
 def test_default_run_from_the_form(ui_url, tmp_path):
+    from playwright.sync_api import Error as PlaywrightError
     from playwright.sync_api import expect, sync_playwright
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
 
@@ -118,6 +100,9 @@ def test_default_run_from_the_form(ui_url, tmp_path):
         browser = pw.chromium.launch(executable_path=chromium, args=["--no-sandbox", "--disable-dev-shm-usage"])
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         page.set_default_timeout(60_000)
+        console: list[str] = []  # the UI's own errors, for the failure message
+        page.on("console", lambda m: console.append(m.text) if m.type == "error" else None)
+        page.on("response", lambda r: console.append(f"{r.status} {r.url}") if r.status >= 400 else None)
         try:
             page.goto(f"{ui_url}/deployments/deployment/{deployment.id}")
             page.get_by_role("button", name="Run", exact=True).click()
@@ -125,9 +110,14 @@ def test_default_run_from_the_form(ui_url, tmp_path):
             page.wait_for_url(re.compile(rf"/deployments/deployment/{deployment.id}/run"))
             expect(page.get_by_text("heldout.<hash>.parquet", exact=False)).to_be_visible()  # not swallowed
             page.screenshot(path=tmp_path / "form.png", full_page=True)
-            before = {r.id for r in runs_of(deployment.id)}
-            page.get_by_role("button", name="Submit").click()
-            flow_run_id = new_run(deployment.id, before)  # the UI goes back to the deployment's runs
+            page.wait_for_load_state("networkidle")  # the form's schema and defaults are in (a quick click failed)
+            try:
+                with page.expect_response(lambda r: r.url.endswith("/create_flow_run")) as created:
+                    page.get_by_role("button", name="Submit").click()
+            except PlaywrightError as e:
+                raise AssertionError(f"Submit created no flow run ({e}); the UI's errors: {console}") from None
+            assert created.value.status == 201, (created.value.status, created.value.text(), console)
+            flow_run_id = created.value.json()["id"]
             page.goto(f"{ui_url}/runs/flow-run/{flow_run_id}")
 
             final = wait_final(flow_run_id)
