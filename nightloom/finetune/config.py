@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Literal
 
 from nightloom.micro_batch import micro_batches_per_step
+from nightloom.xtuner_families import xtuner_refusal
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 STATS_FILE = "nightloom_stats.json"  # written by node_wrapper.py prepare next to the processed dataset
@@ -243,6 +244,9 @@ def check_base_model(path: str | Path) -> Path:
         missing.append("weights (" + " or ".join(WEIGHT_GLOBS) + ")")
     if missing:
         raise XTunerConfigError(f"train.xtuner.base_model: {p}: missing {', '.join(missing)}")
+    why = xtuner_refusal(json.loads((p / "config.json").read_text(encoding="utf-8")).get("model_type"))
+    if why is not None:
+        raise XTunerConfigError(f"train.xtuner.base_model: {p}: {why}")
     return p
 
 

@@ -183,6 +183,7 @@ FLOORS = {
     "nightloom.micro_batch": 0,
     "nightloom.spec_base": 0,
     "nightloom.spec_cluster": 0,
+    "nightloom.xtuner_families": 1,
     "nightloom.runfiles": 0,
     "nightloom.util": 0,
 }
