@@ -7,7 +7,9 @@ job's pipeline as a subflow); a stretch whose nodes an earlier stretch of tonigh
 pipeline's window gate reads the flow's clock (`at`, or now), so a test can run night 1 and night 2 at any real
 time. A split job resumes its run (same run id, folder and ledger row) the next night, as split runs do; a job whose
 night failed, crashed or was preempted keeps the steps it had and is planned again from the next night. Outside
-every window the flow runs nothing and names the next night (the cron starts it then).
+every window the flow runs nothing and names the next night (the cron starts it then); with no such queue in the
+ledger it logs so and completes. Each pipeline runs placed (flows/stages.placed): its cluster lock keyed by its
+cluster name and node indices, its training stopped at its stretch's end, on Slurm pinned to its nodes.
 """
 
 from __future__ import annotations
@@ -22,13 +24,20 @@ from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel, ConfigDict
 
 from flows.pipeline import training_pipeline
-from flows.stages import clock_at
+from flows.stages import clock_at, placed
 from nightloom.ledger import Ledger
 from nightloom.queue_store import QueuedJob, QueueRun
 from nightloom.schedule.queue_night import JobProgress, NightStretch, night_outcome
 from nightloom.spec import LedgerSpec
 from nightloom.spec_load import coerce_spec
-from tasks.queue import QueueNight, gantt_task, load_night_task, night_table_task, record_run_task
+from tasks.queue import (
+    QueueNight,
+    gantt_task,
+    load_night_task,
+    night_table_task,
+    placement_task,
+    record_run_task,
+)
 
 
 class QueueNightReport(BaseModel):
@@ -54,6 +63,8 @@ def nightly_queue(
     when = _at(at)
     night = load_night_task(url, queue, when)
     report = QueueNightReport(queue=queue, at=when)
+    if night is None:  # no such queue (yet): a scheduled start before anyone created it is not a failure
+        return report
     if night.plan is not None:
         report.gantt = str(gantt_task(night.plan, _chart_path(night, folder), f"queue {queue}"))
     if night.window is None:
@@ -103,11 +114,13 @@ def job_night_task(
     night_start: datetime,
 ) -> QueueRun:
     """Run one job's stretch tonight as a training-pipeline subflow (resuming its run when it has one) on the
-    flow's clock, and record what it did; a failed or crashed night is recorded, never raised."""
+    flow's clock, placed on its nodes (lock key, stop at the stretch's end, Slurm node list), and record what it
+    did; a failed or crashed night is recorded, never raised."""
     spec = coerce_spec(job.spec)
     before = progress or JobProgress(job.id)
     started = datetime.now(UTC)
-    with clock_at(at):
+    where = placement_task(spec, stretch)
+    with clock_at(at), placed(where):
         state = training_pipeline(spec, resume_run_id=before.run_id, return_state=True)
     fr_id = str(state.state_details.flow_run_id) if state.state_details.flow_run_id else None
     result = state.result(raise_on_failure=False)

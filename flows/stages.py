@@ -31,6 +31,7 @@ from nightloom.schedule.cost import BillingSpan
 from nightloom.schedule.errors import RunRefused
 from nightloom.schedule.gate import GateDecision
 from nightloom.schedule.night_record import NightsSoFar, night_record
+from nightloom.schedule.queue_night import StretchPlacement
 from nightloom.schedule.windows import next_window
 from nightloom.shape import ModelShape
 from nightloom.sharding import ShardManifest
@@ -61,6 +62,32 @@ def clock_at(now: datetime) -> Iterator[None]:
 def clock() -> datetime | None:
     """The injected time (`clock_at`), or None: the real clock."""
     return _clock.get()
+
+
+_placement: ContextVar[StretchPlacement | None] = ContextVar("nightloom_placement", default=None)
+
+
+@contextmanager
+def placed(p: StretchPlacement) -> Iterator[None]:
+    """Run the pipeline as the night queue placed it (flows/queue_night.py): its cluster lock's key, its stretch's
+    stop time and the provider options that pin its nodes."""
+    token = _placement.set(p)
+    try:
+        yield
+    finally:
+        _placement.reset(token)
+
+
+def _stretch_deadline(decision: GateDecision) -> GateDecision:
+    """Under the queue, training stops at the plan's end of the stretch when that comes before the gate's
+    deadline (mapped from the gate's clock onto the real one, as the gate maps the window's end)."""
+    p = _placement.get()
+    if p is None or p.stop_at is None or not decision.run_now:
+        return decision
+    stop = p.stop_at.timestamp() - (decision.clock_offset_s or 0.0)
+    if decision.deadline_unix is not None and decision.deadline_unix <= stop:
+        return decision
+    return decision.model_copy(update={"deadline_unix": stop, "deadline_kind": "stretch"})
 
 
 class Stopwatch:
@@ -129,7 +156,7 @@ def gate_stage(spec: RunSpec, shape: ModelShape, run_id: str, resume: bool) -> t
     (nothing was rented) and raised."""
     pre_plan = plan_task.with_options(task_run_name="pre-plan")(spec, spec.world_size, publish=False)
     try:
-        decision = gate_task(spec, pre_plan, shape, run_id=run_id, now=clock())
+        decision = _stretch_deadline(gate_task(spec, pre_plan, shape, run_id=run_id, now=clock()))
     except RunRefused as e:  # over budget or max_nights: refused before renting; the ledger keeps it
         start_record_task(spec, run_id, pre_plan, resume=resume)
         fail_record_task(spec, run_id, "refused", str(e), 0.0)
@@ -181,10 +208,11 @@ def rented_cluster(spec: RunSpec, run_dir: Path, watch: Stopwatch) -> Iterator[R
     """Hold the cluster's lock, acquire and record the nodes (teardown hooks read the record); however the
     block is left, release the nodes and kill the recorded processes."""
     started = datetime.now(UTC)
-    provider = make_provider(spec)
+    placement = _placement.get()
+    provider = make_provider(placement.provider_spec(spec) if placement else spec)
     rental: Rental | None = None
     try:
-        with cluster_lock(spec.cluster.name):
+        with cluster_lock(placement.lock_key if placement else spec.cluster.name):
             with watch.stage("provision"):
                 cluster = acquire_cluster(provider)
                 record_cluster(run_dir, cluster)

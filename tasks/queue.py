@@ -12,12 +12,22 @@ from pathlib import Path
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
+from sqlalchemy.engine import make_url
 
 from nightloom.ledger import Ledger
 from nightloom.queue_store import QueuedJob, QueueRecord, QueueRun, QueueStore
-from nightloom.schedule.queue_night import JobProgress, NightStretch, next_night, tonight, tonight_window
+from nightloom.schedule.queue_night import (
+    JobProgress,
+    NightStretch,
+    StretchPlacement,
+    next_night,
+    placement,
+    tonight,
+    tonight_window,
+)
 from nightloom.schedule.queue_plan import QueuePlan, plan_queue
 from nightloom.schedule.windows import Interval
+from nightloom.spec import RunSpec
 
 
 @dataclass(frozen=True)
@@ -36,10 +46,15 @@ class QueueNight:
 
 
 @task(name="queue-tonight", retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE)
-def load_night_task(ledger_url: str, queue: str, at: datetime) -> QueueNight:
-    """Read the queue and what its nights did, plan what is left from `at` and pick tonight's stretches."""
+def load_night_task(ledger_url: str, queue: str, at: datetime) -> QueueNight | None:
+    """Read the queue and what its nights did, plan what is left from `at` and pick tonight's stretches; None (and
+    a log line) when the ledger has no such queue: a deployment's schedule may start before anyone made it."""
     with Ledger(ledger_url) as lg:
         store = QueueStore(lg)
+        if queue not in store.names():
+            where = make_url(ledger_url).render_as_string(hide_password=True)
+            get_run_logger().info("no queue named %s in %s; nothing to run", queue, where)
+            return None
         q, jobs, progress, left = store.get(queue), store.jobs(queue), store.progress(queue), store.plan_jobs(queue)
     plan = None
     if q.schedule is not None and left:
@@ -61,6 +76,45 @@ def load_night_task(ledger_url: str, queue: str, at: datetime) -> QueueNight:
 def jobs_name(night: QueueNight, job_id: int) -> str:
     job = night.jobs.get(job_id)
     return f"job {job_id} ({job.name})" if job else f"job {job_id}"
+
+
+@task(name="queue-placement", cache_policy=NO_CACHE)
+def placement_task(spec: RunSpec, stretch: NightStretch) -> StretchPlacement:
+    """Place a stretch (lock key, stop time, Slurm node pinning: the partition's nodes read with scontrol) and log
+    how."""
+    names = partition_nodes(spec.cluster.provider.partition) if spec.cluster.provider.kind == "slurm" else None
+    p = placement(spec, stretch, names)
+    stop = p.stop_at.isoformat() if p.stop_at else "the gate's deadline (the window's end)"
+    get_run_logger().info(
+        "job %d on nodes %s: lock %s, training stops at %s; %s",
+        stretch.job_id,
+        list(stretch.nodes),
+        p.lock_key,
+        stop,
+        p.note,
+    )
+    return p
+
+
+def partition_nodes(partition: str) -> list[str] | None:
+    """A Slurm partition's node names in its own order (`scontrol show partition`, then `show hostnames`), or None
+    when Slurm does not answer (the queue then takes any nodes of it)."""
+    import subprocess
+
+    from nightloom.provision.base import ProvisionError
+    from nightloom.provision.slurm import run_cmd
+
+    try:
+        r = run_cmd(["scontrol", "show", "partition", "-o", partition], timeout=30)
+        fields = dict(kv.split("=", 1) for kv in r.stdout.split() if "=" in kv) if r.returncode == 0 else {}
+        if not fields.get("Nodes") or fields["Nodes"] == "(null)":
+            return None
+        h = run_cmd(["scontrol", "show", "hostnames", fields["Nodes"]], timeout=30)
+    except (ProvisionError, OSError, ValueError, subprocess.TimeoutExpired) as e:
+        get_run_logger().info("slurm partition %s: nodes not read (%s)", partition, type(e).__name__)
+        return None
+    names = h.stdout.split() if h.returncode == 0 else []
+    return names or None
 
 
 @task(name="queue-gantt", cache_policy=NO_CACHE)

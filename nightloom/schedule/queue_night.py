@@ -15,7 +15,7 @@ from datetime import datetime
 
 from nightloom.schedule.queue_plan import PlanJob, QueuePlan
 from nightloom.schedule.windows import Interval, aware_utc, current_window, next_window
-from nightloom.spec import ScheduleSpec
+from nightloom.spec import RunSpec, ScheduleSpec
 
 #: the queue job statuses: queued (never ran, or planned again after a failed night), split (continues next night),
 #: done (trained all its steps)
@@ -46,6 +46,7 @@ class NightStretch:
     training_s: float
     parts: tuple[str, ...]
     after: tuple[int, ...] = ()
+    train_end: datetime | None = None  # the end of its last training segment (its checkpoint follows)
 
     @property
     def checkpoints(self) -> bool:
@@ -118,6 +119,7 @@ def _stretch(job_id: int, segs: list) -> NightStretch:
         nodes=segs[0].nodes,
         training_s=sum(s.seconds for s in segs if s.what == "training"),
         parts=tuple(s.what for s in segs),
+        train_end=max((s.end for s in segs if s.what == "training"), default=None),
     )
 
 
@@ -132,3 +134,64 @@ def night_outcome(run_status: str | None, steps_done: int, total_steps: int) -> 
         return NightOutcome("split", True, f"{steps_done}/{total_steps} steps; continues next night")
     what = run_status or "crashed"
     return NightOutcome("queued", True, f"the night's run ended {what}; planned again ({steps_done} steps kept)")
+
+
+@dataclass(frozen=True)
+class StretchPlacement:
+    """How the queue runs one stretch's pipeline: the key of its cluster lock (cluster name and node indices, so
+    jobs sharing a cluster.name on disjoint nodes run side by side; the queue orders those that share nodes), when
+    its training stops (the plan's end of the stretch's training when a checkpoint ends it; None: the gate's own
+    deadline, the window's end), and the sbatch options that pin it to its nodes (Slurm), with why or why not."""
+
+    lock_key: str
+    stop_at: datetime | None
+    extra_sbatch: tuple[str, ...] = ()
+    pinned: tuple[str, ...] = ()
+    note: str = ""
+
+    def provider_spec(self, spec: RunSpec) -> RunSpec:
+        """The spec the provider rents with: `spec` plus the pinning options (the run's spec, its hash and ledger
+        row stay the job's own)."""
+        if not self.extra_sbatch:
+            return spec
+        out = spec.model_copy(deep=True)
+        out.cluster.provider.extra_sbatch = [*out.cluster.provider.extra_sbatch, *self.extra_sbatch]
+        return out
+
+
+def placement(spec: RunSpec, stretch: NightStretch, partition_nodes: list[str] | None) -> StretchPlacement:
+    """Place a stretch: lock key, stop time, and on Slurm `--nodelist` of the partition's nodes at the stretch's
+    node indices (`partition_nodes` in the partition's order; None when unknown). Without pinning a job gets any
+    N nodes of its provider; the queue still never holds more than its max-nodes, as it never runs more at once."""
+    nodes = tuple(stretch.nodes)
+    key = f"{spec.cluster.name}-nodes-" + "-".join(map(str, nodes))
+    stop = stretch.train_end if stretch.checkpoints else None
+    pin, pinned, note = _pin(spec, nodes, partition_nodes)
+    return StretchPlacement(lock_key=key, stop_at=stop, extra_sbatch=pin, pinned=pinned, note=note)
+
+
+def _pin(
+    spec: RunSpec, nodes: tuple[int, ...], names: list[str] | None
+) -> tuple[tuple[str, ...], tuple[str, ...], str]:
+    prov = spec.cluster.provider
+    if prov.kind != "slurm":
+        return (), (), f"{prov.kind} provider: any {len(nodes)} node(s) of it (no node list to pin)"
+    if names is None:
+        return (), (), f"partition {prov.partition!r}: its nodes are not known; any {len(nodes)} of it"
+    if max(nodes, default=0) >= len(names):
+        return (
+            (),
+            (),
+            (
+                f"partition {prov.partition!r} has {len(names)} node(s), fewer than the queue's node {max(nodes)}; "
+                f"any {len(nodes)} of it"
+            ),
+        )
+    own = [o for o in prov.extra_sbatch if o.startswith(("--nodelist", "-w", "--exclude", "-x"))]
+    if own:
+        return (), (), f"cluster.provider.extra_sbatch already chooses nodes ({own[0]}); kept as given"
+    chosen = tuple(names[i] for i in nodes)
+    bad = sorted(set(chosen) & set(prov.exclude))
+    if bad:
+        return (), (), f"cluster.provider.exclude names {bad}, which the queue's nodes {list(nodes)} are; any node"
+    return (f"--nodelist={','.join(chosen)}",), chosen, f"pinned to {','.join(chosen)} (nodes {list(nodes)})"

@@ -7,9 +7,17 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from zoneinfo import ZoneInfo
 
-from nightloom.schedule.queue_night import JobProgress, next_night, night_outcome, remaining, tonight, tonight_window
+from nightloom.schedule.queue_night import (
+    JobProgress,
+    next_night,
+    night_outcome,
+    placement,
+    remaining,
+    tonight,
+    tonight_window,
+)
 from nightloom.schedule.queue_plan import PlanJob, plan_queue
-from nightloom.spec import ScheduleSpec
+from nightloom.spec import ClusterSpec, DatasetSpec, RunSpec, ScheduleSpec, SlurmSpec
 
 SH = ZoneInfo("Asia/Shanghai")
 H = 3600.0
@@ -90,6 +98,39 @@ def test_a_nights_outcome_makes_a_job_done_split_or_planned_again():
         assert out.status == "queued" and out.replanned, out
     assert "crashed" in night_outcome(None, 30, 100).reason
     assert night_outcome("split", 100, 100).status == "done"  # the last steps done at the window's end
+
+
+def slurm_spec(**slurm) -> RunSpec:
+    return RunSpec(
+        name="q",
+        dataset=DatasetSpec(path="/tmp"),
+        cluster=ClusterSpec(name="ci", provider="slurm", nodes=1, slurm=SlurmSpec(partition="debug", **slurm)),
+    )
+
+
+def test_a_stretch_is_placed_on_its_nodes_with_its_own_lock_and_stop():
+    plan = plan_queue(
+        SCHED, 2, [job(1, 1, 6.0), job(2, 1, 1.0, policy="wait", priority=2)], datetime(2026, 6, 1, 1, 0, tzinfo=SH)
+    )
+    split, last = tonight(plan, tonight_window(SCHED, datetime(2026, 6, 1, 2, 0, tzinfo=SH)))
+    spec = slurm_spec()
+    a, b = placement(spec, split, ["n1", "n2"]), placement(spec, last, ["n1", "n2"])
+    # one cluster.name, disjoint nodes: two lock keys, so the pipeline's per-cluster lock lets them run at once
+    assert (a.lock_key, b.lock_key) == ("ci-nodes-0", "ci-nodes-1")
+    # the split stretch stops training where the plan put its checkpoint; the finishing one keeps the gate's
+    assert a.stop_at == split.train_end == split.end - timedelta(seconds=40) and b.stop_at is None
+    # pinned to the partition's nodes at the plan's indices, in the provider's spec only (the run's hash is kept)
+    assert (a.extra_sbatch, b.extra_sbatch, b.pinned) == (("--nodelist=n1",), ("--nodelist=n2",), ("n2",))
+    rent = b.provider_spec(spec)
+    assert rent.cluster.provider.extra_sbatch == ["--nodelist=n2"] and spec.cluster.provider.extra_sbatch == []
+    # not pinned, each with the reason: unknown nodes, too few, the spec chooses its own, an excluded node, local
+    assert "not known" in placement(spec, last, None).note and not placement(spec, last, None).extra_sbatch
+    assert "fewer than the queue's node 1" in placement(spec, last, ["n1"]).note
+    own = placement(slurm_spec(extra_sbatch=["--nodelist=n9"]), last, ["n1", "n2"])
+    assert not own.extra_sbatch and "--nodelist=n9" in own.note
+    assert "exclude" in placement(slurm_spec(exclude=["n2"]), last, ["n1", "n2"]).note
+    local = placement(RunSpec(name="q", dataset=DatasetSpec(path="/tmp")), last, None)
+    assert local.extra_sbatch == () and local.lock_key == "local-nodes-1" and "local provider" in local.note
 
 
 def test_prefect_yaml_runs_the_queue_at_the_windows_start():
