@@ -4,13 +4,15 @@ playwright, on the CI server (.ci/services.sh) or any server in PREFECT_API_URL 
 Opens the on-demand deployment, Run → Custom run, submits the form's default (the demo spec), waits for
 Completed; then every task page of the run (the shard subflow's too) shows a log line of its own beyond
 "Finished in state", and the run-summary artifact exists. Screenshots (the form, the run page, the
-artifacts tab) are saved in the test's tmp folder: pytest's basetemp, `test_default_run_from_the_form0/`.
+artifacts tab, the last page seen) are saved in the test's tmp folder (pytest's basetemp,
+`test_default_run_from_the_form0/`) and, in CI, copied to `$SVC_DIR/ui-screenshots/` (`.ci-state/ui-screenshots/`).
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -150,3 +152,14 @@ def test_default_run_from_the_form(ui_url, tmp_path):
         finally:
             page.screenshot(path=tmp_path / "last.png", full_page=True)
             browser.close()
+            keep_screenshots(tmp_path)
+
+
+def keep_screenshots(folder: Path) -> None:
+    """Copy the screenshots to $SVC_DIR/ui-screenshots (CI's state folder, .ci-state/), beside the services' logs."""
+    svc = os.environ.get("SVC_DIR")
+    if svc:
+        dest = Path(svc) / "ui-screenshots"
+        dest.mkdir(parents=True, exist_ok=True)
+        for png in folder.glob("*.png"):
+            shutil.copy2(png, dest / png.name)
