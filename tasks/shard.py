@@ -139,14 +139,14 @@ def scan_input_task(job: ShardJob, index: int) -> ScanResult:
     with heartbeat(log, f"scan-input-{index}"):
         scan = scan_unit(job, index)
     log.info(
-        "unit %d: %d file(s), %s read, %d records: %d documents kept, %d empty, %d bad; %.2f s",
+        "unit %d: %d file(s), %s read, %s records: %s documents kept, %s empty, %s bad; %.2f s",
         index,
         len(job.units[index]),
         human_bytes(job.unit_bytes(index)),
-        scan.records,
-        scan.docs,
-        scan.empty,
-        scan.bad,
+        f"{scan.records:,}",
+        f"{scan.docs:,}",
+        f"{scan.empty:,}",
+        f"{scan.bad:,}",
         time.perf_counter() - t0,
     )
     return scan
@@ -159,11 +159,11 @@ def place_documents_task(job: ShardJob, scans: list[ScanResult]) -> Placement:
     with heartbeat(log, "place-documents"):
         placement = place_documents(job, scans)
     log.info(
-        "placed %d documents in %d shards: %d duplicates dropped, %d held out; imbalance %.4f -> %.4f%s; %.2f s",
-        placement.kept,
+        "placed %s documents in %d shards: %s duplicates dropped, %s held out; imbalance %.4f -> %.4f%s; %.2f s",
+        f"{placement.kept:,}",
         job.num_shards,
-        placement.dedup_dropped,
-        placement.heldout,
+        f"{placement.dedup_dropped:,}",
+        f"{placement.heldout:,}",
         placement.imbalance_before,
         placement.imbalance,
         " (rebalanced)" if placement.rebalanced else "",
@@ -188,10 +188,10 @@ def write_shard_task(job: ShardJob, scans: list[ScanResult], index: int) -> Shar
     with heartbeat(log, f"write {what}"):
         info = write_shard(job, scans, index)
     log.info(
-        "%s: %d rows, %d tokens, %s -> %s/%s; %.2f s",
+        "%s: %s rows, %s tokens, %s -> %s/%s; %.2f s",
         what,
-        info.rows,
-        info.tokens,
+        f"{info.rows:,}",
+        f"{info.tokens:,}",
         human_bytes(info.bytes),
         job.output,
         info.path,
@@ -208,11 +208,12 @@ def publish_manifest_task(
     t0 = time.perf_counter()
     manifest = publish_manifest(job, scans, placement, infos)
     get_run_logger().info(
-        "published %s/manifest.json: %d shards, %d rows, %d tokens, %s; %.2f s",
+        "published %s/manifest.json: %d shards (+ held-out split: %s), %s rows, %s tokens, %s; %.2f s",
         job.output,
         manifest.num_shards,
-        sum(i.rows for i in infos),
-        sum(i.tokens for i in infos),
+        "yes" if manifest.heldout else "no",
+        f"{sum(i.rows for i in infos):,}",
+        f"{sum(i.tokens for i in infos):,}",
         human_bytes(sum(i.bytes for i in infos)),
         time.perf_counter() - t0,
     )
