@@ -1,4 +1,5 @@
-"""PNG plots for the Prefect UI and the run folder: loss, tokens/s and MFU per step, predicted vs measured MFU.
+"""PNG plots for the Prefect UI and the run folder: loss, tokens/s and MFU per step, predicted vs measured MFU, and a
+mixture-of-experts run's tokens per expert per step.
 
 Uses matplotlib's object API with the Agg canvas directly (no pyplot, no global backend switch), so it is
 safe in worker threads and headless nodes. Every PNG is written atomically (temp file, then os.replace).
@@ -141,6 +142,28 @@ def plot_eval(steps: Sequence[StepMetrics], path: str | Path, title: str = "held
     return _save(fig, Path(path))
 
 
+def plot_expert_load(steps: Sequence[StepMetrics], path: str | Path, title: str = "tokens per expert") -> Path:
+    """A mixture-of-experts run's router load: each expert's share of the step's top-k assignments (a heat map,
+    experts by steps; a balanced router is one flat colour, 1/E each) and max/mean per step under it."""
+    rows = [m for m in steps if m.expert_tokens]
+    fig = Figure(figsize=(8, 5))
+    heat, line = fig.subplots(2, 1, sharex=True, height_ratios=(3, 1))
+    if rows:
+        shares = [[n / max(sum(m.expert_tokens), 1) for n in m.expert_tokens] for m in rows]
+        experts = len(shares[0])
+        grid = [[s[e] for s in shares] for e in range(experts)]
+        x0, x1 = rows[0].step - 0.5, rows[-1].step + 0.5
+        img = heat.imshow(grid, aspect="auto", origin="lower", extent=(x0, x1, -0.5, experts - 0.5), cmap="viridis")
+        fig.colorbar(img, ax=heat, label="share of assignments")
+        line.axhline(1.0, color="grey", lw=0.8, ls="--", label="balanced")
+    heat.set(ylabel="expert", title=title)
+    line.plot(*_series(rows, "expert_imbalance"), lw=1.2, color="tab:red", label="max / mean")
+    line.set(xlabel="step", ylabel="max / mean")
+    line.grid(alpha=0.3)
+    line.legend(loc="upper right")
+    return _save(fig, Path(path))
+
+
 def plot_predicted_vs_measured(
     points: Sequence[MfuPoint], path: str | Path, title: str = "predicted vs measured MFU"
 ) -> Path:
@@ -169,8 +192,8 @@ def write_run_plots(
     golden: Sequence[StepMetrics] | None = None,
     history: Sequence[MfuPoint] = (),
 ) -> dict[str, Path]:
-    """All of a run's plots into `out_dir`: {'loss', 'tokens_per_s', 'mfu', 'eval' if the run evaluated, and
-    'mfu_vs_plan' if history}."""
+    """All of a run's plots into `out_dir`: {'loss', 'tokens_per_s', 'mfu', 'eval' if the run evaluated,
+    'experts' for a mixture of experts, and 'mfu_vs_plan' if history}."""
     out = Path(out_dir)
     paths = {
         "loss": plot_loss(steps, out / "loss.png", golden),
@@ -179,6 +202,8 @@ def write_run_plots(
     }
     if any(m.eval_loss is not None for m in steps):
         paths["eval"] = plot_eval(steps, out / "eval.png")
+    if any(m.expert_tokens for m in steps):
+        paths["experts"] = plot_expert_load(steps, out / "experts.png")
     if history:
         paths["mfu_vs_plan"] = plot_predicted_vs_measured(history, out / "mfu_vs_plan.png")
     return paths

@@ -8,7 +8,7 @@ has it). Dropless: every token reaches its k experts, no capacity factor and not
 
 Expert parallelism (`parallel.ep`, EP drawn from the dp_shard ranks as torchtitan does): experts are a DTensor
 sharded on dim 0 over the EP group's ranks; rows travel to the rank owning their expert and back with
-`torch.distributed.nn.functional.all_to_all_single` (autograd, uneven splits). The experts are then FSDP2-sharded
+torch's autograd all_to_all_single (functional collectives; uneven splits). The experts are then FSDP2-sharded
 on dim 1 over the dp_shard / ep ranks that hold the same experts (one rank each under EP = dp_shard). Router,
 attention and norms stay under FSDP2 over all of dp_shard as in a dense model.
 
@@ -57,6 +57,22 @@ def _grouped_mm_available(x: torch.Tensor) -> bool:
     return x.is_cuda and x.dtype == torch.bfloat16 and hasattr(torch, "_grouped_mm")
 
 
+GROUP_ALIGN = 16  # rows per expert group padded to a multiple of this for torch._grouped_mm (as torchtitan)
+
+
+def _grouped_swiglu(x: torch.Tensor, counts: list[int], w1, w3, w2) -> torch.Tensor:
+    """The experts' SwiGLU as three grouped GEMMs (GPU): each expert's rows padded with zero rows to GROUP_ALIGN,
+    the padding dropped after."""
+    padded = [-(-n // GROUP_ALIGN) * GROUP_ALIGN for n in counts]
+    dst = [sum(padded[:e]) for e in range(len(counts))]
+    idx = torch.cat([torch.arange(d, d + n, device=x.device) for d, n in zip(dst, counts)])
+    xp = x.new_zeros(sum(padded), x.shape[1]).index_copy(0, idx, x)
+    offs = torch.tensor(padded, device=x.device).cumsum(0).to(torch.int32)
+    gate = torch._grouped_mm(xp, w1.transpose(-2, -1), offs=offs)
+    up = torch._grouped_mm(xp, w3.transpose(-2, -1), offs=offs)
+    return torch._grouped_mm(F.silu(gate) * up, w2.transpose(-2, -1), offs=offs)[idx]
+
+
 class GroupedExperts(nn.Module):
     """E SwiGLU experts as stacked weights: w1 gate (E, ffn, hidden), w3 up (E, ffn, hidden), w2 down
     (E, hidden, ffn). Under EP each rank holds its E/ep experts (a DTensor sharded on dim 0)."""
@@ -82,12 +98,9 @@ class GroupedExperts(nn.Module):
 
     def forward(self, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
         """x (M, hidden): rows grouped by local expert, `counts[e]` rows for expert e -> (M, hidden)."""
-        w1, w3, w2 = self.local_weights()
-        if _grouped_mm_available(x):
-            offs = torch.tensor(counts, device=x.device).cumsum(0).to(torch.int32)
-            gate = torch._grouped_mm(x, w1.transpose(-2, -1), offs=offs)
-            up = torch._grouped_mm(x, w3.transpose(-2, -1), offs=offs)
-            return torch._grouped_mm(F.silu(gate) * up, w2.transpose(-2, -1), offs=offs)
+        w1, w3, w2 = (w.to(x.dtype) for w in self.local_weights())  # EP's experts keep fp32 beside bf16 rows
+        if _grouped_mm_available(x) and x.shape[0]:
+            return _grouped_swiglu(x, counts, w1, w3, w2)
         outs, start = [], 0
         for e, n in enumerate(counts):  # empty groups too: every local weight gets a (zero) gradient
             xe = x[start : start + n]
@@ -133,23 +146,21 @@ class MoEFeedForward(nn.Module):
 
     def _dispatch(self, rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """Send each row to the EP rank owning its expert, compute there, bring the results back (same order)."""
-        from torch.distributed.nn.functional import all_to_all_single
+        from torch.distributed._functional_collectives import all_to_all_single_autograd as all_to_all
 
         ep, local = self.ep_size, self.num_experts // self.ep_size
         send = counts.view(ep, local)
         recv = torch.empty_like(send)
         dist.all_to_all_single(recv, send.contiguous(), group=self.ep_group)  # counts: [source rank, local expert]
         in_splits, out_splits = send.sum(1).tolist(), recv.sum(1).tolist()
-        got = all_to_all_single(
-            rows.new_empty(sum(out_splits), rows.shape[1]), rows, out_splits, in_splits, self.ep_group
-        )
+        got = all_to_all(rows, out_splits, in_splits, self.ep_group)
         # rows arrive by source rank, each source's rows by expert: regroup by local expert
         expert = torch.repeat_interleave(torch.arange(local, device=rows.device).repeat(ep), recv.reshape(-1))
         order = torch.argsort(expert, stable=True)
         y = self.experts(got[order], recv.sum(0).tolist())
         inverse = torch.empty_like(order)
         inverse[order] = torch.arange(order.numel(), device=order.device)
-        return all_to_all_single(rows.new_empty(rows.shape), y[inverse], in_splits, out_splits, self.ep_group)
+        return all_to_all(y[inverse], in_splits, out_splits, self.ep_group)
 
 
 def moe_layers(model: nn.Module) -> list[MoEFeedForward]:

@@ -4,9 +4,13 @@ all_to_all), plain FSDP2 (experts sharded on dim 0 with the block), and EP2 x FS
 FSDP over the other 2 on dim 1): every step's loss (abs 1e-5, the router's load-balancing loss included), pre-clip
 gradient norm (relative 1e-5) and every final parameter (abs 1e-5). Step 1's loss equals transformers' `loss` with
 output_router_logits=True on the same rows (one row per micro-batch, as the aux loss is per forward), and each
-run's export (per-expert layout) loads in transformers with nothing missing or unexpected."""
+run's export (per-expert layout) loads in transformers with nothing missing or unexpected. The step-2 checkpoint
+of EP2 x FSDP2 resumes in one process, and one process's resumes under EP2, continuing the curve (DCP reshards the
+experts' DTensors)."""
 
 from __future__ import annotations
+
+import shutil
 
 import pytest
 import torch
@@ -53,6 +57,8 @@ TWO = {  # 2 processes
     "qwen3_moe/ep2": {"dp_shard": 2, "ep": 2, "micro_batch": 1, "grad_accum": 2},
     "qwen3_moe/fsdp2": {"dp_shard": 2, "micro_batch": 1, "grad_accum": 2},
     "mixtral/ep2": {"dp_shard": 2, "ep": 2, "micro_batch": 1, "grad_accum": 2},
+    # full recompute: the block's forward (its two all_to_alls included) runs again in backward on every rank
+    "qwen3_moe/ep2_recompute": {"dp_shard": 2, "ep": 2, "micro_batch": 1, "grad_accum": 2, "recompute": "full"},
 }
 FOUR = {"qwen3_moe/ep2_fsdp4": {"dp_shard": 4, "ep": 2, "micro_batch": 1, "grad_accum": 1}}
 
@@ -65,7 +71,14 @@ def _job(run_dir, source, corpus, plan):
         model=shape_from_hf_config(source),
         plan=ParallelPlan(**plan),
         train=TrainSpec(
-            steps=STEPS, seq_len=SEQ, global_batch=BATCH, lr=1e-3, warmup_steps=1, precision="fp32", seed=1234
+            steps=STEPS,
+            seq_len=SEQ,
+            global_batch=BATCH,
+            lr=1e-3,
+            warmup_steps=1,
+            precision="fp32",
+            seed=1234,
+            checkpoint_every=2,
         ),
         manifest=str(corpus),
         peak_flops=50e9,
@@ -154,3 +167,22 @@ def test_router_is_trained_and_load_logged(runs):
         for m in out.metrics:
             assert sum(m.expert_tokens) == BATCH * SEQ * shape.experts_per_token * shape.moe_layers
             assert m.expert_imbalance >= 1.0 and m.router_aux_loss > 0
+
+
+def test_checkpoints_resume_across_expert_layouts(runs, tmp_path):
+    sources, corpus, single, multi = runs
+    ref_job, ref = single["qwen3_moe"]
+    pairs = {"to_one": (multi["qwen3_moe/ep2_fsdp4"][0], SINGLE, 1), "to_ep2": (ref_job, TWO["qwen3_moe/ep2"], 2)}
+    jobs = {}
+    for name, (src_job, plan, _) in pairs.items():
+        run = tmp_path / name
+        (run / "checkpoints").mkdir(parents=True)
+        shutil.copytree(src_job.parent / "checkpoints" / "step-2", run / "checkpoints" / "step-2")
+        (run / "checkpoints" / "latest").write_text("step-2\n")
+        jobs[name] = _job(run, sources["qwen3_moe"], corpus, plan)
+    outs = launch_many(1, [jobs["to_one"]], timeout=300) | launch_many(2, [jobs["to_ep2"]], timeout=300)
+    for name, job in jobs.items():
+        out = outs[job]
+        assert [m.step for m in out.metrics] == [3], out.output[-3000:]
+        print(f"resumed {name}: step 3 loss {out.losses[0]:.7f}, uninterrupted {ref.losses[2]:.7f}")
+        assert abs(out.losses[0] - ref.losses[2]) <= LOSS_TOL

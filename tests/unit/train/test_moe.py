@@ -162,3 +162,55 @@ def test_spec_checks_take_qwen3_moe_and_refuse_its_unsupported_layouts(tmp_path)
     assert _spec(tmp_path, cfg, {"dp_shard": 2, "ep": 2}) == []
     errors = "\n".join(_spec(tmp_path, cfg, {"tp": 2, "dp_shard": 1, "pp": 1}))
     assert "parallel.tp" in errors and "mixture-of-experts" in errors, errors
+
+
+def test_expert_load_plot_shows_an_imbalanced_router(tmp_path):
+    """metrics.jsonl's expert fields round-trip, and a MoE run's plots include the per-expert load (a dense run's
+    do not): the heat map of a router stuck on expert 0 differs from a balanced one's."""
+    import numpy as np
+    from matplotlib.image import imread
+
+    from nightloom.metrics import StepMetrics, append_metrics, read_metrics
+    from nightloom.plots import write_run_plots
+
+    def steps(skew: bool):
+        out = []
+        for i in range(1, 11):
+            tokens = [100 + 60 * i, 100, 100, 100] if skew else [100, 100, 100, 100]
+            out.append(
+                StepMetrics(
+                    step=i, loss=3.0, expert_tokens=tokens, expert_imbalance=imbalance(tokens), router_aux_loss=1.1
+                )
+            )
+        return out
+
+    append_metrics(tmp_path / "m.jsonl", steps(True)[0])
+    assert read_metrics(tmp_path / "m.jsonl")[0].expert_tokens == [160, 100, 100, 100]
+    skewed, balanced = write_run_plots(steps(True), tmp_path / "a"), write_run_plots(steps(False), tmp_path / "b")
+    assert "experts" in skewed and "experts" not in write_run_plots([StepMetrics(step=1, loss=3.0)], tmp_path / "c")
+    assert not np.array_equal(imread(skewed["experts"]), imread(balanced["experts"]))
+
+
+def test_prometheus_exports_the_expert_load_of_moe_runs_only():
+    import socket
+    import urllib.request
+
+    from nightloom.metrics import PROMETHEUS_METRICS, PROMETHEUS_MOE_METRICS
+    from nightloom.train.prom import RankMetrics
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    m = RankMetrics(port, "r1", 0)
+    try:
+        m.update(step=1, loss=2.0)
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        assert not any(name in body for name in PROMETHEUS_MOE_METRICS)  # a dense run exports none of them
+        m.experts([30, 10, 0, 0], 1.25)
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        assert 'nightloom_expert_tokens{expert="0",rank="0",run="r1"} 30.0' in body
+        assert 'nightloom_expert_imbalance{rank="0",run="r1"} 3.0' in body
+        assert 'nightloom_router_aux_loss{rank="0",run="r1"} 1.25' in body
+        assert not set(PROMETHEUS_MOE_METRICS) & set(PROMETHEUS_METRICS)
+    finally:
+        m.close()
