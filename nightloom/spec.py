@@ -353,6 +353,12 @@ class TrainSpec(_Section):
         if v and info.data.get("task") != "sft":
             raise ValueError("packing places whole conversations in a sequence: it needs train.task: sft")
         return v
+    async_checkpoint: bool = Field(
+        False,
+        description="Periodic checkpoints with DCP's async_save: the state is copied to host memory (a second "
+        "copy there, which the planner does not count) and written while the next steps run; the final and "
+        "a preemption save are waited for.",
+    )
 
 
 class GoldenSpec(_Section):
@@ -479,6 +485,23 @@ class RunSpec(_Section):
     name: str = Field(..., description="Run name: letters, digits, '-', '_', '.'.")
     model: ModelSpec = Field(default_factory=ModelSpec)
     dataset: DatasetSpec
+    max_preemptions: int = Field(
+        10,
+        ge=0,
+        description="Relaunches after a preemption (SIGTERM or recovery.preempt_signal: every rank saved a "
+        "checkpoint at one agreed step), counted apart from max_attempts.",
+    )
+    preempt_signal: Literal["SIGUSR1", "SIGUSR2"] | None = Field(
+        None,
+        description="A notice signal handled like SIGTERM (checkpoint at the next step, stop); slurm passes "
+        "it as sbatch --signal so it comes recovery.preempt_grace_s before the time limit.",
+    )
+    preempt_grace_s: int = Field(
+        120,
+        gt=0,
+        description="Seconds a preempted rank has to finish its step and save: slurm's --signal lead, "
+        "kubernetes' terminationGracePeriodSeconds, torchrun's shutdown timeout.",
+    )
     sharding: ShardingSpec = Field(default_factory=ShardingSpec)
     cluster: ClusterSpec = Field(default_factory=ClusterSpec)
     parallel: Annotated[Literal["auto"], WithJsonSchema({"type": "string", "enum": ["auto"]})] | ParallelSpec = Field(
@@ -490,6 +513,13 @@ class RunSpec(_Section):
     validate_: ValidateSpec = Field(default_factory=ValidateSpec, alias="validate")
     schedule: ScheduleSpec = Field(default_factory=ScheduleSpec)
     storage: StorageSpec = Field(default_factory=StorageSpec)
+    ("recovery", "max_preemptions"): 10,
+    ("recovery", "preempt_signal"): None,
+    ("recovery", "preempt_grace_s"): 120,
+    ("train", "async_checkpoint"): False,
+    ("train", "compile"): False,
+    ("train", "loss_chunk_tokens"): 1024,
+    ("train", "fp8_recipe"): "tensorwise",
     ledger: LedgerSpec = Field(default_factory=LedgerSpec)
     recovery: RecoverySpec = Field(default_factory=RecoverySpec)
 

@@ -128,7 +128,10 @@ def test_a_spec_written_before_new_fields_keeps_its_ledger_hash():
             data, plain_hash = {**data, "parallel": {"tp": 1, key: 2}}, RunSpec.model_validate(fixed).spec_hash()
             assert RunSpec.model_validate(data).spec_hash() != plain_hash, (section, key)
             continue
-        data[section][key] = {"pretrain": "sft", "auto": "messages", None: "/t/chat.jinja", False: True}[default]
+        other = {"pretrain": "sft", "auto": "messages", None: "/t/chat.jinja", False: True}
+        other |= {1024: 0, "tensorwise": "rowwise"}  # train.loss_chunk_tokens, train.fp8_recipe
+        other |= {10: 3, 120: 60}  # recovery.max_preemptions, recovery.preempt_grace_s
+        data[section][key] = "SIGUSR1" if (section, key) == ("recovery", "preempt_signal") else other[default]
         if (section, key) == ("train", "lora"):
             data["train"]["lora"] = {"rank": 4}
         if (section, key) == ("train", "pack"):  # packing needs train.task sft
