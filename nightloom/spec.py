@@ -331,7 +331,27 @@ class TrainSpec(_Section):
         "adamw", description="adamw (betas 0.9, 0.95), or plain sgd: its update scales with the gradient."
     )
     seed: int = 1234
-    precision: Literal["auto", "fp32", "bf16"] = Field("auto", description="auto = bf16 on GPU, fp32 on CPU.")
+    precision: Literal["auto", "fp32", "bf16", "fp8"] = Field(
+        "auto",
+        description="auto = bf16 on GPU, fp32 on CPU. fp8 (GPU only, torchao): the block linears run float8 "
+        "matmuls (train.fp8_recipe) with bf16 weights and fp32 master state; FSDP2 all-gathers them in float8.",
+    )
+    fp8_recipe: Literal["tensorwise", "rowwise"] = Field(
+        "tensorwise",
+        description="train.precision fp8: torchao's scaling, one scale per tensor (FSDP2 all-gathers float8) or "
+        "per row (more accurate, bf16 all-gathers).",
+    )
+    loss_chunk_tokens: int = Field(
+        1024,
+        ge=0,
+        description="Cross-entropy fused with the output head in chunks of this many tokens, so the whole "
+        "batch's fp32 logits never exist (where the head is whole on a rank: pp = tp = cp = 1); 0 = plain loss.",
+    )
+    compile: bool = Field(
+        False,
+        description="torch.compile each transformer block (after TP, before FSDP2, as torchtitan); the first "
+        "steps compile (about 30 s per block shape on a CPU), the loss curve is eager's.",
+    )
     checkpoint_every: int = Field(0, ge=0, description="Save a DCP checkpoint every K steps (0 = only at end).")
     collective_timeout_s: int = Field(120, gt=0)
     metrics_port: int | None = Field(None, description="Prometheus endpoint base port (rank r uses port+r).")
@@ -353,12 +373,6 @@ class TrainSpec(_Section):
         if v and info.data.get("task") != "sft":
             raise ValueError("packing places whole conversations in a sequence: it needs train.task: sft")
         return v
-    async_checkpoint: bool = Field(
-        False,
-        description="Periodic checkpoints with DCP's async_save: the state is copied to host memory (a second "
-        "copy there, which the planner does not count) and written while the next steps run; the final and "
-        "a preemption save are waited for.",
-    )
 
 
 class GoldenSpec(_Section):
@@ -476,6 +490,9 @@ HASH_NEUTRAL_DEFAULTS: dict[tuple[str, str], object] = {
     ("train", "lora"): None,
     ("parallel", "ep"): 1,
     ("train", "pack"): False,
+    ("train", "compile"): False,
+    ("train", "loss_chunk_tokens"): 1024,
+    ("train", "fp8_recipe"): "tensorwise",
 }
 
 
@@ -485,23 +502,6 @@ class RunSpec(_Section):
     name: str = Field(..., description="Run name: letters, digits, '-', '_', '.'.")
     model: ModelSpec = Field(default_factory=ModelSpec)
     dataset: DatasetSpec
-    max_preemptions: int = Field(
-        10,
-        ge=0,
-        description="Relaunches after a preemption (SIGTERM or recovery.preempt_signal: every rank saved a "
-        "checkpoint at one agreed step), counted apart from max_attempts.",
-    )
-    preempt_signal: Literal["SIGUSR1", "SIGUSR2"] | None = Field(
-        None,
-        description="A notice signal handled like SIGTERM (checkpoint at the next step, stop); slurm passes "
-        "it as sbatch --signal so it comes recovery.preempt_grace_s before the time limit.",
-    )
-    preempt_grace_s: int = Field(
-        120,
-        gt=0,
-        description="Seconds a preempted rank has to finish its step and save: slurm's --signal lead, "
-        "kubernetes' terminationGracePeriodSeconds, torchrun's shutdown timeout.",
-    )
     sharding: ShardingSpec = Field(default_factory=ShardingSpec)
     cluster: ClusterSpec = Field(default_factory=ClusterSpec)
     parallel: Annotated[Literal["auto"], WithJsonSchema({"type": "string", "enum": ["auto"]})] | ParallelSpec = Field(
@@ -513,13 +513,6 @@ class RunSpec(_Section):
     validate_: ValidateSpec = Field(default_factory=ValidateSpec, alias="validate")
     schedule: ScheduleSpec = Field(default_factory=ScheduleSpec)
     storage: StorageSpec = Field(default_factory=StorageSpec)
-    ("recovery", "max_preemptions"): 10,
-    ("recovery", "preempt_signal"): None,
-    ("recovery", "preempt_grace_s"): 120,
-    ("train", "async_checkpoint"): False,
-    ("train", "compile"): False,
-    ("train", "loss_chunk_tokens"): 1024,
-    ("train", "fp8_recipe"): "tensorwise",
     ledger: LedgerSpec = Field(default_factory=LedgerSpec)
     recovery: RecoverySpec = Field(default_factory=RecoverySpec)
 

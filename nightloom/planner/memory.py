@@ -24,7 +24,8 @@ the PTD-P reference rows and what-ifs). The default is what the trainer runs: SD
 (plus a row statistic per head), and selective recompute has nothing left to save (Dao 2023, FlashAttention-2
 §3.1). Sliding-window layers pass one boolean mask shared by every layer (train/model.py): t² bytes, not counted.
 1F1B keeps up to pp micro-batches on stage 0 (interleaved: × (1 + (p−1)/(p·v)), Narayanan et al. 2021 §2.2.2);
-GPipe keeps all of them. The last stage adds the logits (fp32, vocab sharded by TP with loss parallel).
+GPipe keeps all of them. The last stage adds the logits (fp32, vocab sharded by TP with loss parallel), or
+where the trainer fuses the loss with the head (pp = tp = cp = 1, `chunked_ce`) a few fp32 chunks of them.
 """
 
 from __future__ import annotations
@@ -42,6 +43,25 @@ FRAMEWORK_OVERHEAD_GIB = 1.5
 HEADROOM_FRACTION = 0.08
 #: Bytes per element of the saved fp32 logits (upcast for the cross-entropy) on the last stage.
 LOGIT_BYTES = 4
+#: Tokens per chunk of the trainer's chunked cross-entropy (train/loss.py).
+CE_CHUNK_TOKENS = 1024
+#: fp32 (chunk, vocab) tensors alive at once in a chunk's backward: recomputed logits, softmax, their gradient.
+CE_CHUNK_TENSORS = 3
+
+
+def chunked_ce(pp: int, tp: int, cp: int) -> bool:
+    """Does the trainer fuse the loss with the head, chunk by chunk (train/loss.py)? Only where the head is
+    whole on the rank and outside a pipeline schedule: pp = tp = cp = 1 (FSDP2 and replicate are fine)."""
+    return pp == 1 and tp == 1 and cp == 1
+
+
+def logit_bytes(shape: ModelShape, c: ParallelDims, seq: int) -> float:
+    """The logits the last stage holds for one micro-batch: fp32 for every token (vocab sharded by TP with loss
+    parallel), or with the chunked loss only CE_CHUNK_TENSORS fp32 chunks of CE_CHUNK_TOKENS tokens."""
+    tokens = seq * c.micro_batch / c.cp
+    if chunked_ce(c.pp, c.tp, c.cp):
+        return LOGIT_BYTES * CE_CHUNK_TENSORS * min(CE_CHUNK_TOKENS, tokens) * shape.vocab
+    return LOGIT_BYTES * tokens * shape.vocab / c.tp
 
 
 @lru_cache(maxsize=1024)
@@ -203,7 +223,7 @@ def memory_breakdown(
     if c.recompute != "none":
         whole = activation_bytes_per_layer(shape, local, c.micro_batch, c.tp, c.sp, "none", fused_attention)
         working = whole if c.recompute == "full" else whole - per_layer_act
-    logits = LOGIT_BYTES * seq * c.micro_batch * shape.vocab / c.tp / c.cp
+    logits = logit_bytes(shape, c, seq)
     if c.cp > 1:  # ring attention: the K,V block in use and the one arriving, and in backward their gradients
         working += 4 * 2 * seq / c.cp * c.micro_batch * shape.kv_heads * shape.head_dim / c.tp * wb
     d = c.shard

@@ -37,7 +37,6 @@ class TrainJob(BaseModel):
     resume: bool = True
     attempt: int = 0
     stop_after_steps: int | None = Field(None, description="Stop (with checkpoint) after this many total steps.")
-    preempt_signal: str | None = Field(None, description="A signal handled as SIGTERM is: save and stop.")
     weights: str | None = Field(None, description="Hugging Face safetensors folder or s3:// prefix to start from.")
     hf_config: str | None = Field(None, description="The config.json the model came from (copied on export).")
     tokenizer_dir: str | None = Field(None, description="Tokenizer file or folder whose files the export carries.")
@@ -108,7 +107,6 @@ class TrainJob(BaseModel):
             peak_source=peak.source if peak else None,
             deadline_unix=deadline_unix,
             stop_after_steps=stop_after_steps,
-            preempt_signal=spec.recovery.preempt_signal,
             weights=spec.model.weights,
             hf_config=spec.model.config,
             tokenizer_dir=tokenizer_source(spec),
@@ -143,7 +141,7 @@ class TrainResult(BaseModel):
     model_config = ConfigDict(extra="forbid")
     steps_done: int
     total_steps: int
-    stopped: str  # "completed" | "deadline" | "stop_after_steps" | "preempted"
+    stopped: str  # "completed" | "deadline" | "stop_after_steps"
     final_loss: float | None
     tokens: int
     wall_s: float
@@ -167,5 +165,3 @@ class TrainOutcome:
     train_s: float = 0.0
     interruptions: int = 0
     recovery_s: float = 0.0
-    preemptions: int = 0  # attempts stopped by a preemption notice and relaunched from their checkpoint
-    preemption_lost_s: float = 0.0  # their time lost: from the stop to the next attempt's first step

@@ -329,8 +329,9 @@ class Transformer(nn.Module):
             block.recompute_full = mode == "full"
             block.attn.recompute_core = mode == "selective"
 
-    def forward(self, x: torch.Tensor, doc_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """`doc_ids` (B, T): packed documents (train.pack), attention block-causal and positions per document."""
+    def forward(self, x: torch.Tensor, doc_ids: torch.Tensor | None = None, head_loss=None) -> torch.Tensor:
+        """`doc_ids` (B, T): packed documents (train.pack), attention block-causal and positions per document.
+        `head_loss(hidden, head_weight) -> loss` (train/loss.py): the loss fused with the head, no logits here."""
         s = self.shape
         docs = DocumentMask(doc_ids) if doc_ids is not None else None
         if self.tok_embeddings is not None:
@@ -346,6 +347,8 @@ class Transformer(nn.Module):
                 h = block(h, *docs.rope(*self._layer_rope(int(key))), mask=docs.mask(block.attn.window))
         if self.norm is not None:
             h = self.norm(h)
+        if self.output is not None and head_loss is not None:
+            return head_loss(h, self.output.weight)
         if self.output is not None:
             h = self.output(h)
             if s.final_logit_softcap is not None:

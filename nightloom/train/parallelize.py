@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nightloom.parallel import LayoutError, ParallelDims, ParallelPlan
+from nightloom.planner.memory import CE_CHUNK_TOKENS, chunked_ce
 from nightloom.shape import ModelShape
 from nightloom.train.lora import LoraSettings, apply_lora, init_lora
 from nightloom.train.model import Transformer, build_model
@@ -154,6 +155,69 @@ def _apply_fsdp(model: nn.Module, dp_mesh, param_dtype: torch.dtype | None, keep
     fully_shard(model, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=not keep_gathered)
 
 
+def compile_blocks(model: Transformer) -> None:
+    """torch.compile each block's forward (torchtitan's per-block compile: one graph reused by every layer of the
+    same shape). The module keeps its class and names (checkpoints unchanged); hooks FSDP2 adds later stay eager
+    around it, and LoRA's hooks on the block's linears are traced inside it."""
+    for block in model.layers.values():
+        block.forward = torch.compile(block.forward)
+
+
+def check_compile(plan: ParallelPlan) -> None:
+    """train.compile runs with DP/FSDP2/replicate (tested); under TP torch 2.13's compiled blocks fail in backward
+    (DTensor redistribute gets a plain gradient: "'Tensor' object has no attribute '_local_tensor'", with and
+    without SP, on CPU/gloo), so tp > 1 is refused naming the field rather than left to crash at step 1."""
+    if plan.tp > 1:
+        raise ValueError(
+            f"train.compile: true with parallel.tp {plan.tp} (layout {plan.layout()}) is not supported yet: "
+            "torch 2.13's compiled blocks fail in TP's backward; use compile with tp = 1 (DP/FSDP2), or compile: false"
+        )
+
+
+FP8_DIM_MULTIPLE = 16  # float8 matmuls (torch._scaled_mm) need both dims of a weight to be multiples of 16
+
+
+def check_fp8(plan: ParallelPlan, device_type: str, lora: bool) -> None:
+    """train.precision fp8 runs on a GPU with DP/FSDP2 (tp = pp = 1 tested); else ValueError naming the field."""
+    if device_type != "cuda":
+        raise ValueError(
+            f"train.precision: fp8 needs a CUDA GPU with float8 tensor cores (H100/H200 class); this rank runs on "
+            f"{device_type}: use bf16 or fp32 there"
+        )
+    if plan.tp > 1 or plan.pp > 1 or lora:
+        raise ValueError(
+            f"train.precision: fp8 runs with data parallel / FSDP2 only (layout {plan.layout()}"
+            f"{', train.lora set' if lora else ''}): float8 TP plans and fp8 LoRA are not wired; use bf16"
+        )
+
+
+def convert_fp8(model: Transformer, recipe: str) -> int:
+    """Swap the blocks' linears for torchao Float8Linear (on the meta device, before FSDP2); the head and the
+    embedding stay bf16 (as torchtitan). Tensorwise scaling all-gathers float8 weights under FSDP2. Returns how
+    many linears were converted."""
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    if recipe == "tensorwise":
+        config = Float8LinearConfig(enable_fsdp_float8_all_gather=True)
+    else:
+        config = Float8LinearConfig.from_recipe_name(recipe)
+    seen: list[str] = []
+
+    def keep(mod: nn.Module, fqn: str) -> bool:
+        ok = (
+            isinstance(mod, nn.Linear)
+            and fqn.startswith("layers.")
+            and mod.in_features % FP8_DIM_MULTIPLE == 0
+            and mod.out_features % FP8_DIM_MULTIPLE == 0
+        )
+        if ok:
+            seen.append(fqn)
+        return ok
+
+    convert_to_float8_training(model, config=config, module_filter_fn=keep)
+    return len(seen)
+
+
 def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean next-token cross entropy (fp32)."""
     return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
@@ -178,11 +242,24 @@ class TokenLoss:
 
     def __init__(self):
         self.scale: float | None = None
+        #: (vocab, softcap, chunk tokens) when the loss is fused with the head, chunk by chunk (train/loss.py)
+        self.chunked: tuple[int, float | None, int] | None = None
 
     def __call__(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         if self.scale is None:
             return loss_fn(logits, targets)
         return label_nll_sum(logits, targets) * self.scale
+
+    def of(self, model: nn.Module, x: torch.Tensor, targets: torch.Tensor, doc_ids: torch.Tensor | None = None):
+        """The micro-batch's loss through `model` (pp = 1): the chunked loss fused with the head when `chunked`,
+        else the whole logits then this loss."""
+        kw = {} if doc_ids is None else {"doc_ids": doc_ids}
+        if self.chunked is None:
+            return self(model(x, **kw), targets)
+        from nightloom.train.loss import HeadLoss
+
+        vocab, softcap, chunk = self.chunked
+        return model(x, head_loss=HeadLoss(targets, vocab, softcap, self.scale, chunk), **kw)
 
 
 def build_parts(
@@ -195,9 +272,18 @@ def build_parts(
     device: torch.device,
     param_dtype: torch.dtype | None,
     lora: LoraSettings | None = None,
+    compile: bool = False,
+    fp8: str | None = None,
+    loss_chunk: int = CE_CHUNK_TOKENS,
 ) -> ModelParts:
     """This rank's model chunks, parallelised; with pp > 1 also the pipeline schedule. With `lora` the base is
-    frozen and the targeted linears get adapters (train/lora.py), split as their base under TP."""
+    frozen and the targeted linears get adapters (train/lora.py), split as their base under TP. `compile`:
+    torch.compile per block (after TP and LoRA, before FSDP2); `fp8` (a torchao recipe, GPU): float8 linears;
+    `loss_chunk` tokens per chunk of the loss fused with the head where the head is whole (0: plain loss)."""
+    if fp8 is not None:
+        check_fp8(plan, device.type, lora is not None)
+    if compile:
+        check_compile(plan)
     v = dims.chunks_per_rank
     n_stages = plan.pp * v
     pp_rank = mesh["pp"].get_local_rank() if mesh is not None else 0
@@ -211,9 +297,13 @@ def build_parts(
         # shard while still on the meta device, then materialise only this rank's shards and initialise them
         if plan.tp > 1:
             _apply_tp(m, mesh["tp"], plan.sp)
+        if fp8 is not None:
+            convert_fp8(m, fp8)
         if lora is not None:
             apply_lora(m, lora, mesh["tp"] if plan.tp > 1 else None, plan.sp)
         m.set_recompute(plan.recompute)
+        if compile:
+            compile_blocks(m)
         if shape.moe:  # mixture of experts (train/moe.py): unsupported layouts refused; EP before FSDP2
             prepare_moe(m, shape, dims, device.type)
         if dims.dp * dims.cp > 1:  # cp ranks hold the same parameters: their gradients are reduced too
@@ -227,6 +317,8 @@ def build_parts(
             init_lora(m, seed)
         parts.append(m)
     out = ModelParts(parts, stage_ids, n_stages)
+    if loss_chunk and chunked_ce(plan.pp, plan.tp, plan.cp):  # the head is whole here: fused with the loss
+        out.loss.chunked = (shape.vocab, shape.final_logit_softcap, loss_chunk)
     if mesh is not None:
         out.tied = tied_copies(shape, parts, stage_ids, n_stages, mesh)
         if out.tied is not None:

@@ -29,7 +29,6 @@ from nightloom.train.job import TrainJob, TrainResult
 from nightloom.train.lora import LoraSettings, trainable
 from nightloom.train.moe import ExpertLoad, imbalance
 from nightloom.train.parallelize import IGNORE_INDEX, ModelParts, build_parts, label_nll_sum, validate_plan
-from nightloom.train.preempt import PREEMPTED, PREEMPTED_EXIT, Preemption
 from nightloom.util import atomic_write_text
 
 
@@ -63,7 +62,7 @@ def make_optimizer(params, t) -> torch.optim.Optimizer:
 
 def precision_dtype(precision: str, device_type: str) -> torch.dtype | None:
     """None = fp32 everywhere; bf16 = bf16 compute with fp32 master weights and reductions."""
-    if resolve_precision(precision, device_type) == "bf16":
+    if resolve_precision(precision, device_type) in ("bf16", "fp8"):  # fp8: float8 matmuls inside bf16
         return torch.bfloat16
     return None
 
@@ -218,6 +217,9 @@ class Trainer:
             ctx.device,
             self.param_dtype,
             lora=self.lora,
+            compile=job.train.compile,
+            fp8=job.train.fp8_recipe if job.train.precision == "fp8" else None,
+            loss_chunk=job.train.loss_chunk_tokens,
         )
         t = job.train
         self.optims = [make_optimizer(trainable(m), t) for m in self.parts.parts]  # LoRA: the adapters only
@@ -246,8 +248,6 @@ class Trainer:
         self.prom = None
         if t.metrics_port is not None:
             from nightloom.train.prom import RankMetrics
-        # train.async_checkpoint: periodic saves written by a thread while the next steps run
-        self.saver = checkpoint.AsyncSaver(job.checkpoint_dir, ctx.rank) if t.async_checkpoint else None
 
             self.prom = RankMetrics(t.metrics_port + ctx.rank, job.run_id, ctx.rank)
 
@@ -294,8 +294,8 @@ class Trainer:
             x, y = x.to(dev), y.to(dev)
             with self._autocast(), self._context_parallel(model, x, y):
                 # train.pack: each row's document ids make attention block-causal and positions per conversation
-                out = model(x) if batch.docs is None else model(x, doc_ids=batch.docs[i].to(dev))
-                loss = self.parts.loss(out, y) / n
+                docs = None if batch.docs is None else batch.docs[i].to(dev)
+                loss = self.parts.loss.of(model, x, y, docs) / n  # chunked with the head where it is whole
                 if self.moe is not None:  # MoE: + coef · router load-balancing loss (transformers'), experts' load
                     loss = loss + self.moe.loss(model) / n
                 loss.backward()
@@ -382,16 +382,13 @@ class Trainer:
         dist.all_reduce(t)
         return float(t[0] / t[1]), int(round(float(t[1]) / self.plan.tp / self.plan.cp))
 
-    def _should_stop(self, est_step_s: float) -> tuple[str | None, float]:
-        """All ranks agree on a preemption notice any of them got, or the deadline (MAX all-reduce), so they
-        stop at the same step: "preempted", "deadline" or None; the all-reduce time is the collective latency."""
+    def _should_stop(self, est_step_s: float) -> tuple[bool, float]:
+        """All ranks agree on the deadline (MAX all-reduce); the all-reduce time is the collective latency."""
         dl = self.job.deadline_unix
-        late = 1.0 if dl is not None and time.time() + est_step_s >= dl else 0.0
-        flag = torch.tensor([1.0 if Preemption.received else 0.0, late], device=self.ctx.device)
+        flag = torch.tensor([1.0 if dl is not None and time.time() + est_step_s >= dl else 0.0], device=self.ctx.device)
         t0 = time.perf_counter()
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        stop = PREEMPTED if flag[0].item() > 0 else "deadline" if flag[1].item() > 0 else None
-        return stop, time.perf_counter() - t0
+        return bool(flag.item() > 0), time.perf_counter() - t0
 
     def _global_loss(self, local: torch.Tensor) -> float:
         is_last = 1.0 if self.parts.has_last else 0.0
@@ -440,13 +437,7 @@ class Trainer:
                 break
             stop, latency = self._should_stop(est)
             if stop:
-                stopped = stop
-                if stop == PREEMPTED:
-                    self._log(
-                        f"[nightloom.train] preemption notice ({Preemption.received or 'a peer'}): saving step {step}"
-                    )
-            if self.saver is not None and (done := self.saver.poll()) is not None:
-                self._log(f"[nightloom.train] async checkpoint written: {done}")
+                stopped = "deadline"
                 break
             t0 = time.perf_counter()
             lr = lr_at(step, t.lr, t.warmup_steps, t.steps, t.min_lr_ratio)
@@ -523,13 +514,11 @@ class Trainer:
                 if experts:
                     self.prom.experts(experts, aux)
             if t.checkpoint_every and step % t.checkpoint_every == 0 and step < t.steps:
-                last_ckpt = self._save(step, periodic=True)
+                last_ckpt = self._save(step)
                 saved_at = step
         if saved_at != step and step > start:
             last_ckpt = self._save(step)
         elif saved_at is None and step == start and start > 0:
-        if self.saver is not None:  # the save in flight is written and published before the run ends
-            self.saver.wait()
             last_ckpt = str(checkpoint.latest(job.checkpoint_dir)[0])
         result = TrainResult(
             steps_done=step,
@@ -568,14 +557,7 @@ class Trainer:
             f"{uri} in {secs:.2f} s ({index.total_bytes / 2**20 / max(secs, 1e-9):.0f} MiB/s)"
         )
 
-    def _save(self, step: int, periodic: bool = False) -> str:
-        """A checkpoint at `step`; a periodic one under train.async_checkpoint is written in the background."""
-        if periodic and self.saver is not None:
-            path, secs = self.saver.save(step, self.parts.parts, self.optims)
-            self._log(f"[nightloom.train] async checkpoint step {step} -> {path} (blocked {secs:.2f} s)")
-            return str(path)
-        if self.saver is not None:
-            self.saver.wait()
+    def _save(self, step: int) -> str:
         path, secs = checkpoint.save(self.job.checkpoint_dir, step, self.parts.parts, self.optims, self.ctx.rank)
         self._log(f"[nightloom.train] checkpoint step {step} -> {path} ({secs:.2f} s)")
         return str(path)
@@ -617,8 +599,6 @@ def main(job: TrainJob) -> int:
     ctx = _init_distributed(job)
     _write_pid(job, ctx.rank)
     trainer = None
-    """One rank's run; 0, or PREEMPTED_EXIT after a preemption signal (the checkpoint saved first)."""
-    Preemption.install(job.preempt_signal)
     result = None
     try:
         trainer = Trainer(job, ctx)
@@ -634,4 +614,4 @@ def main(job: TrainJob) -> int:
             dist.destroy_process_group()
     if ctx.rank == 0 and job.export_format == "hf" and result.stopped == "completed" and result.last_checkpoint:
         export_result(job, result, "fp32" if trainer.param_dtype is None else "bf16")
-    return PREEMPTED_EXIT if result.stopped == PREEMPTED else 0
+    return 0
