@@ -52,7 +52,7 @@ from nightloom.parallel import ParallelPlan
 from nightloom.util import atomic_write_text
 from nightloom.validate import Verdict, gated
 
-SCHEMA_VERSION = 4  # the newest Alembic revision; 2: `nights`; 3: the night queue (queue_store); 4: its runs
+SCHEMA_VERSION = 5  # the newest revision; 2: `nights`; 3: the night queue (queue_store); 4: its runs; 5: preemptions
 RunStatus = Literal["running", "succeeded", "failed", "cancelled", "stopped", "deferred", "refused"]
 RUN_STATUSES: tuple[str, ...] = RunStatus.__args__  # type: ignore[attr-defined]
 
@@ -128,8 +128,10 @@ class RunRecord(BaseModel):
     started_at: datetime
     finished_at: datetime | None = None
     interruptions: list[Interruption] = Field(default_factory=list)
-    interruption_count: int = 0
+    interruption_count: int = 0  # failures; preemptions are counted apart (their items are in `interruptions`)
     recovery_s: float = 0.0
+    preemptions: int = 0
+    preemption_lost_s: float = 0.0
     metrics_path: str | None = None
     nights: list[NightRecord] = Field(default_factory=list)
 
@@ -230,12 +232,15 @@ class _Run(_Base):
     interruptions: Mapped[Any] = mapped_column(JSON)
     interruption_count: Mapped[int] = mapped_column(Integer)
     recovery_s: Mapped[float] = mapped_column(Float)
+    preemptions: Mapped[int] = mapped_column(Integer, server_default="0")
+    preemption_lost_s: Mapped[float] = mapped_column(Float, server_default="0")
     metrics_path: Mapped[str | None] = mapped_column(String(1024))
     nights: Mapped[Any | None] = mapped_column(JSON, nullable=True)
 
 
 _COLUMNS = tuple(c.name for c in _Run.__table__.columns)
-_MUTABLE = frozenset(_COLUMNS) - {"run_id", "interruptions", "interruption_count", "recovery_s", "nights"}
+_APPENDED = {"interruptions", "interruption_count", "recovery_s", "preemptions", "preemption_lost_s"}  # by record_*
+_MUTABLE = frozenset(_COLUMNS) - {"run_id", "nights", *_APPENDED}
 assert set(_COLUMNS) == set(RunRecord.model_fields), "ledger table and RunRecord drifted apart"
 
 
@@ -505,6 +510,10 @@ class Ledger:
 
         def change(row: _Run) -> None:
             row.interruptions = [*(row.interruptions or []), item.model_dump(mode="json")]
+            if kind == "preemption":  # counted apart from failures, with its time lost
+                row.preemptions = (row.preemptions or 0) + 1
+                row.preemption_lost_s = (row.preemption_lost_s or 0) + (lost_s or 0)
+                return
             row.interruption_count = (row.interruption_count or 0) + 1
             row.recovery_s = (row.recovery_s or 0.0) + (recovery_s or 0.0)
 

@@ -403,6 +403,7 @@ class RecoveryAccount:
     relaunches: int = 0
     free_relaunches: int = 0  # of them, those max_attempts does not count (a lost rendezvous-port race)
     spent_s: float = 0.0  # time-to-recover summed (recovery.max_minutes)
+    preemptions: int = 0  # relaunches after a preemption (recovery.max_preemptions), not counted above
     events: list[Event] = field(default_factory=list)
     pending: Pending | None = None
 
@@ -416,8 +417,20 @@ class RecoveryAccount:
         if self.pending is None:
             return
         r = self.pending.event.recovery_s
-        self.spent_s += r if r is not None else max(0.0, failed_at_unix - self.pending.detected_unix)
+        if self.pending.event.kind != PREEMPTION:  # a preemption's restart is not charged to max_minutes
+            self.spent_s += r if r is not None else max(0.0, failed_at_unix - self.pending.detected_unix)
         self.pending = None
+
+
+#: Event.kind (and the ledger's interruption kind) of an attempt that stopped on a preemption notice
+PREEMPTION = "preemption"
+
+
+def preemption_reason(preemptions_done: int, max_preemptions: int) -> str | None:
+    """Why a preempted run is not relaunched (recovery.max_preemptions used), or None."""
+    if preemptions_done >= max_preemptions:
+        return f"out of preemptions: {preemptions_done} of recovery.max_preemptions={max_preemptions} relaunches used"
+    return None
 
 
 @dataclass(kw_only=True)
@@ -438,3 +451,11 @@ class RecoveryState(RecoveryAccount):
         self.pending = pending
         self.cluster = to.cluster
         self.job = self.job.model_copy(update={"plan": to.plan, "attempt": self.job.attempt + 1, "resume": True})
+
+    def after_preemption(self, cluster: Cluster, pending: Pending) -> None:
+        """Move on after a preemption: same plan, on `cluster`, from the checkpoint saved at the agreed step;
+        counted in `preemptions`, not against max_attempts."""
+        self.preemptions += 1
+        self.pending = pending
+        self.cluster = cluster
+        self.job = self.job.model_copy(update={"attempt": self.job.attempt + 1, "resume": True})

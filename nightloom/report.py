@@ -37,7 +37,7 @@ class RunSummary(BaseModel):
     model_config = ConfigDict(extra="forbid")
     run_id: str
     name: str
-    status: str  # completed | failed | deferred | split | refused
+    status: str  # completed | failed | deferred | split | refused | stopped | preempted
     reason: str = ""
     run_dir: str = ""
     shards: int = 0
@@ -60,6 +60,8 @@ class RunSummary(BaseModel):
     next_run_at: str | None = None
     interruptions: int = 0  # failures recovered from (or given up on) during training
     recovery_s: float = 0.0  # total time to recover over those interruptions
+    preemptions: int = 0  # attempts stopped by a preemption notice (saved at one step) and relaunched or not
+    preemption_lost_s: float = 0.0  # their time lost: from each stop to the next attempt's first step
     export_dir: str | None = None  # the Hugging Face export (train.export: hf), written before the gates
     nights_used: int = 0  # nights (stretches of renting) this run has used, this one included
     nights_left: int | None = None  # predicted nights still to come (None: unknown, no prediction)
@@ -94,6 +96,10 @@ class RunSummary(BaseModel):
         img = f"<img alt='loss curve' src='data:image/png;base64,{png}'/>" if png else ""
         return f"<table><caption>nightloom run {html.escape(self.name)}</caption>{body}</table>{img}"
 
+    def preemptions_text(self) -> str:
+        """'2 (41.3 s lost)': the preemptions row (CLI and artifact)."""
+        return f"{self.preemptions} ({self.preemption_lost_s:.1f} s lost)"
+
     def nights_text(self) -> str:
         """'2 used, 1 left; predicted finish 2026-12-03T02:24:00+08:00' (the run-summary row)."""
         left = "unknown" if self.nights_left is None else str(self.nights_left)
@@ -125,6 +131,7 @@ class RunSummary(BaseModel):
             predicted_mfu,
         )
         self.interruptions, self.recovery_s = trained.interruptions, round(trained.recovery_s, 2)
+        self.preemptions, self.preemption_lost_s = trained.preemptions, round(trained.preemption_lost_s, 2)
         self.export_dir = trained.result.export_dir
 
 
@@ -163,6 +170,7 @@ def summary_rows(
         {"field": "MFU", "value": fmt(summary.mfu, "{:.2%}") + (f" ({summary.peak_source})" if summary.mfu else "")},
         {"field": "MFU planned", "value": fmt(summary.mfu_predicted, "{:.2%}")},
         {"field": "time to ready", "value": f"{time_to_ready_s:.1f} s"},
+        *([{"field": "preemptions", "value": summary.preemptions_text()}] if summary.preemptions else []),
         *(  # costs and nights only where a price is set (without one a run costs 0.00 by definition)
             [{"field": "cost", "value": f"{cost:.2f} {currency}"}, {"field": "nights", "value": summary.nights_text()}]
             if cost
@@ -190,6 +198,13 @@ def run_status(passed: bool, result: TrainResult, deadline_kind: str | None) -> 
         return RunStatus("failed", "failed")
     if result.stopped == "completed":
         return RunStatus("completed", "succeeded")
+    if result.stopped == "preempted":  # not relaunched: the orchestrator was stopped, or max_preemptions used
+        return RunStatus(
+            "preempted",
+            "stopped",
+            f"preempted at step {result.steps_done}/{result.total_steps} (checkpoint {result.last_checkpoint}); "
+            "continue with nightloom run SPEC --resume RUN_ID",
+        )
     kind = deadline_kind or "deadline"
     reason = (
         f"stopped at the {kind} end after {result.steps_done}/{result.total_steps} steps "

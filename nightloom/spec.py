@@ -353,6 +353,12 @@ class TrainSpec(_Section):
         "steps compile (about 30 s per block shape on a CPU), the loss curve is eager's.",
     )
     checkpoint_every: int = Field(0, ge=0, description="Save a DCP checkpoint every K steps (0 = only at end).")
+    async_checkpoint: bool = Field(
+        False,
+        description="Periodic checkpoints with DCP's async_save: the state is copied to host memory (a second "
+        "copy there, which the planner does not count) and written while the next steps run; the final and "
+        "a preemption save are waited for.",
+    )
     collective_timeout_s: int = Field(120, gt=0)
     metrics_port: int | None = Field(None, description="Prometheus endpoint base port (rank r uses port+r).")
     export: Literal["auto", "hf", "none"] = Field(
@@ -479,6 +485,23 @@ class RecoverySpec(_Section):
     max_minutes: float = Field(30.0, gt=0)
     allow_relayout: bool = True
     spare_nodes: int = Field(0, ge=0)
+    max_preemptions: int = Field(
+        10,
+        ge=0,
+        description="Relaunches after a preemption (SIGTERM or recovery.preempt_signal: every rank saved a "
+        "checkpoint at one agreed step), counted apart from max_attempts.",
+    )
+    preempt_signal: Literal["SIGUSR1", "SIGUSR2"] | None = Field(
+        None,
+        description="A notice signal handled like SIGTERM (checkpoint at the next step, stop); slurm passes "
+        "it as sbatch --signal so it comes recovery.preempt_grace_s before the time limit.",
+    )
+    preempt_grace_s: int = Field(
+        120,
+        gt=0,
+        description="Seconds a preempted rank has to finish its step and save: slurm's --signal lead, "
+        "kubernetes' terminationGracePeriodSeconds, torchrun's shutdown timeout.",
+    )
 
 
 #: Fields added since the ledger first keyed runs by spec hash, with their defaults: left out of the hash while
@@ -490,6 +513,10 @@ HASH_NEUTRAL_DEFAULTS: dict[tuple[str, str], object] = {
     ("train", "lora"): None,
     ("parallel", "ep"): 1,
     ("train", "pack"): False,
+    ("recovery", "max_preemptions"): 10,
+    ("recovery", "preempt_signal"): None,
+    ("recovery", "preempt_grace_s"): 120,
+    ("train", "async_checkpoint"): False,
     ("train", "compile"): False,
     ("train", "loss_chunk_tokens"): 1024,
     ("train", "fp8_recipe"): "tensorwise",

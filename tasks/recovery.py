@@ -23,6 +23,7 @@ from nightloom.report import NOT_MEASURED
 from nightloom.schedule.cost import BillingSpan, lost_time_cost
 from nightloom.spec import RunSpec
 from nightloom.train.job import TrainJob, TrainOutcome, TrainResult
+from nightloom.train.preempt import PREEMPTED, Forward
 from tasks.plan import plan_task
 from tasks.teardown import record_cluster
 from tasks.train import TrainingFailed, train_task
@@ -126,11 +127,61 @@ def train_with_recovery(spec: RunSpec, provider: Provider, cluster: Cluster, job
     while True:
         span_start = datetime.now(UTC)
         try:
-            result = train_task(provider, st.cluster, st.job, startup_timeout_s=st.startup_timeout_s())
+            result = train_task(
+                provider,
+                st.cluster,
+                st.job,
+                startup_timeout_s=st.startup_timeout_s(),
+                preempt_grace_s=spec.recovery.preempt_grace_s,
+            )
         except TrainingFailed as err:
             _recover(spec, provider, st, err, span_start)  # ready for the next attempt, or raises RecoveryGaveUp
             continue
+        if result.stopped == PREEMPTED and _after_preemption(spec, provider, st, result, span_start):
+            continue
         return _finish(spec, st, result, span_start)
+
+
+def _after_preemption(spec: RunSpec, provider: Provider, st: rec.RecoveryState, result: TrainResult, span_start):
+    """A preempted attempt (every rank saved at one step): relaunch from that checkpoint on the same or
+    replacement nodes, within recovery.max_preemptions (apart from max_attempts); False when the run stops here
+    (the orchestrator itself was told to stop, or no preemption is left): `nightloom run --resume` continues."""
+    log = get_run_logger()
+    if st.pending is not None:
+        _close(spec, st.pending, st.job)
+        st.charge(time.time())
+    at = time.time()
+    ev = rec.Event(
+        st.job.attempt, rec.PREEMPTION, "", datetime.fromtimestamp(at, UTC), world_before=st.cluster.world_size
+    )
+    st.events.append(ev)
+    stop = (f"the orchestrator got {Forward.requested}" if Forward.requested else None) or rec.preemption_reason(
+        st.preemptions, spec.recovery.max_preemptions
+    )
+    ev.detail = f"stopped at step {result.steps_done}/{result.total_steps}, checkpoint {result.last_checkpoint}"
+    st.spans.append(_span(span_start, st.cluster.world_size))
+    if stop is not None:
+        ev.detail += f"; not relaunched: {stop}; continue with nightloom run --resume {st.job.run_id}"
+        _close(spec, rec.Pending(ev, at, 0.0, 0.0, st.cluster.world_size), st.job)
+        log.warning("preempted at step %d: %s", result.steps_done, ev.detail)
+        return False
+    nxt = provider.reacquire(st.cluster, {})  # the same nodes where the provider keeps them, else replacements
+    st.seen = st.seen.union(nxt)
+    record_cluster(st.job.run_dir, st.seen)
+    rw = rec.rewind_metrics(st.job.metrics_path, result.steps_done)  # nothing to redo: saved at the stop
+    ev.world_after, ev.layout_after, ev.redone_steps = nxt.world_size, st.job.plan.layout(), rw.discarded_steps
+    nodes = ", ".join(n.name for n in nxt.nodes)
+    ev.detail += f"; relaunched on {nodes} from step {result.steps_done}"
+    log.warning(
+        "preemption %d/%d at step %d: relaunching on %s from its checkpoint %s",
+        st.preemptions + 1,
+        spec.recovery.max_preemptions,
+        result.steps_done,
+        nodes,
+        result.last_checkpoint,
+    )
+    st.after_preemption(nxt, rec.Pending(ev, at, 0.0, rw.discarded_s, st.cluster.world_size))
+    return True
 
 
 def _check_new_nodes(spec: RunSpec, provider: Provider, before: Cluster, decision: rec.Relaunch, run_dir: Path):
@@ -226,13 +277,18 @@ def _finish(spec: RunSpec, st: rec.RecoveryState, result: TrainResult, span_star
     train_s = time.monotonic() - st.started
     if st.events:
         _artifact(st.events, train_s, "recovered")
-    st.spans.append(_span(span_start, st.cluster.world_size))
+    if result.stopped != PREEMPTED:  # a preempted attempt's span was added when it stopped
+        st.spans.append(_span(span_start, st.cluster.world_size))
+    preempted = [e for e in st.events if e.kind == rec.PREEMPTION]
+    failures = [e for e in st.events if e.kind != rec.PREEMPTION]
     return TrainOutcome(
         result=result.model_copy(update={"wall_s": train_s}),
         cluster=st.cluster,
         plan=st.job.plan,
         spans=st.spans,
         train_s=train_s,
-        interruptions=len(st.events),
-        recovery_s=sum(e.recovery_s or 0.0 for e in st.events),
+        interruptions=len(failures),
+        recovery_s=sum(e.recovery_s or 0.0 for e in failures),
+        preemptions=len(preempted),
+        preemption_lost_s=sum(e.lost_s or 0.0 for e in preempted),
     )

@@ -18,6 +18,7 @@ from nightloom.attempt import AttemptMonitor, watch
 from nightloom.provision.base import Cluster, Provider
 from nightloom.recovery import AttemptFailure
 from nightloom.train.job import TrainJob, TrainResult
+from nightloom.train.preempt import PREEMPTED, Forward
 from nightloom.util import atomic_write_text
 from tasks.teardown import record_processes
 
@@ -47,18 +48,44 @@ def write_job(job: TrainJob) -> Path:
 
 @task(name="train", cache_policy=NO_CACHE)
 def train_task(
-    provider: Provider, cluster: Cluster, job: TrainJob, startup_timeout_s: float | None = None
+    provider: Provider,
+    cluster: Cluster,
+    job: TrainJob,
+    startup_timeout_s: float | None = None,
+    preempt_grace_s: int = 120,
 ) -> TrainResult:
     """Run training on the cluster; every output line goes to the run log; fail with the cause on error.
-    `startup_timeout_s`: how long the first step may take to appear (recovery passes its time left)."""
+    `startup_timeout_s`: how long the first step may take to appear (recovery passes its time left). A preempted
+    attempt (every rank saved at one step, result.json says so, whatever torchrun's exit code) is returned.
+    torchrun forwards SIGTERM and the preempt signal to its ranks and gives them `preempt_grace_s` to save."""
     log = get_run_logger()
     job_path = write_job(job)
     mon = AttemptMonitor.for_job(job, startup_timeout_s, started=time.monotonic())
-    env = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    signals = ",".join(
+        ["SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", *([job.preempt_signal] if job.preempt_signal else [])]
+    )
+    env = {
+        "OMP_NUM_THREADS": "1",
+        "PYTHONUNBUFFERED": "1",
+        "TORCHELASTIC_SIGNALS_TO_HANDLE": signals,
+        "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(preempt_grace_s),
+    }
     launch = provider.launch(cluster, ["-m", "nightloom.train", "--job", str(job_path)], env)
     if launch.pids:
         record_processes(Path(job.run_dir), list(launch.pids))
-    rc = watch(launch, mon, log)
+    with Forward.to(launch):  # the orchestrator's own SIGTERM or Ctrl-C: the ranks save and stop
+        rc = watch(launch, mon, log)
+    preempted = _result(job) if job.result_path.is_file() else None
+    if preempted is not None and preempted.stopped == PREEMPTED:
+        log.warning(
+            "training attempt %d preempted at step %d/%d (exit %d): checkpoint %s",
+            job.attempt,
+            preempted.steps_done,
+            preempted.total_steps,
+            rc,
+            preempted.last_checkpoint,
+        )
+        return preempted
     failure = mon.failure(rc, at_unix=time.time(), now=time.monotonic())
     if failure is not None:
         raise TrainingFailed.of(mon.describe(failure), failure)
@@ -66,7 +93,7 @@ def train_task(
         msg = f"training exited 0 but wrote no result at {job.result_path}"
         last = mon.dog.last_step
         raise TrainingFailed.of(msg, AttemptFailure(job.attempt, 0, False, msg, last, at_unix=time.time()))
-    result = TrainResult.model_validate_json(job.result_path.read_text())
+    result = _result(job)
     log.info(
         "training %s after %d/%d steps, final loss %s",
         result.stopped,
@@ -75,3 +102,7 @@ def train_task(
         result.final_loss,
     )
     return result
+
+
+def _result(job: TrainJob) -> TrainResult:
+    return TrainResult.model_validate_json(job.result_path.read_text())

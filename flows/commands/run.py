@@ -48,6 +48,8 @@ def print_summary(summary) -> None:
     for v in summary.verdicts:
         t.add_row(f"gate {v.name}", f"{v.label}: {v.reason}")
     t.add_row("stages", ", ".join(f"{s.stage} {s.seconds:.1f}s" for s in summary.stages))
+    if summary.preemptions:
+        t.add_row("preemptions", summary.preemptions_text())
     if summary.reason:
         t.add_row("reason", summary.reason)
     con.print(t)
@@ -63,9 +65,11 @@ def run(args) -> int:
         print(str(e), file=sys.stderr)
         return 1
     from flows.pipeline import training_pipeline
+    from nightloom.train.preempt import PREEMPTED_EXIT, Forward
 
     try:
-        summary = training_pipeline(args.spec, resume_run_id=args.resume)
+        with Forward.installed():  # SIGTERM / Ctrl-C: the ranks save and stop, the nodes are released
+            summary = training_pipeline(args.spec, resume_run_id=args.resume)
     except Exception as e:  # the flow failed: its reason is the message
         print(f"run failed: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
@@ -73,4 +77,7 @@ def run(args) -> int:
         print(summary.model_dump_json(indent=2))
     else:
         print_summary(summary)
+    if summary.status == "preempted":
+        print(f"continue with: nightloom run {args.spec} --resume {summary.run_id}", file=sys.stderr)
+        return PREEMPTED_EXIT
     return 0 if summary.status in ("completed", "deferred", "split") else 1

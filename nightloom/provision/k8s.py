@@ -93,6 +93,8 @@ def render_manifests(
                 "spec": {
                     "subdomain": svc,
                     "restartPolicy": "Never",
+                    # a deleted or evicted pod's ranks get SIGTERM, then this long to save a checkpoint and stop
+                    "terminationGracePeriodSeconds": spec.recovery.preempt_grace_s,
                     "containers": [
                         {
                             "name": "trainer",

@@ -92,6 +92,16 @@ class ProcessLaunch(MergedLaunch):
         for p in self.procs.values():
             kill_group(p)
 
+    def notify(self) -> None:
+        """SIGTERM to every node's process group (torchrun and its ranks): the ranks save a checkpoint at their
+        next step and exit; torchrun waits for them (its shutdown timeout)."""
+        for p in self.procs.values():
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+
     def poll(self) -> dict[str, int | None]:
         """Exit code per node so far (None: still running); never blocks, never kills."""
         return {n: p.poll() for n, p in self.procs.items()}

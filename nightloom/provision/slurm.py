@@ -109,6 +109,8 @@ def render_batch_script(spec, state_dir: str, avoid: list[str] | None = None, mi
         "--ntasks-per-node=1",
         f"--time={s.time_limit}",
         f"--output={state_dir}/batch-%j.out",
+        # the preemption notice to the steps' torchrun (which passes it to the ranks: save, stop) before the limit
+        f"--signal={(spec.recovery.preempt_signal or 'SIGTERM').removeprefix('SIG')}@{spec.recovery.preempt_grace_s}",
     ]
     if c.gpu_type != "cpu":
         opts.append(f"--gpus-per-node={c.gpus_per_node}")

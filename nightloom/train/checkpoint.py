@@ -64,25 +64,74 @@ def _state(parts: list[nn.Module], optims: list) -> dict:
     return {"model": model, "optim": optim}
 
 
-def save(ckpt_dir: Path, step: int, parts: list[nn.Module], optims: list, rank: int) -> tuple[Path, float]:
-    """Collective: every rank writes its shards; returns (final path, seconds)."""
-    t0 = time.perf_counter()
-    final = ckpt_dir / f"step-{step}"
-    tmp = ckpt_dir / f".tmp-step-{step}"
+def _prepare(ckpt_dir: Path, step: int, rank: int) -> tuple[Path, Path]:
+    """(temp path, final path) of step `step`, the temp one emptied by rank 0 before any rank writes."""
+    final, tmp = ckpt_dir / f"step-{step}", ckpt_dir / f".tmp-step-{step}"
     if rank == 0:
         ckpt_dir.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)  # a save interrupted earlier
     dist.barrier()
+    return tmp, final
+
+
+def _publish(ckpt_dir: Path, step: int, tmp: Path, final: Path) -> None:
+    """Rank 0, once every rank's shards and DCP's .metadata are written: meta.json, the rename, `latest` last."""
+    atomic_write_text(tmp / "meta.json", json.dumps({"step": step, "time": time.time()}) + "\n")
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    atomic_write_text(ckpt_dir / LATEST, final.name + "\n")
+
+
+def save(ckpt_dir: Path, step: int, parts: list[nn.Module], optims: list, rank: int) -> tuple[Path, float]:
+    """Collective: every rank writes its shards; returns (final path, seconds)."""
+    t0 = time.perf_counter()
+    tmp, final = _prepare(ckpt_dir, step, rank)
     dcp.save(_state(parts, optims), checkpoint_id=str(tmp))
     dist.barrier()
     if rank == 0:
-        atomic_write_text(tmp / "meta.json", json.dumps({"step": step, "time": time.time()}) + "\n")
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        atomic_write_text(ckpt_dir / LATEST, final.name + "\n")
+        _publish(ckpt_dir, step, tmp, final)
     dist.barrier()
     return final, time.perf_counter() - t0
+
+
+class AsyncSaver:
+    """train.async_checkpoint: `dcp.async_save` copies the state to host memory, then a thread writes it over a
+    gloo group of its own (collectives of two threads never share a group) while training goes on. DCP's
+    coordinator (rank 0) gathers every rank's write results before its future completes, so rank 0 alone then
+    publishes (meta.json, rename, `latest` last); one save is in flight at a time."""
+
+    def __init__(self, ckpt_dir: Path, rank: int):
+        self.ckpt_dir, self.rank = ckpt_dir, rank
+        self.group = dist.new_group(backend="gloo")  # collective: every rank builds it at the same point
+        self.pending: tuple[object, int, Path, Path] | None = None  # (future, step, tmp, final)
+
+    def save(self, step: int, parts: list[nn.Module], optims: list) -> tuple[Path, float]:
+        """Collective: wait for the save in flight, stage this one and start writing it; (final path, seconds
+        this call blocked)."""
+        t0 = time.perf_counter()
+        self.wait()
+        tmp, final = _prepare(self.ckpt_dir, step, self.rank)
+        future = dcp.async_save(_state(parts, optims), checkpoint_id=str(tmp), process_group=self.group)
+        self.pending = (future, step, tmp, final)
+        return final, time.perf_counter() - t0
+
+    def poll(self) -> Path | None:
+        """Publish the save in flight if it has finished (never blocks); its final path, else None."""
+        if self.pending is not None and self.pending[0].done():
+            return self.wait()
+        return None
+
+    def wait(self) -> Path | None:
+        """Block until the save in flight is written (its error raised here), then publish it (rank 0)."""
+        if self.pending is None:
+            return None
+        future, step, tmp, final = self.pending
+        self.pending = None
+        future.result()
+        if self.rank == 0:
+            _publish(self.ckpt_dir, step, tmp, final)
+        return final
 
 
 def latest(ckpt_dir: Path) -> tuple[Path, int] | None:

@@ -37,6 +37,7 @@ class TrainJob(BaseModel):
     resume: bool = True
     attempt: int = 0
     stop_after_steps: int | None = Field(None, description="Stop (with checkpoint) after this many total steps.")
+    preempt_signal: str | None = Field(None, description="A signal handled as SIGTERM is: save and stop.")
     weights: str | None = Field(None, description="Hugging Face safetensors folder or s3:// prefix to start from.")
     hf_config: str | None = Field(None, description="The config.json the model came from (copied on export).")
     tokenizer_dir: str | None = Field(None, description="Tokenizer file or folder whose files the export carries.")
@@ -107,6 +108,7 @@ class TrainJob(BaseModel):
             peak_source=peak.source if peak else None,
             deadline_unix=deadline_unix,
             stop_after_steps=stop_after_steps,
+            preempt_signal=spec.recovery.preempt_signal,
             weights=spec.model.weights,
             hf_config=spec.model.config,
             tokenizer_dir=tokenizer_source(spec),
@@ -141,7 +143,7 @@ class TrainResult(BaseModel):
     model_config = ConfigDict(extra="forbid")
     steps_done: int
     total_steps: int
-    stopped: str  # "completed" | "deadline" | "stop_after_steps"
+    stopped: str  # "completed" | "deadline" | "stop_after_steps" | "preempted"
     final_loss: float | None
     tokens: int
     wall_s: float
@@ -165,3 +167,5 @@ class TrainOutcome:
     train_s: float = 0.0
     interruptions: int = 0
     recovery_s: float = 0.0
+    preemptions: int = 0  # attempts stopped by a preemption notice and relaunched from their checkpoint
+    preemption_lost_s: float = 0.0  # their time lost: from the stop to the next attempt's first step

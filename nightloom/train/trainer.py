@@ -29,6 +29,7 @@ from nightloom.train.job import TrainJob, TrainResult
 from nightloom.train.lora import LoraSettings, trainable
 from nightloom.train.moe import ExpertLoad, imbalance
 from nightloom.train.parallelize import IGNORE_INDEX, ModelParts, build_parts, label_nll_sum, validate_plan
+from nightloom.train.preempt import PREEMPTED, PREEMPTED_EXIT, Preemption
 from nightloom.util import atomic_write_text
 
 
@@ -245,6 +246,8 @@ class Trainer:
         self.eval_batches: list[tuple[torch.Tensor, torch.Tensor]] = []
         if job.eval_every:
             self.eval_batches = self._eval_set()
+        # train.async_checkpoint: periodic saves written by a thread while the next steps run
+        self.saver = checkpoint.AsyncSaver(job.checkpoint_dir, ctx.rank) if t.async_checkpoint else None
         self.prom = None
         if t.metrics_port is not None:
             from nightloom.train.prom import RankMetrics
@@ -382,13 +385,16 @@ class Trainer:
         dist.all_reduce(t)
         return float(t[0] / t[1]), int(round(float(t[1]) / self.plan.tp / self.plan.cp))
 
-    def _should_stop(self, est_step_s: float) -> tuple[bool, float]:
-        """All ranks agree on the deadline (MAX all-reduce); the all-reduce time is the collective latency."""
+    def _should_stop(self, est_step_s: float) -> tuple[str | None, float]:
+        """All ranks agree on a preemption notice any of them got, or the deadline (MAX all-reduce), so they
+        stop at the same step: "preempted", "deadline" or None; the all-reduce time is the collective latency."""
         dl = self.job.deadline_unix
-        flag = torch.tensor([1.0 if dl is not None and time.time() + est_step_s >= dl else 0.0], device=self.ctx.device)
+        late = 1.0 if dl is not None and time.time() + est_step_s >= dl else 0.0
+        flag = torch.tensor([1.0 if Preemption.received else 0.0, late], device=self.ctx.device)
         t0 = time.perf_counter()
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return bool(flag.item() > 0), time.perf_counter() - t0
+        stop = PREEMPTED if flag[0].item() > 0 else "deadline" if flag[1].item() > 0 else None
+        return stop, time.perf_counter() - t0
 
     def _global_loss(self, local: torch.Tensor) -> float:
         is_last = 1.0 if self.parts.has_last else 0.0
@@ -435,9 +441,15 @@ class Trainer:
             if job.stop_after_steps is not None and step >= job.stop_after_steps:
                 stopped = "stop_after_steps"
                 break
+            if self.saver is not None and (done := self.saver.poll()) is not None:
+                self._log(f"[nightloom.train] async checkpoint written: {done}")
             stop, latency = self._should_stop(est)
             if stop:
-                stopped = "deadline"
+                stopped = stop
+                if stop == PREEMPTED:
+                    self._log(
+                        f"[nightloom.train] preemption notice ({Preemption.received or 'a peer'}): saving step {step}"
+                    )
                 break
             t0 = time.perf_counter()
             lr = lr_at(step, t.lr, t.warmup_steps, t.steps, t.min_lr_ratio)
@@ -514,8 +526,10 @@ class Trainer:
                 if experts:
                     self.prom.experts(experts, aux)
             if t.checkpoint_every and step % t.checkpoint_every == 0 and step < t.steps:
-                last_ckpt = self._save(step)
+                last_ckpt = self._save(step, periodic=True)
                 saved_at = step
+        if self.saver is not None:  # the save in flight is written and published before the run ends
+            self.saver.wait()
         if saved_at != step and step > start:
             last_ckpt = self._save(step)
         elif saved_at is None and step == start and start > 0:
@@ -557,7 +571,14 @@ class Trainer:
             f"{uri} in {secs:.2f} s ({index.total_bytes / 2**20 / max(secs, 1e-9):.0f} MiB/s)"
         )
 
-    def _save(self, step: int) -> str:
+    def _save(self, step: int, periodic: bool = False) -> str:
+        """A checkpoint at `step`; a periodic one under train.async_checkpoint is written in the background."""
+        if periodic and self.saver is not None:
+            path, secs = self.saver.save(step, self.parts.parts, self.optims)
+            self._log(f"[nightloom.train] async checkpoint step {step} -> {path} (blocked {secs:.2f} s)")
+            return str(path)
+        if self.saver is not None:
+            self.saver.wait()
         path, secs = checkpoint.save(self.job.checkpoint_dir, step, self.parts.parts, self.optims, self.ctx.rank)
         self._log(f"[nightloom.train] checkpoint step {step} -> {path} ({secs:.2f} s)")
         return str(path)
@@ -596,6 +617,8 @@ def export_result(job: TrainJob, result: TrainResult, dtype: str) -> TrainResult
 
 
 def main(job: TrainJob) -> int:
+    """One rank's run; 0, or PREEMPTED_EXIT after a preemption signal (the checkpoint saved first)."""
+    Preemption.install(job.preempt_signal)
     ctx = _init_distributed(job)
     _write_pid(job, ctx.rank)
     trainer = None
@@ -614,4 +637,4 @@ def main(job: TrainJob) -> int:
             dist.destroy_process_group()
     if ctx.rank == 0 and job.export_format == "hf" and result.stopped == "completed" and result.last_checkpoint:
         export_result(job, result, "fp32" if trainer.param_dtype is None else "bf16")
-    return 0
+    return PREEMPTED_EXIT if result.stopped == PREEMPTED else 0

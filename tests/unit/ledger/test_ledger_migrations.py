@@ -161,7 +161,7 @@ def test_a_schema_1_ledger_opens_with_every_row_and_field_and_gains_nights(tmp_p
     assert "nights" not in columns(db)
 
     with Ledger(url) as lg:
-        assert lg.schema_version() == SCHEMA_VERSION == 4
+        assert lg.schema_version() == SCHEMA_VERSION == 5
         assert sorted(r.run_id for r in lg.list_runs()) == ["done", "running"]
         assert_done_intact(lg)
         running = lg.get("running")
@@ -172,7 +172,7 @@ def test_a_schema_1_ledger_opens_with_every_row_and_field_and_gains_nights(tmp_p
         assert lg.record_night("running", night).nights == [night]
 
     assert "nights" in columns(db)
-    assert markers(db) == (["0004"], 4)  # the legacy row moves too, so an older nightloom refuses this ledger
+    assert markers(db) == (["0005"], 5)  # the legacy row moves too, so an older nightloom refuses this ledger
     runs_index = (
         "SELECT name FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL AND tbl_name = 'nightloom_runs'"
     )
@@ -205,7 +205,7 @@ def test_a_schema_2_ledger_without_alembic_is_stamped_at_2_not_migrated_from_1(t
         (n,) = lg.get("done").nights
         assert (n.night, n.steps_done, n.cost, n.stopped, n.predicted_cost) == (1, 10, 3.0, "window", 3.5)
         assert n.end == datetime(2026, 6, 1, 22, 0, tzinfo=UTC)
-    assert markers(db) == (["0004"], 4)
+    assert markers(db) == (["0005"], 5)
     monkeypatch.undo()
     with Ledger(url) as lg:  # and opens again as an Alembic ledger
         assert lg.schema_version() == SCHEMA_VERSION and len(lg.list_runs()) == 2
@@ -238,7 +238,7 @@ def test_downgrade_to_schema_1_and_back_keeps_the_rows(tmp_path: Path):
         assert_done_intact(lg)
 
 
-@pytest.mark.parametrize("rev", ["0005", "9f3c2a1b7d04"])
+@pytest.mark.parametrize("rev", ["0006", "9f3c2a1b7d04"])
 def test_an_unknown_revision_is_refused_naming_ledger_and_revision(tmp_path: Path, rev: str):
     db = tmp_path / "future.db"
     url = f"sqlite:///{db}"
