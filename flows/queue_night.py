@@ -15,6 +15,7 @@ cluster name and node indices, its training stopped at its stretch's end, on Slu
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from zoneinfo import ZoneInfo
@@ -28,7 +29,7 @@ from flows.stages import clock_at, placed
 from nightloom.ledger import Ledger
 from nightloom.queue_store import QueuedJob, QueueRun
 from nightloom.schedule.queue_night import JobProgress, NightStretch, night_outcome
-from nightloom.spec import LedgerSpec
+from nightloom.spec import LedgerSpec, RunSpec
 from nightloom.spec_load import coerce_spec
 from tasks.queue import (
     QueueNight,
@@ -99,7 +100,7 @@ def _chart_path(night: QueueNight, folder: str | None) -> Path:
     if folder:
         return Path(folder) / f"gantt-{stamp}.png"
     first = min(night.jobs.values(), key=lambda j: j.id)
-    root = Path(coerce_spec(first.spec).storage.root)
+    root = Path(RunSpec.model_validate(first.spec).storage.root)  # the schema only: its files may be gone tonight
     return root / "queues" / night.queue.name / stamp / "gantt.png"
 
 
@@ -115,24 +116,49 @@ def job_night_task(
 ) -> QueueRun:
     """Run one job's stretch tonight as a training-pipeline subflow (resuming its run when it has one) on the
     flow's clock, placed on its nodes (lock key, stop at the stretch's end, Slurm node list), and record what it
-    did; a failed or crashed night is recorded, never raised."""
-    spec = coerce_spec(job.spec)
+    did; a failed or crashed night (its spec no longer valid too: a file it names is gone) is recorded, never
+    raised."""
     before = progress or JobProgress(job.id)
     started = datetime.now(UTC)
+    try:
+        spec = coerce_spec(job.spec)
+    except Exception as e:  # noqa: BLE001 - the night fails; the job is planned again
+        night = _Night("failed", before.run_id, None, before.steps_done, f"{type(e).__name__}: {e}"[:1500], 0.0)
+        return _record(url, queue, job, stretch, night_start, started, night)
     where = placement_task(spec, stretch)
     with clock_at(at), placed(where):
         state = training_pipeline(spec, resume_run_id=before.run_id, return_state=True)
     fr_id = str(state.state_details.flow_run_id) if state.state_details.flow_run_id else None
     result = state.result(raise_on_failure=False)
     if state.is_completed() and not isinstance(result, BaseException):
-        status, run_id, steps, reason = result.status, result.run_id, result.steps or before.steps_done, result.reason
         train_s = sum(st.seconds for st in result.stages if st.stage == "train")
+        steps = result.steps or before.steps_done
+        night = _Night(result.status, result.run_id, fr_id, steps, result.reason, train_s)
     else:
-        status, run_id, steps = "crashed" if state.is_crashed() else "failed", before.run_id, before.steps_done
-        run_id = run_id or _run_of(url, fr_id)
-        reason, train_s = f"{state.type.value}: {state.message or result}"[:1500], 0.0
-    out = night_outcome(status, steps, job.steps)
-    get_run_logger().info("job %d (%s): %s; %s", job.id, job.name, status, out.reason)
+        status = "crashed" if state.is_crashed() else "failed"
+        reason = f"{state.type.value}: {state.message or result}"[:1500]
+        night = _Night(status, before.run_id or _run_of(url, fr_id), fr_id, before.steps_done, reason, 0.0)
+    return _record(url, queue, job, stretch, night_start, started, night)
+
+
+@dataclass(frozen=True)
+class _Night:
+    """What one job's pipeline did tonight, before the queue judges it."""
+
+    status: str
+    run_id: str | None
+    flow_run_id: str | None
+    steps: int
+    reason: str
+    train_s: float
+
+
+def _record(
+    url: str, queue: str, job: QueuedJob, stretch: NightStretch, night_start: datetime, started: datetime, n: _Night
+) -> QueueRun:
+    """Judge the night (night_outcome), log it and record it in the ledger's queue."""
+    out = night_outcome(n.status, n.steps, job.steps)
+    get_run_logger().info("job %d (%s): %s; %s", job.id, job.name, n.status, out.reason)
     run = QueueRun(
         queue=queue,
         job_id=job.id,
@@ -140,13 +166,13 @@ def job_night_task(
         segment_start=stretch.start,
         segment_end=stretch.end,
         nodes=list(stretch.nodes),
-        run_id=run_id,
-        flow_run_id=fr_id,
-        status=status,
+        run_id=n.run_id,
+        flow_run_id=n.flow_run_id,
+        status=n.status,
         job_status=out.status,
-        steps_done=steps,
-        hours_trained=train_s / 3600.0,
-        reason=f"{reason}; {out.reason}"[:2000],
+        steps_done=n.steps,
+        hours_trained=n.train_s / 3600.0,
+        reason=f"{n.reason}; {out.reason}"[:2000],
         started_at=started,
         finished_at=datetime.now(UTC),
     )
