@@ -1,15 +1,23 @@
-"""One prepared script for a machine with a GPU: a 1B-class Llama from a Hugging Face config, trained, then the
-gpu-marked tests.
+"""One prepared script for a machine with a GPU: a 1B-class Llama trained in each precision and compile setting,
+beside torchtitan's published H100 figures, then import speed and the gpu-marked tests.
 
-1. Train: `python -m nightloom.train` on one GPU, bf16, ~50 steps of a Llama-3.2-1B-shaped model built from its
-   config.json (random weights: nothing is downloaded); prints tokens/s, MFU against the datasheet peak of the
-   GPU found (nightloom.catalog) and peak memory, from the run's metrics.jsonl (steps after warm-up).
+1. Train grid: `python -m nightloom.train` on one GPU, a Llama-3.2-1B-shaped model built from its config.json
+   (random weights: nothing is downloaded), ~50 steps each of bf16 and fp8 (train.precision, torchao tensorwise),
+   with train.compile off and on. Per run: tokens/s and MFU (median after the warm-up steps), MFU against the bf16
+   datasheet peak and, for fp8, also against the FP8 peak (each labelled), peak memory; then torchtitan's
+   published Llama 3.1 8B figures on 8 H100 (docs/performance.md of pytorch/torchtitan, Table 1, FSDP, local
+   batch 2, selective AC, TPS/GPU: FSDP 5,762; + torch.compile 6,667; + torch.compile + Float8 8,532) with
+   their ratios beside ours. Different model and GPU count: compare the ratios, not the absolute numbers.
 2. Import speed: the same model's random weights saved as bf16 safetensors (shards + index), loaded into the
    model on the GPU by nightloom.hf.load (DCP HuggingFaceStorageReader), against reading the same files with
    `safetensors` alone: MB/s and the ratio, in one run.
-3. `pytest -m gpu tests/gpu` (bf16 import/train/export paths and the trainer on CUDA).
+3. `pytest -m gpu tests/gpu` (bf16 and fp8 train/import/export paths and the trainer on CUDA).
 
-Usage: .venv/bin/python bench/gpu.py [--steps 50] [--seq-len 2048] [--micro-batch 4] [--skip-tests]
+`--smoke` runs step 1 on a CPU in seconds: the catalog `tiny` model, fp32, 3 steps, compile off and on (fp8 is
+listed as refused: GPU only); what tests/unit/repo/test_bench_gpu_smoke.py runs (with --no-compile).
+
+Usage: .venv/bin/python bench/gpu.py [--steps 50] [--seq-len 2048] [--micro-batch 4] [--skip-tests] [--smoke]
+       [--no-compile] [--no-fp8]
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -104,49 +113,127 @@ def gpu_spec():
     return None
 
 
-def train(tmp: Path, args) -> None:
-    from nightloom.hf.config import shape_from_hf_config
+#: torchtitan docs/performance.md, Table 1: Llama 3.1 8B, 8 H100 (96 GB HBM2e, 500 W), FSDP, local batch 2, global
+#: batch 16, selective activation checkpointing; tokens/s per GPU and memory (GiB). The page reports no MFU for
+#: Float8 runs, and 33% to 39% MFU for 1D Llama 3.1 8B without Float8 (with / without torch.compile).
+TORCHTITAN_H100_8B = (
+    ("FSDP", 5762, 82.4),
+    ("FSDP + torch.compile", 6667, 77.0),
+    ("FSDP + compile + Float8", 8532, 76.8),
+)
+
+
+@dataclass
+class Variant:
+    precision: str  # bf16, fp8 (GPU) or fp32 (--smoke on CPU)
+    compile: bool
+
+    @property
+    def name(self) -> str:
+        return f"{self.precision}{' + compile' if self.compile else ''}"
+
+
+def variants(args, cuda: bool) -> list[Variant]:
+    precisions = ["bf16"] + ([] if args.no_fp8 else ["fp8"]) if cuda else ["fp32"]
+    compiles = [False] if args.no_compile else [False, True]
+    return [Variant(p, c) for p in precisions for c in compiles]
+
+
+def train_one(tmp: Path, args, v: Variant, manifest: Path, shape, hf_config: str | None, gpu) -> dict | None:
+    """One trainer run of variant `v`; its medians after the warm-up steps (None: it failed, output shown)."""
     from nightloom.metrics import read_metrics
     from nightloom.parallel import ParallelPlan
     from nightloom.spec import TrainSpec
     from nightloom.train.job import TrainJob
 
-    cfg = tmp / "llama-1b" / "config.json"
-    cfg.parent.mkdir(parents=True)
-    cfg.write_text(json.dumps(LLAMA_1B))
-    gpu = gpu_spec()
-    run = tmp / "run"
+    run = tmp / f"run-{v.precision}-{int(v.compile)}"
     run.mkdir()
+    warm = min(5, args.steps - 1)
     job = TrainJob(
-        run_id="bench-gpu",
+        run_id=f"bench-gpu-{v.precision}-{int(v.compile)}",
         run_dir=str(run),
-        model=(shape_from_hf_config(cfg)),
+        model=shape,
         plan=ParallelPlan(micro_batch=args.micro_batch, grad_accum=1),
         train=TrainSpec(
             steps=args.steps,
             seq_len=args.seq_len,
             global_batch=args.micro_batch,
             lr=3e-4,
-            warmup_steps=5,
-            precision="bf16",
+            warmup_steps=warm,
+            precision=v.precision,
+            compile=v.compile,
             export="none",
         ),  # fmt: skip
-        manifest=str(corpus(tmp / "corpus")),
-        peak_flops=gpu.peak("bf16") if gpu else None,
-        peak_source=f"datasheet: {gpu.source}" if gpu else None,
-        hf_config=str(cfg),
+        manifest=str(manifest),
+        peak_flops=gpu.peak("bf16") if gpu else None,  # MFU against the bf16 peak; fp8's is printed beside
+        peak_source=f"datasheet bf16: {gpu.source}" if gpu else None,
+        hf_config=hf_config,
     )
     (run / "job.json").write_text(job.model_dump_json(indent=2))
     t0 = time.perf_counter()
-    p = subprocess.run([sys.executable, "-m", "nightloom.train", "--job", str(run / "job.json")], cwd=ROOT, check=False)
+    p = subprocess.run(
+        [sys.executable, "-m", "nightloom.train", "--job", str(run / "job.json")],
+        cwd=ROOT, capture_output=True, text=True, check=False,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
     if p.returncode:
-        raise SystemExit(f"training failed (exit {p.returncode})")
-    m = read_metrics(run / "metrics.jsonl")[5:]
-    print(f"\n== train: Llama-3.2-1B shape, 1 GPU ({torch.cuda.get_device_name(0)}), bf16, "
-          f"{args.micro_batch}x{args.seq_len} tokens/step, {args.steps} steps in {time.perf_counter() - t0:.0f} s")  # fmt: skip
-    print(f"tokens/s (median after 5 steps): {statistics.median(x.tokens_per_s for x in m):,.0f}")
-    print(f"MFU (PaLM App. B, {job.peak_source or 'measured peak'}): {statistics.median(x.mfu for x in m):.1%}")
-    print(f"peak memory: {max(x.peak_mem_bytes for x in m) / 2**30:.1f} GiB; loss {m[0].loss:.3f} -> {m[-1].loss:.3f}")
+        tail = (p.stdout + p.stderr).strip().splitlines()[-3:]
+        print(f"  {v.name:16s} failed (exit {p.returncode}): {' | '.join(tail)[-400:]}")
+        return None
+    m = read_metrics(run / "metrics.jsonl")[warm:]
+    out = {
+        "tps": statistics.median(x.tokens_per_s for x in m),
+        "mfu_bf16": statistics.median(x.mfu for x in m),
+        "mem": max(x.peak_mem_bytes for x in m),
+        "loss": (m[0].loss, m[-1].loss),
+        "wall": time.perf_counter() - t0,
+    }
+    if v.precision == "fp8" and gpu is not None:
+        out["mfu_fp8"] = out["mfu_bf16"] * gpu.peak("bf16") / gpu.peak("fp8")
+    return out
+
+
+def train(tmp: Path, args) -> dict[str, dict | None]:
+    """The grid of step 1; prints one line per variant and torchtitan's figures; returns the results by name."""
+    from nightloom.catalog import get_model
+    from nightloom.hf.config import shape_from_hf_config
+
+    cuda = torch.cuda.is_available() and not args.smoke
+    if cuda:
+        cfg = tmp / "llama-1b" / "config.json"
+        cfg.parent.mkdir(parents=True)
+        cfg.write_text(json.dumps(LLAMA_1B))
+        shape, hf_config, gpu = shape_from_hf_config(cfg), str(cfg), gpu_spec()
+        manifest = corpus(tmp / "corpus")
+        where = f"1 GPU ({torch.cuda.get_device_name(0)})"
+    else:
+        from bench._support import write_corpus
+
+        shape, hf_config, gpu = get_model("tiny"), None, None
+        manifest = write_corpus(tmp / "corpus")
+        where = "CPU smoke (catalog tiny, fp32; MFU against the measured CPU matmul peak)"
+    print(f"\n== train: {shape.name} shape, {where}, {args.micro_batch}x{args.seq_len} tokens/step, {args.steps} "
+          f"steps per variant, medians after warm-up")  # fmt: skip
+    results: dict[str, dict | None] = {}
+    for v in variants(args, cuda):
+        r = results[v.name] = train_one(tmp, args, v, manifest, shape, hf_config, gpu)
+        if r is None:
+            continue
+        mfu = f"MFU {r['mfu_bf16']:.1%} of the {'bf16 datasheet' if gpu else 'measured'} peak"
+        if "mfu_fp8" in r:
+            mfu += f", {r['mfu_fp8']:.1%} of the FP8 peak"
+        print(f"  {v.name:16s} tokens/s {r['tps']:>10,.0f}   {mfu}   peak mem {r['mem'] / 2**30:.2f} GiB   "
+              f"loss {r['loss'][0]:.3f} -> {r['loss'][1]:.3f}   ({r['wall']:.0f} s)")  # fmt: skip
+    if not cuda and not args.no_fp8:
+        print("  fp8              not run: train.precision fp8 needs a CUDA GPU (the trainer refuses it on a CPU)")
+    base = results.get(variants(args, cuda)[0].name)
+    print("torchtitan, docs/performance.md Table 1 (Llama 3.1 8B, 8 H100, FSDP, local batch 2, selective AC):")
+    for name, tps, mem in TORCHTITAN_H100_8B:
+        print(f"  {name:26s} TPS/GPU {tps:>6,}  ({tps / TORCHTITAN_H100_8B[0][1]:.2f}x FSDP)  memory {mem} GiB")
+    if base:
+        ratios = ", ".join(f"{k} {r['tps'] / base['tps']:.2f}x" for k, r in results.items() if r)
+        print(f"ours, tokens/s against {variants(args, cuda)[0].name}: {ratios}")
+    return results
 
 
 def import_speed(tmp: Path) -> None:
@@ -191,11 +278,19 @@ def main() -> int:
     ap.add_argument("--seq-len", type=int, default=2048)
     ap.add_argument("--micro-batch", type=int, default=4)
     ap.add_argument("--skip-tests", action="store_true")
+    ap.add_argument("--smoke", action="store_true", help="CPU: tiny model, fp32, 3 steps, no import or tests")
+    ap.add_argument("--no-compile", action="store_true", help="only train.compile off")
+    ap.add_argument("--no-fp8", action="store_true", help="only bf16")
     args = ap.parse_args()
-    if not torch.cuda.is_available():
-        print("bench/gpu.py: no CUDA device here; run it on a GPU machine", file=sys.stderr)
-        return 2
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    if args.smoke:
+        args.steps, args.seq_len, args.micro_batch = 3, 32, 2
+        with tempfile.TemporaryDirectory() as d:
+            results = train(Path(d), args)
+        return 0 if results and all(r is not None for r in results.values()) else 1
+    if not torch.cuda.is_available():
+        print("bench/gpu.py: no CUDA device here; run it on a GPU machine (or --smoke on a CPU)", file=sys.stderr)
+        return 2
     with tempfile.TemporaryDirectory() as d:
         train(Path(d), args)
         import_speed(Path(d))

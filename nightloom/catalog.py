@@ -262,8 +262,14 @@ class GPUSpec:
     inter_node_latency_s: float
     source: str
     hbm_bw: float = 0.0  # device memory bytes/s (memory-bound kernels in the planner's step-time model)
+    peak_flops_fp8: float = 0.0  # dense FP8 tensor-core FLOP/s (0: no FP8 tensor cores listed)
 
     def peak(self, precision: str) -> float:
+        """Dense peak for fp32, bf16 or fp8 (train.precision fp8); ValueError where the datasheet lists no FP8."""
+        if precision == "fp8":
+            if not self.peak_flops_fp8:
+                raise ValueError(f"GPU {self.name}: no FP8 tensor-core peak in the catalog (train.precision fp8)")
+            return self.peak_flops_fp8
         return self.peak_flops_fp32 if precision == "fp32" else self.peak_flops_bf16
 
 
@@ -319,6 +325,7 @@ GPUS: dict[str, GPUSpec] = {
         8e-6,
         "NVIDIA H100 datasheet (SXM5): 989 TFLOPS BF16 dense, NVLink 900 GB/s bidir, HBM3 3.35 TB/s",
         3.35 * TB,
+        peak_flops_fp8=1979e12,  # datasheet: 1,979 TFLOPS FP8 dense (3,958 with sparsity)
     ),
     "h800": GPUSpec(
         "h800",
@@ -331,6 +338,7 @@ GPUS: dict[str, GPUSpec] = {
         8e-6,
         "NVIDIA H800 SXM5 product brief: H100 compute (989 TFLOPS BF16 dense), NVLink 400 GB/s bidir, HBM3 3.35 TB/s",
         3.35 * TB,
+        peak_flops_fp8=1979e12,  # datasheet: 1,979 TFLOPS FP8 dense (3,958 with sparsity)
     ),
     "h200": GPUSpec(
         "h200",
@@ -344,6 +352,7 @@ GPUS: dict[str, GPUSpec] = {
         "NVIDIA H200 datasheet (SXM): 989 TFLOPS BF16 dense, 141 GB HBM3e (~140 GiB usable), "
         "4.8 TB/s, NVLink 900 GB/s bidir",
         4.8 * TB,
+        peak_flops_fp8=1979e12,  # datasheet: 1,979 TFLOPS FP8 dense (3,958 with sparsity)
     ),
     "h20": GPUSpec(
         "h20",

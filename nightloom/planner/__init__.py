@@ -71,8 +71,8 @@ def plan(
     trainer's SDPA does on a GPU; False models materialised scores (PTD-P-era stacks)."""
     shape = model if isinstance(model, ModelShape) else shape_from_name_or_config(model)
     gspec = None if gpu == "cpu" else get_gpu(gpu)
-    if precision not in ("bf16", "fp32"):
-        raise ValueError(f"precision must be bf16 or fp32, got {precision!r}")
+    if precision not in ("bf16", "fp32", "fp8"):
+        raise ValueError(f"precision must be bf16, fp32 or fp8, got {precision!r}")
     fixed = parse_layout(layout) if isinstance(layout, str) else layout
     modes = RECOMPUTE_MODES if recompute is None else ((recompute,) if isinstance(recompute, str) else recompute)
     if fixed is not None and fixed.recompute is None and recompute is not None and len(modes) == 1:

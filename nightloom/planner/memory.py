@@ -168,7 +168,8 @@ def lora_layer_params(shape: ModelShape, rank: int, targets: tuple[str, ...]) ->
 
 def _state_bytes(precision: str) -> tuple[float, float, float]:
     """(weights, grads, optimizer) bytes per parameter for AdamW."""
-    return (2.0, 2.0, 12.0) if precision == "bf16" else (4.0, 4.0, 8.0)
+    # fp8 (torchao float8 linears): bf16 weights cast per matmul, so bf16's states
+    return (4.0, 4.0, 8.0) if precision == "fp32" else (2.0, 2.0, 12.0)
 
 
 def rank_layers(shape: ModelShape, c: ParallelDims) -> tuple[int, ...]:

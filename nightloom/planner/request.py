@@ -133,7 +133,7 @@ class PlanRequest:
     gpus_per_node: int
     seq_len: int
     global_batch: int
-    precision: Literal["bf16", "fp32"] = "bf16"
+    precision: Literal["bf16", "fp32", "fp8"] = "bf16"  # fp8: the catalog's FP8 peak, bf16 states
     recompute: tuple[str, ...] = RECOMPUTE_MODES  # modes the search may use
     allow_zero: bool = True  # ZeRO-3/FSDP, ZeRO-2 (and HSDP) over the data-parallel ranks
     native_trainer: bool = True  # False: also layouts only other trainers run (what-if predictions)

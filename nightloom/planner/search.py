@@ -208,6 +208,18 @@ def _plan_from(req: PlanRequest, s: _Scored, eff: float | None) -> ParallelPlan:
     return p
 
 
+def _fp8_mfu_line(req: PlanRequest, s: _Scored) -> list[str]:
+    """fp8: the predicted MFU against both peaks, each labelled (FP8 MFU is half the bf16-peak figure on H100)."""
+    if req.precision != "fp8" or s.step is None:
+        return []
+    tps, f = s.tokens_per_s, flops_per_token(req.shape, req.seq_len)
+    fp8, bf16 = (mfu(tps, f, req.world, req.gpu.peak(x)) for x in ("fp8", "bf16"))
+    return [
+        f"MFU {fp8:.1%} of the FP8 peak ({req.gpu.peak('fp8') / 1e12:.0f} TFLOP/s) = {bf16:.1%} of the bf16 peak "
+        f"({req.gpu.peak('bf16') / 1e12:.0f} TFLOP/s): the block matmuls run float8, the head and attention bf16"
+    ]
+
+
 def _explain(req: PlanRequest, s: _Scored, eff: float, runner_up: _Scored | None) -> list[str]:
     c, m, st, gpu = s.c, s.mem, s.step, req.gpu
     n = count_params(req.shape)
@@ -260,6 +272,7 @@ def _explain(req: PlanRequest, s: _Scored, eff: float, runner_up: _Scored | None
         )
     if req.shape.moe:
         lines.insert(1, _moe_line(req, c, st))
+    lines[1:1] = _fp8_mfu_line(req, s)
     if not req.native_trainer:
         lines.append("layout rules of nightloom's trainer not applied (a prediction for another trainer)")
     if req.calibration is not None:

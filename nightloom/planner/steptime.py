@@ -130,7 +130,7 @@ def step_time(
 ) -> StepEstimate:
     """Seconds per optimizer step of candidate `c` (see the module docstring for every term)."""
     peak = gpu.peak(precision) * efficiency
-    ebytes = 2 if precision == "bf16" else 4
+    ebytes = 4 if precision == "fp32" else 2  # fp8 (torchao) keeps bf16 activations and all-gathers
     L, h, t = shape.layers, shape.hidden, c.tp
     lps = L / c.pp  # layers per rank on average (uneven stages: see the slots below)
     tokens = seq * c.micro_batch / c.cp  # context parallel: each rank computes seq/cp of every sequence
