@@ -98,7 +98,7 @@ class GroupedExperts(nn.Module):
 
     def forward(self, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
         """x (M, hidden): rows grouped by local expert, `counts[e]` rows for expert e -> (M, hidden)."""
-        w1, w3, w2 = (w.to(x.dtype) for w in self.local_weights())  # EP's experts keep fp32 beside bf16 rows
+        w1, w3, w2 = (w.to(x.dtype) for w in self.local_weights())  # rows and weights in one dtype
         if _grouped_mm_available(x) and x.shape[0]:
             return _grouped_swiglu(x, counts, w1, w3, w2)
         outs, start = [], 0
@@ -203,7 +203,7 @@ def moe_layout_errors(shape: ModelShape, dims) -> list[str]:
     return why
 
 
-def apply_expert_parallel(model: nn.Module, dims, device_type: str) -> None:
+def apply_expert_parallel(model: nn.Module, dims, device_type: str, param_dtype: torch.dtype | None = None) -> None:
     """EP on a meta-device model (before FSDP): every MoE layer's experts become a DTensor sharded on dim 0 over
     an EP group of consecutive dp_shard ranks, then FSDP2 over the dp_shard / ep ranks with the same experts
     (dim 1; a one-rank mesh under plain EP), so the dense FSDP of the block leaves them alone.
@@ -212,10 +212,11 @@ def apply_expert_parallel(model: nn.Module, dims, device_type: str) -> None:
     losses' gradients, and FSDP averages it over dp_shard / ep ranks; the step needs the mean over all dp_shard
     ranks, hence the 1/ep gradient scale on the expert weights (identity forward)."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     from torch.distributed.tensor import Shard, distribute_tensor
 
     ep, rest = dims.ep, dims.dp_shard // dims.ep
+    mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)  # as the dense blocks'
     root = init_device_mesh(device_type, (rest, ep), mesh_dim_names=("dp_mod_ep", "ep"))
     ep_mesh = root["ep"]
     for ffn in moe_layers(model):
@@ -224,7 +225,7 @@ def apply_expert_parallel(model: nn.Module, dims, device_type: str) -> None:
             p = getattr(ex, name)
             dt = distribute_tensor(p.data, ep_mesh, [Shard(0)], src_data_rank=None)
             setattr(ex, name, nn.Parameter(dt, requires_grad=p.requires_grad))
-        fully_shard(ex, mesh=root["dp_mod_ep"], shard_placement_fn=lambda _p: Shard(1))
+        fully_shard(ex, mesh=root["dp_mod_ep"], shard_placement_fn=lambda _p: Shard(1), mp_policy=mp)
         ex.grad_scale = 1.0 / ep
         ffn.ep_group, ffn.ep_size = ep_mesh.get_group(), ep
 
@@ -269,7 +270,9 @@ def imbalance(counts: list[int]) -> float | None:
     return max(counts) * len(counts) / total if total else None
 
 
-def prepare_moe(model: nn.Module, shape: ModelShape, dims, device_type: str) -> None:
+def prepare_moe(
+    model: nn.Module, shape: ModelShape, dims, device_type: str, param_dtype: torch.dtype | None = None
+) -> None:
     """Before FSDP2, on the meta device: refuse what the trainer does not run for MoE (LayoutError naming the
     degrees), then expert parallelism when ep > 1."""
     from nightloom.parallel import LayoutError
@@ -278,4 +281,4 @@ def prepare_moe(model: nn.Module, shape: ModelShape, dims, device_type: str) -> 
     if why:
         raise LayoutError("; ".join(why))
     if dims.ep > 1:
-        apply_expert_parallel(model, dims, device_type)
+        apply_expert_parallel(model, dims, device_type, param_dtype)

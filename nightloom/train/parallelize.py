@@ -305,7 +305,7 @@ def build_parts(
         if compile:
             compile_blocks(m)
         if shape.moe:  # mixture of experts (train/moe.py): unsupported layouts refused; EP before FSDP2
-            prepare_moe(m, shape, dims, device.type)
+            prepare_moe(m, shape, dims, device.type, param_dtype)
         if dims.dp * dims.cp > 1:  # cp ranks hold the same parameters: their gradients are reduced too
             if dims.dp_shard == 1:
                 _apply_replicate(m, _replicate_mesh(dims, mesh), param_dtype)
