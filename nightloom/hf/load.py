@@ -24,7 +24,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nightloom.hf.names import decoder_body, expected_shapes, expert_names, optional, text_name, to_hf
+from nightloom.hf.names import (
+    decoder_body,
+    expected_shapes,
+    expert_names,
+    fused_expert_source,
+    fused_router,
+    holds_fused_experts,
+    optional,
+    text_name,
+    to_hf,
+)
 from nightloom.shape import ModelShape
 
 INDEX_NAME = "model.safetensors.index.json"
@@ -53,6 +63,7 @@ class CheckpointIndex:
     stored: dict[str, str] = field(default_factory=dict)  # text-model name -> name in the files, where they differ
     left_out: dict[str, TensorEntry] = field(default_factory=dict)
     body: str = "model."  # the prefix the files keep the decoder's `model.*` tensors under
+    fused_experts: bool = False  # MoE experts in transformers 5's fused names (gate_up_proj), not per expert
 
     @property
     def total_bytes(self) -> int:
@@ -136,7 +147,8 @@ def scan_checkpoint(folder: str | Path, shape: ModelShape) -> CheckpointIndex:
     def in_files(name: str) -> str:  # the name a message gives: as the files store it, or would
         return stored.get(name) or (body + name.removeprefix("model.") if name.startswith("model.") else name)
 
-    want = expected_shapes(shape)
+    fused = shape.moe and holds_fused_experts(tensors)
+    want = expected_shapes(shape, fused)
     for name, shp in want.items():
         if name not in tensors:
             raise WeightsError(f"{root}: tensor {in_files(name)}: missing (model {shape.name} needs {list(shp)})")
@@ -150,7 +162,7 @@ def scan_checkpoint(folder: str | Path, shape: ModelShape) -> CheckpointIndex:
         raise WeightsError(
             f"{root / tensors[extra[0]].file}: tensor {in_files(extra[0])}: unexpected (not in model {shape.name})"
         )
-    return CheckpointIndex(root, tensors, stored, left_out, body)
+    return CheckpointIndex(root, tensors, stored, left_out, body, fused)
 
 
 def _text_decoder(root: Path, tensors: dict[str, TensorEntry], shape: ModelShape):
@@ -228,9 +240,10 @@ def load_hf_weights(
                 continue  # LoRA adapters (train/lora.py) start from their own init, not from the base checkpoint
             per_expert = expert_names(name, shape) if shape.moe else None
             if per_expert is not None:
-                stacked.append((per_expert, t))
+                stacked.append((per_expert, t) if not index.fused_experts else (fused_expert_source(name, shape), t))
                 continue
-            hf = to_hf(name, shape)
+            fused_gate = index.fused_experts and name.endswith(".ffn.router.weight")
+            hf = fused_router(name) if fused_gate else to_hf(name, shape)
             if shape.embed_rows != shape.vocab and name in ("tok_embeddings.weight", "output.weight"):
                 padded.append((hf, t))
             else:
@@ -242,8 +255,14 @@ def load_hf_weights(
                 full = f.get_tensor(index.stored_name(hf))
             rows = torch.zeros((shape.embed_rows - shape.vocab, full.shape[1]), dtype=full.dtype)
             _copy_global(t, torch.cat([full, rows]).to(t.dtype))
-        for names, t in stacked:
-            _copy_global(t, torch.stack([_read_tensor(index, n) for n in names]).to(t.dtype))
+        for source, t in stacked:
+            if isinstance(source, list):  # the Hub's layout: one tensor per expert
+                full = torch.stack([_read_tensor(index, n) for n in source])
+            else:  # transformers 5's fused layout: gate and up rows of gate_up_proj, or down_proj whole
+                name, half = source
+                full = _read_tensor(index, name)
+                full = full if half is None else full.chunk(2, dim=1)[half]
+            _copy_global(t, full.to(t.dtype).contiguous())
     return index  # the state dicts share storage with the parameters: filled in place
 
 

@@ -10,7 +10,9 @@ Mixture-of-experts layers (qwen3_moe, mixtral) keep the Hub's per-expert layout 
 save_pretrained writes: one tensor per expert and matrix (`mlp.experts.N.gate_proj.weight`; mixtral
 `block_sparse_moe.experts.N.w1.weight`), the router at `mlp.gate.weight` / `block_sparse_moe.gate.weight`. The
 native model stacks each matrix over the experts (`ffn.experts.w1`, (E, ffn, hidden)): `expert_names` lists the
-per-expert names of one stacked tensor, in expert order."""
+per-expert names of one stacked tensor, in expert order. A checkpoint in transformers 5's fused in-memory names
+(`mlp.experts.gate_up_proj` (E, 2·ffn, hidden), gate rows first; `mlp.experts.down_proj`; the router at
+`mlp.gate.weight` for mixtral too) is read as well (`fused_expert_source`); exports use the Hub's layout."""
 
 from __future__ import annotations
 
@@ -92,8 +94,32 @@ def expert_names(name: str, shape: ModelShape) -> list[str] | None:
     return [f"model.layers.{layer}.{block}.experts.{e}.{which}.weight" for e in range(shape.num_experts)]
 
 
-def expected_shapes(shape: ModelShape) -> dict[str, tuple[int, ...]]:
-    """Every tensor a Hugging Face checkpoint of this model holds, by HF name, with its shape (unpadded vocab).
+def fused_expert_source(name: str, shape: ModelShape) -> tuple[str, int | None] | None:
+    """Where a stacked expert tensor lies in transformers 5's fused layout: (name, 0 for the gate rows / 1 for the
+    up rows of `gate_up_proj`, None for the whole tensor); None when `name` is not a stacked expert tensor."""
+    m = _EXPERTS_RE.fullmatch(name)
+    if m is None:
+        return None
+    p = f"model.layers.{m.group(1)}.mlp.experts."
+    return {"w1": (p + "gate_up_proj", 0), "w3": (p + "gate_up_proj", 1), "w2": (p + "down_proj", None)}[m.group(2)]
+
+
+def fused_router(name: str) -> str:
+    """The router's name in the fused layout (`layers.3.ffn.router.weight` -> `model.layers.3.mlp.gate.weight`)."""
+    m = _LAYER_RE.fullmatch(name)
+    if m is None or m.group(2) != "ffn.router.weight":
+        raise KeyError(f"{name!r} is not a router weight")
+    return f"model.layers.{m.group(1)}.mlp.gate.weight"
+
+
+def holds_fused_experts(names) -> bool:
+    """Whether a checkpoint's tensor names are transformers 5's fused expert layout (not the Hub's per-expert one)."""
+    return any(n.endswith(".mlp.experts.gate_up_proj") for n in names)
+
+
+def expected_shapes(shape: ModelShape, fused: bool = False) -> dict[str, tuple[int, ...]]:
+    """Every tensor a Hugging Face checkpoint of this model holds, by HF name, with its shape (unpadded vocab);
+    `fused`: MoE layers in transformers 5's fused names instead of the Hub's per-expert layout.
 
     A tied model's checkpoint may or may not hold `lm_head.weight` (transformers omits it): see `optional`."""
     h, d, v = shape.hidden, shape.head_dim, shape.vocab
@@ -113,7 +139,11 @@ def expected_shapes(shape: ModelShape) -> dict[str, tuple[int, ...]]:
             p + "self_attn.v_proj.weight": (kv, h),
             p + "self_attn.o_proj.weight": (h, q),
         }
-        if shape.is_moe_layer(i):
+        if shape.is_moe_layer(i) and fused:
+            fe, n = shape.expert_ffn_hidden, shape.num_experts
+            out |= {p + "mlp.gate.weight": (n, h), p + "mlp.experts.gate_up_proj": (n, 2 * fe, h)}
+            out[p + "mlp.experts.down_proj"] = (n, h, fe)
+        elif shape.is_moe_layer(i):
             block, mats = _moe_names(shape)
             fe, mat = shape.expert_ffn_hidden, {"w1": (shape.expert_ffn_hidden, h), "w3": (shape.expert_ffn_hidden, h)}
             mat["w2"] = (h, fe)

@@ -214,3 +214,23 @@ def test_prometheus_exports_the_expert_load_of_moe_runs_only():
         assert not set(PROMETHEUS_MOE_METRICS) & set(PROMETHEUS_METRICS)
     finally:
         m.close()
+
+
+def test_transformers_fused_expert_layout_is_read_too(source, tmp_path):
+    """A checkpoint of transformers 5's in-memory names (experts fused in gate_up_proj / down_proj, the router at
+    mlp.gate for mixtral too), as a state_dict saved directly writes it, loads to the same logits."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    hf = _hf(source)
+    state = {k: v.contiguous() for k, v in hf.state_dict().items()}
+    assert any(k.endswith("mlp.experts.gate_up_proj") for k in state)
+    folder = tmp_path / "fused"
+    folder.mkdir()
+    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    shutil.copyfile(source / "config.json", folder / "config.json")
+    ours = model_from_hf(folder, 32).eval()
+    x = torch.randint(0, BASE["vocab_size"], (2, 16))
+    with torch.no_grad():
+        assert float((hf(x).logits - ours(x)).abs().max()) < TOL
