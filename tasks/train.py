@@ -70,6 +70,14 @@ def train_task(
         "TORCHELASTIC_SIGNALS_TO_HANDLE": signals,
         "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(preempt_grace_s),
     }
+    log.info(
+        "launching attempt %d on %s: %d rank(s), layout %s, steps %d (ranks import torch and build the model first)",
+        job.attempt,
+        cluster.name,
+        job.plan.world_size,
+        job.plan.layout(),
+        job.train.steps,
+    )
     launch = provider.launch(cluster, ["-m", "nightloom.train", "--job", str(job_path)], env)
     if launch.pids:
         record_processes(Path(job.run_dir), list(launch.pids))
@@ -99,7 +107,7 @@ def train_task(
         result.stopped,
         result.steps_done,
         result.total_steps,
-        result.final_loss,
+        "n/a" if result.final_loss is None else f"{result.final_loss:.4f}",
     )
     return result
 
