@@ -10,9 +10,9 @@ A gemma3 image-text checkpoint (Gemma3ForConditionalGeneration) gives its text d
 `language_model.model.` (the Hub's files) or `model.language_model.` (transformers 5's module names); its vision
 tower and projector are left out, said once in the log: the run trains and exports the text decoder only.
 
-A mixture-of-experts checkpoint's per-expert tensors (hf/names.py) are read one stacked matrix at a time: every
-expert's tensor of that matrix, stacked to (E, ...), and each rank keeps its own slice of it (its EP experts, its
-FSDP rows): one layer's matrix in memory at a time, never the model.
+A mixture-of-experts checkpoint's per-expert tensors (hf/names.py) are read one stacked matrix at a time: a rank
+reads only the experts its shard holds (EP's experts, FSDP's rows of dim 0), stacks them and copies its slice of
+the other dims into its shard, so a rank reads E/ep experts of each matrix, never the model.
 """
 
 from __future__ import annotations
@@ -256,14 +256,39 @@ def load_hf_weights(
             rows = torch.zeros((shape.embed_rows - shape.vocab, full.shape[1]), dtype=full.dtype)
             _copy_global(t, torch.cat([full, rows]).to(t.dtype))
         for source, t in stacked:
-            if isinstance(source, list):  # the Hub's layout: one tensor per expert
-                full = torch.stack([_read_tensor(index, n) for n in source])
-            else:  # transformers 5's fused layout: gate and up rows of gate_up_proj, or down_proj whole
-                name, half = source
-                full = _read_tensor(index, name)
-                full = full if half is None else full.chunk(2, dim=1)[half]
-            _copy_global(t, full.to(t.dtype).contiguous())
+            _load_experts(index, source, t)
     return index  # the state dicts share storage with the parameters: filled in place
+
+
+def _load_experts(index: CheckpointIndex, source, t) -> None:
+    """One stacked expert matrix (E, ...) into `t`: a DTensor shard (EP's experts, FSDP's rows) reads only the
+    experts it holds and copies its slice of each; anything else takes the whole stack. `source`: the per-expert
+    names (the Hub's layout), or (name, half) in transformers 5's fused layout (gate/up rows of gate_up_proj)."""
+    import torch
+    from torch.distributed.tensor import DTensor, Shard
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    from nightloom.train.model import _copy_global
+
+    def experts(first: int, count: int):
+        if isinstance(source, list):  # the Hub's layout: one tensor per expert
+            return torch.stack([_read_tensor(index, n) for n in source[first : first + count]])
+        name, half = source
+        full = _read_tensor(index, name)[first : first + count]
+        return full if half is None else full.chunk(2, dim=1)[half]
+
+    if isinstance(t, DTensor) and all(type(p) is Shard or p.is_replicate() for p in t.placements):
+        shape, offset = compute_local_shape_and_global_offset(t.shape, t.device_mesh, t.placements)
+        if not shape[0]:
+            return  # more FSDP ranks than experts: this shard is empty
+        local = experts(offset[0], shape[0])
+        for dim in range(1, local.dim()):
+            local = local.narrow(dim, offset[dim], shape[dim])
+        with torch.no_grad():
+            t.to_local().copy_(local.to(t.dtype))
+        return
+    with torch.no_grad():
+        _copy_global(t, experts(0, t.shape[0]).to(t.dtype).contiguous())
 
 
 def _read_tensor(index: CheckpointIndex, name: str):
