@@ -47,6 +47,7 @@ class NightStretch:
     parts: tuple[str, ...]
     after: tuple[int, ...] = ()
     train_end: datetime | None = None  # the end of its last training segment (its checkpoint follows)
+    stop_at: datetime | None = None  # train_end when the plan ends the stretch a step or more before the window
 
     @property
     def checkpoints(self) -> bool:
@@ -101,7 +102,8 @@ def tonight(plan: QueuePlan, window: Interval) -> list[NightStretch]:
             cur.append(seg)
         if cur:
             out.append(_stretch(pj.job.id, cur))
-    picked = [s for s in out if window.start <= s.start < window.end]
+    step_s = {pj.job.id: pj.job.step_time_s for pj in plan.jobs}
+    picked = [_stop(s, window, step_s[s.job_id]) for s in out if window.start <= s.start < window.end]
     order = {pj.job.id: i for i, pj in enumerate(plan.jobs)}
     picked.sort(key=lambda s: (s.start, order[s.job_id]))
     done: list[NightStretch] = []
@@ -109,6 +111,14 @@ def tonight(plan: QueuePlan, window: Interval) -> list[NightStretch]:
         before = sorted({p.job_id for p in done if p.end <= s.start and set(p.nodes) & set(s.nodes)})
         done.append(dataclasses.replace(s, after=tuple(j for j in before if j != s.job_id)))
     return done
+
+
+def _stop(s: NightStretch, window: Interval, step_s: float) -> NightStretch:
+    """A checkpointed stretch the plan ends a step or more before the window's end (the nightly budget, or nodes
+    another job takes) stops training where the plan put its checkpoint; one that ends with the window (short of it
+    by less than a step: the plan trains whole steps) keeps the gate's window deadline."""
+    early = s.checkpoints and s.train_end is not None and (window.end - s.end).total_seconds() >= step_s
+    return dataclasses.replace(s, stop_at=s.train_end if early else None)
 
 
 def _stretch(job_id: int, segs: list) -> NightStretch:
@@ -140,8 +150,7 @@ def night_outcome(run_status: str | None, steps_done: int, total_steps: int) -> 
 class StretchPlacement:
     """How the queue runs one stretch's pipeline: the key of its cluster lock (cluster name and node indices, so
     jobs sharing a cluster.name on disjoint nodes run side by side; the queue orders those that share nodes), when
-    its training stops (the plan's end of the stretch's training when a checkpoint ends it; None: the gate's own
-    deadline, the window's end), and the sbatch options that pin it to its nodes (Slurm), with why or why not."""
+    its training stops (NightStretch.stop_at; None: the gate's own deadline, the window's end), and the sbatch options that pin it to its nodes (Slurm), with why or why not."""
 
     lock_key: str
     stop_at: datetime | None
@@ -165,9 +174,8 @@ def placement(spec: RunSpec, stretch: NightStretch, partition_nodes: list[str] |
     N nodes of its provider; the queue still never holds more than its max-nodes, as it never runs more at once."""
     nodes = tuple(stretch.nodes)
     key = f"{spec.cluster.name}-nodes-" + "-".join(map(str, nodes))
-    stop = stretch.train_end if stretch.checkpoints else None
     pin, pinned, note = _pin(spec, nodes, partition_nodes)
-    return StretchPlacement(lock_key=key, stop_at=stop, extra_sbatch=pin, pinned=pinned, note=note)
+    return StretchPlacement(lock_key=key, stop_at=stretch.stop_at, extra_sbatch=pin, pinned=pinned, note=note)
 
 
 def _pin(

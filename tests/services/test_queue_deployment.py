@@ -8,20 +8,18 @@ night per job; the Gantt chart is an artifact and a PNG in the run folder.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import time
-from pathlib import Path
-
 import pytest
-import yaml
 
-from tests.support.ci import skip_or_fail
-from tests.support.pipeline import artifacts_of, demo_data
+from tests.support.pipeline import artifacts_of
+from tests.support.queue_services import (
+    deploy_nightly_queue,
+    job_spec,
+    lock_names,
+    log_lines,
+    run_night,
+    subflow_names,
+)
 
-ROOT = Path(__file__).resolve().parents[2]
-WINDOW = {"start": "02:00", "end": "06:00"}
 # 90 s before each window's end: shard, tokenizer, provisioning and trainer start-up of two runs side by side on a
 # 2-core box, then some steps
 NIGHT_1, NIGHT_2 = "2026-12-01T05:58:30+08:00", "2026-12-02T05:58:30+08:00"
@@ -31,65 +29,28 @@ pytestmark = pytest.mark.services
 
 @pytest.fixture(scope="module")
 def deployment():
-    if not os.environ.get("PREFECT_API_URL"):
-        skip_or_fail("needs a Prefect server and a worker on pool local-pool (PREFECT_API_URL; .ci/services.sh)")
-    r = subprocess.run(
-        [sys.executable, "-m", "prefect", "--no-prompt", "deploy", "--name", "nightly-queue"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        stdin=subprocess.DEVNULL,
-    )
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    return "nightly-queue/nightly-queue"
+    return deploy_nightly_queue()
 
 
-def job_spec(folder: Path, name: str, steps: int, ledger: str) -> Path:
-    """The demo spec on one local node of one rank, its own cluster (its own lock) and port, split in the window."""
-    from nightloom.provision.local import free_port
-
-    data = demo_data(folder, steps=steps, checkpoint_every=0, seq_len=128, global_batch=16)
-    data["name"] = name
-    data["cluster"].update({"name": f"queue-{name}", "nodes": 1, "gpus_per_node": 1, "master_port": free_port()})
-    data["schedule"] = {
-        "timezone": "Asia/Shanghai",
-        "windows": [WINDOW],
-        "policy": "split",
-        "price_per_gpu_hour": 3600.0,
-        "offpeak_discount": 0.5,
-        "provisioning_minutes": 0.05,
-    }
-    data["ledger"]["url"] = ledger
-    p = folder / "spec.yaml"
-    folder.mkdir(parents=True, exist_ok=True)
-    p.write_text(yaml.safe_dump(data))
-    return p
-
-
-def wait_final(flow_run_id, timeout=900):
-    from prefect import get_client
-
-    deadline = time.monotonic() + timeout
-    with get_client(sync_client=True) as c:
-        while time.monotonic() < deadline:
-            fr = c.read_flow_run(flow_run_id)
-            if fr.state and fr.state.is_final():
-                return fr
-            time.sleep(1)
-    raise AssertionError(f"flow run {flow_run_id} not final after {timeout} s")
+def test_a_queue_not_made_yet_is_nothing_to_run(deployment, tmp_path):
+    """The deployment's cron is active once deployed: a night before anyone made the queue completes, saying so."""
+    ledger = f"sqlite:///{tmp_path / 'ledger.db'}"
+    fr = run_night(deployment, {"ledger": ledger}, timeout=300)  # the default queue: team
+    assert fr.state.is_completed(), fr.state.message
+    line = f"no queue named team in {ledger}; nothing to run"
+    assert line in log_lines(fr.id, until=line)
+    assert subflow_names(fr.id) == {}
 
 
 def test_two_jobs_over_two_nights(deployment, tmp_path):
-    from prefect.deployments import run_deployment
-
     from flows.cli import main
     from nightloom.ledger import Ledger
     from nightloom.queue_store import QueueStore
 
     ledger = f"sqlite:///{tmp_path / 'ledger.db'}"
-    long_job = job_spec(tmp_path / "long", "long", 100_000, ledger)  # never finishes: each window's end stops it
-    short_job = job_spec(tmp_path / "short", "short", 8, ledger)
+    # both on one cluster.name: the queue keys each stretch's lock by its nodes, so they still run side by side
+    long_job = job_spec(tmp_path / "long", "long", 100_000, ledger, cluster="queue-team")  # each window's end stops it
+    short_job = job_spec(tmp_path / "short", "short", 8, ledger, cluster="queue-team")
     assert main(["queue", "create", "team", "--max-nodes", "2", "--ledger", ledger]) == 0
     assert main(["queue", "add", "team", str(long_job), "--priority", "1", "--hours", "10", "--ledger", ledger]) == 0
     assert (
@@ -99,9 +60,10 @@ def test_two_jobs_over_two_nights(deployment, tmp_path):
     nights = []
     for at in (NIGHT_1, NIGHT_2):
         params = {"queue": "team", "ledger": ledger, "at": at}
-        fr = wait_final(run_deployment(deployment, parameters=params, timeout=0).id)
+        fr = run_night(deployment, params)
         assert fr.state.is_completed(), fr.state.message
         nights.append(fr)
+        print(f"\nnight {at}: flow run {fr.name} {fr.state.type.value}; subflows {subflow_names(fr.id)}")
 
     with Ledger(ledger) as lg:
         store = QueueStore(lg)
@@ -113,6 +75,9 @@ def test_two_jobs_over_two_nights(deployment, tmp_path):
     by1 = {r.job_id: r for r in n1}
     # night 1: both jobs side by side on disjoint nodes; the long one split at the window's end, the short one done
     assert set(by1) == {long_id, short_id} and sorted(by1[long_id].nodes + by1[short_id].nodes) == [0, 1], n1
+    # side by side though they share a cluster name: each stretch held a lock of its own nodes, none the cluster's
+    limits = lock_names()
+    assert {"cluster-queue-team-nodes-0", "cluster-queue-team-nodes-1"} <= limits and "cluster-queue-team" not in limits
     assert (by1[long_id].status, by1[long_id].job_status) == ("split", "split"), by1[long_id]
     assert (by1[short_id].status, by1[short_id].job_status, by1[short_id].steps_done) == ("completed", "done", 8)
     assert 0 < by1[long_id].steps_done < 100_000 and by1[long_id].hours_trained > 0
@@ -132,3 +97,9 @@ def test_two_jobs_over_two_nights(deployment, tmp_path):
     charts = sorted((tmp_path / "long" / "runs" / "queues" / "team").rglob("gantt.png"))
     assert [c.parent.name for c in charts] == ["20261201-0200", "20261202-0200"]
     assert all(c.read_bytes()[:4] == b"\x89PNG" for c in charts)
+    for r in runs:
+        print(
+            f"ledger: night {r.night} job {r.job_id} nodes {r.nodes} run {r.run_id} {r.status} -> {r.job_status}, "
+            f"{r.steps_done} steps, {r.hours_trained:.4f} h"
+        )
+    print("gantt:", *charts)

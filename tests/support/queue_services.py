@@ -87,14 +87,20 @@ def run_night(deployment: str, params: dict, timeout: float = 900):
     raise AssertionError(f"flow run {flow_run_id} not final after {timeout} s")
 
 
-def log_lines(flow_run_id) -> list[str]:
-    """The flow run's log messages (its tasks' included), oldest first."""
+def log_lines(flow_run_id, until: str | None = None, timeout: float = 60) -> list[str]:
+    """The flow run's log messages (its tasks' included), oldest first; with `until`, read again until one is that
+    line (logs reach the server after the run's final state) or `timeout` seconds pass."""
     from prefect import get_client
     from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
 
+    deadline = time.monotonic() + timeout
     with get_client(sync_client=True) as c:
-        logs = c.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])), limit=200)
-    return [x.message for x in logs]
+        while True:
+            flt = LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id]))
+            lines = [x.message for x in c.read_logs(log_filter=flt, limit=200)]
+            if until is None or until in lines or time.monotonic() > deadline:
+                return lines
+            time.sleep(1)
 
 
 def subflow_names(flow_run_id) -> dict[str, str]:

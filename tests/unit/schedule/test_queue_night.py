@@ -117,8 +117,8 @@ def test_a_stretch_is_placed_on_its_nodes_with_its_own_lock_and_stop():
     a, b = placement(spec, split, ["n1", "n2"]), placement(spec, last, ["n1", "n2"])
     # one cluster.name, disjoint nodes: two lock keys, so the pipeline's per-cluster lock lets them run at once
     assert (a.lock_key, b.lock_key) == ("ci-nodes-0", "ci-nodes-1")
-    # the split stretch stops training where the plan put its checkpoint; the finishing one keeps the gate's
-    assert a.stop_at == split.train_end == split.end - timedelta(seconds=40) and b.stop_at is None
+    # both keep the gate's deadline: the split one ends with the window (short of it by less than a step)
+    assert split.train_end == split.end - timedelta(seconds=40) and a.stop_at is None and b.stop_at is None
     # pinned to the partition's nodes at the plan's indices, in the provider's spec only (the run's hash is kept)
     assert (a.extra_sbatch, b.extra_sbatch, b.pinned) == (("--nodelist=n1",), ("--nodelist=n2",), ("n2",))
     rent = b.provider_spec(spec)
@@ -131,6 +131,17 @@ def test_a_stretch_is_placed_on_its_nodes_with_its_own_lock_and_stop():
     assert "exclude" in placement(slurm_spec(exclude=["n2"]), last, ["n1", "n2"]).note
     local = placement(RunSpec(name="q", dataset=DatasetSpec(path="/tmp")), last, None)
     assert local.extra_sbatch == () and local.lock_key == "local-nodes-1" and "local provider" in local.note
+
+
+def test_a_stretch_the_plan_ends_before_the_window_stops_at_its_checkpoint():
+    # 1 GPU-hour costs 1.0 off-peak: a budget of 2.0 a night cuts the 6 h job's stretch near 04:00, not at 06:00
+    at = datetime(2026, 6, 1, 2, 0, tzinfo=SH)
+    plan = plan_queue(SCHED, 1, [job(1, 1, 6.0)], at, 2.0)
+    win = tonight_window(SCHED, at)
+    (s,) = tonight(plan, win)
+    assert s.checkpoints and (win.end - s.end).total_seconds() >= 216.0
+    assert s.stop_at == s.train_end == s.end - timedelta(seconds=40)
+    assert placement(slurm_spec(), s, ["n1"]).stop_at == s.stop_at
 
 
 def test_prefect_yaml_runs_the_queue_at_the_windows_start():
