@@ -208,8 +208,8 @@ class ParallelSpec(_Section):
     ep: int = Field(
         1,
         gt=0,
-        description="Expert parallel (mixtures of experts): experts split over ep of the data-parallel ranks; "
-        "planned today, trained once MoE training lands.",
+        description="Expert parallel (mixtures of experts: qwen3_moe, mixtral): experts split over ep of the dp_shard "
+        "ranks, tokens sent to them by all_to_all; the experts' FSDP2 over the rest (docs/moe.md).",
     )
     sp: bool = Field(False, description="Sequence parallel with TP (Megatron-SP).")
     micro_batch: int = Field(1, gt=0)
