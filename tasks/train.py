@@ -46,6 +46,18 @@ def write_job(job: TrainJob) -> Path:
     return path
 
 
+def rank_env(job: TrainJob, preempt_grace_s: int) -> dict[str, str]:
+    """The ranks' environment: one thread each, unbuffered output, and torchrun told which signals to pass on
+    (SIGTERM and the preempt signal) and how long to wait for the ranks to save."""
+    signals = ["SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", *([job.preempt_signal] if job.preempt_signal else [])]
+    return {
+        "OMP_NUM_THREADS": "1",
+        "PYTHONUNBUFFERED": "1",
+        "TORCHELASTIC_SIGNALS_TO_HANDLE": ",".join(signals),
+        "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(preempt_grace_s),
+    }
+
+
 @task(name="train", cache_policy=NO_CACHE)
 def train_task(
     provider: Provider,
@@ -61,15 +73,7 @@ def train_task(
     log = get_run_logger()
     job_path = write_job(job)
     mon = AttemptMonitor.for_job(job, startup_timeout_s, started=time.monotonic())
-    signals = ",".join(
-        ["SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", *([job.preempt_signal] if job.preempt_signal else [])]
-    )
-    env = {
-        "OMP_NUM_THREADS": "1",
-        "PYTHONUNBUFFERED": "1",
-        "TORCHELASTIC_SIGNALS_TO_HANDLE": signals,
-        "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(preempt_grace_s),
-    }
+    env = rank_env(job, preempt_grace_s)
     log.info(
         "launching attempt %d on %s: %d rank(s), layout %s, steps %d (ranks import torch and build the model first)",
         job.attempt,

@@ -122,8 +122,7 @@ def plan_for_spec(
     fixed = None
     if isinstance(spec.parallel, ParallelSpec):
         fixed = spec_layout(spec.parallel, ws)
-    # packed rows carry a per-row document mask, which the pipeline schedule and ring attention do not take
-    pins = fixed or (FixedLayout(pp=1, cp=1) if getattr(tr, "pack", False) else None)
+    pins = fixed or trainer_pins(shape, tr)
     report = plan(
         shape,
         gpu,
@@ -152,6 +151,17 @@ def plan_for_spec(
             f"{report.min_memory_gib:.1f} GiB per GPU, {report.usable_memory_gib:.1f} GiB usable"
         )
     return report
+
+
+def trainer_pins(shape: ModelShape, train) -> FixedLayout | None:
+    """What `parallel: auto` may not choose because the trainer refuses it: packed rows carry a per-row document
+    mask, which the pipeline schedule and ring attention do not take (pp = cp = 1); a mixture of experts trains
+    with EP and FSDP2 only (tp = pp = cp = dp_replicate = 1, train/moe.py)."""
+    if shape.moe:
+        return FixedLayout(tp=1, pp=1, cp=1, dp_replicate=1)
+    if getattr(train, "pack", False):
+        return FixedLayout(pp=1, cp=1)
+    return None
 
 
 def _lora_of(train) -> dict:

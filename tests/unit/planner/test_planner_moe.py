@@ -69,3 +69,23 @@ def test_mixtral_plan_picks_expert_parallel_and_fits():
 def test_pinned_ep_is_evaluated():
     r = plan("qwen3-30b-a3b", "h100-80gb", 1, 8, 4096, 64, layout="tp=1,pp=1,dp=8,ep=8")
     assert r.chosen.ep == 8 and r.evaluated and "16 of 128 experts per rank" in " ".join(r.chosen.explanation)
+
+
+def test_auto_layout_of_an_moe_run_is_what_the_trainer_runs():
+    """`parallel: auto` for a mixture of experts picks only what train/moe.py trains: EP and FSDP2, no TP, PP,
+    CP or replicas (the planner's what-ifs through `nightloom plan --layout` still price the others)."""
+    from nightloom.planner import plan_for_spec
+    from nightloom.spec import RunSpec
+
+    for model, nodes in (("mixtral-8x7b", 2), ("qwen3-30b-a3b", 1), ("qwen3-235b-a22b", 8)):
+        spec = RunSpec.model_validate(
+            {
+                "name": "m",
+                "dataset": {"path": "d"},
+                "model": {"name": model},
+                "cluster": {"nodes": nodes, "gpus_per_node": 8, "gpu_type": "h100-80gb"},
+                "train": {"seq_len": 4096, "global_batch": 64},
+            }
+        )
+        c = plan_for_spec(spec, require_fit=False).chosen
+        assert (c.tp, c.pp, c.cp, c.dp_replicate) == (1, 1, 1, 1), (model, c.layout())
