@@ -142,6 +142,12 @@ class Peak:
     precision: str
     source: str
 
+    @property
+    def measured_on_cpu(self) -> bool:
+        """A one-thread CPU matmul timed at the run's start: a host busy at that moment measures it low (3x apart
+        on a loaded 2-core box), so an MFU above 100% of it says more about the host than about the FLOP count."""
+        return self.source.startswith("measured") and "1 thread" in self.source
+
 
 #: a measured peak is a Peak whose source says how it was measured (one record, two names)
 PeakMeasurement = Peak
