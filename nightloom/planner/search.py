@@ -6,7 +6,8 @@ then by memory (nightloom.planner.memory); the survivors are ranked by predicted
 (nightloom.planner.steptime). A family (tp, pp, dp split, cp) is rejected once, with the reason of its most
 permissive member, when the rules fail it; every family that loses gets one reason. Beyond the checks, the
 search space itself: tp stays within a node unless allowed; pipeline splits are even, or equal inner stages with
-lighter end stages (Llama 3's 126 layers on 16 stages: 7 + 14·8 + 7); any other split is forced by the user.
+lighter end stages (Llama 3's 126 layers on 16 stages: 7 + 14·8 + 7); any other split is forced by the user, and a
+forced list of pp sizes (layers per rank) may be interleaved into v chunks per rank (`interleave_stages`).
 Context parallel is searched when the sequence is long (>= LONG_SEQ) and the native trainer's rules allow it.
 Expert parallel (MoE models) is searched within each family: every ep dividing the experts and the data-parallel
 ranks it is drawn from (ParallelDims.check); the family's best ep wins, and the explanation says what it saved.
@@ -71,6 +72,29 @@ def stage_splits(layers: int, pp: int, pinned: bool = False) -> tuple[tuple[int,
         bumped = set(inner[len(inner) - extra :] if extra <= len(inner) else range(pp - extra, pp))
         out.append(tuple(base + (i in bumped) for i in range(pp)))
     return tuple(out)
+
+
+@lru_cache(maxsize=1024)
+def interleave_stages(per_rank: tuple[int, ...], v: int) -> tuple[int, ...] | None:
+    """Layers per pipeline rank split into v chunks per rank (pp·v chunks, chunk j on rank j mod pp): every chunk
+    holds k = max/v layers, except that a lighter first rank gives up its layers in the model's first chunk and a
+    lighter last rank in the model's last one (Llama 3's end stages, §3.3.2); None when the list does not split so
+    (a lighter inner rank, or an end chunk left with no layer, which the trainer's stage rules refuse)."""
+    if v == 1:
+        return per_rank
+    pp, top = len(per_rank), max(per_rank)
+    if top % v:
+        return None
+    k = top // v
+    chunks = [k] * (pp * v)
+    for r, n in enumerate(per_rank):
+        short = top - n
+        if not short:
+            continue
+        if r not in (0, pp - 1) or short >= k:
+            return None
+        chunks[0 if r == 0 else -1] -= short
+    return tuple(chunks)
 
 
 def _families(req: PlanRequest, fixed: FixedLayout, rejected: dict[str, str]):
@@ -145,6 +169,12 @@ def _families(req: PlanRequest, fixed: FixedLayout, rejected: dict[str, str]):
 def _splits(req: PlanRequest, fixed: FixedLayout, pp: int) -> list[tuple[int, tuple[int, ...] | None]]:
     """(virtual stages, chunk split) pairs of pipeline degree `pp`: v ≤ MAX_VIRTUAL_STAGES, or as pinned."""
     layers, pinned = req.shape.layers, fixed.pp == pp
+    if fixed.stages is not None and len(fixed.stages) == pp and fixed.virtual_stages != 1 and pp > 1:
+        # layers per pipeline rank (as Llama 3 publishes 7 + 14·8 + 7): the search may interleave each rank's
+        # layers into v chunks (Grattafiori et al. 2024 §3.3.2: interleaved 1F1B, ends one layer lighter)
+        vs = [fixed.virtual_stages] if fixed.virtual_stages else range(1, MAX_VIRTUAL_STAGES + 1)
+        out = [(v, interleave_stages(fixed.stages, v)) for v in vs]
+        return [(v, split) for v, split in out if split is not None]
     if fixed.stages is not None:
         v = fixed.virtual_stages or max(1, len(fixed.stages) // pp)
         return [(v, fixed.stages)]
