@@ -71,6 +71,7 @@ def _job(run_dir, source, corpus, plan):
             warmup_steps=1,
             precision="fp32",
             seed=1234,
+            loss_chunk_tokens=0,  # the plain loss in every layout (the chunked one: tests/distributed/test_efficiency.py)
         ),
         manifest=str(corpus),
         peak_flops=50e9,
