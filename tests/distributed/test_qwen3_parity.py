@@ -1,6 +1,10 @@
 """Qwen3 (per-head q/k RMSNorm, head_dim independent of hidden/heads) from Hugging Face weights under FSDP2, TP2
 (with and without SP) and PP2 on 2 gloo processes and FSDP2 x TP2 on 4, against the same job in one process: every
-step's loss (abs 1e-5) and pre-clip gradient norm (relative 1e-5), and every final parameter (abs 1e-5). A q/k norm
+step's loss (abs 1e-5) and pre-clip gradient norm (relative 1e-5), and every final parameter (abs 1e-5). The runs
+use SGD (lr 0.5), as the Gemma 3 test does, so a final parameter is the sum of its gradients and the per-parameter
+check is a check of every gradient: under AdamW the TP2 run agreed in loss (4.8e-7) and grad norm (1.1e-7) but
+one w3 element drifted 1.6e-5 on one CI machine and not on another (Adam's g / (sqrt(v) + eps) turns last-bit
+differences of near-zero gradients into visible steps). A q/k norm
 whose gradient each TP rank took from its own heads only (not summed over the ranks) moves the grad norm at step 1
 and the weights after it. Step 1's loss also equals transformers' Qwen3ForCausalLM on the same batch, and each run's
 export loads in transformers with nothing missing or unexpected. Tied under TP/PP is not here (the tied-layout
@@ -58,14 +62,14 @@ def _job(run_dir, source, corpus, plan):
         run_dir=str(run_dir),
         model=shape_from_hf_config(source),
         plan=ParallelPlan(**plan),
-        # loss_chunk_tokens 0: every layout computes the plain loss. The chunked one (one process and FSDP2 by
-        # default) sums in another order, ~1e-6 apart, which AdamW grows to ~1.6e-5 in the parameters in 3 steps;
-        # it has its own parity test (tests/distributed/test_efficiency.py).
+        # loss_chunk_tokens 0: every layout computes the plain loss (the chunked one, the default where the head is
+        # whole, has its own parity test: tests/distributed/test_efficiency.py)
         train=TrainSpec(
             steps=STEPS,
             seq_len=SEQ,
             global_batch=BATCH,
-            lr=1e-3,
+            lr=0.5,
+            optimizer="sgd",
             warmup_steps=1,
             precision="fp32",
             seed=1234,
@@ -139,4 +143,5 @@ def test_q_norm_weights_moved(runs):
         with safe_open(str(f), framework="pt") as s:
             if "model.layers.0.self_attn.q_norm.weight" in s.keys():
                 start = s.get_tensor("model.layers.0.self_attn.q_norm.weight")
-    assert not torch.equal(trained, start) and float((trained - start).abs().max()) < 0.01
+    # moved by 3 SGD steps of lr 0.5 (1.5e-2 here), not blown up
+    assert not torch.equal(trained, start) and float((trained - start).abs().max()) < 0.1
