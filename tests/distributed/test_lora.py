@@ -7,21 +7,12 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.chat import build_chat_tokenizer, chat_messages, transformers_sft_nll, write_chats
+from tests.support.chat import QWEN2, build_chat_tokenizer, chat_messages, transformers_sft_nll, write_chats
 from tests.support.harness import launch, launch_many
 
 SEQ = 192
 GLOBAL = 8
 STEPS = 4
-QWEN2 = {
-    "vocab_size": 320,
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "initializer_range": 0.1,
-}
 TWO_RANKS = {
     "fsdp2": {"dp_shard": 2, "micro_batch": 2, "grad_accum": 2},
     "tp2": {"tp": 2, "micro_batch": 2, "grad_accum": 4},

@@ -8,20 +8,11 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.chat import build_chat_tokenizer, chat_messages, transformers_sft_nll, write_chats
+from tests.support.chat import QWEN2, build_chat_tokenizer, chat_messages, transformers_sft_nll, write_chats
 from tests.support.harness import launch
 
 SEQ = 192
 GLOBAL = 8
-QWEN2 = {
-    "vocab_size": 320,  # >= the tokenizer's ids
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "initializer_range": 0.1,
-}
 
 
 @pytest.fixture(scope="module")

@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from tests.support.chat import (
+    QWEN2,
     build_chat_tokenizer,
     chat_messages,
     prefix_rule_labels,
@@ -27,15 +28,6 @@ from tests.support.chat import (
 )
 
 ROOT = Path(__file__).resolve().parents[2]
-QWEN2 = {
-    "vocab_size": 320,
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "initializer_range": 0.1,
-}
 LAYOUTS = {
     "lora_fsdp2": ({"dp_shard": 2, "micro_batch": 2}, {"rank": 8, "alpha": 16, "targets": "all-linear"}),
     "full_tp2": ({"tp": 2, "micro_batch": 2}, None),

@@ -13,18 +13,9 @@ from pathlib import Path
 
 import yaml
 
-from tests.support.chat import as_record, build_chat_tokenizer, chat_messages, transformers_sft_nll, write_chats
+from tests.support.chat import QWEN2, as_record, build_chat_tokenizer, chat_messages, transformers_sft_nll, write_chats
 
 ROOT = Path(__file__).resolve().parents[2]
-QWEN2 = {
-    "vocab_size": 320,
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "initializer_range": 0.1,
-}
 
 
 def _cli(args: list[str]) -> tuple[int, str]:

@@ -9,6 +9,16 @@ from pathlib import Path
 
 from bench._support import WORDS
 
+#: the tiny Qwen2 the chat fine-tuning tests train (vocab covers build_chat_tokenizer's ids)
+QWEN2 = {
+    "vocab_size": 320,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "initializer_range": 0.1,
+}
 SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 #: Qwen2's ChatML without its default system prompt and without {% generation %} markers (most Hub templates)
 CHATML = (
