@@ -26,7 +26,18 @@ pytest_plugins = [
 ]
 
 
+#: folders whose tests share one set of real services (Prefect worker, sshd, Slurm nodes, the XTuner env): under
+#: `pytest -n 2 --dist loadgroup` (make test) they run one after another on one worker while the other worker takes
+#: the distributed and flow tests, which only start their own processes
+SERVICE_FOLDERS = ("services", "xtuner")
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        parts = Path(str(item.path)).relative_to(ROOT).parts
+        if len(parts) > 1 and parts[0] == "tests" and parts[1] in SERVICE_FOLDERS:
+            item.add_marker(pytest.mark.xdist_group("services"))
     try:
         import torch
 
