@@ -34,7 +34,7 @@ class ParallelDims:
     The spec, the planner (its search candidates are ParallelDims) and the trainer build this record and ask
     `check(...)` whether the layout can run; `resolve(...)` fills a `-1` degree from the world size.
     `stages`: transformer layers per pipeline chunk (pp·v chunks, chunk c on pp rank c mod pp) when the split is
-    uneven (None: layers / (pp·v) each).
+    uneven (None: layers / (pp·v) each); the first and last chunk may hold none (`stage_list_errors`).
     `ep`: expert parallel (MoE): each expert lives on one of ep ranks drawn from the data-parallel ranks, as
     torchtitan and Megatron-Core do (not a mesh dim of its own): from dp_shard·cp under FSDP/ZeRO, else from
     dp_replicate·cp; the experts' own FSDP then shards over the rest of those ranks (`expert_shard`)."""
@@ -165,11 +165,8 @@ class ParallelDims:
                     f"pp={p} does not divide layers ({shape.layers}): layers ({shape.layers}) must be divisible by "
                     f"pp*virtual_stages ({p}*{v}), or give uneven stages=[...]"
                 )
-        elif len(self.stages) != p * v or sum(self.stages) != shape.layers or min(self.stages) < 1:
-            why.append(
-                f"stages {list(self.stages)} must be pp*virtual_stages ({p}*{v}) sizes >= 1 summing to layers "
-                f"({shape.layers}), got {len(self.stages)} summing to {sum(self.stages)}"
-            )
+        else:
+            why += stage_list_errors(self.stages, p * v, shape.layers, f"pp*virtual_stages ({p}*{v})")
         if self.sp and seq_len % t:
             why.append(f"sequence parallel needs seq_len ({seq_len}) divisible by tp ({t})")
         if p > 1:
@@ -253,6 +250,27 @@ class ParallelDims:
 
     def layout(self) -> str:
         return layout_name(self.tp, self.pp, self.dp_replicate, self.dp_shard, self.cp, self.sp, self.zero, self.ep)
+
+
+def stage_list_errors(stages, chunks: int, layers: int | None = None, what: str | None = None) -> list[str]:
+    """Why a list of transformer layers per pipeline chunk cannot run ([] = it can): `chunks` sizes (pp·v), summing
+    to `layers` (unchecked when None, e.g. a spec read before its model), each >= 1 except the model's first and
+    last chunk, which may hold none: an embedding-only first chunk and a head-only (output projection and loss)
+    last chunk, as Llama 3 405B's one-layer interleaved chunks ran (Grattafiori et al. 2024 §3.3.2). An inner
+    chunk with no layer would only forward activations, so it is refused. `what` names the chunk count."""
+    sizes, what = list(stages), what or str(chunks)
+    why = []
+    if len(sizes) != chunks or (layers is not None and sum(sizes) != layers):
+        need = f" summing to layers ({layers})" if layers is not None else ""
+        why.append(f"stages {sizes} must be {what} sizes{need}, got {len(sizes)} summing to {sum(sizes)}")
+    inner = [(i, n) for i, n in enumerate(sizes) if n < (1 if 0 < i < len(sizes) - 1 else 0)]
+    if inner:
+        bad = ", ".join(f"chunk {i} = {n}" for i, n in inner)
+        why.append(
+            f"stages {sizes}: {bad}; every chunk needs >= 1 layer except the first and last, which may hold 0 "
+            "(embedding only, head only)"
+        )
+    return why
 
 
 def layout_name(

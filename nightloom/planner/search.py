@@ -78,8 +78,10 @@ def stage_splits(layers: int, pp: int, pinned: bool = False) -> tuple[tuple[int,
 def interleave_stages(per_rank: tuple[int, ...], v: int) -> tuple[int, ...] | None:
     """Layers per pipeline rank split into v chunks per rank (pp·v chunks, chunk j on rank j mod pp): every chunk
     holds k = max/v layers, except that a lighter first rank gives up its layers in the model's first chunk and a
-    lighter last rank in the model's last one (Llama 3's end stages, §3.3.2); None when the list does not split so
-    (a lighter inner rank, or an end chunk left with no layer, which the trainer's stage rules refuse)."""
+    lighter last rank in the model's last one, up to the whole chunk: Llama 3 405B's 7 + 14·8 + 7 in one-layer
+    chunks leave the first chunk the embedding only and the last the head only (Grattafiori et al. 2024 §3.3.2;
+    ParallelDims' stage rules allow 0 layers there only). None when the list does not split so (a lighter inner
+    rank, or an end rank short of more than one chunk's layers, which would empty an inner chunk)."""
     if v == 1:
         return per_rank
     pp, top = len(per_rank), max(per_rank)
@@ -91,7 +93,7 @@ def interleave_stages(per_rank: tuple[int, ...], v: int) -> tuple[int, ...] | No
         short = top - n
         if not short:
             continue
-        if r not in (0, pp - 1) or short >= k:
+        if r not in (0, pp - 1) or short > k:
             return None
         chunks[0 if r == 0 else -1] -= short
     return tuple(chunks)

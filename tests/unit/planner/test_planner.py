@@ -170,15 +170,23 @@ def test_llama3_405b_8k_interleaved_within_15_percent(row):
 
 def test_interleave_stages_splits_layers_per_rank():
     """A per-rank stage list becomes pp·v chunks (chunk j on rank j mod pp) with the lighter ends' layers taken
-    from the model's first and last chunks; splits that would empty an end chunk or lighten an inner rank: None."""
+    from the model's first and last chunks, up to the whole chunk (Meta's one-layer chunks: an embedding-only first
+    chunk, a head-only last one, which ParallelDims accepts); splits that would empty an inner chunk or lighten an
+    inner rank: None."""
+    from nightloom.catalog import get_model
+    from nightloom.parallel import ParallelDims
     from nightloom.planner.search import interleave_stages
 
     meta = (7,) + (8,) * 14 + (7,)
     two = interleave_stages(meta, 2)
     assert two == (3,) + (4,) * 30 + (3,) and [sum(two[r::16]) for r in range(16)] == list(meta)
     assert interleave_stages(meta, 1) == meta
-    assert interleave_stages(meta, 8) is None  # Meta's embedding-only first chunk: no layer, refused
+    eight = interleave_stages(meta, 8)  # Grattafiori et al. 2024 §3.3.2: 126 layers in 128 one-layer chunks
+    assert eight == (0,) + (1,) * 126 + (0,) and [sum(eight[r::16]) for r in range(16)] == list(meta)
+    dims = ParallelDims(tp=8, pp=16, grad_accum=16, virtual_stages=8, schedule="interleaved_1f1b", stages=eight)
+    assert dims.check(get_model("llama3-405b"), 8192, None, native_trainer=False) == []
     assert interleave_stages(meta, 3) is None
+    assert interleave_stages((6,) + (8,) * 14 + (7,), 8) is None  # 2 short in 1-layer chunks: an inner one empty
     assert interleave_stages((8, 7, 8, 8), 2) is None
 
 
