@@ -4,28 +4,11 @@ States (ZeRO, Rajbhandari et al. 2020 §3.1): mixed-precision Adam holds 2 (bf16
 bytes per parameter, fp32 training 4 + 4 + 8; ZeRO-3/FSDP divides all of them by the shard degree and adds the
 gathered working set (with pipeline parallelism FSDP2 must keep the stage gathered, reshard_after_forward=False).
 
-Activations per layer and micro-batch: Korthikanti et al. 2022, Table 2 (s seq, b micro-batch, h hidden,
-a heads, t TP), in bytes:
-    no recompute          t=1: s·b·h·(34 + 5·a·s/h)   TP: s·b·h·(10 + 24/t + 5·a·s/(h·t))   TP+SP: s·b·h·(34 + 5·a·s/h)/t
-    selective recompute   TP+SP: 34·s·b·h/t            (TP without SP: s·b·h·(10 + 24/t))
-    full recompute        2·s·b·h (the layer input; /t when SP shards it)
-Qwen3's per-head q/k RMSNorms (`shape.qk_norm`) save their inputs as the layer norms of Table 2 do (its 4·s·b·h
-for two norms): q and k before RoPE, 2·s·b·(q_dim + kv_dim) bytes in bf16 (q_dim = a·head_dim, kv_dim =
-kv_heads·head_dim). They are outputs of the column-parallel QKV projection, so TP shards them over heads (/t with
-or without SP, as Table 2's 24/t terms), and they are kept under selective recompute (it recomputes only the
-attention core after them); full recompute keeps only the layer input.
-Gemma 3's post-norms (`shape.post_norms`: an RMSNorm on the attention output and one on the MLP output, before
-each residual add) save their inputs too, as Table 2's two layer norms do: 2 more 16-bit s·b·h tensors, 4·s·b·h
-bytes per layer. They sit where Table 2's norms sit (after the row-parallel o/down projection's all-reduce, or its
-reduce-scatter under SP), so they are replicated under TP and /t under SP, and kept under selective recompute.
-Table 2 assumes materialised attention scores (PTD-P's fused softmax kernels: `fused_attention=False`, kept for
-the PTD-P reference rows and what-ifs). The default is what the trainer runs: SDPA, which on a GPU is a fused
-(flash or memory-efficient) kernel, so the 5·a·s/h score terms vanish: only Q, K, V and the output are kept
-(plus a row statistic per head), and selective recompute has nothing left to save (Dao 2023, FlashAttention-2
-§3.1). Sliding-window layers pass one boolean mask shared by every layer (train/model.py): t² bytes, not counted.
-1F1B keeps up to pp micro-batches on stage 0 (interleaved: × (1 + (p−1)/(p·v)), Narayanan et al. 2021 §2.2.2);
-GPipe keeps all of them. The last stage adds the logits (fp32, vocab sharded by TP with loss parallel), or
-where the trainer fuses the loss with the head (pp = tp = cp = 1, `chunked_ce`) a few fp32 chunks of them.
+Activations per layer and micro-batch: planner/activations.py (what the trainer saves, or Korthikanti et al.
+2022 Table 2 for materialised scores); how many micro-batches each pipeline rank holds at its peak: planner/
+inflight.py (GPipe all, 1F1B pp − r, interleaved simulated in the trainer's op order). The last stage adds the logits
+(fp32, vocab sharded by TP with loss parallel), or where the trainer fuses the loss with the head (pp = tp = cp = 1,
+`chunked_ce`) a few fp32 chunks of them.
 """
 
 from __future__ import annotations
@@ -34,6 +17,13 @@ from functools import lru_cache
 
 from nightloom.parallel import MemoryBreakdown, ParallelDims
 from nightloom.perf import attention_params, expert_params, mlp_params
+from nightloom.planner.activations import (  # noqa: F401  (the per-layer counts' home; re-exported for callers)
+    activation_bytes_per_layer,
+    moe_table2_bytes,
+    post_norm_bytes,
+    qk_norm_bytes,
+)
+from nightloom.planner.inflight import in_flight_layers
 from nightloom.shape import ModelShape
 
 GIB = 1024**3
@@ -102,55 +92,6 @@ def stage_params(shape: ModelShape, tp: int, pp: int, ep: int = 1) -> tuple[floa
     return body + emb, body + emb + shape.hidden
 
 
-def activation_bytes_per_layer(
-    shape: ModelShape, seq: int, mb: int, tp: int, sp: bool, recompute: str, fused_attention: bool = True
-) -> float:
-    """Saved activations of one layer for one micro-batch (Korthikanti et al. 2022, Table 2), plus the q/k norms'
-    and Gemma's post-norms' saved inputs where the shape has them (`qk_norm_bytes`, `post_norm_bytes`); a fused
-    attention kernel stores no scores (the 5·a·s/h term is 0)."""
-    s, b, h, a, t = seq, mb, shape.hidden, shape.heads, tp
-    sbh = s * b * h
-    attn = 0.0 if fused_attention else 5 * a * s / h
-    if recompute == "full":
-        return 2 * sbh / (t if sp else 1)
-    norms = qk_norm_bytes(shape, seq, mb, tp) + post_norm_bytes(shape, seq, mb, tp, sp)
-    norms += moe_activation_bytes(shape, seq, mb, tp, recompute)
-    if recompute == "selective":
-        return (34 * sbh / t if sp else sbh * (10 + 24 / t)) + norms
-    if t == 1:
-        return sbh * (34 + attn) + norms
-    if sp:
-        return sbh * (34 + attn) / t + norms
-    return sbh * (10 + 24 / t + attn / t) + norms
-
-
-def moe_activation_bytes(shape: ModelShape, seq: int, mb: int, tp: int, recompute: str) -> float:
-    """What an MoE layer saves beyond Table 2's MLP (mean over layers): Table 2 counts an MLP of 4h as 2·sbh input +
-    16·sbh for its 4h-wide outputs + sbh; a routed layer keeps, for each of a token's k + shared experts, its
-    dispatched input (2·h bytes) and the expert's outputs (4·f_e bytes: 2 tensors of f_e in bf16), plus the router's
-    fp32 logits (4·E). Sharded over TP as the MLP's terms; nothing under full recompute (the layer input only)."""
-    if not shape.moe or recompute == "full":
-        return 0.0
-    n = shape.experts_per_token + shape.shared_experts
-    per_token = n * (2 * shape.hidden + 4 * shape.expert_ffn_hidden) + 4 * shape.num_experts - 16 * shape.hidden
-    return seq * mb * per_token / tp * shape.moe_layers / shape.layers
-
-
-def qk_norm_bytes(shape: ModelShape, seq: int, mb: int, tp: int) -> float:
-    """Saved inputs of a layer's per-head q and k RMSNorms (bf16, sharded over heads by TP; 0 without them)."""
-    if not shape.qk_norm:
-        return 0.0
-    return 2 * seq * mb * (shape.heads + shape.kv_heads) * shape.head_dim / tp
-
-
-def post_norm_bytes(shape: ModelShape, seq: int, mb: int, tp: int, sp: bool) -> float:
-    """Saved inputs of a layer's post-attention and post-feedforward norms (Gemma 3): 2 · 2·s·b·h bytes in bf16,
-    as Table 2 counts its two layer norms (4·s·b·h), /t under SP, replicated under TP alone; 0 without them."""
-    if not shape.post_norms:
-        return 0.0
-    return 2 * 2 * seq * mb * shape.hidden / (tp if sp else 1)
-
-
 #: the linears a LoRA target name stands for ("all-linear": every one of them, PEFT's spelling)
 LORA_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -206,6 +147,7 @@ def memory_breakdown(
     fused_attention: bool = True,
     lora_rank: int | None = None,
     lora_targets: tuple[str, ...] = ("all-linear",),
+    native_trainer: bool = True,
 ) -> MemoryBreakdown:
     """Predicted memory of the busiest pipeline rank: every rank's layers, embedding or head, and the
     micro-batches it holds in flight (1F1B: rank i holds min(pp − i, m)), the largest total wins.
@@ -216,13 +158,14 @@ def memory_breakdown(
     params_of = rank_params(shape, c)
     # context parallel: each rank holds seq/cp tokens, and ring attention's blockwise scores are (seq/cp)² per step
     local = seq / c.cp
-    per_layer_act = activation_bytes_per_layer(shape, local, c.micro_batch, c.tp, c.sp, c.recompute, fused_attention)
-    m = c.grad_accum
-    interleave = 1 + (c.pp - 1) / (c.pp * c.virtual_stages) if c.virtual_stages > 1 else 1.0
+    # other trainers (what-ifs) save sequence-parallel linear inputs sharded, as Megatron does
+    act = dict(fused_attention=fused_attention, cp=c.cp, megatron_sp=not native_trainer)
+    per_layer_act = activation_bytes_per_layer(shape, local, c.micro_batch, c.tp, c.sp, c.recompute, **act)
+    in_flight = in_flight_layers(c.stage_sizes(shape.layers), c.pp, c.grad_accum, c.schedule)
     # a layer being recomputed (full) or its attention core (selective) is briefly whole again in backward
     working = 0.0
     if c.recompute != "none":
-        whole = activation_bytes_per_layer(shape, local, c.micro_batch, c.tp, c.sp, "none", fused_attention)
+        whole = activation_bytes_per_layer(shape, local, c.micro_batch, c.tp, c.sp, "none", **act)
         working = whole if c.recompute == "full" else whole - per_layer_act
     logits = logit_bytes(shape, c, seq)
     if c.cp > 1:  # ring attention: the K,V block in use and the one arriving, and in backward their gradients
@@ -248,15 +191,9 @@ def memory_breakdown(
 
     sizes = rank_layers(shape, c)
     last = c.pp - 1
-    best, seen = None, set()
+    best = None
     for i, n in enumerate(sizes):
-        if 0 < i < last and n in seen:  # a later middle rank of the same size holds fewer micro-batches
-            continue
-        seen.add(n)
-        if i == last:
-            acts = n * per_layer_act + working + logits
-        else:
-            acts = n * per_layer_act * min(c.pp - i, m) * interleave + working
+        acts = in_flight[i] * per_layer_act + working + (logits if i == last else 0.0)
         parts = stage(params_of[i], acts, n)
         if best is None or sum(parts) > sum(best):
             best = parts

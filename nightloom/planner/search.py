@@ -368,7 +368,14 @@ def search(req: PlanRequest) -> PlanReport:
                 fitting.append(_Scored(c, None, None, None))
                 continue
             mem = memory_breakdown(
-                req.shape, c, req.seq_len, req.precision, req.fused_attention, req.lora_rank, req.lora_targets
+                req.shape,
+                c,
+                req.seq_len,
+                req.precision,
+                req.fused_attention,
+                req.lora_rank,
+                req.lora_targets,
+                native_trainer=req.native_trainer,
             )
             sc = _Scored(c, mem, None, None)
             if smallest_by_family.get(fam) is None or mem.total_gib < smallest_by_family[fam].mem.total_gib:

@@ -49,6 +49,14 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.full((dim,), 1.0 - offset))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Saved for backward: only x. Plain autograd would keep an fp32 copy of x and the normalised x (6 bytes per
+        # element of a bf16 x, 3x x itself); the normalisation is recomputed in backward instead (a few elementwise
+        # ops; the same ops, so the same gradients). The planner counts what is saved (planner/activations.py).
+        if torch.is_grad_enabled():
+            return checkpoint(self._normalise, x, use_reentrant=False)
+        return self._normalise(x)
+
+    def _normalise(self, x: torch.Tensor) -> torch.Tensor:
         xf = x.float()
         out = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         if self.offset:
@@ -171,6 +179,9 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(shape.head_dim, shape.norm_eps, shape.norm_offset) if shape.qk_norm else None
         self.k_norm = RMSNorm(shape.head_dim, shape.norm_eps, shape.norm_offset) if shape.qk_norm else None
         self.recompute_core = False  # selective recompute: only softmax(QK^T)V is recomputed
+        #: grouped-query K/V repeated to every query head before SDPA (what ring attention under CP needs); else
+        #: SDPA's own GQA (enable_gqa) where its fused kernel has it, which saves K and V unrepeated for backward
+        self.expand_kv = False
 
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None = None
@@ -188,26 +199,41 @@ class Attention(nn.Module):
         if cos.dim() == 2:
             cos, sin = cos[:t], sin[:t]
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        if self.rep > 1:
-            k = k.repeat_interleave(self.rep, dim=2)
-            v = v.repeat_interleave(self.rep, dim=2)
-        q, k, v = (z.transpose(1, 2) for z in (q, k, v))
         # a window as long as the sequence is plain causal attention (and keeps the fused causal kernel)
         if mask is None and self.window is not None and self.window < t:
             mask = window_mask(t, self.window, q.device)
+        gqa = self.rep > 1 and native_gqa(q, mask, self.expand_kv)
+        if self.rep > 1 and not gqa:
+            k = k.repeat_interleave(self.rep, dim=2)
+            v = v.repeat_interleave(self.rep, dim=2)
+        q, k, v = (z.transpose(1, 2) for z in (q, k, v))
         if self.recompute_core and torch.is_grad_enabled():
-            o = checkpoint(_sdpa, q, k, v, mask, self.scale, use_reentrant=False)
+            o = checkpoint(_sdpa, q, k, v, mask, self.scale, gqa, use_reentrant=False)
         else:
-            o = _sdpa(q, k, v, mask, self.scale)
+            o = _sdpa(q, k, v, mask, self.scale, gqa)
         return self.wo(o.transpose(1, 2).reshape(b, t, -1))
 
 
+def native_gqa(q: torch.Tensor, mask: torch.Tensor | None, expand_kv: bool) -> bool:
+    """Can SDPA take K/V with fewer heads than Q (enable_gqa) and stay fused? Its flash kernels can (CPU: any dtype;
+    CUDA: 16-bit); the masked path (memory-efficient kernel) and an fp32 CUDA run would fall back to the math kernel,
+    which materialises the scores, and ring attention (CP) wants every head: those repeat K/V instead."""
+    if mask is not None or expand_kv:
+        return False
+    return q.device.type == "cpu" or q.dtype in (torch.bfloat16, torch.float16)
+
+
 def _sdpa(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float | None
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    scale: float | None,
+    gqa: bool = False,
 ) -> torch.Tensor:
-    """Causal attention, or within the boolean `mask` (sliding window) when given."""
+    """Causal attention, or within the boolean `mask` (sliding window) when given; `gqa`: K/V heads unrepeated."""
     if mask is None:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
 
 
@@ -226,9 +252,16 @@ class FeedForward(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.w3 is not None:
-            gate = F.gelu(self.w1(x), approximate="tanh") if self.gelu_tanh else F.silu(self.w1(x))
-            return self.w2(gate * self.w3(x))
+            g, u = self.w1(x), self.w3(x)
+            # saved for backward: g and u (w2 saves the product); plain autograd would also keep act(g), a third
+            # ffn-wide tensor: it is recomputed in backward (Megatron's fused SwiGLU saves the same two)
+            if torch.is_grad_enabled():
+                return self.w2(checkpoint(self._glu, g, u, use_reentrant=False))
+            return self.w2(self._glu(g, u))
         return self.w2(F.gelu(self.w1(x)))
+
+    def _glu(self, g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        return (F.gelu(g, approximate="tanh") if self.gelu_tanh else F.silu(g)) * u
 
 
 class Block(nn.Module):
@@ -323,6 +356,11 @@ class Transformer(nn.Module):
             self.norm = None
             self.output = None
         return self
+
+    def expand_kv_heads(self) -> None:
+        """Repeat grouped K/V heads before SDPA in every layer (context parallel: ring attention wants them)."""
+        for block in self.layers.values():
+            block.attn.expand_kv = True
 
     def set_recompute(self, mode: str) -> None:
         for block in self.layers.values():

@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from nightloom.shape import ModelShape
 
@@ -105,8 +106,15 @@ class GroupedExperts(nn.Module):
         for e, n in enumerate(counts):  # empty groups too: every local weight gets a (zero) gradient
             xe = x[start : start + n]
             start += n
-            outs.append(F.linear(F.silu(F.linear(xe, w1[e])) * F.linear(xe, w3[e]), w2[e]))
+            g, u = F.linear(xe, w1[e]), F.linear(xe, w3[e])
+            # saved for backward: g and u, silu(g) recomputed (as the dense FeedForward does)
+            act = checkpoint(_swiglu, g, u, use_reentrant=False) if torch.is_grad_enabled() else _swiglu(g, u)
+            outs.append(F.linear(act, w2[e]))
         return torch.cat(outs)
+
+
+def _swiglu(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    return F.silu(g) * u
 
 
 class MoEFeedForward(nn.Module):
@@ -141,8 +149,12 @@ class MoEFeedForward(nn.Module):
             y = self.experts(rows, counts.tolist())
         else:
             y = self._dispatch(rows, counts)
-        y = y * top_w.reshape(-1)[order, None]
-        return xf.new_zeros(xf.shape).index_add(0, token, y).view(b, t, h)
+        # back to (token, slot) order, then the weighted sum over a token's k slots: saves y once for backward
+        # (an index_add into zeros would keep the weighted copy as well)
+        inverse = torch.empty_like(order)
+        inverse[order] = torch.arange(order.numel(), device=order.device)
+        y = y[inverse].view(-1, self.top_k, h)
+        return (y * top_w.unsqueeze(-1)).sum(dim=1).view(b, t, h)
 
     def _dispatch(self, rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """Send each row to the EP rank owning its expert, compute there, bring the results back (same order)."""

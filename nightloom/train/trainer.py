@@ -222,6 +222,9 @@ class Trainer:
             fp8=job.train.fp8_recipe if job.train.precision == "fp8" else None,
             loss_chunk=job.train.loss_chunk_tokens,
         )
+        if self.plan.cp > 1:  # ring attention (CP) runs SDPA over every query head's K/V
+            for part in self.parts.parts:
+                part.expand_kv_heads()
         t = job.train
         self.optims = [make_optimizer(trainable(m), t) for m in self.parts.parts]  # LoRA: the adapters only
         dp_rank = self.dims.dp_rank(ctx.rank)

@@ -1,0 +1,48 @@
+"""How many layers' activations each pipeline rank holds at its peak, under the schedule the trainer runs.
+
+Without a pipeline, gradient accumulation holds one micro-batch at a time. GPipe runs every micro-batch forward first: a rank holds all m of them. 1F1B (Narayanan et al. 2021 §2.2) lets rank
+r run pp − r forwards before its first backward, then alternates: min(pp − r, m) micro-batches of its layers.
+Interleaved 1F1B (§2.2.2) is simulated op by op in torch.distributed.pipelining's order (ScheduleInterleaved1F1B,
+the trainer's): micro-batches go through a rank's chunks in rounds of m / max(1, m // pp), rank r runs
+(v − 1)·round + 2·(pp − 1 − r) forwards first (at most v·m), then one forward and one backward per op, backwards
+from the last chunk back. Chunks differ in size (Llama 3's lighter end chunks, an embedding-only first chunk), so
+the peak counts layers, not micro-batches: Narayanan's average factor 1 + (pp − 1)/(pp·v) over- or under-counts a
+rank whose chunks are uneven.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+
+@lru_cache(maxsize=4096)
+def in_flight_layers(chunks: tuple[int, ...], pp: int, microbatches: int, schedule: str) -> tuple[int, ...]:
+    """Peak (layers × micro-batches) of saved activations on every pipeline rank; `chunks` are the layers of the
+    pp·v pipeline chunks in model order (chunk j on rank j mod pp)."""
+    v = len(chunks) // pp
+    m = microbatches
+    per_rank = [sum(chunks[r::pp]) for r in range(pp)]
+    if pp == 1:  # gradient accumulation: each micro-batch's backward runs before the next forward
+        return (per_rank[0] * min(1, m),)
+    if schedule == "gpipe":
+        return tuple(n * m for n in per_rank)
+    if v == 1:
+        return tuple(n * min(pp - r, m) for r, n in enumerate(per_rank))
+    return tuple(_interleaved_peak([chunks[k * pp + r] for k in range(v)], r, pp, m) for r in range(pp))
+
+
+def _interleaved_peak(local: list[int], rank: int, pp: int, m: int) -> int:
+    """Simulate one rank's interleaved 1F1B ops; `local[k]`: layers of its k-th chunk."""
+    v = len(local)
+    rounds = max(1, m // pp)
+    per_round = m // rounds
+    warmup = min((v - 1) * per_round + 2 * (pp - 1 - rank), m * v)
+    total = m * v
+    held = peak = 0
+    for op in range(total + warmup):
+        if op < total:  # a forward (warm-up, then one per 1F1B op)
+            held += local[(op // per_round) % v]
+            peak = max(peak, held)
+        if op >= warmup:  # a backward, the last chunk first
+            held -= local[v - 1 - ((op - warmup) // per_round) % v]
+    return peak
