@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal
 from pydantic import ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 
 from nightloom.micro_batch import micro_batches_per_step
+from nightloom.parallel import stage_list_errors
 from nightloom.spec_base import Section as _Section
 from nightloom.spec_base import SpecError
 from nightloom.spec_cluster import (
@@ -219,7 +220,11 @@ class ParallelSpec(_Section):
     zero: Literal["fsdp", "zero2"] = Field(
         "fsdp", description="How dp_shard shards: fsdp (ZeRO-3) or zero2 (parameters kept from forward to backward)."
     )
-    stages: list[int] | None = Field(None, description="Transformer layers per pipeline stage (uneven split).")
+    stages: list[int] | None = Field(
+        None,
+        description="Transformer layers per pipeline stage (uneven split); the first and last may be 0 (a stage "
+        "with the embedding only, one with the head only, as Llama 3 405B ran).",
+    )
 
     @field_validator("zero", mode="before")
     @classmethod
@@ -238,8 +243,9 @@ class ParallelSpec(_Section):
     @model_validator(mode="after")
     def _stages(self) -> ParallelSpec:
         n = self.pp * (self.virtual_stages if self.schedule == "interleaved_1f1b" else 1)
-        if self.stages is not None and (len(self.stages) != n or min(self.stages) < 1):
-            raise ValueError(f"stages {self.stages}: give pp·virtual_stages ({n}) sizes, each >= 1")
+        why = stage_list_errors(self.stages, n, what=f"pp·virtual_stages ({n})") if self.stages is not None else []
+        if why:  # the sum is checked against the model's layers later (ParallelDims.check)
+            raise ValueError("; ".join(why))
         return self
 
 

@@ -110,14 +110,18 @@ def parse_layout(text: str) -> FixedLayout:
 
 
 def parse_stages(text: str, where: str = "--stages") -> tuple[int, ...]:
-    """`7,8,8,7` or `7:8:8:7` (or `[7, 8, 8, 7]`) into stage sizes, each >= 1."""
+    """`7,8,8,7` or `7:8:8:7` (or `[7, 8, 8, 7]`) into stage sizes, each >= 1 except the first and last, which may
+    be 0 (an embedding-only first stage, a head-only last one; ParallelDims.check has the full rule)."""
     parts = [p.strip() for p in text.strip().strip("[]").replace(":", ",").split(",") if p.strip()]
     try:
         sizes = tuple(int(p) for p in parts)
     except ValueError:
         raise ValueError(f"{where}: {text!r} is not a list of integers, e.g. 7,8,8,7") from None
-    if not sizes or min(sizes) < 1:
-        raise ValueError(f"{where}: {text!r}: give one size >= 1 per pipeline stage")
+    if not sizes or min(sizes) < 0 or min(sizes[1:-1], default=1) < 1:
+        raise ValueError(
+            f"{where}: {text!r}: give one size per pipeline stage, >= 1 except the first and last (>= 0: embedding "
+            "only, head only)"
+        )
     return sizes
 
 

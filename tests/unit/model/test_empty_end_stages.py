@@ -99,3 +99,26 @@ def test_empty_end_chunks_compose_to_the_full_model():
     for c in chunks:
         for name, p in c.named_parameters():
             torch.testing.assert_close(p.grad, theirs[name].grad, rtol=0, atol=0)
+
+
+def test_spec_and_cli_accept_empty_end_stages_only():
+    """`parallel.stages` in a run spec and `--stages` on the planner CLI take 0 at the ends, not inside."""
+    from nightloom.planner.request import parse_stages
+    from nightloom.spec import SpecError
+    from nightloom.spec_load import parse_spec
+
+    base = {
+        "name": "t",
+        "dataset": {"path": "x", "sample": True},
+        "cluster": {"nodes": 1, "gpus_per_node": 2},
+        "train": {"seq_len": 64, "global_batch": 8},
+    }
+    par = {"pp": 2, "schedule": "interleaved_1f1b", "virtual_stages": 2, "micro_batch": 1}
+    assert parse_spec({**base, "parallel": {**par, "stages": [0, 2, 2, 0]}}).parallel.stages == [0, 2, 2, 0]
+    with pytest.raises(SpecError, match=r"stages \[2, 0, 2, 0\]: chunk 1 = 0; every chunk needs >= 1 layer"):
+        parse_spec({**base, "parallel": {**par, "stages": [2, 0, 2, 0]}})
+    with pytest.raises(SpecError, match=r"stages \[0, 2, 2, 1\] must be pp\*virtual_stages \(2\*2\) sizes summing"):
+        parse_spec({**base, "parallel": {**par, "stages": [0, 2, 2, 1]}})  # tiny has 4 layers
+    assert parse_stages("0:2:2:0") == (0, 2, 2, 0)
+    with pytest.raises(ValueError, match=r"'2,0,2,0': give one size per pipeline stage, >= 1 except the first"):
+        parse_stages("2,0,2,0")
