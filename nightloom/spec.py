@@ -355,8 +355,9 @@ class TrainSpec(_Section):
     )
     compile: bool = Field(
         False,
-        description="torch.compile each transformer block (before FSDP2, as torchtitan; not with parallel.tp > 1 "
-        "yet); the first step compiles (about 30-90 s per block shape on a CPU), the loss curve is eager's.",
+        description="torch.compile each transformer block (after TP, before FSDP2, as torchtitan; any layout, "
+        "but not parallel.tp > 1 with parallel.recompute full/selective); the first step compiles (about 30-90 s "
+        "per block shape on a CPU), the loss curve is eager's.",
     )
     checkpoint_every: int = Field(0, ge=0, description="Save a DCP checkpoint every K steps (0 = only at end).")
     async_checkpoint: bool = Field(

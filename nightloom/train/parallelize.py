@@ -10,6 +10,7 @@ embedding stays one parameter under TP and becomes two kept-identical copies und
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import torch
@@ -158,19 +159,48 @@ def _apply_fsdp(model: nn.Module, dp_mesh, param_dtype: torch.dtype | None, keep
 def compile_blocks(model: Transformer) -> None:
     """torch.compile each block's forward (torchtitan's per-block compile: one graph reused by every layer of the
     same shape). The module keeps its class and names (checkpoints unchanged); hooks FSDP2 adds later stay eager
-    around it, and LoRA's hooks on the block's linears are traced inside it."""
+    around it; LoRA's hooks and TP's hooks on the block's linears and norms are traced inside it. The block's input
+    is resolved first (_waited_input): under TP the first block gets the embedding's async collective output."""
     for block in model.layers.values():
-        block.forward = torch.compile(block.forward)
+        block.forward = _waited_input(torch.compile(block.forward))
+
+
+def _waited_input(compiled):
+    """`compiled` called with its first argument waited on, in eager mode, when that is an AsyncCollectiveTensor.
+
+    Under TP the embedding's RowwiseParallel ends in an async all-reduce (reduce-scatter with SP) and to_local(),
+    so the first block receives an AsyncCollectiveTensor that requires grad. torch 2.13's AOTAutograd swaps such an
+    input for its inner tensor before tracing (frontend_utils: `a.trigger_wait()`, which does not require grad), so
+    the compiled graph returns no gradient for it: the embedding's Redistribute backward then gets zeros as a plain
+    Tensor ("'Tensor' object has no attribute '_local_tensor'"). pytorch/pytorch#191113 restores the flag upstream.
+    Waiting here with the functional wait_tensor (an identity in backward, no copy) hands the graph a plain tensor
+    that keeps its autograd edge; the wait happens at the block's first op anyway."""
+    from torch.distributed._functional_collectives import AsyncCollectiveTensor, wait_tensor
+
+    @functools.wraps(compiled)
+    def forward(x, *args, **kwargs):
+        if isinstance(x, AsyncCollectiveTensor):
+            x = wait_tensor(x)
+        return compiled(x, *args, **kwargs)
+
+    return forward
 
 
 def check_compile(plan: ParallelPlan) -> None:
-    """train.compile runs with DP/FSDP2/replicate (tested); under TP torch 2.13's compiled blocks fail in backward
-    (DTensor redistribute gets a plain gradient: "'Tensor' object has no attribute '_local_tensor'", with and
-    without SP, on CPU/gloo), so tp > 1 is refused naming the field rather than left to crash at step 1."""
-    if plan.tp > 1:
+    """train.compile runs with DP/FSDP2/replicate, PP and TP with or without SP (tested); under TP with recompute
+    (full or selective) torch 2.13 fails at the first compiled step, so that pair is refused naming the fields
+    rather than left to crash at step 1.
+
+    Why: TP's compiled block saves the DeviceMesh of its DTensor parameters for backward (an opaque object,
+    expected last among the forward's saved outputs); recomputing attention makes the partitioner's
+    functionalize_rng_ops append the RNG state of the recomputed SDPA (tagged nondeterministic_seeded) after it, so
+    the runtime's slices shift and it stops on "expected all tensors_saved_with_vc_check to be Tensors ...
+    DeviceMesh". Without TP nothing opaque is saved; without recompute nothing is appended."""
+    if plan.tp > 1 and plan.recompute != "none":
         raise ValueError(
-            f"train.compile: true with parallel.tp {plan.tp} (layout {plan.layout()}) is not supported yet: "
-            "torch 2.13's compiled blocks fail in TP's backward; use compile with tp = 1 (DP/FSDP2), or compile: false"
+            f"train.compile: true with parallel.tp {plan.tp} and parallel.recompute {plan.recompute!r} (layout "
+            f"{plan.layout()}) is not supported: torch 2.13 fails on the compiled blocks' recomputed attention "
+            "under TP; use recompute 'none' with TP, compile: false, or tp = 1"
         )
 
 
