@@ -583,6 +583,11 @@ class RunSpec(_Section):
                 f"train.pack: packed sequences need parallel.pp = 1 and parallel.cp = 1 (got pp {p.pp}, cp {p.cp}): "
                 "the pipeline schedule and ring attention take no per-sequence document mask"
             )
+        if self.train.compile and p != "auto" and p.tp > 1 and p.recompute != "none":
+            raise ValueError(
+                f"train.compile: true with parallel.tp {p.tp} and parallel.recompute {p.recompute!r} is not supported: "
+                "torch 2.13 cannot compile a recomputed block under TP; set parallel.recompute: none, or compile: false"
+            )
         xs = self.train.xtuner
         if self.train.backend == "xtuner" and xs is not None:
             micro_batches_per_step(

@@ -156,12 +156,16 @@ def plan_for_spec(
 def trainer_pins(shape: ModelShape, train) -> FixedLayout | None:
     """What `parallel: auto` may not choose because the trainer refuses it: packed rows carry a per-row document
     mask, which the pipeline schedule and ring attention do not take (pp = cp = 1); a mixture of experts trains
-    with EP and FSDP2 only (tp = pp = cp = dp_replicate = 1, train/moe.py)."""
+    with EP and FSDP2 only (tp = pp = cp = dp_replicate = 1, train/moe.py); train.compile cannot compile a
+    recomputed block under TP (train/parallelize.check_compile), so a compiled run is planned without recompute."""
+    pins: dict = {}
     if shape.moe:
-        return FixedLayout(tp=1, pp=1, cp=1, dp_replicate=1)
+        pins |= dict(tp=1, pp=1, cp=1, dp_replicate=1)
     if getattr(train, "pack", False):
-        return FixedLayout(pp=1, cp=1)
-    return None
+        pins |= dict(pp=1, cp=1)
+    if getattr(train, "compile", False):
+        pins |= dict(recompute="none")
+    return FixedLayout(**pins) if pins else None
 
 
 def _lora_of(train) -> dict:

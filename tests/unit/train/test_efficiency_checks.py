@@ -6,6 +6,8 @@ from __future__ import annotations
 import pytest
 
 from nightloom.parallel import ParallelPlan
+from nightloom.planner import plan_for_spec
+from nightloom.spec import RunSpec
 from nightloom.train.parallelize import check_compile, check_fp8
 
 
@@ -22,10 +24,23 @@ def test_fp8_is_refused_with_tp_or_lora():
     check_fp8(ParallelPlan(dp_shard=8), "cuda", lora=False)  # FSDP2: runs
 
 
-def test_compile_is_refused_under_tp():
-    with pytest.raises(ValueError, match=r"train\.compile: true with parallel\.tp 2"):
-        check_compile(ParallelPlan(tp=2, sp=True))
-    check_compile(ParallelPlan(dp_shard=2))
+def test_compile_is_refused_under_tp_with_recompute():
+    """Compile runs under TP (and SP, PP, FSDP2) but not a recomputed block under TP (torch 2.13): refused by the
+    trainer naming both fields, by the spec before anything is rented, and never planned by `parallel: auto`."""
+    for rc in ("full", "selective"):
+        with pytest.raises(
+            ValueError, match=rf"train\.compile: true with parallel\.tp 2 and parallel\.recompute '{rc}'"
+        ):
+            check_compile(ParallelPlan(tp=2, sp=True, recompute=rc))
+    check_compile(ParallelPlan(tp=2, sp=True))
+    check_compile(ParallelPlan(dp_shard=2, recompute="full"))
+    base = {"name": "c", "dataset": {"path": "d"}, "model": {"name": "llama3-8b"}}
+    cluster = {"nodes": 1, "gpus_per_node": 8, "gpu_type": "h100-80gb"}
+    train = {"seq_len": 4096, "global_batch": 8, "compile": True}
+    with pytest.raises(ValueError, match=r"train\.compile: true with parallel\.tp 2 and parallel\.recompute 'full'"):
+        RunSpec.model_validate(base | {"cluster": cluster, "train": train, "parallel": {"tp": 2, "recompute": "full"}})
+    auto = RunSpec.model_validate(base | {"cluster": cluster, "train": train})
+    assert plan_for_spec(auto, require_fit=False).chosen.recompute == "none"
 
 
 def test_planner_reports_fp8_mfu_against_both_peaks():
