@@ -51,6 +51,18 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(skip)
 
 
+def pytest_runtest_logreport(report):
+    """With NIGHTLOOM_TEST_TIMES=FILE (CI sets it): one line per test phase, `worker phase seconds nodeid`, so the
+    time of each xdist worker's lane can be summed (the services lane is CI's critical path)."""
+    path = os.environ.get("NIGHTLOOM_TEST_TIMES")
+    if not path or os.environ.get("PYTEST_XDIST_WORKER"):  # the controller writes, for every worker
+        return
+    node = getattr(report, "node", None)
+    worker = node.gateway.id if node is not None and hasattr(node, "gateway") else "main"
+    with open(path, "a") as f:
+        f.write(f"{worker}\t{report.when}\t{report.duration:.2f}\t{report.nodeid}\n")
+
+
 @pytest.fixture(scope="session")
 def prefect_backend(tmp_path_factory):
     # prefect.main sets up Prefect's logging, whose console handler keeps the sys.stderr of that moment: here, the
