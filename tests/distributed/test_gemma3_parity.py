@@ -17,29 +17,18 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nightloom.hf.config import shape_from_hf_config
 from nightloom.hf.random_model import build_random_model
-from nightloom.parallel import ParallelPlan
-from nightloom.spec import TrainSpec
-from nightloom.train.job import TrainJob
-from tests.support.harness import launch_many, write_corpus
-from tests.support.hf_runs import Tolerances, assert_layout_matches_one_process, final_checkpoint_params
+from tests.support import hf_runs
+from tests.support.harness import launch_groups, write_corpus
 
 SEQ, BATCH, STEPS = 32, 8, 3
 LOSS_TOL, GRAD_NORM_RTOL, PARAM_ATOL = 1e-5, 1e-5, 1e-6
 CONFIG = {
+    **hf_runs.SMALL_DENSE,
     "vocab_size": 301,  # odd: padded to 302 under TP2
-    "hidden_size": 64,
-    "intermediate_size": 160,
-    "num_hidden_layers": 4,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 24,  # != hidden / heads
     "max_position_embeddings": 128,
-    "initializer_range": 0.1,
     "sliding_window": 8,  # < SEQ: the sliding layers' mask is used
     "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
-    "rope_theta": 1e6,
     "rope_local_base_freq": 1e4,
     "rope_scaling": {"rope_type": "linear", "factor": 4.0},
     "query_pre_attn_scalar": 32,
@@ -56,32 +45,9 @@ LAYOUTS = {  # 2 processes
 
 
 def _job(run_dir, source, corpus, plan):
-    run_dir.mkdir(parents=True, exist_ok=True)
-    job = TrainJob(
-        run_id=run_dir.name,
-        run_dir=str(run_dir),
-        model=shape_from_hf_config(source),
-        plan=ParallelPlan(**plan),
-        train=TrainSpec(
-            steps=STEPS,
-            seq_len=SEQ,
-            global_batch=BATCH,
-            lr=0.5,
-            optimizer="sgd",
-            warmup_steps=1,
-            precision="fp32",
-            seed=1234,
-            loss_chunk_tokens=0,  # the plain loss in every layout (the chunked one: tests/distributed/test_efficiency.py)
-        ),
-        manifest=str(corpus),
-        peak_flops=50e9,
-        peak_source="test constant",
-        weights=str(source),
-        hf_config=str(source / "config.json"),
+    return hf_runs.hf_job(
+        run_dir, source, corpus, plan, steps=STEPS, seq_len=SEQ, global_batch=BATCH, **hf_runs.SGD_PLAIN_LOSS
     )
-    p = run_dir / "job.json"
-    p.write_text(job.model_dump_json(indent=2))
-    return p
 
 
 @pytest.fixture(scope="module")
@@ -90,11 +56,10 @@ def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("gemma3")
     corpus = write_corpus(root / "corpus")
     source = build_random_model(root / "hf", "gemma3_text", seed=7, max_shard_size="100KB", norm_std=0.3, **CONFIG)
-    single = _job(root / "single", source, corpus, SINGLE)
+    single = {"single": _job(root / "single", source, corpus, SINGLE)}
     double = {name: _job(root / name, source, corpus, plan) for name, plan in LAYOUTS.items()}
-    one = launch_many(1, [single], timeout=300)
-    many = launch_many(2, list(double.values()), timeout=400)
-    return source, corpus, (single, one[single]), {k: (j, many[j]) for k, j in double.items()}
+    one, many = launch_groups((1, single, 300), (2, double, 400))
+    return source, corpus, one["single"], many
 
 
 @pytest.mark.timeout(600)
@@ -102,7 +67,7 @@ def runs(tmp_path_factory):
 def test_layout_matches_one_process(layout, runs):
     source, corpus, (ref_job, ref), double = runs
     job, out = double[layout]
-    assert_layout_matches_one_process(
+    hf_runs.assert_layout_matches_one_process(
         f"gemma3 {layout}",
         job,
         out,
@@ -115,7 +80,7 @@ def test_layout_matches_one_process(layout, runs):
         seq=SEQ,
         batch=BATCH,
         steps=STEPS,
-        tol=Tolerances(LOSS_TOL, GRAD_NORM_RTOL, PARAM_ATOL),
+        tol=hf_runs.Tolerances(LOSS_TOL, GRAD_NORM_RTOL, PARAM_ATOL),
     )
 
 
@@ -124,7 +89,7 @@ def test_post_norms_are_trained(runs):
     from safetensors import safe_open
 
     source, _, (job, _), _ = runs
-    trained = final_checkpoint_params(job.parent, CONFIG["vocab_size"])["layers.0.attn_post_norm.weight"]
+    trained = hf_runs.final_checkpoint_params(job.parent, CONFIG["vocab_size"])["layers.0.attn_post_norm.weight"]
     for f in source.glob("*.safetensors"):
         with safe_open(str(f), framework="pt") as s:
             if "model.layers.0.post_attention_layernorm.weight" in s.keys():

@@ -17,11 +17,8 @@ import torch
 
 from nightloom.hf.config import shape_from_hf_config
 from nightloom.hf.random_model import build_random_model
-from nightloom.parallel import ParallelPlan
-from nightloom.spec import TrainSpec
-from nightloom.train.job import TrainJob
-from tests.support.harness import launch_many, write_corpus
-from tests.support.hf_runs import final_checkpoint_params
+from tests.support.harness import launch_groups, launch_many, write_corpus
+from tests.support.hf_runs import final_checkpoint_params, hf_job
 
 SEQ, BATCH, STEPS = 32, 4, 3
 LOSS_TOL, GRAD_NORM_RTOL, PARAM_ATOL = 1e-5, 1e-5, 1e-5
@@ -64,31 +61,9 @@ FOUR = {"qwen3_moe/ep2_fsdp4": {"dp_shard": 4, "ep": 2, "micro_batch": 1, "grad_
 
 
 def _job(run_dir, source, corpus, plan):
-    run_dir.mkdir(parents=True, exist_ok=True)
-    job = TrainJob(
-        run_id=run_dir.name,
-        run_dir=str(run_dir),
-        model=shape_from_hf_config(source),
-        plan=ParallelPlan(**plan),
-        train=TrainSpec(
-            steps=STEPS,
-            seq_len=SEQ,
-            global_batch=BATCH,
-            lr=1e-3,
-            warmup_steps=1,
-            precision="fp32",
-            seed=1234,
-            checkpoint_every=2,
-        ),
-        manifest=str(corpus),
-        peak_flops=50e9,
-        peak_source="test constant",
-        weights=str(source),
-        hf_config=str(source / "config.json"),
+    return hf_job(
+        run_dir, source, corpus, plan, steps=STEPS, seq_len=SEQ, global_batch=BATCH, lr=1e-3, checkpoint_every=2
     )
-    p = run_dir / "job.json"
-    p.write_text(job.model_dump_json(indent=2))
-    return p
 
 
 @pytest.fixture(scope="module")
@@ -102,14 +77,8 @@ def runs(tmp_path_factory):
     single = {arch: _job(root / f"{arch}_single", src, corpus, SINGLE) for arch, src in sources.items()}
     two = {k: _job(root / k.replace("/", "_"), sources[k.split("/")[0]], corpus, p) for k, p in TWO.items()}
     four = {k: _job(root / k.replace("/", "_"), sources[k.split("/")[0]], corpus, p) for k, p in FOUR.items()}
-    one = launch_many(1, list(single.values()), timeout=400)
-    many = launch_many(2, list(two.values()), timeout=500) | launch_many(4, list(four.values()), timeout=500)
-    return (
-        sources,
-        corpus,
-        {k: (j, one[j]) for k, j in single.items()},
-        {k: (j, many[j]) for k, j in (two | four).items()},
-    )
+    one, two, four = launch_groups((1, single, 400), (2, two, 500), (4, four, 500))
+    return sources, corpus, one, two | four
 
 
 def _hf_first_step_loss(source, corpus) -> float:

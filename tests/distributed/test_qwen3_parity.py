@@ -15,27 +15,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nightloom.hf.config import shape_from_hf_config
 from nightloom.hf.random_model import build_random_model
-from nightloom.parallel import ParallelPlan
-from nightloom.spec import TrainSpec
-from nightloom.train.job import TrainJob
-from tests.support.harness import launch_many, write_corpus
-from tests.support.hf_runs import Tolerances, assert_layout_matches_one_process, final_checkpoint_params
+from tests.support import hf_runs
+from tests.support.harness import launch_groups, write_corpus
 
 SEQ, BATCH, STEPS = 32, 8, 3
 LOSS_TOL, GRAD_NORM_RTOL, PARAM_ATOL = 1e-5, 1e-5, 1e-5
 CONFIG = {
+    **hf_runs.SMALL_DENSE,
     "vocab_size": 301,  # odd: padded to 302 under TP2
-    "hidden_size": 64,
-    "intermediate_size": 160,
-    "num_hidden_layers": 4,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 24,  # != hidden / heads
     "max_position_embeddings": 128,
-    "initializer_range": 0.1,
-    "rope_theta": 1e6,
 }
 SINGLE = {"micro_batch": 2, "grad_accum": 4}
 LAYOUTS = {  # 2 processes
@@ -56,34 +45,9 @@ def _source(root, tied: bool):
 
 
 def _job(run_dir, source, corpus, plan):
-    run_dir.mkdir(parents=True, exist_ok=True)
-    job = TrainJob(
-        run_id=run_dir.name,
-        run_dir=str(run_dir),
-        model=shape_from_hf_config(source),
-        plan=ParallelPlan(**plan),
-        # loss_chunk_tokens 0: every layout computes the plain loss (the chunked one, the default where the head is
-        # whole, has its own parity test: tests/distributed/test_efficiency.py)
-        train=TrainSpec(
-            steps=STEPS,
-            seq_len=SEQ,
-            global_batch=BATCH,
-            lr=0.5,
-            optimizer="sgd",
-            warmup_steps=1,
-            precision="fp32",
-            seed=1234,
-            loss_chunk_tokens=0,
-        ),
-        manifest=str(corpus),
-        peak_flops=50e9,
-        peak_source="test constant",
-        weights=str(source),
-        hf_config=str(source / "config.json"),
+    return hf_runs.hf_job(
+        run_dir, source, corpus, plan, steps=STEPS, seq_len=SEQ, global_batch=BATCH, **hf_runs.SGD_PLAIN_LOSS
     )
-    p = run_dir / "job.json"
-    p.write_text(job.model_dump_json(indent=2))
-    return p
 
 
 @pytest.fixture(scope="module")
@@ -99,13 +63,8 @@ def runs(tmp_path_factory):
     double = {name: _job(root / name, untied, corpus, plan) for name, plan in LAYOUTS.items()}
     double["tied_fsdp2"] = _job(root / "tied_fsdp2", tied, corpus, LAYOUTS["fsdp2"])
     four = {name: _job(root / name, untied, corpus, plan) for name, plan in COMPOSED.items()}
-    one = launch_many(1, list(single.values()), timeout=300)
-    many = launch_many(2, list(double.values()), timeout=400) | launch_many(4, list(four.values()), timeout=400)
-    return (
-        {"untied": untied, "tied": tied, "corpus": corpus},
-        {k: (j, one[j]) for k, j in single.items()},
-        {k: (j, many[j]) for k, j in (double | four).items()},
-    )
+    one, two, four = launch_groups((1, single, 300), (2, double, 400), (4, four, 400))
+    return {"untied": untied, "tied": tied, "corpus": corpus}, one, two | four
 
 
 @pytest.mark.timeout(720)
@@ -115,7 +74,7 @@ def test_layout_matches_one_process(layout, runs):
     tied = layout.startswith("tied")
     ref_job, ref = single["tied" if tied else "untied"]
     job, out = double[layout]
-    assert_layout_matches_one_process(
+    hf_runs.assert_layout_matches_one_process(
         f"qwen3 {layout}",
         job,
         out,
@@ -128,7 +87,7 @@ def test_layout_matches_one_process(layout, runs):
         seq=SEQ,
         batch=BATCH,
         steps=STEPS,
-        tol=Tolerances(LOSS_TOL, GRAD_NORM_RTOL, PARAM_ATOL),
+        tol=hf_runs.Tolerances(LOSS_TOL, GRAD_NORM_RTOL, PARAM_ATOL),
     )
 
 
@@ -138,7 +97,7 @@ def test_q_norm_weights_moved(runs):
     job, _ = single["untied"]
     from safetensors import safe_open
 
-    trained = final_checkpoint_params(job.parent, CONFIG["vocab_size"])["layers.0.attn.q_norm.weight"]
+    trained = hf_runs.final_checkpoint_params(job.parent, CONFIG["vocab_size"])["layers.0.attn.q_norm.weight"]
     for f in sources["untied"].glob("*.safetensors"):
         with safe_open(str(f), framework="pt") as s:
             if "model.layers.0.self_attn.q_norm.weight" in s.keys():

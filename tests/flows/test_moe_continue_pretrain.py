@@ -8,20 +8,10 @@ transformers). qwen3_moe with a dense first layer; mixtral."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
-from tests.support.hf_runs import (
-    SEQ,
-    TOL,
-    bpe_tokenizer,
-    continue_pretrain_spec,
-    eval_data,
-    nightloom_eval,
-    run_two_steps,
-    transformers_nll,
-)
+from tests.support.hf_runs import run_then_eval_equals_transformers
 
 BASE = {
     "vocab_size": 320,  # >= the BPE's 300 ids
@@ -56,35 +46,17 @@ CASES = {
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_moe_run_under_ep_then_eval_equals_transformers(prefect_backend, tmp_path, case):
-    from nightloom.hf.random_model import build_random_model
-
     arch, parallel, ranks = CASES[case]
-    data = eval_data(tmp_path, f"{arch} experts")
-    tokenizer = bpe_tokenizer(tmp_path, data.corpus)
-    weights = build_random_model(
-        tmp_path / arch, arch, seed=11, max_shard_size="200KB", norm_std=0.3, **BASE, **MODELS[arch]
-    )
-    spec = continue_pretrain_spec(
+    run = run_then_eval_equals_transformers(
         tmp_path,
-        weights,
-        tokenizer,
-        data.corpus,
-        tmp_path / "shards",
+        arch,
+        {**BASE, **MODELS[arch]},
+        tag=f"{arch} experts",
+        architecture=ARCHITECTURES[arch],
+        label=case,
         parallel=parallel,
         cluster={"gpus_per_node": ranks},
     )
-
-    summary = run_two_steps(spec)
-    run_dir = Path(summary["run_dir"])
-    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    # every step's metrics count the tokens routed to each of the model's experts
+    metrics = [json.loads(line) for line in (run.run_dir / "metrics.jsonl").read_text().splitlines()]
     assert all(len(m["expert_tokens"]) == (8 if arch == "qwen3_moe" else 4) for m in metrics), metrics
-    ours = nightloom_eval(run_dir, data.eval_data)
-    ref, tokens = transformers_nll(weights, tokenizer, data.docs)
-    print(f"{case} run: nightloom eval {ours['loss']:.8f}, transformers {ref:.8f} ({tokens} tokens)")
-    assert ours["step"] == 2 and ours["tokens"] == tokens and tokens > 6 * (SEQ - 1)
-    assert abs(ours["loss"] - ref) < TOL, (ours["loss"], ref)
-    export = Path(summary["export_dir"])
-    assert json.loads((export / "config.json").read_text())["architectures"] == [ARCHITECTURES[arch]]
-    exported, _ = transformers_nll(export, export, data.docs)
-    print(f"{case} export: transformers {exported:.8f}")
-    assert abs(exported - ref) < TOL, (exported, ref)

@@ -13,8 +13,6 @@ import io
 import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -22,8 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.support.pipeline import ROOT
-from tests.support.recovery import processes_mentioning, recovery_spec
+from tests.support.recovery import processes_mentioning, recovery_spec, reference_losses
 
 pytestmark = pytest.mark.timeout(400)
 
@@ -62,33 +59,6 @@ def _cli(args: list[str]) -> tuple[int, str]:
     with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
         rc = main(args)
     return rc, buf.getvalue()
-
-
-def reference_losses(job_file: Path, spec_path: Path, out: Path) -> list[float]:
-    """The same job, uninterrupted, in one plain process (world size 1: grad_accum makes up the batch)."""
-    from nightloom.metrics import read_metrics
-    from nightloom.planner import plan_for_spec
-    from nightloom.spec_load import load_spec
-    from nightloom.train.job import TrainJob
-
-    job = TrainJob.model_validate_json(job_file.read_text())
-    plan = plan_for_spec(load_spec(spec_path), world_size=1).chosen
-    ref = job.model_copy(
-        update={"run_dir": str(out), "plan": plan, "attempt": 0, "peak_flops": 1e9, "peak_source": "test"}
-    )
-    out.mkdir()
-    (out / "job.json").write_text(ref.model_dump_json())
-    r = subprocess.run(
-        [sys.executable, "-m", "nightloom.train", "--job", str(out / "job.json")],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    return [m.loss for m in read_metrics(out / "metrics.jsonl")]
 
 
 def test_sigterm_to_every_rank_saves_at_one_step_and_resumes_on_the_same_curve(prefect_backend, tmp_path):

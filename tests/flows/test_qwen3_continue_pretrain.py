@@ -5,51 +5,12 @@ the original checkpoint (the same tokenizer through AutoTokenizer) within 1e-4, 
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
+from tests.support.hf_runs import SMALL_DENSE, run_then_eval_equals_transformers
 
-from tests.support.hf_runs import (
-    SEQ,
-    TOL,
-    bpe_tokenizer,
-    continue_pretrain_spec,
-    eval_data,
-    nightloom_eval,
-    run_two_steps,
-    transformers_nll,
-)
-
-QWEN3 = {
-    "vocab_size": 320,  # >= the BPE's 300 ids
-    "hidden_size": 64,
-    "intermediate_size": 160,
-    "num_hidden_layers": 4,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 24,
-    "max_position_embeddings": 512,
-    "initializer_range": 0.1,
-    "rope_theta": 1e6,
-    "tie_word_embeddings": False,
-}
+QWEN3 = {**SMALL_DENSE, "tie_word_embeddings": False}
 
 
 def test_qwen3_run_then_eval_equals_transformers(prefect_backend, tmp_path):
-    from nightloom.hf.random_model import build_random_model
-
-    data = eval_data(tmp_path, "Qwen3 q/k norm")
-    tokenizer = bpe_tokenizer(tmp_path, data.corpus)
-    weights = build_random_model(tmp_path / "qwen3", "qwen3", seed=11, max_shard_size="200KB", norm_std=0.3, **QWEN3)
-    spec = continue_pretrain_spec(tmp_path, weights, tokenizer, data.corpus, tmp_path / "shards")
-
-    summary = run_two_steps(spec)
-    ours = nightloom_eval(Path(summary["run_dir"]), data.eval_data)
-    ref, tokens = transformers_nll(weights, tokenizer, data.docs)
-    print(f"qwen3 run: nightloom eval {ours['loss']:.8f}, transformers {ref:.8f} ({tokens} tokens)")
-    assert ours["step"] == 2 and ours["tokens"] == tokens and tokens > 6 * (SEQ - 1)
-    assert abs(ours["loss"] - ref) < TOL, (ours["loss"], ref)
-    # the run's export: transformers reloads it (a Qwen3 with q/k norms) and scores it the same
-    export = Path(summary["export_dir"])
-    assert json.loads((export / "config.json").read_text())["architectures"] == ["Qwen3ForCausalLM"]
-    exported, _ = transformers_nll(export, export, data.docs)
-    assert abs(exported - ref) < TOL, (exported, ref)
+    run_then_eval_equals_transformers(
+        tmp_path, "qwen3", QWEN3, tag="Qwen3 q/k norm", architecture="Qwen3ForCausalLM", label="qwen3"
+    )

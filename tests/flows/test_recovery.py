@@ -9,19 +9,16 @@ The pure rules (classification, budgets, stall detection, metrics rewind) are te
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.support.pipeline import ROOT
 from tests.support.recovery import (
     mark_unhealthy,
     processes_mentioning,
     recovery_spec,
+    reference_losses,
     run_under_chaos,
     task_runs_named,
 )
@@ -36,33 +33,6 @@ pytestmark = pytest.mark.timeout(400)
 #: learning-rate step) moves the loss by 1e-2 or more, so 1e-5 separates the two by orders of magnitude.
 LOSS_TOL = 1e-5
 STEPS = 24
-
-
-def reference_losses(job_file: Path, spec_path: Path, out: Path) -> list[float]:
-    """The same job, uninterrupted, in one plain process (world size 1: grad_accum makes up the batch)."""
-    from nightloom.metrics import read_metrics
-    from nightloom.planner import plan_for_spec
-    from nightloom.spec_load import load_spec
-    from nightloom.train.job import TrainJob
-
-    job = TrainJob.model_validate_json(job_file.read_text())
-    plan = plan_for_spec(load_spec(spec_path), world_size=1).chosen
-    ref = job.model_copy(
-        update={"run_dir": str(out), "plan": plan, "attempt": 0, "peak_flops": 1e9, "peak_source": "test"}
-    )
-    out.mkdir()
-    (out / "job.json").write_text(ref.model_dump_json())
-    r = subprocess.run(
-        [sys.executable, "-m", "nightloom.train", "--job", str(out / "job.json")],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    return [m.loss for m in read_metrics(out / "metrics.jsonl")]
 
 
 def test_node_lost_mid_run_recovers_in_new_layout(prefect_backend, tmp_path):

@@ -30,6 +30,7 @@ def make_job(
     manifest: Path,
     *,
     model: str = "tiny",
+    hf: Path | None = None,
     steps: int = 5,
     seq_len: int = 32,
     global_batch: int = 8,
@@ -38,7 +39,8 @@ def make_job(
     train_kw: dict | None = None,
     **plan,
 ) -> Path:
-    """Write `<run_dir>/job.json` for a TrainJob; `plan` holds ParallelPlan fields."""
+    """Write `<run_dir>/job.json` for a TrainJob; `plan` holds ParallelPlan fields. With `hf` (a Hugging Face
+    folder) the model is that folder's shape and the job loads its weights, instead of the catalog `model`."""
     from nightloom.catalog import get_model
     from nightloom.parallel import ParallelPlan
     from nightloom.spec import TrainSpec
@@ -57,10 +59,14 @@ def make_job(
             **(train_kw or {}),  # may override the defaults above (lr, ...)
         }
     )
+    if hf is not None:
+        from nightloom.hf.config import shape_from_hf_config
+
+        job_kw = {"weights": str(hf), "hf_config": str(hf / "config.json"), **(job_kw or {})}
     job = TrainJob(
         run_id=run_dir.name,
         run_dir=str(run_dir),
-        model=(get_model(model)),
+        model=shape_from_hf_config(hf) if hf is not None else get_model(model),
         plan=ParallelPlan(**plan),
         train=train,
         manifest=str(manifest),
@@ -139,6 +145,17 @@ def launch_many(nproc: int, jobs: list[Path], timeout: float = 600) -> dict[Path
         metrics = read_metrics(mpath) if mpath.exists() else []
         runs[job] = RunOut(p.returncode, out, [m.loss for m in metrics], metrics)
     return runs
+
+
+def launch_groups(*groups: tuple[int, dict[str, Path], float]) -> list[dict[str, tuple[Path, RunOut]]]:
+    """Each group (process count, named job files, timeout) in its own launch_many, one group after another; for
+    each group, name -> (job file, its run). The layout parity tests launch their one-process references this way,
+    then every layout of one process count together."""
+    out = []
+    for nproc, jobs, timeout in groups:
+        runs = launch_many(nproc, list(jobs.values()), timeout=timeout)
+        out.append({name: (job, runs[job]) for name, job in jobs.items()})
+    return out
 
 
 def result(job: Path) -> dict:

@@ -2,7 +2,11 @@
 continued-pretraining spec over a Hugging Face folder, the CLI in-process, and transformers' mean NLL as reference.
 
 The shape of each test: `nightloom run` (2 steps at a negligible learning rate), then `nightloom eval RUN --data
-eval.jsonl --seq-len 256 --json` must equal transformers' NLL of the original checkpoint, and of the run's export.
+eval.jsonl --seq-len 256 --json` must equal transformers' NLL of the original checkpoint, and of the run's export
+(run_then_eval_equals_transformers does all of it for one checkpoint).
+
+Also what the layout parity tests over Hugging Face weights share (tests/distributed/test_*_parity.py): their model
+dimensions, their job files (hf_job), the final parameters of a run, and the comparison of a layout with one process.
 """
 
 from __future__ import annotations
@@ -17,9 +21,26 @@ import torch
 import torch.nn.functional as F
 import yaml
 
+from tests.support.harness import make_job
+
 ROOT = Path(__file__).resolve().parents[2]
 SEQ = 256  # scored prefix of each eval document
 TOL = 1e-4
+#: the dense family tests' model (Qwen3 and Gemma 3, run-level and layout parity): 4 layers of width 64, 4 query heads
+#: over 2 key/value heads of head_dim 24 (!= 64 / 4), a vocabulary of 320 (>= the BPE's 300 ids); a test adds its
+#: family's keys and may change a value (the parity tests: an odd vocabulary, shorter positions)
+SMALL_DENSE = {
+    "vocab_size": 320,
+    "hidden_size": 64,
+    "intermediate_size": 160,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 24,
+    "max_position_embeddings": 512,
+    "initializer_range": 0.1,
+    "rope_theta": 1e6,
+}
 
 
 @dataclass(frozen=True)
@@ -114,6 +135,65 @@ def nightloom_eval(run_dir: Path, data: Path) -> dict:
     rc, out = cli(["eval", str(run_dir), "--data", str(data), "--seq-len", str(SEQ), "--json"])
     assert rc == 0, out
     return json.loads(out)
+
+
+@dataclass(frozen=True)
+class EvalRun:
+    """What a run-level test may still check once run_then_eval_equals_transformers passed: the run folder and its
+    export's config.json."""
+
+    run_dir: Path
+    export_config: dict
+
+
+def run_then_eval_equals_transformers(
+    folder: Path, arch: str, config: dict, *, tag: str, architecture: str, label: str, **spec_overrides
+) -> EvalRun:
+    """The run-level test (module docstring) over a random `arch` checkpoint with `config` (seed 11, norm weights not
+    all 1): eval documents ending in `tag`, a BPE tokenizer, `nightloom run` of the continue-pretrain spec
+    (`spec_overrides`: e.g. parallel, cluster), then `nightloom eval` of the run equals transformers' NLL of the
+    checkpoint within TOL over more than 6 full prefixes, and so does transformers' NLL of the run's export, whose
+    config names `architecture`. `label` starts the printed figures."""
+    from nightloom.hf.random_model import build_random_model
+
+    data = eval_data(folder, tag)
+    tokenizer = bpe_tokenizer(folder, data.corpus)
+    weights = build_random_model(folder / arch, arch, seed=11, max_shard_size="200KB", norm_std=0.3, **config)
+    spec = continue_pretrain_spec(folder, weights, tokenizer, data.corpus, folder / "shards", **spec_overrides)
+
+    summary = run_two_steps(spec)
+    run_dir = Path(summary["run_dir"])
+    ours = nightloom_eval(run_dir, data.eval_data)
+    ref, tokens = transformers_nll(weights, tokenizer, data.docs)
+    print(f"{label} run: nightloom eval {ours['loss']:.8f}, transformers {ref:.8f} ({tokens} tokens)")
+    assert ours["step"] == 2 and ours["tokens"] == tokens and tokens > 6 * (SEQ - 1)
+    assert abs(ours["loss"] - ref) < TOL, (ours["loss"], ref)
+    # the run's export: transformers reloads it (the family's own class) and scores it the same
+    export = Path(summary["export_dir"])
+    cfg = json.loads((export / "config.json").read_text())
+    assert cfg["architectures"] == [architecture], cfg["architectures"]
+    exported, _ = transformers_nll(export, export, data.docs)
+    print(f"{label} export: transformers {exported:.8f}")
+    assert abs(exported - ref) < TOL, (exported, ref)
+    return EvalRun(run_dir, cfg)
+
+
+#: the layout parity runs' training: SGD at lr 0.5, so a final parameter is the sum of its gradients and the
+#: per-parameter check is a check of every gradient (under AdamW, g / (sqrt(v) + eps) turns last-bit differences of
+#: near-zero gradients into visible steps), and the plain loss in every layout (loss_chunk_tokens 0: the chunked one,
+#: the default where the head is whole, has its own parity test in tests/distributed/test_efficiency.py)
+SGD_PLAIN_LOSS = {"lr": 0.5, "optimizer": "sgd", "loss_chunk_tokens": 0}
+
+
+def hf_job(run_dir: Path, source: Path, corpus: Path, plan: dict, **train) -> Path:
+    """`<run_dir>/job.json` of a layout parity run: the Hugging Face folder `source` (its shape, its weights) trained
+    on the corpus manifest in fp32, seed 1234, one warmup step and TrainSpec's own collective timeout; `plan` holds
+    ParallelPlan fields, `train` the rest of the TrainSpec (steps, seq_len, global_batch, lr, ...)."""
+    from nightloom.spec import TrainSpec
+
+    timeout = TrainSpec.model_fields["collective_timeout_s"].default
+    train = {"warmup_steps": 1, "precision": "fp32", **train}
+    return make_job(run_dir, corpus, hf=source, timeout_s=timeout, train_kw=train, **plan)
 
 
 def hf_first_batch_loss(source: Path, corpus: Path, seq: int, batch: int) -> float:

@@ -1,16 +1,27 @@
-"""Fault injection for recovery tests: a Chaos thread that kills a rank at a step, unhealthy-node markers."""
+"""Fault injection for recovery tests: a Chaos thread that kills a rank at a step, unhealthy-node markers; and the
+uninterrupted one-process run whose curve a recovered or preempted run must match."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import yaml
 
 from bench._support import Chaos, mark_unhealthy, run_under_chaos  # one fault injector for tests and benchmarks
-from tests.support.pipeline import small_demo
+from tests.support.pipeline import ROOT, small_demo
 
-__all__ = ["Chaos", "mark_unhealthy", "processes_mentioning", "recovery_spec", "run_under_chaos", "task_runs_named"]
+__all__ = [
+    "Chaos",
+    "mark_unhealthy",
+    "processes_mentioning",
+    "recovery_spec",
+    "reference_losses",
+    "run_under_chaos",
+    "task_runs_named",
+]
 
 
 def recovery_spec(tmp_path: Path, nodes: int, ranks: int, steps: int, **recovery) -> Path:
@@ -27,6 +38,34 @@ def recovery_spec(tmp_path: Path, nodes: int, ranks: int, steps: int, **recovery
     data["recovery"] = {"max_attempts": 2, "max_minutes": 10, "allow_relayout": True, **recovery}
     p.write_text(yaml.safe_dump(data))
     return p
+
+
+def reference_losses(job_file: Path, spec_path: Path, out: Path) -> list[float]:
+    """The same job, uninterrupted, in one plain process (world size 1: grad_accum makes up the batch): the curve an
+    interrupted and resumed run (a killed rank, a preemption) must match step for step."""
+    from nightloom.metrics import read_metrics
+    from nightloom.planner import plan_for_spec
+    from nightloom.spec_load import load_spec
+    from nightloom.train.job import TrainJob
+
+    job = TrainJob.model_validate_json(job_file.read_text())
+    plan = plan_for_spec(load_spec(spec_path), world_size=1).chosen
+    ref = job.model_copy(
+        update={"run_dir": str(out), "plan": plan, "attempt": 0, "peak_flops": 1e9, "peak_source": "test"}
+    )
+    out.mkdir()
+    (out / "job.json").write_text(ref.model_dump_json())
+    r = subprocess.run(
+        [sys.executable, "-m", "nightloom.train", "--job", str(out / "job.json")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    return [m.loss for m in read_metrics(out / "metrics.jsonl")]
 
 
 def processes_mentioning(text: str) -> list[int]:
