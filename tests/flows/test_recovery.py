@@ -28,10 +28,12 @@ pytestmark = pytest.mark.timeout(400)
 #: tolerance on the loss of every step against an uninterrupted single-process run. The recovered run keeps
 #: the data order (a function of the global step) and the global batch; what differs is the float32
 #: summation order (4 ranks → 2 → 1: FSDP reduce-scatter vs local gradient accumulation, DCP resharding),
-#: ~1e-7 relative on a loss near 5 per step, which AdamW over 24 steps grows to a few 1e-7 (measured:
-#: 4.8e-7). A wrong resume (a skipped or repeated batch, lost optimizer state, a changed global batch or
-#: learning-rate step) moves the loss by 1e-2 or more, so 1e-5 separates the two by orders of magnitude.
-LOSS_TOL = 1e-5
+#: ~1e-7 relative on a loss near 5 per step, which AdamW over 24 steps grows, most at the tiny model's loss spike
+#: (grad norm ~17 at step 17): measured 4.3e-6, and 1.0e-5 once the trainer recomputed its norms and let SDPA
+#: sum the grouped K/V gradients itself (266cbcd: other round-off, the same math). A wrong resume (a skipped or
+#: repeated batch, lost optimizer state, a changed global batch or learning-rate step) moves the loss by 1e-2 or
+#: more, so 1e-4 still separates the two by two orders of magnitude.
+LOSS_TOL = 1e-4
 STEPS = 24
 
 
