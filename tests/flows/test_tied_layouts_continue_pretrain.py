@@ -16,6 +16,7 @@ import pytest
 from tests.support.harness import free_port
 from tests.support.hf_runs import (
     SEQ,
+    SMALL_DENSE,
     TOL,
     bpe_tokenizer,
     continue_pretrain_spec,
@@ -25,19 +26,9 @@ from tests.support.hf_runs import (
     transformers_nll,
 )
 
-QWEN3_TIED = {
-    "vocab_size": 320,  # >= the BPE's 300 ids, even (vocab-parallel under TP2)
-    "hidden_size": 64,
-    "intermediate_size": 160,
-    "num_hidden_layers": 4,  # two layers per stage under PP2
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 24,
-    "max_position_embeddings": 512,
-    "initializer_range": 0.1,
-    "rope_theta": 1e6,
-    "tie_word_embeddings": True,
-}
+#: the dense families' small model (vocab 320 >= the BPE's 300 ids and even: vocab-parallel under TP2; 4 layers:
+#: two per stage under PP2) with its embedding tied to the head
+QWEN3_TIED = {**SMALL_DENSE, "tie_word_embeddings": True}
 LAYOUTS = {
     "tp2": {"tp": 2, "dp_shard": 1, "micro_batch": 2},
     "pp2": {"pp": 2, "dp_shard": 1, "micro_batch": 2, "schedule": "1f1b"},
