@@ -167,6 +167,8 @@ def memory_breakdown(
     if c.recompute != "none":
         whole = activation_bytes_per_layer(shape, local, c.micro_batch, c.tp, c.sp, "none", **act)
         working = whole if c.recompute == "full" else whole - per_layer_act
+    if precision == "fp32":  # the counts are of 16-bit activations; fp32 training saves every tensor at 4 bytes
+        per_layer_act, working = 2 * per_layer_act, 2 * working
     logits = logit_bytes(shape, c, seq)
     if c.cp > 1:  # ring attention: the K,V block in use and the one arriving, and in backward their gradients
         working += 4 * 2 * seq / c.cp * c.micro_batch * shape.kv_heads * shape.head_dim / c.tp * wb

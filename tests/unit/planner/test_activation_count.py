@@ -114,3 +114,13 @@ def test_in_flight_without_interleaving():
     # Meta's rank 1 (8 one-layer chunks, 2·14 + 7·16 forwards before its first backward) holds more than rank 0
     peaks = in_flight_layers(META8, 16, 32, "interleaved_1f1b")
     assert peaks[:2] == (112, 141) and max(peaks) == 141
+
+
+def test_fp32_training_saves_twice_the_bytes():
+    """The counts are of 16-bit activations; an fp32 run (the CPU default) saves every tensor at 4 bytes."""
+    from nightloom.parallel import ParallelDims
+    from nightloom.planner.memory import memory_breakdown
+
+    c = ParallelDims(dp_shard=2, micro_batch=2, grad_accum=2, recompute="none")
+    bf16, fp32 = (memory_breakdown(MODELS["llama3-8b"], c, 4096, p).activations_gib for p in ("bf16", "fp32"))
+    assert fp32 == pytest.approx(2 * bf16)
