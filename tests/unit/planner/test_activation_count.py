@@ -119,8 +119,9 @@ def test_in_flight_without_interleaving():
 def test_fp32_training_saves_twice_the_bytes():
     """The counts are of 16-bit activations; an fp32 run (the CPU default) saves every tensor at 4 bytes."""
     from nightloom.parallel import ParallelDims
-    from nightloom.planner.memory import memory_breakdown
+    from nightloom.planner.memory import GIB, logit_bytes, memory_breakdown
 
-    c = ParallelDims(dp_shard=2, micro_batch=2, grad_accum=2, recompute="none")
-    bf16, fp32 = (memory_breakdown(MODELS["llama3-8b"], c, 4096, p).activations_gib for p in ("bf16", "fp32"))
+    shape, c = MODELS["llama3-8b"], ParallelDims(dp_shard=2, micro_batch=2, grad_accum=2, recompute="none")
+    logits = logit_bytes(shape, c, 4096) / GIB  # fp32 either way (the loss upcasts)
+    bf16, fp32 = (memory_breakdown(shape, c, 4096, p).activations_gib - logits for p in ("bf16", "fp32"))
     assert fp32 == pytest.approx(2 * bf16)
