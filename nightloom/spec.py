@@ -18,7 +18,6 @@ from typing import Annotated, Any, Literal
 from pydantic import ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 
 from nightloom.micro_batch import micro_batches_per_step
-from nightloom.parallel import stage_list_errors
 from nightloom.spec_base import Section as _Section
 from nightloom.spec_base import SpecError
 from nightloom.spec_cluster import (
@@ -32,6 +31,7 @@ from nightloom.spec_cluster import (
     SSHHost,
     SSHSpec,
 )
+from nightloom.stage_list import stage_list_errors
 
 __all__ = [  # the cluster section and the base live in their own leaves; `from nightloom.spec import X` still works
     "PROVIDER_KINDS",

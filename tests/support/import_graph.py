@@ -135,11 +135,17 @@ FORBIDDEN = {
 }
 #: Modules that are leaves of nightloom: they import nothing of nightloom beyond what is listed.
 LEAVES = {
-    "nightloom.spec": {"nightloom.micro_batch", "nightloom.spec_base", "nightloom.spec_cluster"},
+    "nightloom.spec": {
+        "nightloom.micro_batch",
+        "nightloom.spec_base",
+        "nightloom.spec_cluster",
+        "nightloom.stage_list",
+    },
     "nightloom.spec_base": set(),
     "nightloom.spec_cluster": {"nightloom.spec_base"},
     "nightloom.shape": set(),
     "nightloom.micro_batch": set(),
+    "nightloom.stage_list": set(),
 }
 
 
@@ -181,6 +187,7 @@ FLOORS = {
     "nightloom.spec": 0,
     "nightloom.shape": 0,
     "nightloom.micro_batch": 0,
+    "nightloom.stage_list": 0,
     "nightloom.spec_base": 0,
     "nightloom.spec_cluster": 0,
     "nightloom.xtuner_families": 1,
