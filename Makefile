@@ -35,11 +35,11 @@ demo: $(STAMP)
 ui: $(STAMP)
 	@$(VENV)/bin/nightloom ui
 
-# The unit tests (pure logic, ~1,000, CPU-bound, independent) run on two workers. The rest start processes,
-# services and training runs, also on two workers: one takes every test of tests/services and tests/xtuner in
-# turn (they share the real services; tests/conftest.py groups them), the other the distributed and flow tests.
-# Run one at a time they used 0.8 of the 2 cores (most of a services test is waiting on a server, a node or a
-# window's end): 34 min serially. Both runs run; either failing fails.
+# The unit tests (pure logic, ~1,000, CPU-bound, independent) run on two workers. The rest run in two lanes, one
+# per worker (tests/conftest.py, pytest_xdist_make_scheduler): the tests that start only their own processes
+# (tests/distributed, most of tests/xtuner) beside everything that shares the real services, the Prefect server or
+# a local cluster's rendezvous port, which keeps its serial order. Serially the two used 0.8 of 2 cores for 34 min.
+# Both runs run; either failing fails.
 test: $(STAMP)
 	rc=0; $(VENV)/bin/python -m pytest -q -n 2 tests/unit || rc=$$?; \
 	$(VENV)/bin/python -m pytest -q -n 2 --dist loadgroup tests --ignore=tests/unit || rc=$$?; exit $$rc

@@ -26,18 +26,38 @@ pytest_plugins = [
 ]
 
 
-#: folders whose tests share one set of real services (Prefect worker, sshd, Slurm nodes, the XTuner env): under
-#: `pytest -n 2 --dist loadgroup` (make test) they run one after another on one worker while the other worker takes
-#: the distributed and flow tests, which only start their own processes
-SERVICE_FOLDERS = ("services", "xtuner")
+#: the tests that start only their own processes (torchrun --standalone on a free port, XTuner's local launcher) and
+#: no Prefect flow: under `make test` (-n 2 --dist loadgroup) they are one lane on one worker, and everything else
+#: (services, the shared Prefect server, flows, local clusters on the default rendezvous port) is the other lane, in
+#: its usual order, exactly as a serial run had it
+OWN_PROCESS_TESTS = ("tests/distributed/", "tests/xtuner/")
+SHARED_SERVICES_TESTS = ("tests/xtuner/test_xtuner_pipeline.py",)  # a Prefect flow: with the services lane
 
 
-@pytest.hookimpl(tryfirst=True)
+def lane_of(nodeid: str) -> str:
+    """The lane (xdist scope) of a test: "own-processes" or "services"."""
+    if nodeid.startswith(OWN_PROCESS_TESTS) and not nodeid.startswith(SHARED_SERVICES_TESTS):
+        return "own-processes"
+    return "services"
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """Two scopes, one per worker (LoadScopeScheduling hands each worker one whole scope). Not xdist_group markers:
+    with pytest 9.2, xdist 3.8's loadgroup cannot tag node ids (nodeid is derived from Node._id), so every test
+    became its own scope and services tests ran on both workers at once (503s from the shared server's SQLite,
+    EADDRINUSE on the default rendezvous port)."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Lanes(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return lane_of(nodeid)
+
+    return Lanes(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
-    for item in items:
-        parts = Path(str(item.path)).relative_to(ROOT).parts
-        if len(parts) > 1 and parts[0] == "tests" and parts[1] in SERVICE_FOLDERS:
-            item.add_marker(pytest.mark.xdist_group("services"))
     try:
         import torch
 
