@@ -17,12 +17,7 @@ from functools import lru_cache
 
 from nightloom.parallel import MemoryBreakdown, ParallelDims
 from nightloom.perf import attention_params, expert_params, mlp_params
-from nightloom.planner.activations import (  # noqa: F401  (the per-layer counts' home; re-exported for callers)
-    activation_bytes_per_layer,
-    moe_table2_bytes,
-    post_norm_bytes,
-    qk_norm_bytes,
-)
+from nightloom.planner.activations import activation_bytes_per_layer
 from nightloom.planner.inflight import in_flight_layers
 from nightloom.shape import ModelShape
 
@@ -150,7 +145,7 @@ def memory_breakdown(
     native_trainer: bool = True,
 ) -> MemoryBreakdown:
     """Predicted memory of the busiest pipeline rank: every rank's layers, embedding or head, and the
-    micro-batches it holds in flight (1F1B: rank i holds min(pp − i, m)), the largest total wins.
+    micro-batches it holds in flight (planner/inflight.py), the largest total wins.
     `lora_rank` (train.lora): the base weights are frozen (weights only: no gradients, no optimizer state) and
     each layer's adapters (`lora_layer_params`, split over TP) carry weights, gradients and fp32 Adam state."""
     wb, gb, ob = _state_bytes(precision)

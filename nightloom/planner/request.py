@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from nightloom.catalog import GPUSpec
 from nightloom.parallel import ParallelPlan, Rejection
 from nightloom.shape import ModelShape
+from nightloom.stage_list import stage_list_errors
 
 RECOMPUTE_MODES = ("none", "selective", "full")
 
@@ -117,7 +118,7 @@ def parse_stages(text: str, where: str = "--stages") -> tuple[int, ...]:
         sizes = tuple(int(p) for p in parts)
     except ValueError:
         raise ValueError(f"{where}: {text!r} is not a list of integers, e.g. 7,8,8,7") from None
-    if not sizes or min(sizes) < 0 or min(sizes[1:-1], default=1) < 1:
+    if not sizes or stage_list_errors(sizes, len(sizes)):
         raise ValueError(
             f"{where}: {text!r}: give one size per pipeline stage, >= 1 except the first and last (>= 0: embedding "
             "only, head only)"

@@ -36,6 +36,7 @@ from torch.utils.checkpoint import checkpoint
 
 from nightloom.shape import ModelShape, RopeScaling
 from nightloom.train.moe import MoEFeedForward
+from nightloom.train.recompute import recomputed
 
 
 class RMSNorm(nn.Module):
@@ -52,9 +53,7 @@ class RMSNorm(nn.Module):
         # Saved for backward: only x. Plain autograd would keep an fp32 copy of x and the normalised x (6 bytes per
         # element of a bf16 x, 3x x itself); the normalisation is recomputed in backward instead (a few elementwise
         # ops; the same ops, so the same gradients). The planner counts what is saved (planner/activations.py).
-        if torch.is_grad_enabled():
-            return checkpoint(self._normalise, x, use_reentrant=False)
-        return self._normalise(x)
+        return recomputed(self._normalise, x)
 
     def _normalise(self, x: torch.Tensor) -> torch.Tensor:
         xf = x.float()
@@ -255,9 +254,7 @@ class FeedForward(nn.Module):
             g, u = self.w1(x), self.w3(x)
             # saved for backward: g and u (w2 saves the product); plain autograd would also keep act(g), a third
             # ffn-wide tensor: it is recomputed in backward (Megatron's fused SwiGLU saves the same two)
-            if torch.is_grad_enabled():
-                return self.w2(checkpoint(self._glu, g, u, use_reentrant=False))
-            return self.w2(self._glu(g, u))
+            return self.w2(recomputed(self._glu, g, u))
         return self.w2(F.gelu(self.w1(x)))
 
     def _glu(self, g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:

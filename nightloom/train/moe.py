@@ -25,9 +25,9 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 from nightloom.shape import ModelShape
+from nightloom.train.recompute import recomputed
 
 
 @dataclass
@@ -108,8 +108,7 @@ class GroupedExperts(nn.Module):
             start += n
             g, u = F.linear(xe, w1[e]), F.linear(xe, w3[e])
             # saved for backward: g and u, silu(g) recomputed (as the dense FeedForward does)
-            act = checkpoint(_swiglu, g, u, use_reentrant=False) if torch.is_grad_enabled() else _swiglu(g, u)
-            outs.append(F.linear(act, w2[e]))
+            outs.append(F.linear(recomputed(_swiglu, g, u), w2[e]))
         return torch.cat(outs)
 
 
