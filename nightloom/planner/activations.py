@@ -15,8 +15,9 @@ Two counts:
                        weighted sum; the router's fp32 probabilities 4·E
   Under TP everything after a column-parallel projection is split (/t). Sequence parallel splits the norms' inputs
   (/t); the linears' inputs are all-gathered first and torch's TP saves the gathered tensor (not /t), where
-  Megatron's linears save their sequence shard and gather it again in backward (`megatron_sp`, what-ifs for other
-  trainers). Selective recompute drops the log-sum-exp (SDPA's inputs and output stay saved); full keeps the input.
+  Megatron's linears save their sequence shard and gather it again in backward (`other_trainer`: what-ifs for other
+  trainers). Context parallel: the trainer repeats K/V to q_dim for torch's ring; an all-gather trainer (Llama 3's,
+  Grattafiori et al. 2024 §3.3.2) keeps the gathered, unrepeated K/V of the whole sequence for its attention. Selective recompute drops the log-sum-exp (SDPA's inputs and output stay saved); full keeps the input.
 - `table2_bytes_per_token`, Korthikanti et al. 2022 Table 2 (`fused_attention=False`): GPT with dropout, MHA, a 4h
   GELU MLP and materialised attention scores, the reference rows' stack (PTD-P):
     no recompute       t=1: h·(34 + 5·a·s/h)   TP: h·(10 + 24/t + 5·a·s/(h·t))   TP+SP: h·(34 + 5·a·s/h)/t
@@ -40,7 +41,7 @@ def saved_bytes_per_token(
     sp: bool,
     recompute: str,
     cp: int = 1,
-    megatron_sp: bool = False,
+    other_trainer: bool = False,
 ) -> float:
     """Bytes one (mean) layer saves per token of a micro-batch, as the trainer runs it (fused attention)."""
     h, t, b = shape.hidden, tp, ACT_BYTES
@@ -48,11 +49,12 @@ def saved_bytes_per_token(
     if recompute == "full":
         return b * h / seq_shard
     norms = 2 + 2 * shape.post_norms
-    lin_shard = t if sp and megatron_sp else 1
+    lin_shard = t if sp and other_trainer else 1
     q_dim, kv_dim = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
     masked = sliding_fraction(shape, seq)
-    # SDPA's own GQA keeps K/V unrepeated on the causal (maskless) layers; masked layers and ring attention repeat
-    kv_held = kv_dim if cp == 1 else q_dim
+    # SDPA's own GQA keeps K/V unrepeated on the causal (maskless) layers; masked layers and torch's CP repeat them;
+    # an all-gather CP trainer saves the gathered K/V: cp blocks per local token
+    kv_held = kv_dim if cp == 1 else (cp * kv_dim if other_trainer else q_dim)
     kv_saved = (1 - masked) * kv_held + masked * q_dim
     lse = 0.0 if recompute == "selective" else 4 * shape.heads / t
     # a masked layer's SDPA keeps the boolean mask as a 16-bit additive bias, seq × seq on every TP rank (selective:
@@ -136,10 +138,10 @@ def activation_bytes_per_layer(
     recompute: str,
     fused_attention: bool = True,
     cp: int = 1,
-    megatron_sp: bool = False,
+    other_trainer: bool = False,
 ) -> float:
     """Saved activations of one (mean) layer for one micro-batch of `seq` tokens (this rank's share under CP): the
     trainer's count with fused attention, Table 2's with materialised scores."""
     if not fused_attention:
         return seq * mb * table2_bytes_per_token(shape, seq, mb, tp, sp, recompute)
-    return seq * mb * saved_bytes_per_token(shape, seq, tp, sp, recompute, cp, megatron_sp)
+    return seq * mb * saved_bytes_per_token(shape, seq, tp, sp, recompute, cp, other_trainer)

@@ -151,10 +151,10 @@ def memory_breakdown(
     wb, gb, ob = _state_bytes(precision)
     unit = layer_params(shape, c.tp, c.ep)
     params_of = rank_params(shape, c)
-    # context parallel: each rank holds seq/cp tokens, and ring attention's blockwise scores are (seq/cp)² per step
+    # context parallel: each rank holds seq/cp tokens of activations
     local = seq / c.cp
-    # other trainers (what-ifs) save sequence-parallel linear inputs sharded, as Megatron does
-    act = dict(fused_attention=fused_attention, cp=c.cp, megatron_sp=not native_trainer)
+    # other trainers (what-ifs) save sequence-parallel linear inputs sharded, as Megatron does, and gathered K/V
+    act = dict(fused_attention=fused_attention, cp=c.cp, other_trainer=not native_trainer)
     per_layer_act = activation_bytes_per_layer(shape, local, c.micro_batch, c.tp, c.sp, c.recompute, **act)
     in_flight = in_flight_layers(c.stage_sizes(shape.layers), c.pp, c.grad_accum, c.schedule)
     # a layer being recomputed (full) or its attention core (selective) is briefly whole again in backward
@@ -165,8 +165,9 @@ def memory_breakdown(
     if precision == "fp32":  # the counts are of 16-bit activations; fp32 training saves every tensor at 4 bytes
         per_layer_act, working = 2 * per_layer_act, 2 * working
     logits = logit_bytes(shape, c, seq)
-    if c.cp > 1:  # ring attention: the K,V block in use and the one arriving, and in backward their gradients
-        working += 4 * 2 * seq / c.cp * c.micro_batch * shape.kv_heads * shape.head_dim / c.tp * wb
+    if c.cp > 1:  # all-gather CP: the whole sequence's K,V while a layer attends; in backward fp32 dK,dV
+        kv = 2 * c.micro_batch * shape.kv_heads * shape.head_dim / c.tp  # K and V elements per token
+        working += seq * kv * wb + 2 * seq / c.cp * kv * 4  # torch: the accumulators and the one arriving
     d = c.shard
     # ZeRO-3 without PP gathers 2 layers at a time; under PP, or ZeRO-2, the rank's whole stage stays gathered
     keep_gathered = c.pp > 1 or c.zero == "zero2"

@@ -274,7 +274,7 @@ def _explain(req: PlanRequest, s: _Scored, eff: float, runner_up: _Scored | None
             f"PP p2p {st.pp_comm_s:.3f}, bubble {st.bubble_s:.3f} ((p−1)/(v·m) = "
             f"{bubble_fraction(c.pp, c.virtual_stages, c.grad_accum):.3f}), DP exposed {st.dp_exposed_s:.3f}, "
             f"optimizer {st.optimizer_s:.3f}"
-            + (f", CP ring exposed {st.cp_comm_s:.3f}" if c.cp > 1 else "")
+            + (f", CP all-gather exposed {st.cp_comm_s:.3f}" if c.cp > 1 else "")
             + (f", EP all-to-all {st.ep_comm_s:.3f}" if c.ep > 1 else "")
         ),
     ]
@@ -299,8 +299,13 @@ def _explain(req: PlanRequest, s: _Scored, eff: float, runner_up: _Scored | None
         lines.insert(
             1,
             f"context parallel cp={c.cp}: each rank holds seq/cp = {req.seq_len // c.cp} tokens of activations; "
-            f"ring attention passes K,V blocks around the cp group, {st.cp_comm_s:.3f} s not hidden behind the "
-            "attention compute",
+            f"K,V all-gathered over the cp group every layer ("
+            + (
+                "torch's context_parallel: hidden behind the local diagonal block, dK,dV passed on the ring"
+                if req.native_trainer
+                else "Llama 3's trainer: exposed, dK,dV reduce-scattered"
+            )
+            + f"), {st.cp_comm_s:.3f} s per step not hidden behind the attention compute",
         )
     if req.shape.moe:
         lines.insert(1, _moe_line(req, c, st))
@@ -386,7 +391,15 @@ def search(req: PlanRequest) -> PlanReport:
                 pruned += 1
                 continue
             sc.step = step_time(
-                req.shape, c, req.seq_len, req.gpu, req.gpus_per_node, eff, req.precision, req.fused_attention
+                req.shape,
+                c,
+                req.seq_len,
+                req.gpu,
+                req.gpus_per_node,
+                eff,
+                req.precision,
+                req.fused_attention,
+                req.native_trainer,
             )
             sc.tokens_per_s = req.global_batch * req.seq_len / sc.step.step_s
             fitting.append(sc)
@@ -403,7 +416,15 @@ def search(req: PlanRequest) -> PlanReport:
         # nothing fits: report the layout that needs the least memory, marked fits=False
         s = overall_min
         s.step = step_time(
-            req.shape, s.c, req.seq_len, req.gpu, req.gpus_per_node, eff, req.precision, req.fused_attention
+            req.shape,
+            s.c,
+            req.seq_len,
+            req.gpu,
+            req.gpus_per_node,
+            eff,
+            req.precision,
+            req.fused_attention,
+            req.native_trainer,
         )
         s.tokens_per_s = req.global_batch * req.seq_len / s.step.step_s
         for fam, sm in smallest_by_family.items():

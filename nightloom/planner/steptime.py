@@ -20,6 +20,8 @@ The pipeline runs m slots of its slowest rank plus (p − 1)/v average slots (bu
 al. 2021); with uneven stages each rank's slot counts its own layers, the last adds the output head.
 Data parallel: gradient all-reduce (replicated) or reduce-scatter + all-gather (FSDP/ZeRO-3 gathers in forward
 and backward, ZeRO-2 in forward only; HSDP adds an all-reduce over replicas) overlapped with backward compute; only the excess is exposed. The optimizer step is HBM-bound.
+Context parallel: each rank computes seq/cp tokens; K,V are all-gathered over the cp group per layer (forward,
+again in backward, again for a full recompute), partly hidden behind the attention core (`cp_exposed_s`).
 Expert parallel (MoE): per MoE layer the token dispatch and combine all-to-alls, 2 forward and 2 backward (+2 for a
 full recompute), each rank sending its s·b/t tokens × k experts × h × 2 bytes, (n−1)/n of it to other ranks
 (nccl-tests' alltoall bus bandwidth, algbw·(n−1)/n): the share to peers in its node over NVLink, the rest over its
@@ -118,6 +120,28 @@ def _ring(n: int, nbytes: float, bw: float, lat: float, factor: float) -> float:
     return factor * (n - 1) / n * nbytes / bw + factor * (n - 1) * lat
 
 
+def cp_exposed_s(
+    cp: int, block: float, ebytes: int, bw: float, lat: float, fwd: float, bwd: float, recompute: bool, native: bool
+) -> float:
+    """Seconds of one layer's context-parallel communication not hidden behind its attention (one micro-batch).
+
+    `block`: this rank's K and V bytes; `fwd`/`bwd`: the attention core's seconds on this rank, of which each of
+    the cp steps computes 1/cp (load-balanced causal chunks). nightloom's trainer (torch's context_parallel, its
+    default `_RotateMethod.ALL_GATHER`): forward all-gathers K,V once, started before the local diagonal step
+    and waited on after it; backward gathers K,V again the same way and passes the fp32 dK,dV accumulators to the
+    ring neighbour cp − 1 times, each hop behind one step. Other trainers as Llama 3's (Grattafiori et al. 2024
+    §3.3.2): K,V all-gathered before the attention, "exposed in the critical path", and dK,dV reduce-scattered
+    back; K,V are kept for backward. A full recompute repeats the forward's gather."""
+    gather = _ring(cp, cp * block, bw, lat, 1.0)  # each rank receives cp − 1 blocks
+    if native:
+        hop = block * 4 / ebytes / bw + lat
+        fwd_s = max(0.0, gather - fwd / cp)
+        bwd_s = max(0.0, gather - bwd / cp) + (cp - 1) * max(0.0, hop - bwd / cp)
+    else:
+        fwd_s, bwd_s = gather, gather
+    return fwd_s * (2 if recompute else 1) + bwd_s
+
+
 def step_time(
     shape: ModelShape,
     c: ParallelDims,
@@ -127,6 +151,7 @@ def step_time(
     efficiency: float,
     precision: str = "bf16",
     fused_attention: bool = True,
+    native_trainer: bool = True,
 ) -> StepEstimate:
     """Seconds per optimizer step of candidate `c` (see the module docstring for every term)."""
     peak = gpu.peak(precision) * efficiency
@@ -164,18 +189,19 @@ def step_time(
             pp_bw = gpu.inter_node_bw
         msg = tokens * h * ebytes / t  # SP shards it; without SP, Megatron's scatter/gather does (PTD-P §4.1)
         pp_s = 2 * c.virtual_stages * (msg / pp_bw + pp_lat)
-    # context parallel: ring attention passes each rank's K,V block (s/cp tokens, kv heads / t) to its neighbour
-    # cp − 1 times per layer forward; backward passes K,V and dK,dV (2×), a full recompute one forward more.
-    # It overlaps the attention core's compute (12·s·h FLOPs per token per layer, PaLM App. B); the rest shows.
+    # context parallel (all-gather attention, see cp_exposed_s): K,V gathered over the cp group per layer
     cp_s = 0.0
     if c.cp > 1:
         cp_bw, cp_lat = group_bandwidth("cp", c, gpus_per_node, gpu)
         if cp_bw != gpu.intra_node_bw:
             cp_bw = gpu.inter_node_bw
-        block = tokens * 2 * shape.kv_heads * shape.head_dim / t * ebytes
-        hops = (c.cp - 1) * (4 if c.recompute == "full" else 3)
-        attn = tokens * (7 if fused_attention else 12) * h * seq / t / peak * (4 / 3 if c.recompute == "full" else 1)
-        cp_s = lps * max(0.0, hops * (block / cp_bw + cp_lat) - attn)
+        # this rank's K and V; nightloom's trainer repeats grouped K/V heads to every query head under CP
+        # (Transformer.expand_kv_heads), an all-gather trainer as Llama 3's sends them grouped
+        heads = shape.heads if native_trainer else shape.kv_heads
+        block = tokens * 2 * heads * shape.head_dim / t * ebytes
+        core = tokens * shape.heads * shape.head_dim * seq / t / peak  # one core-unit of attention seconds
+        fwd, bwd = (2 * core, 5 * core) if fused_attention else (4 * core, 8 * core)
+        cp_s = lps * cp_exposed_s(c.cp, block, ebytes, cp_bw, cp_lat, fwd, bwd, c.recompute == "full", native_trainer)
     # expert parallel: dispatch + combine all-to-alls of every MoE layer (mean over layers)
     ep_s = 0.0
     if shape.moe and c.ep > 1:

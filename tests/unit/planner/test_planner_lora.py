@@ -40,8 +40,9 @@ def test_lora_makes_an_8b_model_fit_one_gpu():
 
 def test_auto_layout_of_a_packed_sft_run_has_no_pipeline_or_context_parallel():
     """train.pack: the trainer refuses pp > 1 and cp > 1 (no per-row document mask there), so `parallel: auto`
-    never picks them: Llama 3.1 405B at 32k tokens on 128 H100 plans CP2 unpacked, none packed; at 128k on 512
-    GPUs with a global batch of 16 nothing without CP fits the batch, which is an error before any rental."""
+    never picks them: Llama 3.1 405B at 32k tokens on 128 H100 with 8 sequences needs CP or PP unpacked and is an
+    error packed, with 64 it plans neither packed; at 128k on 512 GPUs with a global batch of 16 nothing without CP
+    fits the batch, which is an error before any rental."""
     from nightloom.planner import PlanError, plan_for_spec
     from nightloom.spec import RunSpec
 
@@ -53,8 +54,10 @@ def test_auto_layout_of_a_packed_sft_run_has_no_pipeline_or_context_parallel():
             {"name": "p", "dataset": {"path": "d"}, "model": model, "cluster": cluster, "train": train}
         )
 
-    unpacked = plan_for_spec(spec(16, 32768, 64), require_fit=False).chosen
-    assert unpacked.cp > 1, unpacked.layout()
+    unpacked = plan_for_spec(spec(16, 32768, 8), require_fit=False).chosen  # 8 sequences on 16 TP8 groups
+    assert unpacked.cp > 1 or unpacked.pp > 1, unpacked.layout()
+    with pytest.raises(PlanError, match="global batch 8 is not divisible by dp"):
+        plan_for_spec(spec(16, 32768, 8, task="sft", pack=True), require_fit=False)
     packed = plan_for_spec(spec(16, 32768, 64, task="sft", pack=True), require_fit=False).chosen
     assert packed.pp == 1 and packed.cp == 1, packed.layout()
     assert plan_for_spec(spec(64, 131072, 16), require_fit=False).chosen.cp > 1
