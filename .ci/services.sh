@@ -31,6 +31,7 @@ SSH_PORTS=(2201 2202)
 PROM_PORT=19090
 S3_PORT=8333
 PREFECT_PORT=4200
+PREFECT_LANE2_PORT=4201  # the own-processes test lane's server (tests/conftest.py): its flows never queue behind the other lane's
 DASK_PORT=8786
 WORK_POOL=${WORK_POOL:-local-pool}
 
@@ -269,6 +270,13 @@ start_prefect_server() {
     launch prefect-server "$VENV/bin/prefect" server start --host 127.0.0.1 --port $PREFECT_PORT
 }
 
+start_prefect_lane2() {  # API only for flows run in-process: no UI, no work pool; its own database
+    mkdir -p "$SVC_DIR/prefect2"
+    launch prefect-server-2 env PREFECT_HOME="$SVC_DIR/prefect2" PREFECT_SERVER_ANALYTICS_ENABLED=false \
+        PREFECT_API_URL="http://127.0.0.1:$PREFECT_LANE2_PORT/api" \
+        "$VENV/bin/prefect" server start --host 127.0.0.1 --port $PREFECT_LANE2_PORT --no-ui
+}
+
 start_prefect_worker() {
     prefect_env
     "$VENV/bin/prefect" --no-prompt work-pool create "$WORK_POOL" --type process --overwrite \
@@ -307,7 +315,7 @@ do_start() {
     mkdir -p "$PIDS" "$LOGS"
     install_missing
     local t0=$SECONDS ok=0
-    [[ -n ${SKIP_PREFECT:-} ]] || start_prefect_server     # slowest (DB migrations): first
+    [[ -n ${SKIP_PREFECT:-} ]] || { start_prefect_server; start_prefect_lane2; }  # slowest (DB migrations): first
     [[ -n ${SKIP_S3:-} ]] || start_s3
     start_sshd
     [[ -n ${SKIP_PROM:-} ]] || start_prometheus
@@ -320,6 +328,8 @@ do_start() {
     [[ -n ${SKIP_DASK:-} ]] || wait_until 90 "dask (scheduler + 2 workers)" "dask-scheduler dask-worker-1 dask-worker-2" \
         dask_ready || ok=1
     if [[ -z ${SKIP_PREFECT:-} ]]; then
+        wait_until 180 "prefect server (lane 2)" prefect-server-2 http_ok \
+            "http://127.0.0.1:$PREFECT_LANE2_PORT/api/health" || ok=1
         if wait_until 180 "prefect server" prefect-server http_ok "http://127.0.0.1:$PREFECT_PORT/api/health"; then
             start_prefect_worker && wait_until 60 "prefect worker ($WORK_POOL READY)" prefect-worker pool_ready || ok=1
         else
@@ -375,6 +385,7 @@ do_env() {
         echo "export PREFECT_API_URL=http://127.0.0.1:$PREFECT_PORT/api"
         echo "export PREFECT_SERVER_ANALYTICS_ENABLED=false"
         echo "export PREFECT_WORK_POOL=$WORK_POOL"
+        echo "export NIGHTLOOM_LANE2_PREFECT_API_URL=http://127.0.0.1:$PREFECT_LANE2_PORT/api"
     fi
 }
 
@@ -424,7 +435,7 @@ do_stop() {
     fi
     stop_worker
     local name
-    for name in dask-worker-1 dask-worker-2 dask-scheduler prefect-server weed prometheus sshd2201 sshd2202 slurmd-n1 \
+    for name in dask-worker-1 dask-worker-2 dask-scheduler prefect-server prefect-server-2 weed prometheus sshd2201 sshd2202 slurmd-n1 \
         slurmd-n2 slurmctld munged; do
         stop_pid "$name" 5
     done

@@ -26,12 +26,20 @@ pytest_plugins = [
 ]
 
 
-#: the tests that start only their own processes (torchrun --standalone on a free port, XTuner's local launcher) and
-#: no Prefect flow: under `make test` (-n 2 --dist loadgroup) they are one lane on one worker, and everything else
-#: (services, the shared Prefect server, flows, local clusters on the default rendezvous port) is the other lane, in
-#: its usual order, exactly as a serial run had it
-OWN_PROCESS_TESTS = ("tests/distributed/", "tests/xtuner/")
-SHARED_SERVICES_TESTS = ("tests/xtuner/test_xtuner_pipeline.py",)  # a Prefect flow: with the services lane
+#: the tests that start only their own processes (torchrun --standalone on a free port, XTuner's local launcher),
+#: and flows on local clusters of their own rendezvous port: under `make test` (-n 2 --dist loadgroup) they are one
+#: lane on one worker, and everything else (services, the shared Prefect server and its worker, local clusters on the
+#: default rendezvous port) is the other lane, in its usual order, exactly as a serial run had it. The flows here
+#: talk to a Prefect server of their own where CI runs one (NIGHTLOOM_LANE2_PREFECT_API_URL, .ci/services.sh):
+#: two lanes' flows on one SQLite-backed server answered 503s.
+OWN_PROCESS_TESTS = (
+    "tests/distributed/",
+    "tests/xtuner/",
+    "tests/flows/test_windows.py",
+    "tests/flows/test_recovery.py",
+)
+SHARED_SERVICES_TESTS = ("tests/xtuner/test_xtuner_pipeline.py",)  # a Prefect flow on the default port
+LANE2_API = os.environ.get("NIGHTLOOM_LANE2_PREFECT_API_URL")
 
 
 def lane_of(nodeid: str) -> str:
@@ -39,6 +47,21 @@ def lane_of(nodeid: str) -> str:
     if nodeid.startswith(OWN_PROCESS_TESTS) and not nodeid.startswith(SHARED_SERVICES_TESTS):
         return "own-processes"
     return "services"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """Under xdist, point the own-processes lane's worker at its own Prefect server before its first fixture (the
+    session's `prefect_backend` included) and before any flow: the environment for child processes, Prefect's
+    settings for this one (every thread). The lane is one xdist scope, so the worker keeps it to the end."""
+    if not LANE2_API or not os.environ.get("PYTEST_XDIST_WORKER") or lane_of(item.nodeid) != "own-processes":
+        return
+    if os.environ.get("PREFECT_API_URL") == LANE2_API:
+        return
+    os.environ["PREFECT_API_URL"] = LANE2_API
+    from prefect.context import refresh_global_settings_context
+
+    refresh_global_settings_context()  # the process-global settings, seen by every thread, re-read from the env
 
 
 def pytest_xdist_make_scheduler(config, log):
