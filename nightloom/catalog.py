@@ -217,7 +217,8 @@ MODELS.update(
             # DeepSeek-V3 (DeepSeek-AI 2024, arXiv 2412.19437 §2, §4.2; deepseek-ai/DeepSeek-V3 config.json): 61 layers,
             # the first 3 dense (first_k_dense_replace, ffn 18,432), 256 routed experts of 2,048 top-8 + 1 shared,
             # multi-head latent attention (128 heads, q_lora_rank 1,536, kv_lora_rank 512, qk head 128 + 64 rotary,
-            # v head 128), vocab 129,280, 163,840 context (YaRN, not modelled: planning only); 671B total, 37B
+            # v head 128), vocab 129,280, 163,840 context (YaRN, not modelled: its checkpoint's config is refused for
+            # training by name, this entry plans); 671B total, 37B
             # activated (the 14B multi-token-prediction module of the Hub's 685B is left out, as the paper counts).
             ModelShape(
                 "deepseek-v3",
@@ -237,10 +238,15 @@ MODELS.update(
                 expert_ffn_hidden=2048,
                 shared_experts=1,
                 dense_layers=(0, 1, 2),
+                router_score="sigmoid",  # 8 groups of 32 experts, the best 4 groups, weights × 2.5
+                router_groups=8,
+                router_topk_groups=4,
+                routed_scaling=2.5,
                 q_lora_rank=1536,
                 kv_lora_rank=512,
                 qk_rope_head_dim=64,
                 v_head_dim=128,
+                rope_interleave=True,
                 published_active_params=37e9,
             ),  # fmt: skip
         )

@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 
 LAYER_TYPES = ("full_attention", "sliding_attention")  # Hugging Face `layer_types` values the model computes
 MLP_ACTS = ("silu", "gelu_tanh")
+ROUTER_SCORES = ("softmax", "sigmoid")
 
 
 @dataclass(frozen=True)
@@ -75,12 +76,19 @@ class ModelShape:
     dense_layers: tuple[int, ...] = ()  # layers of an MoE model with a dense MLP of ffn_hidden (mlp_only_layers...)
     norm_topk_prob: bool = True  # the top-k router weights renormalised to sum to 1 (mixtral always; qwen3_moe flag)
     router_aux_loss_coef: float = 0.0  # load-balancing loss coefficient of the config
+    # DeepSeek-V3's router: sigmoid scores, experts picked by score + a bias buffer (aux-loss-free balancing) within
+    # the topk_groups best of router_groups expert groups, weights the plain scores (renormalised) times a scale
+    router_score: str = "softmax"  # "softmax" (qwen3_moe, mixtral) | "sigmoid" (deepseek_v3)
+    router_groups: int = 1  # n_group
+    router_topk_groups: int = 1  # topk_group
+    routed_scaling: float = 1.0  # routed_scaling_factor
     published_active_params: float | None = None  # activated parameters per token as published (MoE)
     # -- multi-head latent attention (deepseek_v3); kv_lora_rank 0 = standard attention --
     q_lora_rank: int = 0  # low-rank query projection (0: a full h × heads·head_dim query)
     kv_lora_rank: int = 0  # compressed key/value latent
     qk_rope_head_dim: int = 0  # the rotary part of head_dim (head_dim = nope + rope)
     v_head_dim: int = 0  # value head size (0: head_dim)
+    rope_interleave: bool = False  # the rotary dims in interleaved pairs (DeepSeek's checkpoints), not rotate-half
 
     def __post_init__(self) -> None:
         if self.explicit_head_dim is None and self.hidden % self.heads:
@@ -110,6 +118,13 @@ class ModelShape:
                 raise ValueError(f"model {self.name}: dense_layers {odd} outside 0..{self.layers - 1}")
         elif self.experts_per_token or self.shared_experts or self.dense_layers:
             raise ValueError(f"model {self.name}: experts_per_token/shared_experts/dense_layers need num_experts > 0")
+        if self.router_score not in ROUTER_SCORES:
+            raise ValueError(f"model {self.name}: router_score {self.router_score!r} (expected softmax, sigmoid)")
+        if self.num_experts % self.router_groups or not 1 <= self.router_topk_groups <= self.router_groups:
+            raise ValueError(
+                f"model {self.name}: router_groups ({self.router_groups}) must divide num_experts "
+                f"({self.num_experts}) and router_topk_groups ({self.router_topk_groups}) be 1..router_groups"
+            )
         if self.mlp_act not in MLP_ACTS:
             raise ValueError(f"model {self.name}: mlp_act {self.mlp_act!r} (expected {', '.join(MLP_ACTS)})")
 
@@ -135,6 +150,16 @@ class ModelShape:
     def attended(self, layer: int, seq_len: int) -> int:
         """Keys a query of layer `layer` may see at most in a sequence of `seq_len`: min(window, seq_len)."""
         return min(self.sliding_window, seq_len) if self.is_sliding(layer) else seq_len
+
+    @property
+    def mla(self) -> bool:
+        """Multi-head latent attention (DeepSeek-V2/V3): keys and values from a compressed latent."""
+        return self.kv_lora_rank > 0
+
+    @property
+    def rope_dim(self) -> int:
+        """Dimensions of a head that RoPE rotates: the rope part under MLA, else the whole head."""
+        return self.qk_rope_head_dim if self.mla else self.head_dim
 
     @property
     def moe(self) -> bool:

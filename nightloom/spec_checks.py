@@ -63,7 +63,7 @@ def _model_errors(data: dict, local) -> list[FieldError]:
 
 
 #: mixture-of-experts families the native trainer runs (train/moe.py); others are read for planning only
-TRAINED_MOE = ("qwen3_moe", "mixtral")
+TRAINED_MOE = ("qwen3_moe", "mixtral", "deepseek_v3")
 #: parallel degrees an MoE model does not train with yet (the trainer's train/moe.py refuses them too)
 _MOE_UNSUPPORTED = {
     "tp": "tensor parallel of the experts",
@@ -73,9 +73,9 @@ _MOE_UNSUPPORTED = {
 
 
 def _moe_errors(data: dict, local) -> list[FieldError]:
-    """Mixture-of-experts models the trainers cannot run, named on the field that chose the model (deepseek_v3:
-    multi-head latent attention and its sigmoid router are read for planning only), and the layouts qwen3_moe and
-    mixtral do not train with (tp, pp, cp > 1; ep beside dp_replicate), on the parallel field."""
+    """Mixture-of-experts models the trainers cannot run, named on the field that chose the model, and the layouts
+    qwen3_moe, mixtral and deepseek_v3 do not train with (tp, pp, cp > 1; ep beside dp_replicate), on the parallel
+    field; LoRA on deepseek_v3's latent attention, on train.lora."""
     shape = _raw_shape(data, local)
     if shape is None or not shape.moe:
         return []
@@ -87,7 +87,7 @@ def _moe_errors(data: dict, local) -> list[FieldError]:
             (
                 field,
                 f"{shape.name} is a mixture-of-experts model ({shape.arch}: {shape.num_experts} experts, top-"
-                f"{shape.experts_per_token}): training {shape.arch} is not supported yet (qwen3_moe and mixtral "
+                f"{shape.experts_per_token}): training {shape.arch} is not supported yet ({', '.join(TRAINED_MOE)} "
                 "are); `nightloom plan` and `nightloom cost` read it",
             )
         ]
@@ -99,6 +99,14 @@ def _moe_errors(data: dict, local) -> list[FieldError]:
     ep, dpr = _get(data, "parallel", "ep", default=1), _get(data, "parallel", "dp_replicate", default=1)
     if isinstance(ep, int) and isinstance(dpr, int) and ep > 1 and dpr > 1:
         errs.append((("parallel", "ep"), f"ep={ep} with dp_replicate={dpr}: expert parallel is drawn from dp_shard"))
+    if shape.mla and _get(data, "train", "lora") is not None:
+        errs.append(
+            (
+                ("train", "lora"),
+                f"{shape.name} ({shape.arch}) uses multi-head latent attention: LoRA on it is not supported yet "
+                "(full fine-tuning is)",
+            )
+        )
     return errs
 
 

@@ -20,8 +20,8 @@ from pathlib import Path
 from nightloom.shape import LAYER_TYPES, ModelShape, RopeScaling
 
 LLAMA_TYPES = ("llama", "mistral", "qwen2", "qwen3")
-#: mixture-of-experts families read for planning (the native trainer refuses them: spec_checks); their attention is
-#: the family named beside them
+#: mixture-of-experts families (the native trainer's: spec_checks.TRAINED_MOE); their attention is the family
+#: named beside them
 MOE_TYPES = {"qwen3_moe": "qwen3", "mixtral": "mistral", "deepseek_v3": "deepseek_v3"}
 GEMMA3_TYPES = ("gemma3_text", "gemma3")  # gemma3: an image-text config; its text_config is the decoder
 ARCHITECTURES = {
@@ -319,37 +319,77 @@ def _moe_fields(cfg: dict, moe_type: str, layers: int) -> dict:
     }
 
 
-def _deepseek_v3_shape(cfg: dict, name: str, need) -> ModelShape:
-    """A deepseek_v3 config's shape, for planning (multi-head latent attention, shared experts, the first
-    first_k_dense_replace layers dense; YaRN RoPE scaling is not modelled; the sigmoid router's bias is a buffer)."""
+#: transformers 5.24's DeepseekV3Config class defaults for fields a deepseek_v3 config.json may leave out
+_DEEPSEEK_V3_DEFAULTS = {
+    "q_lora_rank": 1536,  # null in a config (Moonlight) means a full query projection; absent means the default
+    "n_shared_experts": 1,
+    "routed_scaling_factor": 2.5,
+    "n_group": 8,
+    "topk_group": 4,
+    "first_k_dense_replace": 3,
+    "norm_topk_prob": True,
+    "rope_interleave": True,
+    "v_head_dim": 128,
+}
+
+
+def _deepseek_v3_shape(cfg: dict, name: str, need, strict: bool) -> ModelShape:
+    """A deepseek_v3 config's shape (DeepSeek-V3, Moonlight, Kimi K2): multi-head latent attention, shared experts
+    beside the routed ones, the first first_k_dense_replace layers dense, the sigmoid router grouped as
+    transformers' DeepseekV3TopkRouter. strict: what the native model does not compute is refused by name (YaRN RoPE
+    scaling, attention_bias, another activation, an older config's auxiliary-loss routing)."""
+    cfg = {**cfg, **{k: v for k, v in _DEEPSEEK_V3_DEFAULTS.items() if k not in cfg}}
     layers = need("num_hidden_layers")
     freq = cfg.get("moe_layer_freq", 1) or 1
-    first = cfg.get("first_k_dense_replace", 0) or 0
+    first = cfg.get("first_k_dense_replace") or 0
     nope, rope = need("qk_nope_head_dim"), need("qk_rope_head_dim")
+    try:
+        theta, scaling = _rope(cfg)
+    except ValueError:
+        if strict:
+            raise
+        theta, scaling = float(cfg.get("rope_theta", 10000.0)), None
+    if strict:
+        if cfg.get("attention_bias"):
+            raise ValueError("attention_bias: true is not supported for deepseek_v3")
+        if cfg.get("hidden_act", "silu") != "silu":
+            raise ValueError(f"hidden_act: {cfg['hidden_act']!r} is not supported (silu)")
+        for key, want in (("topk_method", "noaux_tc"), ("scoring_func", "sigmoid")):
+            if cfg.get(key) not in (None, want):
+                raise ValueError(f"{key}: {cfg[key]!r} is not supported (transformers' deepseek_v3 runs {want})")
+        if scaling is not None:
+            raise ValueError(f"rope_scaling: {scaling.kind!r} is not supported for deepseek_v3 (its scores' scale)")
+    heads = need("num_attention_heads")
     return ModelShape(
         name=name,
         layers=layers,
         hidden=need("hidden_size"),
-        heads=need("num_attention_heads"),
-        kv_heads=need("num_attention_heads"),
+        heads=heads,
+        kv_heads=heads,
         ffn_hidden=need("intermediate_size"),
         vocab=need("vocab_size"),
         max_seq=need("max_position_embeddings"),
         tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-        rope_theta=float(cfg.get("rope_theta", 10000.0)),
+        rope_theta=theta,
+        rope_scaling=scaling,
         explicit_head_dim=nope + rope,
         arch="deepseek_v3",
-        num_experts=need("n_routed_experts"),
+        num_experts=need("n_routed_experts", "num_local_experts"),
         experts_per_token=need("num_experts_per_tok"),
         expert_ffn_hidden=need("moe_intermediate_size"),
         shared_experts=cfg.get("n_shared_experts") or 0,
         dense_layers=tuple(i for i in range(layers) if i < first or i % freq),
-        norm_topk_prob=bool(cfg.get("norm_topk_prob", True)),
+        norm_topk_prob=bool(cfg.get("norm_topk_prob")),
+        router_score="sigmoid",
+        router_groups=cfg.get("n_group") or 1,
+        router_topk_groups=cfg.get("topk_group") or 1,
+        routed_scaling=float(cfg.get("routed_scaling_factor") or 1.0),
         q_lora_rank=cfg.get("q_lora_rank") or 0,
         kv_lora_rank=need("kv_lora_rank"),
         qk_rope_head_dim=rope,
-        v_head_dim=need("v_head_dim"),
+        v_head_dim=cfg.get("v_head_dim") or nope + rope,
+        rope_interleave=bool(cfg.get("rope_interleave")),
     )
 
 
@@ -376,7 +416,7 @@ def shape_from_config(cfg: dict, name: str = "hf", strict: bool = True) -> Model
         where = "text_config." if mtype == "gemma3" else ""
         return _gemma3_shape(cfg, name, strict, lambda src, k: need_in(src, k, where=where))
     if mtype == "deepseek_v3":
-        return _deepseek_v3_shape(cfg, name, need)
+        return _deepseek_v3_shape(cfg, name, need, strict)
     if mtype in LLAMA_TYPES or mtype in MOE_TYPES:
         moe_type, mtype = (mtype, MOE_TYPES[mtype]) if mtype in MOE_TYPES else (None, mtype)
         if strict:

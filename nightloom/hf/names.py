@@ -6,7 +6,7 @@ The native model uses the rotate-half RoPE layout of transformers, so Q/K rows l
 `pre_feedforward_layernorm`), so the layer names depend on `shape.post_norms`. A gemma3 image-text checkpoint
 keeps the same decoder tensors under a prefix (`decoder_body`, `text_name`) beside a vision tower and projector.
 
-Mixture-of-experts layers (qwen3_moe, mixtral) keep the Hub's per-expert layout on disk, what transformers 5.24's
+Mixture-of-experts layers (qwen3_moe, mixtral, deepseek_v3) keep the Hub's per-expert layout on disk, what transformers 5.24's
 save_pretrained writes: one tensor per expert and matrix (`mlp.experts.N.gate_proj.weight`; mixtral
 `block_sparse_moe.experts.N.w1.weight`), the router at `mlp.gate.weight` / `block_sparse_moe.gate.weight`. The
 native model stacks each matrix over the experts (`ffn.experts.w1`, (E, ffn, hidden)): `expert_names` lists the
@@ -37,6 +37,16 @@ _LAYER = {
     "ffn.w1": "mlp.gate_proj",
     "ffn.w3": "mlp.up_proj",
     "ffn.w2": "mlp.down_proj",
+    # deepseek_v3: multi-head latent attention and the shared experts
+    "attn.wq_a": "self_attn.q_a_proj",
+    "attn.q_a_norm": "self_attn.q_a_layernorm",
+    "attn.wq_b": "self_attn.q_b_proj",
+    "attn.wkv_a": "self_attn.kv_a_proj_with_mqa",
+    "attn.kv_a_norm": "self_attn.kv_a_layernorm",
+    "attn.wkv_b": "self_attn.kv_b_proj",
+    "ffn.shared.w1": "mlp.shared_experts.gate_proj",
+    "ffn.shared.w3": "mlp.shared_experts.up_proj",
+    "ffn.shared.w2": "mlp.shared_experts.down_proj",
 }
 #: Gemma 3: norms before and after attention and MLP
 _GEMMA_LAYER = {
@@ -49,6 +59,7 @@ _GEMMA_LAYER = {
 _MOE = {
     "qwen3_moe": ("mlp", {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}),
     "mixtral": ("block_sparse_moe", {"w1": "w1", "w3": "w3", "w2": "w2"}),
+    "deepseek_v3": ("mlp", {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}),
 }
 _EXPERTS_RE = re.compile(r"layers\.(\d+)\.ffn\.experts\.(w[123])")
 _LAYER_RE = re.compile(r"layers\.(\d+)\.(.+)")
@@ -69,6 +80,8 @@ def to_hf(name: str, shape: ModelShape | None = None) -> str:
     m = _LAYER_RE.fullmatch(name)
     if m and shape is not None and shape.moe and m.group(2) == "ffn.router.weight":
         return f"model.layers.{m.group(1)}.{_moe_names(shape)[0]}.gate.weight"
+    if m and m.group(2) == "ffn.router_bias":  # deepseek_v3's expert-choice bias (a buffer)
+        return f"model.layers.{m.group(1)}.mlp.gate.e_score_correction_bias"
     if m:
         rest = m.group(2)
         for ours, theirs in (_GEMMA_LAYER if shape is not None and shape.post_norms else _LAYER).items():
@@ -79,7 +92,7 @@ def to_hf(name: str, shape: ModelShape | None = None) -> str:
 
 def _moe_names(shape: ModelShape) -> tuple[str, dict[str, str]]:
     if shape.arch not in _MOE:
-        raise KeyError(f"model {shape.name}: no Hugging Face expert names for {shape.arch!r} (qwen3_moe, mixtral)")
+        raise KeyError(f"model {shape.name}: no Hugging Face expert names for {shape.arch!r} ({', '.join(_MOE)})")
     return _MOE[shape.arch]
 
 
@@ -131,14 +144,22 @@ def expected_shapes(shape: ModelShape, fused: bool = False) -> dict[str, tuple[i
         p = f"model.layers.{i}."
         if shape.post_norms:
             out |= {p + "pre_feedforward_layernorm.weight": (h,), p + "post_feedforward_layernorm.weight": (h,)}
-        out |= {
-            p + "input_layernorm.weight": (h,),
-            p + "post_attention_layernorm.weight": (h,),
-            p + "self_attn.q_proj.weight": (q, h),
-            p + "self_attn.k_proj.weight": (kv, h),
-            p + "self_attn.v_proj.weight": (kv, h),
-            p + "self_attn.o_proj.weight": (h, q),
-        }
+        out |= {p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,)}
+        if shape.mla:
+            out |= _latent_attention(shape, p)
+        else:
+            out |= {
+                p + "self_attn.q_proj.weight": (q, h),
+                p + "self_attn.k_proj.weight": (kv, h),
+                p + "self_attn.v_proj.weight": (kv, h),
+                p + "self_attn.o_proj.weight": (h, q),
+            }
+        if shape.is_moe_layer(i) and shape.router_score == "sigmoid":
+            out[p + "mlp.gate.e_score_correction_bias"] = (shape.num_experts,)
+        if shape.is_moe_layer(i) and shape.shared_experts:
+            fs = shape.shared_experts * shape.expert_ffn_hidden
+            out |= {p + f"mlp.shared_experts.{n}.weight": (fs, h) for n in ("gate_proj", "up_proj")}
+            out[p + "mlp.shared_experts.down_proj.weight"] = (h, fs)
         if shape.is_moe_layer(i) and fused:
             fe, n = shape.expert_ffn_hidden, shape.num_experts
             out |= {p + "mlp.gate.weight": (n, h), p + "mlp.experts.gate_up_proj": (n, 2 * fe, h)}
@@ -169,6 +190,26 @@ def expected_shapes(shape: ModelShape, fused: bool = False) -> dict[str, tuple[i
         if shape.mlp_bias:
             out |= {p + "mlp.gate_proj.bias": (f,), p + "mlp.up_proj.bias": (f,), p + "mlp.down_proj.bias": (h,)}
     return out
+
+
+def _latent_attention(shape: ModelShape, p: str) -> dict[str, tuple[int, ...]]:
+    """A deepseek_v3 layer's attention tensors (transformers' DeepseekV3Attention)."""
+    h, heads, qk, rope, r = shape.hidden, shape.heads, shape.head_dim, shape.qk_rope_head_dim, shape.kv_lora_rank
+    a = p + "self_attn."
+    out = {
+        a + "kv_a_proj_with_mqa.weight": (r + rope, h),
+        a + "kv_a_layernorm.weight": (r,),
+        a + "kv_b_proj.weight": (heads * (qk - rope + shape.v_head_dim), r),
+        a + "o_proj.weight": (h, heads * shape.v_head_dim),
+    }
+    if shape.q_lora_rank:
+        rq = shape.q_lora_rank
+        return out | {
+            a + "q_a_proj.weight": (rq, h),
+            a + "q_a_layernorm.weight": (rq,),
+            a + "q_b_proj.weight": (heads * qk, rq),
+        }
+    return out | {a + "q_proj.weight": (heads * qk, h)}
 
 
 def optional(shape: ModelShape) -> set[str]:

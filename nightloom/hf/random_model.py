@@ -32,14 +32,16 @@ def build_random_model(
     **config,
 ) -> Path:
     """Write `<out>` = config.json, generation_config.json, *.safetensors (+ index when sharded) of a random
-    `arch` (llama, mistral, qwen2, qwen3, gemma3_text; qwen3_moe and mixtral, saved in the Hub's per-expert layout)
-    model. `bias_std` > 0 gives biases random values
+    `arch` (llama, mistral, qwen2, qwen3, gemma3_text; qwen3_moe, mixtral and deepseek_v3, saved in the Hub's
+    per-expert layout) model. `bias_std` > 0 gives biases random values (deepseek_v3's expert-choice bias too)
     (transformers zeroes them), `norm_std` > 0 gives RMSNorm weights a scale of 1 + N(0, norm_std) (transformers
     sets the scale to 1: weight 1, or 0 for Gemma's (1 + w) norms), so a bias or a norm weight that is not loaded
     shows in a parity check. gemma3_text takes Gemma3TextConfig's own arguments (sliding_window, layer_types,
     query_pre_attn_scalar, rope_local_base_freq, rope_scaling ...; rope_theta is the global layers' base)."""
     import torch
     from transformers import (
+        DeepseekV3Config,
+        DeepseekV3ForCausalLM,
         Gemma3ForCausalLM,
         Gemma3TextConfig,
         LlamaConfig,
@@ -64,6 +66,7 @@ def build_random_model(
         "gemma3_text": (Gemma3TextConfig, Gemma3ForCausalLM),
         "qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM),
         "mixtral": (MixtralConfig, MixtralForCausalLM),
+        "deepseek_v3": (DeepseekV3Config, DeepseekV3ForCausalLM),
     }
     cfg_cls, model_cls = classes[arch]
     final = Path(out)
@@ -78,6 +81,9 @@ def build_random_model(
                 p.normal_(0.0, bias_std)
             if norm_std and name.endswith("norm.weight"):
                 p.normal_(unit, norm_std)
+        for name, b in model.named_buffers():
+            if bias_std and name.endswith("e_score_correction_bias"):  # deepseek_v3's expert-choice bias
+                b.normal_(0.0, bias_std)
     model.save_pretrained(tmp, max_shard_size=max_shard_size)
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)

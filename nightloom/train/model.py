@@ -1,7 +1,8 @@
 """A Llama-style decoder (RMSNorm, RoPE, SwiGLU, grouped-query attention, tied or untied embeddings; with
 `shape.qk_norm` the per-head q/k RMSNorm of Qwen3; with the Gemma 3 fields of ModelShape the (1 + w) norms, the
 norms after attention and MLP, scaled embeddings, GeGLU, query_pre_attn_scalar, sliding-window layers with their
-own RoPE base and final logit soft-capping).
+own RoPE base and final logit soft-capping; with `shape.mla` DeepSeek's multi-head latent attention,
+`LatentAttention`).
 
 Layers live in an `nn.ModuleDict` keyed by their GLOBAL index ("0".."L-1"), so a pipeline stage that drops
 layers keeps the same parameter names and checkpoints do not depend on the layout. Embedding, final norm
@@ -213,6 +214,58 @@ class Attention(nn.Module):
         return self.wo(o.transpose(1, 2).reshape(b, t, -1))
 
 
+class LatentAttention(nn.Module):
+    """Multi-head latent attention (DeepSeek-V2/V3, transformers' DeepseekV3Attention): the query through an optional
+    low-rank projection (wq_a, q_a_norm, wq_b; else wq), keys and values from one compressed latent (wkv_a ->
+    kv_a_norm -> wkv_b, per head a no-RoPE key part and the value) plus one rotary key part shared by every head.
+    Each head's key is [k_nope, k_rot], its query [q_nope, q_rot]; values may be narrower than keys. RoPE rotates
+    only the rope part; DeepSeek's checkpoints lay it out in interleaved pairs, taken apart first (`rope_interleave`:
+    the same dot products as transformers' apply_rotary_pos_emb_interleave). Scores scale by qk_head_dim ** -0.5."""
+
+    def __init__(self, shape: ModelShape):
+        super().__init__()
+        h, heads = shape.hidden, shape.heads
+        self.nope, self.rope = shape.head_dim - shape.qk_rope_head_dim, shape.qk_rope_head_dim
+        self.v_dim, self.kv_rank, self.interleave = shape.v_head_dim, shape.kv_lora_rank, shape.rope_interleave
+        self.window = None  # no sliding layers in this family
+        if shape.q_lora_rank:
+            self.wq_a = nn.Linear(h, shape.q_lora_rank, bias=False)
+            self.q_a_norm = RMSNorm(shape.q_lora_rank, shape.norm_eps)
+            self.wq_b = nn.Linear(shape.q_lora_rank, heads * shape.head_dim, bias=False)
+        else:
+            self.wq = nn.Linear(h, heads * shape.head_dim, bias=False)
+        self.wkv_a = nn.Linear(h, self.kv_rank + self.rope, bias=False)
+        self.kv_a_norm = RMSNorm(self.kv_rank, shape.norm_eps)
+        self.wkv_b = nn.Linear(self.kv_rank, heads * (self.nope + self.v_dim), bias=False)
+        self.wo = nn.Linear(heads * self.v_dim, h, bias=False)
+        self.recompute_core = False
+        self.expand_kv = False  # every head has its own K/V already
+
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        b, t, _ = x.shape
+        q = self.wq_b(self.q_a_norm(self.wq_a(x))) if hasattr(self, "wq_a") else self.wq(x)
+        q_nope, q_rot = q.view(b, t, -1, self.nope + self.rope).split([self.nope, self.rope], dim=-1)
+        latent, k_rot = self.wkv_a(x).split([self.kv_rank, self.rope], dim=-1)
+        kv = self.wkv_b(self.kv_a_norm(latent)).view(b, t, -1, self.nope + self.v_dim)
+        k_nope, v = kv.split([self.nope, self.v_dim], dim=-1)
+        k_rot = k_rot.view(b, t, 1, self.rope)
+        if self.interleave:  # pairs (x0, x1), (x2, x3), ... -> rotate-half's (x0, x2, ...; x1, x3, ...)
+            q_rot, k_rot = (torch.cat((z[..., 0::2], z[..., 1::2]), dim=-1) for z in (q_rot, k_rot))
+        if cos.dim() == 2:
+            cos, sin = cos[:t], sin[:t]
+        q_rot, k_rot = apply_rope(q_rot, cos, sin), apply_rope(k_rot, cos, sin)
+        q = torch.cat((q_nope, q_rot), dim=-1).transpose(1, 2)
+        k = torch.cat((k_nope, k_rot.expand(-1, -1, k_nope.shape[2], -1)), dim=-1).transpose(1, 2)
+        v = v.transpose(1, 2)
+        if self.recompute_core and torch.is_grad_enabled():
+            o = checkpoint(_sdpa, q, k, v, mask, None, use_reentrant=False)
+        else:
+            o = _sdpa(q, k, v, mask, None)
+        return self.wo(o.transpose(1, 2).reshape(b, t, -1))
+
+
 def native_gqa(q: torch.Tensor, mask: torch.Tensor | None, expand_kv: bool) -> bool:
     """Can SDPA take K/V with fewer heads than Q (enable_gqa) and stay fused? Its flash kernels can (CPU: any dtype;
     CUDA: 16-bit); the masked path (memory-efficient kernel) and an fp32 CUDA run would fall back to the math kernel,
@@ -269,7 +322,7 @@ class Block(nn.Module):
         super().__init__()
         eps, off = shape.norm_eps, shape.norm_offset
         self.attn_norm = RMSNorm(shape.hidden, eps, off)
-        self.attn = Attention(shape, layer)
+        self.attn = LatentAttention(shape) if shape.mla else Attention(shape, layer)
         self.attn_post_norm = RMSNorm(shape.hidden, eps, off) if shape.post_norms else None
         self.ffn_norm = RMSNorm(shape.hidden, eps, off)
         # mixture of experts (train/moe.py): routed experts in place of the MLP, except on the model's dense layers
@@ -325,7 +378,7 @@ class Transformer(nn.Module):
 
     def _rope_tables(self, seq_len: int) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
         s = self.shape
-        tables = {"rope": rope_tables(s.head_dim, seq_len, s.rope_theta, s.rope_scaling)}
+        tables = {"rope": rope_tables(s.rope_dim, seq_len, s.rope_theta, s.rope_scaling)}
         if s.rope_local_theta is not None:
             tables["rope_local"] = rope_tables(s.head_dim, seq_len, s.rope_local_theta)
         return tables
@@ -397,6 +450,9 @@ class Transformer(nn.Module):
         """Deterministic per-parameter init from (seed, name): identical whatever subset this module holds."""
         std = 0.02
         out_std = std / (2 * self.shape.layers) ** 0.5  # GPT-2 scaled init of residual projections
+        for name, b in self.named_buffers():
+            if name.endswith("router_bias"):  # DeepSeek's expert-choice bias starts at 0 (transformers' init)
+                b.zero_()
         for name, p in self.named_parameters():
             if name.endswith("norm.weight") or name == "norm.weight":
                 p.fill_(1.0 - self.shape.norm_offset)  # a scale of 1; elementwise: the same on a shard as whole

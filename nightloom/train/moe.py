@@ -1,4 +1,4 @@
-"""Mixture-of-experts feed-forward (qwen3_moe, mixtral) and expert parallelism.
+"""Mixture-of-experts feed-forward (qwen3_moe, mixtral, deepseek_v3) and expert parallelism.
 
 The router is a linear layer (hidden -> experts); each token goes to its top-k experts by softmax probability,
 weighted by those probabilities (renormalised to sum to 1 when `norm_topk_prob`: mixtral always). The experts are
@@ -116,27 +116,72 @@ def _swiglu(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return F.silu(g) * u
 
 
+class SharedExperts(nn.Module):
+    """DeepSeek's always-active experts: one SwiGLU of shared_experts · expert_ffn_hidden (transformers'
+    DeepseekV3MLP at moe_intermediate_size · n_shared_experts), on every token beside the routed ones."""
+
+    def __init__(self, hidden: int, ffn: int):
+        super().__init__()
+        self.w1 = nn.Linear(hidden, ffn, bias=False)
+        self.w3 = nn.Linear(hidden, ffn, bias=False)
+        self.w2 = nn.Linear(ffn, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(recomputed(_swiglu, self.w1(x), self.w3(x)))
+
+
 class MoEFeedForward(nn.Module):
     """Router + grouped experts in place of the dense MLP (transformers' Qwen3MoeSparseMoeBlock /
-    MixtralSparseMoeBlock math; mixtral's router_jitter_noise is not applied)."""
+    MixtralSparseMoeBlock math; mixtral's router_jitter_noise is not applied). With `router_score` "sigmoid"
+    (DeepSeek-V3, transformers' DeepseekV3TopkRouter and DeepseekV3MoE): fp32 sigmoid scores; experts chosen by
+    score + `router_bias` (a buffer: DeepSeek's auxiliary-loss-free balancing, loaded and exported, not trained
+    here) among the router_topk_groups groups whose two best such scores sum highest; their weights the plain
+    scores, renormalised when norm_topk_prob, times routed_scaling; plus the shared experts on every token."""
 
     def __init__(self, shape: ModelShape):
         super().__init__()
         self.num_experts, self.top_k, self.norm_topk = shape.num_experts, shape.experts_per_token, shape.norm_topk_prob
+        self.sigmoid = shape.router_score == "sigmoid"
+        self.groups, self.topk_groups, self.scaling = (
+            shape.router_groups,
+            shape.router_topk_groups,
+            shape.routed_scaling,
+        )
         self.router = nn.Linear(shape.hidden, shape.num_experts, bias=False)
+        if self.sigmoid:
+            self.register_buffer("router_bias", torch.zeros(shape.num_experts))
         self.experts = GroupedExperts(shape.num_experts, shape.hidden, shape.expert_ffn_hidden)
+        ffn = shape.shared_experts * shape.expert_ffn_hidden
+        self.shared = SharedExperts(shape.hidden, ffn) if shape.shared_experts else None
         self.ep_group = None  # expert parallel: the process group the experts are split over
         self.ep_size = 1
         self.stats: RouterStats | None = None
 
+    def _route(self, xf: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(top-k weights (rows, k), expert indices (rows, k), per-expert probabilities (rows, E) for the stats)."""
+        if not self.sigmoid:
+            probs = F.softmax(self.router(xf), dim=-1, dtype=torch.float32)
+            top_w, top_i = torch.topk(probs, self.top_k, dim=-1)
+            if self.norm_topk:
+                top_w = top_w / top_w.sum(dim=-1, keepdim=True)
+            return top_w, top_i, probs
+        scores = F.linear(xf.float(), self.router.weight.float()).sigmoid()
+        choice = scores + self.router_bias
+        if self.groups > 1:  # keep the topk_groups groups whose two best choice scores sum highest
+            grouped = choice.view(-1, self.groups, self.num_experts // self.groups)
+            best = grouped.topk(2, dim=-1)[0].sum(-1)
+            keep = torch.zeros_like(best).scatter_(1, best.topk(self.topk_groups, dim=-1)[1], 1.0).bool()
+            choice = grouped.masked_fill(~keep.unsqueeze(-1), float("-inf")).view(-1, self.num_experts)
+        top_i = torch.topk(choice, self.top_k, dim=-1)[1]
+        top_w = scores.gather(1, top_i)
+        if self.norm_topk:
+            top_w = top_w / (top_w.sum(dim=-1, keepdim=True) + 1e-20)
+        return top_w * self.scaling, top_i, scores
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, h = x.shape
         xf = x.reshape(-1, h)
-        logits = self.router(xf)
-        probs = F.softmax(logits, dim=-1, dtype=torch.float32)
-        top_w, top_i = torch.topk(probs, self.top_k, dim=-1)
-        if self.norm_topk:
-            top_w = top_w / top_w.sum(dim=-1, keepdim=True)
+        top_w, top_i, probs = self._route(xf)
         top_w = top_w.to(x.dtype)
         flat = top_i.reshape(-1)
         counts = torch.bincount(flat, minlength=self.num_experts)
@@ -153,7 +198,8 @@ class MoEFeedForward(nn.Module):
         inverse = torch.empty_like(order)
         inverse[order] = torch.arange(order.numel(), device=order.device)
         y = y[inverse].view(-1, self.top_k, h)
-        return (y * top_w.unsqueeze(-1)).sum(dim=1).view(b, t, h)
+        out = (y * top_w.unsqueeze(-1)).sum(dim=1).view(b, t, h)
+        return out if self.shared is None else out + self.shared(x)
 
     def _dispatch(self, rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """Send each row to the EP rank owning its expert, compute there, bring the results back (same order)."""

@@ -1,5 +1,5 @@
-"""Mixtures of experts from Hugging Face weights (qwen3_moe with a dense first layer, mixtral) under expert parallelism
-against the same job in one process: EP2 on 2 gloo processes (each rank holds half the experts, rows travel by
+"""Mixtures of experts from Hugging Face weights (qwen3_moe with a dense first layer, mixtral, deepseek_v3) under
+expert parallelism against the same job in one process: EP2 on 2 gloo processes (each rank holds half the experts, rows travel by
 all_to_all), plain FSDP2 (experts sharded on dim 0 with the block), and EP2 x FSDP2 on 4 (experts over 2 ranks,
 FSDP over the other 2 on dim 1): every step's loss (abs 1e-5, the router's load-balancing loss included), pre-clip
 gradient norm (relative 1e-5) and every final parameter (abs 1e-5). Step 1's loss equals transformers' `loss` with
@@ -48,16 +48,38 @@ MODELS = {
         "num_experts_per_tok": 2,
         "router_aux_loss_coef": 0.05,
     },
+    "deepseek_v3": {  # latent attention, 2 expert groups, a shared expert beside the routed ones, a dense first layer
+        "num_key_value_heads": 4,
+        "intermediate_size": 96,
+        "moe_intermediate_size": 32,
+        "n_routed_experts": 8,
+        "num_experts_per_tok": 2,
+        "n_shared_experts": 1,
+        "first_k_dense_replace": 1,
+        "q_lora_rank": 32,
+        "kv_lora_rank": 24,
+        "qk_rope_head_dim": 8,
+        "qk_nope_head_dim": 16,
+        "v_head_dim": 16,
+        "n_group": 2,
+        "topk_group": 1,
+        "routed_scaling_factor": 2.0,
+        "bias_std": 0.1,  # a random expert-choice bias buffer: loaded, kept, checkpointed and exported
+    },
 }
 SINGLE = {"micro_batch": 1, "grad_accum": 4}
 TWO = {  # 2 processes
     "qwen3_moe/ep2": {"dp_shard": 2, "ep": 2, "micro_batch": 1, "grad_accum": 2},
     "qwen3_moe/fsdp2": {"dp_shard": 2, "micro_batch": 1, "grad_accum": 2},
     "mixtral/ep2": {"dp_shard": 2, "ep": 2, "micro_batch": 1, "grad_accum": 2},
+    "deepseek_v3/ep2": {"dp_shard": 2, "ep": 2, "micro_batch": 1, "grad_accum": 2},
     # full recompute: the block's forward (its two all_to_alls included) runs again in backward on every rank
     "qwen3_moe/ep2_recompute": {"dp_shard": 2, "ep": 2, "micro_batch": 1, "grad_accum": 2, "recompute": "full"},
 }
-FOUR = {"qwen3_moe/ep2_fsdp4": {"dp_shard": 4, "ep": 2, "micro_batch": 1, "grad_accum": 1}}
+FOUR = {
+    "qwen3_moe/ep2_fsdp4": {"dp_shard": 4, "ep": 2, "micro_batch": 1, "grad_accum": 1},
+    "deepseek_v3/ep2_fsdp4": {"dp_shard": 4, "ep": 2, "micro_batch": 1, "grad_accum": 1},
+}
 
 
 def _job(run_dir, source, corpus, plan):
@@ -71,7 +93,7 @@ def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("moe")
     corpus = write_corpus(root / "corpus")
     sources = {
-        arch: build_random_model(root / arch, arch, seed=5, max_shard_size="100KB", norm_std=0.3, **BASE, **cfg)
+        arch: build_random_model(root / arch, arch, seed=5, max_shard_size="100KB", norm_std=0.3, **(BASE | cfg))
         for arch, cfg in MODELS.items()
     }
     single = {arch: _job(root / f"{arch}_single", src, corpus, SINGLE) for arch, src in sources.items()}
@@ -90,10 +112,10 @@ def _hf_first_step_loss(source, corpus) -> float:
 
     seqs = PackedWindows(str(corpus), SEQ, seed=1234).windows(0, BATCH)
     hf = transformers.AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).eval()
+    aux = {} if hf.config.model_type == "deepseek_v3" else {"output_router_logits": True}  # no auxiliary loss
     with torch.no_grad():
         losses = [
-            float(hf(row[None, :-1], labels=row[None, 1:], output_router_logits=True, shift_labels=row[None, 1:]).loss)
-            for row in seqs
+            float(hf(row[None, :-1], labels=row[None, 1:], shift_labels=row[None, 1:], **aux).loss) for row in seqs
         ]
     return sum(losses) / len(losses)
 
@@ -120,6 +142,10 @@ def test_layout_matches_one_process(layout, runs):
     worst, where = max((float((a[k] - b[k]).abs().max()), k) for k in b)
     print(f"{layout}: max |param - 1 process| {worst:.2e} ({where})")
     assert worst <= PARAM_ATOL, worst
+    if arch == "deepseek_v3":  # the expert-choice bias is a buffer: loaded, never trained, checkpointed as it came
+        src = transformers.AutoModelForCausalLM.from_pretrained(sources[arch], dtype=torch.float32)
+        bias = src.model.layers[1].mlp.gate.e_score_correction_bias
+        assert bias.abs().sum() > 0 and torch.equal(a["layers.1.ffn.router_bias"], bias)
     hf_loss = _hf_first_step_loss(sources[arch], corpus)
     print(f"{layout}: step 1 loss {out.losses[0]:.6f}, transformers {hf_loss:.6f}")
     assert abs(out.losses[0] - hf_loss) < LOSS_TOL, (out.losses[0], hf_loss)

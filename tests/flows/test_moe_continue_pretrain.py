@@ -3,7 +3,8 @@ layout) through `nightloom run` with expert parallelism (EP2 on 2 processes: eac
 EP2 x FSDP2 on 4: experts over 2 ranks, sharded over the other 2), 2 steps at a negligible learning rate with a
 BPE tokenizer folder, then `nightloom eval RUN --data eval.jsonl --seq-len 256 --json`: the mean NLL equals
 transformers' on the original checkpoint within 1e-4, and so does the run's export (per-expert layout, reloaded by
-transformers). qwen3_moe with a dense first layer; mixtral."""
+transformers). qwen3_moe with a dense first layer; mixtral; deepseek_v3 (multi-head latent attention, the grouped
+sigmoid router with its expert-choice bias, a shared expert)."""
 
 from __future__ import annotations
 
@@ -34,12 +35,35 @@ MODELS = {
         "head_dim": 16,
     },
     "mixtral": {"intermediate_size": 64, "num_local_experts": 4, "num_experts_per_tok": 2},
+    "deepseek_v3": {  # latent attention with a low-rank query, 2 expert groups, a shared expert, a dense first layer
+        "num_key_value_heads": 4,
+        "intermediate_size": 96,
+        "moe_intermediate_size": 32,
+        "n_routed_experts": 8,
+        "num_experts_per_tok": 2,
+        "n_shared_experts": 1,
+        "first_k_dense_replace": 1,
+        "q_lora_rank": 32,
+        "kv_lora_rank": 24,
+        "qk_rope_head_dim": 8,
+        "qk_nope_head_dim": 16,
+        "v_head_dim": 16,
+        "n_group": 2,
+        "topk_group": 1,
+        "routed_scaling_factor": 2.0,
+        "bias_std": 0.1,  # a random expert-choice bias (build_random_model), so one not loaded shows
+    },
 }
-ARCHITECTURES = {"qwen3_moe": "Qwen3MoeForCausalLM", "mixtral": "MixtralForCausalLM"}
+ARCHITECTURES = {
+    "qwen3_moe": "Qwen3MoeForCausalLM",
+    "mixtral": "MixtralForCausalLM",
+    "deepseek_v3": "DeepseekV3ForCausalLM",
+}
 #: (model, parallel, ranks): EP2 on 2 ranks; EP2 on 4 ranks (experts over 2, their FSDP2 over the other 2)
 CASES = {
     "qwen3_moe/ep2": ("qwen3_moe", {"dp_shard": 2, "ep": 2}, 2),
     "mixtral/ep2": ("mixtral", {"dp_shard": 2, "ep": 2}, 2),
+    "deepseek_v3/ep2": ("deepseek_v3", {"dp_shard": 2, "ep": 2}, 2),
     "qwen3_moe/ep2_fsdp4": ("qwen3_moe", {"dp_shard": 4, "ep": 2}, 4),
 }
 
@@ -59,4 +83,4 @@ def test_moe_run_under_ep_then_eval_equals_transformers(prefect_backend, tmp_pat
     )
     # every step's metrics count the tokens routed to each of the model's experts
     metrics = [json.loads(line) for line in (run.run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert all(len(m["expert_tokens"]) == (8 if arch == "qwen3_moe" else 4) for m in metrics), metrics
+    assert all(len(m["expert_tokens"]) == (4 if arch == "mixtral" else 8) for m in metrics), metrics

@@ -12,7 +12,6 @@ import yaml
 from nightloom.catalog import MODELS
 from nightloom.hf.config import shape_from_config, shape_from_hf_config
 from nightloom.perf import active_params, count_params, expert_params, flops_per_token
-from nightloom.spec import SpecError
 from nightloom.spec_load import load_spec
 
 MOE = ["mixtral-8x7b", "qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3"]
@@ -126,16 +125,17 @@ def test_transformers5_spelling_of_qwen3_moe_experts(tmp_path):
 
 
 @pytest.mark.parametrize("model", [{"name": "deepseek-v3"}, {"config": "moe/config.json"}])
-def test_the_trainer_refuses_a_moe_model_by_name(tmp_path, model):
-    """deepseek_v3 is read for planning only (qwen3_moe and mixtral train: tests/unit/train/test_moe.py)."""
+def test_deepseek_v3_specs_load_by_name_and_by_config(tmp_path, model):
+    """deepseek_v3 trains natively now (tests/unit/train/test_moe.py: parity with transformers): a spec naming the
+    catalog's DeepSeek-V3 or a deepseek_v3 config.json loads, and its shape carries the sigmoid router's groups."""
     (tmp_path / "moe").mkdir()
-    (tmp_path / "moe" / "config.json").write_text(json.dumps(CASES["deepseek_v3"]))
+    (tmp_path / "moe" / "config.json").write_text(json.dumps(CASES["deepseek_v3"] | {"vocab_size": 512}))
     (tmp_path / "c.jsonl").write_text('{"text": "hello"}\n')
     spec = {"name": "t", "dataset": {"path": "c.jsonl"}, "model": model}
     path = tmp_path / "spec.yaml"
     path.write_text(yaml.safe_dump(spec))
-    with pytest.raises(SpecError) as ei:
-        load_spec(path)
-    text = "\n".join(ei.value.errors)
-    assert "mixture-of-experts" in text and "not supported yet" in text, text
-    assert ("model.name" if "name" in model else "model.config") in text, text
+    loaded = load_spec(path)
+    shape = shape_from_hf_config(tmp_path / "moe" / "config.json") if "config" in model else MODELS["deepseek-v3"]
+    assert loaded.model is not None and shape.router_score == "sigmoid" and shape.mla
+    if "name" in model:
+        assert (shape.router_groups, shape.router_topk_groups, shape.routed_scaling) == (8, 4, 2.5)
