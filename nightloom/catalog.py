@@ -217,8 +217,7 @@ MODELS.update(
             # DeepSeek-V3 (DeepSeek-AI 2024, arXiv 2412.19437 §2, §4.2; deepseek-ai/DeepSeek-V3 config.json): 61 layers,
             # the first 3 dense (first_k_dense_replace, ffn 18,432), 256 routed experts of 2,048 top-8 + 1 shared,
             # multi-head latent attention (128 heads, q_lora_rank 1,536, kv_lora_rank 512, qk head 128 + 64 rotary,
-            # v head 128), vocab 129,280, 163,840 context (YaRN, not modelled: its checkpoint's config is refused for
-            # training by name, this entry plans); 671B total, 37B
+            # v head 128), vocab 129,280, 163,840 context (YaRN: factor 40 over 4,096, mscale 1 and 1); 671B total, 37B
             # activated (the 14B multi-token-prediction module of the Hub's 685B is left out, as the paper counts).
             ModelShape(
                 "deepseek-v3",
@@ -232,6 +231,9 @@ MODELS.update(
                 norm_eps=1e-6,
                 published_params=671e9,
                 explicit_head_dim=192,
+                rope_scaling=RopeScaling(
+                    "yarn", 40.0, original_max_position_embeddings=4096, mscale=1.0, mscale_all_dim=1.0
+                ),
                 arch="deepseek_v3",
                 num_experts=256,
                 experts_per_token=8,

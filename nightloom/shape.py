@@ -18,13 +18,22 @@ class RopeScaling:
     """RoPE frequency scaling of a Hugging Face config (`rope_scaling` / `rope_parameters`).
 
     kind "linear": every inverse frequency / factor (Chen et al. 2023, position interpolation);
-    kind "llama3": Meta's Llama 3.1 wavelength-dependent rule (transformers `_compute_llama3_parameters`)."""
+    kind "llama3": Meta's Llama 3.1 wavelength-dependent rule (transformers `_compute_llama3_parameters`);
+    kind "yarn": YaRN (Peng et al. 2023, arXiv 2309.00071): frequencies ramped between interpolated and
+    extrapolated over the dimensions whose rotations at the original length fall between beta_slow and beta_fast,
+    and cos/sin scaled by an attention factor (transformers `_compute_yarn_parameters`; Qwen3, DeepSeek-V3)."""
 
-    kind: str  # "linear" | "llama3"
+    kind: str  # "linear" | "llama3" | "yarn"
     factor: float
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
+    beta_fast: float = 32.0  # yarn
+    beta_slow: float = 1.0
+    mscale: float | None = None  # yarn's attention factor get_mscale(factor, mscale) / get_mscale(factor, all_dim)
+    mscale_all_dim: float | None = None  # deepseek_v3: also scales its softmax by get_mscale(factor, all_dim)²
+    attention_factor: float | None = None  # given outright; None: from factor (and mscale, mscale_all_dim)
+    truncate: bool = True  # the correction range rounded outwards to whole dimensions
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ ARCHITECTURES = {
 }
 #: transformers' Qwen3Config class defaults for fields a config.json may leave out (not the Llama rule)
 _QWEN3_DEFAULTS = {"head_dim": 128, "num_key_value_heads": 32}
-_ROPE_KINDS = ("default", "linear", "llama3")
+_ROPE_KINDS = ("default", "linear", "llama3", "yarn")
 #: transformers 5.24's Gemma3TextConfig class defaults, for fields a gemma3 config.json leaves out
 _GEMMA3_DEFAULTS = {
     "vocab_size": 262_208,
@@ -103,6 +103,8 @@ def _rope_of(params, field: str, cfg: dict, theta: float) -> tuple[float, RopeSc
         raise ValueError(f"{field}.factor: required for rope_type {kind!r}")
     if kind == "linear":
         return theta, RopeScaling("linear", float(params["factor"]))
+    if kind == "yarn":
+        return theta, _yarn(params, field)
     missing = [k for k in ("low_freq_factor", "high_freq_factor") if k not in params]
     if missing:
         raise ValueError(f"{field}.{missing[0]}: required for rope_type 'llama3'")
@@ -113,6 +115,30 @@ def _rope_of(params, field: str, cfg: dict, theta: float) -> tuple[float, RopeSc
         float(params["low_freq_factor"]),
         float(params["high_freq_factor"]),
         int(orig),
+    )
+
+
+def _yarn(params: dict, field: str) -> RopeScaling:
+    """A YaRN scaling (transformers' keys and defaults: beta_fast 32, beta_slow 1, truncate true)."""
+    if params.get("original_max_position_embeddings") is None:
+        raise ValueError(f"{field}.original_max_position_embeddings: required for rope_type 'yarn'")
+
+    def num(key: str) -> float | None:
+        v = params.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+            raise ValueError(f"{field}.{key}: expected a number, got {v!r}")
+        return None if v is None else float(v)
+
+    return RopeScaling(
+        "yarn",
+        float(params["factor"]),
+        original_max_position_embeddings=int(params["original_max_position_embeddings"]),
+        beta_fast=num("beta_fast") or 32.0,
+        beta_slow=num("beta_slow") or 1.0,
+        mscale=num("mscale"),
+        mscale_all_dim=num("mscale_all_dim"),
+        attention_factor=num("attention_factor"),
+        truncate=bool(params.get("truncate", True)),
     )
 
 
@@ -336,8 +362,8 @@ _DEEPSEEK_V3_DEFAULTS = {
 def _deepseek_v3_shape(cfg: dict, name: str, need, strict: bool) -> ModelShape:
     """A deepseek_v3 config's shape (DeepSeek-V3, Moonlight, Kimi K2): multi-head latent attention, shared experts
     beside the routed ones, the first first_k_dense_replace layers dense, the sigmoid router grouped as
-    transformers' DeepseekV3TopkRouter. strict: what the native model does not compute is refused by name (YaRN RoPE
-    scaling, attention_bias, another activation, an older config's auxiliary-loss routing)."""
+    transformers' DeepseekV3TopkRouter, YaRN RoPE scaling. strict: what the native model does not compute is refused
+    by name (attention_bias, another activation, an older config's auxiliary-loss routing)."""
     cfg = {**cfg, **{k: v for k, v in _DEEPSEEK_V3_DEFAULTS.items() if k not in cfg}}
     layers = need("num_hidden_layers")
     freq = cfg.get("moe_layer_freq", 1) or 1
@@ -357,8 +383,6 @@ def _deepseek_v3_shape(cfg: dict, name: str, need, strict: bool) -> ModelShape:
         for key, want in (("topk_method", "noaux_tc"), ("scoring_func", "sigmoid")):
             if cfg.get(key) not in (None, want):
                 raise ValueError(f"{key}: {cfg[key]!r} is not supported (transformers' deepseek_v3 runs {want})")
-        if scaling is not None:
-            raise ValueError(f"rope_scaling: {scaling.kind!r} is not supported for deepseek_v3 (its scores' scale)")
     heads = need("num_attention_heads")
     return ModelShape(
         name=name,

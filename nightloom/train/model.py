@@ -75,6 +75,8 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None = Non
         return inv
     if scaling.kind == "linear":
         return inv / scaling.factor
+    if scaling.kind == "yarn":
+        return _yarn_inv_freq(inv, head_dim, theta, scaling)
     if scaling.kind != "llama3":
         raise ValueError(f"rope scaling {scaling.kind!r} is not supported")
     old = scaling.original_max_position_embeddings
@@ -87,12 +89,49 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None = Non
     return torch.where(medium, smoothed, scaled)
 
 
+def _yarn_inv_freq(inv: torch.Tensor, head_dim: int, theta: float, s: RopeScaling) -> torch.Tensor:
+    """YaRN's frequencies: dimension d rotates orig·inv[d]/2π times over the original length; those rotating more
+    than beta_fast times keep their frequency (extrapolation), fewer than beta_slow are divided by the factor
+    (interpolation), a linear ramp in between (Peng et al. 2023 §3.2, "NTK-by-parts")."""
+
+    def dim_of(rotations: float) -> float:  # the dimension index that rotates `rotations` times
+        return (
+            head_dim * math.log(s.original_max_position_embeddings / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+        )
+
+    low, high = dim_of(s.beta_fast), dim_of(s.beta_slow)
+    if s.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    high = high + 0.001 if low == high else high
+    ramp = ((torch.arange(head_dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    keep = 1 - ramp  # 1: extrapolate (keep the frequency), 0: interpolate
+    return inv / s.factor * (1 - keep) + inv * keep
+
+
+def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    """YaRN's attention temperature 0.1·mscale·ln(factor) + 1 (Peng et al. 2023 §3.4; 1 when not extending)."""
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def rope_attention_factor(scaling: RopeScaling | None) -> float:
+    """What YaRN scales cos/sin by (so every rotated q·k by its square); 1 for the other kinds."""
+    if scaling is None or scaling.kind != "yarn":
+        return 1.0
+    if scaling.attention_factor is not None:
+        return scaling.attention_factor
+    if scaling.mscale and scaling.mscale_all_dim:
+        return yarn_mscale(scaling.factor, scaling.mscale) / yarn_mscale(scaling.factor, scaling.mscale_all_dim)
+    return yarn_mscale(scaling.factor)
+
+
 def rope_tables(
     head_dim: int, seq_len: int, theta: float, scaling: RopeScaling | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin tables (seq_len, head_dim/2) of rotary embeddings."""
+    """cos/sin tables (seq_len, head_dim/2) of rotary embeddings (YaRN's scaled by its attention factor)."""
     ang = torch.outer(torch.arange(seq_len, dtype=torch.float32), rope_inv_freq(head_dim, theta, scaling))
-    return ang.cos(), ang.sin()
+    f = rope_attention_factor(scaling)
+    return ang.cos() * f, ang.sin() * f
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -220,7 +259,8 @@ class LatentAttention(nn.Module):
     kv_a_norm -> wkv_b, per head a no-RoPE key part and the value) plus one rotary key part shared by every head.
     Each head's key is [k_nope, k_rot], its query [q_nope, q_rot]; values may be narrower than keys. RoPE rotates
     only the rope part; DeepSeek's checkpoints lay it out in interleaved pairs, taken apart first (`rope_interleave`:
-    the same dot products as transformers' apply_rotary_pos_emb_interleave). Scores scale by qk_head_dim ** -0.5."""
+    the same dot products as transformers' apply_rotary_pos_emb_interleave). Scores scale by qk_head_dim ** -0.5
+    (under YaRN with mscale_all_dim, times its temperature squared)."""
 
     def __init__(self, shape: ModelShape):
         super().__init__()
@@ -238,6 +278,11 @@ class LatentAttention(nn.Module):
         self.kv_a_norm = RMSNorm(self.kv_rank, shape.norm_eps)
         self.wkv_b = nn.Linear(self.kv_rank, heads * (self.nope + self.v_dim), bias=False)
         self.wo = nn.Linear(heads * self.v_dim, h, bias=False)
+        # scores scale by qk_head_dim ** -0.5, under YaRN with mscale_all_dim times its temperature squared
+        # (transformers' yarn_apply_mscale for deepseek_v3)
+        rs = shape.rope_scaling
+        temp = yarn_mscale(rs.factor, rs.mscale_all_dim) if rs and rs.kind == "yarn" and rs.mscale_all_dim else 1.0
+        self.scale = shape.head_dim**-0.5 * temp * temp if temp != 1.0 else None
         self.recompute_core = False
         self.expand_kv = False  # every head has its own K/V already
 
@@ -260,9 +305,9 @@ class LatentAttention(nn.Module):
         k = torch.cat((k_nope, k_rot.expand(-1, -1, k_nope.shape[2], -1)), dim=-1).transpose(1, 2)
         v = v.transpose(1, 2)
         if self.recompute_core and torch.is_grad_enabled():
-            o = checkpoint(_sdpa, q, k, v, mask, None, use_reentrant=False)
+            o = checkpoint(_sdpa, q, k, v, mask, self.scale, use_reentrant=False)
         else:
-            o = _sdpa(q, k, v, mask, None)
+            o = _sdpa(q, k, v, mask, self.scale)
         return self.wo(o.transpose(1, 2).reshape(b, t, -1))
 
 

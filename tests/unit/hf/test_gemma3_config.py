@@ -142,7 +142,7 @@ BASE = {"model_type": "gemma3_text", **{k: HUB_1B[k] for k in ("hidden_size", "n
         ({"layer_types": ["chunked_attention"] * 26}, "layer_types"),
         ({"layer_types": ["full_attention"] * 3}, "layer_types"),
         ({"sliding_window": None}, "sliding_window"),
-        ({"rope_scaling": {"rope_type": "yarn", "factor": 8.0}}, "rope_scaling.rope_type"),
+        ({"rope_scaling": {"rope_type": "longrope", "factor": 8.0}}, "rope_scaling.rope_type"),
         (
             {
                 "rope_parameters": {

@@ -54,6 +54,15 @@ CASES = {
     "qwen2-bias": ("qwen2", {"rope_theta": 1e6, "tie_word_embeddings": True}),
     # qwen3: per-head q/k RMSNorm (weights randomised: NORM_STD), head_dim independent of hidden / heads
     "qwen3-untied": ("qwen3", {"rope_theta": 1e6, "head_dim": 24, "tie_word_embeddings": False}),
+    # YaRN (Qwen3's long-context setting): ramped frequencies and cos/sin scaled by 0.1·ln(4) + 1
+    "qwen3-yarn": (
+        "qwen3",
+        {
+            "rope_theta": 1e6,
+            "head_dim": 16,
+            "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32},
+        },
+    ),
     "qwen3-tied-bias": (
         "qwen3",
         {"rope_theta": 1e6, "head_dim": 32, "tie_word_embeddings": True, "attention_bias": True},
@@ -202,7 +211,11 @@ def test_hub_rope_scaling_form_equals_transformers5_form(tmp_path):
 @pytest.mark.parametrize(
     "change,field",
     [
-        ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}}, "rope_parameters.rope_type"),
+        ({"rope_parameters": {"rope_type": "longrope", "factor": 4.0, "rope_theta": 1e4}}, "rope_parameters.rope_type"),
+        (
+            {"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}},
+            "rope_parameters.original_max_position_embeddings",
+        ),
         ({"rope_scaling": {"type": "dynamic", "factor": 2.0}}, "rope_scaling.rope_type"),
         ({"hidden_act": "gelu"}, "hidden_act"),
         ({"attention_dropout": 0.1}, "attention_dropout"),
@@ -224,7 +237,7 @@ def test_hub_rope_scaling_form_equals_transformers5_form(tmp_path):
         (
             {
                 "model_type": "qwen3",
-                "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768},
+                "rope_scaling": {"rope_type": "longrope", "factor": 4.0, "original_max_position_embeddings": 32768},
             },
             "rope_scaling.rope_type",
         ),

@@ -62,8 +62,8 @@ def _config(tmp_path, **change):
 
 
 def test_config_with_unsupported_math_is_a_spec_error(tmp_path):
-    _config(tmp_path, rope_scaling={"rope_type": "yarn", "factor": 4.0})
-    with pytest.raises(SpecError, match=r"model.config: .*config.json: rope_scaling.rope_type: 'yarn'"):
+    _config(tmp_path, rope_scaling={"rope_type": "longrope", "factor": 4.0})
+    with pytest.raises(SpecError, match=r"model.config: .*config.json: rope_scaling.rope_type: 'longrope'"):
         _spec(tmp_path, {"config": "config.json"})
     _config(tmp_path)
     assert _spec(tmp_path, {"config": str(tmp_path)}).model.config == str(tmp_path)

@@ -1,7 +1,7 @@
 """Mixtures of experts in the native model (train/moe.py) against transformers 5.24: a tiny random qwen3_moe (dense
 first layer, renormalised top-2 of 8), mixtral (top-2 of 4) and deepseek_v3 (multi-head latent attention with and
-without the low-rank query, interleaved or rotate-half RoPE, the sigmoid router with a random expert-choice bias
-over 2 groups or 1, a shared expert, a dense first layer) loaded from the per-expert layout save_pretrained writes
+without the low-rank query, interleaved or rotate-half RoPE, YaRN with its softmax scale, the sigmoid router with a
+random expert-choice bias over 1, 2 or 4 groups, shared experts, a dense first layer) loaded from the per-expert layout save_pretrained writes
 give the same logits (fp32, 1e-5), the same training loss (cross entropy + coef · load-balancing loss, what
 transformers returns with output_router_logits=True; deepseek_v3 has none) and the same router gradients; the
 export (per-expert layout again) reloads in transformers with the same logits; spec checks refuse MoE with tp/pp/cp
@@ -76,6 +76,30 @@ MODELS = {
         "topk_group": 1,
         "routed_scaling_factor": 2.0,
         "rope_interleave": True,
+        "tie_word_embeddings": False,
+    },
+    "deepseek_v3_yarn": {  # DeepSeek-V3's own long-context RoPE: YaRN with mscale, the softmax scaled too
+        "num_key_value_heads": 4,
+        "intermediate_size": 64,
+        "moe_intermediate_size": 24,
+        "n_routed_experts": 8,
+        "num_experts_per_tok": 2,
+        "n_shared_experts": 1,
+        "first_k_dense_replace": 1,
+        "q_lora_rank": 24,
+        "kv_lora_rank": 16,
+        "qk_rope_head_dim": 8,
+        "qk_nope_head_dim": 16,
+        "v_head_dim": 16,
+        "n_group": 4,
+        "topk_group": 2,
+        "rope_scaling": {
+            "rope_type": "yarn",
+            "factor": 4.0,
+            "original_max_position_embeddings": 16,
+            "mscale": 1.0,
+            "mscale_all_dim": 1.0,
+        },
         "tie_word_embeddings": False,
     },
     "deepseek_v3_full_query": {
@@ -212,8 +236,8 @@ def test_spec_checks_take_qwen3_moe_and_refuse_its_unsupported_layouts(tmp_path)
 
 
 def test_spec_checks_take_deepseek_v3_and_name_what_it_does_not_run(tmp_path):
-    """deepseek_v3 trains with dp_shard and ep; LoRA on its latent attention is refused on train.lora, a YaRN
-    config (its scores' scale differs) on the config's rope_scaling, both before anything runs."""
+    """deepseek_v3 trains with dp_shard and ep, YaRN included; LoRA on its latent attention is refused on
+    train.lora, a RoPE kind the model does not compute on the config's rope_scaling, both before anything runs."""
     cfg = {"model_type": "deepseek_v3", **BASE, **MODELS["deepseek_v3"], "vocab_size": 512}
     cfg["max_position_embeddings"] = 512
     assert _spec(tmp_path, cfg, {"dp_shard": 2, "ep": 2}) == []
@@ -224,8 +248,10 @@ def test_spec_checks_take_deepseek_v3_and_name_what_it_does_not_run(tmp_path):
         load_spec(tmp_path / "spec.yaml")
     assert any("train.lora" in e and "latent attention" in e for e in ei.value.errors), ei.value.errors
     yarn = cfg | {"rope_scaling": {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096}}
-    errors = "\n".join(_spec(tmp_path, yarn, {"dp_shard": 2}))
-    assert "rope" in errors and "yarn" in errors and "model.config" in errors, errors
+    assert _spec(tmp_path, yarn, {"dp_shard": 2}) == []
+    longrope = cfg | {"rope_scaling": {"type": "longrope", "factor": 4}}
+    errors = "\n".join(_spec(tmp_path, longrope, {"dp_shard": 2}))
+    assert "rope_scaling.rope_type" in errors and "longrope" in errors and "model.config" in errors, errors
 
 
 def test_expert_load_plot_shows_an_imbalanced_router(tmp_path):
