@@ -11,8 +11,9 @@ Two counts:
                        a sliding-window layer's mask, kept as a 16-bit bias of seq × seq: 2·seq (selective: 1·seq)
     q/k norms          2·(q_dim + kv_dim) (Qwen3, Gemma 3)
     MLP                gated: g, u and their product, 3 · 2·ffn (act(g) recomputed); GELU: 2 · 2·ffn
-    routed MLP (MoE)   per routed copy (k + shared): its input 2·h, g/u/product 3 · 2·f_e, the output 2·h for the
-                       weighted sum; the router's fp32 probabilities 4·E
+    routed MLP (MoE)   per routed copy (k): its input 2·h, g/u/product 3 · 2·f_e, the output 2·h for the weighted
+                       sum; the shared experts' g/u/product 3 · 2·f_e each; the router's fp32 probabilities 4·E
+    latent attention   deepseek_v3's MLA in place of q/k/v/output: `latent_attention_bytes_per_token`
   Under TP everything after a column-parallel projection is split (/t). Sequence parallel splits the norms' inputs
   (/t); the linears' inputs are all-gathered first and torch's TP saves the gathered tensor (not /t), where
   Megatron's linears save their sequence shard and gather it again in backward (`other_trainer`: what-ifs for other
@@ -61,9 +62,26 @@ def saved_bytes_per_token(
     # the recomputed SDPA's input, the boolean mask itself)
     mask = masked * seq * (1 if recompute == "selective" else b)
     attn = b * (2 * q_dim + 2 * kv_saved) / t + lse + mask
+    if shape.mla:
+        attn = latent_attention_bytes_per_token(shape, t, recompute)
     qk = b * (q_dim + kv_dim) / t if shape.qk_norm else 0.0
     out = b * h * norms / seq_shard + 2 * b * h / lin_shard + attn + qk
     return out + mlp_bytes_per_token(shape, t)
+
+
+def latent_attention_bytes_per_token(shape: ModelShape, tp: int, recompute: str) -> float:
+    """What one multi-head latent attention (train/model.py LatentAttention) saves per token, beside its input and
+    the normed input the norms' and linears' terms count: the low-rank query's latent and its norm (2 · r_q), the
+    key/value projection's output (r_kv + rope; its norm's input is a view of it) and the norm's output (r_kv);
+    SDPA's q, k and zero-padded v of every head at the key width, its output (none: also at the key width, with the
+    narrower slice copied for the o projection) and log-sum-exp; selective recompute keeps SDPA's inputs and the o
+    projection's input only."""
+    b, heads, qk, v = ACT_BYTES, shape.heads / tp, shape.head_dim, shape.v_head_dim
+    latent = 2 * shape.q_lora_rank + 2 * shape.kv_lora_rank + shape.qk_rope_head_dim
+    if recompute == "selective":
+        return b * (latent + heads * (3 * qk + v))
+    out = heads * (qk + (v if v < qk else 0))
+    return b * (latent + heads * 3 * qk + out) + 4 * heads
 
 
 def mlp_bytes_per_token(shape: ModelShape, tp: int) -> float:
@@ -72,8 +90,9 @@ def mlp_bytes_per_token(shape: ModelShape, tp: int) -> float:
     dense = (3 if shape.gated_mlp else 2) * b * shape.ffn_hidden / tp
     if not shape.moe:
         return dense
-    copies = shape.experts_per_token + shape.shared_experts
-    routed = copies * (2 * b * shape.hidden + 3 * b * shape.expert_ffn_hidden / tp) + 4 * shape.num_experts
+    k, f_e = shape.experts_per_token, shape.expert_ffn_hidden / tp
+    # the shared experts are one SwiGLU on the layer's input (train/moe.py SharedExperts): g, u, product only
+    routed = k * (2 * b * shape.hidden + 3 * b * f_e) + shape.shared_experts * 3 * b * f_e + 4 * shape.num_experts
     share = shape.moe_layers / shape.layers
     return share * routed + (1 - share) * dense
 

@@ -303,12 +303,15 @@ class LatentAttention(nn.Module):
         q_rot, k_rot = apply_rope(q_rot, cos, sin), apply_rope(k_rot, cos, sin)
         q = torch.cat((q_nope, q_rot), dim=-1).transpose(1, 2)
         k = torch.cat((k_nope, k_rot.expand(-1, -1, k_nope.shape[2], -1)), dim=-1).transpose(1, 2)
-        v = v.transpose(1, 2)
+        # values narrower than keys are zero-padded to the key width (and the output cut back): the fused kernels
+        # (flash on CPU and CUDA) want one head size; a math fallback would store every score for backward
+        pad = q.shape[-1] - self.v_dim
+        v = (F.pad(v, (0, pad)) if pad > 0 else v).transpose(1, 2)
         if self.recompute_core and torch.is_grad_enabled():
             o = checkpoint(_sdpa, q, k, v, mask, self.scale, use_reentrant=False)
         else:
             o = _sdpa(q, k, v, mask, self.scale)
-        return self.wo(o.transpose(1, 2).reshape(b, t, -1))
+        return self.wo(o.transpose(1, 2)[..., : self.v_dim].reshape(b, t, -1))
 
 
 def native_gqa(q: torch.Tensor, mask: torch.Tensor | None, expand_kv: bool) -> bool:

@@ -165,7 +165,8 @@ class MoEFeedForward(nn.Module):
             if self.norm_topk:
                 top_w = top_w / top_w.sum(dim=-1, keepdim=True)
             return top_w, top_i, probs
-        scores = F.linear(xf.float(), self.router.weight.float()).sigmoid()
+        # fp32 as transformers' router; recomputed in backward so the fp32 copy of the rows is not kept
+        scores = recomputed(self._sigmoid_scores, xf)
         choice = scores + self.router_bias
         if self.groups > 1:  # keep the topk_groups groups whose two best choice scores sum highest
             grouped = choice.view(-1, self.groups, self.num_experts // self.groups)
@@ -177,6 +178,9 @@ class MoEFeedForward(nn.Module):
         if self.norm_topk:
             top_w = top_w / (top_w.sum(dim=-1, keepdim=True) + 1e-20)
         return top_w * self.scaling, top_i, scores
+
+    def _sigmoid_scores(self, xf: torch.Tensor) -> torch.Tensor:
+        return F.linear(xf.float(), self.router.weight.float()).sigmoid()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, h = x.shape

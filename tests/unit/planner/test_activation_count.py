@@ -58,6 +58,17 @@ FAMILIES = {
     "gemma3-27b": dict(sliding_window=64, layer_types=("sliding_attention", "full_attention")),
     "gpt-18.4b": dict(),  # plain GELU MLP, MHA
     "qwen3-30b-a3b": dict(),  # routed experts
+    # latent attention (low-rank query, values narrower than keys, YaRN), a dense layer 0, a shared expert
+    "deepseek-v3": dict(
+        explicit_head_dim=48,
+        qk_rope_head_dim=16,
+        kv_lora_rank=64,
+        q_lora_rank=96,
+        v_head_dim=32,
+        router_groups=2,
+        router_topk_groups=1,
+        dense_layers=(0,),
+    ),
 }
 
 
