@@ -158,6 +158,8 @@ class ParallelDims:
         if shape.ffn_hidden % t:
             why.append(f"tp={t} does not divide ffn_hidden ({shape.ffn_hidden})")
         why += self._ep_errors(shape)
+        if native_trainer:
+            why += self.moe_trainer_errors(shape)
         v = self.chunks_per_rank
         if self.schedule != "interleaved_1f1b" and self.virtual_stages != 1:
             why.append(f"virtual_stages={self.virtual_stages} needs schedule 'interleaved_1f1b', got {self.schedule!r}")
@@ -204,6 +206,35 @@ class ParallelDims:
                 )
         if seq_len > shape.max_seq:
             why.append(f"train.seq_len ({seq_len}) exceeds model {shape.name} max_seq ({shape.max_seq})")
+        return why
+
+    def moe_trainer_errors(self, shape) -> list[str]:
+        """What nightloom's trainer does not run for a mixture of experts (train/moe.py), each named: TP, PP and CP,
+        EP beside replicas, and under EP × FSDP the experts' dim 1 (hidden, expert_ffn_hidden) split over
+        dp_shard / ep ranks."""
+        if not getattr(shape, "num_experts", 0):
+            return []
+        why = [
+            f"{name}={getattr(self, name)}: a mixture-of-experts model ({shape.arch}) trains with dp_shard and ep only "
+            f"(no {what} for MoE layers yet)"
+            for name, what in (
+                ("tp", "tensor parallel"),
+                ("pp", "pipeline stage's aux loss"),
+                ("cp", "context parallel"),
+            )
+            if getattr(self, name) > 1
+        ]
+        if self.ep > 1:
+            if self.dp_replicate > 1:
+                why.append(f"ep={self.ep} with dp_replicate={self.dp_replicate}: EP is drawn from dp_shard only")
+            elif self.dp_shard % self.ep:
+                why.append(f"ep={self.ep} must divide dp_shard ({self.dp_shard})")
+            rest = self.dp_shard // self.ep if self.dp_shard % self.ep == 0 else 1
+            if rest > 1 and (shape.expert_ffn_hidden % rest or shape.hidden % rest):
+                why.append(
+                    f"dp_shard/ep={rest} must divide the experts' hidden ({shape.hidden}) and expert_ffn_hidden "
+                    f"({shape.expert_ffn_hidden}): they are FSDP-sharded on dim 1"
+                )
         return why
 
     def _ep_errors(self, shape) -> list[str]:

@@ -240,30 +240,6 @@ def router_aux_loss(model: nn.Module) -> tuple[torch.Tensor | None, torch.Tensor
     return len(counts) * torch.sum((counts / rows) * (probs / rows)), counts
 
 
-def moe_layout_errors(shape: ModelShape, dims) -> list[str]:
-    """What this trainer does not run for an MoE model (each named): TP, PP, CP, and EP beside replicas."""
-    if not shape.moe:
-        return []
-    why = [
-        f"{name}={getattr(dims, name)}: a mixture-of-experts model ({shape.arch}) trains with dp_shard and ep only "
-        f"(no {what} for MoE layers yet)"
-        for name, what in (("tp", "tensor parallel"), ("pp", "pipeline stage's aux loss"), ("cp", "context parallel"))
-        if getattr(dims, name) > 1
-    ]
-    if dims.ep > 1:
-        if dims.dp_replicate > 1:
-            why.append(f"ep={dims.ep} with dp_replicate={dims.dp_replicate}: EP is drawn from dp_shard only")
-        elif dims.dp_shard % dims.ep:
-            why.append(f"ep={dims.ep} must divide dp_shard ({dims.dp_shard})")
-        rest = dims.dp_shard // dims.ep if dims.dp_shard % dims.ep == 0 else 1
-        if rest > 1 and (shape.expert_ffn_hidden % rest or shape.hidden % rest):
-            why.append(
-                f"dp_shard/ep={rest} must divide the experts' hidden ({shape.hidden}) and expert_ffn_hidden "
-                f"({shape.expert_ffn_hidden}): they are FSDP-sharded on dim 1"
-            )
-    return why
-
-
 def apply_expert_parallel(model: nn.Module, dims, device_type: str, param_dtype: torch.dtype | None = None) -> None:
     """EP on a meta-device model (before FSDP): every MoE layer's experts become a DTensor sharded on dim 0 over
     an EP group of consecutive dp_shard ranks, then FSDP2 over the dp_shard / ep ranks with the same experts
@@ -338,7 +314,7 @@ def prepare_moe(
     degrees), then expert parallelism when ep > 1."""
     from nightloom.parallel import LayoutError
 
-    why = moe_layout_errors(shape, dims)
+    why = dims.moe_trainer_errors(shape)
     if why:
         raise LayoutError("; ".join(why))
     if dims.ep > 1:

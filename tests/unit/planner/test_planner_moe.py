@@ -23,7 +23,12 @@ def test_ep_rules_name_what_is_wrong():
     assert "does not divide the 8 experts" in " ".join(ParallelDims(dp_shard=16, ep=16).check(MIX, 4096, None))
     why = " ".join(ParallelDims(dp_replicate=2, dp_shard=4, ep=8).check(MIX, 4096, None))
     assert "dp_shard·cp = 4" in why  # EP is drawn from the sharded ranks under FSDP
-    assert ParallelDims(dp_replicate=8, ep=8).check(MIX, 4096, None) == []  # replicas: from dp_replicate
+    # replicas: EP drawn from dp_replicate is a layout other trainers run (a what-if); nightloom's draws from dp_shard
+    assert ParallelDims(dp_replicate=8, ep=8).check(MIX, 4096, None, native_trainer=False) == []
+    assert "EP is drawn from dp_shard only" in " ".join(ParallelDims(dp_replicate=8, ep=8).check(MIX, 4096, None))
+    # nor TP, PP or CP for MoE layers in nightloom's trainer: the planner, the spec and the trainer share the rule
+    assert "no tensor parallel" in " ".join(ParallelDims(tp=2, dp_shard=4).check(MIX, 4096, None))
+    assert ParallelDims(tp=2, dp_shard=4).check(MIX, 4096, None, native_trainer=False) == []
 
 
 def test_experts_states_divide_by_ep_dense_parts_do_not():
@@ -53,12 +58,15 @@ def test_all_to_all_is_slower_across_nodes():
     )
 
 
-def test_mixtral_plan_picks_expert_parallel_and_fits():
-    """On 16 × H100 (8 cannot hold 46.7B × 16 B of mixed-precision Adam state: 93 GB each before activations)."""
+def test_mixtral_plan_fits_with_what_the_trainer_runs_and_prices_expert_parallel():
+    """On 16 × H100 (8 cannot hold 46.7B × 16 B of mixed-precision Adam state: 93 GB each before activations) the
+    search keeps to the trainer's MoE layouts (FSDP2 and EP, no TP/PP/CP) and weighs EP against plain FSDP2."""
     assert not plan("mixtral-8x7b", "h100-80gb", 1, 8, 4096, 64).feasible
     r = plan("mixtral-8x7b", "h100-80gb", 2, 8, 4096, 64)
-    c = r.chosen
-    assert c.fits and c.ep > 1, (c.layout(), c.explanation)
+    assert r.chosen.fits and (r.chosen.tp, r.chosen.pp, r.chosen.cp) == (1, 1, 1), r.chosen.layout()
+    assert r.chosen.ep > 1 or "·EP" in " ".join(r.chosen.explanation)  # EP weighed: chosen, or the next best
+    c = plan("mixtral-8x7b", "h100-80gb", 2, 8, 4096, 64, layout="dp=16,ep=4").chosen
+    assert c.fits and c.ep == 4, (c.layout(), c.explanation)
     text = " ".join(c.explanation)
     assert f"expert parallel ep={c.ep}" in text and "12.88B active" in text
     assert c.layout().endswith(f"EP{c.ep}")
