@@ -85,6 +85,16 @@ def _rope(cfg: dict) -> tuple[float, RopeScaling | None]:
     return _rope_of(cfg.get(field) or {}, field, cfg, float(cfg.get("rope_theta", 10000.0)))
 
 
+def _rope_or_plain(cfg: dict, strict: bool) -> tuple[float, RopeScaling | None]:
+    """_rope, or where not strict (a shape read for FLOPs only) the plain theta when the scaling is unsupported."""
+    try:
+        return _rope(cfg)
+    except ValueError:
+        if strict:
+            raise
+        return float(cfg.get("rope_theta", 10000.0)), None
+
+
 def _rope_of(params, field: str, cfg: dict, theta: float) -> tuple[float, RopeScaling | None]:
     """(rope_theta, scaling) of one RoPE parameter object named `field` (its own rope_theta overrides `theta`)."""
     if not isinstance(params, dict):
@@ -369,12 +379,7 @@ def _deepseek_v3_shape(cfg: dict, name: str, need, strict: bool) -> ModelShape:
     freq = cfg.get("moe_layer_freq", 1) or 1
     first = cfg.get("first_k_dense_replace") or 0
     nope, rope = need("qk_nope_head_dim"), need("qk_rope_head_dim")
-    try:
-        theta, scaling = _rope(cfg)
-    except ValueError:
-        if strict:
-            raise
-        theta, scaling = float(cfg.get("rope_theta", 10000.0)), None
+    theta, scaling = _rope_or_plain(cfg, strict)
     if strict:
         if cfg.get("attention_bias"):
             raise ValueError("attention_bias: true is not supported for deepseek_v3")
@@ -452,12 +457,7 @@ def shape_from_config(cfg: dict, name: str = "hf", strict: bool = True) -> Model
         heads = need("num_attention_heads")
         hidden = need("hidden_size")
         head_dim = cfg.get("head_dim")
-        try:
-            theta, scaling = _rope(cfg)
-        except ValueError:
-            if strict:
-                raise
-            theta, scaling = float(cfg.get("rope_theta", 10000.0)), None
+        theta, scaling = _rope_or_plain(cfg, strict)
         attn_bias = bool(cfg.get("attention_bias", False))
         return ModelShape(
             name=name,

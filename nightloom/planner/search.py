@@ -344,6 +344,22 @@ def _moe_line(req: PlanRequest, c: ParallelDims, st: StepEstimate) -> str:
     )
 
 
+def _time(req: PlanRequest, sc: _Scored, eff: float) -> None:
+    """Give a scored candidate its predicted step (steptime.py) and tokens/s."""
+    sc.step = step_time(
+        req.shape,
+        sc.c,
+        req.seq_len,
+        req.gpu,
+        req.gpus_per_node,
+        eff,
+        req.precision,
+        req.fused_attention,
+        req.native_trainer,
+    )
+    sc.tokens_per_s = req.global_batch * req.seq_len / sc.step.step_s
+
+
 def search(req: PlanRequest) -> PlanReport:
     """Search (or, with a fully pinned degree set, evaluate) layouts for `req`; see the module docstring."""
     fixed = req.fixed or FixedLayout()
@@ -390,18 +406,7 @@ def search(req: PlanRequest) -> PlanReport:
             if mem.total_gib > usable:
                 pruned += 1
                 continue
-            sc.step = step_time(
-                req.shape,
-                c,
-                req.seq_len,
-                req.gpu,
-                req.gpus_per_node,
-                eff,
-                req.precision,
-                req.fused_attention,
-                req.native_trainer,
-            )
-            sc.tokens_per_s = req.global_batch * req.seq_len / sc.step.step_s
+            _time(req, sc, eff)
             fitting.append(sc)
             b = best_by_family.get(fam)
             if b is None or _better(sc, b):
@@ -415,18 +420,7 @@ def search(req: PlanRequest) -> PlanReport:
     if not fitting:
         # nothing fits: report the layout that needs the least memory, marked fits=False
         s = overall_min
-        s.step = step_time(
-            req.shape,
-            s.c,
-            req.seq_len,
-            req.gpu,
-            req.gpus_per_node,
-            eff,
-            req.precision,
-            req.fused_attention,
-            req.native_trainer,
-        )
-        s.tokens_per_s = req.global_batch * req.seq_len / s.step.step_s
+        _time(req, s, eff)
         for fam, sm in smallest_by_family.items():
             rejected.append(Rejection(layout=fam, reason=_nofit(sm, usable)))
         chosen = _plan_from(req, s, eff)

@@ -18,7 +18,7 @@ import torch
 from nightloom.hf.config import shape_from_hf_config
 from nightloom.hf.random_model import build_random_model
 from tests.support.harness import launch_groups, launch_many, write_corpus
-from tests.support.hf_runs import final_checkpoint_params, hf_job
+from tests.support.hf_runs import SMALL_DEEPSEEK_V3, final_checkpoint_params, hf_job
 
 SEQ, BATCH, STEPS = 32, 4, 3
 LOSS_TOL, GRAD_NORM_RTOL, PARAM_ATOL = 1e-5, 1e-5, 1e-5
@@ -48,24 +48,7 @@ MODELS = {
         "num_experts_per_tok": 2,
         "router_aux_loss_coef": 0.05,
     },
-    "deepseek_v3": {  # latent attention, 2 expert groups, a shared expert beside the routed ones, a dense first layer
-        "num_key_value_heads": 4,
-        "intermediate_size": 96,
-        "moe_intermediate_size": 32,
-        "n_routed_experts": 8,
-        "num_experts_per_tok": 2,
-        "n_shared_experts": 1,
-        "first_k_dense_replace": 1,
-        "q_lora_rank": 32,
-        "kv_lora_rank": 24,
-        "qk_rope_head_dim": 8,
-        "qk_nope_head_dim": 16,
-        "v_head_dim": 16,
-        "n_group": 2,
-        "topk_group": 1,
-        "routed_scaling_factor": 2.0,
-        "bias_std": 0.1,  # a random expert-choice bias buffer: loaded, kept, checkpointed and exported
-    },
+    "deepseek_v3": SMALL_DEEPSEEK_V3,
 }
 SINGLE = {"micro_batch": 1, "grad_accum": 4}
 TWO = {  # 2 processes

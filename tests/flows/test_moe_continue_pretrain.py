@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from tests.support.hf_runs import run_then_eval_equals_transformers
+from tests.support.hf_runs import SMALL_DEEPSEEK_V3, run_then_eval_equals_transformers
 
 BASE = {
     "vocab_size": 320,  # >= the BPE's 300 ids
@@ -35,24 +35,7 @@ MODELS = {
         "head_dim": 16,
     },
     "mixtral": {"intermediate_size": 64, "num_local_experts": 4, "num_experts_per_tok": 2},
-    "deepseek_v3": {  # latent attention with a low-rank query, 2 expert groups, a shared expert, a dense first layer
-        "num_key_value_heads": 4,
-        "intermediate_size": 96,
-        "moe_intermediate_size": 32,
-        "n_routed_experts": 8,
-        "num_experts_per_tok": 2,
-        "n_shared_experts": 1,
-        "first_k_dense_replace": 1,
-        "q_lora_rank": 32,
-        "kv_lora_rank": 24,
-        "qk_rope_head_dim": 8,
-        "qk_nope_head_dim": 16,
-        "v_head_dim": 16,
-        "n_group": 2,
-        "topk_group": 1,
-        "routed_scaling_factor": 2.0,
-        "bias_std": 0.1,  # a random expert-choice bias (build_random_model), so one not loaded shows
-    },
+    "deepseek_v3": SMALL_DEEPSEEK_V3,
 }
 ARCHITECTURES = {
     "qwen3_moe": "Qwen3MoeForCausalLM",

@@ -178,6 +178,29 @@ def run_then_eval_equals_transformers(
     return EvalRun(run_dir, cfg)
 
 
+#: a small deepseek_v3 (over a 64-wide base): latent attention with a low-rank query, 2 expert groups of 4, a shared
+#: expert beside the routed ones, a dense first layer, and a random expert-choice bias (build_random_model's
+#: bias_std), so a bias not loaded or not kept shows
+SMALL_DEEPSEEK_V3 = {
+    "num_key_value_heads": 4,
+    "intermediate_size": 96,
+    "moe_intermediate_size": 32,
+    "n_routed_experts": 8,
+    "num_experts_per_tok": 2,
+    "n_shared_experts": 1,
+    "first_k_dense_replace": 1,
+    "q_lora_rank": 32,
+    "kv_lora_rank": 24,
+    "qk_rope_head_dim": 8,
+    "qk_nope_head_dim": 16,
+    "v_head_dim": 16,
+    "n_group": 2,
+    "topk_group": 1,
+    "routed_scaling_factor": 2.0,
+    "bias_std": 0.1,
+}
+
+
 #: the layout parity runs' training: SGD at lr 0.5, so a final parameter is the sum of its gradients and the
 #: per-parameter check is a check of every gradient (under AdamW, g / (sqrt(v) + eps) turns last-bit differences of
 #: near-zero gradients into visible steps), and the plain loss in every layout (loss_chunk_tokens 0: the chunked one,
