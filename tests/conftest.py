@@ -27,7 +27,7 @@ pytest_plugins = [
 
 
 #: the tests that start only their own processes (torchrun --standalone on a free port, XTuner's local launcher),
-#: and flows on local clusters of their own rendezvous port: under `make test` (-n 2 --dist loadgroup) they are one
+#: and flows on local clusters of their own rendezvous port (windows, recovery, MoE and tied-layout runs): under `make test` (-n 2 --dist loadgroup) they are one
 #: lane on one worker, and everything else (services, the shared Prefect server and its worker, local clusters on the
 #: default rendezvous port) is the other lane, in its usual order, exactly as a serial run had it. The flows here
 #: talk to a Prefect server of their own where CI runs one (NIGHTLOOM_LANE2_PREFECT_API_URL, .ci/services.sh):
@@ -37,6 +37,8 @@ OWN_PROCESS_TESTS = (
     "tests/xtuner/",
     "tests/flows/test_windows.py",
     "tests/flows/test_recovery.py",
+    "tests/flows/test_moe_continue_pretrain.py",
+    "tests/flows/test_tied_layouts_continue_pretrain.py",
 )
 SHARED_SERVICES_TESTS = ("tests/xtuner/test_xtuner_pipeline.py",)  # a Prefect flow on the default port
 LANE2_API = os.environ.get("NIGHTLOOM_LANE2_PREFECT_API_URL")

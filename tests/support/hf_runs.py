@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 import yaml
 
-from tests.support.harness import make_job
+from tests.support.harness import free_port, make_job
 
 ROOT = Path(__file__).resolve().parents[2]
 SEQ = 256  # scored prefix of each eval document
@@ -114,6 +114,8 @@ def continue_pretrain_spec(
     data["ledger"]["url"] = f"sqlite:///{folder / f'ledger{tag}.db'}"
     data["train"].update({"steps": 2, "seq_len": 128, "lr": 1e-9, "warmup_steps": 0, "checkpoint_every": 0})
     data["validate"] = {"min_loss_drop": 0.0}
+    # a rendezvous port of its own: runs in the other test lane may hold the default 29500
+    data["cluster"] = {**data.get("cluster", {}), "master_port": free_port()}
     for key, value in overrides.items():
         data[key] = {**data[key], **value} if isinstance(data.get(key), dict) else value
     spec = folder / f"spec{tag}.yaml"
