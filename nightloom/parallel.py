@@ -209,25 +209,14 @@ class ParallelDims:
         return why
 
     def moe_trainer_errors(self, shape) -> list[str]:
-        """What nightloom's trainer does not run for a mixture of experts (train/moe.py), each named: TP, PP and CP,
-        EP beside replicas, and under EP × FSDP the experts' dim 1 (hidden, expert_ffn_hidden) split over
-        dp_shard / ep ranks."""
+        """What nightloom's trainer does not run for a mixture of experts (train/moe.py), each named: the degrees
+        of `moe_degree_errors`, ep dividing dp_shard, and under EP × FSDP the experts' dim 1 (hidden,
+        expert_ffn_hidden) split over dp_shard / ep ranks."""
         if not getattr(shape, "num_experts", 0):
             return []
-        why = [
-            f"{name}={getattr(self, name)}: a mixture-of-experts model ({shape.arch}) trains with dp_shard and ep only "
-            f"(no {what} for MoE layers yet)"
-            for name, what in (
-                ("tp", "tensor parallel"),
-                ("pp", "pipeline stage's aux loss"),
-                ("cp", "context parallel"),
-            )
-            if getattr(self, name) > 1
-        ]
+        why = [msg for _, msg in moe_degree_errors(shape, self.tp, self.pp, self.cp, self.ep, self.dp_replicate)]
         if self.ep > 1:
-            if self.dp_replicate > 1:
-                why.append(f"ep={self.ep} with dp_replicate={self.dp_replicate}: EP is drawn from dp_shard only")
-            elif self.dp_shard % self.ep:
+            if self.dp_replicate == 1 and self.dp_shard % self.ep:
                 why.append(f"ep={self.ep} must divide dp_shard ({self.dp_shard})")
             rest = self.dp_shard // self.ep if self.dp_shard % self.ep == 0 else 1
             if rest > 1 and (shape.expert_ffn_hidden % rest or shape.hidden % rest):
@@ -283,6 +272,31 @@ class ParallelDims:
 
     def layout(self) -> str:
         return layout_name(self.tp, self.pp, self.dp_replicate, self.dp_shard, self.cp, self.sp, self.zero, self.ep)
+
+
+def moe_degree_errors(shape, tp: int, pp: int, cp: int, ep: int, dp_replicate: int) -> list[tuple[str, str]]:
+    """(degree, why) for each degree nightloom's trainer does not run a mixture of experts with: TP, PP, CP, and EP
+    beside replicas. The one rule: the spec checks (on the raw degrees, naming the field) and
+    ParallelDims.moe_trainer_errors (planner, trainer) both ask it."""
+    if not getattr(shape, "num_experts", 0):
+        return []
+    unsupported = (
+        ("tp", tp, "tensor parallel"),
+        ("pp", pp, "pipeline stage's aux loss"),
+        ("cp", cp, "context parallel"),
+    )
+    why = [
+        (
+            name,
+            f"{name}={n}: a mixture-of-experts model ({shape.arch}) trains with dp_shard and ep only (no {what} for "
+            "MoE layers yet)",
+        )
+        for name, n, what in unsupported
+        if n > 1
+    ]
+    if ep > 1 and dp_replicate > 1:
+        why.append(("ep", f"ep={ep} with dp_replicate={dp_replicate}: EP is drawn from dp_shard only"))
+    return why
 
 
 def layout_name(

@@ -16,7 +16,7 @@ from nightloom.catalog import GPUS, MODELS
 from nightloom.chat import CHAT_STYLES, ChatError, detect_style, template_text
 from nightloom.hf.config import config_path, shape_from_hf_config
 from nightloom.model_resolver import shape_from_name_or_config
-from nightloom.parallel import LayoutError, ParallelDims
+from nightloom.parallel import LayoutError, ParallelDims, moe_degree_errors
 from nightloom.shape import ModelShape
 from nightloom.spec import ParallelSpec, TokenizerSpec
 from nightloom.tokenizer import TokenizerError, load_tokenizer
@@ -64,12 +64,6 @@ def _model_errors(data: dict, local) -> list[FieldError]:
 
 #: mixture-of-experts families the native trainer runs (train/moe.py); others are read for planning only
 TRAINED_MOE = ("qwen3_moe", "mixtral", "deepseek_v3")
-#: parallel degrees an MoE model does not train with yet (the trainer's train/moe.py refuses them too)
-_MOE_UNSUPPORTED = {
-    "tp": "tensor parallel of the experts",
-    "pp": "the router's aux loss across pipeline stages",
-    "cp": "context parallel",
-}
 
 
 def _moe_errors(data: dict, local) -> list[FieldError]:
@@ -91,14 +85,11 @@ def _moe_errors(data: dict, local) -> list[FieldError]:
                 "are); `nightloom plan` and `nightloom cost` read it",
             )
         ]
-    errs: list[FieldError] = []
-    for name, what in _MOE_UNSUPPORTED.items():
+    degrees = {}
+    for name in ("tp", "pp", "cp", "ep", "dp_replicate"):
         v = _get(data, "parallel", name, default=1)
-        if isinstance(v, int) and v > 1:
-            errs.append((("parallel", name), f"{name}={v}: {shape.name} is a mixture-of-experts model; no {what} yet"))
-    ep, dpr = _get(data, "parallel", "ep", default=1), _get(data, "parallel", "dp_replicate", default=1)
-    if isinstance(ep, int) and isinstance(dpr, int) and ep > 1 and dpr > 1:
-        errs.append((("parallel", "ep"), f"ep={ep} with dp_replicate={dpr}: expert parallel is drawn from dp_shard"))
+        degrees[name] = v if isinstance(v, int) and not isinstance(v, bool) else 1  # the schema names a bad one
+    errs: list[FieldError] = [(("parallel", k), why) for k, why in moe_degree_errors(shape, **degrees)]
     if shape.mla and _get(data, "train", "lora") is not None:
         errs.append(
             (

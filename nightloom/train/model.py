@@ -246,10 +246,8 @@ class Attention(nn.Module):
             k = k.repeat_interleave(self.rep, dim=2)
             v = v.repeat_interleave(self.rep, dim=2)
         q, k, v = (z.transpose(1, 2) for z in (q, k, v))
-        if self.recompute_core and torch.is_grad_enabled():
-            o = checkpoint(_sdpa, q, k, v, mask, self.scale, gqa, use_reentrant=False)
-        else:
-            o = _sdpa(q, k, v, mask, self.scale, gqa)
+        attend = functools.partial(recomputed, _sdpa) if self.recompute_core else _sdpa  # selective: core only
+        o = attend(q, k, v, mask, self.scale, gqa)
         return self.wo(o.transpose(1, 2).reshape(b, t, -1))
 
 
@@ -307,10 +305,8 @@ class LatentAttention(nn.Module):
         # (flash on CPU and CUDA) want one head size; a math fallback would store every score for backward
         pad = q.shape[-1] - self.v_dim
         v = (F.pad(v, (0, pad)) if pad > 0 else v).transpose(1, 2)
-        if self.recompute_core and torch.is_grad_enabled():
-            o = checkpoint(_sdpa, q, k, v, mask, self.scale, use_reentrant=False)
-        else:
-            o = _sdpa(q, k, v, mask, self.scale)
+        attend = functools.partial(recomputed, _sdpa) if self.recompute_core else _sdpa  # selective: core only
+        o = attend(q, k, v, mask, self.scale)
         return self.wo(o.transpose(1, 2)[..., : self.v_dim].reshape(b, t, -1))
 
 

@@ -9,8 +9,8 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 
-def recomputed(fn: Callable[..., torch.Tensor], *args: torch.Tensor) -> torch.Tensor:
-    """fn(*args), saving only its inputs for backward and running it again there (non-reentrant checkpoint: the
+def recomputed(fn: Callable[..., torch.Tensor], *args) -> torch.Tensor:
+    """fn(*args), saving only its (tensor) inputs for backward and running it again there (non-reentrant checkpoint: the
     same ops, so the same gradients); a plain call when no graph is recorded."""
     if torch.is_grad_enabled():
         return checkpoint(fn, *args, use_reentrant=False)
