@@ -166,7 +166,9 @@ def memory_breakdown(
         per_layer_act, working = 2 * per_layer_act, 2 * working
     logits = logit_bytes(shape, c, seq)
     if c.cp > 1:  # all-gather CP: the whole sequence's K,V while a layer attends; in backward fp32 dK,dV
-        kv = 2 * c.micro_batch * shape.kv_heads * shape.head_dim / c.tp  # K and V elements per token
+        # nightloom's trainer gathers K/V repeated to every query head (as steptime.py counts the gather's bytes)
+        heads = shape.heads if native_trainer else shape.kv_heads
+        kv = 2 * c.micro_batch * heads * shape.head_dim / c.tp  # K and V elements per token
         working += seq * kv * wb + 2 * seq / c.cp * kv * 4  # torch: the accumulators and the one arriving
     d = c.shard
     # ZeRO-3 without PP gathers 2 layers at a time; under PP, or ZeRO-2, the rank's whole stage stays gathered
