@@ -5,7 +5,8 @@ opened with BEGIN IMMEDIATE (so a read-modify-write such as `record_interruption
 "database is locked". Other databases use SELECT ... FOR UPDATE for the same read-modify-write.
 `calibration_for_spec` reads it back for the planner (tasks/plan.py): the median measured/predicted MFU of
 verified runs on the same GPU type and model family scales the planner's efficiency factor, within bounds
-(not on CPU, where the planner predicts no MFU).
+(not on CPU, where the planner predicts no MFU). A row's model and family are the model the run trained
+(nightloom/ledger_model.py), not the spec's catalog name.
 The schema is migrated by Alembic (scripts in nightloom/ledger_migrations/) when the ledger is opened, in one
 transaction: a new ledger is built at the newest revision, a ledger from before Alembic (an integer in
 `nightloom_schema`, no version table) is stamped at its revision and upgraded, a newer ledger is refused.
@@ -29,30 +30,20 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from pydantic import BaseModel, ConfigDict, Field
-from sqlalchemy import (
-    JSON,
-    Connection,
-    DateTime,
-    Float,
-    Integer,
-    String,
-    create_engine,
-    event,
-    inspect,
-    select,
-)
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from sqlalchemy import JSON, Connection, DateTime, Float, Integer, String, create_engine, event, inspect, select
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 from sqlalchemy.types import TypeDecorator
 
 from nightloom import ledger_migrations
+from nightloom.ledger_model import model_family, spec_run_model
 from nightloom.parallel import ParallelPlan
 from nightloom.util import atomic_write_text
 from nightloom.validate import Verdict, gated
 
-SCHEMA_VERSION = 5  # the newest revision; 2: `nights`; 3: the night queue (queue_store); 4: its runs; 5: preemptions
+SCHEMA_VERSION = 6  # the newest; 2: `nights`; 3: the night queue (queue_store); 4: its runs; 5: preemptions; 6: family
 RunStatus = Literal["running", "succeeded", "failed", "cancelled", "stopped", "deferred", "refused"]
 RUN_STATUSES: tuple[str, ...] = RunStatus.__args__  # type: ignore[attr-defined]
 
@@ -104,7 +95,8 @@ class RunRecord(BaseModel):
     run_id: str
     spec_hash: str
     name: str
-    model: str
+    model: str  # the model the run trained (nightloom.ledger_model.run_model), e.g. chat-sft-demo-qwen2
+    family: str = ""  # its family, the calibration's key (qwen2, llama2, ...); "" = the family of `model`'s name
     cluster: str
     provider: str
     gpu_type: str
@@ -141,6 +133,12 @@ class RunRecord(BaseModel):
         passed."""
         return self.status == "succeeded" and bool(gated(self.verdicts)) and all(v.passed for v in self.verdicts)
 
+    @model_validator(mode="after")
+    def _family_of_name(self) -> Self:
+        """A row or caller that names no family gets its model name's (`llama2-70b` → `llama2`)."""
+        self.family = self.family or model_family(self.model)
+        return self
+
 
 class Calibration(BaseModel):
     """measured/predicted MFU of past verified runs: the factor the planner multiplies its prediction by."""
@@ -154,18 +152,14 @@ class Calibration(BaseModel):
     clipped: bool
 
 
-def model_family(model: str) -> str:
-    """'llama2-70b' → 'llama2', 'tiny-tied' → 'tiny': the calibration key."""
-    return model.split("-", 1)[0]
-
-
 def calibration_for_spec(spec) -> Calibration | None:
     """The calibration a run of `spec` (a RunSpec) plans with: its ledger's verified runs on the same GPU type and
-    model family (the keys the pipeline records). None on CPU, where the planner predicts nothing to calibrate."""
+    model family (the keys the pipeline records, from the model it resolves). None on CPU, where the planner predicts
+    nothing to calibrate."""
     if spec.cluster.gpu_type == "cpu":
         return None
     with Ledger(spec.ledger.url) as ledger:
-        return ledger.calibration(spec.cluster.gpu_type, model_family(spec.model.name))
+        return ledger.calibration(spec.cluster.gpu_type, spec_run_model(spec).family)
 
 
 # ---------------------------------------------------------------------------------------------- schema
@@ -207,6 +201,7 @@ class _Run(_Base):
     spec_hash: Mapped[str] = mapped_column(String(64), index=True)
     name: Mapped[str] = mapped_column(String(128))
     model: Mapped[str] = mapped_column(String(128), index=True)
+    family: Mapped[str] = mapped_column(String(64), server_default="")
     cluster: Mapped[str] = mapped_column(String(128), index=True)
     provider: Mapped[str] = mapped_column(String(32))
     gpu_type: Mapped[str] = mapped_column(String(64), index=True)
@@ -399,6 +394,7 @@ class Ledger:
         name: str,
         model: str,
         cluster: str,
+        family: str = "",
         provider: str,
         gpu_type: str,
         world_size: int,
@@ -418,6 +414,7 @@ class Ledger:
             spec_hash=spec_hash,
             name=name,
             model=model,
+            family=family,
             cluster=cluster,
             provider=provider,
             gpu_type=gpu_type,
@@ -550,7 +547,7 @@ class Ledger:
         spec_hash: str | None = None,
         limit: int | None = None,
     ) -> list[RunRecord]:
-        """Runs, newest first, optionally filtered."""
+        """Runs, newest first, optionally filtered (`model`: the name of the model the run trained)."""
         q = select(_Run).order_by(_Run.started_at.desc(), _Run.run_id)
         for col, val in (
             (_Run.model, model),
@@ -595,7 +592,7 @@ class Ledger:
             for r in self.list_runs(status="succeeded")
             if r.verified
             and r.gpu_type == gpu_type
-            and model_family(r.model) == model_family_
+            and r.family == model_family_
             and r.measured_mfu
             and r.predicted_mfu
             and r.predicted_mfu > 0

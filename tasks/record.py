@@ -7,6 +7,7 @@ from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
 from nightloom.ledger import Ledger, LedgerError
+from nightloom.ledger_model import ledger_fields
 from nightloom.parallel import ParallelPlan
 from nightloom.report import RunSummary, StageTime, summary_rows
 from nightloom.runfiles import RunFiles
@@ -25,18 +26,7 @@ def start_record_task(spec: RunSpec, run_id: str, plan: ParallelPlan | None, res
                 return run_id
             except LedgerError:
                 pass
-        ledger.start_run(
-            run_id=run_id,
-            spec_hash=spec.spec_hash(),
-            name=spec.name,
-            model=spec.model.name,
-            cluster=spec.cluster.name,
-            provider=spec.cluster.provider.kind,
-            gpu_type=spec.cluster.gpu_type,
-            world_size=spec.world_size,
-            plan=plan,
-            currency=spec.schedule.currency,
-        )
+        ledger.start_run(run_id=run_id, plan=plan, **ledger_fields(spec))  # the model the run trains, not model.name
     get_run_logger().info(
         "opened ledger row %s (running; spec hash %s, %d rank(s) requested)", run_id, spec.spec_hash(), spec.world_size
     )

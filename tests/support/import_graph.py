@@ -161,6 +161,7 @@ FLOORS = {
     "nightloom.validate": 3,
     "nightloom.ledger": 3,
     "nightloom.ledger_migrations": 3,
+    "nightloom.ledger_model": 3,
     "nightloom.queue_store": 3,
     "nightloom.report": 3,
     "nightloom.plots": 3,

@@ -161,7 +161,7 @@ def test_a_schema_1_ledger_opens_with_every_row_and_field_and_gains_nights(tmp_p
     assert "nights" not in columns(db)
 
     with Ledger(url) as lg:
-        assert lg.schema_version() == SCHEMA_VERSION == 5
+        assert lg.schema_version() == SCHEMA_VERSION == 6
         assert sorted(r.run_id for r in lg.list_runs()) == ["done", "running"]
         assert_done_intact(lg)
         running = lg.get("running")
@@ -172,7 +172,7 @@ def test_a_schema_1_ledger_opens_with_every_row_and_field_and_gains_nights(tmp_p
         assert lg.record_night("running", night).nights == [night]
 
     assert "nights" in columns(db)
-    assert markers(db) == (["0005"], 5)  # the legacy row moves too, so an older nightloom refuses this ledger
+    assert markers(db) == (["0006"], 6)  # the legacy row moves too, so an older nightloom refuses this ledger
     runs_index = (
         "SELECT name FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL AND tbl_name = 'nightloom_runs'"
     )
@@ -205,7 +205,7 @@ def test_a_schema_2_ledger_without_alembic_is_stamped_at_2_not_migrated_from_1(t
         (n,) = lg.get("done").nights
         assert (n.night, n.steps_done, n.cost, n.stopped, n.predicted_cost) == (1, 10, 3.0, "window", 3.5)
         assert n.end == datetime(2026, 6, 1, 22, 0, tzinfo=UTC)
-    assert markers(db) == (["0005"], 5)
+    assert markers(db) == (["0006"], 6)
     monkeypatch.undo()
     with Ledger(url) as lg:  # and opens again as an Alembic ledger
         assert lg.schema_version() == SCHEMA_VERSION and len(lg.list_runs()) == 2
@@ -238,7 +238,7 @@ def test_downgrade_to_schema_1_and_back_keeps_the_rows(tmp_path: Path):
         assert_done_intact(lg)
 
 
-@pytest.mark.parametrize("rev", ["0006", "9f3c2a1b7d04"])
+@pytest.mark.parametrize("rev", ["0007", "9f3c2a1b7d04"])
 def test_an_unknown_revision_is_refused_naming_ledger_and_revision(tmp_path: Path, rev: str):
     db = tmp_path / "future.db"
     url = f"sqlite:///{db}"
@@ -278,3 +278,78 @@ def test_the_migrations_render_for_postgresql():
     assert "UPDATE nightloom_schema SET version = 2 WHERE id = 1" in sql
     assert f"CREATE TABLE {ledger_migrations.VERSION_TABLE}" in sql
     assert sql.index("CREATE TABLE nightloom_runs") < sql.index("ADD COLUMN nights")
+
+
+def write_job(run_dir: Path, shape, hf_config: str | None, weights: str | None) -> None:
+    """The job file the pipeline leaves in a run folder (tasks/train.write_job), for the model `shape`."""
+    from nightloom.spec import TrainSpec
+    from nightloom.train.job import TrainJob
+
+    job = TrainJob(
+        run_id=run_dir.name, run_dir=str(run_dir), model=shape, plan=ParallelPlan(), train=TrainSpec(),
+        manifest="shards", hf_config=hf_config, weights=weights,
+    )  # fmt: skip
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "job-attempt0.json").write_text(job.model_dump_json(indent=2))
+
+
+def test_a_schema_5_ledger_gets_the_model_its_run_folder_trained_and_loses_nothing(tmp_path: Path):
+    """Rows written before schema 6 say `tiny` for a Hugging Face run: where the run folder's job file is left,
+    the migration names the model it trained (and its family); rows whose folder is gone keep what they said."""
+    from nightloom.catalog import get_model
+    from nightloom.hf.config import shape_from_hf_config
+
+    db, runs = tmp_path / "v5.db", tmp_path / "runs"
+    url = f"sqlite:///{db}"
+    eng = create_engine(url)
+    with eng.begin() as conn:  # the ledger as the previous nightloom built it
+        command.upgrade(ledger_mod._alembic_config(conn), "0005")
+    eng.dispose()
+    qwen2 = Path(__file__).resolve().parents[3] / "deployments" / "chat-sft-demo-model.json"
+    write_job(runs / "chat", shape_from_hf_config(qwen2), str(qwen2), str(tmp_path / "models" / "chat-sft-demo-qwen2"))
+    write_job(runs / "cat", get_model("tiny-tied"), None, None)
+    (runs / "broken").mkdir()
+    (runs / "broken" / "job-attempt0.json").write_text("{not json")
+    chat = DONE | {"run_id": "chat", "model": "tiny", "metrics_path": str(runs / "chat" / "metrics.jsonl")}
+    cat = RUNNING | {"run_id": "cat", "model": "tiny-tied", "metrics_path": str(runs / "cat" / "metrics.jsonl")}
+    gone = RUNNING | {"run_id": "gone", "metrics_path": str(runs / "gone" / "metrics.jsonl")}  # folder deleted
+    broken = RUNNING | {"run_id": "broken", "metrics_path": str(runs / "broken" / "metrics.jsonl")}
+    rows = [DONE, RUNNING, chat, cat, gone, broken]
+    with closing(sqlite3.connect(db)) as con, con:
+        for row in rows:
+            cols = ", ".join(f'"{c}"' for c in row)
+            con.execute(f"INSERT INTO nightloom_runs ({cols}) VALUES ({', '.join('?' * len(row))})", list(row.values()))
+    before = {r[0]: r for r in sql(db, "SELECT * FROM nightloom_runs ORDER BY run_id")}
+    model_at = columns(db).index("model")
+
+    with Ledger(url) as lg:
+        assert lg.schema_version() == SCHEMA_VERSION == 6
+        got = {r.run_id: (r.model, r.family) for r in lg.list_runs()}
+        assert got == {
+            "chat": ("chat-sft-demo-qwen2", "qwen2"),  # corrected from its job file
+            "cat": ("tiny-tied", "tiny"),  # a catalog run: the job file agrees
+            "done": ("llama2-7b", "llama2"),  # folder gone: left as it was, family of its name
+            "running": ("tiny", "tiny"),  # no run folder recorded
+            "gone": ("tiny", "tiny"),
+            "broken": ("tiny", "tiny"),  # an unreadable job file does not fail the migration
+        }
+        assert_done_intact(lg)
+        assert lg.best("chat-sft-demo-qwen2", "c1").run_id == "chat" and lg.best("tiny", "c1") is None
+        assert lg.calibration("h100-80gb", "qwen2").runs == 1 and lg.calibration("h100-80gb", "tiny") is None
+
+    after = {r[0]: r for r in sql(db, "SELECT * FROM nightloom_runs ORDER BY run_id")}
+    assert markers(db) == (["0006"], 6) and columns(db)[-1] == "family"
+    for run_id, old in before.items():  # every other field of every row as it was
+        new = list(after[run_id][: len(old)])
+        if run_id == "chat":
+            assert new[model_at] == "chat-sft-demo-qwen2"
+            new[model_at] = "tiny"
+        assert tuple(new) == old
+
+    eng = create_engine(url)
+    with eng.begin() as conn:  # and down again: the family goes, the corrected name stays
+        command.downgrade(ledger_mod._alembic_config(conn), "0005")
+    eng.dispose()
+    assert "family" not in columns(db) and sql(db, "SELECT model FROM nightloom_runs WHERE run_id = 'chat'") == [
+        ("chat-sft-demo-qwen2",)
+    ]
