@@ -18,6 +18,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from nightloom.metrics import StepMetrics
+from nightloom.util import share_mode
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,7 @@ def _save(fig: Figure, path: Path) -> Path:
     os.close(fd)
     try:
         fig.savefig(tmp, format="png", dpi=100, bbox_inches="tight")
+        share_mode(tmp)  # mkstemp made it 0600: the usual mode, as the run's other files
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

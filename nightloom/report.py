@@ -63,6 +63,7 @@ class RunSummary(BaseModel):
     preemptions: int = 0  # attempts stopped by a preemption notice (saved at one step) and relaunched or not
     preemption_lost_s: float = 0.0  # their time lost: from each stop to the next attempt's first step
     export_dir: str | None = None  # the Hugging Face export (train.export: hf), written before the gates
+    adapter_dir: str | None = None  # a LoRA run's PEFT adapter (AutoPeftModelForCausalLM loads it alone)
     nights_used: int = 0  # nights (stretches of renting) this run has used, this one included
     nights_left: int | None = None  # predicted nights still to come (None: unknown, no prediction)
     predicted_finish: str | None = None  # ISO time in the schedule's zone (None: unknown or finished)
@@ -87,6 +88,7 @@ class RunSummary(BaseModel):
             *((f"gate {v.name}", f"{v.label}: {v.reason}") for v in self.verdicts),
             ("stages", ", ".join(f"{s.stage} {s.seconds:.1f} s" for s in self.stages)),
             ("run dir", self.run_dir),
+            *self.output_rows(),
         ]
         body = "".join(
             f"<tr><th style='text-align:left'>{html.escape(k)}</th><td style='text-align:left'>{html.escape(v)}</td></tr>"
@@ -95,6 +97,12 @@ class RunSummary(BaseModel):
         png = loss_png(self.run_dir)
         img = f"<img alt='loss curve' src='data:image/png;base64,{png}'/>" if png else ""
         return f"<table><caption>nightloom run {html.escape(self.name)}</caption>{body}</table>{img}"
+
+    def output_rows(self) -> list[tuple[str, str]]:
+        """('export', folder) and ('adapter', folder) where the run wrote them: the summary's own fields, which
+        either backend's result fills (add_training), so every view names the same paths."""
+        rows = [("export", self.export_dir), ("adapter", self.adapter_dir)]
+        return [(k, v) for k, v in rows if v]
 
     def preemptions_text(self) -> str:
         """'2 (41.3 s lost)': the preemptions row (CLI and artifact)."""
@@ -132,7 +140,13 @@ class RunSummary(BaseModel):
         )
         self.interruptions, self.recovery_s = trained.interruptions, round(trained.recovery_s, 2)
         self.preemptions, self.preemption_lost_s = trained.preemptions, round(trained.preemption_lost_s, 2)
-        self.export_dir = trained.result.export_dir
+        self.add_outputs(trained.result)
+
+    def add_outputs(self, result: TrainResult) -> None:
+        """Where the trained model went, from the result record: `export_dir` and `adapter_dir` (an XTuner
+        result that names its full model `model_dir` only fills the export row with it)."""
+        self.export_dir = result.export_dir or getattr(result, "model_dir", None)
+        self.adapter_dir = result.adapter_dir
 
 
 def loss_png(run_dir: str) -> str | None:
@@ -179,6 +193,7 @@ def summary_rows(
         *({"field": f"gate {v.name}", "value": f"{v.label}: {v.reason}"} for v in verdicts),
         *({"field": f"stage {s.stage}", "value": f"{s.seconds:.1f} s"} for s in stages),
         {"field": "ledger row", "value": summary.run_id},
+        *({"field": k, "value": v} for k, v in summary.output_rows()),
     ]
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-import os
 import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -20,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from nightloom.spec import TokenizerSpec
+from nightloom.util import share_mode
 
 HF_FILES = ("tokenizer.json", "tokenizer_config.json")
 BYTES_EOS = 0  # the byte tokenizer's document separator (a NUL byte never occurs in text)
@@ -389,9 +389,7 @@ def ensure_trained(spec: TokenizerSpec, dataset, chat: bool = False) -> bool:
     tok.train_from_iterator(texts(), trainer=trainer)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
-    mask = os.umask(0)
-    os.umask(mask)
-    os.chmod(tmp, 0o777 & ~mask)  # mkdtemp makes 0700; other accounts read the cache too
+    share_mode(tmp)  # mkdtemp makes 0700; other accounts read the cache too
     try:
         tok.save(str(tmp / "tokenizer.json"))
         config = {

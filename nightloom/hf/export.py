@@ -23,15 +23,25 @@ from nightloom.hf.config import config_for_export, config_path, read_config
 from nightloom.hf.load import INDEX_NAME
 from nightloom.hf.names import expert_names, to_hf
 from nightloom.shape import ModelShape
-from nightloom.util import atomic_write_text
+from nightloom.util import atomic_write_text, quiet_no_dist, share_mode
 
 if TYPE_CHECKING:  # train/lora.py imports torch, which `nightloom export --help` need not load
     from nightloom.train.lora import LoraSettings
 
 DTYPES = ("bf16", "fp32")
 ADAPTER_DIR = "adapter"  # a LoRA run's PEFT adapter, inside the export
+BASE_DIR = (
+    "base"  # a LoRA run's unmerged base, inside the export, when no weights folder is its base (see adapter_base)
+)
 MAX_SHARD_BYTES = 5 * 2**30  # transformers' default max_shard_size
-_TOKENIZER_FILES = re.compile(r"(tokenizer.*|special_tokens_map\.json|.*\.model|.*\.tiktoken|vocab\.json|merges\.txt)")
+#: a tokenizer's files and its chat templates (transformers 5 saves the default one as chat_template.jinja, which
+#: wins over tokenizer_config.json's `chat_template`; older processors chat_template.json)
+_TOKENIZER_FILES = re.compile(
+    r"tokenizer.*|special_tokens_map\.json|added_tokens\.json|chat_template\.(jinja|json)|.*\.model|.*\.tiktoken"
+    r"|vocab\.(json|txt)|merges\.txt"
+)
+TEMPLATE_FILE = "chat_template.jinja"
+TEMPLATE_DIR = "additional_chat_templates"  # transformers 5: named templates besides the default, one .jinja each
 
 
 @dataclass(frozen=True)
@@ -43,15 +53,30 @@ class ExportReport:
 
 
 def tokenizer_files(tokenizer: str | Path | None) -> list[Path]:
-    """The files of a tokenizer to ship with a model: a file itself, or a folder's tokenizer files."""
+    """The files of a tokenizer to ship with a model: a file itself, or a folder's tokenizer and chat-template files
+    (additional_chat_templates/*.jinja included), so the export tokenizes and chats as the run did."""
     if tokenizer is None or str(tokenizer) == "bytes":
         return []
     p = Path(tokenizer)
     if p.is_file():
         return [p]
-    if p.is_dir():
-        return sorted(f for f in p.iterdir() if f.is_file() and _TOKENIZER_FILES.fullmatch(f.name))
-    return []
+    if not p.is_dir():
+        return []
+    found = [f for f in p.iterdir() if f.is_file() and _TOKENIZER_FILES.fullmatch(f.name)]
+    found += list((p / TEMPLATE_DIR).glob("*.jinja"))
+    return sorted(found)
+
+
+def _copy_tokenizer(tokenizer: str | Path | None, chat_template: str | Path | None, dest: Path) -> None:
+    """The tokenizer's files into `dest` (a folder's layout kept), then the run's own template file
+    (model.chat_template) as chat_template.jinja, which transformers prefers to the tokenizer's."""
+    root = Path(tokenizer) if tokenizer is not None and Path(tokenizer).is_dir() else None
+    for f in tokenizer_files(tokenizer):
+        target = dest / (f.relative_to(root) if root is not None else f.name)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(f, target)
+    if chat_template is not None:
+        shutil.copyfile(Path(chat_template).expanduser(), dest / TEMPLATE_FILE)
 
 
 def tokenizer_source(spec) -> str | None:
@@ -59,6 +84,18 @@ def tokenizer_source(spec) -> str | None:
     tok = getattr(spec.model, "tokenizer", None)
     path = getattr(tok, "path", tok)
     return path if isinstance(path, str) and path != "bytes" else None
+
+
+def adapter_base(weights: str | None, out: Path) -> str:
+    """`base_model_name_or_path` of a LoRA run's adapter, which `peft.AutoPeftModelForCausalLM` loads the adapter
+    onto: the base model's own folder (absolute; a Hub id or s3:// prefix as given; PEFT cannot fetch s3://, so
+    such a base must be fetched and given to PeftModel by hand). A run with no weights (model.config, random
+    init) has no base anywhere but its checkpoint: the export writes that unmerged base to `<out>/base/` and the
+    adapter names it. Not the merged export itself: the adapter on the merged weights would add B A twice."""
+    if not weights:
+        return str(Path(out).absolute() / BASE_DIR)
+    p = Path(weights).expanduser()
+    return str(p.resolve()) if "://" not in weights and p.exists() else weights
 
 
 def _groups(names: list[str]) -> list[list[str]]:
@@ -74,6 +111,76 @@ def _groups(names: list[str]) -> list[list[str]]:
     return [sorted(rest)] + [sorted(by_layer[i]) for i in sorted(by_layer)]
 
 
+class _Shards:
+    """safetensors files of at most `max_bytes` each in `folder`, renamed model-XXXXX-of-YYYYY once all are
+    written, as save_pretrained names them, with their index."""
+
+    def __init__(self, folder: Path, max_bytes: int):
+        self.folder, self.max_bytes = folder, max_bytes
+        self.pending: dict = {}
+        self.pending_bytes = self.total = 0
+        self.files: list[list[str]] = []
+
+    def add(self, parts: list, nbytes: int) -> None:
+        """One checkpoint tensor's Hugging Face tensors (several for stacked experts), kept in one file."""
+        if self.pending and self.pending_bytes + nbytes > self.max_bytes:
+            self.flush()
+        self.pending |= dict(parts)
+        self.pending_bytes += nbytes
+        self.total += nbytes
+
+    def flush(self) -> None:
+        from safetensors.torch import save_file
+
+        if self.pending:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            name = f"part-{len(self.files):05d}.safetensors"
+            save_file(self.pending, str(self.folder / name), metadata={"format": "pt"})
+            self.files.append(sorted(self.pending))
+            self.pending, self.pending_bytes = {}, 0
+
+    def finish(self) -> None:
+        """The last file, every file's final name, and model.safetensors.index.json."""
+        self.flush()
+        n, weight_map = len(self.files), {}
+        for i, names in enumerate(self.files):
+            final = f"model-{i + 1:05d}-of-{n:05d}.safetensors"
+            os.replace(self.folder / f"part-{i:05d}.safetensors", self.folder / final)
+            weight_map |= {name: final for name in names}
+        index = {"metadata": {"total_size": self.total}, "weight_map": dict(sorted(weight_map.items()))}
+        atomic_write_text(self.folder / INDEX_NAME, json.dumps(index, indent=2) + "\n")
+
+
+def _add_tensors(shards: _Shards, state: dict, shape: ModelShape, dtype) -> None:
+    """One group of checkpoint model tensors into `shards` by their Hugging Face names: a tied head left out
+    (transformers re-ties it), vocabulary rows padded for TP cut, stacked experts split per expert."""
+    for k in sorted(state):
+        ours = k[len("model.") :]
+        if shape.tied_embeddings and ours == "output.weight":
+            continue
+        t = state[k]
+        if ours in ("tok_embeddings.weight", "output.weight"):
+            t = t[: shape.vocab]
+        t = t.to(dtype).contiguous()
+        per_expert = expert_names(ours, shape) if shape.moe else None
+        parts = zip(per_expert, t) if per_expert is not None else [(to_hf(ours, shape), t)]
+        shards.add([(name, part.contiguous()) for name, part in parts], t.numel() * t.element_size())
+
+
+def _write_configs(folder: Path, shape: ModelShape, source_config: str | Path | None, dtype: str) -> None:
+    """config.json (the source's, dtype updated, or one written from the shape) and generation_config.json (the
+    source's, else the config's special token ids)."""
+    source = read_config(source_config) if source_config else None
+    cfg = config_for_export(shape, source, dtype)
+    atomic_write_text(folder / "config.json", json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    gen_src = config_path(source_config).with_name("generation_config.json") if source_config else None
+    if gen_src is not None and gen_src.is_file():
+        shutil.copyfile(gen_src, folder / "generation_config.json")
+    else:
+        gen = {k: cfg[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if cfg.get(k) is not None}
+        atomic_write_text(folder / "generation_config.json", json.dumps(gen, indent=2) + "\n")
+
+
 def export_checkpoint(
     ckpt: Path,
     shape: ModelShape,
@@ -83,12 +190,16 @@ def export_checkpoint(
     tokenizer: str | Path | None = None,
     max_shard_bytes: int = MAX_SHARD_BYTES,
     lora: LoraSettings | None = None,
+    base: str | None = None,
+    chat_template: str | Path | None = None,
 ) -> Path:
     """Write the export of DCP checkpoint `ckpt` (a `step-N` folder) to `out`; returns `out`. A LoRA run's (`lora`)
-    is the merged model there and its adapter, as PEFT writes one, in `out/adapter/`."""
+    is the merged model there and its adapter, as PEFT writes one, in `out/adapter/`, whose base is the run's
+    weights folder `base` (model.weights), or without one the unmerged base written to `out/base/` (adapter_base).
+    `chat_template`: the run's model.chat_template file, exported as chat_template.jinja. Every file gets the
+    usual (umask) mode: safetensors writes 0600."""
     import torch
     import torch.distributed.checkpoint as dcp
-    from safetensors.torch import save_file
 
     if dtype not in DTYPES:
         raise ValueError(f"dtype: {dtype!r}; expected one of {', '.join(DTYPES)}")
@@ -101,64 +212,30 @@ def export_checkpoint(
     tmp = out.with_name(f".{out.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    weight_map: dict[str, str] = {}
-    pending: dict[str, torch.Tensor] = {}
-    files: list[list[str]] = []
-    total = 0
-
-    def flush() -> None:
-        if pending:
-            name = f"part-{len(files):05d}.safetensors"
-            save_file(pending, str(tmp / name), metadata={"format": "pt"})
-            files.append(sorted(pending))
-            pending.clear()
-
+    shards = {tmp: _Shards(tmp, max_shard_bytes)}
+    if lora is not None and not base:
+        shards[tmp / BASE_DIR] = _Shards(tmp / BASE_DIR, max_shard_bytes)
     adapters: dict[str, torch.Tensor] = {}
     for group in _groups(keys):
         state = {k: torch.empty(meta[k].size, dtype=meta[k].properties.dtype) for k in group}
-        dcp.load(state, checkpoint_id=str(ckpt), no_dist=True)
+        with quiet_no_dist():  # one process on purpose
+            dcp.load(state, checkpoint_id=str(ckpt), no_dist=True)
         if lora is not None:
+            if (unmerged := shards.get(tmp / BASE_DIR)) is not None:
+                _add_tensors(unmerged, {k: v for k, v in state.items() if ".lora_" not in k}, shape, torch_dtype)
             state, found = merge_lora(state, lora.scaling)
             adapters |= {"base_model.model." + to_hf(k[len("model.") :], shape): t for k, t in found.items()}
         elif any(".lora_" in k for k in state):
             raise ValueError(f"{ckpt}: holds LoRA adapters but no train.lora settings were given to merge them")
-        for k in sorted(state):
-            ours = k[len("model.") :]
-            if shape.tied_embeddings and ours == "output.weight":
-                continue  # transformers re-ties lm_head to the embedding
-            t = state[k]
-            if ours in ("tok_embeddings.weight", "output.weight"):
-                t = t[: shape.vocab]  # rows padded for TP
-            t = t.to(torch_dtype).contiguous()
-            nbytes = t.numel() * t.element_size()
-            if pending and sum(x.numel() * x.element_size() for x in pending.values()) + nbytes > max_shard_bytes:
-                flush()
-            per_expert = expert_names(ours, shape) if shape.moe else None
-            for name, part in zip(per_expert, t) if per_expert is not None else [(to_hf(ours, shape), t)]:
-                pending[name] = part.contiguous()
-            total += nbytes
+        _add_tensors(shards[tmp], state, shape, torch_dtype)
         del state
-    flush()
-    n = len(files)
-    for i, names in enumerate(files):
-        final = f"model-{i + 1:05d}-of-{n:05d}.safetensors"
-        os.replace(tmp / f"part-{i:05d}.safetensors", tmp / final)
-        weight_map |= {name: final for name in names}
-    index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
-    atomic_write_text(tmp / INDEX_NAME, json.dumps(index, indent=2) + "\n")
-    source = read_config(source_config) if source_config else None
-    cfg = config_for_export(shape, source, dtype)
-    atomic_write_text(tmp / "config.json", json.dumps(cfg, indent=2, sort_keys=True) + "\n")
-    gen_src = config_path(source_config).with_name("generation_config.json") if source_config else None
-    if gen_src is not None and gen_src.is_file():
-        shutil.copyfile(gen_src, tmp / "generation_config.json")
-    else:
-        gen = {k: cfg[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if cfg.get(k) is not None}
-        atomic_write_text(tmp / "generation_config.json", json.dumps(gen, indent=2) + "\n")
-    for f in tokenizer_files(tokenizer):
-        shutil.copyfile(f, tmp / f.name)
+    for folder, written in shards.items():
+        written.finish()
+        _write_configs(folder, shape, source_config, dtype)
+        _copy_tokenizer(tokenizer, chat_template, folder)
     if lora is not None:
-        write_peft_adapter(tmp / ADAPTER_DIR, adapters, lora, torch_dtype, base=str(source_config or ""))
+        write_peft_adapter(tmp / ADAPTER_DIR, adapters, lora, torch_dtype, base=adapter_base(base, out))
+    share_mode(tmp)
     if out.exists():
         shutil.rmtree(out)
     os.replace(tmp, out)
@@ -179,7 +256,8 @@ def merge_lora(state: dict, scaling: float) -> tuple[dict, dict]:
 
 def write_peft_adapter(folder: Path, tensors: dict, lora: LoraSettings, dtype, base: str) -> None:
     """adapter_config.json and adapter_model.safetensors as peft's save_pretrained writes them (key names
-    `base_model.model.<HF name>.lora_A.weight`), so `PeftModel.from_pretrained(base, folder)` loads them."""
+    `base_model.model.<HF name>.lora_A.weight`), so `PeftModel.from_pretrained(base, folder)` loads them, and
+    `AutoPeftModelForCausalLM.from_pretrained(folder)` too: `base` (adapter_base) is its base model's folder or id."""
     from safetensors.torch import save_file
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -200,6 +278,6 @@ def write_peft_adapter(folder: Path, tensors: dict, lora: LoraSettings, dtype, b
         "use_rslora": False,
         "use_dora": False,
         "modules_to_save": None,
-        "base_model_name_or_path": str(Path(base).parent) if base else None,
+        "base_model_name_or_path": base or None,
     }
     atomic_write_text(folder / "adapter_config.json", json.dumps(config, indent=2, sort_keys=True) + "\n")

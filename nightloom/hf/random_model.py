@@ -8,6 +8,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from nightloom.util import quiet_progress, share_mode
+
 DEMO_CONFIG = {
     "vocab_size": 256,
     "hidden_size": 64,
@@ -84,7 +86,9 @@ def build_random_model(
         for name, b in model.named_buffers():
             if bias_std and name.endswith("e_score_correction_bias"):  # deepseek_v3's expert-choice bias
                 b.normal_(0.0, bias_std)
-    model.save_pretrained(tmp, max_shard_size=max_shard_size)
+    with quiet_progress():  # no "Writing model shards" bar in a demo's output
+        model.save_pretrained(tmp, max_shard_size=max_shard_size)
+    share_mode(tmp)  # safetensors writes 0600: the usual mode, readable as the rest
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
     return final

@@ -27,7 +27,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from nightloom.train.tied import EMBED_NAME, HEAD_NAME, head_only
-from nightloom.util import atomic_write_text
+from nightloom.util import atomic_write_text, quiet_no_dist
 
 LATEST = "latest"
 _OPTS = StateDictOptions(flatten_optimizer_state_dict=True)
@@ -165,5 +165,6 @@ def load_weights(path: Path, model: nn.Module) -> None:
     tied = getattr(getattr(model, "shape", None), "tied_embeddings", False)
     if tied:
         state.pop(HEAD_NAME, None)
-    dcp.load({"model": state}, checkpoint_id=str(path), no_dist=True)
+    with quiet_no_dist():  # one process on purpose: torch's "torch.distributed is disabled" warning is noise here
+        dcp.load({"model": state}, checkpoint_id=str(path), no_dist=True)
     set_model_state_dict(model, state, options=StateDictOptions(strict=not tied))

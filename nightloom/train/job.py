@@ -151,6 +151,7 @@ class TrainResult(BaseModel):
     peak_flops: float | None = None  # per-device peak used for MFU (measured on CPU, datasheet on GPU)
     peak_source: str | None = None
     export_dir: str | None = None  # the Hugging Face export written when training completed
+    adapter_dir: str | None = None  # a LoRA run's PEFT adapter (native: inside the export), the summary's row
     conversations_per_row: float | None = None  # train.pack: conversations per packed sequence, on average
     pack_fill: float | None = None  # train.pack: the share of the packed sequences' ids that are conversation tokens
 

@@ -76,3 +76,18 @@ def test_eval_plot_only_when_the_run_evaluated(tmp_path: Path):
     plain = write_run_plots(run(), tmp_path / "without")
     assert "eval" not in plain
     assert not np.array_equal(decode(paths["loss"]), decode(plain["loss"]))  # eval points drawn on the loss plot
+
+
+def test_plots_get_the_umask_mode_as_the_run_s_other_files(tmp_path: Path):
+    """mkstemp makes 0600: a teammate sharing the run folder could not open loss.png. Now 0666 less the umask."""
+    import os
+    import stat
+
+    hist = [MfuPoint("a", 0.3, 0.25)]
+    for mask, mode in ((0o022, 0o644), (0o027, 0o640)):
+        old = os.umask(mask)
+        try:
+            paths = write_run_plots(run(), tmp_path / f"plots-{mask:o}", predicted_mfu=0.35, history=hist)
+        finally:
+            os.umask(old)
+        assert {k: stat.S_IMODE(p.stat().st_mode) for k, p in paths.items()} == dict.fromkeys(paths, mode)
