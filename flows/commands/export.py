@@ -57,6 +57,8 @@ def run(args) -> int:
             source_config=job.hf_config,
             tokenizer=job.tokenizer_dir,
             lora=LoraSettings.from_spec(job.train.lora),
+            base=job.weights,
+            chat_template=job.chat_template,
         )
     except (FileNotFoundError, ValueError) as e:
         print(f"nightloom export: {e}", file=sys.stderr)

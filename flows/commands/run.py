@@ -56,6 +56,8 @@ def print_summary(summary) -> None:
     # outside the table, whole and on one line each, so they can be copied
     print(f"ledger row: {summary.ledger_id}")
     print(f"run dir:    {summary.run_dir}")
+    for field, path in summary.output_rows():  # the export and the adapter, where the run wrote them
+        print(f"{field + ':':<11} {path}")
 
 
 def run(args) -> int:

@@ -601,7 +601,7 @@ def _write_pid(job: TrainJob, rank: int) -> None:
 def export_result(job: TrainJob, result: TrainResult, dtype: str) -> TrainResult:
     """Rank 0, after the process group is gone (no peer waits on a collective meanwhile): the Hugging Face
     export of the final checkpoint, then result.json again with its path."""
-    from nightloom.hf.export import export_checkpoint
+    from nightloom.hf.export import ADAPTER_DIR, export_checkpoint
 
     t0 = time.perf_counter()
     out = export_checkpoint(
@@ -612,8 +612,11 @@ def export_result(job: TrainJob, result: TrainResult, dtype: str) -> TrainResult
         source_config=job.hf_config,
         tokenizer=job.tokenizer_dir,
         lora=LoraSettings.from_spec(job.train.lora),
+        base=job.weights,
+        chat_template=job.chat_template,
     )
-    result = result.model_copy(update={"export_dir": str(out)})
+    adapter = str(out / ADAPTER_DIR) if job.train.lora is not None else None
+    result = result.model_copy(update={"export_dir": str(out), "adapter_dir": adapter})
     atomic_write_text(job.result_path, result.model_dump_json(indent=2) + "\n")
     print(f"[nightloom.train] exported {out} ({dtype}, {time.perf_counter() - t0:.2f} s)", flush=True)
     return result
