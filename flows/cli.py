@@ -1,6 +1,7 @@
 """`nightloom` console script: pure commands call nightloom/ directly; `run` runs the Prefect flow.
 
-Exit codes: 0 ok, 1 run or validation failed, 2 usage error (argparse, or a bad spec given on the command line).
+Exit codes: 0 ok, 1 run or validation failed (a spec that does not validate included), 2 usage error (bad
+arguments, a file or folder that does not exist, a required option missing): the rule of flows/commands/common.py.
 """
 
 from __future__ import annotations
@@ -8,6 +9,8 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+
+from flows.commands.common import UsageError, check_spec_arg, usage
 
 #: subcommand modules in flows/commands/, each exposing register(subparsers) and run(args) -> int
 COMMANDS = ("run", "validate", "plan", "shard", "provision", "cost", "ledger", "queue", "export", "eval", "ui")
@@ -32,7 +35,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)  # exits 2 on usage errors
     try:
+        check_spec_arg(args)  # a missing spec file: exit 2 at once, naming the path and the current folder
         return int(args.func(args) or 0)
+    except UsageError as e:
+        return usage(args.command, str(e))
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

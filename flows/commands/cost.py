@@ -9,7 +9,7 @@ With --choose it compares GPU types (--gpus TYPE=PRICE,...) and counts up to --m
 hours from the planner, its nights, finish and cost, and the cheapest that meets --deadline and --budget (else the
 fastest, with the reason; nightloom.schedule.rent_choice).
 Exit codes: 0 ok, 1 the plan exceeds schedule.budget or schedule.max_nights (--choose: no option meets the
-deadline and budget), 2 usage.
+deadline and budget) or the spec does not validate, 2 usage (bad arguments, a missing file, no step time: --hours).
 """
 
 from __future__ import annotations
@@ -19,13 +19,13 @@ import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from flows.commands.common import failed, load_spec_file, spec_invalid, usage
 from nightloom.schedule.budget import refuse_if_over
 from nightloom.schedule.errors import RunRefused
-from nightloom.schedule.inputs import inputs_for_spec
+from nightloom.schedule.inputs import inputs_for_spec, step_time_unknown
 from nightloom.schedule.nights import NightPlan, plan_nights
 from nightloom.schedule.rent_vs_buy import rent_vs_buy
 from nightloom.spec import RunSpec, SpecError
-from nightloom.spec_load import load_spec
 
 
 def register(sub) -> None:
@@ -95,7 +95,7 @@ def _now(at: str | None) -> datetime:
 
 
 def build_plan(spec: RunSpec, now: datetime, hours: float | None, provisioning_min: float | None) -> NightPlan:
-    """The plan `nightloom cost` prints; ValueError when no step time is known from any source."""
+    """The plan `nightloom cost` prints; StepTimeUnknown (a ValueError) when no source knows the step time."""
     step, layout = (None, "") if hours is not None else planner_step(spec)
     inputs = inputs_for_spec(
         spec,
@@ -106,10 +106,7 @@ def build_plan(spec: RunSpec, now: datetime, hours: float | None, provisioning_m
         provisioning_s=None if provisioning_min is None else provisioning_min * 60.0,
     )
     if inputs.step_time_s is None:
-        raise ValueError(
-            f"the planner predicts no step time for gpu_type {spec.cluster.gpu_type!r} and the ledger has no "
-            "measured run of this spec: give --hours"
-        )
+        raise step_time_unknown(spec)
     return plan_nights(spec.schedule, now, inputs)
 
 
@@ -129,17 +126,15 @@ def run(args) -> int:
     if args.choose:
         return run_choose(args)
     try:
-        spec = load_spec(args.spec)
+        spec = load_spec_file(args.spec)
         now = _now(args.at)
         if args.provisioning_min is not None and args.provisioning_min < 0:
             raise ValueError(f"--provisioning-min must be >= 0, got {args.provisioning_min}")
         plan = build_plan(spec, now, args.hours, args.provisioning_min)
     except SpecError as e:
-        print(str(e), file=sys.stderr)
-        return 2
-    except (ValueError, KeyError) as e:  # ScheduleError is a ValueError: a run that never fits
-        print(f"nightloom cost: {e}", file=sys.stderr)
-        return 2
+        return spec_invalid(e)
+    except (ValueError, KeyError) as e:  # ScheduleError is a ValueError: a run that never fits, no step time
+        return usage("cost", str(e))
     s = spec.schedule
     gpus = spec.world_size
     refused = None
@@ -163,8 +158,7 @@ def run(args) -> int:
     else:
         _print_text(spec, plan, now, check, refused, rvb, args)
     if refused:
-        print(f"nightloom cost: {refused}", file=sys.stderr)
-        return 1
+        return failed("cost", refused)
     return 0
 
 
@@ -296,7 +290,7 @@ def run_choose(args) -> int:
         if args.hours is not None:
             raise ValueError("--choose takes each option's hours from the planner: drop --hours")
         prices = parse_gpu_prices(args.gpus)
-        spec = load_spec(args.spec)
+        spec = load_spec_file(args.spec)
         now = _now(args.at)
         deadline = None if args.deadline is None else datetime.fromisoformat(args.deadline)
         if deadline is not None and deadline.tzinfo is None:
@@ -305,18 +299,15 @@ def run_choose(args) -> int:
             raise ValueError(f"--budget must be > 0, got {args.budget}")
         result = rent_options(spec, prices, now, max_gpus=args.max_gpus, deadline=deadline, budget=args.budget)
     except SpecError as e:
-        print(str(e), file=sys.stderr)
-        return 2
+        return spec_invalid(e)
     except ValueError as e:
-        print(f"nightloom cost: {e}", file=sys.stderr)
-        return 2
+        return usage("cost", str(e))
     if args.json:
         print(json.dumps(result.to_json(), indent=2))
     else:
         _print_choice(spec, result)
     if result.choice is None or not result.choice.acceptable:
-        print(f"nightloom cost: {result.reason}", file=sys.stderr)
-        return 1
+        return failed("cost", result.reason)
     return 0
 
 

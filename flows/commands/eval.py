@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-import sys
+
+from flows.commands.common import UsageError, failed, require_file, require_run_dir
 
 
 def register(sub) -> None:
@@ -20,18 +21,23 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
+def check_args(args) -> None:
+    """The run folder, the data file and --seq-len, checked before torch is imported (seconds): UsageError."""
+    require_run_dir(args.run_dir)
+    require_file(args.data, "--data file")
+    if args.seq_len is not None and args.seq_len < 2:
+        raise UsageError("--seq-len must be >= 2")
+
+
 def run(args) -> int:
+    check_args(args)
     from nightloom.tokenizer import TokenizerError
     from nightloom.train.evaluate import EvalError, evaluate_run
 
-    if args.seq_len is not None and args.seq_len < 2:
-        print("nightloom eval: error: --seq-len must be >= 2", file=sys.stderr)
-        return 2
     try:
         r = evaluate_run(args.run_dir, args.data, args.seq_len)
     except (EvalError, TokenizerError, OSError) as e:
-        print(f"nightloom eval: failed: {e}", file=sys.stderr)
-        return 1
+        return failed("eval", f"failed: {e}")
     if args.json:
         out = {"loss": r.loss, "tokens": r.tokens, "ppl": r.ppl, "documents": r.documents, "step": r.step}
         sft = {"task": r.task, "dropped": r.dropped} if r.task == "sft" else {}

@@ -3,10 +3,11 @@ Face folder (config.json, generation_config.json, safetensors + index, tokenizer
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 from pydantic import ValidationError
+
+from flows.commands.common import require_run_dir, usage
 
 
 def register(sub) -> None:
@@ -33,6 +34,7 @@ def _job(run_dir: Path):
 
 
 def run(args) -> int:
+    require_run_dir(args.run_dir)  # before torch is imported: a wrong path fails at once (exit 2)
     from nightloom.hf.export import export_checkpoint
     from nightloom.train import checkpoint
     from nightloom.train.lora import LoraSettings
@@ -60,8 +62,7 @@ def run(args) -> int:
             base=job.weights,
             chat_template=job.chat_template,
         )
-    except (FileNotFoundError, ValueError) as e:
-        print(f"nightloom export: {e}", file=sys.stderr)
-        return 2
+    except (FileNotFoundError, ValueError) as e:  # no such checkpoint, or a job file that does not parse
+        return usage("export", str(e))
     print(f"exported step {step} of {run_dir} to {out} ({args.dtype})")
     return 0

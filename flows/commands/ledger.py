@@ -1,7 +1,8 @@
 """`nightloom ledger list|best|export`: read the run ledger (layouts, MFU, times, cost, nights, verdicts).
 
 The ledger URL comes from --url, else the spec given with --spec (ledger.url), else $NIGHTLOOM_LEDGER_URL,
-else the spec default (sqlite:///.nightloom/ledger.db). Exit codes: 0 ok, 1 nothing found (`best`), 2 usage.
+else the spec default (sqlite:///.nightloom/ledger.db). Exit codes: 0 ok, 1 nothing found (`best`) or the --spec
+does not validate, 2 usage (a bad URL, a missing file).
 """
 
 from __future__ import annotations
@@ -11,9 +12,9 @@ import json
 import os
 import sys
 
+from flows.commands.common import load_spec_file, spec_invalid, usage
 from nightloom.ledger import RUN_STATUSES, Ledger, LedgerError, RunRecord
 from nightloom.spec import LedgerSpec, SpecError
-from nightloom.spec_load import load_spec
 
 LIST_COLUMNS = (
     "run_id",
@@ -63,7 +64,7 @@ def ledger_url(args) -> str:
     if getattr(args, "url", None):
         return args.url
     if getattr(args, "spec", None):
-        return load_spec(args.spec).ledger.url
+        return load_spec_file(args.spec).ledger.url
     return os.environ.get("NIGHTLOOM_LEDGER_URL") or LedgerSpec().url
 
 
@@ -129,11 +130,9 @@ def run(args) -> int:
         url = ledger_url(args)
         lg = Ledger(url)
     except SpecError as e:
-        print(str(e), file=sys.stderr)
-        return 2
+        return spec_invalid(e)
     except (LedgerError, ValueError) as e:
-        print(f"nightloom ledger: {e}", file=sys.stderr)
-        return 2
+        return usage("ledger", str(e))
     try:
         if args.ledger_action == "list":
             runs = lg.list_runs(model=args.model, cluster=args.cluster, status=args.status, limit=args.limit)

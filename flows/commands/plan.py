@@ -1,7 +1,8 @@
 """`nightloom plan`: choose (or evaluate) a parallel layout for a spec or for a model on a cluster, and say why.
 
 Exit codes: 0 a layout fits (or CPU: a runnable layout was chosen), 1 no layout fits (the message names the
-smallest memory per GPU any layout needs), 2 usage error (bad arguments, unknown model/GPU, bad config.json).
+smallest memory per GPU any layout needs) or the spec does not validate, 2 usage error (bad arguments, unknown
+model/GPU, bad config.json).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import argparse
 import json
 import sys
 
+from flows.commands.common import UsageError, failed, load_spec_file, spec_invalid, usage
 from nightloom.planner.request import RECOMPUTE_MODES, PlanError, PlanReport
 
 JSON_KEYS = (
@@ -91,13 +93,11 @@ def _report(args) -> PlanReport:
     from nightloom.planner import plan, plan_for_spec
 
     if args.spec:
-        from nightloom.spec_load import load_spec
-
         if args.layout or args.stages or args.other_trainer or args.attention != "fused":
             raise ValueError(
                 "--layout, --stages, --other-trainer and --attention apply to --model plans; a spec pins its own"
             )
-        spec = load_spec(args.spec)
+        spec = load_spec_file(args.spec)
         return plan_for_spec(spec, calibration=args.calibration, require_fit=False)
     missing = [
         f"--{n.replace('_', '-')}"
@@ -182,14 +182,11 @@ def run(args) -> int:
     try:
         report = _report(args)
     except SpecError as e:
-        print(str(e), file=sys.stderr)
-        return 2
+        return spec_invalid(e)
     except (PlanError, LayoutError) as e:  # no layout can run at all (divisibility): the input is the problem
-        print(f"nightloom plan: {e}", file=sys.stderr)
-        return 1
+        return failed("plan", str(e))
     except (ValueError, KeyError) as e:
-        print(f"nightloom plan: {e.args[0] if isinstance(e, KeyError) else e}", file=sys.stderr)
-        return 2
+        return usage("plan", str(e.args[0] if isinstance(e, KeyError) else e))
     if args.json:
         print(json.dumps(to_json(report), indent=2))
     else:
@@ -209,7 +206,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="nightloom")
     register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["plan", *(sys.argv[1:] if argv is None else argv)])
-    return args.func(args)
+    try:
+        return args.func(args)
+    except UsageError as e:
+        return usage("plan", str(e))
 
 
 if __name__ == "__main__":

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import sys
-
+from flows.commands.common import failed, load_spec_file, spec_invalid
 from nightloom.provision import get_provider
 from nightloom.provision.base import ProvisionError
 from nightloom.provision.check import check, format_check
 from nightloom.spec import SpecError
-from nightloom.spec_load import load_spec
 
 
 def register(sub) -> None:
@@ -34,11 +32,12 @@ def _provider(spec):
 
 def run(args) -> int:
     try:
-        spec = load_spec(args.spec)
+        spec = load_spec_file(args.spec)
         provider = _provider(spec)
-    except (SpecError, ProvisionError) as e:
-        print(str(e), file=sys.stderr)
-        return 2 if isinstance(e, SpecError) else 1
+    except SpecError as e:
+        return spec_invalid(e)
+    except ProvisionError as e:
+        return failed("provision", str(e))
     res = check(provider)
     print(res.model_dump_json(indent=2) if args.json else format_check(res))
     return 0 if res.ok else 1

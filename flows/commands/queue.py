@@ -5,9 +5,11 @@ spec and keeps the figures its plan needs: nodes (cluster.nodes), policy (wait: 
 training hours (--hours, else the ledger's measurement, else the planner, as `nightloom cost`), provisioning,
 checkpoint and restore times. The queue takes its time zone, windows and currency from its first job; a job whose
 own contradict them, that needs more nodes than the queue, or whose spec does not validate, is refused with the
-queue unchanged. `plan` packs the jobs by priority (1 first), then deadline, then the order added.
+queue unchanged. deployments/queue-demo.yaml is a spec a queue takes as it is. `plan` packs the jobs by priority
+(1 first), then deadline, then the order added.
 The ledger is --ledger, else $NIGHTLOOM_LEDGER_URL, else the default ledger (sqlite:///.nightloom/ledger.db).
-Exit codes: 0 ok, 1 the queue refused a job (or has no such queue or job), 2 usage (bad arguments or spec).
+Exit codes: 0 ok, 1 the queue refused a job, the spec does not validate, or no such queue or job; 2 usage (bad
+arguments, a missing file, no step time known: give --hours).
 """
 
 from __future__ import annotations
@@ -19,13 +21,13 @@ import sys
 from datetime import UTC, datetime
 from zoneinfo import ZoneInfo
 
+from flows.commands.common import failed, load_spec_file, spec_invalid, usage
 from nightloom.ledger import Ledger, LedgerError
 from nightloom.queue_store import QueuedJob, QueueError, QueueRecord, QueueStore
-from nightloom.schedule.errors import ScheduleError
-from nightloom.schedule.queue_jobs import JobFigures, QueueRefused, job_figures
+from nightloom.schedule.errors import ScheduleError, StepTimeUnknown
+from nightloom.schedule.queue_jobs import JobFigures, QueueRefused, job_figures, spec_refusals
 from nightloom.schedule.queue_plan import QueuePlan, plan_queue
 from nightloom.spec import LedgerSpec, RunSpec, SpecError
-from nightloom.spec_load import load_spec
 
 
 def register(sub) -> None:
@@ -79,7 +81,7 @@ def figures_for(spec: RunSpec, hours: float | None, ledger: Ledger) -> JobFigure
     runs = [] if hours is not None else ledger.list_runs(cluster=spec.cluster.name)
     try:
         return job_figures(spec, hours=hours, runs=runs)
-    except QueueRefused:  # no measurement: ask the planner (only now: it is the slow source)
+    except StepTimeUnknown:  # no measurement: ask the planner (only now: it is the slow source)
         from flows.commands.cost import planner_step
 
         step, layout = planner_step(spec)
@@ -100,25 +102,23 @@ def run(args) -> int:
     try:
         deadline = _time(getattr(args, "deadline", None), "--deadline")
         at = _time(getattr(args, "at", None), "--at") or datetime.now(UTC)
-        spec = load_spec(args.spec) if args.queue_action == "add" else None
+        spec = load_spec_file(args.spec) if args.queue_action == "add" else None
         if getattr(args, "hours", None) is not None and args.hours <= 0:
             raise ValueError(f"--hours must be > 0, got {args.hours}")
+        if getattr(args, "priority", 1) < 1:
+            raise ValueError(f"--priority must be >= 1 (1 runs first), got {args.priority}")
         lg = Ledger(ledger_url(args))
     except SpecError as e:
-        print(str(e), file=sys.stderr)
-        print("nightloom queue: refused: the spec does not validate; the queue is unchanged", file=sys.stderr)
-        return 2
+        spec_invalid(e)
+        return failed("queue", "refused: the spec does not validate; the queue is unchanged")
     except (LedgerError, ValueError) as e:
-        print(f"nightloom queue: {e}", file=sys.stderr)
-        return 2
+        return usage("queue", str(e))
     try:
         return _act(args, QueueStore(lg), spec, deadline, at)
     except (QueueRefused, QueueError) as e:
-        print(f"nightloom queue: {e}", file=sys.stderr)
-        return 1
-    except ScheduleError as e:
-        print(f"nightloom queue: {e}", file=sys.stderr)
-        return 2
+        return failed("queue", str(e))
+    except ScheduleError as e:  # StepTimeUnknown included: give --hours
+        return usage("queue", f"{e}; the queue is unchanged" if args.queue_action == "add" else str(e))
     finally:
         lg.close()
 
@@ -132,21 +132,7 @@ def _act(args, store: QueueStore, spec: RunSpec | None, deadline: datetime | Non
         return 0
     if args.queue_action == "add":
         assert spec is not None
-        fig = figures_for(spec, args.hours, store.ledger)
-        job = store.add(
-            name,
-            fig,
-            spec=spec.model_dump(mode="json", by_alias=True),
-            priority=args.priority,
-            deadline=deadline,
-            spec_path=str(args.spec),
-        )
-        print(
-            f"queue {name}: job {job.id} {job.name}: {job.nodes} nodes, {job.hours:.2f} h ({job.hours_source}), "
-            f"policy {job.policy}, priority {job.priority}"
-            + ("" if deadline is None else f", deadline {deadline.isoformat()}")
-        )
-        return 0
+        return _add(args, store, spec, deadline)
     if args.queue_action == "remove":
         job = store.remove(name, args.job_id)
         print(f"queue {name}: removed job {job.id} {job.name}")
@@ -176,6 +162,32 @@ def _act(args, store: QueueStore, spec: RunSpec | None, deadline: datetime | Non
         _print_plan(q, plan)
     if args.gantt:
         print(f"wrote the Gantt chart to {args.gantt}", file=sys.stderr)
+    return 0
+
+
+def _add(args, store: QueueStore, spec: RunSpec, deadline: datetime | None) -> int:
+    """`queue add`: the refusals the spec alone decides first (policy, windows, nodes: --hours would not help),
+    then the job's hours and the transactional add (which checks them again)."""
+    q = store.get(args.name)
+    why = spec_refusals(
+        spec.cluster.nodes, spec.schedule.policy, spec.schedule, max_nodes=q.max_nodes, queue_schedule=q.schedule
+    )
+    if why:
+        raise QueueRefused(f"queue {args.name!r} refuses {spec.name}: " + "; ".join(why))
+    fig = figures_for(spec, args.hours, store.ledger)
+    job = store.add(
+        args.name,
+        fig,
+        spec=spec.model_dump(mode="json", by_alias=True),
+        priority=args.priority,
+        deadline=deadline,
+        spec_path=str(args.spec),
+    )
+    print(
+        f"queue {args.name}: job {job.id} {job.name}: {job.nodes} nodes, {job.hours:.2f} h ({job.hours_source}), "
+        f"policy {job.policy}, priority {job.priority}"
+        + ("" if deadline is None else f", deadline {deadline.isoformat()}")
+    )
     return 0
 
 

@@ -1,8 +1,8 @@
 """`nightloom shard SPEC` or `nightloom shard --input … --output … --shards N`: hash-shard a corpus.
 
 Pure command (no Prefect): calls nightloom.sharding.shard_dataset; with `--dask ADDRESS` (or `sharding.dask` in
-SPEC) it runs the `shard-dataset` Prefect flow with its scan and write tasks on that Dask cluster instead. Exit 0 balanced, 1 not balanced or
-failed, 2 usage. `--json` prints the summary (per-shard figures, imbalance, balanced, dedup_dropped, token files).
+SPEC) it runs the `shard-dataset` Prefect flow with its scan and write tasks on that Dask cluster instead. Exit 0
+balanced, 1 not balanced, failed, or SPEC does not validate, 2 usage. `--json` prints the summary (per-shard figures, imbalance, balanced, dedup_dropped, token files).
 `--tokenizer` (or SPEC's model.tokenizer) sets the tokenizer whose ids go to each shard's .bin/.idx token files.
 """
 
@@ -16,9 +16,9 @@ import time
 
 from pydantic import ValidationError
 
+from flows.commands.common import UsageError, load_spec_file, spec_invalid
 from nightloom.sharding import ShardingError, shard_dataset, summarize
 from nightloom.spec import DatasetSpec, ShardingSpec, SpecError, StorageSpec, TokenizerSpec
-from nightloom.spec_load import load_spec
 from nightloom.storage import StorageError
 from nightloom.tokenizer import TokenizerError, load_tokenizer
 
@@ -45,7 +45,7 @@ def register(subparsers) -> None:
         "shard",
         help="hash-shard a dataset into balanced Parquet shards + manifest.json",
         description="Shard the dataset of SPEC, or the one given by --input/--output/--shards. "
-        "Flags given with SPEC override the spec. Exit 0 balanced, 1 not balanced or failed, 2 usage.",
+        "Flags given with SPEC override the spec. Exit 0 balanced, 1 not balanced, failed or SPEC invalid, 2 usage.",
     )
     p.add_argument("spec", nargs="?", help="run spec YAML (uses its dataset, sharding and storage sections)")
     p.add_argument("--input", help="JSONL(.gz/.zst), Parquet, text folder, save_to_disk folder, or s3:// prefix")
@@ -117,14 +117,15 @@ def _usage(msg: str) -> int:
 
 
 def _sections(args) -> tuple[DatasetSpec, ShardingSpec, StorageSpec]:
-    """Spec sections from SPEC (if given) with the flags layered on top; raises SpecError / ValidationError."""
+    """Spec sections from SPEC (if given) with the flags layered on top; raises SpecError (the spec does not
+    validate), UsageError (a required flag missing) or ValidationError (a flag's value is wrong)."""
     if args.spec:
-        spec = load_spec(args.spec)
+        spec = load_spec_file(args.spec)
         data = {k: getattr(spec, k).model_dump() for k in ("dataset", "sharding", "storage")}
     else:
         missing = [f"--{f}" for f in ("input", "output", "shards") if getattr(args, f) is None]
         if missing:
-            raise SpecError([f"without SPEC, {', '.join(missing)} {'is' if len(missing) == 1 else 'are'} required"])
+            raise UsageError(f"without SPEC, {', '.join(missing)} {'is' if len(missing) == 1 else 'are'} required")
         data = {"dataset": {}, "sharding": {}, "storage": {}}
     for flag, (section, field) in _OVERRIDES.items():
         value = getattr(args, flag, None)
@@ -151,7 +152,7 @@ def _shard_on_dask(dataset: DatasetSpec, sharding: ShardingSpec, storage: Storag
 def _tokenizer(args) -> TokenizerSpec | None:
     """--tokenizer/--tokenizer-pattern over SPEC's model.tokenizer, loaded once here so that a bad path or file
     is a usage error before any input is read (a `train_vocab` tokenizer is trained by the shard stage)."""
-    spec = load_spec(args.spec).model.tokenizer if args.spec else None
+    spec = load_spec_file(args.spec).model.tokenizer if args.spec else None
     if args.tokenizer is not None:
         spec = TokenizerSpec.coerce(args.tokenizer)
     if args.tokenizer_pattern is not None:
@@ -167,7 +168,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         dataset, sharding, storage = _sections(args)
     except SpecError as err:
-        return _usage("; ".join(err.errors))
+        return spec_invalid(err)
+    except UsageError as err:
+        return _usage(str(err))
     except ValidationError as err:
         return _usage("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors()))
     if args.workers is not None and args.workers < 1:

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import sys
-
+from flows.commands.common import load_spec_file, spec_invalid
 from nightloom.spec import SpecError
-from nightloom.spec_load import load_spec
 
 
 def register(sub) -> None:
@@ -16,9 +14,8 @@ def register(sub) -> None:
 
 def run(args) -> int:
     try:
-        spec = load_spec(args.spec)
+        spec = load_spec_file(args.spec)
     except SpecError as e:
-        print(str(e), file=sys.stderr)
-        return 1
+        return spec_invalid(e)
     print(f"{args.spec}: ok (run {spec.name}, spec hash {spec.spec_hash()}, world size {spec.world_size})")
     return 0

@@ -7,6 +7,11 @@ class ScheduleError(ValueError):
     """A schedule question that has no answer (naive datetime, no windows for a windowed policy...)."""
 
 
+class StepTimeUnknown(ScheduleError):
+    """No source gives the run's step time (the planner predicts none on CPU, the ledger has no measurement): the
+    caller must give the hours (`--hours`), a usage error."""
+
+
 class RunRefused(RuntimeError):
     """A run refused before anything is rented (over budget, too many nights); the message says why."""
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from nightloom.model_resolver import model_shape
 from nightloom.perf import count_params
-from nightloom.schedule.errors import ScheduleError
+from nightloom.schedule.errors import ScheduleError, StepTimeUnknown
 from nightloom.schedule.nights import NightInputs
 from nightloom.spec import RunSpec
 
@@ -25,6 +25,14 @@ CHECKPOINT_BYTES_PER_PARAM = 12.0
 def checkpoint_seconds(params: int, gb_per_s: float) -> float:
     """Time to write (or read) one training checkpoint of a `params`-parameter model at `gb_per_s`."""
     return params * CHECKPOINT_BYTES_PER_PARAM / (gb_per_s * 1e9)
+
+
+def step_time_unknown(spec: RunSpec) -> StepTimeUnknown:
+    """The one error `nightloom cost` and `nightloom queue add` give when no source has a step time."""
+    return StepTimeUnknown(
+        f"no step time for {spec.name}: the planner predicts none for gpu_type {spec.cluster.gpu_type!r} and the "
+        f"ledger has no measured run of this spec: give --hours (training hours for its {spec.train.steps} steps)"
+    )
 
 
 def inputs_for_spec(

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from nightloom.schedule.inputs import inputs_for_spec
+from nightloom.schedule.inputs import inputs_for_spec, step_time_unknown
 from nightloom.spec import RunSpec, ScheduleSpec
 
 if TYPE_CHECKING:
@@ -55,13 +55,10 @@ def job_figures(
     planner_detail: str = "",
 ) -> JobFigures:
     """The job's figures: `hours` (given) > the ledger's measured rate in `runs` > the planner's step time.
-    QueueRefused when no source gives a step time."""
+    StepTimeUnknown (a ScheduleError) when no source gives a step time."""
     inp = inputs_for_spec(spec, planner_step_s=planner_step_s, planner_detail=planner_detail, runs=runs, hours=hours)
     if inp.step_time_s is None:
-        raise QueueRefused(
-            f"no step time for {spec.name}: the planner predicts none for gpu_type {spec.cluster.gpu_type!r} and "
-            "the ledger has no measured run of this spec: give --hours"
-        )
+        raise step_time_unknown(spec)
     return JobFigures(
         name=spec.name,
         spec_hash=spec.spec_hash(),
@@ -88,18 +85,26 @@ def _window_set(s: ScheduleSpec) -> list[tuple[str, str]]:
 
 def refusals(job: JobFigures, *, max_nodes: int, queue_schedule: ScheduleSpec | None) -> list[str]:
     """Every reason the queue refuses `job` (empty: accepted). `queue_schedule`: the queue's, None while empty."""
+    return spec_refusals(job.nodes, job.policy, job.schedule, max_nodes=max_nodes, queue_schedule=queue_schedule)
+
+
+def spec_refusals(
+    nodes: int, policy: str, schedule: ScheduleSpec, *, max_nodes: int, queue_schedule: ScheduleSpec | None
+) -> list[str]:
+    """Every reason the queue refuses a job of `nodes` nodes on `schedule` (its policy, windows, zone, currency):
+    all from the spec, so they are checked before the job's hours are looked for (`--hours` would not help)."""
     out = []
-    if job.nodes > max_nodes:
-        out.append(f"cluster.nodes: the job needs {job.nodes} nodes; the queue has {max_nodes}")
-    if job.policy not in ("wait", "split"):
+    if nodes > max_nodes:
+        out.append(f"cluster.nodes: the job needs {nodes} nodes; the queue has {max_nodes}")
+    if policy not in ("wait", "split"):
         out.append(
-            f"schedule.policy: {job.policy!r}: a queue runs its jobs inside its windows; give wait (one window) or "
-            "split (across nights)"
+            f"schedule.policy: {policy!r}: a queue runs its jobs inside its windows; give wait (one window) "
+            "or split (across nights); deployments/queue-demo.yaml is an example"
         )
-    if not job.schedule.windows:
+    if not schedule.windows:
         out.append("schedule.windows: empty: a queue runs its jobs inside windows")
     if queue_schedule is not None:
-        s, q = job.schedule, queue_schedule
+        s, q = schedule, queue_schedule
         if s.timezone != q.timezone:
             out.append(f"schedule.timezone: {s.timezone!r} contradicts the queue's {q.timezone!r}")
         if _window_set(s) != _window_set(q):

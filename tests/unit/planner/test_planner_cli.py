@@ -129,4 +129,4 @@ def test_spec_on_cpu_pretty(capsys, tmp_path):
     assert rc == 0 and "TP1·PP1·DP4" in out and "not predicted" in out
     spec.write_text("name: demo\ndataset: {path: data.jsonl, sample: true}\nmodel: {name: nope}\n")
     rc, _, err = _run(capsys, str(spec))
-    assert rc == 2 and "model.name: unknown model 'nope'" in err
+    assert rc == 1 and "model.name: unknown model 'nope'" in err  # a spec that does not validate: 1, as `validate`

@@ -121,7 +121,7 @@ def test_refused_jobs_leave_the_queue_unchanged(team, tmp_path: Path, capsys):
     assert rc == 1 and "refuses huge: cluster.nodes: the job needs 8 nodes; the queue has 4" in err
     bad = write_spec(tmp_path, "typo", 2, "wait", **{"train.stepz": 3})
     rc, _, err = q(capsys, "add", "team", bad, "--hours", "1", "--ledger", url)
-    assert rc == 2 and "typo.yaml:" in err and "train.stepz: unknown key (typo?)" in err and "unchanged" in err
+    assert rc == 1 and "typo.yaml:" in err and "train.stepz: unknown key (typo?)" in err and "unchanged" in err
     berlin = write_spec(tmp_path, "berlin", 2, "wait")
     Path(berlin).write_text(Path(berlin).read_text().replace("Asia/Shanghai", "Europe/Berlin"))
     rc, _, err = q(capsys, "add", "team", berlin, "--hours", "1", "--ledger", url)
@@ -184,3 +184,19 @@ def test_usage_errors(tmp_path: Path, capsys):
     assert rc == 0 and json.loads(out) == {"jobs": [], "nights": []}
     rc, _, err = q(capsys, "plan", "team", "--at", "2026-06-01T00:00:00", "--ledger", url)
     assert rc == 2 and "--at needs a time zone offset" in err
+
+
+def test_the_shipped_queue_demo_goes_in_as_it_is(tmp_path: Path, capsys):
+    """deployments/queue-demo.yaml, docs/operations.md's example, is accepted with no --hours (the planner's hours);
+    a shipped run-now demo is refused for its policy first, not asked for --hours."""
+    root = Path(__file__).resolve().parents[3]
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    assert q(capsys, "create", "team", "--max-nodes", "4", "--ledger", url)[0] == 0
+    rc, out, err = q(capsys, "add", "team", str(root / "deployments" / "queue-demo.yaml"), "--ledger", url)
+    assert rc == 0, err
+    assert "job 1 queue-demo: 2 nodes" in out and "(planner: " in out and "policy split" in out
+    rc, _, err = q(capsys, "add", "team", str(root / "deployments" / "local-demo.yaml"), "--ledger", url)
+    assert rc == 1 and "schedule.policy: 'run-now'" in err and "queue-demo.yaml" in err and "--hours" not in err
+    rc, out, _ = q(capsys, "plan", "team", "--at", AT, "--json", "--ledger", url)
+    assert rc == 0 and [j["name"] for j in json.loads(out)["jobs"]] == ["queue-demo"]
+    assert "queue add team deployments/queue-demo.yaml" in (root / "docs" / "operations.md").read_text()

@@ -281,7 +281,7 @@ def test_cost_cli_budget_refusal_and_usage_errors(tmp_path, capsys):
     assert main(["cost", spec, "--hours", "3", "--at", "2026-06-01T03:00:00"]) == 2
     assert "time zone offset" in capsys.readouterr().err
     assert main(["cost", str(tmp_path / "missing.yaml"), "--hours", "1"]) == 2
-    assert "file not found" in capsys.readouterr().err
+    assert "spec file" in (err := capsys.readouterr().err) and "does not exist" in err and "current folder" in err
     cpu = tmp_path / "cpu.yaml"
     # tiny's max_seq is 512: the planner now applies the trainer's seq_len rule too
     text = Path(spec).read_text().replace("h100-80gb", "cpu").replace("llama2-7b", "tiny")

@@ -91,7 +91,7 @@ def test_not_balanced_or_failed_is_exit_1(tmp_path, capsys):
         (["--input", "x.jsonl", "--shards", "2"], "--output is required"),
         (["--input", "x.jsonl", "--output", "o", "--shards", "0"], "num_shards"),
         (["--input", "x.jsonl", "--output", "o", "--shards", "2", "--tolerance", "1.5"], "tolerance"),
-        (["missing-spec.yaml"], "file not found"),
+        (["missing-spec.yaml"], "does not exist"),
     ],
 )
 def test_usage_errors_are_exit_2(argv, needle, capsys):
