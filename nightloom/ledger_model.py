@@ -11,6 +11,7 @@ as family (`llama2-70b`, `llama2`); Hugging Face models are named by their weigh
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,6 +90,12 @@ def ledger_fields(spec) -> dict[str, Any]:
     )
 
 
+@functools.cache
+def _shape_reader() -> TypeAdapter[ModelShape]:
+    """Reads a job file's `model` back into a ModelShape (built once: a migration reads one job per row)."""
+    return TypeAdapter(ModelShape)
+
+
 def run_model_from_job(run_dir: Path) -> RunModel | None:
     """What the newest job*.json in `run_dir` says the run trained (its resolved shape, config and weights); None
     when the folder, or a readable job file in it, is gone: the caller then leaves the row as it was."""
@@ -97,7 +104,7 @@ def run_model_from_job(run_dir: Path) -> RunModel | None:
         if not jobs:
             return None
         job = json.loads(jobs[-1].read_text(encoding="utf-8"))
-        shape = TypeAdapter(ModelShape).validate_python(job["model"])
+        shape = _shape_reader().validate_python(job["model"])
         return run_model(shape, job.get("hf_config"), job.get("weights"))
     except (OSError, ValueError, KeyError, TypeError, AttributeError):  # pydantic's ValidationError is a ValueError
         return None
