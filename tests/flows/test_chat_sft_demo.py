@@ -1,13 +1,15 @@
 """The README's chat fine-tuning demo (deployments/chat-sft-demo.yaml), run as shipped but with its build folders
 under tmp: the chats are built from the standard library's docstrings, a ChatML BPE is trained on them, a small
 Qwen2 is built from deployments/chat-sft-demo-model.json, LoRA trains packed conversations under FSDP2 on 2
-ranks, every gate passes, and PEFT loads the exported adapter onto the base."""
+ranks, every gate passes, and peft.AutoPeftModelForCausalLM loads the exported adapter alone (its base named in
+adapter_config.json) with the merged export's logits; the export chats (its template) and is readable by others."""
 
 from __future__ import annotations
 
 import contextlib
 import io
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -28,7 +30,6 @@ def _cli(args: list[str]) -> tuple[int, str]:
 
 @pytest.mark.slow
 def test_chat_sft_demo_runs_as_shipped(prefect_backend, tmp_path):
-    import peft
     import transformers
 
     data = yaml.safe_load(DEMO.read_text())
@@ -56,8 +57,39 @@ def test_chat_sft_demo_runs_as_shipped(prefect_backend, tmp_path):
     assert manifest["chat"]["label_tokens"] > 0 and manifest["heldout"] is not None
 
     export = Path(summary["export_dir"])
-    base = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "models" / "qwen2"))
-    adapted = peft.PeftModel.from_pretrained(base, str(export / "adapter"))
-    assert adapted.peft_config["default"].r == 8
-    merged = transformers.AutoModelForCausalLM.from_pretrained(str(export))
+    assert summary["adapter_dir"] == str(export / "adapter")  # the summary names it (run-summary, notebook too)
+    _adapter_loads_alone_with_the_merged_logits(export, tmp_path / "models" / "qwen2")
+    mask = os.umask(0)
+    os.umask(mask)
+    modes = {p.name: oct(p.stat().st_mode & 0o777) for p in export.rglob("*.safetensors")}
+    assert set(modes.values()) == {oct(0o666 & ~mask)}, modes  # as the run's other files, not 0600
+    chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    assert "<|im_start|>assistant" in transformers.AutoTokenizer.from_pretrained(str(export)).apply_chat_template(
+        chat, tokenize=False
+    )
+
+
+def _adapter_loads_alone_with_the_merged_logits(export: Path, weights: Path) -> None:
+    """peft.AutoPeftModelForCausalLM finds the base from adapter_config.json alone (the demo's weights folder) and
+    gives the merged export's logits; by hand with PeftModel, the same."""
+    import peft
+    import torch
+    import transformers
+
+    adapter = export / "adapter"
+    assert json.loads((adapter / "adapter_config.json").read_text())["base_model_name_or_path"] == str(weights)
+    alone = peft.AutoPeftModelForCausalLM.from_pretrained(str(adapter)).eval()
+    assert alone.peft_config["default"].r == 8
+    by_hand = peft.PeftModel.from_pretrained(
+        transformers.AutoModelForCausalLM.from_pretrained(str(weights)), str(adapter)
+    )
+    merged = transformers.AutoModelForCausalLM.from_pretrained(str(export)).eval()
     assert merged.config.model_type == "qwen2"
+    ids = torch.randint(3, merged.config.vocab_size, (2, 48), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        a, h, m = (x(ids).logits.float() for x in (alone, by_hand.eval(), merged))
+    print(
+        f"AutoPeft vs merged export: max |logit diff| {(a - m).abs().max().item():.2e} (logits up to {m.abs().max():.1f})"
+    )
+    torch.testing.assert_close(a, h, rtol=0, atol=0)
+    torch.testing.assert_close(a, m, rtol=0, atol=1e-3 * max(1.0, m.abs().max().item()))
