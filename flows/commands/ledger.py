@@ -20,6 +20,7 @@ LIST_COLUMNS = (
     "run_id",
     "name",
     "model",
+    "family",
     "cluster",
     "gpu_type",
     "world_size",
@@ -83,6 +84,11 @@ def _nights(r: RunRecord) -> str:
     return f"{len(r.nights)} (last {last.cost:,.2f} vs {last.predicted_cost:,.2f} ± {last.uncertainty or 0:,.2f})"
 
 
+def _model(r: RunRecord) -> str:
+    """The model the run trained, with its family where the name does not start with it: 'demo-llama (llama)'."""
+    return r.model if r.model.lower().startswith(r.family.lower()) else f"{r.model} ({r.family})"
+
+
 def _print_table(rows: list[RunRecord], title: str) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -110,7 +116,7 @@ def _print_table(rows: list[RunRecord], title: str) -> None:
     for r in rows:
         t.add_row(
             r.run_id,
-            r.model,
+            _model(r),
             r.cluster,
             f"{r.world_size}×{r.gpu_type}",
             r.layout or "—",

@@ -93,3 +93,19 @@ def test_the_calibration_of_a_config_spec_reads_its_family_not_tiny(tmp_path: Pa
         assert lg.get("t").family == "tiny"  # no family given: its name's
     cal = calibration_for_spec(gpu_spec)
     assert cal.model_family == "qwen2" and cal.runs == 1 and cal.raw_median == 0.8
+
+
+def test_ledger_list_shows_the_model_and_its_family(tmp_path: Path, capsys):
+    from flows.cli import main
+
+    url = f"sqlite:///{tmp_path / 'l.db'}"
+    with Ledger(url) as lg:
+        lg.start_run(run_id="chat", plan=None, **ledger_fields(load_spec(ROOT / "deployments" / "chat-sft-demo.yaml")))
+        lg.start_run(run_id="local", plan=None, **ledger_fields(load_spec(ROOT / "deployments" / "local-demo.yaml")))
+    assert main(["ledger", "--url", url, "list", "--json"]) == 0
+    rows = {r["run_id"]: (r["model"], r["family"]) for r in json.loads(capsys.readouterr().out)}
+    assert rows == {"chat": ("chat-sft-demo-qwen2", "qwen2"), "local": ("tiny", "tiny")}
+    assert main(["ledger", "--url", url, "list"]) == 0
+    out = capsys.readouterr().out  # 160 columns when not a terminal: one line per run
+    assert "│ chat-sft-demo-qwen2 (qwen2) │" in out
+    assert "│ tiny " in out and "tiny (tiny)" not in out  # a catalog name already says its family
