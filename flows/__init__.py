@@ -10,6 +10,8 @@ from pathlib import Path
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# log messages printed as written: Prefect's console handler would turn `corpus.jsonl:100:` into an emoji
+os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_CLASS", "flows.console.VerbatimConsoleHandler")
 
 
 def training_pipeline(spec, resume_run_id: str | None = None):
@@ -26,11 +28,22 @@ def training_pipeline(spec, resume_run_id: str | None = None):
             )
         from nightloom.spec_load import load_spec
 
-        load_spec(path)  # every field error at once (SpecError), before Prefect starts
+        check_data(load_spec(path))  # every field error at once (SpecError), bad records, before Prefect starts
         spec = str(spec)
     from flows.pipeline import training_pipeline as flow
 
     return flow(spec, resume_run_id=resume_run_id)
+
+
+def check_data(spec) -> None:
+    """The pre-scan of the spec's local data (nightloom.sharding.prescan): BadInputError with its report (one line
+    per bad record, the count, the fix) when it finds bad records or unreadable input."""
+    from nightloom.sharding.errors import BadInputError
+    from nightloom.sharding.prescan import prescan_spec
+
+    found = prescan_spec(spec)
+    if found is not None and not found.ok:
+        raise BadInputError(found.report())
 
 
 __all__ = ["training_pipeline"]

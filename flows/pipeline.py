@@ -12,6 +12,7 @@ from prefect import flow
 from flows.stages import (
     Stopwatch,
     continue_in_next_window,
+    failure_recorded,
     gate_stage,
     ledger_row,
     make_run_id,
@@ -43,9 +44,10 @@ def training_pipeline(spec: RunSpec | str, resume_run_id: str | None = None) -> 
     run_id = resume_run_id or make_run_id(spec)
     run_dir = run_folder(spec, run_id)
     summary = RunSummary(run_id=run_id, name=spec.name, status="failed", run_dir=str(run_dir))
-    with watch.stage("shard"):
-        summary.add_shards(shard_stage(spec))
-    shape = model_shape(spec)
+    with failure_recorded(spec, run_id, resume, watch):  # no ledger row yet: a failure here still gets one
+        with watch.stage("shard"):
+            summary.add_shards(shard_stage(spec))
+        shape = model_shape(spec)
     with watch.stage("gate"):
         pre_plan, gate = gate_stage(spec, shape, run_id, resume)
     if not gate.run_now:

@@ -174,9 +174,30 @@ def ledger_row(spec: RunSpec, run_id: str, plan: ParallelPlan, resume: bool, wat
     try:
         yield ledger_id
     except BaseException as e:
-        status = "cancelled" if isinstance(e, (KeyboardInterrupt, SystemExit)) else "failed"
-        fail_record_task(spec, run_id, status, f"{type(e).__name__}: {e}", watch.total())
+        _close_row(spec, run_id, e, watch)
         raise
+
+
+@contextmanager
+def failure_recorded(spec: RunSpec, run_id: str, resume: bool, watch: Stopwatch) -> Iterator[None]:
+    """The stages before the ledger row is opened (shard, the model's shape): a failure there still gets the
+    run's row, opened (no plan yet) and closed failed (cancelled for an interrupt) with the error, which then
+    propagates. A ledger that cannot be written is logged, never raised over that error."""
+    try:
+        yield
+    except BaseException as e:
+        try:
+            start_record_task(spec, run_id, None, resume=resume)
+            _close_row(spec, run_id, e, watch)
+        except Exception as err:  # noqa: BLE001 - the run's own error is the one to report
+            get_run_logger().warning("could not record the failed run %s in the ledger: %s", run_id, err)
+        raise
+
+
+def _close_row(spec: RunSpec, run_id: str, e: BaseException, watch: Stopwatch) -> None:
+    """Close the run's ledger row for exception `e`: cancelled for an interrupt, else failed, with the error."""
+    status = "cancelled" if isinstance(e, (KeyboardInterrupt, SystemExit)) else "failed"
+    fail_record_task(spec, run_id, status, f"{type(e).__name__}: {e}", watch.total())
 
 
 @contextmanager

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import sys
 
+from flows import check_data
 from nightloom.report import NOT_MEASURED
+from nightloom.sharding.errors import BadInputError
 from nightloom.spec import SpecError
 from nightloom.spec_load import load_spec
 
@@ -21,7 +23,7 @@ def print_summary(summary) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    con = Console()
+    con = Console(markup=False, emoji=False)  # values printed as they are (`:100:` is no emoji)
     t = Table(title=f"nightloom run {summary.run_id}: {summary.status}", show_header=False)
     t.add_column("", style="bold")
     t.add_column("")
@@ -62,8 +64,8 @@ def print_summary(summary) -> None:
 
 def run(args) -> int:
     try:
-        load_spec(args.spec)  # fail fast with every field error, before Prefect starts
-    except SpecError as e:
+        check_data(load_spec(args.spec))  # fail fast with every field error and bad record, before Prefect starts
+    except (SpecError, BadInputError) as e:
         print(str(e), file=sys.stderr)
         return 1
     from flows.pipeline import training_pipeline

@@ -17,7 +17,7 @@ import orjson
 import xxhash
 
 from nightloom.chat import ChatError, ChatSettings, Conversation, renderer, to_messages
-from nightloom.sharding.errors import BadInputError
+from nightloom.sharding.errors import BadInputError, bad_record_error
 from nightloom.sharding.hashing import DEDUP_SEED
 from nightloom.sharding.job import ShardJob
 from nightloom.sharding.manifest import BadRecord
@@ -136,7 +136,7 @@ def scan_chats(
                 err = str(e)
         if err is not None:
             if fail:
-                raise BadInputError(f"{src.uri}:{where}: {err}")
+                raise bad_record_error(src.uri, where, err)
             res.bad += 1
             if len(res.bad_examples) < MAX_BAD_EXAMPLES:
                 res.bad_examples.append(BadRecord(file=src.rel, line=where, reason=err))

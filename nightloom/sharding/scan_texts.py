@@ -6,7 +6,7 @@ import xxhash
 
 from nightloom import storage
 from nightloom.sharding import readahead
-from nightloom.sharding.errors import BadInputError
+from nightloom.sharding.errors import bad_record_error
 from nightloom.sharding.hashing import DEDUP_SEED
 from nightloom.sharding.job import ShardJob
 from nightloom.sharding.manifest import BadRecord
@@ -35,7 +35,7 @@ def scan_texts(job: ShardJob, sources: list[int], buf: RecordBuffer, res: ScanRe
         except UnicodeDecodeError:
             first_bad = BadRecord(file=src.rel, line=1, reason=_utf8_error(data))
             if fail:
-                raise BadInputError(f"{src.uri}:1: {first_bad.reason}") from None
+                raise bad_record_error(src.uri, 1, first_bad.reason) from None
             bad = 1
             if len(res.bad_examples) < MAX_BAD_EXAMPLES:
                 res.bad_examples.append(first_bad)
