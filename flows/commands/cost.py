@@ -24,8 +24,9 @@ from nightloom.schedule.budget import refuse_if_over
 from nightloom.schedule.errors import RunRefused
 from nightloom.schedule.inputs import inputs_for_spec, step_time_unknown
 from nightloom.schedule.nights import NightPlan, plan_nights
-from nightloom.schedule.rent_vs_buy import rent_vs_buy
+from nightloom.schedule.rent_vs_buy import not_compared, rent_vs_buy
 from nightloom.spec import RunSpec, SpecError
+from nightloom.wording import duration, plural
 
 
 def register(sub) -> None:
@@ -154,7 +155,7 @@ def run(args) -> int:
         currency=s.currency,
     )
     if args.json:
-        _print_json(plan, now, s, refused, rvb)
+        _print_json(plan, now, s, refused, rvb, not_compared(spec.cluster.gpu_type, blended))
     else:
         _print_text(spec, plan, now, check, refused, rvb, args)
     if refused:
@@ -162,7 +163,7 @@ def run(args) -> int:
     return 0
 
 
-def _print_json(plan: NightPlan, now: datetime, s, refused: str | None, rvb) -> None:
+def _print_json(plan: NightPlan, now: datetime, s, refused: str | None, rvb, skipped: str | None) -> None:
     import dataclasses
 
     segs = [g for n in plan.nights for g in n.segments]
@@ -187,6 +188,7 @@ def _print_json(plan: NightPlan, now: datetime, s, refused: str | None, rvb) -> 
         "max_nights": s.max_nights,
         "over_budget": refused,
         "rent_vs_buy": dataclasses.asdict(rvb),
+        "rent_vs_buy_not_compared": skipped,
     }
     print(json.dumps(out, indent=2, default=lambda o: o.isoformat()))
 
@@ -197,7 +199,7 @@ def _print_text(spec: RunSpec, plan: NightPlan, now: datetime, check, refused: s
 
     s, cur, inp = spec.schedule, spec.schedule.currency, plan.inputs
     print(
-        f"{spec.name}: {inp.gpus} × {spec.cluster.gpu_type}, {inp.steps} steps, {plan.training_s / 3600:.2f} h of "
+        f"{spec.name}: {inp.gpus} × {spec.cluster.gpu_type}, {inp.steps} steps, {duration(plan.training_s / 3600)} of "
         f"training ({inp.step_source}); provisioning {inp.provisioning_s / 60:.1f} min ({inp.provisioning_source}); "
         f"checkpoint {inp.checkpoint_s:.0f} s ({inp.checkpoint_source})"
     )
@@ -249,6 +251,15 @@ def _print_text(spec: RunSpec, plan: NightPlan, now: datetime, check, refused: s
         print(f"  note: {plan.note}")
     if s.budget is not None or s.max_nights is not None:
         print(f"  limits: {'REFUSED: ' + refused if refused else check.message}")
+    _print_rent_vs_buy(rvb, not_compared(spec.cluster.gpu_type, rvb.rent_price_per_gpu_hour), inp.gpus, args)
+
+
+def _print_rent_vs_buy(rvb, skipped: str | None, gpus: int, args) -> None:
+    """Renting vs owning the same GPUs, or why it is not compared (CPU ranks, no price)."""
+    cur = rvb.currency
+    if skipped:
+        print(f"  rent vs buy: not compared: {skipped}")
+        return
     print(f"  rent vs buy at {args.runs_per_month:g} runs/month ({rvb.gpu_hours_per_month:,.0f} GPU-hours):")
     print(f"    rent: {rvb.rent_per_month:,.0f} {cur}/month")
     if rvb.own_per_month is not None:
@@ -265,13 +276,14 @@ def _print_text(spec: RunSpec, plan: NightPlan, now: datetime, check, refused: s
         )
     else:
         print(
-            f"    own:  operations alone ({rvb.operations_per_month:,.0f} {cur}/month) cost more than renting "
-            f"at this usage"
+            f"    own:  never cheaper at this usage: running {plural(gpus, 'owned GPU')} (power, space, staff: "
+            f"{rvb.operations_per_month:,.0f} {cur}/month, --operations-per-month) costs more than renting, "
+            "before the purchase price"
         )
     if rvb.over_capacity:
         print(
             f"    note: this usage needs more than the {rvb.own_useful_gpu_hours:,.0f} useful GPU-hours a month "
-            f"{inp.gpus} owned GPUs give at {rvb.idle_fraction:.0%} idle"
+            f"{plural(gpus, 'owned GPU')} give at {rvb.idle_fraction:.0%} idle"
         )
     lo, hi = rvb.lead_time_rent
     print(
@@ -319,8 +331,9 @@ def _print_choice(spec: RunSpec, result) -> None:
 
     fmt, cur = local_time_format(spec.schedule.timezone), spec.schedule.currency
     t = Table(title=f"{spec.name}: what to rent ({spec.train.steps} steps, policy {spec.schedule.policy})")
-    for c in ("GPU", "GPUs", "nodes", "layout", "hours", "nights", "finish", "cost", "deadline", "budget"):
-        t.add_column(c, justify="right" if c in ("GPUs", "nodes", "hours", "nights", "cost") else "left")
+    cols = ("GPU", "GPUs", "nodes", "layout", "training", "nights", "finish", "cost", "of it provisioning")
+    for c in (*cols, "deadline", "budget"):
+        t.add_column(c, justify="right" if c in cols[1:3] + cols[4:6] + cols[7:] else "left")
     mark = {None: "—", True: "ok", False: "NO"}
     for o in result.options:
         chosen = " ◀" if o is result.choice else ""
@@ -329,18 +342,25 @@ def _print_choice(spec: RunSpec, result) -> None:
             str(o.gpus),
             str(o.nodes),
             o.layout,
-            f"{o.hours:.2f}",
+            duration(o.hours),
             str(o.nights),
             fmt(o.finish),
             f"{o.cost:,.2f} {cur}",
+            f"{o.overhead_cost:,.2f} {cur}",
             mark[o.meets_deadline],
             mark[o.within_budget],
         )
     Console(width=None if sys.stdout.isatty() else 160).print(t)
+    if result.options:
+        print(
+            f"  cost: the GPUs rented from provisioning ({result.options[0].provisioning_min:.0f} min a night) to the "
+            "last step; 'provisioning' is the money paid while the nodes get ready (and restore or save checkpoints)"
+        )
     for r in result.rejected:
         print(f"  rejected {r.gpus} × {r.gpu_type}: {r.reason}")
     if result.choice is not None:
         c = result.choice
         print(
-            f"  choice: {c.gpus} × {c.gpu_type} ({c.layout}), {c.cost:,.2f} {cur}, finish {fmt(c.finish)}: {result.reason}"
+            f"  choice: {c.gpus} × {c.gpu_type} ({c.layout}), {c.cost_text(cur)}, training {duration(c.hours)}, "
+            f"finish {fmt(c.finish)}: {result.reason}"
         )

@@ -28,6 +28,7 @@ from nightloom.schedule.errors import ScheduleError, StepTimeUnknown
 from nightloom.schedule.queue_jobs import JobFigures, QueueRefused, job_figures, spec_refusals
 from nightloom.schedule.queue_plan import QueuePlan, plan_queue
 from nightloom.spec import LedgerSpec, RunSpec, SpecError
+from nightloom.wording import plural
 
 
 def register(sub) -> None:
@@ -128,7 +129,7 @@ def _act(args, store: QueueStore, spec: RunSpec | None, deadline: datetime | Non
     if args.queue_action == "create":
         q = store.create(name, args.max_nodes, args.budget_per_night)
         budget = "" if q.budget_per_night is None else f", at most {q.budget_per_night:,.2f} a night"
-        print(f"queue {q.name}: up to {q.max_nodes} nodes at once{budget}")
+        print(f"queue {q.name}: up to {plural(q.max_nodes, 'node')} at once{budget}")
         return 0
     if args.queue_action == "add":
         assert spec is not None
@@ -184,7 +185,7 @@ def _add(args, store: QueueStore, spec: RunSpec, deadline: datetime | None) -> i
         spec_path=str(args.spec),
     )
     print(
-        f"queue {args.name}: job {job.id} {job.name}: {job.nodes} nodes, {job.hours:.2f} h ({job.hours_source}), "
+        f"queue {args.name}: job {job.id} {job.name}: {plural(job.nodes, 'node')}, {job.hours:.2f} h ({job.hours_source}), "
         f"policy {job.policy}, priority {job.priority}"
         + ("" if deadline is None else f", deadline {deadline.isoformat()}")
     )
@@ -201,7 +202,7 @@ def _print_jobs(q: QueueRecord, jobs: list[QueuedJob]) -> None:
         else f"; {q.schedule.timezone}, windows " + ", ".join(f"{w.start}–{w.end}" for w in q.schedule.windows)
     )
     budget = "" if q.budget_per_night is None else f", {q.budget_per_night:,.2f} a night"
-    t = Table(title=f"queue {q.name}: {len(jobs)} jobs, up to {q.max_nodes} nodes{budget}{where}")
+    t = Table(title=f"queue {q.name}: {plural(len(jobs), 'job')}, up to {plural(q.max_nodes, 'node')}{budget}{where}")
     for c in ("id", "name", "priority", "nodes", "policy", "hours", "source", "deadline"):
         t.add_column(c, justify="right" if c in ("id", "priority", "nodes", "hours") else "left")
     tz = q.schedule.timezone if q.schedule is not None else "UTC"
@@ -220,7 +221,7 @@ def _print_plan(q: QueueRecord, plan: QueuePlan) -> None:
 
     fmt = local_time_format(plan.timezone)
     cur = plan.currency
-    t = Table(title=f"queue {q.name}: plan from {fmt(plan.at)} on {q.max_nodes} nodes")
+    t = Table(title=f"queue {q.name}: plan from {fmt(plan.at)} on {plural(q.max_nodes, 'node')}")
     for c in ("id", "name", "p", "nodes", "hours", "stretches", "start", "finish", "deadline", "met", "cost"):
         t.add_column(c, justify="right" if c in ("id", "p", "nodes", "hours", "stretches", "cost") else "left")
     for j in plan.jobs:
@@ -251,4 +252,4 @@ def _print_plan(q: QueueRecord, plan: QueuePlan) -> None:
         budget = "—" if night.budget is None else f"{night.budget:,.2f}"
         n.add_row(fmt(night.start), fmt(night.end), f"{night.cost:,.2f}", budget)
     con.print(n)
-    print(f"  total: {plan.cost:,.2f} {cur} over {len(plan.nights)} nights")
+    print(f"  total: {plan.cost:,.2f} {cur} over {plural(len(plan.nights), 'night')}")

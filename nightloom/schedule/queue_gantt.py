@@ -19,6 +19,7 @@ from matplotlib.patches import Patch
 
 from nightloom.schedule.queue_plan import PlannedNight, QueuePlan
 from nightloom.util import atomic_write_bytes
+from nightloom.wording import plural
 
 PALE = {"provisioning": 0.35, "restore": 0.5, "checkpoint": 0.5}  # alpha of the overheads; training is solid
 
@@ -44,7 +45,7 @@ def plot_queue_gantt(plan: QueuePlan, path: str | Path, title: str = "night queu
     handles = []
     for j in plan.jobs:
         state = "unplanned" if not j.scheduled else "late" if j.meets_deadline is False else ""
-        label = f"#{j.job.id} {j.job.name} (p{j.job.priority}, {j.job.nodes} nodes, {j.job.hours:.1f} h)"
+        label = f"#{j.job.id} {j.job.name} (p{j.job.priority}, {plural(j.job.nodes, 'node')}, {j.job.hours:.1f} h)"
         handles.append(Patch(facecolor=colors[j.job.id], label=label + (f": {state}" if state else "")))
     handles.append(Patch(facecolor="0.6", alpha=0.4, hatch="//", label="provision / restore / checkpoint"))
     more = len(plan.nights) - MAX_PANELS

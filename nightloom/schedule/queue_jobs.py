@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from nightloom.schedule.inputs import inputs_for_spec, step_time_unknown
 from nightloom.spec import RunSpec, ScheduleSpec
+from nightloom.wording import plural
 
 if TYPE_CHECKING:
     from nightloom.ledger import RunRecord
@@ -95,7 +96,7 @@ def spec_refusals(
     all from the spec, so they are checked before the job's hours are looked for (`--hours` would not help)."""
     out = []
     if nodes > max_nodes:
-        out.append(f"cluster.nodes: the job needs {nodes} nodes; the queue has {max_nodes}")
+        out.append(f"cluster.nodes: the job needs {plural(nodes, 'node')}; the queue has {max_nodes}")
     if policy not in ("wait", "split"):
         out.append(
             f"schedule.policy: {policy!r}: a queue runs its jobs inside its windows; give wait (one window) "

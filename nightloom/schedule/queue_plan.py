@@ -23,6 +23,7 @@ from nightloom.schedule.errors import ScheduleError
 from nightloom.schedule.nights import MAX_PLANNED_NIGHTS
 from nightloom.schedule.windows import Interval, aware_utc, hours_text, local_time_format, windows_between
 from nightloom.spec import ScheduleSpec
+from nightloom.wording import plural
 
 QueuePolicy = Literal["wait", "split"]
 FAR = datetime.max.replace(tzinfo=ZoneInfo("UTC"))  # sorts a job without a deadline after every dated one
@@ -278,7 +279,7 @@ def _pricing(job: PlanJob, sched: ScheduleSpec) -> ScheduleSpec:
 def _never_fits(job: PlanJob, sched: ScheduleSpec, longest: float, max_nodes: int, budget: float | None) -> str:
     """Why no placement can ever hold the job ("" when one can)."""
     if job.nodes > max_nodes:
-        return f"needs {job.nodes} nodes; the queue has {max_nodes}"
+        return f"needs {plural(job.nodes, 'node')}; the queue has {max_nodes}"
     if job.steps < 1 or not (job.step_time_s > 0 and math.isfinite(job.step_time_s)):
         return f"nothing to plan: {job.steps} steps of {job.step_time_s} s"
     if job.policy == "wait":

@@ -60,10 +60,20 @@ class RentOption:
     cost: float
     meets_deadline: bool | None  # None without a deadline
     within_budget: bool | None  # None without a budget
+    overhead_cost: float = 0.0  # of `cost`: the nodes rented while they provision, restore and checkpoint
+    provisioning_min: float = 0.0  # time to ready each night (the spec's, else 10 min)
 
     @property
     def acceptable(self) -> bool:
         return self.meets_deadline is not False and self.within_budget is not False
+
+    def cost_text(self, currency: str) -> str:
+        """'0.83 USD (0.83 provisioning + 0.00 training)': the money paid while the nodes get ready (and restore or
+        save checkpoints) said apart from training's, since a short run's cost is mostly the former."""
+        total = f"{self.cost:,.2f} {currency}"
+        if self.overhead_cost <= 0:
+            return total
+        return f"{total} ({self.overhead_cost:,.2f} provisioning + {self.cost - self.overhead_cost:,.2f} training)"
 
 
 @dataclass(frozen=True)
@@ -89,7 +99,7 @@ class RentChoice:
         tz = ZoneInfo(self.timezone)
 
         def row(o: RentOption) -> dict:
-            keys = ("gpu_type", "gpus", "nodes", "layout", "hours", "finish", "cost", "meets_deadline")
+            keys = ("gpu_type", "gpus", "nodes", "layout", "hours", "finish", "cost", "overhead_cost", "meets_deadline")
             d = {k: getattr(o, k) for k in keys}
             return d | {"finish": o.finish.astimezone(tz).isoformat()}
 
@@ -165,6 +175,8 @@ def _option(
         cost=plan.cost,
         meets_deadline=None if deadline is None else plan.finish <= deadline,
         within_budget=None if budget is None else plan.cost <= budget,
+        overhead_cost=sum(g.cost for n in plan.nights for g in n.segments if g.what != "training"),
+        provisioning_min=inputs.provisioning_s / 60.0,
     )
 
 

@@ -38,6 +38,16 @@ class RentVsBuy:
     over_capacity: bool  # the usage needs more than the owned cluster's useful hours
 
 
+def not_compared(gpu_type: str, rent_price_per_gpu_hour: float) -> str | None:
+    """Why renting and buying are not compared for this run (None: they are): CPU ranks are machines the team
+    already has (no GPUs to rent or buy), and without a price renting costs nothing to compare against."""
+    if gpu_type == "cpu":
+        return "gpu_type cpu: the ranks run on machines you have, with no GPUs to rent or to buy"
+    if rent_price_per_gpu_hour <= 0:
+        return "no rent price (set schedule.price_per_gpu_hour)"
+    return None
+
+
 def rent_vs_buy(
     *,
     gpus: int,

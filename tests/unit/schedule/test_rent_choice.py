@@ -93,3 +93,40 @@ def test_usage_errors(tmp_path: Path, capsys):
     out = json.loads(capsys.readouterr().out)
     assert rc == 0 and {r["gpu_type"] for r in out["rejected"]} == {"nope"}
     assert "unknown GPU type 'nope'" in out["rejected"][0]["reason"]
+
+
+def test_the_demo_s_cost_is_said_to_be_provisioning(capsys):
+    """On the demo (30 tiny steps) --choose printed `hours 0.00` and `0.83 USD` as if training cost it."""
+    demo = str(Path(__file__).resolve().parents[3] / "deployments" / "local-demo.yaml")
+    at = "2026-06-01T12:00:00+08:00"  # peak: 2 GPUs × 10 min × 2.50
+    assert main(["cost", demo, "--choose", "--gpus", "h100-80gb=2.5", "--at", at]) == 0
+    out = capsys.readouterr().out
+    assert "0.83 USD (0.83 provisioning + 0.00 training), training < 1 min" in out
+    assert "of it provisioning" in out and "provisioning (10 min a night)" in out and "0.00 │" not in out
+    assert main(["cost", demo, "--choose", "--gpus", "h100-80gb=2.5", "--at", at, "--json"]) == 0
+    option = json.loads(capsys.readouterr().out)["options"][0]
+    assert option["overhead_cost"] == pytest.approx(option["cost"], rel=0.01)
+
+
+def test_rent_vs_buy_is_not_priced_for_cpu_ranks(capsys):
+    demo = str(Path(__file__).resolve().parents[3] / "deployments" / "local-demo.yaml")
+    assert main(["cost", demo, "--hours", "0.1", "--at", AT]) == 0
+    out = capsys.readouterr().out
+    assert "rent vs buy: not compared: gpu_type cpu" in out and "operations alone" not in out
+    assert "6 min of training" in out  # not "0.10 h"
+    assert main(["cost", demo, "--hours", "0.1", "--at", AT, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["rent_vs_buy_not_compared"].startswith("gpu_type cpu")
+
+
+def test_counts_take_their_noun_in_the_right_number(tmp_path, capsys):
+    from nightloom.wording import duration, plural
+
+    assert (plural(1, "node"), plural(2, "node"), plural(1, "family", "families")) == ("1 node", "2 nodes", "1 family")
+    assert (duration(0.001), duration(0.5), duration(2)) == ("< 1 min", "30 min", "2.00 h")
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    spec = Path(write_spec(tmp_path))
+    spec.write_text(spec.read_text().replace("nodes: 2", "nodes: 1"))
+    assert main(["queue", "--ledger", url, "create", "team", "--max-nodes", "1"]) == 0
+    assert main(["queue", "--ledger", url, "add", "team", str(spec)]) == 0
+    out = capsys.readouterr().out
+    assert "up to 1 node at once" in out and ": 1 node, " in out and "1 nodes" not in out
