@@ -43,8 +43,13 @@ class StepMetrics(BaseModel):
     loss: float
     grad_norm: float | None = None
     lr: float | None = None
-    tokens: int = 0  # tokens in this step (global)
-    tokens_per_s: float | None = None
+    # ids computed in this step (global), padding included (unpacked sft: each micro-batch to its longest row)
+    tokens: int = 0
+    tokens_per_s: float | None = None  # tokens / step_time_s: what the model computed per second (MFU's rate)
+    label_tokens: int | None = None  # targets the loss is over (sft: assistant tokens; pretraining: = tokens)
+    label_tokens_per_s: float | None = None  # label_tokens / step_time_s: what training is for
+    flops: float | None = None  # model FLOPs of the step as computed (PaLM at each micro-batch's width), global
+    hardware_flops: float | None = None  # the same with recomputation (HFU)
     step_time_s: float | None = None
     peak_mem_bytes: int | None = None
     mfu: float | None = None

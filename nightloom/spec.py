@@ -325,6 +325,12 @@ class TrainSpec(_Section):
         "attention block-causal within each and positions restarting per conversation; global_batch then counts "
         "packed sequences. Needs parallel.pp = 1 and cp = 1.",
     )
+    group_by_length: bool = Field(
+        False,
+        description="sft without pack: sort each global batch's conversations by length into micro-batches "
+        "(dealt to the DP ranks so each gets short and long ones), so less padding is computed; each "
+        "micro-batch is padded to its longest conversation either way. Same rows per step, same loss.",
+    )
     steps: int = Field(30, gt=0)
     seq_len: int = Field(128, gt=0)
     global_batch: int = Field(8, gt=0, description="Sequences per optimizer step across all DP ranks.")
@@ -520,6 +526,7 @@ HASH_NEUTRAL_DEFAULTS: dict[tuple[str, str], object] = {
     ("train", "lora"): None,
     ("parallel", "ep"): 1,
     ("train", "pack"): False,
+    ("train", "group_by_length"): False,
     ("recovery", "max_preemptions"): 10,
     ("recovery", "preempt_signal"): None,
     ("recovery", "preempt_grace_s"): 120,

@@ -133,6 +133,9 @@ def semantic_errors(data: dict, base_dir: Path) -> list[FieldError]:
     errs += _moe_errors(data, local)
     errs += _tokenizer_errors(data, local)
     errs += _chat_errors(data, local)
+    task, pack = _get(data, "train", "task", default="pretrain"), _get(data, "train", "pack", default=False)
+    if _get(data, "train", "group_by_length") is True and (task != "sft" or pack is True):
+        errs.append((("train", "group_by_length"), "groups unpacked conversations: needs task: sft, pack: false"))
     errs += _xtuner_family_errors(data, local)
     every, eval_data = _get(data, "validate", "eval_every", default=0), _get(data, "validate", "eval_data")
     if isinstance(every, int) and every > 0 and not eval_data and not _get(data, "sharding", "heldout", default=0):

@@ -123,6 +123,14 @@ def _throughput(m: StepMetrics) -> float | None:
     return None
 
 
+def _flops_per_token(m: StepMetrics, inputs: MfuInputs) -> tuple[float, float]:
+    """(model, hardware) FLOPs per computed token of a step: the trainer's own count of what it computed when the
+    metrics carry it (unpacked sft micro-batches are as wide as their longest row, not seq_len), else inputs'."""
+    if m.flops and m.hardware_flops and m.tokens > 0:
+        return m.flops / m.tokens, m.hardware_flops / m.tokens
+    return inputs.flops_per_token, inputs.hardware_flops_per_token
+
+
 def steady_state(steps: Sequence[StepMetrics], warmup: int | None = None) -> list[StepMetrics]:
     """Steps that measure steady throughput: drop warm-up (default 10%, at least 1) and first-after-resume steps."""
     if warmup is None:
@@ -136,13 +144,15 @@ def measure_mfu(steps: Sequence[StepMetrics], inputs: MfuInputs, warmup: int | N
     Each step counts against the devices that ran it (`world_size`, else inputs.n_devices): after a recovery
     shrinks the cluster, the earlier steps are not divided by the smaller count."""
     p = inputs.peak
-    rated = [(r, m.world_size or inputs.n_devices) for m in steady_state(steps, warmup) if (r := _throughput(m))]
+    rated = [(r, m) for m in steady_state(steps, warmup) if (r := _throughput(m))]
     if not rated:
         return None
+    per_token = [_flops_per_token(m, inputs) for _, m in rated]
+    devices = [m.world_size or inputs.n_devices for _, m in rated]
     return MfuReport(
         tokens_per_s=statistics.median(r for r, _ in rated),
-        mfu=statistics.median(mfu(r, inputs.flops_per_token, n, p.flops) for r, n in rated),
-        hfu=statistics.median(mfu(r, inputs.hardware_flops_per_token, n, p.flops) for r, n in rated),
+        mfu=statistics.median(mfu(r, f, n, p.flops) for (r, _), (f, _), n in zip(rated, per_token, devices)),
+        hfu=statistics.median(mfu(r, h, n, p.flops) for (r, _), (_, h), n in zip(rated, per_token, devices)),
         steps_used=len(rated),
         peak=p,
     )

@@ -17,7 +17,9 @@ module looked like loss spikes), while a rank still reads only the shards its sl
 
 train.task sft reads conversations instead (`ConversationRows`): one conversation per sequence (a shard's
 documents, its .idx gives their lengths), padded to seq_len + 1 ids, with the shard's label file (1 = an
-assistant token) turned into targets: the next id where it is a label, IGNORE_INDEX elsewhere. No row holds two
+assistant token) turned into targets: the next id where it is a label, IGNORE_INDEX elsewhere. StepLoader cuts
+each micro-batch to its longest row (train/sft_batch.py; with train.group_by_length rows of similar length share
+one). No row holds two
 conversations, so no attention crosses one; rows are permuted per shard with the same seeded scheme as windows.
 With train.pack a row holds several whole conversations (nightloom/train/packing.py: first-fit in that seeded
 order, planned per shard from its .idx lengths at start) and per-id document ids the model masks attention by.
@@ -340,10 +342,22 @@ class StepBatch:
 class StepLoader:
     """Batches by step number: resuming at step k needs no state other than k."""
 
-    def __init__(self, windows, micro_batch: int, grad_accum: int, dp: int, dp_rank: int):
-        """`windows`: PackedWindows (pretraining) or ConversationRows (sft)."""
+    def __init__(
+        self,
+        windows,
+        micro_batch: int,
+        grad_accum: int,
+        dp: int,
+        dp_rank: int,
+        width_multiple: int | None = 1,
+        group_by_length: bool = False,
+    ):
+        """`windows`: PackedWindows (pretraining) or ConversationRows (sft). Unpacked sft micro-batches are cut to
+        their longest row, rounded up to `width_multiple` (None: seq_len), and with `group_by_length` each global
+        batch is grouped by length (train/sft_batch.py)."""
         self.w, self.mb, self.ga, self.dp, self.dp_rank = windows, micro_batch, grad_accum, dp, dp_rank
         self.global_batch = micro_batch * grad_accum * dp
+        self.width_multiple, self.group_by_length = width_multiple, group_by_length
 
     def batch(self, step: int) -> StepBatch:
         local = self.mb * self.ga
@@ -352,9 +366,25 @@ class StepLoader:
             x, y, d = self.w.packed_sequences(start, local)
             micro = [(x[i : i + self.mb], y[i : i + self.mb]) for i in range(0, local, self.mb)]
             return StepBatch(step, micro, [d[i : i + self.mb] for i in range(0, local, self.mb)])
+        if isinstance(self.w, ConversationRows):
+            return StepBatch(step, self._conversations(step))
         x, y = self.w.sequences(start, local)
         micro = [(x[i : i + self.mb], y[i : i + self.mb]) for i in range(0, local, self.mb)]
         return StepBatch(step, micro)
+
+    def _conversations(self, step: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Unpacked sft: this rank's micro-batches of step `step`, each as wide as its longest row needs; with
+        group_by_length the global batch's rows are grouped first (sft_batch.length_order)."""
+        from nightloom.train.sft_batch import length_order, micro_batches
+
+        local, first = self.mb * self.ga, step * self.global_batch
+        if self.group_by_length:
+            order = length_order(self.w.lengths(first, self.global_batch), self.mb, self.dp)
+            rows = first + order[self.dp_rank * local : (self.dp_rank + 1) * local]
+        else:
+            rows = first + self.dp_rank * local + np.arange(local)
+        ids, labels, lengths = self.w.rows_at(rows)
+        return micro_batches(*chat_targets(ids, labels), lengths, self.mb, self.width_multiple)
 
 
 def chat_targets(ids: np.ndarray, labels: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
@@ -434,22 +464,38 @@ class ConversationRows:
             raise DataError(f"{self.manifest_uri}: no conversation in the training shards")
         self._cache: OrderedDict[int, _ChatShard] = OrderedDict()
         self._cache_size = cache_shards
+        self._lengths: np.ndarray | None = None  # every row's length, once `lengths` is asked
 
     def _order(self, k: int) -> np.ndarray | None:
         s = self.shards[k]
         return None if self.seed is None else np.random.default_rng([self.seed, s.index]).permutation(s.rows)
 
-    def _plan(self, k: int):
-        """Shard k's packed rows, from its .idx lengths alone (first-fit in its seeded order)."""
+    def _idx_lengths(self, k: int) -> np.ndarray:
+        """Shard k's conversation lengths in stored order, from its .idx file alone."""
         from nightloom.sharding.tokens import read_lengths
-        from nightloom.train.packing import first_fit
 
         tf = self.shards[k].token_files
         if tf is None or tf.labels is None:
             raise DataError(f"{self.manifest_uri}: shards[{k}]: no label file: train.task sft needs shards made for it")
         idx = f"{self.base}/{tf.idx}" if self.base.startswith("s3://") else str(Path(self.base) / tf.idx)
+        return read_lengths(_read_bytes(idx, self.s3))
+
+    def lengths(self, start: int, n: int) -> np.ndarray:
+        """Unpacked: the conversation lengths (ids) of global rows [start, start+n) (mod total); every shard's
+        .idx is read once, on the first call (train.group_by_length sorts a whole global batch by them)."""
+        if self._lengths is None:
+            parts = [self._idx_lengths(k) for k in range(len(self.shards))]
+            orders = [self._order(k) for k in range(len(self.shards))]
+            self._lengths = np.concatenate([p if o is None else p[o] for p, o in zip(parts, orders)])
+        return self._lengths[(start + np.arange(n)) % self.total]
+
+    def _plan(self, k: int):
+        """Shard k's packed rows, from its .idx lengths alone (first-fit in its seeded order)."""
+        from nightloom.train.packing import first_fit
+
+        lengths = self._idx_lengths(k)
         try:
-            return first_fit(read_lengths(_read_bytes(idx, self.s3)), self._order(k), self.window)
+            return first_fit(lengths, self._order(k), self.window)
         except ValueError as e:
             raise DataError(
                 f"{self.manifest_uri}: shards[{k}]: {e} (sharded with seq_len {self.manifest.chat.seq_len}; "
@@ -482,10 +528,17 @@ class ConversationRows:
         whose labels are 0 (train.pack: packed rows)."""
         if self.pack:
             return self.packed_rows(start, n)[:2]
+        return self.rows_at(start + np.arange(n))[:2]
+
+    def rows_at(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Unpacked: (ids, labels, lengths) of global rows `rows` (mod total), ids and labels (n, seq_len+1) padded
+        with EOS ids whose labels are 0, lengths the conversations' ids."""
+        n = len(rows)
         ids = np.full((n, self.window), self.tokenizer.eos_id, dtype=np.int64)
         labels = np.zeros((n, self.window), dtype=np.uint8)
+        lengths = np.zeros(n, dtype=np.int64)
         for j in range(n):
-            g = (start + j) % self.total
+            g = int(rows[j]) % self.total
             k = int(np.searchsorted(self._starts, g, side="right") - 1)
             a, b = self._shard(k)[g - int(self._starts[k])]
             if len(a) > self.window:
@@ -493,8 +546,8 @@ class ConversationRows:
                     f"{self.manifest_uri}: a conversation of {len(a)} ids in shards[{k}] is longer than seq_len+1 = "
                     f"{self.window} (sharded with seq_len {self.manifest.chat.seq_len}; re-shard with this one)"
                 )
-            ids[j, : len(a)], labels[j, : len(a)] = a, b
-        return ids, labels
+            ids[j, : len(a)], labels[j, : len(a)], lengths[j] = a, b, len(a)
+        return ids, labels, lengths
 
     def sequences(self, start: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(inputs, targets) of rows [start, start+n): targets are IGNORE_INDEX where the next id is no label."""

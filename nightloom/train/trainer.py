@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 import os
-import resource
 import sys
 import time
 from contextlib import nullcontext
@@ -21,6 +20,7 @@ import torch.distributed as dist
 
 from nightloom import perf
 from nightloom.metrics import StepMetrics, append_metrics
+from nightloom.peak_rss import peak_rss_bytes
 from nightloom.perf import resolve_precision
 from nightloom.runfiles import RunFiles
 from nightloom.train import checkpoint
@@ -30,6 +30,7 @@ from nightloom.train.lora import LoraSettings, trainable
 from nightloom.train.moe import ExpertLoad, imbalance
 from nightloom.train.parallelize import IGNORE_INDEX, ModelParts, build_parts, label_nll_sum, validate_plan
 from nightloom.train.preempt import PREEMPTED, PREEMPTED_EXIT, Preemption
+from nightloom.train.sft_batch import FlopCounter, label_scale, step_counts, trim_to_labels, width_multiple
 from nightloom.util import atomic_write_text
 
 
@@ -69,30 +70,17 @@ def precision_dtype(precision: str, device_type: str) -> torch.dtype | None:
 
 
 def reset_peak_memory(device: torch.device) -> None:
-    """Start the peak-memory count at training's first step, so loading and set-up peaks do not mask the steps'
-    (CUDA: the allocator's peak; CPU on Linux: the process's RSS high-water mark, VmHWM, via clear_refs "5")."""
+    """CUDA: start the allocator's peak count at training's first step, so loading peaks do not mask the steps'.
+    CPU: nothing; the process's RSS high-water mark is never reset (nightloom/peak_rss.py says why)."""
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-        return
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-    except OSError:
-        pass  # not Linux, or not allowed: the peak then counts from process start
 
 
 def peak_memory_bytes(device: torch.device) -> int:
-    """Peak memory since reset_peak_memory: CUDA allocator bytes, or the CPU process's peak RSS (VmHWM)."""
+    """CUDA allocator bytes since reset_peak_memory, or the CPU process's true peak RSS (what /usr/bin/time sees)."""
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device))
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024  # kB
-    except OSError:
-        pass
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
+    return peak_rss_bytes()
 
 
 def _grad_norm_and_clip(parts: ModelParts, max_norm: float, pp_group) -> torch.Tensor:
@@ -190,7 +178,7 @@ def _measure_peak(job: TrainJob, ctx: Context) -> tuple[float, str]:
             t[0] = perf.measure_cpu_matmul_peak().flops
     dist.broadcast(t, src=0)
     src = (
-        "measured: torch.mm 8192 bf16 on GPU" if ctx.device.type == "cuda" else "measured: torch.mm 1024 fp32, 1 thread"
+        "measured: torch.mm 8192 bf16 on GPU" if ctx.device.type == "cuda" else perf.cpu_matmul_peak_source()
     )
     return float(t[0]), src
 
@@ -238,12 +226,13 @@ class Trainer:
             self.plan.grad_accum,
             self.dims.dp,
             dp_rank,
+            width_multiple(self.plan.pp, self.plan.cp, self.plan.tp, self.plan.sp, ctx.device.type),
+            t.group_by_length,
         )
         self.tokens_per_step = self.loader.global_batch * t.seq_len
         self.pp_group = ctx.mesh["pp"].get_group() if self.plan.pp > 1 else None
         self.fsdp = self.dims.dp > 1
-        self.flops_tok = perf.flops_per_token(self.shape, t.seq_len)
-        self.hflops_tok = perf.flops_per_token(self.shape, t.seq_len, self.plan.recompute, hardware=True)
+        self.flops = FlopCounter(self.shape, self.plan.recompute, frozen_base=self.lora is not None)  # as computed
         self.moe = ExpertLoad(self.shape.router_aux_loss_coef, self.shape.num_experts) if self.shape.moe else None
         self.peak, self.peak_source = _measure_peak(job, ctx)
         self.eval_batches: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -279,8 +268,10 @@ class Trainer:
         global mean over label tokens, times dp·cp (the mean over ranks in `_global_loss` gives the global mean)."""
         batch = self.loader.batch(step)
         dev = self.ctx.device
+        p = self.plan  # label tokens, ids computed and their FLOPs over the global batch: metrics and the sft loss
+        self.counts = step_counts(batch.micro, self.flops, self.sft, self.dims.dp, p.tp * p.pp * p.cp, dev)
         if self.sft:
-            self.parts.loss.scale = self._label_scale(batch)
+            self.parts.loss.scale = label_scale(self.counts, step, self.dims.dp, p.cp, len(batch.micro))
         if self.parts.schedule is not None:
             x, y = batch.inputs.to(dev), batch.targets.to(dev)
             losses: list[torch.Tensor] = []
@@ -307,17 +298,6 @@ class Trainer:
                 loss.backward()
             total += loss.detach().float()
         return total
-
-    def _label_scale(self, batch) -> float:
-        """train.task sft: dp·cp·m / N, N the label tokens of the whole global batch (every rank of a DP slice
-        holds its slice's batch, so the world's sum counts each tp·pp·cp times): see parallelize.TokenLoss."""
-        mine = sum(int((y != IGNORE_INDEX).sum()) for _, y in batch.micro)
-        t = torch.tensor([float(mine)], dtype=torch.float64, device=self.ctx.device)
-        dist.all_reduce(t)
-        n = float(t.item()) / (self.plan.tp * self.plan.pp * self.plan.cp)
-        if n < 1:
-            raise RuntimeError(f"step {batch.step}: no label token in the global batch (train.task sft)")
-        return self.dims.dp * self.plan.cp * len(batch.micro) / n
 
     # -- held-out evaluation ---------------------------------------------------------------------------
     def _eval_set(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -378,6 +358,7 @@ class Trainer:
                 model = self.parts.parts[0]
                 for i in range(0, len(x), self.plan.micro_batch):
                     xb, yb = x[i : i + self.plan.micro_batch], y[i : i + self.plan.micro_batch]
+                    xb, yb = trim_to_labels(xb, yb, self.loader.width_multiple)  # as training's micro-batches
                     with self._autocast(), self._context_parallel(model, xb, yb):
                         nll += label_nll_sum(model(xb), yb).double()
                         count += (yb != IGNORE_INDEX).sum().double()
@@ -473,9 +454,9 @@ class Trainer:
             dt = time.perf_counter() - t0
             est = dt
             step += 1
-            tps = self.tokens_per_step / dt
-            mfu = perf.mfu(tps, self.flops_tok, self.ctx.world, self.peak)
-            hfu = perf.mfu(tps, self.hflops_tok, self.ctx.world, self.peak)
+            c = self.counts  # MFU from the FLOPs computed: unpacked sft rows as wide as their micro-batch's longest
+            tps, label_tps = c.computed / dt, c.labels / dt
+            mfu, hfu = (perf.mfu(1 / dt, f, self.ctx.world, self.peak) for f in (c.flops, c.hflops))
             ev_loss = ev_ppl = ev_tokens = None
             if self.eval_batches and (step == 1 or step % job.eval_every == 0 or step == t.steps):
                 ev_loss, ev_tokens = self.evaluate()
@@ -489,8 +470,12 @@ class Trainer:
                         loss=last_loss,
                         grad_norm=gnorm,
                         lr=lr,
-                        tokens=self.tokens_per_step,
+                        tokens=c.computed,
                         tokens_per_s=tps,
+                        label_tokens=c.labels,
+                        label_tokens_per_s=label_tps,
+                        flops=c.flops,
+                        hardware_flops=c.hflops,
                         step_time_s=dt,
                         peak_mem_bytes=int(mem.item()),
                         mfu=mfu,
@@ -510,7 +495,8 @@ class Trainer:
                 )
                 print(
                     f"step {step}/{t.steps} loss {last_loss:.4f} grad_norm {gnorm:.3f} lr {lr:.2e} "
-                    f"tok/s {tps:,.0f} step {dt * 1e3:.0f} ms mfu {mfu:.1%} mem {mem.item() / 2**20:.0f} MiB",
+                    f"tok/s {tps:,.0f} (labels {label_tps:,.0f}) step {dt * 1e3:.0f} ms mfu {mfu:.1%} "
+                    f"mem {mem.item() / 2**20:.0f} MiB",
                     flush=True,
                 )
             if self.prom is not None:
