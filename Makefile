@@ -31,9 +31,11 @@ venv: $(STAMP)
 demo: $(STAMP)
 	@$(VENV)/bin/nightloom run deployments/local-demo.yaml
 
-# The Prefect UI on http://127.0.0.1:4200: server, work pool, deployments and a worker; Ctrl-C stops them.
+# The Prefect UI on http://127.0.0.1:$(PORT): server, work pool, deployments and a worker; Ctrl-C stops them.
+# `make ui PORT=4201` when 4200 is taken. Set here, not with ?=, so that a PORT in the environment is not taken.
+PORT = 4200
 ui: $(STAMP)
-	@$(VENV)/bin/nightloom ui
+	@$(VENV)/bin/nightloom ui --port $(PORT)
 
 # The unit tests (pure logic, ~1,000, CPU-bound, independent) run on two workers. The rest run in two lanes, one
 # per worker (tests/conftest.py, pytest_xdist_make_scheduler): the tests that start only their own processes

@@ -127,7 +127,10 @@ def bring_up(stack: Stack, root: Path, port: int, home: Path, timeout: float) ->
     """Server, work pool, deployments, worker; returns the UI's URL. Raises UIError naming the failed step."""
     url, api = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{port}/api"
     if port_in_use(port):
-        raise UIError(f"127.0.0.1:{port} is already in use (another Prefect server?); try --port {port + 1}")
+        raise UIError(
+            f"127.0.0.1:{port} is already in use (another Prefect server?); try another port: "
+            f"make ui PORT={port + 1}, or .venv/bin/nightloom ui --port {port + 1}"
+        )
     home.mkdir(parents=True, exist_ok=True)
     env, server_log, setup_log = prefect_env(api, home), home / "server.log", home / "setup.log"
     t0 = time.monotonic()
