@@ -150,10 +150,11 @@ class ParallelDims:
         trainer, not of the layout (what-if predictions for layouts other trainers run)."""
         why: list[str] = []
         t, p = self.tp, self.pp
-        if shape.heads % t or shape.kv_heads % t:
+        bad = [f"{name} ({n})" for name, n in (("heads", shape.heads), ("kv_heads", shape.kv_heads)) if n % t]
+        if bad:  # name only the count tp does not divide
             why.append(
-                f"heads ({shape.heads}) and kv_heads ({shape.kv_heads}) must be divisible by tp ({t}): "
-                f"tp={t} does not divide them"
+                f"{' and '.join(bad)} must be divisible by tp ({t}): tp={t} does not divide "
+                + ("them" if len(bad) > 1 else "it")
             )
         if shape.ffn_hidden % t:
             why.append(f"tp={t} does not divide ffn_hidden ({shape.ffn_hidden})")

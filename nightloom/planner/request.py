@@ -11,6 +11,7 @@ from nightloom.catalog import GPUSpec
 from nightloom.parallel import ParallelPlan, Rejection
 from nightloom.shape import ModelShape
 from nightloom.stage_list import stage_list_errors
+from nightloom.wording import percent, thousands
 
 RECOMPUTE_MODES = ("none", "selective", "full")
 
@@ -196,7 +197,9 @@ class PlanReport(BaseModel):
 
     def table_rows(self, rejected: int = 0) -> list[dict[str, object]]:
         """The plan table (the CLI table and the Prefect artifact): chosen + alternatives, then up to `rejected`
-        rejected families with their reason. Every row has every column (a table shows the first row's keys)."""
+        rejected families with their reason. Every row has every column (a table shows the first row's keys).
+        MFU and HFU read as percentages and tokens/s with thousands separators, as everywhere else; `--json`
+        keeps the numbers."""
         rows = []
         for tag, p in [("chosen", self.chosen)] + [("alternative", a) for a in self.alternatives]:
             rows.append(
@@ -211,9 +214,9 @@ class PlanReport(BaseModel):
                     "mem_gib": _r(p.memory_gib_per_gpu, 1),
                     "fits": p.fits,
                     "step_s": _r(p.step_time_s, 3),
-                    "tokens_per_s": _r(p.tokens_per_s, 0),
-                    "mfu": _r(p.mfu, 3),
-                    "hfu": _r(p.hfu, 3),
+                    "tokens/s": None if p.tokens_per_s is None else thousands(p.tokens_per_s),
+                    "MFU": None if p.mfu is None else percent(p.mfu),
+                    "HFU": None if p.hfu is None else percent(p.hfu),
                     "reason": None,
                 }
             )

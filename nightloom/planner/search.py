@@ -29,6 +29,7 @@ from nightloom.planner.steptime import (
     calibrated_efficiency,
     step_time,
 )
+from nightloom.wording import plural
 
 MAX_VIRTUAL_STAGES = 8
 #: end stages the search makes lighter hold at most this many layers fewer than the inner ones
@@ -259,7 +260,7 @@ def _explain(req: PlanRequest, s: _Scored, eff: float, runner_up: _Scored | None
     lines = [
         (
             f"{req.shape.name} ({n / 1e9:.2f}B params{moe}) on {req.world} × {gpu.name} "
-            f"({req.nodes} nodes × {req.gpus_per_node}); global batch {req.global_batch} × seq {req.seq_len}, "
+            f"({plural(req.nodes, 'node')} × {req.gpus_per_node}); global batch {req.global_batch} × seq {req.seq_len}, "
             f"{req.precision}, AdamW"
         ),
         (
@@ -318,29 +319,43 @@ def _explain(req: PlanRequest, s: _Scored, eff: float, runner_up: _Scored | None
             f"{req.calibration:.2f} (bounded) = {eff:.2f}"
         )
     if runner_up is not None and runner_up.tokens_per_s:
-        gain = s.tokens_per_s / runner_up.tokens_per_s - 1
         rc = runner_up.c
         lines.append(
-            f"next best {rc.layout()} (mb={rc.micro_batch}, "
-            f"v={rc.virtual_stages}, recompute={rc.recompute}) is {100 * gain:.1f}% slower"
+            f"next best {rc.layout()} (mb={rc.micro_batch}, v={rc.virtual_stages}, recompute={rc.recompute}) "
+            f"is {_lost_by(s, runner_up)}"
         )
     return lines
 
 
 def _moe_line(req: PlanRequest, c: ParallelDims, st: StepEstimate) -> str:
-    """What expert parallel does in this plan: experts per rank, their state, the all-to-all it costs."""
+    """What expert parallel does in this plan: experts per rank, what each GPU stores of them, the all-to-all."""
     s = req.shape
-    per_gpu = expert_params(s) / (c.tp * c.pp * c.ep) / 1e9
-    shard = f", their states sharded over {c.expert_shard} more ranks (FSDP)" if c.expert_shard > 1 else ""
+    held = _expert_storage(expert_params(s) / (c.tp * c.pp * c.ep) / 1e9, c)
     if c.ep == 1:
         return (
             f"mixture of experts ({s.num_experts} experts, top-{s.experts_per_token}): no expert parallel, every rank "
-            f"holds all experts of its stage ({per_gpu:.2f}B expert params per GPU{shard}); no all-to-all"
+            f"computes all experts of its stage ({held}); no all-to-all"
         )
     return (
-        f"expert parallel ep={c.ep} (drawn from the data-parallel ranks): {s.num_experts // c.ep} of "
-        f"{s.num_experts} experts per rank, {per_gpu:.2f}B expert params per GPU{shard}; token dispatch/combine "
-        f"all-to-all {st.ep_comm_s:.3f} s per step, not overlapped"
+        f"expert parallel ep={c.ep} (drawn from the data-parallel ranks): each rank computes {s.num_experts // c.ep} "
+        f"of {s.num_experts} experts ({held}); token dispatch/combine all-to-all {st.ep_comm_s:.3f} s per step, not "
+        "overlapped"
+    )
+
+
+def _expert_storage(slice_b: float, c: ParallelDims) -> str:
+    """What one GPU stores of the experts it computes (`slice_b` billion params): all of them, or its shard."""
+    k = c.expert_shard
+    if k == 1:
+        return f"{slice_b:.2f}B expert params, whole on every GPU"
+    if c.zero == "fsdp":
+        return (
+            f"{slice_b:.2f}B expert params, sharded with their gradients and optimizer states over the {k} ranks "
+            f"that compute the same experts: {slice_b / k:.2f}B stored per GPU, a layer's gathered as it runs"
+        )
+    return (
+        f"{slice_b:.2f}B expert params whole on every GPU, their gradients and optimizer states sharded over the "
+        f"{k} ranks that compute the same experts ({slice_b / k:.2f}B each)"
     )
 
 
@@ -438,15 +453,12 @@ def search(req: PlanRequest) -> PlanReport:
     for fam, sm in smallest_by_family.items():
         if fam in best_by_family:
             if best_by_family[fam] is not best:
-                slower = best.tokens_per_s / best_by_family[fam].tokens_per_s - 1
-                rejected.append(
-                    Rejection(
-                        layout=fam, reason=f"slower by {100 * slower:.1f}% (best: {_knob_str(best_by_family[fam].c)})"
-                    )
-                )
+                other = best_by_family[fam]
+                reason = f"{_lost_by(best, other)} (best: {_knob_str(other.c)})"
+                rejected.append(Rejection(layout=fam, reason=reason))
         else:
             rejected.append(Rejection(layout=fam, reason=_nofit(sm, usable)))
-    rejected.sort(key=lambda r: (not r.reason.startswith("slower"), _pct(r.reason)))
+    rejected.sort(key=lambda r: (_REASON_ORDER.get(r.reason.split(" ")[0], 2), _pct(r.reason)))
     chosen = _plan_from(req, best, eff)
     chosen.explanation = _explain(req, best, eff, ranked[1] if len(ranked) > 1 else None)
     if evaluated:
@@ -463,6 +475,22 @@ def _key(s: _Scored):
 
 def _better(a: _Scored, b: _Scored) -> bool:
     return _key(a) < _key(b)
+
+
+#: rejected families listed as fast as the chosen first, then slower ones, then those that do not fit
+_REASON_ORDER = {"as": 0, "slower": 1}
+
+
+def _lost_by(best: _Scored, other: _Scored) -> str:
+    """Why `other` lost to `best`: 'slower by 4.9%', or, when their speed is the same to the 0.1% printed (the
+    search ranks near-ties by memory), 'as fast, more memory: 59.8 vs 45.7 GiB per GPU'."""
+    slower = 100 * (best.tokens_per_s / other.tokens_per_s - 1)
+    if round(slower, 1) > 0:
+        return f"slower by {slower:.1f}%"
+    more = other.mem.total_gib - best.mem.total_gib
+    if round(more, 1) > 0:
+        return f"as fast, more memory: {other.mem.total_gib:.1f} vs {best.mem.total_gib:.1f} GiB per GPU"
+    return "as fast, same memory (either runs; the first found is kept)"
 
 
 def _pct(reason: str) -> float:
@@ -521,7 +549,7 @@ def _cpu_report(
     c = best.c
     chosen.explanation = [
         (
-            f"{req.shape.name} on {req.world} CPU ranks ({req.nodes} nodes × {req.gpus_per_node}): no datasheet peak, "
+            f"{req.shape.name} on {req.world} CPU ranks ({plural(req.nodes, 'node')} × {req.gpus_per_node}): no datasheet peak, "
             "so memory, step time and MFU are not predicted (the trainer measures a CPU matmul peak at run time)"
         ),
         (

@@ -102,8 +102,9 @@ def test_spec_rejects_zero_none_and_checks_the_layout(tmp_path):
     with pytest.raises(SpecError, match="plain data parallel is dp_replicate"):
         parse_spec({**base, "parallel": {"dp_shard": 4, "zero": "none"}})
     assert parse_spec({**base, "model": {"name": "tiny-tied"}, "parallel": {"tp": 2}}).parallel.tp == 2  # tied runs
-    with pytest.raises(SpecError, match=r"parallel: heads \(4\) and kv_heads \(2\) must be divisible by tp \(4\)"):
+    with pytest.raises(SpecError, match=r"parallel: kv_heads \(2\) must be divisible by tp \(4\): tp=4 does not ") as e:
         parse_spec({**base, "parallel": {"tp": 4}})
+    assert "heads (4)" not in str(e.value)  # tp=4 divides heads (4): only kv_heads is named
     ok = parse_spec({**base, "parallel": {"pp": 2, "stages": [3, 1], "micro_batch": 1}})
     assert ok.parallel.stages == [3, 1]
 

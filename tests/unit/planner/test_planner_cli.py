@@ -130,3 +130,39 @@ def test_spec_on_cpu_pretty(capsys, tmp_path):
     spec.write_text("name: demo\ndataset: {path: data.jsonl, sample: true}\nmodel: {name: nope}\n")
     rc, _, err = _run(capsys, str(spec))
     assert rc == 1 and "model.name: unknown model 'nope'" in err  # a spec that does not validate: 1, as `validate`
+
+
+TIED = ["--model", "llama3-8b", "--gpu", "h100-80gb", "--nodes", "2", "--gpus-per-node", "8"]
+
+
+def test_a_layout_as_fast_as_the_chosen_is_not_called_slower(capsys):
+    """FSDP16 and ZeRO2-16 run llama3-8b equally fast: ZeRO2 lost on memory, not 'slower by 0.0%'."""
+    rc, out, _ = _run(capsys, *TIED, "--seq-len", "8192", "--global-batch", "64", "--json")
+    d = json.loads(out)
+    reasons = {r["layout"]: r["reason"] for r in d["rejected"]}
+    assert rc == 0 and d["chosen"]["layout"] == "TP1·PP1·FSDP16"
+    assert reasons["TP1·PP1·ZeRO2-16"].startswith("as fast, more memory: 59.8 vs 45.7 GiB per GPU")
+    assert not any(r.startswith("slower by 0.0%") for r in reasons.values())
+    assert any("is as fast, more memory" in line for line in d["chosen"]["explanation"])
+    first = [r["reason"].split(" ")[0] for r in d["rejected"]][:2]
+    assert first == ["as", "slower"]  # the ties first, then the slower, then those that do not fit
+
+
+def test_the_plan_table_prints_percent_and_thousands(capsys):
+    rc, out, _ = _run(capsys, *TIED, "--seq-len", "8192", "--global-batch", "64")
+    chosen = next(line for line in out.splitlines() if "chosen" in line)
+    assert rc == 0 and "56.9%" in chosen and "164,437" in chosen, chosen
+    assert "0.569" not in chosen and "164437" not in chosen
+
+
+def test_expert_storage_says_what_one_gpu_holds(capsys):
+    """DeepSeek-V3: '326.95B expert params per GPU, their states sharded over 256 more ranks' read as one GPU
+    holding 327B; it is the experts a rank computes, of which each GPU stores 1/256."""
+    rc, out, _ = _run(
+        capsys, "--model", "deepseek-v3", "--gpu", "h100-80gb", "--nodes", "64", "--gpus-per-node", "8",
+        "--seq-len", "4096", "--global-batch", "2048", "--json",
+    )  # fmt: skip
+    line = next(x for x in json.loads(out)["chosen"]["explanation"] if x.startswith("expert parallel"))
+    assert "expert params per GPU" not in line and "more ranks" not in line, line
+    assert "each rank computes 128 of 256 experts (326.95B expert params, sharded" in line
+    assert "over the 256 ranks that compute the same experts: 1.28B stored per GPU" in line

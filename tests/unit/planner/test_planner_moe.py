@@ -76,7 +76,7 @@ def test_mixtral_plan_fits_with_what_the_trainer_runs_and_prices_expert_parallel
 
 def test_pinned_ep_is_evaluated():
     r = plan("qwen3-30b-a3b", "h100-80gb", 1, 8, 4096, 64, layout="tp=1,pp=1,dp=8,ep=8")
-    assert r.chosen.ep == 8 and r.evaluated and "16 of 128 experts per rank" in " ".join(r.chosen.explanation)
+    assert r.chosen.ep == 8 and r.evaluated and "each rank computes 16 of 128 experts" in " ".join(r.chosen.explanation)
 
 
 def test_auto_layout_of_an_moe_run_is_what_the_trainer_runs():
