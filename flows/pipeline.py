@@ -23,8 +23,8 @@ from flows.stages import (
     shard_stage,
     train_stage,
 )
+from flows.ui_schema import OptionalRunId, RunSpecForm
 from nightloom.report import RunSummary, run_status
-from nightloom.spec import RunSpec
 from nightloom.spec_load import coerce_spec
 from nightloom.train.job import TrainJob
 from nightloom.validate import ValidationFailed
@@ -35,10 +35,13 @@ from tasks.validate import validate_task
 
 
 @flow(name="training-pipeline", log_prints=True, on_cancellation=[teardown_hook], on_crashed=[teardown_hook])
-def training_pipeline(spec: RunSpec | str, resume_run_id: str | None = None) -> RunSummary:
-    """Run one spec end to end. `spec` is a RunSpec (the UI form) or a path to a spec YAML.
+def training_pipeline(spec: RunSpecForm | str, resume_run_id: OptionalRunId = None) -> RunSummary:
+    """Run one spec end to end.
 
-    `resume_run_id` continues a split or interrupted run in its folder (checkpoints, metrics, ledger row).
+    Args:
+        spec: The run spec: the form (RunSpec), or the path of a spec YAML file from the repository root.
+        resume_run_id: A split or interrupted run to continue in its folder (checkpoints, metrics, ledger
+            row); unset for a new run.
     """
     spec, watch, resume = coerce_spec(spec), Stopwatch(), resume_run_id is not None
     run_id = resume_run_id or make_run_id(spec)

@@ -13,11 +13,12 @@ from __future__ import annotations
 from prefect import flow, get_run_logger, unmapped
 from prefect.context import FlowRunContext
 
+from flows.ui_schema import RunSpecForm
 from nightloom.chat import ChatError, chat_settings
 from nightloom.sharding import ShardingError, ShardJob, ShardManifest, readahead
 from nightloom.sharding.pipeline import shard_indices
 from nightloom.sharding.workdir import WorkDir
-from nightloom.spec import DaskSpec, RunSpec
+from nightloom.spec import DaskSpec
 from nightloom.spec_load import coerce_spec
 from nightloom.storage import StorageError
 from nightloom.tokenizer import prepare_chat_tokenizer
@@ -70,8 +71,12 @@ def shard_on_dask_flow(job: ShardJob) -> ShardManifest:
 
 
 @flow(name="shard-dataset", validate_parameters=True)
-def shard_dataset_flow(spec: RunSpec | str) -> ShardManifest:
-    """Shard `spec.dataset` per `spec.sharding`; returns the manifest (reused when nothing changed)."""
+def shard_dataset_flow(spec: RunSpecForm | str) -> ShardManifest:
+    """Shard `spec.dataset` per `spec.sharding`; returns the manifest (reused when nothing changed).
+
+    Args:
+        spec: The run spec: the form (RunSpec), or the path of a spec YAML file from the repository root.
+    """
     run_spec = coerce_spec(spec)
     log = get_run_logger()
     output, dask = run_spec.sharding.output, run_spec.sharding.dask

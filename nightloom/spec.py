@@ -122,7 +122,7 @@ class DatasetSpec(_Section):
     """The training corpus: a local path or s3:// prefix; `sample: true` builds the embedded sample."""
 
     path: str = Field(..., description="JSONL(.gz/.zst), Parquet, a folder of .txt files, or save_to_disk folder.")
-    format: Literal["auto", "jsonl", "parquet", "text", "hf"] = "auto"
+    format: Literal["auto", "jsonl", "parquet", "text", "hf"] = Field("auto", description="auto: from the path.")
     text_field: str = Field("text", description="Field holding the document text.")
     keep_columns: list[str] = Field(
         default_factory=list,
@@ -173,10 +173,10 @@ class ShardingSpec(_Section):
     output: str = Field(".nightloom/shards", description="Local folder or s3:// prefix for shards + manifest.")
     key_field: str | None = Field(None, description="Field used as the hash key; default the text itself.")
     salt: str = Field("nightloom", description="Salt mixed into the hash; change it to reshuffle.")
-    balance_by: Literal["rows", "tokens", "bytes"] = "tokens"
+    balance_by: Literal["rows", "tokens", "bytes"] = Field("tokens", description="What `tolerance` balances.")
     tolerance: float = Field(0.02, gt=0, lt=1, description="Max |x_i - mean| / mean over shards.")
     dedup: bool = Field(True, description="Drop exact duplicate keys after the first.")
-    on_error: Literal["fail", "skip"] = "fail"
+    on_error: Literal["fail", "skip"] = Field("fail", description="A bad record: fail the run, or skip it (counted).")
     max_bad_fraction: float = Field(0.01, ge=0, le=1, description="With on_error=skip: fail above this.")
     compression: Literal["zstd", "snappy", "lz4", "none"] = Field(
         "zstd", description="Parquet codec of the shards: zstd (level 1) is ~2.5× smaller than none on text."
@@ -201,8 +201,8 @@ class ParallelSpec(_Section):
     """Explicit parallel degrees; leave `parallel: auto` in the spec to let the planner choose. The rules are
     nightloom.parallel.ParallelDims.check's (run at load time when the model is known)."""
 
-    tp: int = Field(1, gt=0)
-    pp: int = Field(1, gt=0)
+    tp: int = Field(1, gt=0, description="Tensor parallel degree.")
+    pp: int = Field(1, gt=0, description="Pipeline parallel stages.")
     dp_replicate: int = Field(1, gt=0, description="Replicas (plain data parallel); HSDP's replica groups.")
     dp_shard: int = Field(-1, description="Ranks sharding with FSDP2; -1 = whatever is left of the world size.")
     cp: int = Field(1, gt=0, description="Context parallel (GPU only).")
@@ -213,10 +213,10 @@ class ParallelSpec(_Section):
         "ranks, tokens sent to them by all_to_all; the experts' FSDP2 over the rest (docs/moe.md).",
     )
     sp: bool = Field(False, description="Sequence parallel with TP (Megatron-SP).")
-    micro_batch: int = Field(1, gt=0)
-    virtual_stages: int = Field(1, gt=0)
-    schedule: Literal["gpipe", "1f1b", "interleaved_1f1b"] = "1f1b"
-    recompute: Literal["none", "selective", "full"] = "none"
+    micro_batch: int = Field(1, gt=0, description="Sequences per rank per forward pass.")
+    virtual_stages: int = Field(1, gt=0, description="Model chunks per pipeline rank (interleaved_1f1b).")
+    schedule: Literal["gpipe", "1f1b", "interleaved_1f1b"] = Field("1f1b", description="Pipeline schedule (pp > 1).")
+    recompute: Literal["none", "selective", "full"] = Field("none", description="Activation recomputation.")
     zero: Literal["fsdp", "zero2"] = Field(
         "fsdp", description="How dp_shard shards: fsdp (ZeRO-3) or zero2 (parameters kept from forward to backward)."
     )
@@ -250,15 +250,15 @@ class ParallelSpec(_Section):
 
 
 class XTunerSpec(_Section):
-    method: Literal["full", "lora", "qlora"] = "lora"
+    method: Literal["full", "lora", "qlora"] = Field("lora", description="Every weight, LoRA, or LoRA on 4-bit.")
     base_model: str = Field(
         "", description="Older alias of model.weights (the base model: local Hugging Face folder or s3:// prefix)."
     )
-    map_fn: str = "alpaca"
-    template: str = "default"
-    zero_stage: Literal[0, 1, 2, 3] = 0
-    sequence_parallel_size: int = Field(1, gt=0)
-    merge_lora: bool = True
+    map_fn: str = Field("alpaca", description="XTuner dataset map function: alpaca, alpaca_zh, openai, default.")
+    template: str = Field("default", description="XTuner prompt template name.")
+    zero_stage: Literal[0, 1, 2, 3] = Field(0, description="DeepSpeed ZeRO stage (0 = plain data parallel).")
+    sequence_parallel_size: int = Field(1, gt=0, description="XTuner sequence parallel ranks per sequence.")
+    merge_lora: bool = Field(True, description="lora/qlora: also write the base with the adapter merged in.")
     micro_batch: int | None = Field(
         None,
         gt=0,
@@ -312,7 +312,7 @@ class LoraSpec(_Section):
 class TrainSpec(_Section):
     """Training hyper-parameters; the same on every backend."""
 
-    backend: Literal["native", "xtuner"] = "native"
+    backend: Literal["native", "xtuner"] = Field("native", description="nightloom's trainer, or XTuner.")
     task: Literal["pretrain", "sft"] = Field(
         "pretrain",
         description="pretrain: every token is a label. sft: chat records rendered with the chat template, one "
@@ -331,18 +331,18 @@ class TrainSpec(_Section):
         "(dealt to the DP ranks so each gets short and long ones), so less padding is computed; each "
         "micro-batch is padded to its longest conversation either way. Same rows per step, same loss.",
     )
-    steps: int = Field(30, gt=0)
-    seq_len: int = Field(128, gt=0)
+    steps: int = Field(30, gt=0, description="Optimizer steps to train.")
+    seq_len: int = Field(128, gt=0, description="Tokens per sequence.")
     global_batch: int = Field(8, gt=0, description="Sequences per optimizer step across all DP ranks.")
-    lr: float = Field(3e-3, gt=0)
-    min_lr_ratio: float = Field(0.1, ge=0, le=1)
-    warmup_steps: int = Field(3, ge=0)
-    weight_decay: float = Field(0.01, ge=0)
-    grad_clip: float = Field(1.0, gt=0)
+    lr: float = Field(3e-3, gt=0, description="Peak learning rate: linear warmup to it, then cosine decay.")
+    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="The decay ends at lr × this.")
+    warmup_steps: int = Field(3, ge=0, description="Linear warmup steps from 0 to lr.")
+    weight_decay: float = Field(0.01, ge=0, description="Decoupled weight decay (AdamW).")
+    grad_clip: float = Field(1.0, gt=0, description="Clip the global gradient norm to this.")
     optimizer: Literal["adamw", "sgd"] = Field(
         "adamw", description="adamw (betas 0.9, 0.95), or plain sgd: its update scales with the gradient."
     )
-    seed: int = 1234
+    seed: int = Field(1234, description="Seed of the initial weights and the data order.")
     precision: Literal["auto", "fp32", "bf16", "fp8"] = Field(
         "auto",
         description="auto = bf16 on GPU, fp32 on CPU. fp8 (GPU only, torchao): the block linears run float8 "
@@ -372,7 +372,7 @@ class TrainSpec(_Section):
         "copy there, which the planner does not count) and written while the next steps run; the final and "
         "a preemption save are waited for.",
     )
-    collective_timeout_s: int = Field(120, gt=0)
+    collective_timeout_s: int = Field(120, gt=0, description="A collective stuck this long fails the attempt.")
     metrics_port: int | None = Field(None, description="Prometheus endpoint base port (rank r uses port+r).")
     export: Literal["auto", "hf", "none"] = Field(
         "auto",
@@ -384,7 +384,7 @@ class TrainSpec(_Section):
         description="Train low-rank adapters instead of every weight (native backend; for XTuner use "
         "train.xtuner.method).",
     )
-    xtuner: XTunerSpec | None = None
+    xtuner: XTunerSpec | None = Field(None, description="XTuner settings; required when backend is xtuner.")
 
     @field_validator("pack")
     @classmethod
@@ -396,8 +396,8 @@ class TrainSpec(_Section):
 
 class GoldenSpec(_Section):
     path: str | None = Field(None, description="JSONL of {step, loss}; or use `from_ledger`.")
-    from_ledger: bool = False
-    rtol: float = Field(0.05, gt=0)
+    from_ledger: bool = Field(False, description="Golden losses: the ledger's best verified run of this spec.")
+    rtol: float = Field(0.05, gt=0, description="Allowed relative difference from the golden loss.")
 
 
 class ValidateSpec(_Section):
@@ -410,8 +410,8 @@ class ValidateSpec(_Section):
     spike_k: float = Field(8.0, gt=0, description="A spike is a loss above k × MAD of the trend.")
     spike_min_rise: float = Field(0.25, ge=0, description="... and above the trailing median by this fraction.")
     spike_sustain: int = Field(3, ge=1, description="... for this many consecutive steps (hard batches pass).")
-    grad_norm_max: float | None = Field(None, gt=0)
-    golden: GoldenSpec = Field(default_factory=GoldenSpec)
+    grad_norm_max: float | None = Field(None, gt=0, description="Gate: no step's gradient norm above this.")
+    golden: GoldenSpec = Field(default_factory=GoldenSpec, description="Gate: the losses follow a known curve.")
 
     @model_validator(mode="before")
     @classmethod
@@ -450,12 +450,12 @@ class WindowSpec(_Section):
 class ScheduleSpec(_Section):
     """Off-peak windows, prices and what to do outside a window."""
 
-    timezone: str = "Asia/Shanghai"
-    windows: list[WindowSpec] = Field(default_factory=lambda: [WindowSpec()])
-    policy: Literal["wait", "run-now", "split"] = "run-now"
-    price_per_gpu_hour: float = Field(0.0, ge=0)
-    offpeak_discount: float = Field(0.18, ge=0, lt=1)
-    currency: str = "USD"
+    timezone: str = Field("Asia/Shanghai", description="IANA time zone of the windows.")
+    windows: list[WindowSpec] = Field(default_factory=lambda: [WindowSpec()], description="Off-peak windows.")
+    policy: Literal["wait", "run-now", "split"] = Field("run-now", description="Outside a window: run, wait, split.")
+    price_per_gpu_hour: float = Field(0.0, ge=0, description="Peak price of one GPU for an hour.")
+    offpeak_discount: float = Field(0.18, ge=0, lt=1, description="Discount inside a window (0.18 = 18%).")
+    currency: str = Field("USD", description="Currency of the prices and the budget.")
     budget: float | None = Field(None, gt=0, description="Refuse or stop a run whose cost would exceed it.")
     max_nights: int | None = Field(
         None, ge=1, description="Refuse, before renting, a run whose plan needs more nights (windows) than this."
@@ -485,7 +485,7 @@ class ScheduleSpec(_Section):
 class StorageSpec(_Section):
     root: str = Field(".nightloom/runs", description="Run folders: metrics, checkpoints, plots.")
     s3_endpoint_url: str | None = Field(None, description="For S3-compatible stores (SeaweedFS, MinIO...).")
-    s3_region: str = "us-east-1"
+    s3_region: str = Field("us-east-1", description="S3 region.")
     credentials_secret: str | None = Field(None, description="Prefect Secret block with 'KEY_ID:SECRET'.")
 
 
@@ -495,9 +495,9 @@ class LedgerSpec(_Section):
 
 class RecoverySpec(_Section):
     max_attempts: int = Field(0, ge=0, description="Re-launches after a failure (0 = fail at once).")
-    max_minutes: float = Field(30.0, gt=0)
-    allow_relayout: bool = True
-    spare_nodes: int = Field(0, ge=0)
+    max_minutes: float = Field(30.0, gt=0, description="Time to recover, summed over attempts, before giving up.")
+    allow_relayout: bool = Field(True, description="Relaunch on fewer GPUs, re-planned, when nodes are lost.")
+    spare_nodes: int = Field(0, ge=0, description="local: extra nodes that replace failed ones (ssh: `spare` hosts).")
     max_preemptions: int = Field(
         10,
         ge=0,
@@ -541,21 +541,21 @@ class RunSpec(_Section):
     """One declarative run: what to train, on what data, where, how, and what counts as success."""
 
     name: str = Field(..., description="Run name: letters, digits, '-', '_', '.'.")
-    model: ModelSpec = Field(default_factory=ModelSpec)
-    dataset: DatasetSpec
-    sharding: ShardingSpec = Field(default_factory=ShardingSpec)
-    cluster: ClusterSpec = Field(default_factory=ClusterSpec)
+    model: ModelSpec = Field(default_factory=ModelSpec, description="What to train: the model and its tokenizer.")
+    dataset: DatasetSpec = Field(..., description="The training corpus.")
+    sharding: ShardingSpec = Field(default_factory=ShardingSpec, description="How the corpus is sharded.")
+    cluster: ClusterSpec = Field(default_factory=ClusterSpec, description="Where training runs.")
     parallel: Annotated[Literal["auto"], WithJsonSchema({"type": "string", "enum": ["auto"]})] | ParallelSpec = Field(
         "auto",
         description="auto: the planner chooses the layout (TP, PP, DP, CP, sequence parallel, ZeRO/FSDP) that fits "
         "memory and is fastest for the cluster; or explicit degrees (tp, pp, dp, ...), checked against the model.",
     )
-    train: TrainSpec = Field(default_factory=TrainSpec)
-    validate_: ValidateSpec = Field(default_factory=ValidateSpec, alias="validate")
-    schedule: ScheduleSpec = Field(default_factory=ScheduleSpec)
-    storage: StorageSpec = Field(default_factory=StorageSpec)
-    ledger: LedgerSpec = Field(default_factory=LedgerSpec)
-    recovery: RecoverySpec = Field(default_factory=RecoverySpec)
+    train: TrainSpec = Field(default_factory=TrainSpec, description="Training hyper-parameters.")
+    validate_: ValidateSpec = Field(default_factory=ValidateSpec, alias="validate", description="Gates to pass.")
+    schedule: ScheduleSpec = Field(default_factory=ScheduleSpec, description="Windows, prices, budget.")
+    storage: StorageSpec = Field(default_factory=StorageSpec, description="Where run folders go.")
+    ledger: LedgerSpec = Field(default_factory=LedgerSpec, description="The run ledger's database.")
+    recovery: RecoverySpec = Field(default_factory=RecoverySpec, description="Relaunching after failures.")
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True, validate_assignment=True)
 

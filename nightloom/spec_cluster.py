@@ -9,14 +9,17 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from nightloom.spec_base import Section as _Section
 
+#: the description of each provider's `kind`: the choice of provider that shows its section
+_KIND = "Which provider these settings are for (on the Run form: the provider chosen above)."
+
 
 class SSHHost(_Section):
     """One SSH machine the user already rents."""
 
-    host: str
-    port: int = Field(22, gt=0, lt=65536)
-    user: str = "root"
-    gpus: int = Field(1, gt=0)
+    host: str = Field(..., description="Host name or address the orchestrator connects to.")
+    port: int = Field(22, gt=0, lt=65536, description="SSH port.")
+    user: str = Field("root", description="SSH user on the node.")
+    gpus: int = Field(1, gt=0, description="GPUs on this host.")
     python: str = Field("python3", description="Interpreter on the node used for training.")
     workdir: str = Field("~/nightloom", description="Working folder on the node.")
     spare: bool = Field(False, description="A spare host used only to replace a failed node.")
@@ -26,15 +29,15 @@ class LocalSpec(_Section):
     """Process groups on this machine, one per node (the embedded default); nothing to set."""
 
     model_config = ConfigDict(title="local")
-    kind: Literal["local"] = "local"
+    kind: Literal["local"] = Field("local", description=_KIND)
 
 
 class SSHSpec(_Section):
     """Machines you already rent, reached over SSH."""
 
     model_config = ConfigDict(title="ssh")
-    kind: Literal["ssh"] = "ssh"
-    hosts: list[SSHHost] = Field(default_factory=list)
+    kind: Literal["ssh"] = Field("ssh", description=_KIND)
+    hosts: list[SSHHost] = Field(default_factory=list, description="The hosts, cluster.nodes of them plus spares.")
     key_secret: str | None = Field(None, description="Prefect Secret block holding the private key.")
     key_env: str = Field("NIGHTLOOM_SSH_KEY", description="Env var holding the private key (or a path).")
     known_hosts: str = Field("~/.ssh/known_hosts", description="known_hosts file; host keys are always verified.")
@@ -44,11 +47,11 @@ class SlurmSpec(_Section):
     """One sbatch allocation per run."""
 
     model_config = ConfigDict(title="slurm")
-    kind: Literal["slurm"] = "slurm"
-    partition: str = "debug"
-    account: str | None = None
-    time_limit: str = "01:00:00"
-    exclude: list[str] = Field(default_factory=list)
+    kind: Literal["slurm"] = Field("slurm", description=_KIND)
+    partition: str = Field("debug", description="sbatch --partition.")
+    account: str | None = Field(None, description="sbatch --account (default: the user's own).")
+    time_limit: str = Field("01:00:00", description="sbatch --time, as Slurm writes it (HH:MM:SS or D-HH:MM:SS).")
+    exclude: list[str] = Field(default_factory=list, description="Node names never to allocate (sbatch --exclude).")
     python: str | None = Field(
         None, description="Interpreter on the nodes (shared file system); default: the orchestrator's own."
     )
@@ -59,11 +62,11 @@ class KubernetesSpec(_Section):
     """An indexed Job and a headless Service per run."""
 
     model_config = ConfigDict(title="kubernetes")
-    kind: Literal["kubernetes"] = "kubernetes"
-    namespace: str = "default"
-    image: str = "nvcr.io/nvidia/pytorch:24.10-py3"
-    kubeconfig: str | None = None
-    gpu_resource: str = "nvidia.com/gpu"
+    kind: Literal["kubernetes"] = Field("kubernetes", description=_KIND)
+    namespace: str = Field("default", description="Namespace of the run's Job and Service.")
+    image: str = Field("nvcr.io/nvidia/pytorch:24.10-py3", description="Container image of the pods (torch inside).")
+    kubeconfig: str | None = Field(None, description="kubeconfig file; default in-cluster config, then ~/.kube/config.")
+    gpu_resource: str = Field("nvidia.com/gpu", description="Extended resource name requested per pod for GPUs.")
 
 
 PROVIDER_KINDS = ("local", "ssh", "slurm", "kubernetes")
@@ -85,13 +88,21 @@ ProviderSpec = Annotated[
 class NCCLSpec(_Section):
     """NCCL/InfiniBand settings rendered to env vars and validated; unset fields are left to NCCL."""
 
-    ib_disable: bool | None = None
-    p2p_disable: bool | None = None
-    ib_hca: str | None = Field(None, description="e.g. '=mlx5_0,mlx5_1' (leading '=' = exact match).")
-    socket_ifname: str | None = None
-    buffsize: int | None = Field(None, gt=0)
-    ib_gid_index: int | None = Field(None, ge=0)
-    debug: Literal["OFF", "VERSION", "WARN", "INFO", "TRACE"] = "OFF"
+    ib_disable: bool | None = Field(
+        None, description="NCCL_IB_DISABLE: true = no InfiniBand (sockets); unset = NCCL's."
+    )
+    p2p_disable: bool | None = Field(None, description="NCCL_P2P_DISABLE: true = no GPU peer-to-peer (NVLink/PCIe).")
+    ib_hca: str | None = Field(
+        None, description="NCCL_IB_HCA: HCAs to use, e.g. '=mlx5_0,mlx5_1' (leading '=' = exact match)."
+    )
+    socket_ifname: str | None = Field(
+        None, description="NCCL_SOCKET_IFNAME: network interfaces for bootstrap and sockets, e.g. eth0 or ^lo,docker."
+    )
+    buffsize: int | None = Field(None, gt=0, description="NCCL_BUFFSIZE: bytes per channel buffer, a power of two.")
+    ib_gid_index: int | None = Field(None, ge=0, description="NCCL_IB_GID_INDEX: the GID index (RoCE: often 3).")
+    debug: Literal["OFF", "VERSION", "WARN", "INFO", "TRACE"] = Field(
+        "OFF", description="NCCL_DEBUG: log level of NCCL in the training logs (OFF = not set)."
+    )
 
 
 class ClusterSpec(_Section):
@@ -101,11 +112,11 @@ class ClusterSpec(_Section):
         default_factory=LocalSpec, description="The provider (`kind`) and its settings: local, ssh, slurm, kubernetes."
     )
     name: str = Field("local", description="Cluster name: the concurrency limit key (one run per cluster).")
-    nodes: int = Field(2, gt=0)
+    nodes: int = Field(2, gt=0, description="Nodes to rent (on `local`: process groups on this machine).")
     gpus_per_node: int = Field(2, gt=0, description="GPUs (or CPU ranks on `local`) per node.")
     gpu_type: str = Field("cpu", description="Catalog GPU type, or `cpu` (peak measured at run time).")
-    master_port: int = Field(29500, gt=1024, lt=65536)
-    min_free_disk_gib: float = Field(1.0, ge=0)
+    master_port: int = Field(29500, gt=1024, lt=65536, description="Rendezvous port on the first node.")
+    min_free_disk_gib: float = Field(1.0, ge=0, description="Preflight: free disk a node needs (GiB).")
     min_nodes: int | None = Field(
         None,
         gt=0,
@@ -117,7 +128,7 @@ class ClusterSpec(_Section):
         description="Extra pip requirements of the node "
         "environment (keyed by their hash); torch comes from the node image.",
     )
-    nccl: NCCLSpec = Field(default_factory=NCCLSpec)
+    nccl: NCCLSpec = Field(default_factory=NCCLSpec, description="NCCL/InfiniBand environment of the ranks.")
 
     @model_validator(mode="before")
     @classmethod

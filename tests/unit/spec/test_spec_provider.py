@@ -39,7 +39,8 @@ def test_run_form_offers_one_provider_at_a_time(schema):
     branches = [_resolve(schema, b) for b in provider["anyOf"]]
     assert provider["discriminator"]["propertyName"] == "kind"
     assert set(provider["discriminator"]["mapping"]) == KINDS
-    by_kind = {b["properties"]["kind"]["const"]: b for b in branches}
+    by_kind = {b["properties"]["kind"]["enum"][0]: b for b in branches}  # a one-value select (flows/ui_schema.py)
+    assert all(len(b["properties"]["kind"]["enum"]) == 1 for b in branches)
     assert set(by_kind) == KINDS and [b["title"] for b in branches] == ["local", "ssh", "slurm", "kubernetes"]
     assert set(by_kind["local"]["properties"]) == {"kind"}
     assert "hosts" in by_kind["ssh"]["properties"] and "partition" not in by_kind["ssh"]["properties"]
