@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import html
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -165,6 +166,22 @@ def loss_png(run_dir: str) -> str | None:
             return None
         path = plot_loss(steps, Path(run_dir) / "loss.png")
     return base64.b64encode(path.read_bytes()).decode()
+
+
+#: the longest line of a table artifact's text cell: Prefect's UI cuts a cell at the table's edge (no wrapping)
+ARTIFACT_LINE = 72
+
+
+def wrapped_rows(rows: list[dict], column: str = "value", width: int = ARTIFACT_LINE) -> list[dict]:
+    """Table artifact rows with each long `column` text broken between words onto continuation rows (the other
+    cells empty), since the UI's table cells do not wrap; a word longer than `width` (a path) stays whole."""
+    out = []
+    for row in rows:
+        text = row.get(column)
+        lines = textwrap.wrap(text, width, break_long_words=False, break_on_hyphens=False) if text else []
+        out.append({**row, column: lines[0]} if lines else row)
+        out += [{**dict.fromkeys(row, ""), column: line} for line in lines[1:]]
+    return out
 
 
 def summary_rows(

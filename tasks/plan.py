@@ -9,6 +9,7 @@ from prefect.cache_policies import NO_CACHE
 from nightloom.ledger import calibration_for_spec
 from nightloom.parallel import ParallelPlan
 from nightloom.planner import plan_for_spec
+from nightloom.report import wrapped_rows
 from nightloom.spec import RunSpec
 
 
@@ -36,6 +37,8 @@ def plan_task(spec: RunSpec, world_size: int, calibration: float | None = None, 
         log.info("  %s", line)
     if publish:
         create_table_artifact(
-            key="plan", table=report.table_rows(rejected=20), description=f"Parallel plan for {spec.name}"
+            key="plan",
+            table=wrapped_rows(report.table_rows(rejected=20), column="reason"),  # long reasons: more rows
+            description=f"Parallel plan for {spec.name}",
         )
     return plan

@@ -9,7 +9,7 @@ from prefect.cache_policies import NO_CACHE
 from nightloom.ledger import Ledger, LedgerError
 from nightloom.ledger_model import ledger_fields
 from nightloom.parallel import ParallelPlan
-from nightloom.report import RunSummary, StageTime, summary_rows
+from nightloom.report import RunSummary, StageTime, summary_rows, wrapped_rows
 from nightloom.runfiles import RunFiles
 from nightloom.spec import RunSpec
 
@@ -93,6 +93,6 @@ def record_task(
         )
     )
     rows = summary_rows(summary, outcome.verdicts, cluster.time_to_ready_s, cost, spec.schedule.currency, stages)
-    create_table_artifact(key="run-summary", table=rows, description=f"nightloom run {summary.run_id}")
+    create_table_artifact(key="run-summary", table=wrapped_rows(rows), description=f"nightloom run {summary.run_id}")
     log.info("recorded run %s in the ledger (%s)", summary.run_id, status)
     return summary

@@ -26,7 +26,7 @@ def print_summary(summary) -> None:
     con = Console(markup=False, emoji=False)  # values printed as they are (`:100:` is no emoji)
     t = Table(title=f"nightloom run {summary.run_id}: {summary.status}", show_header=False)
     t.add_column("", style="bold")
-    t.add_column("")
+    t.add_column("", overflow="fold")  # a long path wraps, not cut with "…"
 
     def fmt(x, spec="{:.4g}"):
         return NOT_MEASURED if x is None else spec.format(x)
