@@ -176,18 +176,37 @@ def resolve_peak(gpu_type: str, precision: str, measured: Peak | None = None) ->
     return Peak(spec.peak(precision), precision, f"datasheet: {spec.source}")
 
 
-def measure_cpu_matmul_peak(n: int = 1024, repeats: int = 5, dtype: str = "fp32") -> PeakMeasurement:
-    """Best-of-`repeats` square matmul FLOP/s on this CPU, one thread: the peak used for CPU MFU."""
+#: the one CPU peak measurement (native trainer and XTuner backend alike): square fp32 matmuls of this size,
+#: best of this many, on one thread
+CPU_PEAK_N, CPU_PEAK_REPEATS = 1024, 5
+
+
+def cpu_matmul_peak_source(dtype: str = "fp32", n: int = CPU_PEAK_N, repeats: int = CPU_PEAK_REPEATS) -> str:
+    """How measure_cpu_matmul_peak measured: the Peak's `source` (ranks that did not measure name it too)."""
+    return f"measured: torch.mm {n}x{n} {dtype}, best of {repeats}, 1 thread"
+
+
+def measure_cpu_matmul_peak(
+    n: int = CPU_PEAK_N, repeats: int = CPU_PEAK_REPEATS, dtype: str = "fp32"
+) -> PeakMeasurement:
+    """Best-of-`repeats` square matmul FLOP/s on this CPU, one thread: the peak used for CPU MFU. The caller's
+    torch thread count is set to 1 for the measurement and restored (an orchestrator process runs one thread per
+    core, a training rank one: both must measure the same thing)."""
     import torch
 
     dt = torch.float32 if dtype == "fp32" else torch.bfloat16
-    a = torch.randn(n, n, dtype=dt)
-    b = torch.randn(n, n, dtype=dt)
-    torch.mm(a, b)  # warm-up
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        torch.mm(a, b)
-        best = min(best, time.perf_counter() - t0)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        a = torch.randn(n, n, dtype=dt)
+        b = torch.randn(n, n, dtype=dt)
+        torch.mm(a, b)  # warm-up
+        best = float("inf")
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            torch.mm(a, b)
+            best = min(best, time.perf_counter() - t0)
+    finally:
+        torch.set_num_threads(threads)
     flops = 2 * n**3 / best
-    return PeakMeasurement(flops, dtype, f"measured: torch.mm {n}x{n} {dtype}, best of {repeats}, 1 thread")
+    return PeakMeasurement(flops, dtype, cpu_matmul_peak_source(dtype, n, repeats))

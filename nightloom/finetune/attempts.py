@@ -22,7 +22,7 @@ from nightloom import recovery as rec
 from nightloom.attempt import TAIL_LINES, cause_line
 from nightloom.finetune.convert import find_checkpoint
 from nightloom.finetune.launcher import XTunerLaunchError, check, node_env, run_streaming, train_args, train_command
-from nightloom.finetune.logs import step_of
+from nightloom.finetune.logs import StartupDump, step_of
 from nightloom.finetune.plan import XTunerPlan
 from nightloom.provision.base import Cluster, Node, PreflightReport, ProvisionError, follow
 
@@ -144,7 +144,7 @@ def train_with_recovery(
     while True:
         log_file = Path(run.plan.log_dir) / "train.log"
         seen = log_file.stat().st_size if log_file.exists() else 0
-        watch = StepWatch(log, clock)
+        watch = StepWatch(log, clock, StartupDump(log_file))
         try:
             ckpt = _launch_once(
                 run.plan,
@@ -287,15 +287,16 @@ class StepWatch:
     """An attempt's output on its way to the log: when it logged its first training step, and whether it was
     ended (`guard`) for logging none within its startup allowance."""
 
-    def __init__(self, log: Log, clock: Callable[[], float] = time.time):
-        self.log, self.clock = log, clock
+    def __init__(self, log: Log, clock: Callable[[], float] = time.time, dump: StartupDump | None = None):
+        self.log, self.clock, self.dump = log, clock, dump  # dump: mmengine's start-up listing, kept out of `log`
         self.first_at: float | None = None
         self.stalled = False
         self.startup_timeout_s: float | None = None
         self._settled = threading.Event()
 
     def line(self, text: str) -> None:
-        self.log(text)
+        for shown in self.dump(text) if self.dump is not None else [text]:
+            self.log(shown)
         if self.first_at is None and step_of(text) is not None:
             self.first_at = self.clock()
             self._settled.set()
@@ -315,6 +316,8 @@ class StepWatch:
 
     def done(self) -> None:
         self._settled.set()
+        for note in self.dump.flush() if self.dump is not None else []:
+            self.log(note)
 
 
 def _launch_once(

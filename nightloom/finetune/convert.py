@@ -14,6 +14,7 @@ from pathlib import Path
 
 from nightloom.finetune.launcher import WRAPPER, Runner, check, local_runner, tool_command
 from nightloom.finetune.plan import XTunerPlan
+from nightloom.hf.export import ADAPTER_DIR
 
 
 class XTunerConvertError(RuntimeError):
@@ -122,6 +123,20 @@ def publish(src: Path, dest: str, s3_endpoint_url: str | None = None) -> str:
     return str(out)
 
 
+#: the run folder's model, as the native backend lays it out: the Hugging Face model (merged for LoRA) in
+#: `export/`, a LoRA run's PEFT adapter in `export/adapter/` (ADAPTER_DIR, the native export's name). Run folders from
+#: before this layout hold `model/` and `adapter/`; their result.json names those, and readers go by the record.
+EXPORT_DIR = "export"
+
+
+def _swap_in(staged: Path, final: Path) -> Path:
+    """Rename the finished `staged` folder to `final`, replacing an older one: a reader never sees half of it."""
+    if final.exists():
+        shutil.rmtree(final)
+    staged.rename(final)
+    return final
+
+
 def convert_checkpoint(
     plan: XTunerPlan,
     checkpoint: Path,
@@ -132,35 +147,35 @@ def convert_checkpoint(
     runner: Runner | None = None,
 ) -> dict[str, str | None]:
     """pth → HF (adapter for LoRA), merge when asked, then publish the final model folder. `runner`: where the
-    XTuner env runs the tools (node 0, the node whose rank 0 wrote the checkpoint, for remote clusters)."""
+    XTuner env runs the tools (node 0, the node whose rank 0 wrote the checkpoint, for remote clusters).
+
+    Written as the native backend writes it: `export/` the model (LoRA merged into the base), `export/adapter/`
+    the adapter, staged in `export.tmp/` and renamed into place last. Returns `model_dir` (= `export_dir`, None for
+    an unmerged adapter), `adapter_dir` and `published`."""
     run_dir = Path(plan.run_dir)
-    log_file = Path(plan.log_dir) / "convert.log"
+    tools = dict(log_file=Path(plan.log_dir) / "convert.log", log=log, runner=runner, wrapper=plan.wrapper)
     lora = plan.method in ("lora", "qlora")
-    hf = pth_to_hf(
-        plan.python,
-        Path(plan.config_path),
-        checkpoint,
-        run_dir / ("adapter" if lora else "model"),
-        lora=lora,
-        log_file=log_file,
-        log=log,
-        runner=runner,
-        wrapper=plan.wrapper,
-    )
-    out: dict[str, str | None] = {"adapter_dir": str(hf) if lora else None, "model_dir": None if lora else str(hf)}
-    if lora and plan.merge_lora:
-        merged = merge_lora(
-            plan.python,
-            Path(plan.base_model),
-            hf,
-            run_dir / "model",
-            device="cpu" if plan.profile == "cpu" else "cuda",
-            log_file=log_file,
-            log=log,
-            runner=runner,
-            wrapper=plan.wrapper,
+    staged = run_dir / f"{EXPORT_DIR}.tmp"
+    if staged.exists():
+        shutil.rmtree(staged)
+    if not lora:
+        pth_to_hf(plan.python, Path(plan.config_path), checkpoint, staged, lora=False, **tools)
+    else:
+        adapter = pth_to_hf(
+            plan.python, Path(plan.config_path), checkpoint, run_dir / f"{ADAPTER_DIR}.tmp", lora=True, **tools
         )
-        out["model_dir"] = str(check_hf_model(merged))
+        device = "cpu" if plan.profile == "cpu" else "cuda"
+        if plan.merge_lora:  # the merged model is the export; the adapter goes inside it, as natively
+            merge_lora(plan.python, Path(plan.base_model), adapter, staged, device=device, **tools)
+        else:
+            staged.mkdir()
+        adapter.rename(staged / ADAPTER_DIR)
+    export = _swap_in(staged, run_dir / EXPORT_DIR)
+    has_model = not lora or plan.merge_lora
+    out: dict[str, str | None] = {
+        "model_dir": str(check_hf_model(export)) if has_model else None,
+        "adapter_dir": str(check_adapter(export / ADAPTER_DIR)) if lora else None,
+    }
     final = out["model_dir"] or out["adapter_dir"]
     out["published"] = publish(Path(final), publish_to, s3_endpoint_url) if publish_to else final
     return out

@@ -21,6 +21,54 @@ _LOG_LINE = re.compile(r"Iter\(train\)\s*\[\s*(\d+)/\s*\d+\]\s+(.*)$")
 _KV = re.compile(r"([a-z_]+):\s*(-?[0-9.]+(?:e[-+]?\d+)?|nan|inf)", re.IGNORECASE)
 
 
+# a record of mmengine's logger, once launcher prefixes ("[train] [node] ") are stripped: "12/05 12:26:57 - mmengine - INFO - msg"
+_RECORD = re.compile(r"^\d{2}/\d{2} \d{2}:\d{2}:\d{2} - \S+ - [A-Z]+ -(?: (.*))?$")
+_PREFIXES = re.compile(r"^(?:\[[^\]\n]*\] ?)+")
+_DASH_LINE = "-" * 60  # mmengine frames its environment block with these
+# the first line of each of the start-up dumps: environment (an empty message, the block follows), config, hook order
+_DUMP_STARTS = {"": "env", "Config:": "config", "Hooks will be executed in the following order:": "hooks"}
+
+
+class StartupDump:
+    """Keeps mmengine's start-up dump (system and runtime environment, the whole config, the hook order: ~300
+    lines before the first step) out of the live log; the full log file still has every line.
+
+    Called with each output line (launcher prefixes and all), it returns the lines to show: none inside a dump,
+    and once a dump is over one note saying how many lines went to `where` before the next line shown."""
+
+    def __init__(self, where: str | Path):
+        self.where, self.mode, self.hidden, self.dashes, self.prefix = str(where), None, 0, 0, ""
+
+    def __call__(self, text: str) -> list[str]:
+        """The lines to show for the output line `text` (none while inside a dump)."""
+        body = _PREFIXES.sub("", text).rstrip()
+        record = _RECORD.match(body)
+        if self.mode is not None and (record or body.startswith("Traceback")):
+            self.mode = None  # the next record (or a crash) ends the config and hook listings
+        if self.mode is None and record and (record.group(1) or "").strip() in _DUMP_STARTS:
+            self.mode, self.dashes = _DUMP_STARTS[(record.group(1) or "").strip()], 0
+            self.prefix = text[: len(text) - len(text.lstrip())] + (_PREFIXES.match(text.lstrip()) or [""])[0]
+        if self.mode is None:
+            if self.hidden and not body:
+                self.hidden += 1  # the blank line mmengine ends a dump with
+                return []
+            return [*self.flush(), text]
+        self.hidden += 1
+        if self.mode == "env":
+            self.dashes += body == _DASH_LINE
+            self.mode = None if self.dashes == 2 else "env"
+        elif self.mode == "config" and not body:
+            self.mode = None
+        return []
+
+    def flush(self) -> list[str]:
+        """The note for the lines hidden since the last one shown ([] when none were)."""
+        if not self.hidden:
+            return []
+        n, self.hidden = self.hidden, 0
+        return [f"{self.prefix}({n} lines of mmengine's start-up listing (environment, config, hooks): {self.where})"]
+
+
 class XTunerLogError(ValueError):
     """No usable metrics in an XTuner work dir; the message names the folder or file and line."""
 
@@ -99,7 +147,7 @@ def collect_steps(work_dir: Path, shape: RunShape, attempt: int = 0) -> list[Ste
                 from nightloom.perf import mfu as mfu_of
 
                 mfu = mfu_of(tps, shape.flops_per_token, shape.n_devices, shape.peak_flops_per_device)
-            mem = r.get("memory")  # MiB on CUDA; absent on CPU
+            mem = r.get("memory")  # MiB: CUDA allocator (mmengine), or CPU peak RSS (xtuner_ext/nightloom_memory.py)
             by_step[step] = StepMetrics(
                 step=step,
                 loss=float(r["loss"]),

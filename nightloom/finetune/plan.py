@@ -113,10 +113,10 @@ def _peak(spec: RunSpec, profile: str, peak_flops: float | None) -> tuple[float 
     if gpu in GPUS:
         peak = resolve_peak(gpu, resolve_precision("auto", profile))
         return peak.flops, peak.source
-    if profile == "cpu":
+    if profile == "cpu":  # the native trainer's measurement (same size, repeats, one thread): comparable MFU
         from nightloom.perf import measure_cpu_matmul_peak
 
-        m = measure_cpu_matmul_peak(n=512, repeats=3)
+        m = measure_cpu_matmul_peak()
         return m.flops, m.source
     return None, None
 

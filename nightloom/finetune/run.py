@@ -66,8 +66,9 @@ class XTunerResult(TrainResult):
 
     metrics_path: str
     config_path: str
-    model_dir: str | None = None  # Hugging Face model (merged when LoRA and merge_lora) or adapter
-    adapter_dir: str | None = None
+    # the Hugging Face model (merged when LoRA and merge_lora): `export/`, also the record's export_dir, as a
+    # native run's; a LoRA adapter is TrainResult.adapter_dir, `export/adapter/` (convert.py; older runs: model/, adapter/)
+    model_dir: str | None = None
     published: str | None = None
     processed_rows: int = 0
     processed_tokens: int = 0
@@ -134,7 +135,7 @@ def run_xtuner(
     `cluster`/`provider`: launch on the provider's nodes (their interpreters replaced by the XTuner env's),
     recovering within spec.recovery; without them, ranks run on this machine (world size = spec.world_size).
     `publish_to`: local folder or s3:// prefix for the final model; default: s3 storage roots get
-    `<root>/<spec.name>/<run_dir name>/model`, local ones keep it in `<run_dir>/model`.
+    `<root>/<spec.name>/<run_dir name>/model`, local ones keep it in `<run_dir>/export` (adapter: `export/adapter`).
     """
     t0 = time.monotonic()
     stage: dict[str, float] = {}
@@ -216,6 +217,7 @@ def run_xtuner(
         metrics_path=str(metrics_path),
         config_path=plan.config_path,
         model_dir=conv.get("model_dir"),
+        export_dir=conv.get("model_dir"),  # the summary's export and adapter rows read these two
         adapter_dir=conv.get("adapter_dir"),
         published=conv.get("published"),
         processed_rows=stats["rows"],

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 import os
-import resource
 import sys
 import time
 from contextlib import nullcontext
@@ -21,6 +20,7 @@ import torch.distributed as dist
 
 from nightloom import perf
 from nightloom.metrics import StepMetrics, append_metrics
+from nightloom.peak_rss import peak_rss_bytes
 from nightloom.perf import resolve_precision
 from nightloom.runfiles import RunFiles
 from nightloom.train import checkpoint
@@ -70,30 +70,17 @@ def precision_dtype(precision: str, device_type: str) -> torch.dtype | None:
 
 
 def reset_peak_memory(device: torch.device) -> None:
-    """Start the peak-memory count at training's first step, so loading and set-up peaks do not mask the steps'
-    (CUDA: the allocator's peak; CPU on Linux: the process's RSS high-water mark, VmHWM, via clear_refs "5")."""
+    """CUDA: start the allocator's peak count at training's first step, so loading peaks do not mask the steps'.
+    CPU: nothing; the process's RSS high-water mark is never reset (nightloom/peak_rss.py says why)."""
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-        return
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-    except OSError:
-        pass  # not Linux, or not allowed: the peak then counts from process start
 
 
 def peak_memory_bytes(device: torch.device) -> int:
-    """Peak memory since reset_peak_memory: CUDA allocator bytes, or the CPU process's peak RSS (VmHWM)."""
+    """CUDA allocator bytes since reset_peak_memory, or the CPU process's true peak RSS (what /usr/bin/time sees)."""
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device))
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024  # kB
-    except OSError:
-        pass
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
+    return peak_rss_bytes()
 
 
 def _grad_norm_and_clip(parts: ModelParts, max_norm: float, pp_group) -> torch.Tensor:
@@ -190,9 +177,7 @@ def _measure_peak(job: TrainJob, ctx: Context) -> tuple[float, str]:
         else:
             t[0] = perf.measure_cpu_matmul_peak().flops
     dist.broadcast(t, src=0)
-    src = (
-        "measured: torch.mm 8192 bf16 on GPU" if ctx.device.type == "cuda" else "measured: torch.mm 1024 fp32, 1 thread"
-    )
+    src = "measured: torch.mm 8192 bf16 on GPU" if ctx.device.type == "cuda" else perf.cpu_matmul_peak_source()
     return float(t[0]), src
 
 

@@ -1,52 +1,53 @@
-"""`training_pipeline` with train.backend: xtuner runs every stage: shard → provision → plan → train → validate → record."""
+"""`training_pipeline` with train.backend: xtuner runs every stage: shard → provision → plan → train → validate → record.
+
+It runs the shipped demo (deployments/xtuner-lora-demo.yaml), its paths moved into the test's folder: the demo's
+own loss gate must pass, its model land where a native run's does, and its MFU and memory figures be measured as
+a native run's are."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from tests.support.xtuner_data import alpaca_rows
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def demo_spec(tmp_path: Path, base_model: Path):
+    """The shipped XTuner demo with its sample, shards, runs, ledger and base model in `tmp_path`."""
+    from nightloom.spec_load import parse_spec
+
+    data = yaml.safe_load((REPO / "deployments" / "xtuner-lora-demo.yaml").read_text())
+    data["dataset"]["path"] = str(tmp_path / "alpaca.jsonl")  # sample: true builds it there
+    data["sharding"]["output"] = str(tmp_path / "shards")
+    data["train"]["xtuner"]["base_model"] = str(base_model)  # what build_tiny_base_model builds (same script)
+    data["storage"] = {"root": str(tmp_path / "runs")}
+    data["ledger"] = {"url": f"sqlite:///{tmp_path / 'ledger.db'}"}
+    return parse_spec(data)
 
 
 def test_full_pipeline_with_xtuner_backend(prefect_backend, xtuner_env, base_model, tmp_path):
     from flows.pipeline import training_pipeline
     from nightloom.ledger import Ledger
     from nightloom.metrics import read_metrics
-    from nightloom.spec_load import parse_spec
+    from nightloom.perf import cpu_matmul_peak_source
 
-    corpus = tmp_path / "alpaca.jsonl"
-    corpus.write_text("".join(json.dumps(r) + "\n" for r in alpaca_rows(48)))
-    spec = parse_spec(
-        {
-            "name": "xt-pipeline",
-            "dataset": {
-                "path": str(corpus),
-                "text_field": "output",
-                "keep_columns": ["instruction", "input", "output"],
-            },
-            "sharding": {"num_shards": 2, "output": str(tmp_path / "shards"), "balance_by": "rows", "tolerance": 0.5},
-            "cluster": {"provider": "local", "nodes": 1, "gpus_per_node": 1, "gpu_type": "cpu"},
-            "train": {
-                "backend": "xtuner",
-                "steps": 4,
-                "seq_len": 128,
-                "global_batch": 2,
-                "lr": 1e-3,
-                "warmup_steps": 1,
-                "checkpoint_every": 2,
-                "xtuner": {"method": "lora", "base_model": str(base_model)},
-            },
-            "validate": {"min_loss_drop": 0.0},
-            "storage": {"root": str(tmp_path / "runs")},
-            "ledger": {"url": f"sqlite:///{tmp_path / 'ledger.db'}"},
-        }
-    )
+    spec = demo_spec(tmp_path, base_model)
     state = training_pipeline(spec, return_state=True)
     assert state.is_completed(), state.message
     summary = state.result()
-    assert summary.status == "completed" and summary.shards == 2 and summary.steps == 4
+    assert summary.status == "completed" and summary.shards == 2 and summary.steps == spec.train.steps
+    gate = next(v for v in summary.verdicts if v.name == "loss_drop")
+    assert gate.passed and gate.threshold == spec.validate_.min_loss_drop >= 0.02, gate.reason  # a real gate
     run_dir = Path(summary.run_dir)
-    assert [m.step for m in read_metrics(run_dir / "metrics.jsonl")] == [1, 2, 3, 4]
-    assert (run_dir / "model" / "config.json").is_file()  # converted (LoRA merged) Hugging Face model
+    steps = read_metrics(run_dir / "metrics.jsonl")
+    assert [m.step for m in steps] == list(range(1, spec.train.steps + 1))
+    # the ranks' peak RSS, as the native trainer measures it: the process's since it started, never reset
+    assert all(m.peak_mem_bytes and m.peak_mem_bytes > 100 * 2**20 for m in steps)
+    assert summary.peak_source == cpu_matmul_peak_source()  # the native trainer's CPU peak: comparable MFU
+    export = run_dir / "export"  # as a native run: the merged model, the adapter inside it
+    assert (export / "config.json").is_file() and (export / "adapter" / "adapter_config.json").is_file()
+    assert not (run_dir / "model").exists() and not (run_dir / "adapter").exists()
+    assert summary.output_rows() == [("export", str(export)), ("adapter", str(export / "adapter"))]
     row = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}").get(summary.ledger_id)
     assert row.status == "succeeded" and row.final_loss == summary.last_loss

@@ -88,7 +88,7 @@ def test_resume_continues_from_checkpoint(lora_run, xtuner_env):
     step 3 and reproduces the uninterrupted losses."""
     spec, r, tmp = lora_run
     src, dst = tmp / "run", tmp / "resumed"
-    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("model", "adapter", "result.json"))
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("export", "result.json"))
     work = dst / "xtuner" / "work_dir"
     (work / "iter_4.pth").unlink()
     (work / "last_checkpoint").write_text(str(work / "iter_2.pth"))

@@ -27,3 +27,6 @@ def test_demo_spec_builds_its_sample_on_first_use():
     assert spec.dataset.sample and spec.dataset.sample_kind == "alpaca"
     assert spec.train.xtuner.build_tiny_base_model
     assert set(spec.dataset.keep_columns) >= {"instruction", "input", "output"}
+    assert (
+        spec.validate_.min_loss_drop >= 0.02
+    )  # a gate at 0% is no gate (the run it gates: tests/xtuner/test_xtuner_pipeline.py)
