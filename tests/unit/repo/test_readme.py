@@ -45,3 +45,10 @@ def test_commands_run_from_a_fresh_shell():
 
 def test_make_ui_port_is_documented():
     assert "make ui PORT=4201" in README
+
+
+def test_the_shard_report_is_said_to_be_on_the_subflow_page():
+    """tasks/shard.py creates `shard-report` inside the shard-dataset subflow: it is on that flow run's page."""
+    ui = " ".join(README.split("## The Prefect UI", 1)[1].split("## ", 1)[0].split())
+    assert "`shard-report` is on the `shard-dataset` subflow's page" in ui
+    assert "the `shard-report` and `run-summary` tables" not in ui
