@@ -58,11 +58,36 @@ def run_model(shape: ModelShape, hf_config: str | None = None, weights: str | No
     return RunModel(_base_name(weights or shape.name)[:MODEL_CHARS], shape.arch)
 
 
+def _xtuner_base(spec) -> str | None:
+    """An XTuner run's base model (model.weights, or its older alias train.xtuner.base_model); None otherwise."""
+    xs = spec.train.xtuner
+    if spec.train.backend != "xtuner":
+        return None
+    return spec.model.weights or (xs.base_model if xs is not None else None) or None
+
+
+def _xtuner_run_model(base: str, built_tiny: bool) -> RunModel:
+    """What an XTuner run trains: its base folder's name and its config.json's model_type (XTuner trains the Hugging
+    Face model as it lies; nightloom resolves no shape for it); a base not built or read yet is named by its folder,
+    family 'llama' when nightloom builds it (finetune/tiny_model.py builds a Llama) or 'unknown'."""
+    family = DEMO_FAMILY if built_tiny else UNKNOWN_FAMILY
+    if "://" not in base:
+        try:
+            cfg = json.loads((Path(base) / "config.json").read_text(encoding="utf-8"))
+            family = str(cfg.get("model_type") or family)
+        except (OSError, ValueError):
+            pass
+    return RunModel(_base_name(base)[:MODEL_CHARS], family)
+
+
 def spec_run_model(spec) -> RunModel:
     """The model a run of `spec` (a RunSpec) trains, resolved as the planner and trainer resolve it (the tokenizer
     is not read: the vocabulary names nothing). A Hugging Face config that cannot be read yet (demo weights not
     built, a run failing before) gives its weights' or config's name and family 'unknown' (a demo's: the Llama it
     will build) rather than an error, so such a run still gets its ledger row."""
+    base = _xtuner_base(spec)
+    if base:
+        return _xtuner_run_model(base, bool(spec.train.xtuner and spec.train.xtuner.build_tiny_base_model))
     try:
         shape = model_shape(spec.model, with_tokenizer_vocab=False)
     except (OSError, ValueError, KeyError):

@@ -20,8 +20,8 @@ def record_night_task(spec: RunSpec, run_id: str, decision: GateDecision, night:
         row = ledger.record_night(run_id, night)
     so_far = nights_so_far(decision, night, row.cost or 0.0, len(row.nights))
     _artifact(spec, row.nights, so_far)
-    predicted = "unknown" if night.predicted_steps is None else str(night.predicted_steps)
-    line = f"night {night.night}: {night.steps} steps (predicted {predicted})"
+    predicted = "no prediction yet" if night.predicted_steps is None else f"predicted {night.predicted_steps}"
+    line = f"night {night.night}: {night.steps} steps ({predicted})"
     if spec.schedule.price_per_gpu_hour > 0:  # costs only where prices are set
         forecast = (
             "unknown" if night.predicted_cost is None else f"{night.predicted_cost:.2f} ± {night.uncertainty or 0:.2f}"

@@ -79,7 +79,7 @@ def _nights(r: RunRecord) -> str:
     if not r.nights:
         return "—"
     last = r.nights[-1]
-    if last.predicted_cost is None:
+    if last.predicted_cost is None or not (last.cost or last.predicted_cost):  # unpriced nights: the count says all
         return str(len(r.nights))
     return f"{len(r.nights)} (last {last.cost:,.2f} vs {last.predicted_cost:,.2f} ± {last.uncertainty or 0:,.2f})"
 
@@ -108,7 +108,7 @@ def _print_table(rows: list[RunRecord], title: str) -> None:
         "nights",
         "started",
     ):
-        t.add_column(c)
+        t.add_column(c, overflow="fold")  # a run id is what `ledger best`, `eval` and `export` take: never cut
 
     def pct(x):
         return "—" if x is None else f"{x:.1%}"
@@ -128,7 +128,15 @@ def _print_table(rows: list[RunRecord], title: str) -> None:
             _nights(r),
             r.started_at.strftime("%Y-%m-%d %H:%M"),
         )
-    Console(width=None if sys.stdout.isatty() else 160).print(t)
+    Console(width=None if sys.stdout.isatty() else _pipe_width()).print(t)
+
+
+def _pipe_width() -> int:
+    """The table's width when piped: $COLUMNS where set (a wide pager), else 200, so run ids stay on one line."""
+    try:
+        return max(80, int(os.environ.get("COLUMNS", "")))
+    except ValueError:
+        return 200
 
 
 def run(args) -> int:

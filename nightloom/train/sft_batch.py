@@ -152,3 +152,11 @@ def label_scale(counts: StepCounts, step: int, dp: int, cp: int, micro: int) -> 
     if counts.labels < 1:
         raise RuntimeError(f"step {step}: no label token in the global batch (train.task sft)")
     return dp * cp * micro / counts.labels
+
+
+def labels_note(tokens_per_s: float, label_tokens_per_s: float) -> str:
+    """The step line's ' (labels N)' after tok/s, only where some computed ids are not labels (SFT, padding):
+    in pretraining every id is a label and the note would repeat the figure."""
+    if round(label_tokens_per_s) >= round(tokens_per_s):
+        return ""
+    return f" (labels {label_tokens_per_s:,.0f})"

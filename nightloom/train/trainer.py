@@ -30,7 +30,14 @@ from nightloom.train.lora import LoraSettings, trainable
 from nightloom.train.moe import ExpertLoad, imbalance
 from nightloom.train.parallelize import IGNORE_INDEX, ModelParts, build_parts, label_nll_sum, validate_plan
 from nightloom.train.preempt import PREEMPTED, PREEMPTED_EXIT, Preemption
-from nightloom.train.sft_batch import FlopCounter, label_scale, step_counts, trim_to_labels, width_multiple
+from nightloom.train.sft_batch import (
+    FlopCounter,
+    label_scale,
+    labels_note,
+    step_counts,
+    trim_to_labels,
+    width_multiple,
+)
 from nightloom.util import atomic_write_text
 
 
@@ -493,7 +500,7 @@ class Trainer:
                 )
                 print(
                     f"step {step}/{t.steps} loss {last_loss:.4f} grad_norm {gnorm:.3f} lr {lr:.2e} "
-                    f"tok/s {tps:,.0f} (labels {label_tps:,.0f}) step {dt * 1e3:.0f} ms mfu {mfu:.1%} "
+                    f"tok/s {tps:,.0f}{labels_note(tps, label_tps)} step {dt * 1e3:.0f} ms mfu {mfu:.1%} "
                     f"mem {mem.item() / 2**20:.0f} MiB",
                     flush=True,
                 )

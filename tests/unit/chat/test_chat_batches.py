@@ -164,3 +164,11 @@ def test_group_by_length_needs_unpacked_sft(tmp_path):
 
     assert errs(task="sft", group_by_length=True) == []
     assert errs(task="sft", pack=True, group_by_length=True) and errs(group_by_length=True)
+
+
+def test_the_step_line_names_label_tokens_only_where_they_differ():
+    """Pretraining labels every id: '(labels N)' would repeat tok/s; unpacked SFT computes padding too."""
+    from nightloom.train.sft_batch import labels_note
+
+    assert labels_note(12_222.4, 12_222.4) == ""
+    assert labels_note(11_428.0, 4_086.0) == " (labels 4,086)"

@@ -109,3 +109,35 @@ def test_ledger_list_shows_the_model_and_its_family(tmp_path: Path, capsys):
     out = capsys.readouterr().out  # 160 columns when not a terminal: one line per run
     assert "│ chat-sft-demo-qwen2 (qwen2) │" in out
     assert "│ tiny " in out and "tiny (tiny)" not in out  # a catalog name already says its family
+
+
+def test_ledger_list_never_cuts_a_run_id(tmp_path: Path, capsys, monkeypatch):
+    """A run id is what `eval`, `export` and `ledger best` take: the table folds it, never cuts it with '…'."""
+    from flows.cli import main
+
+    monkeypatch.setenv("COLUMNS", "100")
+    url = f"sqlite:///{tmp_path / 'l.db'}"
+    rid = "continue-pretrain-demo-20261205-125231-7d44ffea"
+    with Ledger(url) as lg:
+        lg.start_run(run_id=rid, plan=None, **ledger_fields(load_spec(ROOT / "deployments" / "local-demo.yaml")))
+    assert main(["ledger", "--url", url, "list"]) == 0
+    out = capsys.readouterr().out
+    assert "…" not in out
+    cells = "".join(line.split("│")[1].strip() for line in out.splitlines() if line.startswith("│"))
+    assert rid in cells
+
+
+def test_an_xtuner_run_is_recorded_as_its_base_model(tmp_path):
+    """The XTuner demo's row named `tiny` (its spec's default catalog name) while XTuner trained the Llama in
+    train.xtuner.base_model: the row names that base folder and its config's model_type, built yet or not."""
+    demo = load_spec(ROOT / "deployments" / "xtuner-lora-demo.yaml")
+    assert spec_run_model(demo).family == "llama"
+    assert spec_run_model(demo).name == Path(demo.train.xtuner.base_model).name
+    base = tmp_path / "my-qwen"
+    base.mkdir()
+    (base / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
+    s = demo.model_copy(update={"model": demo.model.model_copy(update={"weights": str(base)})})
+    s = s.model_copy(
+        update={"train": s.train.model_copy(update={"xtuner": s.train.xtuner.model_copy(update={"base_model": None})})}
+    )
+    assert spec_run_model(s) == RunModel("my-qwen", "qwen2")

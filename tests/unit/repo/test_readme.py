@@ -21,7 +21,7 @@ def test_the_first_run_sample_prints_what_a_first_run_prints():
     gate = next(line for line in sample.splitlines() if "window gate:" in line)
     assert "finish" not in gate.split("no step-time prediction")[0]  # CPU: no finish time is predicted
     assert "no step-time prediction" in gate
-    assert "(predicted 30)" not in sample and "(predicted unknown)" in sample
+    assert "(predicted 30)" not in sample and "(no prediction yet)" in sample
     assert "first use: builds the sample corpus and a tokenizer" in sample and "ledger row: " in sample
 
 
