@@ -8,7 +8,10 @@ qwen3 adds a per-head RMSNorm on q and k (`qk_norm`); where its config leaves a 
 Qwen3Config default applies (head_dim 128, num_key_value_heads 32), as `from_pretrained` would read it.
 gemma3_text (and the `text_config` of a gemma3 image-text config: the text decoder only) reads Gemma 3's math
 into the Gemma fields of ModelShape; fields it leaves out take transformers' Gemma3TextConfig defaults (the Hub's
-image-text configs leave most of text_config out). gpt2 configs are read for planning only (their math is not
+image-text configs leave most of text_config out). The mixture-of-experts families are read too: qwen3_moe and
+mixtral (attention as qwen3's and mistral's; the expert count, top-k, the layers that stay dense and the router
+loss go into ModelShape's MoE fields) and deepseek_v3 (DeepSeek-V3, Moonlight, Kimi K2: multi-head latent
+attention, shared experts, the first layers dense). gpt2 configs are read for planning only (their math is not
 the native model's).
 """
 
