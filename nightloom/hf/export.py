@@ -15,7 +15,6 @@ import json
 import os
 import re
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -42,14 +41,6 @@ _TOKENIZER_FILES = re.compile(
 )
 TEMPLATE_FILE = "chat_template.jinja"
 TEMPLATE_DIR = "additional_chat_templates"  # transformers 5: named templates besides the default, one .jinja each
-
-
-@dataclass(frozen=True)
-class ExportReport:
-    folder: Path
-    tensors: int
-    bytes: int
-    files: int
 
 
 def tokenizer_files(tokenizer: str | Path | None) -> list[Path]:

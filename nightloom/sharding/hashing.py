@@ -1,7 +1,8 @@
 """Shard assignment hash: xxhash64(key ‖ salt) over UTF-8 bytes (never Python's `hash()`, which is salted per process).
 
-A second, independent 64-bit hash (xxh3_64 with a fixed seed) joins it to make a 128-bit dedup identity, so
-two different keys are treated as duplicates only with probability ~2^-128 per pair.
+A second, independent 64-bit hash (xxh3_64 seeded with DEDUP_SEED, computed inline by the scan loops) joins it to
+make a 128-bit dedup identity, so two different keys are treated as duplicates only with probability ~2^-128 per
+pair.
 """
 
 from __future__ import annotations
@@ -16,11 +17,6 @@ DEDUP_SEED = 0x6E6C_6F6F6D  # fixed: dedup identity must not depend on the salt
 def key_hash(key: bytes, salt: bytes) -> int:
     """H(key ‖ salt) = xxhash64 with seed 0; the shard under plain hashing is `key_hash % num_shards`."""
     return xxhash.xxh64_intdigest(key + salt)
-
-
-def dedup_hash(key: bytes) -> int:
-    """The second half of the 128-bit dedup identity."""
-    return xxhash.xxh3_64_intdigest(key, seed=DEDUP_SEED)
 
 
 def first_occurrences(h1: np.ndarray, h2: np.ndarray) -> np.ndarray:

@@ -47,10 +47,6 @@ class ModelParts:
         return self.n_stages - 1 in self.stage_ids
 
 
-def stages_per_rank(plan: ParallelPlan) -> int:
-    return plan.dims().chunks_per_rank
-
-
 def validate_plan(
     shape: ModelShape, plan: ParallelPlan, seq_len: int, global_batch: int | None, world_size: int, device_type: str
 ) -> ParallelDims:
