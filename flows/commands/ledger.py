@@ -132,9 +132,10 @@ def _print_table(rows: list[RunRecord], title: str) -> None:
 
 
 def _pipe_width() -> int:
-    """The table's width when piped: $COLUMNS where set (a wide pager), else 200, so run ids stay on one line."""
+    """The table's width when piped (a file, a pager, grep): 200, or $COLUMNS where wider, so run ids and models stay
+    on one line; a narrow $COLUMNS inherited from a terminal is not the pipe's width."""
     try:
-        return max(80, int(os.environ.get("COLUMNS", "")))
+        return max(200, int(os.environ.get("COLUMNS", "")))
     except ValueError:
         return 200
 
