@@ -20,7 +20,7 @@ from pathlib import Path
 from nightloom import storage
 from nightloom.sharding.errors import ON_ERROR_FIX, BadInputError
 from nightloom.sharding.job import extra_columns
-from nightloom.sharding.sources import _COMPRESSED, SourceRef, list_inputs, read_records
+from nightloom.sharding.sources import COMPRESSED, SourceRef, list_inputs, read_records
 from nightloom.spec import DatasetSpec, RunSpec, ShardingSpec
 
 MAX_BYTES = 64 * 1024 * 1024  # input read at most …
@@ -131,7 +131,7 @@ def prescan(
 
 def _plain_jsonl(src: SourceRef) -> bool:
     """An uncompressed JSONL file: one that can be read up to a byte offset (sources.read_records' `span`)."""
-    return src.format == "jsonl" and not src.uri.lower().endswith(_COMPRESSED)
+    return src.format == "jsonl" and not src.uri.lower().endswith(COMPRESSED)
 
 
 def _tally(out: PreScan, src: SourceRef, records: Iterator[tuple[int, str | None]], deadline: float) -> bool:

@@ -20,7 +20,7 @@ from nightloom.sharding.errors import BadInputError
 from nightloom.sharding.hashing import DEDUP_SEED
 from nightloom.sharding.job import ShardJob
 from nightloom.sharding.jsonl_pieces import line_chunks
-from nightloom.sharding.sources import SourceRef, _arrow_batches
+from nightloom.sharding.sources import SourceRef, arrow_batches
 from nightloom.sharding.spill import META_DTYPE, Spill, row_indices, spill_tokenizer
 
 JSON_BLOCK = 8 * 1024 * 1024  # JSONL pieces are parsed in Arrow blocks of this size; a longer line falls back
@@ -90,7 +90,7 @@ def _text_arrays(
         if src.format == "jsonl":
             batches = _json_text_arrays(local, text_field, span, threads)
         elif src.format in ("parquet", "arrow"):
-            batches = (b.column(0) for b in _arrow_batches(local, src.format, [text_field]))
+            batches = (b.column(0) for b in arrow_batches(local, src.format, [text_field]))
         else:
             raise Fallback
         for arr in _prefetched(batches):

@@ -17,22 +17,21 @@ import orjson
 import xxhash
 
 from nightloom.chat import ChatError, ChatSettings, Conversation, renderer, to_messages
-from nightloom.sharding.errors import BadInputError, bad_record_error
+from nightloom.sharding.errors import BadInputError
 from nightloom.sharding.hashing import DEDUP_SEED
 from nightloom.sharding.job import ShardJob
-from nightloom.sharding.manifest import BadRecord
-from nightloom.sharding.scan_records import RecordBuffer, _key_bytes
-from nightloom.sharding.scan_result import MAX_BAD_EXAMPLES, ScanResult
+from nightloom.sharding.scan_records import RecordBuffer, count_bad, key_bytes
+from nightloom.sharding.scan_result import ScanResult
 from nightloom.sharding.sources import (
     BATCH_ROWS,
     NO_EXTRAS,
     SourceRef,
-    _extras,
-    _lines,
-    _lines_before,
-    _nonfinite_json,
-    _open_binary,
-    _utf8_error,
+    iter_lines,
+    lines_before,
+    nonfinite_json,
+    open_binary,
+    read_extras,
+    utf8_error,
 )
 
 Record = tuple[int, "dict | None", object, "str | None", "tuple[str | None, ...]"]  # where, record, key, error, extras
@@ -46,25 +45,25 @@ def _checked(n: int, obj, key_field: str | None, keep: tuple[str, ...]) -> Recor
         if obj.get(key_field) is None:
             return n, None, None, f"missing key field {key_field!r}", NO_EXTRAS
         key = obj[key_field]
-    extras, err = _extras(obj.get, obj.__contains__, keep) if keep else (NO_EXTRAS, None)
+    extras, err = read_extras(obj.get, obj.__contains__, keep) if keep else (NO_EXTRAS, None)
     if err is not None:
         return n, None, None, err, NO_EXTRAS
     return n, obj, key, None, extras
 
 
 def _jsonl(path: Path, key_field: str | None, keep: tuple[str, ...], span) -> Iterator[Record]:
-    first = 1 + (_lines_before(path, span[0]) if span and span[0] else 0)
+    first = 1 + (lines_before(path, span[0]) if span and span[0] else 0)
     try:
-        with _open_binary(path) as f:
-            for n, line in enumerate(_lines(f, span), first):
+        with open_binary(path) as f:
+            for n, line in enumerate(iter_lines(f, span), first):
                 try:
                     obj = orjson.loads(line)
                 except orjson.JSONDecodeError as e:
                     if not line.strip():
                         continue
-                    obj = _nonfinite_json(line)
+                    obj = nonfinite_json(line)
                     if obj is None:
-                        yield n, None, None, _utf8_error(line) or f"invalid JSON: {e}", NO_EXTRAS
+                        yield n, None, None, utf8_error(line) or f"invalid JSON: {e}", NO_EXTRAS
                         continue
                 yield _checked(n, obj, key_field, keep)
     except (OSError, EOFError) as e:
@@ -135,18 +134,14 @@ def scan_chats(
             except ChatError as e:
                 err = str(e)
         if err is not None:
-            if fail:
-                raise bad_record_error(src.uri, where, err)
-            res.bad += 1
-            if len(res.bad_examples) < MAX_BAD_EXAMPLES:
-                res.bad_examples.append(BadRecord(file=src.rel, line=where, reason=err))
+            count_bad(res, src, where, err, fail)
             continue
         if conv is None:  # no run of whole turns ending with an assistant turn fits seq_len + 1 ids
             res.chats_dropped += 1
             continue
         res.chats_cut += conv.cut
         tb = conv.text.encode("utf-8")
-        kb = tb if key is None else _key_bytes(key)
+        kb = tb if key is None else key_bytes(key)
         nb_all = len(tb) + len(kb) if buf.separate_key else len(tb)
         meta = (xx64(kb + salt), xx3(kb, seed=DEDUP_SEED), len(conv.ids), nb_all, 0)
         buf.add(tb, kb, meta, extras, conv.ids, conv.labels)

@@ -24,7 +24,7 @@ SPILL_BATCH = 8192  # records per Arrow batch on the record path …
 SPILL_BATCH_BYTES = 16 * 1024 * 1024  # … or this much text, whichever first (bounds memory for huge documents)
 
 
-def _key_bytes(key: object) -> bytes:
+def key_bytes(key: object) -> bytes:
     if isinstance(key, str):
         return key.encode("utf-8")
     return orjson.dumps(key, option=orjson.OPT_SORT_KEYS)
@@ -103,6 +103,16 @@ class RecordBuffer:
         self.pending = 0
 
 
+def count_bad(res: ScanResult, src: SourceRef, where: int, err: str, fail: bool) -> None:
+    """One bad record at `where` (a line, or a row of a columnar file): BadInputError naming file:line under
+    `on_error=fail`, else counted, the first MAX_BAD_EXAMPLES kept for the report."""
+    if fail:
+        raise bad_record_error(src.uri, where, err)
+    res.bad += 1
+    if len(res.bad_examples) < MAX_BAD_EXAMPLES:
+        res.bad_examples.append(BadRecord(file=src.rel, line=where, reason=err))
+
+
 def scan_records(
     local: Path, src: SourceRef, job: ShardJob, buf: RecordBuffer, res: ScanResult, span: tuple[int, int] | None
 ) -> None:
@@ -115,17 +125,13 @@ def scan_records(
     for where, text, key, err, extras in items:
         res.records += 1
         if err is not None:
-            if fail:
-                raise bad_record_error(src.uri, where, err)
-            res.bad += 1
-            if len(res.bad_examples) < MAX_BAD_EXAMPLES:
-                res.bad_examples.append(BadRecord(file=src.rel, line=where, reason=err))
+            count_bad(res, src, where, err, fail)
             continue
         if not text or text.isspace():
             res.empty += 1
             continue
         tb = text.encode("utf-8")
-        kb = tb if key is None else _key_bytes(key)
+        kb = tb if key is None else key_bytes(key)
         nb = len(tb)  # tokenizer "bytes": one token per UTF-8 byte
         nb_all = nb + len(kb) if buf.separate_key else nb
         buf.add(tb, kb, (xx64(kb + salt), xx3(kb, seed=DEDUP_SEED), nb, nb_all, 0), extras)

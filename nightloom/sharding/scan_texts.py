@@ -12,7 +12,7 @@ from nightloom.sharding.job import ShardJob
 from nightloom.sharding.manifest import BadRecord
 from nightloom.sharding.scan_records import RecordBuffer
 from nightloom.sharding.scan_result import MAX_BAD_EXAMPLES, FileScan, ScanResult
-from nightloom.sharding.sources import _utf8_error
+from nightloom.sharding.sources import utf8_error
 
 
 def scan_texts(job: ShardJob, sources: list[int], buf: RecordBuffer, res: ScanResult) -> None:
@@ -33,7 +33,7 @@ def scan_texts(job: ShardJob, sources: list[int], buf: RecordBuffer, res: ScanRe
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError:
-            first_bad = BadRecord(file=src.rel, line=1, reason=_utf8_error(data))
+            first_bad = BadRecord(file=src.rel, line=1, reason=utf8_error(data))
             if fail:
                 raise bad_record_error(src.uri, 1, first_bad.reason) from None
             bad = 1

@@ -24,7 +24,7 @@ from nightloom.storage import StorageError
 
 Format = Literal["jsonl", "parquet", "text", "arrow"]
 _JSONL = (".jsonl", ".ndjson", ".json")
-_COMPRESSED = (".gz", ".zst", ".zstd")
+COMPRESSED = (".gz", ".zst", ".zstd")
 _TEXT = (".txt", ".text", ".md")
 BATCH_ROWS = 4096
 
@@ -63,7 +63,7 @@ class InputListing(BaseModel):
 
 
 def _strip_compression(name: str) -> str:
-    for c in _COMPRESSED:
+    for c in COMPRESSED:
         if name.endswith(c):
             return name[: -len(c)]
     return name
@@ -191,7 +191,7 @@ def list_inputs(
     return InputListing(sources=out, ignored=ignored)
 
 
-def _open_binary(path: Path) -> io.BufferedIOBase:
+def open_binary(path: Path) -> io.BufferedIOBase:
     name = path.name.lower()
     if name.endswith(".gz"):
         return gzip.open(path, "rb")  # type: ignore[return-value]
@@ -203,7 +203,7 @@ def _open_binary(path: Path) -> io.BufferedIOBase:
     return open(path, "rb", buffering=1 << 20)
 
 
-def _utf8_error(data: bytes) -> str | None:
+def utf8_error(data: bytes) -> str | None:
     try:
         data.decode("utf-8")
         return None
@@ -226,7 +226,7 @@ def column_value(value: object) -> str | None:
     return orjson.dumps(value, default=str).decode("utf-8")
 
 
-def _extras(get, has, keep: tuple[str, ...]) -> tuple[tuple[str | None, ...], str | None]:
+def read_extras(get, has, keep: tuple[str, ...]) -> tuple[tuple[str | None, ...], str | None]:
     """(values, None) or ((), error) for the kept columns of one record."""
     out = []
     for c in keep:
@@ -239,7 +239,7 @@ def _extras(get, has, keep: tuple[str, ...]) -> tuple[tuple[str | None, ...], st
     return tuple(out), None
 
 
-def _lines_before(path: Path, offset: int) -> int:
+def lines_before(path: Path, offset: int) -> int:
     """Newlines in the first `offset` bytes of an uncompressed file (the line number a byte range starts after)."""
     n = 0
     with open(path, "rb", buffering=0) as f:
@@ -252,7 +252,7 @@ def _lines_before(path: Path, offset: int) -> int:
     return n
 
 
-def _lines(f, span: tuple[int, int] | None) -> Iterator[bytes]:
+def iter_lines(f, span: tuple[int, int] | None) -> Iterator[bytes]:
     """The lines of `f`, or those starting in the line-aligned byte `span` of an uncompressed file."""
     if span is None:
         yield from f
@@ -266,7 +266,7 @@ def _lines(f, span: tuple[int, int] | None) -> Iterator[bytes]:
         yield line
 
 
-def _nonfinite_json(line: bytes) -> object | None:
+def nonfinite_json(line: bytes) -> object | None:
     """`line` as JSON whose numbers may be spelled NaN, Infinity or -Infinity (Python's json.dumps writes them for
     non-finite floats), or None. Arrow's JSON reader, the fast path, accepts them, so the record path does too: a
     file's records must not turn bad because an unrelated line sent the file down this path. Strings must still be
@@ -289,21 +289,21 @@ def read_jsonl(
     span: tuple[int, int] | None = None,
 ) -> Iterator[Item]:
     """Line by line; blank lines are not records. Errors: corrupt JSON, non-UTF-8, missing/non-string field (numbers
-    spelled NaN/Infinity/-Infinity are not errors: `_nonfinite_json`).
+    spelled NaN/Infinity/-Infinity are not errors: `nonfinite_json`).
     `span`: only the lines of that line-aligned byte range (numbered as in the whole file)."""
     loads, decode_error = orjson.loads, orjson.JSONDecodeError
-    first = 1 + (_lines_before(path, span[0]) if span and span[0] else 0)
+    first = 1 + (lines_before(path, span[0]) if span and span[0] else 0)
     try:
-        with _open_binary(path) as f:
-            for n, line in enumerate(_lines(f, span), first):
+        with open_binary(path) as f:
+            for n, line in enumerate(iter_lines(f, span), first):
                 try:
                     obj = loads(line)
                 except decode_error as e:
                     if not line.strip():
                         continue
-                    obj = _nonfinite_json(line)
+                    obj = nonfinite_json(line)
                     if obj is None:
-                        yield n, None, None, _utf8_error(line) or f"invalid JSON: {e}", NO_EXTRAS
+                        yield n, None, None, utf8_error(line) or f"invalid JSON: {e}", NO_EXTRAS
                         continue
                 if type(obj) is not dict:
                     yield n, None, None, f"expected a JSON object, got {type(obj).__name__}", NO_EXTRAS
@@ -319,7 +319,7 @@ def read_jsonl(
                         yield n, None, None, f"missing key field {key_field!r}", NO_EXTRAS
                         continue
                     key = obj[key_field]
-                extras, err = _extras(obj.get, obj.__contains__, keep) if keep else (NO_EXTRAS, None)
+                extras, err = read_extras(obj.get, obj.__contains__, keep) if keep else (NO_EXTRAS, None)
                 if err is not None:
                     yield n, None, None, err, NO_EXTRAS
                     continue
@@ -332,7 +332,7 @@ def read_jsonl(
         raise
 
 
-def _arrow_batches(path: Path, fmt: Format, columns: list[str]):
+def arrow_batches(path: Path, fmt: Format, columns: list[str]):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -378,14 +378,14 @@ def read_columnar(
     cols += [c for c in dict.fromkeys(keep) if c not in cols]
     at = {c: i for i, c in enumerate(cols)}
     row = 0
-    for batch in _arrow_batches(path, fmt, cols):
+    for batch in arrow_batches(path, fmt, cols):
         values = [batch.column(i).to_pylist() for i in range(len(cols))]
         texts = values[0]
         keys = values[at[key_field]] if key_field else None
         for i, text in enumerate(texts):
             row += 1
             if isinstance(text, bytes):
-                err = _utf8_error(text)
+                err = utf8_error(text)
                 if err:
                     yield row, None, None, err, NO_EXTRAS
                     continue
@@ -401,9 +401,9 @@ def read_columnar(
                     yield row, None, None, f"missing key field {key_field!r}", NO_EXTRAS
                     continue
             extras, err = NO_EXTRAS, None
-            if keep:  # every kept column is present: _arrow_batches refused the file otherwise
+            if keep:  # every kept column is present: arrow_batches refused the file otherwise
                 fields = {c: values[at[c]][i] for c in keep}
-                extras, err = _extras(fields.get, fields.__contains__, keep)
+                extras, err = read_extras(fields.get, fields.__contains__, keep)
             if err is not None:
                 yield row, None, None, err, NO_EXTRAS
                 continue
@@ -416,7 +416,7 @@ def read_text_file(path: Path, key_field: str | None) -> Iterator[Item]:
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
-        yield 1, None, None, _utf8_error(data), NO_EXTRAS
+        yield 1, None, None, utf8_error(data), NO_EXTRAS
         return
     if key_field is not None:
         yield 1, None, None, f"key field {key_field!r} does not exist in a text file (use the text as key)", NO_EXTRAS
