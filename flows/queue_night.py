@@ -29,6 +29,7 @@ from flows.stages import clock_at, placed
 from nightloom.ledger import Ledger
 from nightloom.queue_store import QueuedJob, QueueRun
 from nightloom.schedule.queue_night import JobProgress, NightStretch, night_outcome
+from nightloom.schedule.windows import parse_zoned
 from nightloom.spec import LedgerSpec, RunSpec
 from nightloom.spec_load import coerce_spec
 from tasks.queue import (
@@ -61,7 +62,7 @@ def nightly_queue(
     one) as planned at `at` (ISO time with offset; default now). The Gantt chart goes to `folder` (default:
     the first job's storage.root/queues/QUEUE/NIGHT) and to the `queue-gantt` artifact."""
     url = ledger or os.environ.get("NIGHTLOOM_LEDGER_URL") or LedgerSpec().url
-    when = _at(at)
+    when = parse_zoned(at, "nightly_queue: at") or datetime.now(UTC)
     night = load_night_task(url, queue, when)
     report = QueueNightReport(queue=queue, at=when)
     if night is None:  # no such queue (yet): a scheduled start before anyone created it is not a failure
@@ -81,15 +82,6 @@ def nightly_queue(
     report.runs = [f.result() for f in futures.values()]
     night_table_task(report.runs, {j: job.name for j, job in night.jobs.items()})
     return report
-
-
-def _at(at: str | None) -> datetime:
-    if at is None:
-        return datetime.now(UTC)
-    t = datetime.fromisoformat(at)
-    if t.tzinfo is None:
-        raise ValueError(f"nightly_queue: at needs a time zone offset (e.g. 2026-12-01T02:00:00+08:00), got {at!r}")
-    return t
 
 
 def _chart_path(night: QueueNight, folder: str | None) -> Path:

@@ -25,6 +25,7 @@ from nightloom.schedule.errors import RunRefused
 from nightloom.schedule.inputs import inputs_for_spec, step_time_unknown
 from nightloom.schedule.nights import NightPlan, plan_nights
 from nightloom.schedule.rent_vs_buy import not_compared, rent_vs_buy
+from nightloom.schedule.windows import parse_zoned
 from nightloom.spec import RunSpec, SpecError
 from nightloom.wording import duration, plural
 
@@ -87,12 +88,7 @@ def _ledger_runs(spec: RunSpec) -> list:
 
 
 def _now(at: str | None) -> datetime:
-    if at is None:
-        return datetime.now(UTC)
-    t = datetime.fromisoformat(at)
-    if t.tzinfo is None:
-        raise ValueError(f"--at needs a time zone offset, e.g. 2026-06-01T01:30:00+08:00, got {at!r}")
-    return t
+    return parse_zoned(at, "--at") or datetime.now(UTC)
 
 
 def build_plan(spec: RunSpec, now: datetime, hours: float | None, provisioning_min: float | None) -> NightPlan:
@@ -304,9 +300,7 @@ def run_choose(args) -> int:
         prices = parse_gpu_prices(args.gpus)
         spec = load_spec_file(args.spec)
         now = _now(args.at)
-        deadline = None if args.deadline is None else datetime.fromisoformat(args.deadline)
-        if deadline is not None and deadline.tzinfo is None:
-            raise ValueError(f"--deadline needs a time zone offset, got {args.deadline!r}")
+        deadline = parse_zoned(args.deadline, "--deadline")
         if args.budget is not None and args.budget <= 0:
             raise ValueError(f"--budget must be > 0, got {args.budget}")
         result = rent_options(spec, prices, now, max_gpus=args.max_gpus, deadline=deadline, budget=args.budget)

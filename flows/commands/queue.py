@@ -27,6 +27,7 @@ from nightloom.queue_store import QueuedJob, QueueError, QueueRecord, QueueStore
 from nightloom.schedule.errors import ScheduleError, StepTimeUnknown
 from nightloom.schedule.queue_jobs import JobFigures, QueueRefused, job_figures, spec_refusals
 from nightloom.schedule.queue_plan import QueuePlan, plan_queue
+from nightloom.schedule.windows import parse_zoned
 from nightloom.spec import LedgerSpec, RunSpec, SpecError
 from nightloom.wording import plural
 
@@ -68,15 +69,6 @@ def ledger_url(args) -> str:
     return getattr(args, "ledger", None) or os.environ.get("NIGHTLOOM_LEDGER_URL") or LedgerSpec().url
 
 
-def _time(text: str | None, flag: str) -> datetime | None:
-    if text is None:
-        return None
-    t = datetime.fromisoformat(text)
-    if t.tzinfo is None:
-        raise ValueError(f"{flag} needs a time zone offset, e.g. 2026-06-05T06:00:00+08:00, got {text!r}")
-    return t
-
-
 def figures_for(spec: RunSpec, hours: float | None, ledger: Ledger) -> JobFigures:
     """The job's figures: --hours, else the ledger's measured runs on its cluster, else the planner."""
     runs = [] if hours is not None else ledger.list_runs(cluster=spec.cluster.name)
@@ -101,8 +93,8 @@ def queue_plan(store: QueueStore, name: str, at: datetime) -> tuple[QueueRecord,
 
 def run(args) -> int:
     try:
-        deadline = _time(getattr(args, "deadline", None), "--deadline")
-        at = _time(getattr(args, "at", None), "--at") or datetime.now(UTC)
+        deadline = parse_zoned(getattr(args, "deadline", None), "--deadline")
+        at = parse_zoned(getattr(args, "at", None), "--at") or datetime.now(UTC)
         spec = load_spec_file(args.spec) if args.queue_action == "add" else None
         if getattr(args, "hours", None) is not None and args.hours <= 0:
             raise ValueError(f"--hours must be > 0, got {args.hours}")

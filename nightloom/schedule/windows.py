@@ -39,6 +39,17 @@ def aware_utc(now: datetime, what: str = "now") -> datetime:
     return now.astimezone(UTC)
 
 
+def parse_zoned(text: str | None, what: str) -> datetime | None:
+    """An ISO time given by a user (`--at`, `--deadline`, a flow's `at`), which must carry its time zone offset;
+    None for None. ValueError naming `what` for a naive time, never guessed."""
+    if text is None:
+        return None
+    t = datetime.fromisoformat(text)
+    if t.tzinfo is None:
+        raise ValueError(f"{what} needs a time zone offset, e.g. 2026-06-01T01:30:00+08:00, got {text!r}")
+    return t
+
+
 def _hhmm(s: str) -> time:
     h, m = s.split(":")
     return time(int(h), int(m))
