@@ -10,6 +10,7 @@ import yaml
 
 from nightloom.sharding import TooSmallError, load_manifest, shard_dataset
 from nightloom.spec import RunSpec
+from tests.support.pipeline import artifacts_of
 from tests.support.sharding import make_docs, write_jsonl
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
@@ -28,16 +29,8 @@ def prefect_api():
         yield PREFECT_API_URL.value()
 
 
-def _artifacts(flow_run_id):
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
-
-    with get_client(sync_client=True) as c:
-        return c.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
-
-
 def table_verdict(state) -> str:
-    arts = _artifacts(state.state_details.flow_run_id)
+    arts = artifacts_of(state.state_details.flow_run_id)
     table = next(a for a in arts if a.key == "shard-report")
     rows = json.loads(table.data) if isinstance(table.data, str) else table.data
     return rows[-1]["verdict"]
@@ -66,7 +59,7 @@ def test_flow_shards_reports_and_reuses(prefect_api, tmp_path):
     assert "token files: 4 .bin/.idx pairs" in table_verdict(state)
     # the same function outside Prefect gives the same manifest (flow = orchestration only)
     assert manifest == shard_dataset(spec.dataset, spec.sharding.model_copy(update={"output": str(tmp_path / "o2")}))
-    arts = _artifacts(state.state_details.flow_run_id)
+    arts = artifacts_of(state.state_details.flow_run_id)
     table = next(a for a in arts if a.key == "shard-report")
     rows = json.loads(table.data) if isinstance(table.data, str) else table.data
     assert [r["rows"] for r in rows[:-1]] == [s.rows for s in manifest.shards]
@@ -77,7 +70,7 @@ def test_flow_shards_reports_and_reuses(prefect_api, tmp_path):
     again = shard_dataset_flow(str(path), return_state=True)
     assert again.is_completed(), again
     assert again.result() == manifest
-    reused = next(a for a in _artifacts(again.state_details.flow_run_id) if a.key == "shard-report")
+    reused = next(a for a in artifacts_of(again.state_details.flow_run_id) if a.key == "shard-report")
     assert "reused" in (reused.description or "")
 
 
@@ -91,5 +84,5 @@ def test_flow_fails_with_a_clear_reason(prefect_api, tmp_path):
     assert state.is_failed()
     with pytest.raises(TooSmallError, match="need at least"):
         state.result()
-    md = next(a for a in _artifacts(state.state_details.flow_run_id) if a.key == "shard-report")
+    md = next(a for a in artifacts_of(state.state_details.flow_run_id) if a.key == "shard-report")
     assert "need at least" in md.data

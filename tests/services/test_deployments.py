@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -18,8 +16,8 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from tests.support.ci import skip_or_fail
 from tests.support.pipeline import demo_data
+from tests.support.prefect_server import client, deploy, wait_final
 
 ROOT = Path(__file__).resolve().parents[2]
 POOL = os.environ.get("PREFECT_WORK_POOL", "local-pool")
@@ -29,20 +27,7 @@ pytestmark = pytest.mark.services
 
 @pytest.fixture(scope="module")
 def server():
-    url = os.environ.get("PREFECT_API_URL")
-    if not url:
-        msg = "needs a Prefect server and a worker on pool local-pool (PREFECT_API_URL; .ci/services.sh starts them)"
-        skip_or_fail(msg)
-    r = subprocess.run(
-        [sys.executable, "-m", "prefect", "--no-prompt", "deploy", "--all"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        stdin=subprocess.DEVNULL,
-    )
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    return url
+    return deploy()
 
 
 def inline_spec(tmp_path: Path, **over) -> dict:
@@ -54,23 +39,6 @@ def inline_spec(tmp_path: Path, **over) -> dict:
     for key, value in over.items():
         data[key] = {**data.get(key, {}), **value} if isinstance(value, dict) else value
     return data
-
-
-def client():
-    from prefect import get_client
-
-    return get_client(sync_client=True)
-
-
-def wait_final(flow_run_id, timeout=420):
-    deadline = time.monotonic() + timeout
-    with client() as c:
-        while time.monotonic() < deadline:
-            fr = c.read_flow_run(flow_run_id)
-            if fr.state and fr.state.is_final():
-                return fr
-            time.sleep(1)
-    raise AssertionError(f"flow run {flow_run_id} not final after {timeout} s")
 
 
 def test_on_demand_run_completes_on_worker_with_artifacts(server, tmp_path):

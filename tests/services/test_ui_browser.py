@@ -13,14 +13,12 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.support.ci import require_binary, skip_or_fail
+from tests.support.ci import require_binary
+from tests.support.prefect_server import client, deploy, wait_final
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -29,36 +27,7 @@ pytestmark = pytest.mark.services
 
 @pytest.fixture(scope="module")
 def ui_url() -> str:
-    api = os.environ.get("PREFECT_API_URL")
-    if not api:
-        skip_or_fail("needs a Prefect server and a worker on pool local-pool (PREFECT_API_URL; .ci/services.sh)")
-    r = subprocess.run(
-        [sys.executable, "-m", "prefect", "--no-prompt", "deploy", "--all"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        stdin=subprocess.DEVNULL,
-    )
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    return api.removesuffix("/").removesuffix("/api")
-
-
-def client():
-    from prefect import get_client
-
-    return get_client(sync_client=True)
-
-
-def wait_final(flow_run_id: str, timeout: float = 900):
-    deadline = time.monotonic() + timeout
-    with client() as c:
-        while time.monotonic() < deadline:
-            fr = c.read_flow_run(flow_run_id)
-            if fr.state and fr.state.is_final():
-                return fr
-            time.sleep(2)
-    raise AssertionError(f"flow run {flow_run_id} not final after {timeout} s")
+    return deploy().removesuffix("/").removesuffix("/api")
 
 
 def task_runs_of(flow_run_id: str) -> list:
@@ -122,7 +91,7 @@ def test_default_run_from_the_form(ui_url, tmp_path):
             flow_run_id = created.value.json()["id"]
             page.goto(f"{ui_url}/runs/flow-run/{flow_run_id}")
 
-            final = wait_final(flow_run_id)
+            final = wait_final(flow_run_id, timeout=900, poll=2)
             page.reload()
             expect(page.get_by_text("Completed").first).to_be_visible()
             page.screenshot(path=tmp_path / "run.png", full_page=True)

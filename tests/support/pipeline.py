@@ -7,6 +7,7 @@ from pathlib import Path
 import yaml
 
 from tests.support.harness import ROOT
+from tests.support.prefect_server import client
 
 
 def demo_data(tmp_path: Path, **train) -> dict:
@@ -30,8 +31,7 @@ def small_demo(tmp_path: Path, **train) -> Path:
 
 
 def artifacts_of(flow_run_id) -> list:
-    from prefect import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
 
-    with get_client(sync_client=True) as c:
+    with client() as c:
         return c.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))

@@ -3,34 +3,20 @@ run's final state and its log lines."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import yaml
 
-from tests.support.ci import skip_or_fail
-from tests.support.harness import ROOT
 from tests.support.pipeline import demo_data
+from tests.support.prefect_server import client, deploy, wait_final
 
 WINDOW = {"start": "02:00", "end": "06:00"}
 
 
 def deploy_nightly_queue() -> str:
     """`prefect deploy --name nightly-queue` on the server of $PREFECT_API_URL (skip outside CI without one)."""
-    if not os.environ.get("PREFECT_API_URL"):
-        skip_or_fail("needs a Prefect server and a worker on pool local-pool (PREFECT_API_URL; .ci/services.sh)")
-    r = subprocess.run(
-        [sys.executable, "-m", "prefect", "--no-prompt", "deploy", "--name", "nightly-queue"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        stdin=subprocess.DEVNULL,
-    )
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    deploy("--name", "nightly-queue")
     return "nightly-queue/nightly-queue"
 
 
@@ -73,28 +59,18 @@ def job_spec(
 
 def run_night(deployment: str, params: dict, timeout: float = 900):
     """Start a run of the deployment and wait for its final state (the flow run, read back)."""
-    from prefect import get_client
     from prefect.deployments import run_deployment
 
-    flow_run_id = run_deployment(deployment, parameters=params, timeout=0).id
-    deadline = time.monotonic() + timeout
-    with get_client(sync_client=True) as c:
-        while time.monotonic() < deadline:
-            fr = c.read_flow_run(flow_run_id)
-            if fr.state and fr.state.is_final():
-                return fr
-            time.sleep(1)
-    raise AssertionError(f"flow run {flow_run_id} not final after {timeout} s")
+    return wait_final(run_deployment(deployment, parameters=params, timeout=0).id, timeout=timeout)
 
 
 def log_lines(flow_run_id, until: str | None = None, timeout: float = 60) -> list[str]:
     """The flow run's log messages (its tasks' included), oldest first; with `until`, read again until one is that
     line (logs reach the server after the run's final state) or `timeout` seconds pass."""
-    from prefect import get_client
     from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
 
     deadline = time.monotonic() + timeout
-    with get_client(sync_client=True) as c:
+    with client() as c:
         while True:
             flt = LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id]))
             lines = [x.message for x in c.read_logs(log_filter=flt, limit=200)]
@@ -105,10 +81,9 @@ def log_lines(flow_run_id, until: str | None = None, timeout: float = 60) -> lis
 
 def subflow_names(flow_run_id) -> dict[str, str]:
     """The subflow runs of a flow run: name → state."""
-    from prefect import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
 
-    with get_client(sync_client=True) as c:
+    with client() as c:
         runs = c.read_flow_runs(
             flow_run_filter=FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[flow_run_id]))
         )
@@ -117,7 +92,5 @@ def subflow_names(flow_run_id) -> dict[str, str]:
 
 def lock_names() -> set[str]:
     """The names of the server's global concurrency limits (the pipeline's cluster locks among them)."""
-    from prefect import get_client
-
-    with get_client(sync_client=True) as c:
+    with client() as c:
         return {x.name for x in c.read_global_concurrency_limits(limit=200)}
