@@ -36,7 +36,7 @@ def run(tmp: Path, steps: int, ckpt: int, faults_at: list[int], seed: int):
 
     from nightloom.ledger import Ledger
     from nightloom.provision.local import unhealthy_dir
-    from nightloom.spec_load import load_spec
+    from nightloom.spec.load import load_spec
 
     tmp.mkdir(parents=True)
     spec_path = recovery_spec(tmp, nodes=2, ranks=2, steps=steps, max_attempts=len(faults_at) + 1, spare_nodes=1)

@@ -26,7 +26,7 @@ def training_pipeline(spec, resume_run_id: str | None = None):
             raise FileNotFoundError(
                 f"spec file {str(spec)!r} not found: no file {path.absolute()} (current folder {Path.cwd()})"
             )
-        from nightloom.spec_load import load_spec
+        from nightloom.spec.load import load_spec
 
         check_data(load_spec(path))  # every field error at once (SpecError), bad records, before Prefect starts
         spec = str(spec)

@@ -25,7 +25,7 @@ from flows.stages import (
 )
 from flows.ui_schema import OptionalRunId, RunSpecForm
 from nightloom.report import RunSummary, run_status
-from nightloom.spec_load import coerce_spec
+from nightloom.spec.load import coerce_spec
 from nightloom.train.job import TrainJob
 from nightloom.validate import ValidationFailed
 from tasks.plan import plan_task

@@ -31,7 +31,7 @@ from nightloom.queue_store import QueuedJob, QueueRun
 from nightloom.schedule.queue_night import JobProgress, NightStretch, night_outcome
 from nightloom.schedule.windows import parse_zoned
 from nightloom.spec import LedgerSpec, RunSpec
-from nightloom.spec_load import coerce_spec
+from nightloom.spec.load import coerce_spec
 from tasks.queue import (
     QueueNight,
     gantt_task,

@@ -19,7 +19,7 @@ from nightloom.sharding import ShardingError, ShardJob, ShardManifest, readahead
 from nightloom.sharding.pipeline import shard_indices
 from nightloom.sharding.workdir import WorkDir
 from nightloom.spec import DaskSpec
-from nightloom.spec_load import coerce_spec
+from nightloom.spec.load import coerce_spec
 from nightloom.storage import StorageError
 from nightloom.tokenizer import prepare_chat_tokenizer
 from tasks.shard import (

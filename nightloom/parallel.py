@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from nightloom.stage_list import stage_list_errors
+from nightloom.spec.stage_list import stage_list_errors
 
 Recompute = Literal["none", "selective", "full"]
 Schedule = Literal["gpipe", "1f1b", "interleaved_1f1b"]

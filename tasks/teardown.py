@@ -61,7 +61,7 @@ def run_dirs_of_flow_run(spec, flow_run_id: str) -> list[Path]:
 
 def teardown_hook(flow, flow_run, state) -> None:
     """on_cancellation / on_crashed: release whatever this flow run acquired (idempotent)."""
-    from nightloom.spec_load import coerce_spec
+    from nightloom.spec.load import coerce_spec
     from tasks.provision import make_provider
 
     try:

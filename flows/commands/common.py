@@ -77,7 +77,7 @@ def require_run_dir(path: str | Path) -> Path:
 def load_spec_file(path: str | Path):
     """The RunSpec of the spec file `path`: UsageError when there is no such file (exit 2), SpecError listing every
     problem when it does not validate (exit 1)."""
-    from nightloom.spec_load import load_spec
+    from nightloom.spec.load import load_spec
 
     return load_spec(require_file(path, "spec file"))
 

@@ -8,7 +8,7 @@ from flows import check_data
 from nightloom.report import NOT_MEASURED
 from nightloom.sharding.errors import BadInputError
 from nightloom.spec import SpecError
-from nightloom.spec_load import load_spec
+from nightloom.spec.load import load_spec
 
 
 def register(sub) -> None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from nightloom.micro_batch import micro_batches_per_step
+from nightloom.spec.micro_batch import micro_batches_per_step
 from nightloom.xtuner_families import xtuner_refusal
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from nightloom.catalog import GPUSpec
 from nightloom.parallel import ParallelPlan, Rejection
 from nightloom.shape import ModelShape
-from nightloom.stage_list import stage_list_errors
+from nightloom.spec.stage_list import stage_list_errors
 from nightloom.wording import percent, thousands
 
 RECOMPUTE_MODES = ("none", "selective", "full")

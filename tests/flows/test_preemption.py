@@ -64,7 +64,7 @@ def _cli(args: list[str]) -> tuple[int, str]:
 def test_sigterm_to_every_rank_saves_at_one_step_and_resumes_on_the_same_curve(prefect_backend, tmp_path):
     from nightloom.ledger import Ledger
     from nightloom.metrics import read_metrics
-    from nightloom.spec_load import load_spec
+    from nightloom.spec.load import load_spec
 
     spec_path = recovery_spec(tmp_path, nodes=1, ranks=2, steps=STEPS, max_attempts=1)
     data = yaml.safe_load(spec_path.read_text())

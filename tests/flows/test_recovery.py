@@ -43,7 +43,7 @@ def test_node_lost_mid_run_recovers_in_new_layout(prefect_backend, tmp_path):
     from nightloom.ledger import Ledger
     from nightloom.metrics import read_metrics
     from nightloom.provision.local import unhealthy_dir
-    from nightloom.spec_load import load_spec
+    from nightloom.spec.load import load_spec
 
     spec_path = recovery_spec(tmp_path, nodes=2, ranks=2, steps=STEPS)
     spec = load_spec(spec_path)
@@ -110,7 +110,7 @@ def test_out_of_attempts_stops_cleanly(prefect_backend, tmp_path):
     """max_attempts=1: a transient failure (preflight passes) is retried on the same nodes; the second
     failure stops the run with its checkpoint, a clear reason in the flow state and ledger, nothing running."""
     from nightloom.ledger import Ledger
-    from nightloom.spec_load import load_spec
+    from nightloom.spec.load import load_spec
 
     spec_path = recovery_spec(tmp_path, nodes=2, ranks=1, steps=40, max_attempts=1)
     spec = load_spec(spec_path)
@@ -140,7 +140,7 @@ def test_max_minutes_spent_stops_relaunching(prefect_backend, tmp_path):
     that fast: the relaunch is ended as a stall, the time to recover is past max_minutes, and the run stops with
     that reason and its checkpoint though attempts remain (the XTuner backend's twin is in tests/xtuner)."""
     from nightloom.ledger import Ledger
-    from nightloom.spec_load import load_spec
+    from nightloom.spec.load import load_spec
 
     spec_path = recovery_spec(tmp_path, nodes=2, ranks=1, steps=40, max_attempts=3, max_minutes=0.01)
     spec = load_spec(spec_path)
@@ -242,7 +242,7 @@ def test_local_reacquire_takes_a_healthy_spare(tmp_path):
     """A lost node is replaced by the spare when it passes preflight; an unhealthy spare is excluded too."""
     from nightloom.provision.local import LocalProvider, unhealthy_dir
     from nightloom.recovery import reacquire, without_nodes
-    from nightloom.spec_load import load_spec
+    from nightloom.spec.load import load_spec
 
     spec = load_spec(recovery_spec(tmp_path, nodes=2, ranks=1, steps=4, spare_nodes=1))
     provider = LocalProvider(spec)
@@ -268,7 +268,7 @@ def test_a_rendezvous_port_taken_before_step_1_is_relaunched_without_spending_an
     from flows.pipeline import training_pipeline
     from nightloom.ledger import Ledger
     from nightloom.provision import local
-    from nightloom.spec_load import load_spec
+    from nightloom.spec.load import load_spec
 
     spec_path = recovery_spec(tmp_path, nodes=1, ranks=1, steps=6, max_attempts=0)
     spec = load_spec(spec_path)

@@ -27,7 +27,7 @@ pytestmark = [pytest.mark.services, pytest.mark.timeout(400)]
 def test_failed_slurm_node_is_excluded_from_a_new_allocation(prefect_backend, slurm, tmp_path):  # noqa: F811
     from nightloom.ledger import Ledger
     from nightloom.metrics import read_metrics
-    from nightloom.spec_load import load_spec
+    from nightloom.spec.load import load_spec
 
     slot = tmp_path / "sick-slot"
     slot.mkdir()

@@ -65,7 +65,7 @@ def sick_node_python(tmp_path: Path) -> tuple[Path, Path]:
 def test_unhealthy_ssh_node_is_excluded_and_the_run_finishes(prefect_backend, sshenv, tmp_path):  # noqa: F811
     from nightloom.ledger import Ledger
     from nightloom.metrics import read_metrics
-    from nightloom.spec_load import load_spec
+    from nightloom.spec.load import load_spec
 
     wrapper, slot = sick_node_python(tmp_path)
     spec_path = ssh_recovery_spec(sshenv, tmp_path, str(wrapper))
@@ -102,7 +102,7 @@ def test_failed_ssh_node_is_replaced_by_a_spare_host(prefect_backend, sshenv, tm
     layout it started with (no re-plan), in the same flow run and ledger row."""
     from nightloom.ledger import Ledger
     from nightloom.metrics import read_metrics
-    from nightloom.spec_load import load_spec
+    from nightloom.spec.load import load_spec
 
     wrapper, slot = sick_node_python(tmp_path)
     spec_path = ssh_recovery_spec(sshenv, tmp_path, str(wrapper))

@@ -135,17 +135,24 @@ FORBIDDEN = {
 }
 #: Modules that are leaves of nightloom: they import nothing of nightloom beyond what is listed.
 LEAVES = {
-    "nightloom.spec": {
-        "nightloom.micro_batch",
-        "nightloom.spec_base",
-        "nightloom.spec_cluster",
-        "nightloom.stage_list",
+    "nightloom.spec": {  # the package: its namespace is the schema's
+        "nightloom.spec.micro_batch",
+        "nightloom.spec.base",
+        "nightloom.spec.cluster",
+        "nightloom.spec.schema",
+        "nightloom.spec.stage_list",
     },
-    "nightloom.spec_base": set(),
-    "nightloom.spec_cluster": {"nightloom.spec_base"},
+    "nightloom.spec.schema": {
+        "nightloom.spec.micro_batch",
+        "nightloom.spec.base",
+        "nightloom.spec.cluster",
+        "nightloom.spec.stage_list",
+    },
+    "nightloom.spec.base": set(),
+    "nightloom.spec.cluster": {"nightloom.spec.base"},
     "nightloom.shape": set(),
-    "nightloom.micro_batch": set(),
-    "nightloom.stage_list": set(),
+    "nightloom.spec.micro_batch": set(),
+    "nightloom.spec.stage_list": set(),
 }
 
 
@@ -169,7 +176,10 @@ FLOORS = {
     "nightloom.hf.load": 3,
     "nightloom.hf.export": 3,
     "nightloom.hf.random_model": 3,
-    "nightloom.spec_load": 2,
+    "nightloom.spec.load": 2,
+    "nightloom.spec.checks": 2,
+    "nightloom.spec.doc": 2,
+    "nightloom.spec_load": 2,  # the deprecated aliases of the spec's old paths (one release)
     "nightloom.spec_checks": 2,
     "nightloom.spec_doc": 2,
     "nightloom.model_resolver": 2,
@@ -180,6 +190,7 @@ FLOORS = {
     "nightloom.hf": 2,
     "nightloom.catalog": 1,
     "nightloom.hf.config": 1,
+    "nightloom.families": 1,  # the model-family registry and its units (no torch at import)
     "nightloom.parallel": 1,
     "nightloom.perf": 1,
     "nightloom.storage": 1,
@@ -187,7 +198,12 @@ FLOORS = {
     "nightloom": 0,
     "nightloom.spec": 0,
     "nightloom.shape": 0,
-    "nightloom.micro_batch": 0,
+    "nightloom.spec.micro_batch": 0,
+    "nightloom.spec.stage_list": 0,
+    "nightloom.spec.base": 0,
+    "nightloom.spec.cluster": 0,
+    "nightloom.spec.schema": 0,
+    "nightloom.micro_batch": 0,  # deprecated aliases (one release)
     "nightloom.stage_list": 0,
     "nightloom.spec_base": 0,
     "nightloom.spec_cluster": 0,

@@ -45,7 +45,7 @@ def reference_losses(job_file: Path, spec_path: Path, out: Path) -> list[float]:
     interrupted and resumed run (a killed rank, a preemption) must match step for step."""
     from nightloom.metrics import read_metrics
     from nightloom.planner import plan_for_spec
-    from nightloom.spec_load import load_spec
+    from nightloom.spec.load import load_spec
     from nightloom.train.job import TrainJob
 
     job = TrainJob.model_validate_json(job_file.read_text())

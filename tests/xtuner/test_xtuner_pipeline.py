@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def demo_spec(tmp_path: Path, base_model: Path):
     """The shipped XTuner demo with its sample, shards, runs, ledger and base model in `tmp_path`."""
-    from nightloom.spec_load import parse_spec
+    from nightloom.spec.load import parse_spec
 
     data = yaml.safe_load((REPO / "deployments" / "xtuner-lora-demo.yaml").read_text())
     data["dataset"]["path"] = str(tmp_path / "alpaca.jsonl")  # sample: true builds it there

@@ -157,7 +157,7 @@ def test_a_step_reports_label_tokens_computed_ids_and_their_flops(shards, monkey
 
 
 def test_group_by_length_needs_unpacked_sft(tmp_path):
-    from nightloom.spec_checks import semantic_errors
+    from nightloom.spec.checks import semantic_errors
 
     def errs(**train):
         return [e for e in semantic_errors({"train": train}, tmp_path) if e[0] == ("train", "group_by_length")]

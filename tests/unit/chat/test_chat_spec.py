@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from nightloom.spec import SpecError
-from nightloom.spec_load import load_spec
+from nightloom.spec.load import load_spec
 from tests.support.chat import CHATML, build_chat_tokenizer, chat_messages, write_chats
 
 

@@ -21,7 +21,7 @@ def test_alpaca_sample_is_deterministic_with_alpaca_columns(tmp_path):
 def test_demo_spec_builds_its_sample_on_first_use():
     from pathlib import Path
 
-    from nightloom.spec_load import load_spec
+    from nightloom.spec.load import load_spec
 
     spec = load_spec(Path(__file__).resolve().parents[3] / "deployments" / "xtuner-lora-demo.yaml")
     assert spec.dataset.sample and spec.dataset.sample_kind == "alpaca"

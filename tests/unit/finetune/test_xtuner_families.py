@@ -7,7 +7,7 @@ import pytest
 
 from nightloom.hf.random_model import build_random_model
 from nightloom.spec import SpecError
-from nightloom.spec_load import parse_spec
+from nightloom.spec.load import parse_spec
 
 TINY = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2, "vocab_size": 64}
 
@@ -33,7 +33,7 @@ def test_xtuner_refuses_a_family_its_transformers_lacks(tmp_path, arch, added):
 
 
 def test_xtuner_keeps_a_family_it_loads(tmp_path):
-    from nightloom.spec_checks import _xtuner_family_errors
+    from nightloom.spec.checks import _xtuner_family_errors
 
     weights = build_random_model(tmp_path / "qwen2", "qwen2", num_key_value_heads=1, **TINY)
     assert _xtuner_family_errors(_spec(weights), lambda p: tmp_path / p if p else None) == []

@@ -127,7 +127,7 @@ def test_xtuner_cpu_peak_is_the_native_trainers_measurement(monkeypatch):
 
     from nightloom import perf
     from nightloom.finetune.plan import _peak
-    from nightloom.spec_load import load_spec
+    from nightloom.spec.load import load_spec
 
     threads, real_mm = [], torch.mm
     monkeypatch.setattr(torch, "mm", lambda a, b: (threads.append(torch.get_num_threads()), real_mm(a, b))[1])

@@ -12,7 +12,7 @@ from nightloom.finetune.plan import _hf_flops_per_token
 from nightloom.hf.random_model import build_random_model, ensure_demo_weights
 from nightloom.parallel import ParallelPlan
 from nightloom.spec import SpecError, TrainSpec
-from nightloom.spec_load import load_spec, parse_spec
+from nightloom.spec.load import load_spec, parse_spec
 from nightloom.train.job import TrainJob
 
 ROOT = Path(__file__).resolve().parents[3]

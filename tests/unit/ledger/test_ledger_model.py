@@ -12,7 +12,7 @@ from nightloom.ledger import Ledger, calibration_for_spec
 from nightloom.ledger_model import RunModel, ledger_fields, run_model, spec_run_model
 from nightloom.parallel import ParallelPlan
 from nightloom.spec import RunSpec
-from nightloom.spec_load import load_spec
+from nightloom.spec.load import load_spec
 from nightloom.validate import Verdict
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -105,7 +105,7 @@ def test_spec_and_cli_accept_empty_end_stages_only():
     """`parallel.stages` in a run spec and `--stages` on the planner CLI take 0 at the ends, not inside."""
     from nightloom.planner.request import parse_stages
     from nightloom.spec import SpecError
-    from nightloom.spec_load import parse_spec
+    from nightloom.spec.load import parse_spec
 
     base = {
         "name": "t",

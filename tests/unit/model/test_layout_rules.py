@@ -91,7 +91,7 @@ def test_plain_data_parallel_is_only_dp_replicate():
 
 def test_spec_rejects_zero_none_and_checks_the_layout(tmp_path):
     from nightloom.spec import SpecError
-    from nightloom.spec_load import parse_spec
+    from nightloom.spec.load import parse_spec
 
     base = {
         "name": "t",
@@ -187,7 +187,7 @@ def test_plan_table_has_one_owner_and_keeps_rejection_reasons():
 
 def test_spec_stages_reach_the_plan():
     from nightloom.planner import plan_for_spec
-    from nightloom.spec_load import parse_spec
+    from nightloom.spec.load import parse_spec
 
     spec = parse_spec(
         {

@@ -12,7 +12,7 @@ import yaml
 from nightloom.catalog import MODELS
 from nightloom.hf.config import shape_from_config, shape_from_hf_config
 from nightloom.perf import active_params, count_params, expert_params, flops_per_token
-from nightloom.spec_load import load_spec
+from nightloom.spec.load import load_spec
 
 MOE = ["mixtral-8x7b", "qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3"]
 

@@ -15,7 +15,7 @@ from nightloom.planner.memory import GIB, memory_breakdown
 from nightloom.planner.steptime import DEFAULT_EFFICIENCY, calibrated_efficiency
 from nightloom.shape import ModelShape
 from nightloom.spec import ParallelSpec
-from nightloom.spec_load import parse_spec
+from nightloom.spec.load import parse_spec
 
 #: the published runs the planner is checked against, kept in the repository (a clone has nothing beside it)
 REF = Path(__file__).resolve().parents[3] / "datasets" / "reference" / "published_runs.csv"

@@ -14,7 +14,7 @@ from nightloom.perf import count_params
 from nightloom.planner import plan, plan_for_spec
 from nightloom.planner.activations import activation_bytes_per_layer, post_norm_bytes, qk_norm_bytes
 from nightloom.planner.memory import GIB, memory_breakdown, stage_params
-from nightloom.spec_load import parse_spec
+from nightloom.spec.load import parse_spec
 
 #: a small config in the form of meta-llama/Llama-3.2-1B's config.json (tied, llama3 RoPE scaling factor 32)
 LLAMA32_STYLE = {

@@ -62,7 +62,7 @@ def test_one_peak_record():
 
 
 def demo_spec(tmp_path, **cluster):
-    from nightloom.spec_load import load_spec
+    from nightloom.spec.load import load_spec
 
     data = yaml.safe_load((ROOT / "deployments" / "local-demo.yaml").read_text())
     data["dataset"]["path"] = str(ROOT / "datasets" / "sample" / "corpus.jsonl")

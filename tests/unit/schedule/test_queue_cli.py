@@ -13,7 +13,7 @@ import yaml
 
 from flows.cli import main
 from nightloom.ledger import Ledger
-from nightloom.spec_load import load_spec
+from nightloom.spec.load import load_spec
 
 AT = "2026-06-01T00:00:00+08:00"
 PRICE, DISCOUNT = 2.5, 0.18

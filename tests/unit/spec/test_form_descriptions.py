@@ -68,7 +68,7 @@ def test_on_demand_default_is_the_demo(monkeypatch):
 
     import yaml
 
-    from nightloom.spec_load import coerce_spec, load_spec
+    from nightloom.spec.load import coerce_spec, load_spec
 
     root = Path(__file__).resolve().parents[3]
     monkeypatch.chdir(root)

@@ -135,7 +135,7 @@ def test_server_accepts_a_dumped_spec_with_its_nulls(schemas):
     Prefect's server validates them against this schema (prefect.utilities.schema_tools.validation.validate)."""
     from prefect.utilities.schema_tools.validation import validate
 
-    from nightloom.spec_load import load_spec
+    from nightloom.spec.load import load_spec
 
     for path in sorted((ROOT / "deployments").glob("*.yaml")):
         spec = load_spec(path)

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from nightloom.spec import RunSpec, SpecError
-from nightloom.spec_load import load_spec
+from nightloom.spec.load import load_spec
 
 ROOT = Path(__file__).resolve().parents[3]
 DEMO = ROOT / "deployments" / "local-demo.yaml"

@@ -1,4 +1,4 @@
-"""docs/spec.md's field reference is the schema's: regenerated from nightloom/spec.py, it must match, and every
+"""docs/spec.md's field reference is the schema's: regenerated from nightloom/spec/schema.py, it must match, and every
 field a user can write is in it."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from nightloom import spec_doc
 from nightloom.spec import RunSpec
+from nightloom.spec import doc as spec_doc
 
 SPEC_MD = Path(__file__).resolve().parents[3] / "docs" / "spec.md"
 
@@ -39,7 +39,7 @@ def test_generated_block_matches_the_schema():
     block = spec_doc.generated_block(SPEC_MD.read_text())
     assert block is not None, f"docs/spec.md lost its generated-block markers; run: {spec_doc.FIX_COMMAND}"
     assert block == spec_doc.render(), (
-        f"docs/spec.md is out of date with nightloom/spec.py; run: {spec_doc.FIX_COMMAND}"
+        f"docs/spec.md is out of date with nightloom/spec/schema.py; run: {spec_doc.FIX_COMMAND}"
     )
 
 

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from nightloom.spec import ClusterSpec, LocalSpec, SlurmSpec, SpecError, SSHSpec
-from nightloom.spec_load import coerce_spec, load_spec
+from nightloom.spec.load import coerce_spec, load_spec
 
 ROOT = Path(__file__).resolve().parents[3]
 KINDS = {"local", "ssh", "slurm", "kubernetes"}

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from nightloom.spec import SpecError, TokenizerSpec
-from nightloom.spec_load import load_spec
+from nightloom.spec.load import load_spec
 
 
 def _bpe(folder: Path, corpus: Path, vocab: int = 300) -> Path:

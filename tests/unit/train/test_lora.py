@@ -72,7 +72,7 @@ def test_targets_are_hugging_face_module_names():
 
 
 def test_spec_refuses_a_rank_tp_does_not_divide_and_the_xtuner_backend():
-    from nightloom.spec_load import parse_spec
+    from nightloom.spec.load import parse_spec
 
     base = {
         "name": "x",

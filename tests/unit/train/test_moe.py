@@ -21,7 +21,7 @@ from nightloom.hf.export import export_checkpoint
 from nightloom.hf.load import model_from_hf
 from nightloom.hf.names import expected_shapes
 from nightloom.hf.random_model import build_random_model
-from nightloom.spec_load import SpecError, load_spec
+from nightloom.spec.load import SpecError, load_spec
 from nightloom.train.moe import ExpertLoad, imbalance, router_aux_loss
 from nightloom.train.parallelize import loss_fn
 

@@ -197,7 +197,7 @@ def test_all_gates_pass_on_a_healthy_run(tmp_path: Path):
 def test_parity_setting_was_removed_with_a_clear_error():
     """validate.parity never ran (a run trains one layout): a spec that sets it is refused, naming the field."""
     from nightloom.spec import SpecError
-    from nightloom.spec_load import parse_spec
+    from nightloom.spec.load import parse_spec
 
     with pytest.raises(SpecError, match=r"validate.*`parity` was removed.*test_parity.py.*validate.golden"):
         parse_spec({"name": "x", "dataset": {"path": "/d"}, "validate": {"parity": {"enabled": True}}})

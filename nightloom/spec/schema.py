@@ -1,10 +1,11 @@
 """RunSpec: the schema of the declarative run spec (pydantic models, their defaults and per-field rules).
 
-A leaf: it imports nothing of nightloom but the micro-batch arithmetic and its own parts (spec_base.py: the
-section base and SpecError; spec_cluster.py: the cluster section). Reading a YAML file with every error as
-`FILE:LINE: field.path: reason` is `nightloom.spec_load`; the checks that need a model, a tokenizer or the
-filesystem are `nightloom.spec_checks`. Unknown keys are errors so a typo is never silently ignored. Relative paths in a spec file resolve
-against the directory of that file; in a spec built in Python they resolve against the working directory.
+A leaf: it imports nothing of nightloom but its package's floor-0 parts (base.py: the section base and SpecError;
+cluster.py: the cluster section; stage_list.py and micro_batch.py). Reading a YAML file with every error as
+`FILE:LINE: field.path: reason` is `nightloom.spec.load`; the checks that need a model, a tokenizer or the
+filesystem are `nightloom.spec.checks`. Unknown keys are errors so a typo is never silently ignored. Relative paths in
+a spec file resolve against the directory of that file; in a spec built in Python they resolve against the working
+directory.
 """
 
 from __future__ import annotations
@@ -17,10 +18,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 
-from nightloom.micro_batch import micro_batches_per_step
-from nightloom.spec_base import Section as _Section
-from nightloom.spec_base import SpecError
-from nightloom.spec_cluster import (
+from nightloom.spec.base import Section as _Section
+from nightloom.spec.base import SpecError
+from nightloom.spec.cluster import (
     PROVIDER_KINDS,
     ClusterSpec,
     KubernetesSpec,
@@ -31,9 +31,10 @@ from nightloom.spec_cluster import (
     SSHHost,
     SSHSpec,
 )
-from nightloom.stage_list import stage_list_errors
+from nightloom.spec.micro_batch import micro_batches_per_step
+from nightloom.spec.stage_list import stage_list_errors
 
-__all__ = [  # the cluster section and the base live in their own leaves; `from nightloom.spec import X` still works
+__all__ = [  # the cluster section and the base live in their own leaves; nightloom/spec/__init__.py re-exports all
     "PROVIDER_KINDS",
     "ClusterSpec",
     "KubernetesSpec",

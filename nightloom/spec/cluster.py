@@ -1,5 +1,5 @@
 """The run spec's `cluster` section: where the nodes come from (local, SSH hosts, a Slurm partition, Kubernetes),
-how many, and the NCCL/InfiniBand environment. A leaf beside spec.py (which re-exports these names)."""
+how many, and the NCCL/InfiniBand environment. A leaf beside schema.py (the package re-exports these names)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from nightloom.spec_base import Section as _Section
+from nightloom.spec.base import Section as _Section
 
 #: the description of each provider's `kind`: the choice of provider that shows its section
 _KIND = "Which provider these settings are for (on the Run form: the provider chosen above)."

@@ -1,5 +1,5 @@
 """Reading a run spec: YAML (or a mapping, or a RunSpec) in, a validated RunSpec out, or a SpecError listing every
-problem at once as `FILE:LINE: field.path: reason` (schema errors and the checks of `nightloom.spec_checks`).
+problem at once as `FILE:LINE: field.path: reason` (schema errors and the checks of `nightloom.spec.checks`).
 Relative paths in a spec file resolve against the file's folder; in a spec built in Python, the working folder.
 """
 
@@ -11,7 +11,7 @@ import yaml
 from pydantic import ValidationError
 
 from nightloom.spec import PROVIDER_KINDS, RunSpec, SpecError
-from nightloom.spec_checks import semantic_errors
+from nightloom.spec.checks import semantic_errors
 
 __all__ = ["SpecError", "coerce_spec", "format_errors", "load_spec", "parse_spec"]
 
