@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-import orjson
 import xxhash
 
 from nightloom.chat import ChatError, ChatSettings, Conversation, renderer, to_messages
@@ -26,12 +25,8 @@ from nightloom.sharding.sources import (
     BATCH_ROWS,
     NO_EXTRAS,
     SourceRef,
-    iter_lines,
-    lines_before,
-    nonfinite_json,
-    open_binary,
+    json_lines,
     read_extras,
-    utf8_error,
 )
 
 Record = tuple[int, "dict | None", object, "str | None", "tuple[str | None, ...]"]  # where, record, key, error, extras
@@ -52,22 +47,8 @@ def _checked(n: int, obj, key_field: str | None, keep: tuple[str, ...]) -> Recor
 
 
 def _jsonl(path: Path, key_field: str | None, keep: tuple[str, ...], span) -> Iterator[Record]:
-    first = 1 + (lines_before(path, span[0]) if span and span[0] else 0)
-    try:
-        with open_binary(path) as f:
-            for n, line in enumerate(iter_lines(f, span), first):
-                try:
-                    obj = orjson.loads(line)
-                except orjson.JSONDecodeError as e:
-                    if not line.strip():
-                        continue
-                    obj = nonfinite_json(line)
-                    if obj is None:
-                        yield n, None, None, utf8_error(line) or f"invalid JSON: {e}", NO_EXTRAS
-                        continue
-                yield _checked(n, obj, key_field, keep)
-    except (OSError, EOFError) as e:
-        raise BadInputError(f"{path}: cannot read compressed or raw stream: {e}") from None
+    for n, obj, err in json_lines(path, span):
+        yield (n, None, None, err, NO_EXTRAS) if err is not None else _checked(n, obj, key_field, keep)
 
 
 def _columnar(path: Path, fmt: str, key_field: str | None, keep: tuple[str, ...]) -> Iterator[Record]:

@@ -291,6 +291,8 @@ def read_jsonl(
     """Line by line; blank lines are not records. Errors: corrupt JSON, non-UTF-8, missing/non-string field (numbers
     spelled NaN/Infinity/-Infinity are not errors: `nonfinite_json`).
     `span`: only the lines of that line-aligned byte range (numbered as in the whole file)."""
+    # json_lines' loop, inlined: this is the record path's hot loop, and reading through json_lines cost 10% more
+    # CPU (300k lines: 0.170-0.174 against 0.155-0.158 s)
     loads, decode_error = orjson.loads, orjson.JSONDecodeError
     first = 1 + (lines_before(path, span[0]) if span and span[0] else 0)
     try:
@@ -324,6 +326,33 @@ def read_jsonl(
                     yield n, None, None, err, NO_EXTRAS
                     continue
                 yield n, text, key, None, extras
+    except (OSError, EOFError) as e:  # truncated gzip/zstd stream, unreadable file
+        raise BadInputError(f"{path}: cannot read compressed or raw stream: {e}") from None
+    except Exception as e:
+        if type(e).__name__ == "ZstdError":
+            raise BadInputError(f"{path}: corrupt zstd stream: {e}") from None
+        raise
+
+
+def json_lines(path: Path, span: tuple[int, int] | None = None) -> Iterator[tuple[int, object, str | None]]:
+    """(line number, value, None) for each JSON line of a file (or of a line-aligned byte `span` of it, numbered as
+    in the whole file), (line number, None, reason) for a line that is not JSON or not UTF-8; blank lines are
+    skipped. An unreadable file or a truncated or corrupt compressed stream is a BadInputError."""
+    loads, decode_error = orjson.loads, orjson.JSONDecodeError
+    first = 1 + (lines_before(path, span[0]) if span and span[0] else 0)
+    try:
+        with open_binary(path) as f:
+            for n, line in enumerate(iter_lines(f, span), first):
+                try:
+                    obj = loads(line)
+                except decode_error as e:
+                    if not line.strip():
+                        continue
+                    obj = nonfinite_json(line)
+                    if obj is None:
+                        yield n, None, utf8_error(line) or f"invalid JSON: {e}"
+                        continue
+                yield n, obj, None
     except (OSError, EOFError) as e:  # truncated gzip/zstd stream, unreadable file
         raise BadInputError(f"{path}: cannot read compressed or raw stream: {e}") from None
     except Exception as e:
