@@ -41,8 +41,8 @@ from nightloom.tokenizer import load_tokenizer
 from nightloom.train.data import PackedWindows, StepLoader
 from nightloom.train.job import TrainJob
 from nightloom.train.model import build_model
+from nightloom.train.optim import lr_at
 from nightloom.train.parallelize import loss_fn
-from nightloom.train.trainer import lr_at
 
 WARMUP = 3
 

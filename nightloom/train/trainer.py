@@ -19,7 +19,6 @@ import torch
 import torch.distributed as dist
 
 from nightloom import perf
-from nightloom.metrics import StepMetrics, append_metrics
 from nightloom.peak_rss import peak_rss_bytes
 from nightloom.perf import resolve_precision
 from nightloom.runfiles import RunFiles
@@ -27,46 +26,19 @@ from nightloom.train import checkpoint
 from nightloom.train.data import ConversationRows, PackedWindows, StepLoader, read_eval_rows, read_eval_windows
 from nightloom.train.job import TrainJob, TrainResult
 from nightloom.train.lora import LoraSettings, trainable
-from nightloom.train.moe import ExpertLoad, imbalance
-from nightloom.train.parallelize import IGNORE_INDEX, ModelParts, build_parts, label_nll_sum, validate_plan
+from nightloom.train.moe import ExpertLoad
+from nightloom.train.optim import grad_norm_and_clip, lr_at, make_optimizer, set_lr, step_and_zero
+from nightloom.train.parallelize import IGNORE_INDEX, build_parts, label_nll_sum, validate_plan
 from nightloom.train.preempt import PREEMPTED, PREEMPTED_EXIT, Preemption
+from nightloom.train.reporting import MetricsFileSink, PromSink, StdoutSink, StepRecord, StepReporter
 from nightloom.train.sft_batch import (
     FlopCounter,
     label_scale,
-    labels_note,
     step_counts,
     trim_to_labels,
     width_multiple,
 )
 from nightloom.util import atomic_write_text
-
-
-def lr_at(step: int, base: float, warmup: int, total: int, min_ratio: float) -> float:
-    """Linear warmup over `warmup` steps, then cosine decay to base*min_ratio at the last step."""
-    if step < warmup:
-        return base * (step + 1) / warmup
-    span = max(1, total - warmup - 1)
-    progress = min(1.0, (step - warmup) / span)
-    return base * (min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
-
-
-def _groups_by_mesh(params) -> list[dict]:
-    """One param group per device mesh (plain tensors in their own): a foreach kernel cannot mix a DTensor with a
-    plain tensor (TP without SP leaves the norms plain) or DTensors of two meshes; each group steps on its own."""
-    from torch.distributed.tensor import DTensor
-
-    groups: dict[object, list] = {}
-    for p in params:
-        groups.setdefault(p.device_mesh if isinstance(p, DTensor) else None, []).append(p)
-    return [{"params": g} for g in groups.values()]
-
-
-def make_optimizer(params, t) -> torch.optim.Optimizer:
-    """AdamW (betas 0.9, 0.95), or plain SGD (whose update, unlike Adam's, scales with the gradient) per train.optimizer."""
-    groups = _groups_by_mesh(params)
-    if t.optimizer == "sgd":
-        return torch.optim.SGD(groups, lr=t.lr, weight_decay=t.weight_decay, foreach=True)
-    return torch.optim.AdamW(groups, lr=t.lr, weight_decay=t.weight_decay, betas=(0.9, 0.95), foreach=True)
 
 
 def precision_dtype(precision: str, device_type: str) -> torch.dtype | None:
@@ -88,34 +60,6 @@ def peak_memory_bytes(device: torch.device) -> int:
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device))
     return peak_rss_bytes()
-
-
-def _grad_norm_and_clip(parts: ModelParts, max_norm: float, pp_group) -> torch.Tensor:
-    """Global L2 norm over all parts, TP/FSDP shards (DTensor) and pipeline stages; clip in place. A tied
-    matrix's second copy (the last pipeline stage's head) is clipped but counted once, as in the whole model."""
-    from torch.distributed.tensor import DTensor
-
-    params = [p for m in parts.parts for p in m.parameters() if p.grad is not None]
-    copy = parts.tied.weight if parts.tied is not None and parts.tied.is_head_copy else None
-    groups: dict[object, list[torch.nn.Parameter]] = {}  # DTensor ops need one mesh per foreach call
-    for p in params:
-        key = p.grad.device_mesh if isinstance(p.grad, DTensor) else None
-        groups.setdefault(key, []).append(p)
-    sq = torch.zeros((), dtype=torch.float32, device=params[0].device if params else None)
-    for group in groups.values():
-        counted = [p.grad for p in group if p is not copy]
-        if not counted:
-            continue
-        n = torch.nn.utils.get_total_norm(counted, 2.0, foreach=True)
-        if isinstance(n, DTensor):
-            n = n.full_tensor()
-        sq = sq + n.float() ** 2
-    if pp_group is not None:
-        dist.all_reduce(sq, group=pp_group)
-    total = sq.sqrt()
-    for group in groups.values():
-        torch.nn.utils.clip_grads_with_norm_(group, max_norm, total, foreach=True)
-    return total
 
 
 def check_pack(job: TrainJob) -> None:
@@ -250,6 +194,12 @@ class Trainer:
             from nightloom.train.prom import RankMetrics
 
             self.prom = RankMetrics(t.metrics_port + ctx.rank, job.run_id, ctx.rank)
+        self.reporter = StepReporter()  # rank 0: metrics.jsonl and the step line; every rank: its Prometheus gauges
+        if ctx.rank == 0:
+            self.reporter.add(MetricsFileSink(job.metrics_path))
+            self.reporter.add(StdoutSink())
+        if self.prom is not None:
+            self.reporter.add(PromSink(self.prom))
 
     # -- one step --------------------------------------------------------------------------------------
     def _autocast(self):
@@ -399,30 +349,8 @@ class Trainer:
     def run(self) -> TrainResult:
         job, t = self.job, self.job.train
         t_start = time.time()
-        start = 0
-        found = checkpoint.latest(job.checkpoint_dir) if job.resume else None
-        if found is not None:  # a resumed native checkpoint wins over the initial weights
-            path, start = found
-            checkpoint.load(path, self.parts.parts, self.optims)
-            self._log(f"[nightloom.train] resumed from {path} at step {start} in layout {self.plan.layout()}")
-        elif job.weights:
-            self._load_weights(job.weights)
-        self._log(
-            f"[nightloom.train] run {job.run_id} attempt {job.attempt}: {self.shape.name} layout "
-            f"{self.plan.layout()} world {self.ctx.world} device {self.ctx.device.type} steps {start}->{t.steps} "
-            f"global batch {self.loader.global_batch}x{t.seq_len} peak {self.peak / 1e9:.1f} GFLOP/s "
-            f"({self.peak_source})"
-        )
-        if self.pack_stats is not None:
-            self._log(f"[nightloom.train] {self.pack_stats.line()}")
-        if self.lora is not None:
-            params = {id(p): p for m in self.parts.parts for p in m.parameters()}.values()
-            n_train, n_all = sum(p.numel() for p in params if p.requires_grad), sum(p.numel() for p in params)
-            self._log(
-                f"[nightloom.train] LoRA rank {self.lora.rank} alpha {self.lora.alpha:g} on "
-                f"{','.join(self.lora.modules)}: {n_train:,} trainable of {n_all:,} parameters"
-                f"{' on this stage' if self.plan.pp > 1 else ''} ({n_train / max(n_all, 1):.2%}); the base is frozen"
-            )
+        start = self._resume()
+        self._announce(start)
         step, stopped, last_loss, last_ckpt, saved_at = start, "completed", None, None, None
         est = 0.0
         reset_peak_memory(self.ctx.device)
@@ -440,85 +368,9 @@ class Trainer:
                         f"[nightloom.train] preemption notice ({Preemption.received or 'a peer'}): saving step {step}"
                     )
                 break
-            t0 = time.perf_counter()
-            lr = lr_at(step, t.lr, t.warmup_steps, t.steps, t.min_lr_ratio)
-            for o in self.optims:
-                for g in o.param_groups:
-                    g["lr"] = lr
-            local = self._forward_backward(step)
-            if self.parts.tied is not None:  # a tied matrix's two pipeline copies: one summed gradient
-                self.parts.tied.sum_grads()
-            gnorm = float(_grad_norm_and_clip(self.parts, t.grad_clip, self.pp_group))
-            for o in self.optims:
-                o.step()
-                o.zero_grad(set_to_none=True)
-            last_loss = self._global_loss(local)
-            experts, aux = self.moe.take(self.ctx.device) if self.moe is not None else (None, None)
-            mem = torch.tensor([float(peak_memory_bytes(self.ctx.device))], device=self.ctx.device)
-            dist.all_reduce(mem, op=dist.ReduceOp.MAX)
-            dt = time.perf_counter() - t0
-            est = dt
-            step += 1
-            c = self.counts  # MFU from the FLOPs computed: unpacked sft rows as wide as their micro-batch's longest
-            tps, label_tps = c.computed / dt, c.labels / dt
-            mfu, hfu = (perf.mfu(1 / dt, f, self.ctx.world, self.peak) for f in (c.flops, c.hflops))
-            ev_loss = ev_ppl = ev_tokens = None
-            if self.eval_batches and (step == 1 or step % job.eval_every == 0 or step == t.steps):
-                ev_loss, ev_tokens = self.evaluate()
-                ev_ppl = math.exp(min(ev_loss, 700.0))
-                self._log(f"eval step {step}: loss {ev_loss:.4f} ppl {ev_ppl:.2f} over {ev_tokens:,} tokens")
-            if self.ctx.rank == 0:
-                append_metrics(
-                    job.metrics_path,
-                    StepMetrics(
-                        step=step,
-                        loss=last_loss,
-                        grad_norm=gnorm,
-                        lr=lr,
-                        tokens=c.computed,
-                        tokens_per_s=tps,
-                        label_tokens=c.labels,
-                        label_tokens_per_s=label_tps,
-                        flops=c.flops,
-                        hardware_flops=c.hflops,
-                        step_time_s=dt,
-                        peak_mem_bytes=int(mem.item()),
-                        mfu=mfu,
-                        hfu=hfu,
-                        time=time.time(),
-                        attempt=job.attempt,
-                        gap=step == start + 1 and start > 0,
-                        world_size=self.ctx.world,
-                        collective_latency_s=latency,
-                        eval_loss=ev_loss,
-                        eval_ppl=ev_ppl,
-                        eval_tokens=ev_tokens,
-                        router_aux_loss=aux,
-                        expert_tokens=experts,
-                        expert_imbalance=imbalance(experts) if experts else None,
-                    ),
-                )
-                print(
-                    f"step {step}/{t.steps} loss {last_loss:.4f} grad_norm {gnorm:.3f} lr {lr:.2e} "
-                    f"tok/s {tps:,.0f}{labels_note(tps, label_tps)} step {dt * 1e3:.0f} ms mfu {mfu:.1%} "
-                    f"mem {mem.item() / 2**20:.0f} MiB",
-                    flush=True,
-                )
-            if self.prom is not None:
-                self.prom.update(
-                    step=step,
-                    loss=last_loss,
-                    grad_norm=gnorm,
-                    tokens_per_s=tps,
-                    step_time_s=dt,
-                    mfu=mfu,
-                    memory_bytes=peak_memory_bytes(self.ctx.device),
-                    collective_latency_s=latency,
-                    eval_loss=ev_loss,
-                    eval_ppl=ev_ppl,
-                )
-                if experts:
-                    self.prom.experts(experts, aux)
+            record = self._train_step(step, start, latency)
+            step, est, last_loss = record.step, record.step_time_s, record.loss
+            self.reporter.emit(record)
             if t.checkpoint_every and step % t.checkpoint_every == 0 and step < t.steps:
                 last_ckpt = self._save(step, periodic=True)
                 saved_at = step
@@ -528,6 +380,97 @@ class Trainer:
             last_ckpt = self._save(step)
         elif saved_at is None and step == start and start > 0:
             last_ckpt = str(checkpoint.latest(job.checkpoint_dir)[0])
+        return self._finish(step, stopped, last_loss, last_ckpt, t_start)
+
+    def _resume(self) -> int:
+        """The step to start from: a resumed native checkpoint's (it wins over the initial weights), else 0."""
+        job = self.job
+        found = checkpoint.latest(job.checkpoint_dir) if job.resume else None
+        if found is not None:
+            path, start = found
+            checkpoint.load(path, self.parts.parts, self.optims)
+            self._log(f"[nightloom.train] resumed from {path} at step {start} in layout {self.plan.layout()}")
+            return start
+        if job.weights:
+            self._load_weights(job.weights)
+        return 0
+
+    def _announce(self, start: int) -> None:
+        """The run's opening lines: job, layout, batch and peak; packing; LoRA's trainable share."""
+        job, t = self.job, self.job.train
+        self._log(
+            f"[nightloom.train] run {job.run_id} attempt {job.attempt}: {self.shape.name} layout "
+            f"{self.plan.layout()} world {self.ctx.world} device {self.ctx.device.type} steps {start}->{t.steps} "
+            f"global batch {self.loader.global_batch}x{t.seq_len} peak {self.peak / 1e9:.1f} GFLOP/s "
+            f"({self.peak_source})"
+        )
+        if self.pack_stats is not None:
+            self._log(f"[nightloom.train] {self.pack_stats.line()}")
+        if self.lora is not None:
+            params = {id(p): p for m in self.parts.parts for p in m.parameters()}.values()
+            n_train, n_all = sum(p.numel() for p in params if p.requires_grad), sum(p.numel() for p in params)
+            self._log(
+                f"[nightloom.train] LoRA rank {self.lora.rank} alpha {self.lora.alpha:g} on "
+                f"{','.join(self.lora.modules)}: {n_train:,} trainable of {n_all:,} parameters"
+                f"{' on this stage' if self.plan.pp > 1 else ''} ({n_train / max(n_all, 1):.2%}); the base is frozen"
+            )
+
+    def _train_step(self, step: int, start: int, latency: float) -> StepRecord:
+        """One optimizer step at `step` (0-based), its evaluation when due; the record of step + 1."""
+        job, t, dev = self.job, self.job.train, self.ctx.device
+        t0 = time.perf_counter()
+        lr = lr_at(step, t.lr, t.warmup_steps, t.steps, t.min_lr_ratio)
+        set_lr(self.optims, lr)
+        local = self._forward_backward(step)
+        if self.parts.tied is not None:  # a tied matrix's two pipeline copies: one summed gradient
+            self.parts.tied.sum_grads()
+        gnorm = float(grad_norm_and_clip(self.parts, t.grad_clip, self.pp_group))
+        step_and_zero(self.optims)
+        loss = self._global_loss(local)
+        experts, aux = self.moe.take(dev) if self.moe is not None else (None, None)
+        mem = torch.tensor([float(peak_memory_bytes(dev))], device=dev)
+        dist.all_reduce(mem, op=dist.ReduceOp.MAX)
+        dt = time.perf_counter() - t0
+        step += 1
+        c = self.counts  # MFU from the FLOPs computed: unpacked sft rows as wide as their micro-batch's longest
+        mfu, hfu = (perf.mfu(1 / dt, f, self.ctx.world, self.peak) for f in (c.flops, c.hflops))
+        ev_loss = ev_ppl = ev_tokens = None
+        if self.eval_batches and (step == 1 or step % job.eval_every == 0 or step == t.steps):
+            ev_loss, ev_tokens = self.evaluate()
+            ev_ppl = math.exp(min(ev_loss, 700.0))
+            self._log(f"eval step {step}: loss {ev_loss:.4f} ppl {ev_ppl:.2f} over {ev_tokens:,} tokens")
+        return StepRecord(
+            step=step,
+            total_steps=t.steps,
+            loss=loss,
+            grad_norm=gnorm,
+            lr=lr,
+            tokens=c.computed,
+            tokens_per_s=c.computed / dt,
+            label_tokens=c.labels,
+            label_tokens_per_s=c.labels / dt,
+            flops=c.flops,
+            hardware_flops=c.hflops,
+            step_time_s=dt,
+            peak_mem_bytes=mem.item(),
+            local_mem_bytes=peak_memory_bytes(dev),
+            mfu=mfu,
+            hfu=hfu,
+            time=time.time(),
+            attempt=job.attempt,
+            gap=step == start + 1 and start > 0,
+            world_size=self.ctx.world,
+            collective_latency_s=latency,
+            eval_loss=ev_loss,
+            eval_ppl=ev_ppl,
+            eval_tokens=ev_tokens,
+            router_aux_loss=aux,
+            expert_tokens=experts,
+        )
+
+    def _finish(self, step: int, stopped: str, last_loss, last_ckpt, t_start: float) -> TrainResult:
+        """The run's TrainResult; rank 0 writes result.json and says where it stopped."""
+        job, t = self.job, self.job.train
         result = TrainResult(
             steps_done=step,
             total_steps=t.steps,
