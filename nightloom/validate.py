@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -181,126 +181,142 @@ def _mad(values: Sequence[float]) -> float:
 # ---------------------------------------------------------------------------------------------- MFU gates
 
 
+@dataclass(frozen=True)
+class _MfuCase:
+    """What the MFU gates' table reads: the spec, the plan's inputs and the measured report (None: no throughput)."""
+
+    spec: ValidateSpec
+    inputs: MfuInputs
+    report: MfuReport | None
+
+    @property
+    def m(self) -> float:
+        return self.report.mfu
+
+    @property
+    def fig(self) -> str:
+        r, p = self.report, self.inputs.peak
+        return (
+            f"MFU {r.mfu:.2%} ({r.tokens_per_s:,.0f} tokens/s over {r.steps_used} steps, {p.precision} peak "
+            f"{p.flops:.3g} FLOP/s from {p.source})"
+        )
+
+    @property
+    def plan_need(self) -> float:
+        return self.spec.mfu_vs_plan * self.inputs.predicted_mfu
+
+
+_NO_THROUGHPUT = "no throughput in the metrics (tokens_per_s, or tokens and step_time_s, on steady-state steps)"
+
+#: The MFU gates, in order: for each, its rows (when, verdict fields); the first row whose `when` holds gives the
+#: gate's verdict, and a row whose fields are None gives none.
+_MFU_TABLE: tuple[tuple[str, tuple[tuple[Callable[[_MfuCase], bool], Callable[[_MfuCase], dict | None]], ...]], ...] = (
+    (
+        "mfu_floor",
+        (
+            (
+                lambda c: c.report is None,
+                lambda c: dict(
+                    passed=c.spec.mfu_floor == 0,
+                    skipped=c.spec.mfu_floor == 0,
+                    threshold=c.spec.mfu_floor,
+                    reason=_NO_THROUGHPUT,
+                ),
+            ),
+            (
+                lambda c: c.m > 1.0 and c.inputs.peak.measured_on_cpu,
+                lambda c: dict(
+                    passed=True,
+                    skipped=c.spec.mfu_floor == 0,
+                    measured=c.m,
+                    threshold=c.spec.mfu_floor,
+                    reason=f"{c.fig} exceeds 100% of a CPU peak measured at the start, when the host was busier (not "
+                    "gated: a datasheet peak fails here)",
+                ),
+            ),
+            (
+                lambda c: c.m > 1.0,
+                lambda c: dict(
+                    passed=False,
+                    measured=c.m,
+                    threshold=1.0,
+                    reason=f"{c.fig} exceeds 100%: the peak or the FLOP count is wrong",
+                ),
+            ),
+            (
+                lambda c: c.spec.mfu_floor == 0,
+                lambda c: dict(passed=True, skipped=True, measured=c.m, threshold=0.0, reason=f"{c.fig}; no floor set"),
+            ),
+            (
+                lambda c: True,
+                lambda c: dict(
+                    passed=c.m >= c.spec.mfu_floor,
+                    measured=c.m,
+                    threshold=c.spec.mfu_floor,
+                    reason=f"{c.fig} {'>=' if c.m >= c.spec.mfu_floor else '<'} floor {c.spec.mfu_floor:.2%}",
+                ),
+            ),
+        ),
+    ),
+    (
+        "mfu_vs_plan",
+        (
+            (
+                lambda c: c.report is None,
+                lambda c: dict(passed=c.spec.mfu_vs_plan == 0, skipped=c.spec.mfu_vs_plan == 0, reason=_NO_THROUGHPUT),
+            ),
+            (
+                lambda c: c.spec.mfu_vs_plan == 0,
+                lambda c: dict(passed=True, skipped=True, measured=c.m, threshold=None, reason="mfu_vs_plan not set"),
+            ),
+            (
+                lambda c: c.inputs.predicted_mfu is None or not c.inputs.predicted_mfu > 0,
+                lambda c: dict(
+                    passed=False,
+                    measured=c.m,
+                    reason=f"mfu_vs_plan={c.spec.mfu_vs_plan} is set but the plan predicted no MFU",
+                ),
+            ),
+            (
+                lambda c: True,
+                lambda c: dict(
+                    passed=c.m >= c.plan_need,
+                    measured=c.m,
+                    threshold=c.plan_need,
+                    reason=f"{c.fig} {'>=' if c.m >= c.plan_need else '<'} {c.spec.mfu_vs_plan:g} × predicted "
+                    f"{c.inputs.predicted_mfu:.2%} = {c.plan_need:.2%}",
+                ),
+            ),
+        ),
+    ),
+    (
+        "hfu",
+        (
+            (lambda c: c.report is None, lambda c: None),
+            (
+                lambda c: True,
+                lambda c: dict(
+                    passed=True,
+                    skipped=True,
+                    measured=c.report.hfu,
+                    reason=f"HFU {c.report.hfu:.2%} (counts recomputation; reported, not gated)",
+                ),
+            ),
+        ),
+    ),
+)
+
+
 def check_mfu(steps: Sequence[StepMetrics], spec: ValidateSpec, inputs: MfuInputs) -> list[Verdict]:
-    """`mfu_floor`, `mfu_vs_plan` and (reported, never gating) `hfu` verdicts."""
+    """`mfu_floor`, `mfu_vs_plan` and (reported, never gating) `hfu` verdicts, each the first row of its gate in
+    `_MFU_TABLE` that applies; with no throughput, the first two only."""
     p = inputs.peak
-    tag = {"precision": p.precision, "peak_source": p.source}
-    report = measure_mfu(steps, inputs)
-    if report is None:
-        reason = "no throughput in the metrics (tokens_per_s, or tokens and step_time_s, on steady-state steps)"
-        return [
-            Verdict(
-                name="mfu_floor",
-                passed=spec.mfu_floor == 0,
-                skipped=spec.mfu_floor == 0,
-                threshold=spec.mfu_floor,
-                reason=reason,
-                **tag,
-            ),
-            Verdict(
-                name="mfu_vs_plan", passed=spec.mfu_vs_plan == 0, skipped=spec.mfu_vs_plan == 0, reason=reason, **tag
-            ),
-        ]
-    m = report.mfu
-    fig = (
-        f"MFU {m:.2%} ({report.tokens_per_s:,.0f} tokens/s over {report.steps_used} steps, {p.precision} peak "
-        f"{p.flops:.3g} FLOP/s from {p.source})"
-    )
+    case = _MfuCase(spec, inputs, measure_mfu(steps, inputs))
     out: list[Verdict] = []
-    if m > 1.0 and p.measured_on_cpu:
-        out.append(
-            Verdict(
-                name="mfu_floor",
-                passed=True,
-                skipped=spec.mfu_floor == 0,
-                measured=m,
-                threshold=spec.mfu_floor,
-                reason=f"{fig} exceeds 100% of a CPU peak measured at the start, when the host was busier (not "
-                "gated: a datasheet peak fails here)",
-                **tag,
-            )
-        )
-    elif m > 1.0:
-        out.append(
-            Verdict(
-                name="mfu_floor",
-                passed=False,
-                measured=m,
-                threshold=1.0,
-                reason=f"{fig} exceeds 100%: the peak or the FLOP count is wrong",
-                **tag,
-            )
-        )
-    elif spec.mfu_floor == 0:
-        out.append(
-            Verdict(
-                name="mfu_floor",
-                passed=True,
-                skipped=True,
-                measured=m,
-                threshold=0.0,
-                reason=f"{fig}; no floor set",
-                **tag,
-            )
-        )
-    else:
-        ok = m >= spec.mfu_floor
-        out.append(
-            Verdict(
-                name="mfu_floor",
-                passed=ok,
-                measured=m,
-                threshold=spec.mfu_floor,
-                reason=f"{fig} {'>=' if ok else '<'} floor {spec.mfu_floor:.2%}",
-                **tag,
-            )
-        )
-    if spec.mfu_vs_plan == 0:
-        out.append(
-            Verdict(
-                name="mfu_vs_plan",
-                passed=True,
-                skipped=True,
-                measured=m,
-                threshold=None,
-                reason="mfu_vs_plan not set",
-                **tag,
-            )
-        )
-    elif inputs.predicted_mfu is None or not inputs.predicted_mfu > 0:
-        out.append(
-            Verdict(
-                name="mfu_vs_plan",
-                passed=False,
-                measured=m,
-                reason=f"mfu_vs_plan={spec.mfu_vs_plan} is set but the plan predicted no MFU",
-                **tag,
-            )
-        )
-    else:
-        need = spec.mfu_vs_plan * inputs.predicted_mfu
-        ok = m >= need
-        out.append(
-            Verdict(
-                name="mfu_vs_plan",
-                passed=ok,
-                measured=m,
-                threshold=need,
-                reason=f"{fig} {'>=' if ok else '<'} {spec.mfu_vs_plan:g} × predicted "
-                f"{inputs.predicted_mfu:.2%} = {need:.2%}",
-                **tag,
-            )
-        )
-    out.append(
-        Verdict(
-            name="hfu",
-            passed=True,
-            skipped=True,
-            measured=report.hfu,
-            reason=f"HFU {report.hfu:.2%} (counts recomputation; reported, not gated)",
-            **tag,
-        )
-    )
+    for name, rows in _MFU_TABLE:
+        fields = next(verdict(case) for when, verdict in rows if when(case))
+        if fields is not None:
+            out.append(Verdict(name=name, precision=p.precision, peak_source=p.source, **fields))
     return out
 
 
@@ -520,31 +536,6 @@ def check_golden(
         step=None if ok else worst_step,
         reason=f"max relative deviation from the {source} {worst_err:.2%} at step {worst_step} "
         f"over {len(pairs)} steps {'<=' if ok else '>'} rtol {rtol:.2%}",
-    )
-
-
-def check_parity(
-    reference: Sequence[float], target: Sequence[float], tolerance: float, label: str = "target layout vs reference"
-) -> Verdict:
-    """Two loss lists (same steps, two layouts) agree: max |a − b| <= tolerance, and they have equal length.
-    A library check (layout comparisons, tests): a run trains one layout, so it is not one of validate_run's gates."""
-    if len(reference) != len(target) or not reference:
-        return Verdict(
-            name="parity",
-            passed=False,
-            threshold=tolerance,
-            reason=f"{label}: {len(target)} losses vs {len(reference)} in the reference",
-        )
-    diffs = [abs(a - b) if math.isfinite(a) and math.isfinite(b) else math.inf for a, b in zip(reference, target)]
-    i = max(range(len(diffs)), key=diffs.__getitem__)
-    ok = diffs[i] <= tolerance
-    return Verdict(
-        name="parity",
-        passed=ok,
-        measured=diffs[i],
-        threshold=tolerance,
-        step=None if ok else i,
-        reason=f"{label}: max |Δloss| {diffs[i]:.3g} at step index {i} {'<=' if ok else '>'} {tolerance:g}",
     )
 
 

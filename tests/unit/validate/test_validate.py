@@ -23,7 +23,6 @@ from nightloom.validate import (
     check_grad_norm,
     check_loss_drop,
     check_mfu,
-    check_parity,
     check_spikes,
     gated,
     load_golden,
@@ -342,15 +341,6 @@ def test_diverging_golden_curve_fails(tmp_path: Path):
 def test_golden_configured_but_missing_fails():
     vs = {v.name: v for v in validate_run(healthy(), ValidateSpec(golden=GoldenSpec(path="/x.jsonl")))}
     assert not vs["golden"].passed
-
-
-def test_parity():
-    ref = [5.1, 4.9, 4.7, 4.6, 4.5]
-    assert check_parity(ref, [x + 1e-7 for x in ref], 1e-6).passed
-    v = check_parity(ref, ref[:3] + [4.7, 4.5], 1e-4)
-    assert not v.passed and v.step == 3 and "max |Δloss| 0.1" in v.reason
-    assert not check_parity(ref, ref[:4], 1e-4).passed
-    assert not check_parity(ref, ref[:4] + [float("nan")], 1e-4).passed
 
 
 # ---------------------------------------------------------------------------------------------- bad files
