@@ -10,6 +10,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -221,10 +222,24 @@ class MergedLaunch:
             time.sleep(0.2)
 
 
+@dataclass(frozen=True)
+class Capabilities:
+    """What a provider declares about itself, read by callers instead of probing the provider with getattr."""
+
+    #: preflight runs the node agent on every node, then the all-reduce test over the healthy ones: the one driver
+    #: nightloom.provision.preflight.agent_preflight over the provider's `probe_nodes` (ssh, slurm)
+    agent_preflight: bool = False
+    #: the nodes are other machines (REMOTE_PROVIDERS: XTuner's env and tools run there; the run folder is shared)
+    remote_nodes: bool = False
+    #: what `provision --check` prints about the provider (e.g. that it never ran against a live cluster)
+    notes: tuple[str, ...] = ()
+
+
 class Provider(Protocol):
     """Every provider has all of these; callers never probe with getattr."""
 
     name: str
+    capabilities: Capabilities
     last_report: PreflightReport | None  # the preflight report of the last acquire (None before, or not run)
 
     def acquire(self) -> Cluster: ...

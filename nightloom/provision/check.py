@@ -32,7 +32,7 @@ def check(provider) -> CheckResult:
     """Run acquire (which preflights) and release; failures become `error`, never an exception."""
     t0 = time.monotonic()
     spec = provider.spec
-    res = CheckResult(ok=False, provider=provider.name, notes=list(getattr(provider, "check_notes", ())))
+    res = CheckResult(ok=False, provider=provider.name, notes=list(provider.capabilities.notes))
     cluster = None
     try:
         res.nccl_env = render_nccl_env(spec.cluster.nccl)

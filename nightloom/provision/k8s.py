@@ -13,7 +13,7 @@ import re
 import time
 from collections.abc import Iterator
 
-from nightloom.provision.base import Cluster, Node, PreflightReport, ProvisionError, torchrun_argv
+from nightloom.provision.base import Capabilities, Cluster, Node, PreflightReport, ProvisionError, torchrun_argv
 from nightloom.provision.nccl import render_nccl_env
 
 _DNS = re.compile(r"[a-z0-9]([-a-z0-9]{0,50}[a-z0-9])?")
@@ -183,7 +183,7 @@ class KubernetesProvider:
 
     name = "kubernetes"
     last_report: PreflightReport | None = None  # of the last acquire
-    check_notes = (UNTESTED_LIVE,)  # printed by `provision --check`
+    capabilities = Capabilities(notes=(UNTESTED_LIVE,))  # the note is printed by `provision --check`
 
     def __init__(self, spec):
         self.spec = spec

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from nightloom.provision.base import (
+    Capabilities,
     Check,
     Cluster,
     MergedLaunch,
@@ -122,6 +123,7 @@ class LocalProvider:
     nodes (local-N, local-N+1, ...) replace failed ones in `reacquire`."""
 
     name = "local"
+    capabilities = Capabilities()  # its own preflight: this host's interpreters and port
     last_report: PreflightReport | None = None  # of the last acquire
 
     def __init__(self, spec):

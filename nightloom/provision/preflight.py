@@ -14,11 +14,13 @@ import sys
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
+from typing import Protocol
 
 from nightloom.attempt import EXCEPTION_LINE, scrub
 from nightloom.provision.base import (
     Check,
     Cluster,
+    Node,
     NodeReport,
     PreflightError,
     PreflightReport,
@@ -215,6 +217,32 @@ def run_allreduce(
         f"(algbw {res['algbw'] / 1e9:.3f} GB/s; baseline {base / 1e9:.3f} GB/s for {gpu_type})"
     )
     return ok, res["busbw"] / 1e9, detail
+
+
+class AgentProbing(Protocol):
+    """The primitives a provider with `capabilities.agent_preflight` gives the preflight driver."""
+
+    spec: object
+    expect: Expect | None
+
+    def probe_nodes(self, cluster: Cluster, expect: Expect) -> list[NodeReport]:
+        """Every node's report from the node agent's probe (one that cannot be reached fails `reach`)."""
+        ...
+
+
+def agent_preflight(provider: AgentProbing, cluster: Cluster) -> PreflightReport:
+    """The preflight of the providers that run the node agent (ssh, slurm): each node probed and judged against
+    `provider.expect` (default: from the spec), then, when at least 2 nodes passed, the all-reduce test over
+    them, rendezvous on the first."""
+    expect = provider.expect or Expect.from_spec(provider.spec)
+    report = PreflightReport(nodes=provider.probe_nodes(cluster, expect))
+    failed = {r.node for r in report.failed}
+    healthy: list[Node] = [n for n in cluster.nodes if n.name not in failed]
+    if len(healthy) >= 2:
+        sub = cluster.model_copy(update={"nodes": healthy, "master_addr": healthy[0].address})
+        ok, busbw, detail = run_allreduce(provider, sub, provider.spec.cluster.gpu_type)
+        report.allreduce_ok, report.bus_bandwidth_gbps, report.allreduce_detail = ok, busbw, detail
+    return report
 
 
 def apply_preflight(cluster: Cluster, report: PreflightReport, min_nodes: int) -> Cluster:

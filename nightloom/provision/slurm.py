@@ -26,6 +26,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from nightloom.provision.base import (
+    Capabilities,
     Check,
     Cluster,
     Node,
@@ -38,12 +39,12 @@ from nightloom.provision.base import (
 from nightloom.provision.nccl import render_nccl_env
 from nightloom.provision.preflight import (
     Expect,
+    agent_preflight,
     agent_source,
     apply_preflight,
     env_key,
     evaluate,
     parse_agent_output,
-    run_allreduce,
 )
 from nightloom.provision.shell import env_argv
 from nightloom.util import atomic_write_text
@@ -240,6 +241,7 @@ class SlurmProvider:
     """Nodes are the allocation of one sbatch job in `spec.cluster.provider.partition`."""
 
     name = "slurm"
+    capabilities = Capabilities(agent_preflight=True, remote_nodes=True)
     last_report: PreflightReport | None = None  # of the last acquire
 
     def __init__(
@@ -392,7 +394,11 @@ class SlurmProvider:
 
     # ------------------------------------------------------------------------------------------ preflight
     def preflight(self, cluster: Cluster) -> PreflightReport:
-        expect = self.expect or Expect.from_spec(self.spec)
+        return agent_preflight(self, cluster)
+
+    def probe_nodes(self, cluster: Cluster, expect: Expect) -> list[NodeReport]:
+        """The node agent's probe as one `srun` step per node inside the allocation (16 at a time), judged
+        against `expect`."""
         job_id = cluster.handle["job_id"]
 
         def probe(node: Node) -> NodeReport:
@@ -407,13 +413,7 @@ class SlurmProvider:
                 return NodeReport(node=node.name, ok=False, checks=[Check(name="reach", ok=False, detail=str(e))])
 
         with ThreadPoolExecutor(max_workers=min(16, len(cluster.nodes) or 1)) as pool:
-            report = PreflightReport(nodes=list(pool.map(probe, cluster.nodes)))
-        healthy = [n for n in cluster.nodes if n.name not in {x.node for x in report.failed}]
-        if len(healthy) >= 2:
-            sub = cluster.model_copy(update={"nodes": healthy, "master_addr": healthy[0].address})
-            ok, busbw, detail = run_allreduce(self, sub, self.spec.cluster.gpu_type)
-            report.allreduce_ok, report.bus_bandwidth_gbps, report.allreduce_detail = ok, busbw, detail
-        return report
+            return list(pool.map(probe, cluster.nodes))
 
     def run_on(
         self, cluster: Cluster, node: Node, argv: list[str], env: dict[str, str], timeout_s: float = 3600.0

@@ -21,6 +21,7 @@ import uuid
 from pathlib import Path
 
 from nightloom.provision.base import (
+    Capabilities,
     Cluster,
     MergedLaunch,
     Node,
@@ -33,12 +34,12 @@ from nightloom.provision.base import (
 from nightloom.provision.nccl import render_nccl_env
 from nightloom.provision.preflight import (
     Expect,
+    agent_preflight,
     agent_source,
     apply_preflight,
     env_key,
     evaluate,
     parse_agent_output,
-    run_allreduce,
 )
 from nightloom.provision.shell import PGID_MARK, kill_pgids_command, plain_command, quote_path, session_command
 
@@ -135,6 +136,7 @@ class SSHProvider:
     failed nodes in reacquire."""
 
     name = "ssh"
+    capabilities = Capabilities(agent_preflight=True, remote_nodes=True)
     last_report: PreflightReport | None = None  # of the last acquire
 
     def __init__(
@@ -442,15 +444,11 @@ class SSHProvider:
 
     # ------------------------------------------------------------------------------------------ preflight
     def preflight(self, cluster: Cluster) -> PreflightReport:
-        expect = self.expect or Expect.from_spec(self.spec)
-        reports = self.loop.run(self._probe_all(cluster, expect))
-        report = PreflightReport(nodes=reports)
-        healthy = [n for n in cluster.nodes if n.name not in {r.node for r in report.failed}]
-        if len(healthy) >= 2:
-            sub = cluster.model_copy(update={"nodes": healthy, "master_addr": healthy[0].address})
-            ok, busbw, detail = run_allreduce(self, sub, self.spec.cluster.gpu_type)
-            report.allreduce_ok, report.bus_bandwidth_gbps, report.allreduce_detail = ok, busbw, detail
-        return report
+        return agent_preflight(self, cluster)
+
+    def probe_nodes(self, cluster: Cluster, expect: Expect) -> list[NodeReport]:
+        """The node agent's probe on every node at once (one connection each), judged against `expect`."""
+        return self.loop.run(self._probe_all(cluster, expect))
 
     async def _probe_all(self, cluster: Cluster, expect: Expect) -> list[NodeReport]:
         from nightloom.provision.base import Check
