@@ -144,54 +144,39 @@ def build_tiny_model(env: XTunerEnv, out: Path, log: Log = print) -> Path:
     return out
 
 
-def plan_xtuner(
-    spec: RunSpec,
-    manifest,
-    run_dir: str | Path,
-    *,
-    world_size: int | None = None,
-    env: XTunerEnv | None = None,
-    peak_flops: float | None = None,
-    log: Log = print,
-    base_path: str | None = None,
-    micro_batch: int | None = None,
-) -> XTunerPlan:
-    """Check every input, find or build the env, and render the config. Raises XTunerConfigError before launch.
-    `base_path`: the base model's folder where the nodes fetched it (default: resolved on this machine).
-    `micro_batch`: sequences per forward (default train.xtuner.micro_batch, else global_batch / world_size);
-    recovery passes the first plan's, so fewer ranks accumulate more passes and a step stays the same."""
-    xs = spec.train.xtuner
-    if xs is None:
-        raise xcfg.XTunerConfigError("train.xtuner: required when train.backend is 'xtuner'")
-    tr = spec.train
-    map_fn = xcfg.resolve_map_fn(xs.map_fn)
-    template = xcfg.check_template(xs.template)
-    src = base_source(spec)
-    if base_path is not None:  # fetched on the nodes and checked there (remote.ensure_node_models)
-        base = Path(base_path)
-    elif src.is_s3:
-        base = Path(fetch_cached(src.uri, s3=S3Config.from_spec(spec.storage), log=log).path)
-    else:
-        if xs.build_tiny_base_model and not Path(src.uri).exists():
-            env = env or ensure_env(python=xs.python, log=log)
-            build_tiny_model(env, Path(src.uri), log)
-        check_source(src)
-        base = Path(src.uri)
-    tokenizer = check_tokenizer(src.tokenizer) if src.tokenizer else None
-    files = shard_files(spec, manifest)
-    data_format = xcfg.check_data_files(files, map_fn)
-    world = world_size or spec.world_size
-    passes = xcfg.micro_batches(
-        tr.global_batch, world, micro_batch or xs.micro_batch, xs.zero_stage, xs.sequence_parallel_size
-    )
-    env = env or ensure_env(python=xs.python, log=log)
-    profile = env.profile if env.profile in ("cpu", "gpu") else ("gpu" if env.versions.get("cuda") else "cpu")
-    xcfg.check_profile(profile, xs.method, xs.zero_stage, xs.sequence_parallel_size)
+#: the render inputs that decide the prepared (tokenized) data set: a change in any of them prepares it anew
+_PREPARE_KEYS = (
+    "base_model",
+    "tokenizer_path",
+    "data_files",
+    "map_fn_name",
+    "template_name",
+    "max_length",
+    "pack_to_max_length",
+    "seed",
+)
 
-    run_dir = Path(run_dir).resolve()
-    xdir = run_dir / "xtuner"
+
+def _base_folder(spec: RunSpec, src, base_path: str | None, env: XTunerEnv | None, log: Log):
+    """(the base model's folder on this machine, the env if building the tiny base needed one)."""
+    xs = spec.train.xtuner
+    if base_path is not None:  # fetched on the nodes and checked there (remote.ensure_node_models)
+        return Path(base_path), env
+    if src.is_s3:
+        return Path(fetch_cached(src.uri, s3=S3Config.from_spec(spec.storage), log=log).path), env
+    if xs.build_tiny_base_model and not Path(src.uri).exists():
+        env = env or ensure_env(python=xs.python, log=log)
+        build_tiny_model(env, Path(src.uri), log)
+    check_source(src)
+    return Path(src.uri), env
+
+
+def _render_inputs(
+    tr, xs, profile, base, tokenizer, files, data_format, map_fn, template, xdir: Path, world: int, passes: int
+) -> xcfg.RenderInputs:
+    """The values the XTuner config template is rendered with."""
     save_steps = tr.checkpoint_every or tr.steps
-    inputs = xcfg.RenderInputs(
+    return xcfg.RenderInputs(
         profile=profile,
         method=xs.method,
         base_model=str(base),
@@ -219,22 +204,48 @@ def plan_xtuner(
         amp_dtype="float16" if xs.amp == "fp16" else "bfloat16",
         sequence_parallel_size=xs.sequence_parallel_size,
     )
+
+
+def plan_xtuner(
+    spec: RunSpec,
+    manifest,
+    run_dir: str | Path,
+    *,
+    world_size: int | None = None,
+    env: XTunerEnv | None = None,
+    peak_flops: float | None = None,
+    log: Log = print,
+    base_path: str | None = None,
+    micro_batch: int | None = None,
+) -> XTunerPlan:
+    """Check every input, find or build the env, and render the config. Raises XTunerConfigError before launch.
+    `base_path`: the base model's folder where the nodes fetched it (default: resolved on this machine).
+    `micro_batch`: sequences per forward (default train.xtuner.micro_batch, else global_batch / world_size);
+    recovery passes the first plan's, so fewer ranks accumulate more passes and a step stays the same."""
+    xs = spec.train.xtuner
+    if xs is None:
+        raise xcfg.XTunerConfigError("train.xtuner: required when train.backend is 'xtuner'")
+    tr = spec.train
+    map_fn = xcfg.resolve_map_fn(xs.map_fn)
+    template = xcfg.check_template(xs.template)
+    src = base_source(spec)
+    base, env = _base_folder(spec, src, base_path, env, log)
+    tokenizer = check_tokenizer(src.tokenizer) if src.tokenizer else None
+    files = shard_files(spec, manifest)
+    data_format = xcfg.check_data_files(files, map_fn)
+    world = world_size or spec.world_size
+    passes = xcfg.micro_batches(
+        tr.global_batch, world, micro_batch or xs.micro_batch, xs.zero_stage, xs.sequence_parallel_size
+    )
+    env = env or ensure_env(python=xs.python, log=log)
+    profile = env.profile if env.profile in ("cpu", "gpu") else ("gpu" if env.versions.get("cuda") else "cpu")
+    xcfg.check_profile(profile, xs.method, xs.zero_stage, xs.sequence_parallel_size)
+
+    run_dir = Path(run_dir).resolve()
+    xdir = run_dir / "xtuner"
+    inputs = _render_inputs(tr, xs, profile, base, tokenizer, files, data_format, map_fn, template, xdir, world, passes)
     cfg_path = xcfg.render_config(inputs, xdir / "config.py")
-    pkey_values = {
-        k: v
-        for k, v in inputs.values().items()
-        if k
-        in (
-            "base_model",
-            "tokenizer_path",
-            "data_files",
-            "map_fn_name",
-            "template_name",
-            "max_length",
-            "pack_to_max_length",
-            "seed",
-        )
-    }
+    pkey_values = {k: v for k, v in inputs.values().items() if k in _PREPARE_KEYS}
     peak, peak_source = _peak(spec, profile, peak_flops)
     return XTunerPlan(
         python=str(env.python),

@@ -114,6 +114,79 @@ def write_step_metrics(plan: XTunerPlan, attempt: int = 0) -> Path:
     return out
 
 
+def _plan_on_nodes(nodes: RunNodes, cluster, plan: XTunerPlan, peak_flops: float | None) -> XTunerPlan:
+    """The plan with the nodes' paths; on GPU without a given peak, the catalog peak of the GPU node 0 reports."""
+    plan = nodes.for_nodes(cluster, plan)
+    if plan.profile == "gpu" and peak_flops is None:
+        peak = node_peak(nodes.envs[cluster.nodes[0].name])
+        plan = plan.model_copy(update={"peak_flops": peak.flops, "peak_source": peak.source})
+    return plan
+
+
+def _train(spec: RunSpec, manifest, plan: XTunerPlan, cluster, provider, nodes, env, base_path, resume, log, timeout_s):
+    """Train under spec.recovery's rule (nightloom.finetune.attempts); the clusters recovery reacquired are
+    released here if the run fails after them."""
+    first = plan
+    held: list[Cluster] = []
+    rules = XTunerRecovery.from_spec(
+        spec,
+        on_a_cluster=cluster is not None,
+        replan=lambda w: plan_for_world(spec, manifest, first, w, env=env, base_path=base_path, log=log),
+        ready=nodes.ready if nodes is not None else None,
+        on_cluster=held.append,
+    )
+    try:
+        return train_with_recovery(
+            plan, cluster=cluster, provider=provider, resume=resume, log=log, timeout_s=timeout_s, rules=rules
+        )
+    except BaseException:
+        for c in held:
+            if c.handle != cluster.handle:  # a new allocation (slurm): the caller only knows the first one
+                provider.release(c)
+        raise
+
+
+def _convert(spec: RunSpec, plan: XTunerPlan, ckpt, run_dir: Path, publish_to, runner, log: Log) -> dict:
+    """The checkpoint as a Hugging Face model, published to `publish_to` (default: under an s3 storage root)."""
+    if publish_to is None and spec.storage.root.startswith("s3://"):
+        publish_to = f"{spec.storage.root.rstrip('/')}/{spec.name}/{run_dir.name}/model"
+    return convert_checkpoint(
+        plan, ckpt, log=log, publish_to=publish_to, s3_endpoint_url=spec.storage.s3_endpoint_url, runner=runner
+    )
+
+
+def _result(plan: XTunerPlan, steps, ckpt, metrics_path, conv, stats, stage, trained, cluster, nodes, t0):
+    """The run's XTunerResult (result.json): the last step, where things went, the stages' times, recoveries."""
+    last = steps[-1]
+    return XTunerResult(
+        steps_done=last.step,
+        total_steps=plan.total_steps,
+        stopped="completed",
+        final_loss=last.loss,
+        tokens=sum(m.tokens for m in steps),
+        wall_s=time.monotonic() - t0,
+        last_checkpoint=str(ckpt),
+        metrics_path=str(metrics_path),
+        config_path=plan.config_path,
+        model_dir=conv.get("model_dir"),
+        export_dir=conv.get("model_dir"),  # the summary's export and adapter rows read these two
+        adapter_dir=conv.get("adapter_dir"),
+        published=conv.get("published"),
+        processed_rows=stats["rows"],
+        processed_tokens=stats["tokens"],
+        env_python=plan.python,
+        env_key=plan.env_key,
+        profile=plan.profile,
+        peak_flops=plan.peak_flops,
+        peak_source=plan.peak_source,  # the MFU peak (validation needs it on CPU)
+        stage_s={k: round(v, 2) for k, v in stage.items()},
+        interruptions=[XTunerInterruption.of(e) for e in trained.events],
+        cluster=cluster,
+        node_ready_s={k: e.ready_s for k, e in (nodes.envs if nodes else {}).items()},
+        node_env_cold={k: e.created for k, e in (nodes.envs if nodes else {}).items()},
+    )
+
+
 def run_xtuner(
     spec: RunSpec,
     manifest,
@@ -156,34 +229,14 @@ def run_xtuner(
         spec, manifest, run_dir, world_size=world, env=env, peak_flops=peak_flops, log=log, base_path=base_path
     )
     if nodes is not None:
-        plan = nodes.for_nodes(cluster, plan)
-        if plan.profile == "gpu" and peak_flops is None:  # the catalog peak of the GPU node 0 reports
-            peak = node_peak(nodes.envs[cluster.nodes[0].name])
-            plan = plan.model_copy(update={"peak_flops": peak.flops, "peak_source": peak.source})
+        plan = _plan_on_nodes(nodes, cluster, plan, peak_flops)
     stage["plan_s"] = time.monotonic() - t0
     t = time.monotonic()
     stats = prepare_data(plan, log=log, runner=runner)
     stage["prepare_s"] = time.monotonic() - t
 
     t = time.monotonic()
-    first = plan
-    held: list[Cluster] = []  # clusters recovery reacquired: released here if the run fails after them
-    rules = XTunerRecovery.from_spec(
-        spec,
-        on_a_cluster=cluster is not None,
-        replan=lambda w: plan_for_world(spec, manifest, first, w, env=env, base_path=base_path, log=log),
-        ready=nodes.ready if nodes is not None else None,
-        on_cluster=held.append,
-    )
-    try:
-        trained = train_with_recovery(
-            plan, cluster=cluster, provider=provider, resume=resume, log=log, timeout_s=timeout_s, rules=rules
-        )
-    except BaseException:
-        for c in held:
-            if c.handle != cluster.handle:  # a new allocation (slurm): the caller only knows the first one
-                provider.release(c)
-        raise
+    trained = _train(spec, manifest, plan, cluster, provider, nodes, env, base_path, resume, log, timeout_s)
     ckpt, plan, cluster = trained.checkpoint, trained.plan, trained.cluster
     if nodes is not None:
         runner = node_runner(provider, cluster, cluster.nodes[0])  # node 0 of the nodes the run ended on
@@ -200,38 +253,8 @@ def run_xtuner(
     conv: dict[str, str | None] = {}
     if convert:
         t = time.monotonic()
-        if publish_to is None and spec.storage.root.startswith("s3://"):
-            publish_to = f"{spec.storage.root.rstrip('/')}/{spec.name}/{run_dir.name}/model"
-        conv = convert_checkpoint(
-            plan, ckpt, log=log, publish_to=publish_to, s3_endpoint_url=spec.storage.s3_endpoint_url, runner=runner
-        )
+        conv = _convert(spec, plan, ckpt, run_dir, publish_to, runner, log)
         stage["convert_s"] = time.monotonic() - t
-    result = XTunerResult(
-        steps_done=last.step,
-        total_steps=plan.total_steps,
-        stopped="completed",
-        final_loss=last.loss,
-        tokens=sum(m.tokens for m in steps),
-        wall_s=time.monotonic() - t0,
-        last_checkpoint=str(ckpt),
-        metrics_path=str(metrics_path),
-        config_path=plan.config_path,
-        model_dir=conv.get("model_dir"),
-        export_dir=conv.get("model_dir"),  # the summary's export and adapter rows read these two
-        adapter_dir=conv.get("adapter_dir"),
-        published=conv.get("published"),
-        processed_rows=stats["rows"],
-        processed_tokens=stats["tokens"],
-        env_python=plan.python,
-        env_key=plan.env_key,
-        profile=plan.profile,
-        peak_flops=plan.peak_flops,
-        peak_source=plan.peak_source,  # the MFU peak (validation needs it on CPU)
-        stage_s={k: round(v, 2) for k, v in stage.items()},
-        interruptions=[XTunerInterruption.of(e) for e in trained.events],
-        cluster=cluster,
-        node_ready_s={k: e.ready_s for k, e in (nodes.envs if nodes else {}).items()},
-        node_env_cold={k: e.created for k, e in (nodes.envs if nodes else {}).items()},
-    )
+    result = _result(plan, steps, ckpt, metrics_path, conv, stats, stage, trained, cluster, nodes, t0)
     atomic_write_text(RunFiles(run_dir).result, result.model_dump_json(indent=2) + "\n")
     return result

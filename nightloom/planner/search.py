@@ -375,6 +375,32 @@ def _time(req: PlanRequest, sc: _Scored, eff: float) -> None:
     sc.tokens_per_s = req.global_batch * req.seq_len / sc.step.step_s
 
 
+def _nothing_fits(
+    req: PlanRequest,
+    overall_min: _Scored,
+    smallest_by_family: dict[str, _Scored],
+    rejected: list[Rejection],
+    counts: tuple[int, int, bool],
+    eff: float,
+    usable: float,
+) -> PlanReport:
+    """Nothing fits: report the layout that needs the least memory, marked fits=False."""
+    s = overall_min
+    _time(req, s, eff)
+    for fam, sm in smallest_by_family.items():
+        rejected.append(Rejection(layout=fam, reason=_nofit(sm, usable)))
+    chosen = _plan_from(req, s, eff)
+    chosen.explanation = [
+        (
+            f"no layout fits: the smallest needs {s.mem.total_gib:.1f} GiB per GPU "
+            f"({_knob_str(s.c)}), {s.mem.total_gib - usable:.1f} GiB over the "
+            f"{usable:.1f} GiB usable"
+        )
+    ] + _explain(req, s, eff, None)
+    chosen.rejected = rejected
+    return _report(req, chosen, [], rejected, counts, eff, overall_min, usable)
+
+
 def search(req: PlanRequest) -> PlanReport:
     """Search (or, with a fully pinned degree set, evaluate) layouts for `req`; see the module docstring."""
     fixed = req.fixed or FixedLayout()
@@ -433,21 +459,8 @@ def search(req: PlanRequest) -> PlanReport:
         return _cpu_report(req, fitting, fam_rejected, considered, evaluated)
     rejected = [Rejection(layout=k, reason=v) for k, v in fam_rejected.items()]
     if not fitting:
-        # nothing fits: report the layout that needs the least memory, marked fits=False
-        s = overall_min
-        _time(req, s, eff)
-        for fam, sm in smallest_by_family.items():
-            rejected.append(Rejection(layout=fam, reason=_nofit(sm, usable)))
-        chosen = _plan_from(req, s, eff)
-        chosen.explanation = [
-            (
-                f"no layout fits: the smallest needs {s.mem.total_gib:.1f} GiB per GPU "
-                f"({_knob_str(s.c)}), {s.mem.total_gib - usable:.1f} GiB over the "
-                f"{usable:.1f} GiB usable"
-            )
-        ] + _explain(req, s, eff, None)
-        chosen.rejected = rejected
-        return _report(req, chosen, [], rejected, (considered, pruned, evaluated), eff, overall_min, usable)
+        counts = (considered, pruned, evaluated)
+        return _nothing_fits(req, overall_min, smallest_by_family, rejected, counts, eff, usable)
     ranked = sorted(best_by_family.values(), key=_key)
     best = ranked[0]
     for fam, sm in smallest_by_family.items():

@@ -142,6 +142,87 @@ def cp_exposed_s(
     return fwd_s * (2 if recompute else 1) + bwd_s
 
 
+def _pp_s(c: ParallelDims, tokens: float, h: int, ebytes: int, gpus_per_node: int, gpu: GPUSpec) -> float:
+    """Pipeline point-to-point seconds per micro-batch: activations sent forward and gradients back per stage."""
+    t = c.tp
+    pp_s = 0.0
+    if c.pp > 1:
+        pp_bw, pp_lat = group_bandwidth("pp", c, gpus_per_node, gpu)
+        if pp_bw != gpu.intra_node_bw:  # a send between nodes goes through this GPU's own NIC
+            pp_bw = gpu.inter_node_bw
+        msg = tokens * h * ebytes / t  # SP shards it; without SP, Megatron's scatter/gather does (PTD-P §4.1)
+        pp_s = 2 * c.virtual_stages * (msg / pp_bw + pp_lat)
+    return pp_s
+
+
+def _cp_s(
+    shape: ModelShape,
+    c: ParallelDims,
+    seq: int,
+    gpu: GPUSpec,
+    gpus_per_node: int,
+    peak: float,
+    ebytes: int,
+    tokens: float,
+    lps: float,
+    fused_attention: bool,
+    native_trainer: bool,
+) -> float:
+    """Context parallel (all-gather attention, see cp_exposed_s): K,V gathered over the cp group per layer."""
+    t = c.tp
+    cp_s = 0.0
+    if c.cp > 1:
+        cp_bw, cp_lat = group_bandwidth("cp", c, gpus_per_node, gpu)
+        if cp_bw != gpu.intra_node_bw:
+            cp_bw = gpu.inter_node_bw
+        # this rank's K and V; nightloom's trainer repeats grouped K/V heads to every query head under CP
+        # (Transformer.expand_kv_heads), an all-gather trainer as Llama 3's sends them grouped
+        heads = shape.heads if native_trainer else shape.kv_heads
+        block = tokens * 2 * heads * shape.head_dim / t * ebytes
+        core = tokens * shape.heads * shape.head_dim * seq / t / peak  # one core-unit of attention seconds
+        fwd, bwd = (2 * core, 5 * core) if fused_attention else (4 * core, 8 * core)
+        cp_s = lps * cp_exposed_s(c.cp, block, ebytes, cp_bw, cp_lat, fwd, bwd, c.recompute == "full", native_trainer)
+    return cp_s
+
+
+def _ep_s(
+    shape: ModelShape, c: ParallelDims, gpu: GPUSpec, gpus_per_node: int, ebytes: int, tokens: float, lps: float
+) -> float:
+    """Expert parallel: dispatch + combine all-to-alls of every MoE layer (mean over layers)."""
+    L, h, t = shape.layers, shape.hidden, c.tp
+    ep_s = 0.0
+    if shape.moe and c.ep > 1:
+        n_a2a = 4 + (2 if c.recompute == "full" else 0)
+        payload = tokens / t * shape.experts_per_token * h * ebytes
+        ep_s = lps * shape.moe_layers / L * n_a2a * all_to_all_s(c, payload, gpus_per_node, gpu)
+    return ep_s
+
+
+def _dp_exposed_s(
+    c: ParallelDims, gpu: GPUSpec, gpus_per_node: int, gbytes: float, m: int, slot_max: float, lps: float
+) -> float:
+    """Data-parallel gradient sync (and FSDP's gathers) not hidden behind the backward compute."""
+    bwd_frac = 0.75 if c.recompute == "full" else 2 / 3
+    dp_exposed = 0.0
+    if c.dp_shard > 1:  # ZeRO-3/FSDP or ZeRO-2
+        sh_bw, sh_lat = group_bandwidth("dp_shard", c, gpus_per_node, gpu)
+        ag = _ring(c.shard, gbytes, sh_bw, sh_lat, 1.0)  # the trainer shards over dp_shard × cp
+        # pp > 1: the stage stays gathered (one gather per step); ZeRO-2 gathers in forward only, ZeRO-3 in
+        # forward and again in backward
+        gathers_per_mb = 0 if c.pp > 1 else (1 if c.zero == "zero2" else 2)
+        per_mb = ag * gathers_per_mb + ag  # + reduce-scatter of this micro-batch's grads
+        dp_exposed = m * max(0.0, per_mb - slot_max) + (ag if c.pp > 1 else ag / max(lps, 1))
+        if c.dp_replicate > 1:
+            r_bw, r_lat = group_bandwidth("dp_replicate", c, gpus_per_node, gpu)
+            ar = _ring(c.dp_replicate, gbytes / c.shard, r_bw, r_lat, 2.0)
+            dp_exposed += max(0.0, ar - bwd_frac * slot_max)
+    else:  # replicas: one gradient all-reduce per step over every data-parallel rank
+        r_bw, r_lat = group_bandwidth("dp_replicate", c, gpus_per_node, gpu)
+        ar = _ring(c.dp * c.cp, gbytes, r_bw, r_lat, 2.0)  # cp ranks hold the same parameters
+        dp_exposed = max(0.0, ar - bwd_frac * slot_max)
+    return dp_exposed
+
+
 def step_time(
     shape: ModelShape,
     c: ParallelDims,
@@ -182,32 +263,11 @@ def step_time(
     n_coll = 4 + (2 if c.recompute == "full" else 0)
     tp_s = lps * n_coll * _ring(t, tokens * h * ebytes, tp_bw, tp_lat, 2.0)
     # pipeline point-to-point
-    pp_s = 0.0
-    if c.pp > 1:
-        pp_bw, pp_lat = group_bandwidth("pp", c, gpus_per_node, gpu)
-        if pp_bw != gpu.intra_node_bw:  # a send between nodes goes through this GPU's own NIC
-            pp_bw = gpu.inter_node_bw
-        msg = tokens * h * ebytes / t  # SP shards it; without SP, Megatron's scatter/gather does (PTD-P §4.1)
-        pp_s = 2 * c.virtual_stages * (msg / pp_bw + pp_lat)
+    pp_s = _pp_s(c, tokens, h, ebytes, gpus_per_node, gpu)
     # context parallel (all-gather attention, see cp_exposed_s): K,V gathered over the cp group per layer
-    cp_s = 0.0
-    if c.cp > 1:
-        cp_bw, cp_lat = group_bandwidth("cp", c, gpus_per_node, gpu)
-        if cp_bw != gpu.intra_node_bw:
-            cp_bw = gpu.inter_node_bw
-        # this rank's K and V; nightloom's trainer repeats grouped K/V heads to every query head under CP
-        # (Transformer.expand_kv_heads), an all-gather trainer as Llama 3's sends them grouped
-        heads = shape.heads if native_trainer else shape.kv_heads
-        block = tokens * 2 * heads * shape.head_dim / t * ebytes
-        core = tokens * shape.heads * shape.head_dim * seq / t / peak  # one core-unit of attention seconds
-        fwd, bwd = (2 * core, 5 * core) if fused_attention else (4 * core, 8 * core)
-        cp_s = lps * cp_exposed_s(c.cp, block, ebytes, cp_bw, cp_lat, fwd, bwd, c.recompute == "full", native_trainer)
+    cp_s = _cp_s(shape, c, seq, gpu, gpus_per_node, peak, ebytes, tokens, lps, fused_attention, native_trainer)
     # expert parallel: dispatch + combine all-to-alls of every MoE layer (mean over layers)
-    ep_s = 0.0
-    if shape.moe and c.ep > 1:
-        n_a2a = 4 + (2 if c.recompute == "full" else 0)
-        payload = tokens / t * shape.experts_per_token * h * ebytes
-        ep_s = lps * shape.moe_layers / L * n_a2a * all_to_all_s(c, payload, gpus_per_node, gpu)
+    ep_s = _ep_s(shape, c, gpu, gpus_per_node, ebytes, tokens, lps)
     # every pipeline rank's slot (uneven stages: its own layer count); the last adds the output head
     per_layer = (body_mm + body_hbm + tp_s + cp_s + ep_s) / lps
     sizes = rank_layers(shape, c)
@@ -220,25 +280,7 @@ def step_time(
     pipe = m * slot_max + bubble
     # data parallel gradient sync, overlapped with backward compute
     p_stage = max(rank_params(shape, c))
-    gbytes = p_stage * ebytes
-    bwd_frac = 0.75 if c.recompute == "full" else 2 / 3
-    dp_exposed = 0.0
-    if c.dp_shard > 1:  # ZeRO-3/FSDP or ZeRO-2
-        sh_bw, sh_lat = group_bandwidth("dp_shard", c, gpus_per_node, gpu)
-        ag = _ring(c.shard, gbytes, sh_bw, sh_lat, 1.0)  # the trainer shards over dp_shard × cp
-        # pp > 1: the stage stays gathered (one gather per step); ZeRO-2 gathers in forward only, ZeRO-3 in
-        # forward and again in backward
-        gathers_per_mb = 0 if c.pp > 1 else (1 if c.zero == "zero2" else 2)
-        per_mb = ag * gathers_per_mb + ag  # + reduce-scatter of this micro-batch's grads
-        dp_exposed = m * max(0.0, per_mb - slot_max) + (ag if c.pp > 1 else ag / max(lps, 1))
-        if c.dp_replicate > 1:
-            r_bw, r_lat = group_bandwidth("dp_replicate", c, gpus_per_node, gpu)
-            ar = _ring(c.dp_replicate, gbytes / c.shard, r_bw, r_lat, 2.0)
-            dp_exposed += max(0.0, ar - bwd_frac * slot_max)
-    else:  # replicas: one gradient all-reduce per step over every data-parallel rank
-        r_bw, r_lat = group_bandwidth("dp_replicate", c, gpus_per_node, gpu)
-        ar = _ring(c.dp * c.cp, gbytes, r_bw, r_lat, 2.0)  # cp ranks hold the same parameters
-        dp_exposed = max(0.0, ar - bwd_frac * slot_max)
+    dp_exposed = _dp_exposed_s(c, gpu, gpus_per_node, p_stage * ebytes, m, slot_max, lps)
     opt = p_stage / c.shard * OPTIMIZER_BYTES_PER_PARAM / hbm_bw
     step = pipe + dp_exposed + opt
     return StepEstimate(

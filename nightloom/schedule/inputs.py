@@ -35,28 +35,11 @@ def step_time_unknown(spec: RunSpec) -> StepTimeUnknown:
     )
 
 
-def inputs_for_spec(
-    spec: RunSpec,
-    *,
-    planner_step_s: float | None,
-    planner_detail: str = "",
-    runs: Sequence[RunRecord] = (),
-    run_id: str | None = None,
-    hours: float | None = None,
-    provisioning_s: float | None = None,
-) -> NightInputs:
-    """The figures a plan of nights needs, each from the best source there is.
-
-    Step time: `hours` (given) > the ledger's measured rate of the newest run of the same spec, cluster and size >
-    the planner's prediction > none. Time to ready: `provisioning_s` (given) > the ledger's newest measurement on
-    the same cluster > schedule.provisioning_minutes > 10 min. Checkpoint: model size × 12 B/param at
-    schedule.checkpoint_gb_per_s. A run `run_id` already in `runs` is a continuation: its nights, steps and money
-    carry over."""
-    s, t = spec.schedule, spec.train
-    mine = next((r for r in runs if run_id is not None and r.run_id == run_id), None)
-    steps_done = mine.nights[-1].steps_done if mine is not None and mine.nights else 0
-    spent = (sum(n.cost for n in mine.nights) if mine.nights else (mine.cost or 0.0)) if mine is not None else 0.0
-    steps = max(0, t.steps - steps_done)
+def _step_time(
+    spec: RunSpec, runs: Sequence[RunRecord], hours: float | None, planner_step_s: float | None, planner_detail: str
+) -> tuple[float | None, str]:
+    """(seconds per step, its source): `hours` given > the ledger's newest measured run > the planner > none."""
+    t = spec.train
     if hours is not None:
         if hours <= 0:
             raise ScheduleError(f"--hours must be > 0, got {hours}")
@@ -82,6 +65,12 @@ def inputs_for_spec(
             step, step_src = planner_step_s, f"planner: {planner_detail} at {planner_step_s:.3f} s/step".strip()
         else:
             step, step_src = None, "none: the planner predicts no step time here and the ledger has no measurement"
+    return step, step_src
+
+
+def _time_to_ready(spec: RunSpec, runs: Sequence[RunRecord], provisioning_s: float | None) -> tuple[float, str]:
+    """(seconds to ready, its source): given > the ledger's newest on the cluster > the spec > 10 min."""
+    s = spec.schedule
     if provisioning_s is not None:
         prov, prov_src = provisioning_s, "given"
     else:
@@ -99,6 +88,33 @@ def inputs_for_spec(
             prov, prov_src = s.provisioning_minutes * 60.0, "spec: schedule.provisioning_minutes"
         else:
             prov, prov_src = DEFAULT_PROVISIONING_S, "default: 10 min"
+    return prov, prov_src
+
+
+def inputs_for_spec(
+    spec: RunSpec,
+    *,
+    planner_step_s: float | None,
+    planner_detail: str = "",
+    runs: Sequence[RunRecord] = (),
+    run_id: str | None = None,
+    hours: float | None = None,
+    provisioning_s: float | None = None,
+) -> NightInputs:
+    """The figures a plan of nights needs, each from the best source there is.
+
+    Step time: `hours` (given) > the ledger's measured rate of the newest run of the same spec, cluster and size >
+    the planner's prediction > none. Time to ready: `provisioning_s` (given) > the ledger's newest measurement on
+    the same cluster > schedule.provisioning_minutes > 10 min. Checkpoint: model size × 12 B/param at
+    schedule.checkpoint_gb_per_s. A run `run_id` already in `runs` is a continuation: its nights, steps and money
+    carry over."""
+    s, t = spec.schedule, spec.train
+    mine = next((r for r in runs if run_id is not None and r.run_id == run_id), None)
+    steps_done = mine.nights[-1].steps_done if mine is not None and mine.nights else 0
+    spent = (sum(n.cost for n in mine.nights) if mine.nights else (mine.cost or 0.0)) if mine is not None else 0.0
+    steps = max(0, t.steps - steps_done)
+    step, step_src = _step_time(spec, runs, hours, planner_step_s, planner_detail)
+    prov, prov_src = _time_to_ready(spec, runs, provisioning_s)
     params = count_params(model_shape(spec.model))
     ckpt = checkpoint_seconds(params, s.checkpoint_gb_per_s)
     size = f"{params / 1e9:.2f}B" if params >= 1e9 else f"{params / 1e6:.2f}M"

@@ -158,30 +158,42 @@ def decide(now: datetime, schedule: ScheduleSpec, predicted_duration_s: float) -
             "run", pol, f"policy {pol}: the windows cover the whole day; starting now", now, now, None, win, now + dur
         )
     if pol == "split":
-        if win is not None:
-            fits = now + dur <= win.end
-            why = "fits before it" if fits else "will checkpoint there and resume in the next window"
-            return WindowDecision(
-                "run",
-                pol,
-                f"policy split: inside the window until {fmt(win.end)}; {why}",
-                now,
-                now,
-                win.end,
-                win,
-                now + dur,
-            )
+        return _split(now, pol, dur, win, nxt, fmt)
+    return _wait(now, pol, schedule, dur, win, nxt, fmt)
+
+
+def _split(now: datetime, pol: str, dur: timedelta, win: Interval | None, nxt: Interval, fmt) -> WindowDecision:
+    """Policy split: run inside a window with its end as the checkpoint deadline, else wait for the next start."""
+    if win is not None:
+        fits = now + dur <= win.end
+        why = "fits before it" if fits else "will checkpoint there and resume in the next window"
         return WindowDecision(
-            "wait",
+            "run",
             pol,
-            f"policy split: outside the window; next starts {fmt(nxt.start)}",
+            f"policy split: inside the window until {fmt(win.end)}; {why}",
             now,
-            nxt.start,
-            None,
-            nxt,
-            nxt.start + dur,
+            now,
+            win.end,
+            win,
+            now + dur,
         )
-    # wait
+    return WindowDecision(
+        "wait",
+        pol,
+        f"policy split: outside the window; next starts {fmt(nxt.start)}",
+        now,
+        nxt.start,
+        None,
+        nxt,
+        nxt.start + dur,
+    )
+
+
+def _wait(
+    now: datetime, pol: str, schedule: ScheduleSpec, dur: timedelta, win: Interval | None, nxt: Interval, fmt
+) -> WindowDecision:
+    """Policy wait: run inside a window when the run fits in what is left of it (or is longer than any window),
+    else wait for the next window start."""
     if win is not None and now + dur <= win.end:
         return WindowDecision(
             "run",

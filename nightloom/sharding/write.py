@@ -144,6 +144,25 @@ def read_spilled_batches(data: bytes, schema: pa.Schema, where: str) -> list[pa.
     return out
 
 
+def _merged(pieces: list, mixed: bool, has_ids: bool, has_labels: bool):
+    """One segment's pieces (table, meta, ids, labels) as one, in input order (by `pos`) where partitions met."""
+    if len(pieces) == 1:
+        t, m, ids, labels = pieces[0]
+    else:
+        t = pa.concat_tables([p[0] for p in pieces])
+        m = np.concatenate([p[1] for p in pieces])
+        ids = np.concatenate([p[2] for p in pieces]) if has_ids else None
+        labels = np.concatenate([p[3] for p in pieces]) if has_labels else None
+    if mixed or len(pieces) > 1:  # partitions met: input order back
+        order = np.argsort(m["pos"], kind="stable")
+        if ids is not None:
+            ids = gather_ids(ids, m["tokens"], order)
+        if labels is not None:
+            labels = gather_ids(labels, m["tokens"], order)
+        t, m = t.take(row_indices(order)), m[order]
+    return t, m, ids, labels
+
+
 def _rows_of_shard(
     wd: WorkDir, s: ScanResult, index: int, wanted: np.ndarray, schema: pa.Schema, cols: list[str], id_dtype: str
 ):
@@ -207,25 +226,113 @@ def _rows_of_shard(
                 pieces.append((t, m, ids, labels))
             if not pieces:
                 continue
-            if len(pieces) == 1:
-                t, m, ids, labels = pieces[0]
-            else:
-                t = pa.concat_tables([p[0] for p in pieces])
-                m = np.concatenate([p[1] for p in pieces])
-                ids = np.concatenate([p[2] for p in pieces]) if ids_all is not None else None
-                labels = np.concatenate([p[3] for p in pieces]) if labels_all is not None else None
-            if mixed or len(pieces) > 1:  # partitions met: input order back
-                order = np.argsort(m["pos"], kind="stable")
-                if ids is not None:
-                    ids = gather_ids(ids, m["tokens"], order)
-                if labels is not None:
-                    labels = gather_ids(labels, m["tokens"], order)
-                t, m = t.take(row_indices(order)), m[order]
+            t, m, ids, labels = _merged(pieces, mixed, ids_all is not None, labels_all is not None)
             yield t.select(cols), m, ids, labels
     finally:  # whatever failed to open or read: nothing stays open
         for f in [*opened, current[1]]:
             if f is not None:
                 f.close()
+
+
+class _RowGroups:
+    """The shard's Parquet row groups: rows are added as they are read and written a full row group at a time
+    (ROW_GROUP_ROWS or ROW_GROUP_BYTES, cut by `_cut`); the writer opens on the first group."""
+
+    def __init__(self, stream, schema: pa.Schema, compression) -> None:
+        self.stream, self.schema, self.compression = stream, schema, compression
+        self.pending: list[pa.Table] = []  # rows taken for this shard, not yet written
+        self.pending_nb: list[np.ndarray] = []
+        self.rows = self.bytes = 0
+        self.writer = None
+
+    def add(self, t: pa.Table, nb: np.ndarray) -> None:
+        self.pending.append(t)
+        self.pending_nb.append(nb)
+        self.rows += len(nb)
+        self.bytes += int(nb.sum())
+        if self.rows >= ROW_GROUP_ROWS or self.bytes >= ROW_GROUP_BYTES:
+            self.emit(final=False)
+
+    def _open(self) -> None:
+        if self.writer is None:
+            self.writer = pq.ParquetWriter(self.stream, self.schema, **parquet_options(self.compression))
+
+    def emit(self, final: bool) -> None:
+        """Write every full row group of the pending rows (and, when final, the rest as the last one)."""
+        buf, nb = pa.concat_tables(self.pending), np.concatenate(self.pending_nb)
+        while len(nb):
+            k = _cut(nb) or (len(nb) if final else 0)
+            if not k:
+                break
+            self._open()
+            self.writer.write_table(buf.slice(0, k).combine_chunks(), row_group_size=k)
+            buf, nb = buf.slice(k), nb[k:]
+        self.pending[:], self.pending_nb[:] = ([buf], [nb]) if len(nb) else ([], [])
+        self.rows, self.bytes = len(nb), int(nb.sum())
+
+    def close(self) -> None:
+        """The last row group and the footer; an empty shard is still a valid Parquet file with the schema."""
+        if self.pending:
+            self.emit(final=True)
+        self._open()
+        self.writer.close()
+        self.writer = None
+
+    def abort(self) -> None:
+        if self.writer is not None:
+            with contextlib.suppress(Exception):
+                self.writer.close()
+
+
+def _shares(job: ShardJob, scans: list[ScanResult], index: int, wanted: np.ndarray, schema: pa.Schema, cols):
+    """Each scan unit's rows for shard `index`, in unit order. On S3 each unit's share is a few ranged GETs that
+    mostly wait their round trip: the next units' are read while this one is written (at most
+    min(READ_AHEAD, shards) of them: a share is about a unit's 1/N)."""
+    wd = job.work
+
+    def share_of(s: ScanResult):
+        """Scan `s`'s rows for this shard, read as they are asked for: its batch index whole, then its spills, meta,
+        dest and ids by the run of batches (ranged GETs on an S3 work folder)."""
+        wd.fetch(s.batches)
+        return _rows_of_shard(wd, s, index, wanted, schema, cols, job.token_dtype)
+
+    ahead = min(READ_AHEAD, job.num_shards) if wd.remote else 1
+    return ordered_ahead(
+        [s for s in sorted(scans, key=lambda s: s.index) if s.spills],
+        lambda s: list(share_of(s)),
+        share_of,
+        ahead,
+        eager=lambda s: job.unit_bytes(s.index) <= RANGE_BYTES,  # a bigger unit (a .gz file) is streamed
+    )
+
+
+def _token_files(job: ShardJob, bin_name: str, idx_name: str, labels_name: str | None, counts) -> TokenFiles:
+    """The manifest's record of a shard's token files (and labels file, chats only)."""
+    return TokenFiles(
+        bin=bin_name,
+        idx=idx_name,
+        dtype=job.token_dtype,
+        eos_id=job.eos_id,
+        documents=counts.documents,
+        tokens=counts.tokens,
+        bin_hash=counts.bin_hash,
+        idx_hash=counts.idx_hash,
+        **(
+            {"labels": labels_name, "labels_hash": counts.labels_hash, "label_tokens": counts.labels}
+            if labels_name
+            else {}
+        ),
+    )
+
+
+def _check_counts(counts, bin_name: str, rows: int, tokens: int, eos: int) -> None:
+    """The token files hold the shard's documents and ids (+ one EOS each; chats end as their template ends them,
+    nightloom/chat.py, so eos is 0 there)."""
+    if counts.documents != rows or counts.tokens != tokens + eos:
+        raise ShardingError(
+            f"internal: {bin_name} holds {counts.documents} documents and {counts.tokens} ids, the shard "
+            f"{rows} documents of {tokens} tokens (+{eos} EOS)"
+        )
 
 
 def write_shard(job: ShardJob, scans: list[ScanResult], index: int) -> ShardInfo:
@@ -265,42 +372,8 @@ def write_shard(job: ShardJob, scans: list[ScanResult], index: int) -> ShardInfo
     stream = pa.BufferedOutputStream(pa.PythonFile(sink, mode="w"), SINK_BUFFER)
     rows = tokens = nbytes = 0
     out_schema = pa.schema([(c, pa.string()) for c in cols])
-    pending: list[pa.Table] = []  # rows taken for this shard, not yet written
-    pending_nb: list[np.ndarray] = []
-    pending_rows = pending_bytes = 0
-    writer = None
-
-    def emit(final: bool) -> None:
-        """Write every full row group of the pending rows (and, when final, the rest as the last one)."""
-        nonlocal writer, pending_rows, pending_bytes
-        buf, nb = pa.concat_tables(pending), np.concatenate(pending_nb)
-        while len(nb):
-            k = _cut(nb) or (len(nb) if final else 0)
-            if not k:
-                break
-            if writer is None:
-                writer = pq.ParquetWriter(stream, out_schema, **parquet_options(job.sharding.compression))
-            writer.write_table(buf.slice(0, k).combine_chunks(), row_group_size=k)
-            buf, nb = buf.slice(k), nb[k:]
-        pending[:], pending_nb[:] = ([buf], [nb]) if len(nb) else ([], [])
-        pending_rows, pending_bytes = len(nb), int(nb.sum())
-
-    def share_of(s: ScanResult):
-        """Scan `s`'s rows for this shard, read as they are asked for: its batch index whole, then its spills, meta,
-        dest and ids by the run of batches (ranged GETs on an S3 work folder)."""
-        wd.fetch(s.batches)
-        return _rows_of_shard(wd, s, index, wanted, schema, cols, job.token_dtype)
-
-    # on S3 each unit's share is a few ranged GETs that mostly wait their round trip: the next units' are read
-    # while this one is written (at most min(READ_AHEAD, shards) of them: a share is about a unit's 1/N)
-    ahead = min(READ_AHEAD, job.num_shards) if wd.remote else 1
-    shares = ordered_ahead(
-        [s for s in sorted(scans, key=lambda s: s.index) if s.spills],
-        lambda s: list(share_of(s)),
-        share_of,
-        ahead,
-        eager=lambda s: job.unit_bytes(s.index) <= RANGE_BYTES,  # a bigger unit (a .gz file) is streamed
-    )
+    groups = _RowGroups(stream, out_schema, job.sharding.compression)
+    shares = _shares(job, scans, index, wanted, schema, cols)
     try:
         for share in shares:
             for t, sel, ids, labels in share:
@@ -313,28 +386,13 @@ def write_shard(job: ShardJob, scans: list[ScanResult], index: int) -> ShardInfo
                 rows += len(sel)
                 tokens += int(sel["tokens"].sum())
                 nbytes += int(sel["nbytes"].sum())
-                pending.append(t)
-                pending_nb.append(sel["nbytes"])
-                pending_rows += len(sel)
-                pending_bytes += int(sel["nbytes"].sum())
-                if pending_rows >= ROW_GROUP_ROWS or pending_bytes >= ROW_GROUP_BYTES:
-                    emit(final=False)
-        if pending:
-            emit(final=True)
-        if writer is None:  # an empty shard is still a valid Parquet file with the schema
-            writer = pq.ParquetWriter(stream, out_schema, **parquet_options(job.sharding.compression))
-        writer.close()
-        writer = None
+                groups.add(t, sel["nbytes"])
+        groups.close()
         stream.flush()
         sink.close()
         digest = sink.digest.hexdigest()
         counts = tokens_out.finish(idx_tmp)
-        eos = 0 if labels_tmp else rows  # chats end as their template ends them (nightloom/chat.py)
-        if counts.documents != rows or counts.tokens != tokens + eos:
-            raise ShardingError(
-                f"internal: {bin_name} holds {counts.documents} documents and {counts.tokens} ids, the shard "
-                f"{rows} documents of {tokens} tokens (+{eos} EOS)"
-            )
+        _check_counts(counts, bin_name, rows, tokens, 0 if labels_tmp else rows)
         for done_file in (idx_tmp, bin_tmp, tmp, *([labels_tmp] if labels_tmp else [])):
             durable_and_uncached(done_file)
         if labels_tmp:
@@ -345,27 +403,11 @@ def write_shard(job: ShardJob, scans: list[ScanResult], index: int) -> ShardInfo
     finally:
         shares.close()  # read-ahead threads stopped, work not started cancelled
         sink.abort()  # closes the file if still open and removes the temp path (gone already once published)
-        if writer is not None:  # after the abort: what it still flushes is dropped
-            with contextlib.suppress(Exception):
-                writer.close()
+        groups.abort()  # after the sink's abort: what it still flushes is dropped
         tokens_out.abort()
         for t in (tmp, bin_tmp, idx_tmp, *([labels_tmp] if labels_tmp else [])):
             t.unlink(missing_ok=True)
-    token_files = TokenFiles(
-        bin=bin_name,
-        idx=idx_name,
-        dtype=job.token_dtype,
-        eos_id=job.eos_id,
-        documents=counts.documents,
-        tokens=counts.tokens,
-        bin_hash=counts.bin_hash,
-        idx_hash=counts.idx_hash,
-        **(
-            {"labels": labels_name, "labels_hash": counts.labels_hash, "label_tokens": counts.labels}
-            if labels_name
-            else {}
-        ),
-    )
+    token_files = _token_files(job, bin_name, idx_name, labels_name, counts)
     info = ShardInfo(
         index=index, path=name, rows=rows, tokens=tokens, bytes=nbytes, sha256=digest, token_files=token_files
     )

@@ -99,6 +99,23 @@ def test_no_long_function_in_tasks_or_flows():
     assert not long, f"functions over {MAX_FUNCTION_LINES} lines: {long}"
 
 
+#: issue 51: a function is one job, read without scrolling back; past 80 lines it is several named steps in one
+MAX_LIBRARY_FUNCTION_LINES = 80
+
+
+def test_no_function_over_80_lines():
+    """Every function in nightloom/, tasks/ and flows/, counted from its `def` to its last line (decorators
+    excluded), is at most 80 lines; each offender is named file:line name length."""
+    long = [
+        f"{path.relative_to(ROOT)}:{line} {name} {total}"
+        for top in ("nightloom", "tasks", "flows")
+        for path in sorted((ROOT / top).rglob("*.py"))
+        for name, line, total, _ in _functions(path)
+        if total > MAX_LIBRARY_FUNCTION_LINES
+    ]
+    assert not long, f"functions over {MAX_LIBRARY_FUNCTION_LINES} lines: {long}"
+
+
 def test_the_run_flow_fits_one_screen():
     found = {name: body for name, _, _, body in _functions(ROOT / "flows" / "pipeline.py")}
     assert "training_pipeline" in found
