@@ -8,23 +8,22 @@ backend, before anything is rented, and sent to the native trainer, which loads 
 
 from __future__ import annotations
 
+from nightloom.families import family_for
+
 XTUNER_TRANSFORMERS = "4.48.0"
-#: model_type -> the transformers release that added it (after XTuner's pin)
+#: model_types nightloom reads no family of, with the transformers release that added them (after XTuner's pin); a
+#: registered family says its own (Family.xtuner_added, nightloom/families/)
 ADDED_AFTER_PIN = {
-    "gemma3": "4.50",
-    "gemma3_text": "4.50",
-    "qwen3": "4.51",
-    "qwen3_moe": "4.51",
     "llama4": "4.51",
     "llama4_text": "4.51",
-    "deepseek_v3": "4.53",
     "gpt_oss": "4.55",
 }
 
 
 def xtuner_refusal(model_type: str | None) -> str | None:
     """Why XTuner cannot load a `model_type` model (None when it can), with where to train it instead."""
-    added = ADDED_AFTER_PIN.get(model_type or "")
+    family = family_for(model_type)
+    added = family.xtuner_added if family is not None else ADDED_AFTER_PIN.get(model_type or "")
     if added is None:
         return None
     return (

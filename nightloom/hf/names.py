@@ -6,9 +6,9 @@ The native model uses the rotate-half RoPE layout of transformers, so Q/K rows l
 `pre_feedforward_layernorm`), so the layer names depend on `shape.post_norms`. A gemma3 image-text checkpoint
 keeps the same decoder tensors under a prefix (`decoder_body`, `text_name`) beside a vision tower and projector.
 
-Mixture-of-experts layers (qwen3_moe, mixtral, deepseek_v3) keep the Hub's per-expert layout on disk, what transformers 5.24's
-save_pretrained writes: one tensor per expert and matrix (`mlp.experts.N.gate_proj.weight`; mixtral
-`block_sparse_moe.experts.N.w1.weight`), the router at `mlp.gate.weight` / `block_sparse_moe.gate.weight`. The
+Mixture-of-experts layers keep the Hub's per-expert layout on disk, what transformers 5.24's
+save_pretrained writes: one tensor per expert and matrix (`mlp.experts.N.gate_proj.weight`, or as the
+family's `expert_block` names them), the router at `mlp.gate.weight` (`<block>.gate.weight`). The
 native model stacks each matrix over the experts (`ffn.experts.w1`, (E, ffn, hidden)): `expert_names` lists the
 per-expert names of one stacked tensor, in expert order. A checkpoint in transformers 5's fused in-memory names
 (`mlp.experts.gate_up_proj` (E, 2·ffn, hidden), gate rows first; `mlp.experts.down_proj`; the router at
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import re
 
+from nightloom.families import families, family_for
 from nightloom.shape import ModelShape
 
 _TOP = {
@@ -55,12 +56,6 @@ _GEMMA_LAYER = {
     "ffn_norm.weight": "pre_feedforward_layernorm.weight",
     "ffn_post_norm.weight": "post_feedforward_layernorm.weight",
 }
-#: mixture-of-experts blocks: (module prefix, {native stacked name: per-expert matrix name}) per family
-_MOE = {
-    "qwen3_moe": ("mlp", {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}),
-    "mixtral": ("block_sparse_moe", {"w1": "w1", "w3": "w3", "w2": "w2"}),
-    "deepseek_v3": ("mlp", {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}),
-}
 _EXPERTS_RE = re.compile(r"layers\.(\d+)\.ffn\.experts\.(w[123])")
 _LAYER_RE = re.compile(r"layers\.(\d+)\.(.+)")
 #: tensors of a gemma3 image-text checkpoint that are not its text decoder (left out: not trained, not exported)
@@ -91,9 +86,12 @@ def to_hf(name: str, shape: ModelShape | None = None) -> str:
 
 
 def _moe_names(shape: ModelShape) -> tuple[str, dict[str, str]]:
-    if shape.arch not in _MOE:
-        raise KeyError(f"model {shape.name}: no Hugging Face expert names for {shape.arch!r} ({', '.join(_MOE)})")
-    return _MOE[shape.arch]
+    """The family's expert block: (module prefix, {native stacked name: per-expert matrix name})."""
+    family = family_for(shape.arch)
+    if family is None or family.expert_block is None:
+        known = ", ".join(f.name for f in families() if f.expert_block is not None)
+        raise KeyError(f"model {shape.name}: no Hugging Face expert names for {shape.arch!r} ({known})")
+    return family.expert_block
 
 
 def expert_names(name: str, shape: ModelShape) -> list[str] | None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from nightloom.families import DEMO_FAMILY, family_for
 from nightloom.util import quiet_progress, share_mode
 
 DEMO_CONFIG = {
@@ -26,7 +27,7 @@ DEMO_CONFIG = {
 
 def build_random_model(
     out: str | Path,
-    arch: str = "llama",
+    arch: str = DEMO_FAMILY,
     seed: int = 0,
     max_shard_size: str = "5GB",
     bias_std: float = 0.0,
@@ -34,49 +35,25 @@ def build_random_model(
     **config,
 ) -> Path:
     """Write `<out>` = config.json, generation_config.json, *.safetensors (+ index when sharded) of a random
-    `arch` (llama, mistral, qwen2, qwen3, gemma3_text; qwen3_moe, mixtral and deepseek_v3, saved in the Hub's
-    per-expert layout) model. `bias_std` > 0 gives biases random values (deepseek_v3's expert-choice bias too)
+    `arch` model: any registered family with `hf_classes` (nightloom/families/; mixture-of-experts ones saved in the
+    Hub's per-expert layout). `bias_std` > 0 gives biases random values (deepseek_v3's expert-choice bias too)
     (transformers zeroes them), `norm_std` > 0 gives RMSNorm weights a scale of 1 + N(0, norm_std) (transformers
     sets the scale to 1: weight 1, or 0 for Gemma's (1 + w) norms), so a bias or a norm weight that is not loaded
     shows in a parity check. gemma3_text takes Gemma3TextConfig's own arguments (sliding_window, layer_types,
     query_pre_attn_scalar, rope_local_base_freq, rope_scaling ...; rope_theta is the global layers' base)."""
     import torch
-    from transformers import (
-        DeepseekV3Config,
-        DeepseekV3ForCausalLM,
-        Gemma3ForCausalLM,
-        Gemma3TextConfig,
-        LlamaConfig,
-        LlamaForCausalLM,
-        MistralConfig,
-        MistralForCausalLM,
-        MixtralConfig,
-        MixtralForCausalLM,
-        Qwen2Config,
-        Qwen2ForCausalLM,
-        Qwen3Config,
-        Qwen3ForCausalLM,
-        Qwen3MoeConfig,
-        Qwen3MoeForCausalLM,
-    )
+    import transformers
 
-    classes = {
-        "llama": (LlamaConfig, LlamaForCausalLM),
-        "mistral": (MistralConfig, MistralForCausalLM),
-        "qwen2": (Qwen2Config, Qwen2ForCausalLM),
-        "qwen3": (Qwen3Config, Qwen3ForCausalLM),
-        "gemma3_text": (Gemma3TextConfig, Gemma3ForCausalLM),
-        "qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM),
-        "mixtral": (MixtralConfig, MixtralForCausalLM),
-        "deepseek_v3": (DeepseekV3Config, DeepseekV3ForCausalLM),
-    }
-    cfg_cls, model_cls = classes[arch]
+    family = family_for(arch)
+    if family is None or family.hf_classes is None:
+        raise ValueError(f"no random model for model_type {arch!r}")
+    cfg_cls, model_cls = (getattr(transformers, cls) for cls in family.hf_classes)
     final = Path(out)
     tmp = final.with_name(f".{final.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     torch.manual_seed(seed)
     model = model_cls(cfg_cls(**{**DEMO_CONFIG, **config}))
-    unit = 0.0 if arch == "gemma3_text" else 1.0  # the weight that scales by 1
+    unit = family.norm_unit  # the weight that scales by 1
     with torch.no_grad():
         for name, p in model.named_parameters():
             if bias_std and name.endswith(".bias"):
@@ -104,7 +81,7 @@ def ensure_demo_weights(folder: str | Path, config: str | Path | None = None) ->
         return p
     if config is not None and Path(config).is_file() and Path(config).resolve() != (p / "config.json").resolve():
         cfg = json.loads(Path(config).read_text(encoding="utf-8"))
-        arch = cfg.pop("model_type", "llama")
+        arch = cfg.pop("model_type", DEMO_FAMILY)
         cfg.pop("architectures", None)
         build_random_model(p, arch=arch, max_shard_size="200KB", **cfg)
     else:

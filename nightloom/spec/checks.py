@@ -14,6 +14,7 @@ from pydantic import ValidationError
 
 from nightloom.catalog import GPUS, MODELS
 from nightloom.chat import CHAT_STYLES, ChatError, detect_style, template_text
+from nightloom.families import families, family_for
 from nightloom.hf.config import config_path, shape_from_hf_config
 from nightloom.model_resolver import shape_from_name_or_config
 from nightloom.parallel import LayoutError, ParallelDims, moe_degree_errors
@@ -63,7 +64,7 @@ def _model_errors(data: dict, local) -> list[FieldError]:
 
 
 #: mixture-of-experts families the native trainer runs (train/moe.py); others are read for planning only
-TRAINED_MOE = ("qwen3_moe", "mixtral", "deepseek_v3")
+TRAINED_MOE = tuple(t for f in families() if f.moe and f.trained for t in f.model_types)
 
 
 def _moe_errors(data: dict, local) -> list[FieldError]:
@@ -76,7 +77,8 @@ def _moe_errors(data: dict, local) -> list[FieldError]:
     field = ("model", "config") if _get(data, "model", "config") is not None else ("model", "name")
     if _get(data, "model", "config") is None and _get(data, "model", "weights") is not None:
         field = ("model", "weights")
-    if shape.arch not in TRAINED_MOE:
+    family = family_for(shape.arch)
+    if family is None or not (family.moe and family.trained):
         return [
             (
                 field,
