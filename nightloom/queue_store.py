@@ -18,7 +18,8 @@ from sqlalchemy import JSON, Float, ForeignKey, Integer, String, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
-from nightloom.ledger import _UTC, Ledger, LedgerError
+from nightloom.ledger import Ledger, LedgerError
+from nightloom.ledger.engine import UTCDateTime
 from nightloom.schedule.queue_jobs import JobFigures, QueueRefused, refusals
 from nightloom.schedule.queue_night import JOB_STATUSES, JobProgress, remaining
 from nightloom.schedule.queue_plan import PlanJob
@@ -133,7 +134,7 @@ class _Queue(_QueueBase):
     max_nodes: Mapped[int] = mapped_column(Integer)
     budget_per_night: Mapped[float | None] = mapped_column(Float)
     schedule: Mapped[Any | None] = mapped_column(JSON, nullable=True)
-    created_at: Mapped[datetime] = mapped_column(_UTC)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
 
 
 class _Job(_QueueBase):
@@ -144,8 +145,8 @@ class _Job(_QueueBase):
     name: Mapped[str] = mapped_column(String(128))
     status: Mapped[str] = mapped_column(String(16))
     priority: Mapped[int] = mapped_column(Integer)
-    deadline: Mapped[datetime | None] = mapped_column(_UTC)
-    added_at: Mapped[datetime] = mapped_column(_UTC)
+    deadline: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    added_at: Mapped[datetime] = mapped_column(UTCDateTime)
     nodes: Mapped[int] = mapped_column(Integer)
     gpus: Mapped[int] = mapped_column(Integer)
     policy: Mapped[str] = mapped_column(String(16))
@@ -167,9 +168,9 @@ class _Run(_QueueBase):
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     queue: Mapped[str] = mapped_column(String(128), ForeignKey("nightloom_queues.name"), index=True)
     job_id: Mapped[int] = mapped_column(Integer)
-    night: Mapped[datetime] = mapped_column(_UTC)
-    segment_start: Mapped[datetime] = mapped_column(_UTC)
-    segment_end: Mapped[datetime] = mapped_column(_UTC)
+    night: Mapped[datetime] = mapped_column(UTCDateTime)
+    segment_start: Mapped[datetime] = mapped_column(UTCDateTime)
+    segment_end: Mapped[datetime] = mapped_column(UTCDateTime)
     nodes: Mapped[Any] = mapped_column(JSON)
     run_id: Mapped[str | None] = mapped_column(String(128))
     flow_run_id: Mapped[str | None] = mapped_column(String(64))
@@ -178,8 +179,8 @@ class _Run(_QueueBase):
     steps_done: Mapped[int] = mapped_column(Integer)
     hours_trained: Mapped[float] = mapped_column(Float)
     reason: Mapped[str] = mapped_column(String(2048))
-    started_at: Mapped[datetime] = mapped_column(_UTC)
-    finished_at: Mapped[datetime] = mapped_column(_UTC)
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    finished_at: Mapped[datetime] = mapped_column(UTCDateTime)
 
 
 _RUN_COLUMNS = tuple(c.name for c in _Run.__table__.columns)
@@ -218,13 +219,13 @@ class QueueStore:
             with Session(self.ledger.engine, expire_on_commit=False) as s, s.begin():
                 return fn(s)
 
-        return self.ledger._retry(tx)
+        return self.ledger.retry(tx)
 
     def _queue_row(self, s: Session, name: str, *, lock: bool = False) -> _Queue:
         q = select(_Queue).where(_Queue.name == name)
         row = s.execute(q.with_for_update() if lock else q).scalar_one_or_none()
         if row is None:
-            raise QueueError(f"no queue {name!r} in the ledger {self.ledger._where()}: create it first")
+            raise QueueError(f"no queue {name!r} in the ledger {self.ledger.where()}: create it first")
         return row
 
     def create(
@@ -248,7 +249,7 @@ class QueueStore:
         try:
             self._tx(fn)
         except IntegrityError:
-            raise QueueError(f"queue {name!r} is already in the ledger {self.ledger._where()}") from None
+            raise QueueError(f"queue {name!r} is already in the ledger {self.ledger.where()}") from None
         return self.get(name)
 
     def get(self, name: str) -> QueueRecord:

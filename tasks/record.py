@@ -7,7 +7,7 @@ from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
 from nightloom.ledger import Ledger, LedgerError
-from nightloom.ledger_model import ledger_fields
+from nightloom.ledger.model import ledger_fields
 from nightloom.parallel import ParallelPlan
 from nightloom.report import RunSummary, StageTime, summary_rows, wrapped_rows
 from nightloom.runfiles import RunFiles

@@ -167,8 +167,7 @@ FLOORS = {
     "nightloom.attempt": 3,
     "nightloom.validate": 3,
     "nightloom.ledger": 3,
-    "nightloom.ledger_migrations": 3,
-    "nightloom.ledger_model": 3,
+    "nightloom.ledger_model": 3,  # the deprecated alias of nightloom.ledger.model (one release)
     "nightloom.queue_store": 3,
     "nightloom.report": 3,
     "nightloom.plots": 3,

@@ -17,9 +17,9 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import create_engine
 
-from nightloom import ledger as ledger_mod
-from nightloom import ledger_migrations
 from nightloom.ledger import SCHEMA_VERSION, Ledger, LedgerError, NightRecord
+from nightloom.ledger import engine as ledger_mod
+from nightloom.ledger import migrations as ledger_migrations
 from nightloom.parallel import ParallelPlan
 from nightloom.queue_store import queue_metadata
 
@@ -193,7 +193,7 @@ def test_a_schema_2_ledger_without_alembic_is_stamped_at_2_not_migrated_from_1(t
         return real_stamp(cfg, rev, *a, **k)
 
     def upgrade(cfg, rev, *a, **k):  # only the revisions after schema 2 run (the queue tables)
-        upgraded_from.append(ledger_mod._current_revisions(cfg.attributes["connection"]))
+        upgraded_from.append(ledger_mod.current_revisions(cfg.attributes["connection"]))
         return real_upgrade(cfg, rev, *a, **k)
 
     monkeypatch.setattr(ledger_mod.command, "stamp", stamp)
@@ -216,10 +216,10 @@ def test_a_new_ledger_is_at_head_and_its_tables_match_the_models(tmp_path: Path)
     url = f"sqlite:///{db}"
     with Ledger(url) as lg:
         assert lg.schema_version() == SCHEMA_VERSION
-        assert ledger_mod._scripts().get_current_head() == f"{SCHEMA_VERSION:04d}"
+        assert ledger_mod.migration_scripts().get_current_head() == f"{SCHEMA_VERSION:04d}"
         with lg.engine.connect() as conn:
             ctx = MigrationContext.configure(conn, opts={"version_table": ledger_migrations.VERSION_TABLE})
-            tables = [ledger_mod._Base.metadata, queue_metadata]
+            tables = [ledger_mod.Base.metadata, queue_metadata]
             assert compare_metadata(ctx, tables) == []  # migrations and ORM agree
     assert markers(db) == ([f"{SCHEMA_VERSION:04d}"], SCHEMA_VERSION)
 
@@ -230,7 +230,7 @@ def test_downgrade_to_schema_1_and_back_keeps_the_rows(tmp_path: Path):
     Ledger(url).close()
     eng = create_engine(url)
     with eng.begin() as conn:
-        command.downgrade(ledger_mod._alembic_config(conn), "0001")
+        command.downgrade(ledger_mod.alembic_config(conn), "0001")
     eng.dispose()
     assert "nights" not in columns(db) and markers(db) == (["0001"], 1)
     with Ledger(url) as lg:
@@ -303,7 +303,7 @@ def test_a_schema_5_ledger_gets_the_model_its_run_folder_trained_and_loses_nothi
     url = f"sqlite:///{db}"
     eng = create_engine(url)
     with eng.begin() as conn:  # the ledger as the previous nightloom built it
-        command.upgrade(ledger_mod._alembic_config(conn), "0005")
+        command.upgrade(ledger_mod.alembic_config(conn), "0005")
     eng.dispose()
     qwen2 = Path(__file__).resolve().parents[3] / "deployments" / "chat-sft-demo-model.json"
     write_job(runs / "chat", shape_from_hf_config(qwen2), str(qwen2), str(tmp_path / "models" / "chat-sft-demo-qwen2"))
@@ -348,7 +348,7 @@ def test_a_schema_5_ledger_gets_the_model_its_run_folder_trained_and_loses_nothi
 
     eng = create_engine(url)
     with eng.begin() as conn:  # and down again: the family goes, the corrected name stays
-        command.downgrade(ledger_mod._alembic_config(conn), "0005")
+        command.downgrade(ledger_mod.alembic_config(conn), "0005")
     eng.dispose()
     assert "family" not in columns(db) and sql(db, "SELECT model FROM nightloom_runs WHERE run_id = 'chat'") == [
         ("chat-sft-demo-qwen2",)

@@ -1,4 +1,4 @@
-"""The model a ledger row names is the model the run trained (nightloom/ledger_model.py): a spec whose model comes
+"""The model a ledger row names is the model the run trained (nightloom/ledger/model.py): a spec whose model comes
 from model.config or model.weights is recorded under that model's name and family, not the default `tiny`, and the
 planner's calibration reads the same family."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 from nightloom.catalog import get_model
 from nightloom.ledger import Ledger, calibration_for_spec
-from nightloom.ledger_model import RunModel, ledger_fields, run_model, spec_run_model
+from nightloom.ledger.model import RunModel, ledger_fields, run_model, spec_run_model
 from nightloom.parallel import ParallelPlan
 from nightloom.spec import RunSpec
 from nightloom.spec.load import load_spec

@@ -11,9 +11,9 @@ from pathlib import Path
 from alembic import command
 from sqlalchemy import create_engine
 
-from nightloom import ledger as ledger_mod
-from nightloom import ledger_migrations
 from nightloom.ledger import SCHEMA_VERSION, Ledger
+from nightloom.ledger import engine as ledger_mod
+from nightloom.ledger import migrations as ledger_migrations
 
 #: a run row as a schema-4 nightloom wrote it (every column it had)
 ROW4 = {
@@ -45,7 +45,7 @@ def test_a_schema_4_ledger_opens_whole_and_counts_preemptions_apart(tmp_path: Pa
     url = f"sqlite:///{db}"
     eng = create_engine(url)
     with eng.begin() as conn:
-        command.upgrade(ledger_mod._alembic_config(conn), "0004")
+        command.upgrade(ledger_mod.alembic_config(conn), "0004")
     eng.dispose()
     cols = ", ".join(f'"{c}"' for c in ROW4)
     sql(db, f"INSERT INTO nightloom_runs ({cols}) VALUES ({', '.join('?' * len(ROW4))})", *ROW4.values())
@@ -70,6 +70,6 @@ def test_a_schema_4_ledger_opens_whole_and_counts_preemptions_apart(tmp_path: Pa
     # and back: schema 4 drops the counters, keeps the row
     eng = create_engine(url)
     with eng.begin() as conn:
-        command.downgrade(ledger_mod._alembic_config(conn), "0004")
+        command.downgrade(ledger_mod.alembic_config(conn), "0004")
     eng.dispose()
     assert sql(db, "SELECT run_id, interruption_count FROM nightloom_runs") == [("old", 1)]

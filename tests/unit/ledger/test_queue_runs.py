@@ -15,9 +15,9 @@ from alembic import command
 from alembic.config import Config
 from sqlalchemy import create_engine
 
-from nightloom import ledger as ledger_mod
-from nightloom import ledger_migrations
 from nightloom.ledger import SCHEMA_VERSION, Ledger
+from nightloom.ledger import engine as ledger_mod
+from nightloom.ledger import migrations as ledger_migrations
 from nightloom.queue_store import QueueRun, QueueStore
 from nightloom.schedule.queue_jobs import JobFigures
 from nightloom.spec import ScheduleSpec
@@ -74,7 +74,7 @@ def test_a_schema_3_ledger_opens_with_its_queue_and_gains_the_runs_table(tmp_pat
     url = f"sqlite:///{db}"
     eng = create_engine(url)
     with eng.begin() as conn:
-        command.upgrade(ledger_mod._alembic_config(conn), "0003")
+        command.upgrade(ledger_mod.alembic_config(conn), "0003")
     eng.dispose()
     # a queue as a schema-3 nightloom wrote it
     sql(db, "INSERT INTO nightloom_queues VALUES ('team', 2, NULL, NULL, '2026-06-01 02:00:00.000000')")

@@ -16,9 +16,9 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import create_engine
 
-from nightloom import ledger as ledger_mod
-from nightloom import ledger_migrations
 from nightloom.ledger import SCHEMA_VERSION, Ledger, NightRecord
+from nightloom.ledger import engine as ledger_mod
+from nightloom.ledger import migrations as ledger_migrations
 from nightloom.queue_store import QueueError, QueueRefused, QueueStore, queue_metadata
 from nightloom.schedule.queue_jobs import JobFigures
 from nightloom.spec import ScheduleSpec
@@ -58,7 +58,7 @@ def write_schema_2_ledger(db: Path) -> str:
     url = f"sqlite:///{db}"
     eng = create_engine(url)
     with eng.begin() as conn:
-        command.upgrade(ledger_mod._alembic_config(conn), "0002")
+        command.upgrade(ledger_mod.alembic_config(conn), "0002")
     eng.dispose()
     night = '[{"night": 1, "start": "2026-06-01T02:00:00Z", "end": "2026-06-01T06:00:00Z", "steps": 10, '
     night += '"steps_done": 10, "cost": 3.0, "stopped": "window"}]'
@@ -105,12 +105,12 @@ def test_a_new_ledger_matches_the_queue_tables_and_downgrades_past_them(tmp_path
     with Ledger(url) as lg:
         with lg.engine.connect() as conn:
             ctx = MigrationContext.configure(conn, opts={"version_table": ledger_migrations.VERSION_TABLE})
-            assert compare_metadata(ctx, [ledger_mod._Base.metadata, queue_metadata]) == []
+            assert compare_metadata(ctx, [ledger_mod.Base.metadata, queue_metadata]) == []
         QueueStore(lg).create("q", 2)
         add(QueueStore(lg), "q", figures())
     eng = create_engine(url)
     with eng.begin() as conn:
-        command.downgrade(ledger_mod._alembic_config(conn), "0002")
+        command.downgrade(ledger_mod.alembic_config(conn), "0002")
     eng.dispose()
     assert not sql(db, "SELECT name FROM sqlite_master WHERE name LIKE 'nightloom_queue%'")
     assert sql(db, "SELECT version FROM nightloom_schema") == [(2,)]

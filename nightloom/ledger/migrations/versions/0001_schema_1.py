@@ -7,7 +7,7 @@ Revises:
 import sqlalchemy as sa
 from alembic import op
 
-from nightloom.ledger_migrations import LEGACY_TABLE
+from nightloom.ledger.migrations import LEGACY_TABLE
 
 revision = "0001"
 down_revision = None
@@ -51,7 +51,7 @@ def upgrade() -> None:
         sa.Column("verdicts", sa.JSON(), nullable=False),
         sa.Column("status", sa.String(16), nullable=False),
         sa.Column("reason", sa.String(2048), nullable=True),
-        sa.Column("started_at", sa.DateTime(), nullable=False),  # naive UTC (nightloom.ledger._UTC)
+        sa.Column("started_at", sa.DateTime(), nullable=False),  # naive UTC (nightloom.ledger.engine.UTCDateTime)
         sa.Column("finished_at", sa.DateTime(), nullable=True),
         sa.Column("interruptions", sa.JSON(), nullable=False),
         sa.Column("interruption_count", sa.Integer(), nullable=False),

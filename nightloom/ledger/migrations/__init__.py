@@ -1,8 +1,8 @@
 """Alembic migrations of the run ledger's schema; `nightloom.ledger.Ledger` runs them on the ledger's own connection.
 
 Revision ids are the schema version as four digits (0001 = schema 1, 0002 = schema 2 ...). A schema change is a new
-file in versions/ whose `down_revision` is the previous head, a bump of `nightloom.ledger.SCHEMA_VERSION`, and a test
-that opens a ledger written before the change. Each revision also writes its number into the legacy
+file in versions/ whose `down_revision` is the previous head, a bump of `nightloom.ledger.engine.SCHEMA_VERSION`,
+and a test that opens a ledger written before the change. Each revision also writes its number into the legacy
 `nightloom_schema` row, so a nightloom from before Alembic refuses a ledger newer than it instead of using it.
 """
 

@@ -8,7 +8,7 @@ Revises: 0004
 import sqlalchemy as sa
 from alembic import op
 
-from nightloom.ledger_migrations import LEGACY_TABLE
+from nightloom.ledger.migrations import LEGACY_TABLE
 
 revision = "0005"
 down_revision = "0004"

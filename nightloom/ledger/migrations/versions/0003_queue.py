@@ -9,7 +9,7 @@ Revises: 0002
 import sqlalchemy as sa
 from alembic import op
 
-from nightloom.ledger_migrations import LEGACY_TABLE
+from nightloom.ledger.migrations import LEGACY_TABLE
 
 revision = "0003"
 down_revision = "0002"
@@ -31,7 +31,7 @@ def upgrade() -> None:
         sa.Column("max_nodes", sa.Integer(), nullable=False),
         sa.Column("budget_per_night", sa.Float(), nullable=True),
         sa.Column("schedule", sa.JSON(), nullable=True),  # a ScheduleSpec; NULL until the first job sets it
-        sa.Column("created_at", sa.DateTime(), nullable=False),  # naive UTC (nightloom.ledger._UTC)
+        sa.Column("created_at", sa.DateTime(), nullable=False),  # naive UTC (nightloom.ledger.engine.UTCDateTime)
     )
     op.create_table(
         JOBS,

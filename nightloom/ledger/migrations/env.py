@@ -3,7 +3,7 @@
 
 from alembic import context
 
-from nightloom.ledger_migrations import VERSION_TABLE
+from nightloom.ledger.migrations import VERSION_TABLE
 
 config = context.config
 

@@ -7,7 +7,7 @@ Revises: 0001
 import sqlalchemy as sa
 from alembic import op
 
-from nightloom.ledger_migrations import LEGACY_TABLE
+from nightloom.ledger.migrations import LEGACY_TABLE
 
 revision = "0002"
 down_revision = "0001"

@@ -1,7 +1,7 @@
 """Schema 6: the `family` of the model each run trained (the calibration's key) beside its `model`, and rows written
 before corrected: a run whose model came from model.config or model.weights was recorded under the spec's default
 catalog name (`tiny`). Where the row's run folder (the folder of its metrics_path) still holds a job*.json, the
-model resolved there names the row's model and family (nightloom.ledger_model.run_model_from_job); any other row
+model resolved there names the row's model and family (nightloom.ledger.model.run_model_from_job); any other row
 keeps its model, with the family of its name (`llama2-70b` → `llama2`). Offline (`--sql`) only the column is added
 (rows then read the family of their model's name).
 
@@ -14,8 +14,8 @@ from pathlib import Path
 import sqlalchemy as sa
 from alembic import op
 
-from nightloom.ledger_migrations import LEGACY_TABLE
-from nightloom.ledger_model import model_family, run_model_from_job
+from nightloom.ledger.migrations import LEGACY_TABLE
+from nightloom.ledger.model import model_family, run_model_from_job
 
 revision = "0006"
 down_revision = "0005"

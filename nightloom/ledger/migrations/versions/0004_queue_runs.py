@@ -9,7 +9,7 @@ Revises: 0003
 import sqlalchemy as sa
 from alembic import op
 
-from nightloom.ledger_migrations import LEGACY_TABLE
+from nightloom.ledger.migrations import LEGACY_TABLE
 
 revision = "0004"
 down_revision = "0003"
@@ -29,7 +29,9 @@ def upgrade() -> None:
         sa.Column("id", sa.Integer(), primary_key=True, autoincrement=True),
         sa.Column("queue", sa.String(128), sa.ForeignKey("nightloom_queues.name"), nullable=False),
         sa.Column("job_id", sa.Integer(), nullable=False),  # no foreign key: a removed job's runs stay recorded
-        sa.Column("night", sa.DateTime(), nullable=False),  # the window's start, naive UTC (nightloom.ledger._UTC)
+        sa.Column(
+            "night", sa.DateTime(), nullable=False
+        ),  # the window's start, naive UTC (nightloom.ledger.engine.UTCDateTime)
         sa.Column("segment_start", sa.DateTime(), nullable=False),
         sa.Column("segment_end", sa.DateTime(), nullable=False),
         sa.Column("nodes", sa.JSON(), nullable=False),  # the node indices the plan gave the stretch
