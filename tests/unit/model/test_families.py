@@ -3,6 +3,7 @@ files, and a made-up family registered in a test alone is read, built, loaded an
 
 from __future__ import annotations
 
+import inspect
 import json
 import re
 from pathlib import Path
@@ -44,6 +45,16 @@ def test_every_supported_family_is_registered_once():
     for family in families():
         for model_type in family.model_types:
             assert family_for(model_type) is family
+
+
+@pytest.mark.parametrize("family", families(), ids=lambda f: f.name)
+def test_every_reader_has_the_one_signature_and_every_builder_names_real_classes(family):
+    inspect.signature(family.read).bind({}, "name", True)  # read(cfg, name, strict)
+    if family.hf_classes is not None:
+        import transformers
+
+        for cls in family.hf_classes:
+            assert hasattr(transformers, cls), cls
 
 
 def test_a_model_type_cannot_be_registered_twice():
