@@ -446,7 +446,7 @@ def test_xtuner_full_over_ssh_from_s3_recovers_onto_a_spare(
     assert [m.step for m in steps] == list(range(1, 13)) and all(math.isfinite(m.loss) for m in steps)
     assert steps[-1].loss < steps[0].loss  # full fine-tuning learns
     # the result: a Hugging Face model in the run folder, converted on node 0, that transformers loads
-    assert r.adapter_dir is None and Path(r.model_dir) == run_dir / "model"
+    assert r.adapter_dir is None and Path(r.model_dir) == run_dir / "export"  # as a native run
     assert f"$ [{c.nodes[0].name}]" in (run_dir / "xtuner" / "logs" / "convert.log").read_text()
     out = run_in_env(
         xtuner_env,
