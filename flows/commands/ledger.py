@@ -108,7 +108,9 @@ def _print_table(rows: list[RunRecord], title: str) -> None:
         "nights",
         "started",
     ):
-        t.add_column(c, overflow="fold")  # a run id is what `ledger best`, `eval` and `export` take: never cut
+        # a run id is what `ledger best`, `eval` and `export` take: never cut, and whole on one line where it fits
+        widest = max((len(r.run_id) for r in rows), default=0) if c == "run" else None
+        t.add_column(c, overflow="fold", min_width=widest)
 
     def pct(x):
         return "—" if x is None else f"{x:.1%}"

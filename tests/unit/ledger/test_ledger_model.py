@@ -117,14 +117,18 @@ def test_ledger_list_never_cuts_a_run_id(tmp_path: Path, capsys, monkeypatch):
 
     monkeypatch.setenv("COLUMNS", "100")
     url = f"sqlite:///{tmp_path / 'l.db'}"
-    rid = "continue-pretrain-demo-20261205-125231-7d44ffea"
+    rid = "continue-pretrain-demo-of-a-team-s-own-naming-20261205-125231-7d44ffea"
     with Ledger(url) as lg:
         lg.start_run(run_id=rid, plan=None, **ledger_fields(load_spec(ROOT / "deployments" / "local-demo.yaml")))
+        for i, name in enumerate(("chat-sft-demo", "continue-pretrain-demo", "xtuner-lora-demo")):
+            spec = load_spec(ROOT / "deployments" / f"{name}.yaml")
+            lg.start_run(run_id=f"{rid}-{i}", plan=None, **ledger_fields(spec))
+            lg.finish_run(f"{rid}-{i}", status="succeeded", tokens_per_s=12_345.6, cost=1.5, duration_s=90.0)
     assert main(["ledger", "--url", url, "list"]) == 0
     out = capsys.readouterr().out
     assert "…" not in out
-    cells = "".join(line.split("│")[1].strip() for line in out.splitlines() if line.startswith("│"))
-    assert rid in cells
+    first_cells = [line.split("│")[1].strip() for line in out.splitlines() if line.startswith("│")]
+    assert rid in first_cells and f"{rid}-2" in first_cells  # whole, each on one line: 200 columns when piped
 
 
 def test_an_xtuner_run_is_recorded_as_its_base_model(tmp_path):
