@@ -15,6 +15,7 @@ from pathlib import Path
 from nightloom.finetune.launcher import WRAPPER, Runner, check, local_runner, tool_command
 from nightloom.finetune.plan import XTunerPlan
 from nightloom.hf.export import ADAPTER_DIR
+from nightloom.util import share_mode
 
 
 class XTunerConvertError(RuntimeError):
@@ -130,7 +131,9 @@ EXPORT_DIR = "export"
 
 
 def _swap_in(staged: Path, final: Path) -> Path:
-    """Rename the finished `staged` folder to `final`, replacing an older one: a reader never sees half of it."""
+    """Rename the finished `staged` folder to `final`, replacing an older one: a reader never sees half of it. Its
+    files get the umask's mode first (safetensors' writer makes them 0600), as the native export's do."""
+    share_mode(staged)
     if final.exists():
         shutil.rmtree(final)
     staged.rename(final)

@@ -65,6 +65,28 @@ def test_xtuner_writes_the_native_export_layout(tmp_path, method, merge):
     assert [p.name for p in run.iterdir()] == ["export"]  # no model/, adapter/ or staging folder left
 
 
+def test_xtuner_export_files_get_the_umask_mode_not_0600(tmp_path):
+    """safetensors' writer makes 0600 files: XTuner's export was unreadable by a teammate sharing the run folder
+    (model.safetensors 0600 beside 0644 configs) while the native export's files get the umask's mode."""
+    import os
+
+    def private_runner(cmd, log_file, log, step) -> int:
+        fake_runner(cmd, log_file, log, step)
+        for f in Path(cmd.argv[3:][2]).iterdir():
+            f.chmod(0o600)
+        return 0
+
+    mask = os.umask(0o027)
+    try:
+        convert_checkpoint(plan(tmp_path, "lora"), tmp_path / "iter_2.pth", log=lambda s: None, runner=private_runner)
+    finally:
+        os.umask(mask)
+    export = tmp_path / "run" / "export"
+    modes = {p.relative_to(export).as_posix(): p.stat().st_mode & 0o777 for p in export.rglob("*")}
+    assert modes["model.safetensors"] == 0o640 and modes["adapter/adapter_model.safetensors"] == 0o640
+    assert modes["adapter"] == 0o750
+
+
 # mmengine's start-up output as the train step streams it (node prefix and all), shortened
 STARTUP = """nightloom: CUDA absent: CPU adaptations applied
 12/05 12:26:57 - mmengine - INFO -
