@@ -31,7 +31,8 @@ from sqlalchemy.types import TypeDecorator
 from nightloom.ledger.migrations import LEGACY_TABLE, SCRIPT_DIR, VERSION_TABLE
 from nightloom.ledger.records import LedgerError, RunRecord
 
-SCHEMA_VERSION = 6  # the newest; 2: `nights`; 3: the night queue (queue_store); 4: its runs; 5: preemptions; 6: family
+SCHEMA_VERSION = 7  # the newest; 2: `nights`; 3: the night queue (queue_store); 4: its runs; 5: preemptions; 6: family;
+# 7: task and figures
 
 T = TypeVar("T")
 
@@ -76,6 +77,7 @@ class RunRow(Base):
     name: Mapped[str] = mapped_column(String(128))
     model: Mapped[str] = mapped_column(String(128), index=True)
     family: Mapped[str] = mapped_column(String(64), server_default="")
+    task: Mapped[str] = mapped_column(String(16), server_default="")
     cluster: Mapped[str] = mapped_column(String(128), index=True)
     provider: Mapped[str] = mapped_column(String(32))
     gpu_type: Mapped[str] = mapped_column(String(64), index=True)
@@ -94,6 +96,7 @@ class RunRow(Base):
     precision: Mapped[str | None] = mapped_column(String(16))
     peak_source: Mapped[str | None] = mapped_column(String(512))
     verdicts: Mapped[Any] = mapped_column(JSON)
+    figures: Mapped[Any | None] = mapped_column(JSON, nullable=True)
     status: Mapped[str] = mapped_column(String(16), index=True)
     reason: Mapped[str | None] = mapped_column(String(2048))
     started_at: Mapped[datetime] = mapped_column(UTCDateTime)
@@ -117,6 +120,7 @@ def to_row(rec: RunRecord) -> dict[str, Any]:
     d = rec.model_dump(mode="python")
     d["plan"] = rec.plan.model_dump(mode="json") if rec.plan else None
     d["verdicts"] = [v.model_dump(mode="json") for v in rec.verdicts]
+    d["figures"] = [f.model_dump(mode="json") for f in rec.figures]
     d["interruptions"] = [i.model_dump(mode="json") for i in rec.interruptions]
     d["nights"] = [n.model_dump(mode="json") for n in rec.nights]
     return d
@@ -125,6 +129,7 @@ def to_row(rec: RunRecord) -> dict[str, Any]:
 def from_row(row: RunRow) -> RunRecord:
     d = {c: getattr(row, c) for c in RUN_COLUMNS}
     d["nights"] = d["nights"] or []  # rows migrated from schema 1 hold NULL
+    d["figures"] = d["figures"] or []  # rows migrated from schema 6 hold NULL
     return RunRecord.model_validate(d)
 
 

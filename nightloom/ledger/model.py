@@ -98,6 +98,21 @@ def spec_run_model(spec) -> RunModel:
     return run_model(shape, spec.model.config, spec.model.weights)
 
 
+def run_task(task: str, backend: str) -> str:
+    """The ledger's task of a run: train.task, but `sft` for an XTuner run (XTuner fine-tunes chats)."""
+    return "sft" if backend == "xtuner" else task
+
+
+def run_task_from_job(run_dir: Path) -> str | None:
+    """The task the newest job*.json in `run_dir` trained; None when no readable job file is left."""
+    try:
+        jobs = sorted(run_dir.glob("job*.json"), key=lambda p: p.stat().st_mtime)
+        train = json.loads(jobs[-1].read_text(encoding="utf-8"))["train"] if jobs else None
+        return run_task(str(train.get("task", "pretrain")), str(train.get("backend", "native"))) if train else None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
 def ledger_fields(spec) -> dict[str, Any]:
     """A new ledger row's fields that `spec` alone gives: `Ledger.start_run`'s keywords but run_id and plan. One
     builder for every row (the pipeline's, a run that fails while sharding), so none names the model otherwise."""
@@ -107,6 +122,7 @@ def ledger_fields(spec) -> dict[str, Any]:
         name=spec.name,
         model=model.name,
         family=model.family,
+        task=run_task(spec.train.task, spec.train.backend),
         cluster=spec.cluster.name,
         provider=spec.cluster.provider.kind,
         gpu_type=spec.cluster.gpu_type,

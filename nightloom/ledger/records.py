@@ -22,6 +22,18 @@ class LedgerError(RuntimeError):
     """A ledger that cannot be used (newer schema, unknown run id, bad field); the message says which."""
 
 
+class Figure(BaseModel):
+    """One task-specific figure of a run (schema 7): a preference run's reward accuracy, a benchmark's score. `name`
+    says what it is (TRL's metric names: `rewards/accuracies`; a benchmark: `bench/TASK/METRIC`); `base` is the
+    base model's value where one was measured, so the row reads base vs tuned."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    value: float
+    stderr: float | None = None
+    base: float | None = None
+
+
 class Interruption(BaseModel):
     """One failed attempt that recovery handled (`kind`: node, network or transient, from the preflight re-run
     after it), how long recovery took, the time lost and its cost. A split run's window ends are nights."""
@@ -62,6 +74,7 @@ class RunRecord(BaseModel):
     name: str
     model: str  # the model the run trained (nightloom.ledger.model.run_model), e.g. chat-sft-demo-qwen2
     family: str = ""  # its family, the calibration's key (qwen2, llama2, ...); "" = the family of `model`'s name
+    task: str = ""  # pretrain | sft | dpo | ... (nightloom.ledger.model.run_task); "" = older row, not known
     cluster: str
     provider: str
     gpu_type: str
@@ -80,6 +93,7 @@ class RunRecord(BaseModel):
     precision: str | None = None
     peak_source: str | None = None
     verdicts: list[Verdict] = Field(default_factory=list)
+    figures: list[Figure] = Field(default_factory=list)  # the task's own figures (Figure), beside the gates
     status: RunStatus = "running"
     reason: str | None = None
     started_at: datetime

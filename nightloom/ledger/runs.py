@@ -31,7 +31,7 @@ from nightloom.ledger.engine import (
 )
 from nightloom.ledger.export import runs_csv
 from nightloom.ledger.model import spec_run_model
-from nightloom.ledger.records import Interruption, LedgerError, NightRecord, RunRecord, RunStatus
+from nightloom.ledger.records import Figure, Interruption, LedgerError, NightRecord, RunRecord, RunStatus
 from nightloom.parallel import ParallelPlan
 from nightloom.util import atomic_write_text
 from nightloom.validate import Verdict
@@ -96,6 +96,7 @@ class Ledger:
         model: str,
         cluster: str,
         family: str = "",
+        task: str = "",
         provider: str,
         gpu_type: str,
         world_size: int,
@@ -116,6 +117,7 @@ class Ledger:
             name=name,
             model=model,
             family=family,
+            task=task,
             cluster=cluster,
             provider=provider,
             gpu_type=gpu_type,
@@ -169,6 +171,7 @@ class Ledger:
         duration_s: float | None = None,
         cost: float | None = None,
         verdicts: Iterable[Verdict] | None = None,
+        figures: Iterable[Figure] | None = None,
         precision: str | None = None,
         peak_source: str | None = None,
         reason: str | None = None,
@@ -186,6 +189,7 @@ class Ledger:
             "peak_source": peak_source,
             "reason": reason,
             "verdicts": list(verdicts) if verdicts is not None else None,
+            "figures": list(figures) if figures is not None else None,
         }
         fields = {k: v for k, v in given.items() if v is not None}
         return self.update_run(run_id, status=status, finished_at=finished_at or datetime.now(UTC), **fields)

@@ -31,20 +31,29 @@ from nightloom.spec.cluster import (
     SSHHost,
     SSHSpec,
 )
+from nightloom.spec.gates import GoldenSpec, ValidateSpec
 from nightloom.spec.micro_batch import micro_batches_per_step
+from nightloom.spec.operations import LedgerSpec, RecoverySpec, ScheduleSpec, StorageSpec, WindowSpec
 from nightloom.spec.stage_list import stage_list_errors
 
 __all__ = [  # the cluster section and the base live in their own leaves; nightloom/spec/__init__.py re-exports all
     "PROVIDER_KINDS",
     "ClusterSpec",
+    "GoldenSpec",
     "KubernetesSpec",
+    "LedgerSpec",
     "LocalSpec",
     "NCCLSpec",
     "ProviderSpec",
+    "RecoverySpec",
+    "ScheduleSpec",
     "SlurmSpec",
     "SpecError",
     "SSHHost",
     "SSHSpec",
+    "StorageSpec",
+    "ValidateSpec",
+    "WindowSpec",
 ]
 
 
@@ -393,129 +402,6 @@ class TrainSpec(_Section):
         if v and info.data.get("task") != "sft":
             raise ValueError("packing places whole conversations in a sequence: it needs train.task: sft")
         return v
-
-
-class GoldenSpec(_Section):
-    path: str | None = Field(None, description="JSONL of {step, loss}; or use `from_ledger`.")
-    from_ledger: bool = Field(False, description="Golden losses: the ledger's best verified run of this spec.")
-    rtol: float = Field(0.05, gt=0, description="Allowed relative difference from the golden loss.")
-
-
-class ValidateSpec(_Section):
-    """Gates a run must pass; a failing gate fails the flow with its reason."""
-
-    mfu_floor: float = Field(0.0, ge=0, lt=1, description="Minimum measured MFU (0 = no floor).")
-    mfu_vs_plan: float = Field(0.0, ge=0, le=2, description="Measured MFU >= this fraction of the planned MFU.")
-    min_loss_drop: float = Field(0.05, ge=0, lt=1, description="Fitted loss must fall by this fraction.")
-    window: int = Field(0, ge=0, description="Steps in the convergence window (0 = whole run).")
-    spike_k: float = Field(8.0, gt=0, description="A spike is a loss above k × MAD of the trend.")
-    spike_min_rise: float = Field(0.25, ge=0, description="... and above the trailing median by this fraction.")
-    spike_sustain: int = Field(3, ge=1, description="... for this many consecutive steps (hard batches pass).")
-    grad_norm_max: float | None = Field(None, gt=0, description="Gate: no step's gradient norm above this.")
-    golden: GoldenSpec = Field(default_factory=GoldenSpec, description="Gate: the losses follow a known curve.")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _parity_removed(cls, data):
-        if isinstance(data, dict) and "parity" in data:
-            raise ValueError(
-                "`parity` was removed: a run trains one layout, so no reference losses existed and the gate could "
-                "only fail. Layout parity is tested in tests/distributed/test_parity.py; to hold a run to a known "
-                "loss curve use validate.golden (a path or from_ledger)"
-            )
-        return data
-
-    eval_every: int = Field(0, ge=0, description="Held-out evaluation every K steps and at the end (0 = never).")
-    eval_windows: int = Field(16, gt=0, description="Fixed eval windows of seq_len+1 tokens (the first ones).")
-    eval_data: str | None = Field(
-        None, description="A JSONL file of eval documents (text field as the dataset's); default the held-out split."
-    )
-    eval_must_fall: bool = Field(True, description="Gate: the last eval loss is below the first.")
-    eval_max_rise: float = Field(
-        0.05, ge=0, description="Gate: the last eval loss is at most this fraction above the best (overfitting)."
-    )
-
-
-class WindowSpec(_Section):
-    start: str = Field("02:00", description="HH:MM local time in the schedule's time zone.")
-    end: str = Field("06:00", description="HH:MM; may be earlier than start (crosses midnight).")
-
-    @field_validator("start", "end")
-    @classmethod
-    def _hhmm(cls, v: str) -> str:
-        if not re.fullmatch(r"([01]\d|2[0-3]):[0-5]\d", v):
-            raise ValueError(f"expected HH:MM (00:00–23:59), got {v!r}")
-        return v
-
-
-class ScheduleSpec(_Section):
-    """Off-peak windows, prices and what to do outside a window."""
-
-    timezone: str = Field("Asia/Shanghai", description="IANA time zone of the windows.")
-    windows: list[WindowSpec] = Field(default_factory=lambda: [WindowSpec()], description="Off-peak windows.")
-    policy: Literal["wait", "run-now", "split"] = Field("run-now", description="Outside a window: run, wait, split.")
-    price_per_gpu_hour: float = Field(0.0, ge=0, description="Peak price of one GPU for an hour.")
-    offpeak_discount: float = Field(0.18, ge=0, lt=1, description="Discount inside a window (0.18 = 18%).")
-    currency: str = Field("USD", description="Currency of the prices and the budget.")
-    budget: float | None = Field(None, gt=0, description="Refuse or stop a run whose cost would exceed it.")
-    max_nights: int | None = Field(
-        None, ge=1, description="Refuse, before renting, a run whose plan needs more nights (windows) than this."
-    )
-    provisioning_minutes: float | None = Field(
-        None,
-        ge=0,
-        description="Minutes from renting to ready, billed, when the ledger has no measured time to ready for "
-        "this cluster (default 10).",
-    )
-    checkpoint_gb_per_s: float = Field(
-        2.0, gt=0, description="Checkpoint storage bandwidth (GB/s, all ranks together): save and restore time."
-    )
-
-    @field_validator("timezone")
-    @classmethod
-    def _tz(cls, v: str) -> str:
-        from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
-
-        try:
-            ZoneInfo(v)
-        except (ZoneInfoNotFoundError, ValueError):
-            raise ValueError(f"unknown time zone {v!r}") from None
-        return v
-
-
-class StorageSpec(_Section):
-    root: str = Field(".nightloom/runs", description="Run folders: metrics, checkpoints, plots.")
-    s3_endpoint_url: str | None = Field(None, description="For S3-compatible stores (SeaweedFS, MinIO...).")
-    s3_region: str = Field("us-east-1", description="S3 region.")
-    credentials_secret: str | None = Field(None, description="Prefect Secret block with 'KEY_ID:SECRET'.")
-
-
-class LedgerSpec(_Section):
-    url: str = Field("sqlite:///.nightloom/ledger.db", description="Any SQLAlchemy URL.")
-
-
-class RecoverySpec(_Section):
-    max_attempts: int = Field(0, ge=0, description="Re-launches after a failure (0 = fail at once).")
-    max_minutes: float = Field(30.0, gt=0, description="Time to recover, summed over attempts, before giving up.")
-    allow_relayout: bool = Field(True, description="Relaunch on fewer GPUs, re-planned, when nodes are lost.")
-    spare_nodes: int = Field(0, ge=0, description="local: extra nodes that replace failed ones (ssh: `spare` hosts).")
-    max_preemptions: int = Field(
-        10,
-        ge=0,
-        description="Relaunches after a preemption (SIGTERM or recovery.preempt_signal: every rank saved a "
-        "checkpoint at one agreed step), counted apart from max_attempts.",
-    )
-    preempt_signal: Literal["SIGUSR1", "SIGUSR2"] | None = Field(
-        None,
-        description="A notice signal handled like SIGTERM (checkpoint at the next step, stop); slurm passes "
-        "it as sbatch --signal so it comes recovery.preempt_grace_s before the time limit.",
-    )
-    preempt_grace_s: int = Field(
-        120,
-        gt=0,
-        description="Seconds a preempted rank has to finish its step and save: slurm's --signal lead, "
-        "kubernetes' terminationGracePeriodSeconds, torchrun's shutdown timeout.",
-    )
 
 
 #: Fields added since the ledger first keyed runs by spec hash, with their defaults: left out of the hash while

@@ -161,7 +161,7 @@ def test_a_schema_1_ledger_opens_with_every_row_and_field_and_gains_nights(tmp_p
     assert "nights" not in columns(db)
 
     with Ledger(url) as lg:
-        assert lg.schema_version() == SCHEMA_VERSION == 6
+        assert lg.schema_version() == SCHEMA_VERSION == 7
         assert sorted(r.run_id for r in lg.list_runs()) == ["done", "running"]
         assert_done_intact(lg)
         running = lg.get("running")
@@ -172,7 +172,7 @@ def test_a_schema_1_ledger_opens_with_every_row_and_field_and_gains_nights(tmp_p
         assert lg.record_night("running", night).nights == [night]
 
     assert "nights" in columns(db)
-    assert markers(db) == (["0006"], 6)  # the legacy row moves too, so an older nightloom refuses this ledger
+    assert markers(db) == (["0007"], 7)  # the legacy row moves too, so an older nightloom refuses this ledger
     runs_index = (
         "SELECT name FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL AND tbl_name = 'nightloom_runs'"
     )
@@ -205,7 +205,7 @@ def test_a_schema_2_ledger_without_alembic_is_stamped_at_2_not_migrated_from_1(t
         (n,) = lg.get("done").nights
         assert (n.night, n.steps_done, n.cost, n.stopped, n.predicted_cost) == (1, 10, 3.0, "window", 3.5)
         assert n.end == datetime(2026, 6, 1, 22, 0, tzinfo=UTC)
-    assert markers(db) == (["0006"], 6)
+    assert markers(db) == (["0007"], 7)
     monkeypatch.undo()
     with Ledger(url) as lg:  # and opens again as an Alembic ledger
         assert lg.schema_version() == SCHEMA_VERSION and len(lg.list_runs()) == 2
@@ -238,7 +238,7 @@ def test_downgrade_to_schema_1_and_back_keeps_the_rows(tmp_path: Path):
         assert_done_intact(lg)
 
 
-@pytest.mark.parametrize("rev", ["0007", "9f3c2a1b7d04"])
+@pytest.mark.parametrize("rev", ["0099", "9f3c2a1b7d04"])
 def test_an_unknown_revision_is_refused_naming_ledger_and_revision(tmp_path: Path, rev: str):
     db = tmp_path / "future.db"
     url = f"sqlite:///{db}"
@@ -323,7 +323,7 @@ def test_a_schema_5_ledger_gets_the_model_its_run_folder_trained_and_loses_nothi
     model_at = columns(db).index("model")
 
     with Ledger(url) as lg:
-        assert lg.schema_version() == SCHEMA_VERSION == 6
+        assert lg.schema_version() == SCHEMA_VERSION == 7
         got = {r.run_id: (r.model, r.family) for r in lg.list_runs()}
         assert got == {
             "chat": ("chat-sft-demo-qwen2", "qwen2"),  # corrected from its job file
@@ -338,7 +338,7 @@ def test_a_schema_5_ledger_gets_the_model_its_run_folder_trained_and_loses_nothi
         assert lg.calibration("h100-80gb", "qwen2").runs == 1 and lg.calibration("h100-80gb", "tiny") is None
 
     after = {r[0]: r for r in sql(db, "SELECT * FROM nightloom_runs ORDER BY run_id")}
-    assert markers(db) == (["0006"], 6) and columns(db)[-1] == "family"
+    assert markers(db) == (["0007"], 7) and columns(db)[-3:] == ["family", "task", "figures"]
     for run_id, old in before.items():  # every other field of every row as it was
         new = list(after[run_id][: len(old)])
         if run_id == "chat":

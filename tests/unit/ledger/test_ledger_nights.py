@@ -64,6 +64,8 @@ def test_a_schema_1_ledger_is_migrated_and_keeps_its_rows(tmp_path):
     con.execute("ALTER TABLE nightloom_runs DROP COLUMN preemptions")  # schema 5's
     con.execute("ALTER TABLE nightloom_runs DROP COLUMN preemption_lost_s")
     con.execute("ALTER TABLE nightloom_runs DROP COLUMN family")  # schema 6's
+    con.execute("ALTER TABLE nightloom_runs DROP COLUMN task")  # schema 7's
+    con.execute("ALTER TABLE nightloom_runs DROP COLUMN figures")
     con.execute("UPDATE nightloom_schema SET version = 1")
     con.execute("DROP TABLE nightloom_alembic_version")
     con.execute("DROP TABLE nightloom_queue_runs")  # schema 3's and 4's queue tables did not exist either
@@ -74,7 +76,7 @@ def test_a_schema_1_ledger_is_migrated_and_keeps_its_rows(tmp_path):
     con.close()
 
     with Ledger(url) as lg:
-        assert lg.schema_version() == SCHEMA_VERSION == 6
+        assert lg.schema_version() == SCHEMA_VERSION == 7
         old = lg.get("old-run")
         assert old.status == "succeeded" and old.cost == 12.5 and old.nights == []
         row = lg.record_night("old-run", night(1, 2.0, 10))

@@ -52,7 +52,7 @@ def test_a_schema_4_ledger_opens_whole_and_counts_preemptions_apart(tmp_path: Pa
     assert "preemptions" not in [r[1] for r in sql(db, "PRAGMA table_info(nightloom_runs)")]
 
     with Ledger(url) as lg:
-        assert lg.schema_version() == SCHEMA_VERSION == 6
+        assert lg.schema_version() == SCHEMA_VERSION == 7
         old = lg.get("old")
         assert (old.preemptions, old.preemption_lost_s) == (0, 0.0)
         assert old.interruption_count == 1 and old.recovery_s == 3.0 and old.interruptions[0].kind == "node"
@@ -64,8 +64,8 @@ def test_a_schema_4_ledger_opens_whole_and_counts_preemptions_apart(tmp_path: Pa
     assert (row.preemptions, row.preemption_lost_s) == (2, 11.5)
     assert row.interruption_count == 1 and row.recovery_s == 3.0  # failures only
     assert [i.kind for i in row.interruptions] == ["node", "preemption", "preemption"]
-    assert sql(db, f"SELECT version_num FROM {ledger_migrations.VERSION_TABLE}") == [("0006",)]
-    assert sql(db, "SELECT version FROM nightloom_schema") == [(6,)]
+    assert sql(db, f"SELECT version_num FROM {ledger_migrations.VERSION_TABLE}") == [("0007",)]
+    assert sql(db, "SELECT version FROM nightloom_schema") == [(7,)]
 
     # and back: schema 4 drops the counters, keeps the row
     eng = create_engine(url)

@@ -83,15 +83,15 @@ def test_a_schema_3_ledger_opens_with_its_queue_and_gains_the_runs_table(tmp_pat
     assert not sql(db, "SELECT name FROM sqlite_master WHERE name = 'nightloom_queue_runs'")
 
     with Ledger(url) as lg:
-        assert lg.schema_version() == SCHEMA_VERSION == 6
+        assert lg.schema_version() == SCHEMA_VERSION == 7
         store = QueueStore(lg)
         assert store.get("team").max_nodes == 2 and store.runs("team") == []
         job = store.add("team", figures("a"), spec={"name": "a"}, added_at=T0)
         rec = store.record_run(night(job.id, "split", "split", 40, "run-a"))
         assert rec.id is not None and store.runs("team") == [rec]
     assert sql(db, "SELECT * FROM nightloom_queues")[0][:3] == before[0][:3]  # its schedule is the job's now
-    assert sql(db, f"SELECT version_num FROM {ledger_migrations.VERSION_TABLE}") == [("0006",)]
-    assert sql(db, "SELECT version FROM nightloom_schema") == [(6,)]
+    assert sql(db, f"SELECT version_num FROM {ledger_migrations.VERSION_TABLE}") == [("0007",)]
+    assert sql(db, "SELECT version FROM nightloom_schema") == [(7,)]
 
 
 def test_nights_set_the_job_status_and_the_plan_continues_from_them(tmp_path: Path):

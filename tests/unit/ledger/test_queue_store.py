@@ -77,7 +77,7 @@ def test_a_schema_2_ledger_opens_with_nothing_lost_and_gains_usable_queue_tables
     before = sql(db, "SELECT * FROM nightloom_runs")
 
     with Ledger(url) as lg:
-        assert lg.schema_version() == SCHEMA_VERSION == 6
+        assert lg.schema_version() == SCHEMA_VERSION == 7
         old = lg.get("old")
         assert (old.status, old.cost, old.tokens_per_s, old.world_size) == ("stopped", 3.0, 1e5, 16)
         assert old.started_at == T0 and old.finished_at == T0 + timedelta(hours=4)
@@ -93,8 +93,8 @@ def test_a_schema_2_ledger_opens_with_nothing_lost_and_gains_usable_queue_tables
         job = add(store, "team", figures(), priority=2, deadline=T0 + timedelta(days=2), added_at=T0)
         assert store.jobs("team") == [job]
 
-    assert sql(db, f"SELECT version_num FROM {ledger_migrations.VERSION_TABLE}") == [("0006",)]
-    assert sql(db, "SELECT version FROM nightloom_schema") == [(6,)]  # an older nightloom refuses it
+    assert sql(db, f"SELECT version_num FROM {ledger_migrations.VERSION_TABLE}") == [("0007",)]
+    assert sql(db, "SELECT version FROM nightloom_schema") == [(7,)]  # an older nightloom refuses it
     with Ledger(url) as lg:  # and opens again, the queue kept
         assert [j.id for j in QueueStore(lg).jobs("team")] == [job.id]
 
