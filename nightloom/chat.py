@@ -218,6 +218,15 @@ class ChatRenderer:
             raise ChatError(f"the chat template refused this conversation: {e}") from None
         return (list(out["input_ids"]), list(out["assistant_masks"])) if mask else list(out["input_ids"])
 
+    def ids(self, messages: list[dict], generation_prompt: bool = False) -> list[int]:
+        """The template's ids of `messages` (with the generation prompt when asked): ChatError if it refuses."""
+        return self._ids(messages, generation_prompt)
+
+    def encode(self, text: str) -> list[int]:
+        """A plain text's ids by the tokenizer's own rules (preference pairs in the plain-text form)."""
+        with self._lock:
+            return list(self.tok(text)["input_ids"])
+
     def text(self, messages: list[dict]) -> str:
         """The rendered conversation (what the shard's text column keeps)."""
         with self._lock:

@@ -159,7 +159,8 @@ FLOORS = {
     "nightloom.validate": 3,
     "nightloom.ledger": 3,
     "nightloom.ledger_model": 3,  # the deprecated alias of nightloom.ledger.model (one release)
-    "nightloom.queue_store": 3,
+    "nightloom.queue": 3,  # the night queue: its job record, timetable, nights, chart and store
+    "nightloom.queue_store": 3,  # the deprecated alias of nightloom.queue.store (one release)
     "nightloom.report": 3,
     "nightloom.plots": 3,
     "nightloom.metrics": 3,
@@ -177,6 +178,7 @@ FLOORS = {
     "nightloom.sharding": 2,
     "nightloom.tokenizer": 2,
     "nightloom.chat": 2,
+    "nightloom.chat_pairs": 2,
     "nightloom.hf": 2,
     "nightloom.catalog": 1,
     "nightloom.hf.config": 1,
