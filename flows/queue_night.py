@@ -27,8 +27,9 @@ from pydantic import BaseModel, ConfigDict
 from flows.pipeline import training_pipeline
 from flows.stages import clock_at, placed
 from nightloom.ledger import Ledger
-from nightloom.queue_store import QueuedJob, QueueRun
-from nightloom.schedule.queue_night import JobProgress, NightStretch, night_outcome
+from nightloom.queue.jobs import QueuedJob
+from nightloom.queue.store import QueueRun
+from nightloom.queue.tonight import JobProgress, NightStretch, night_outcome
 from nightloom.schedule.windows import parse_zoned
 from nightloom.spec import LedgerSpec, RunSpec
 from nightloom.spec.load import coerce_spec

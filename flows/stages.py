@@ -25,13 +25,13 @@ from nightloom.model_resolver import model_shape as resolve_model_shape
 from nightloom.parallel import ParallelPlan
 from nightloom.provision.base import Cluster, Provider
 from nightloom.provision.shared_folder import check_shared_folder
+from nightloom.queue.tonight import StretchPlacement
 from nightloom.recovery import Event
 from nightloom.report import StageTime
 from nightloom.schedule.cost import BillingSpan
 from nightloom.schedule.errors import RunRefused
 from nightloom.schedule.gate import GateDecision
 from nightloom.schedule.night_record import NightsSoFar, night_record
-from nightloom.schedule.queue_night import StretchPlacement
 from nightloom.schedule.windows import next_window
 from nightloom.shape import ModelShape
 from nightloom.sharding import ShardManifest

@@ -1,6 +1,6 @@
 """The night queue's tasks: read tonight's plan from the ledger, publish its Gantt chart, record what a job's night
 did. The decisions (what is left of a job, which stretches are tonight's, what a night makes of a job) are
-nightloom.schedule.queue_night's.
+nightloom.queue.tonight's.
 """
 
 from __future__ import annotations
@@ -15,8 +15,10 @@ from prefect.cache_policies import NO_CACHE
 from sqlalchemy.engine import make_url
 
 from nightloom.ledger import Ledger
-from nightloom.queue_store import QueuedJob, QueueRecord, QueueRun, QueueStore
-from nightloom.schedule.queue_night import (
+from nightloom.queue.jobs import QueuedJob
+from nightloom.queue.store import QueueRecord, QueueRun, QueueStore
+from nightloom.queue.timetable import QueuePlan, plan_queue
+from nightloom.queue.tonight import (
     JobProgress,
     NightStretch,
     StretchPlacement,
@@ -25,7 +27,6 @@ from nightloom.schedule.queue_night import (
     tonight,
     tonight_window,
 )
-from nightloom.schedule.queue_plan import QueuePlan, plan_queue
 from nightloom.schedule.windows import Interval
 from nightloom.spec import RunSpec
 
@@ -123,7 +124,7 @@ def gantt_task(plan: QueuePlan, path: Path, title: str) -> Path:
     its path)."""
     from prefect.artifacts import create_markdown_artifact
 
-    from nightloom.schedule.queue_gantt import plot_queue_gantt
+    from nightloom.queue.gantt import plot_queue_gantt
 
     path.parent.mkdir(parents=True, exist_ok=True)
     out = plot_queue_gantt(plan, path, title=title)

@@ -23,10 +23,10 @@ from zoneinfo import ZoneInfo
 
 from flows.commands.common import failed, load_spec_file, spec_invalid, usage
 from nightloom.ledger import Ledger, LedgerError
-from nightloom.queue_store import QueuedJob, QueueError, QueueRecord, QueueStore
+from nightloom.queue.jobs import QueuedJob, QueueRefused, job_figures, spec_refusals
+from nightloom.queue.store import QueueError, QueueRecord, QueueStore
+from nightloom.queue.timetable import QueuePlan, plan_queue
 from nightloom.schedule.errors import ScheduleError, StepTimeUnknown
-from nightloom.schedule.queue_jobs import JobFigures, QueueRefused, job_figures, spec_refusals
-from nightloom.schedule.queue_plan import QueuePlan, plan_queue
 from nightloom.schedule.windows import parse_zoned
 from nightloom.spec import LedgerSpec, RunSpec, SpecError
 from nightloom.wording import plural
@@ -69,7 +69,7 @@ def ledger_url(args) -> str:
     return getattr(args, "ledger", None) or os.environ.get("NIGHTLOOM_LEDGER_URL") or LedgerSpec().url
 
 
-def figures_for(spec: RunSpec, hours: float | None, ledger: Ledger) -> JobFigures:
+def figures_for(spec: RunSpec, hours: float | None, ledger: Ledger) -> QueuedJob:
     """The job's figures: --hours, else the ledger's measured runs on its cluster, else the planner."""
     runs = [] if hours is not None else ledger.list_runs(cluster=spec.cluster.name)
     try:
@@ -146,7 +146,7 @@ def _act(args, store: QueueStore, spec: RunSpec | None, deadline: datetime | Non
         print(json.dumps({"jobs": [], "nights": []}) if args.json else f"queue {name}: no jobs to plan")
         return 0
     if args.gantt:
-        from nightloom.schedule.queue_gantt import plot_queue_gantt
+        from nightloom.queue.gantt import plot_queue_gantt
 
         plot_queue_gantt(plan, args.gantt, title=f"queue {name}")
     if args.json:

@@ -45,7 +45,7 @@ def test_a_queue_not_made_yet_is_nothing_to_run(deployment, tmp_path):
 def test_two_jobs_over_two_nights(deployment, tmp_path):
     from flows.cli import main
     from nightloom.ledger import Ledger
-    from nightloom.queue_store import QueueStore
+    from nightloom.queue.store import QueueStore
 
     ledger = f"sqlite:///{tmp_path / 'ledger.db'}"
     # both on one cluster.name: the queue keys each stretch's lock by its nodes, so they still run side by side

@@ -34,7 +34,7 @@ def allocations(folder: Path) -> list[tuple[str, str]]:
 def test_slurm_jobs_pinned_to_their_nodes_and_a_failed_night_planned_again(slurm, tmp_path):
     from flows.cli import main
     from nightloom.ledger import Ledger
-    from nightloom.queue_store import QueueStore
+    from nightloom.queue.store import QueueStore
 
     deployment = deploy_nightly_queue()
     ledger = f"sqlite:///{tmp_path / 'ledger.db'}"

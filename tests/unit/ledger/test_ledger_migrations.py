@@ -21,7 +21,7 @@ from nightloom.ledger import SCHEMA_VERSION, Ledger, LedgerError, NightRecord
 from nightloom.ledger import engine as ledger_mod
 from nightloom.ledger import migrations as ledger_migrations
 from nightloom.parallel import ParallelPlan
-from nightloom.queue_store import queue_metadata
+from nightloom.queue.store import queue_metadata
 
 T0 = datetime(2026, 6, 1, 2, 0, tzinfo=UTC)
 

@@ -5,14 +5,14 @@ twice. Every plan is asked at an injected time."""
 from __future__ import annotations
 
 import random
-from dataclasses import replace
 from datetime import datetime, timedelta
 from zoneinfo import ZoneInfo
 
 import pytest
 
+from nightloom.queue.jobs import QueuedJob
+from nightloom.queue.timetable import QueuePlan, plan_queue
 from nightloom.schedule.errors import ScheduleError
-from nightloom.schedule.queue_plan import PlanJob, QueuePlan, plan_queue
 from nightloom.schedule.windows import windows_between
 from nightloom.spec import ScheduleSpec
 
@@ -27,8 +27,8 @@ def sched(**kw) -> ScheduleSpec:
     return ScheduleSpec.model_validate(base | {"price_per_gpu_hour": PRICE, "offpeak_discount": DISCOUNT} | kw)
 
 
-def job(id, nodes, hours, policy, priority=1, deadline=None, steps=100, prov=600.0, ckpt=40.0, **kw) -> PlanJob:
-    return PlanJob(
+def job(id, nodes, hours, policy, priority=1, deadline=None, steps=100, prov=600.0, ckpt=40.0, **kw) -> QueuedJob:
+    return QueuedJob(
         id=id,
         name=f"job{id}",
         priority=priority,
@@ -40,14 +40,15 @@ def job(id, nodes, hours, policy, priority=1, deadline=None, steps=100, prov=600
         provisioning_s=prov,
         checkpoint_s=ckpt,
         restore_s=ckpt,
-        price_per_gpu_hour=PRICE,
-        offpeak_discount=DISCOUNT,
+        hours_source="given",
+        spec_hash=f"h{id}",
+        schedule=sched(policy=policy),
         deadline=deadline,
         **kw,
     )
 
 
-def scenario() -> list[PlanJob]:
+def scenario() -> list[QueuedJob]:
     """The issue's three jobs in a 4-node queue: 4 nodes × 3 h at priority 1; 2 nodes × 6 h split; 2 nodes × 2 h
     wait, with a deadline (the end of the second night) it can meet."""
     return [
@@ -71,7 +72,7 @@ def stretches(planned) -> list[list]:
     return out
 
 
-def assert_valid(plan: QueuePlan, s: ScheduleSpec, jobs: list[PlanJob]) -> None:
+def assert_valid(plan: QueuePlan, s: ScheduleSpec, jobs: list[QueuedJob]) -> None:
     """Never more than max_nodes, disjoint nodes, every segment inside a window, each job's training hours."""
     assert max(held for _, held in plan.nodes_held()) <= plan.max_nodes
     segs = [(j.job.id, g) for j in plan.jobs for g in j.segments]
@@ -172,7 +173,7 @@ def test_a_wait_job_longer_than_any_window_is_unschedulable_and_others_still_run
     out = plan.to_json()["jobs"][0]
     assert out["segments"] == [] and out["finish"] is None and out["reason"] == p[1].reason
     # as a split job it runs, over two nights
-    split = by_id(plan_queue(s, 4, [replace(jobs[0], policy="split")], AT))[1]
+    split = by_id(plan_queue(s, 4, [jobs[0].model_copy(update={"policy": "split"})], AT))[1]
     assert len(stretches(split)) == 2 and split.meets_deadline is True
 
 
@@ -185,7 +186,9 @@ def test_never_more_than_max_nodes_with_many_jobs():
         )
         for i in range(1, 13)
     ]
-    jobs = [replace(j, policy="split") if j.hours > 2.5 else j for j in jobs]  # a 3 h window: 5 h must split
+    jobs = [
+        j.model_copy(update={"policy": "split"}) if j.hours > 2.5 else j for j in jobs
+    ]  # a 3 h window: 5 h must split
     plan = plan_queue(s, 3, jobs, AT)
     assert all(j.scheduled for j in plan.jobs)
     assert_valid(plan, s, jobs)
@@ -237,7 +240,7 @@ def test_refusals_of_the_plan_itself():
 
 
 def test_gantt_chart_is_a_png(tmp_path):
-    from nightloom.schedule.queue_gantt import plot_queue_gantt
+    from nightloom.queue.gantt import plot_queue_gantt
 
     plan = plan_queue(sched(), 4, scenario(), AT)
     out = plot_queue_gantt(plan, tmp_path / "g" / "gantt.png", title="queue team")

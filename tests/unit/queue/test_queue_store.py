@@ -19,16 +19,16 @@ from sqlalchemy import create_engine
 from nightloom.ledger import SCHEMA_VERSION, Ledger, NightRecord
 from nightloom.ledger import engine as ledger_mod
 from nightloom.ledger import migrations as ledger_migrations
-from nightloom.queue_store import QueueError, QueueRefused, QueueStore, queue_metadata
-from nightloom.schedule.queue_jobs import JobFigures
+from nightloom.queue.jobs import QueuedJob, QueueRefused
+from nightloom.queue.store import QueueError, QueueStore, queue_metadata
 from nightloom.spec import ScheduleSpec
 
 T0 = datetime(2026, 6, 1, 2, 0, tzinfo=UTC)
 SCHED = ScheduleSpec(policy="split", timezone="Asia/Shanghai", price_per_gpu_hour=2.5)
 
 
-def figures(name="j", nodes=2, policy="split", schedule=SCHED, hours=2.0) -> JobFigures:
-    return JobFigures(
+def figures(name="j", nodes=2, policy="split", schedule=SCHED, hours=2.0) -> QueuedJob:
+    return QueuedJob(
         name=name,
         spec_hash="h" + name,
         nodes=nodes,
@@ -44,7 +44,7 @@ def figures(name="j", nodes=2, policy="split", schedule=SCHED, hours=2.0) -> Job
     )
 
 
-def add(store: QueueStore, queue: str, fig: JobFigures, **kw):
+def add(store: QueueStore, queue: str, fig: QueuedJob, **kw):
     return store.add(queue, fig, spec={"name": fig.name}, **kw)
 
 
@@ -148,8 +148,9 @@ def test_queues_and_jobs_round_trip_typed(store: QueueStore):
     assert [j.name for j in store.jobs("team")] == ["a", "b"] and b.id > a.id
     got = store.jobs("team")[1]
     assert got == b and got.deadline == T0 + timedelta(hours=5) and got.hours == pytest.approx(2.0)
-    pj = got.plan_job()
-    assert (pj.id, pj.priority, pj.nodes, pj.gpus, pj.policy, pj.price_per_gpu_hour) == (b.id, 3, 2, 16, "wait", 2.5)
+    assert store.plan_jobs("team") == store.jobs("team")  # no night ran yet: the plan packs the stored records
+    price = got.schedule.price_per_gpu_hour
+    assert (got.id, got.priority, got.nodes, got.gpus, got.policy, price) == (b.id, 3, 2, 16, "wait", 2.5)
     assert store.names() == ["team"]
     with pytest.raises(QueueError, match="no queue 'nope'"):
         store.jobs("nope")

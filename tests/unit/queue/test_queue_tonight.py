@@ -7,7 +7,9 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from zoneinfo import ZoneInfo
 
-from nightloom.schedule.queue_night import (
+from nightloom.queue.jobs import QueuedJob
+from nightloom.queue.timetable import plan_queue
+from nightloom.queue.tonight import (
     JobProgress,
     next_night,
     night_outcome,
@@ -16,7 +18,6 @@ from nightloom.schedule.queue_night import (
     tonight,
     tonight_window,
 )
-from nightloom.schedule.queue_plan import PlanJob, plan_queue
 from nightloom.spec import ClusterSpec, DatasetSpec, RunSpec, ScheduleSpec, SlurmSpec
 
 SH = ZoneInfo("Asia/Shanghai")
@@ -26,8 +27,8 @@ SCHED = ScheduleSpec.model_validate(
 )
 
 
-def job(id, nodes, hours, policy="split", priority=1, steps=100) -> PlanJob:
-    return PlanJob(
+def job(id, nodes, hours, policy="split", priority=1, steps=100) -> QueuedJob:
+    return QueuedJob(
         id=id,
         name=f"job{id}",
         priority=priority,
@@ -39,8 +40,9 @@ def job(id, nodes, hours, policy="split", priority=1, steps=100) -> PlanJob:
         provisioning_s=600.0,
         checkpoint_s=40.0,
         restore_s=40.0,
-        price_per_gpu_hour=2.0,
-        offpeak_discount=0.5,
+        hours_source="given",
+        spec_hash=f"h{id}",
+        schedule=SCHED.model_copy(update={"price_per_gpu_hour": 2.0, "offpeak_discount": 0.5, "policy": policy}),
     )
 
 

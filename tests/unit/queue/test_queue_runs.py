@@ -18,16 +18,16 @@ from sqlalchemy import create_engine
 from nightloom.ledger import SCHEMA_VERSION, Ledger
 from nightloom.ledger import engine as ledger_mod
 from nightloom.ledger import migrations as ledger_migrations
-from nightloom.queue_store import QueueRun, QueueStore
-from nightloom.schedule.queue_jobs import JobFigures
+from nightloom.queue.jobs import QueuedJob
+from nightloom.queue.store import QueueRun, QueueStore
 from nightloom.spec import ScheduleSpec
 
 T0 = datetime(2026, 6, 1, 2, 0, tzinfo=UTC)
 SCHED = ScheduleSpec(policy="split", timezone="Asia/Shanghai", price_per_gpu_hour=2.5)
 
 
-def figures(name: str) -> JobFigures:
-    return JobFigures(
+def figures(name: str) -> QueuedJob:
+    return QueuedJob(
         name=name,
         spec_hash="h" + name,
         nodes=1,

@@ -1,0 +1,343 @@
+"""The night queues kept in the run ledger's database (schema 3, and 4 for their runs): queues, their jobs and what
+the nightly-queue deployment ran for each job each night, typed, over the ledger's engine and its retrying
+transactions.
+
+A queue has a name, the most nodes it holds at once, an optional budget per night, and the schedule its first job
+gave (time zone, windows, currency; cleared when its last job leaves). `add` checks a job against the queue inside
+the transaction that inserts it (nightloom.queue.jobs.refusals), so a refused job leaves the queue exactly
+as it was. Job ids are never reused, so a removed job's id names nothing afterwards.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+from sqlalchemy import JSON, Float, ForeignKey, Integer, String, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+
+from nightloom.ledger import Ledger, LedgerError
+from nightloom.ledger.engine import UTCDateTime
+from nightloom.queue.jobs import QueuedJob, QueueRefused, refusals
+from nightloom.queue.tonight import JOB_STATUSES, JobProgress, remaining
+from nightloom.spec import ScheduleSpec
+
+__all__ = ["QueueError", "QueueRecord", "QueueRefused", "QueueRun", "QueueStore", "QueuedJob", "queue_metadata"]
+
+
+class QueueError(LedgerError):
+    """A queue that does not exist or already does, or a job id not in the queue; the message says which."""
+
+
+# ---------------------------------------------------------------------------------------------- records
+
+
+class QueueRecord(BaseModel):
+    """One queue, typed."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    max_nodes: int
+    budget_per_night: float | None = None
+    schedule: ScheduleSpec | None = None  # the first job's; None while the queue is empty
+    created_at: datetime
+
+
+class QueueRun(BaseModel):
+    """What one job's night did: the stretch the plan gave it, the pipeline run and flow run, the run's status and
+    the job's status after it, steps trained so far and the hours trained that night."""
+
+    model_config = ConfigDict(extra="forbid")
+    id: int | None = None
+    queue: str
+    job_id: int
+    night: datetime  # the window's start
+    segment_start: datetime
+    segment_end: datetime
+    nodes: list[int]
+    run_id: str | None = None
+    flow_run_id: str | None = None
+    status: str  # the pipeline run's: completed | split | stopped | failed | deferred | refused | crashed
+    job_status: str  # queued | split | done (nightloom.queue.tonight.night_outcome)
+    steps_done: int
+    hours_trained: float
+    reason: str = ""
+    started_at: datetime
+    finished_at: datetime
+
+
+# ---------------------------------------------------------------------------------------------- tables
+
+
+class _QueueBase(DeclarativeBase):
+    pass
+
+
+queue_metadata = _QueueBase.metadata  # the queue tables (the runs table is nightloom.ledger's)
+
+
+class _Queue(_QueueBase):
+    __tablename__ = "nightloom_queues"
+    name: Mapped[str] = mapped_column(String(128), primary_key=True)
+    max_nodes: Mapped[int] = mapped_column(Integer)
+    budget_per_night: Mapped[float | None] = mapped_column(Float)
+    schedule: Mapped[Any | None] = mapped_column(JSON, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class _Job(_QueueBase):
+    __tablename__ = "nightloom_queue_jobs"
+    __table_args__ = {"sqlite_autoincrement": True}  # SQLite: never hand a removed job's id to a new one
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    queue: Mapped[str] = mapped_column(String(128), ForeignKey("nightloom_queues.name"), index=True)
+    name: Mapped[str] = mapped_column(String(128))
+    status: Mapped[str] = mapped_column(String(16))
+    priority: Mapped[int] = mapped_column(Integer)
+    deadline: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    added_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    nodes: Mapped[int] = mapped_column(Integer)
+    gpus: Mapped[int] = mapped_column(Integer)
+    policy: Mapped[str] = mapped_column(String(16))
+    steps: Mapped[int] = mapped_column(Integer)
+    step_time_s: Mapped[float] = mapped_column(Float)
+    hours_source: Mapped[str] = mapped_column(String(512))
+    provisioning_s: Mapped[float] = mapped_column(Float)
+    checkpoint_s: Mapped[float] = mapped_column(Float)
+    restore_s: Mapped[float] = mapped_column(Float)
+    schedule: Mapped[Any] = mapped_column(JSON)
+    spec: Mapped[Any] = mapped_column(JSON)
+    spec_path: Mapped[str | None] = mapped_column(String(1024))
+    spec_hash: Mapped[str] = mapped_column(String(64))
+
+
+class _Run(_QueueBase):
+    __tablename__ = "nightloom_queue_runs"
+    __table_args__ = {"sqlite_autoincrement": True}
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    queue: Mapped[str] = mapped_column(String(128), ForeignKey("nightloom_queues.name"), index=True)
+    job_id: Mapped[int] = mapped_column(Integer)
+    night: Mapped[datetime] = mapped_column(UTCDateTime)
+    segment_start: Mapped[datetime] = mapped_column(UTCDateTime)
+    segment_end: Mapped[datetime] = mapped_column(UTCDateTime)
+    nodes: Mapped[Any] = mapped_column(JSON)
+    run_id: Mapped[str | None] = mapped_column(String(128))
+    flow_run_id: Mapped[str | None] = mapped_column(String(64))
+    status: Mapped[str] = mapped_column(String(16))
+    job_status: Mapped[str] = mapped_column(String(16))
+    steps_done: Mapped[int] = mapped_column(Integer)
+    hours_trained: Mapped[float] = mapped_column(Float)
+    reason: Mapped[str] = mapped_column(String(2048))
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    finished_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+_RUN_COLUMNS = tuple(c.name for c in _Run.__table__.columns)
+assert set(_RUN_COLUMNS) == set(QueueRun.model_fields), "queue run table and QueueRun drifted apart"
+_JOB_COLUMNS = tuple(c.name for c in _Job.__table__.columns)
+assert set(_JOB_COLUMNS) == set(QueuedJob.model_fields), "queue job table and QueuedJob drifted apart"
+
+
+def _queue_record(row: _Queue) -> QueueRecord:
+    return QueueRecord(
+        name=row.name,
+        max_nodes=row.max_nodes,
+        budget_per_night=row.budget_per_night,
+        schedule=row.schedule,
+        created_at=row.created_at,
+    )
+
+
+def _job_record(row: _Job) -> QueuedJob:
+    return QueuedJob.model_validate({c: getattr(row, c) for c in _JOB_COLUMNS})
+
+
+# ---------------------------------------------------------------------------------------------- the store
+
+
+class QueueStore:
+    """The queues of the ledger `ledger` (open it first: opening migrates it to schema 3)."""
+
+    def __init__(self, ledger: Ledger):
+        self.ledger = ledger
+
+    def _tx(self, fn):
+        """Run `fn(session)` in one transaction, retried on SQLite lock errors as the ledger's own writes are."""
+
+        def tx():
+            with Session(self.ledger.engine, expire_on_commit=False) as s, s.begin():
+                return fn(s)
+
+        return self.ledger.retry(tx)
+
+    def _queue_row(self, s: Session, name: str, *, lock: bool = False) -> _Queue:
+        q = select(_Queue).where(_Queue.name == name)
+        row = s.execute(q.with_for_update() if lock else q).scalar_one_or_none()
+        if row is None:
+            raise QueueError(f"no queue {name!r} in the ledger {self.ledger.where()}: create it first")
+        return row
+
+    def create(
+        self, name: str, max_nodes: int, budget_per_night: float | None = None, *, created_at: datetime | None = None
+    ) -> QueueRecord:
+        """A new, empty queue; a name already used is an error."""
+        if max_nodes < 1:
+            raise QueueError(f"--max-nodes must be >= 1, got {max_nodes}")
+        if budget_per_night is not None and budget_per_night <= 0:
+            raise QueueError(f"--budget-per-night must be > 0, got {budget_per_night}")
+        row = _Queue(
+            name=name,
+            max_nodes=max_nodes,
+            budget_per_night=budget_per_night,
+            created_at=created_at or datetime.now(UTC),
+        )
+
+        def fn(s: Session) -> None:
+            s.add(row)
+
+        try:
+            self._tx(fn)
+        except IntegrityError:
+            raise QueueError(f"queue {name!r} is already in the ledger {self.ledger.where()}") from None
+        return self.get(name)
+
+    def get(self, name: str) -> QueueRecord:
+        return self._tx(lambda s: _queue_record(self._queue_row(s, name)))
+
+    def names(self) -> list[str]:
+        return self._tx(lambda s: list(s.execute(select(_Queue.name).order_by(_Queue.name)).scalars()))
+
+    def jobs(self, name: str) -> list[QueuedJob]:
+        """The queue's jobs in the order they were added."""
+
+        def fn(s: Session) -> list[QueuedJob]:
+            self._queue_row(s, name)
+            rows = s.execute(select(_Job).where(_Job.queue == name).order_by(_Job.id)).scalars()
+            return [_job_record(r) for r in rows]
+
+        return self._tx(fn)
+
+    def add(
+        self,
+        name: str,
+        job: QueuedJob,
+        *,
+        spec: dict[str, Any],
+        priority: int = 1,
+        deadline: datetime | None = None,
+        spec_path: str | None = None,
+        added_at: datetime | None = None,
+    ) -> QueuedJob:
+        """Add a job, or raise QueueRefused naming every reason with the queue unchanged (the check and the
+        insert are one transaction). The first job sets the queue's schedule."""
+        if priority < 1:
+            raise QueueRefused(f"--priority must be >= 1 (1 runs first), got {priority}")
+        if deadline is not None and deadline.tzinfo is None:
+            raise QueueRefused(f"--deadline needs a time zone offset, got {deadline.isoformat()}")
+
+        def fn(s: Session) -> QueuedJob:
+            q = self._queue_row(s, name, lock=True)
+            sched = None if q.schedule is None else ScheduleSpec.model_validate(q.schedule)
+            why = refusals(job, max_nodes=q.max_nodes, queue_schedule=sched)
+            if why:
+                raise QueueRefused(f"queue {name!r} refuses {job.name}: " + "; ".join(why))
+            if q.schedule is None:
+                q.schedule = job.schedule.model_dump(mode="json")
+            row = _Job(
+                queue=name,
+                name=job.name,
+                status="queued",
+                priority=priority,
+                deadline=deadline,
+                added_at=added_at or datetime.now(UTC),
+                nodes=job.nodes,
+                gpus=job.gpus,
+                policy=job.policy,
+                steps=job.steps,
+                step_time_s=job.step_time_s,
+                hours_source=job.hours_source,
+                provisioning_s=job.provisioning_s,
+                checkpoint_s=job.checkpoint_s,
+                restore_s=job.restore_s,
+                schedule=job.schedule.model_dump(mode="json"),
+                spec=spec,
+                spec_path=spec_path,
+                spec_hash=job.spec_hash,
+            )
+            s.add(row)
+            s.flush()
+            return _job_record(row)
+
+        return self._tx(fn)
+
+    def remove(self, name: str, job_id: int) -> QueuedJob:
+        """Take a job out of the queue; the last one out clears the queue's schedule."""
+
+        def fn(s: Session) -> QueuedJob:
+            q = self._queue_row(s, name, lock=True)
+            row = s.execute(select(_Job).where(_Job.queue == name, _Job.id == job_id)).scalar_one_or_none()
+            if row is None:
+                raise QueueError(f"no job {job_id} in queue {name!r}")
+            rec = _job_record(row)
+            s.delete(row)
+            s.flush()
+            if s.execute(select(_Job.id).where(_Job.queue == name).limit(1)).first() is None:
+                q.schedule = None
+            return rec
+
+        return self._tx(fn)
+
+    # ------------------------------------------------------------------------------------------ what ran
+
+    def record_run(self, run: QueueRun) -> QueueRun:
+        """Record one job's night and set the job's status to what the night made of it, in one transaction."""
+        if run.job_status not in JOB_STATUSES:
+            raise QueueError(f"job status {run.job_status!r} is not one of {', '.join(JOB_STATUSES)}")
+
+        def fn(s: Session) -> QueueRun:
+            self._queue_row(s, run.queue)
+            row = _Run(**run.model_dump(exclude={"id"}, mode="python"))
+            s.add(row)
+            job = s.execute(select(_Job).where(_Job.queue == run.queue, _Job.id == run.job_id)).scalar_one_or_none()
+            if job is not None:
+                job.status = run.job_status
+            s.flush()
+            return QueueRun.model_validate({c: getattr(row, c) for c in _RUN_COLUMNS})
+
+        return self._tx(fn)
+
+    def runs(self, name: str, job_id: int | None = None) -> list[QueueRun]:
+        """What ran in the queue (or for one job), in the order it was recorded."""
+
+        def fn(s: Session) -> list[QueueRun]:
+            self._queue_row(s, name)
+            q = select(_Run).where(_Run.queue == name)
+            if job_id is not None:
+                q = q.where(_Run.job_id == job_id)
+            rows = s.execute(q.order_by(_Run.id)).scalars()
+            return [QueueRun.model_validate({c: getattr(r, c) for c in _RUN_COLUMNS}) for r in rows]
+
+        return self._tx(fn)
+
+    def progress(self, name: str) -> dict[int, JobProgress]:
+        """Each job's progress from its recorded nights: steps trained, the run a later night resumes (the newest
+        that has one), its status, the nights it ran."""
+        out: dict[int, JobProgress] = {}
+        for r in self.runs(name):
+            before = out.get(r.job_id, JobProgress(r.job_id))
+            out[r.job_id] = JobProgress(
+                job_id=r.job_id,
+                steps_done=max(before.steps_done, r.steps_done),
+                run_id=r.run_id or before.run_id,
+                status=r.job_status,
+                nights=before.nights + 1,
+            )
+        return out
+
+    def plan_jobs(self, name: str) -> list[QueuedJob]:
+        """The queue's jobs as the plan should see them now: finished ones left out, the others with the steps they
+        have left (nightloom.queue.tonight.remaining)."""
+        prog = self.progress(name)
+        jobs = [remaining(j, prog.get(j.id)) for j in self.jobs(name) if j.status != "done"]
+        return [j for j in jobs if j is not None]

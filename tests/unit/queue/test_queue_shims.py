@@ -1,0 +1,69 @@
+"""The night queue's old module paths (before nightloom/queue/ was a package) still import for one release: each
+warns, naming its new home, and hands out the very objects of that home (the old job records are the queue's one
+record, QueuedJob); nothing in the project imports them."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+
+import pytest
+
+from nightloom.queue.jobs import QueuedJob
+from tests.support.import_graph import build
+
+ROOT = Path(__file__).resolve().parents[3]
+
+#: old module -> its new home(s)
+SHIMS = {
+    "nightloom.queue_store": ("nightloom.queue.store", "nightloom.queue.jobs"),
+    "nightloom.schedule.queue_jobs": ("nightloom.queue.jobs",),
+    "nightloom.schedule.queue_plan": ("nightloom.queue.timetable", "nightloom.queue.jobs"),
+    "nightloom.schedule.queue_night": ("nightloom.queue.tonight",),
+    "nightloom.schedule.queue_gantt": ("nightloom.queue.gantt",),
+}
+RENAMED = {"JobFigures": QueuedJob, "PlanJob": QueuedJob}
+
+
+@pytest.mark.parametrize("old", sorted(SHIMS))
+def test_an_old_queue_module_warns_and_re_exports(old, monkeypatch):
+    new = SHIMS[old]
+    monkeypatch.delitem(sys.modules, old, raising=False)  # imported before: import it afresh, so it warns again
+    with pytest.warns(DeprecationWarning, match=f"{old} is deprecated .* import from {new[0]}"):
+        shim = importlib.import_module(old)
+    homes = [importlib.import_module(n) for n in new]
+    assert shim.__all__
+    for name in shim.__all__:
+        want = RENAMED.get(name) or next(getattr(h, name) for h in homes if hasattr(h, name))
+        assert getattr(shim, name) is want, name
+
+
+def test_the_queue_has_one_job_record():
+    """The store keeps, the plan packs and a night runs the same class; no other module declares a job's hours."""
+    from nightloom.queue import store, timetable, tonight
+
+    assert store.QueuedJob is timetable.QueuedJob is tonight.QueuedJob is QueuedJob
+    owners = sorted(
+        str(p.relative_to(ROOT))
+        for p in (ROOT / "nightloom").rglob("*.py")
+        if "def hours(self)" in p.read_text(encoding="utf-8") and "queue" in p.as_posix()
+    )
+    assert owners == ["nightloom/queue/jobs.py"]
+
+
+def test_no_project_code_imports_an_old_queue_module():
+    graph = build(ROOT)
+    users = sorted(
+        f"{graph.modules[a].as_posix()}:{line} imports {b}"
+        for (a, b), line in graph.edges.items()
+        if b in SHIMS and a not in SHIMS
+    )
+    assert not users, "import the new paths:\n  " + "\n  ".join(users)
+    texts = [*ROOT.glob("examples/*.ipynb"), *ROOT.glob("bench/*.py"), *ROOT.glob("tests/**/*.py")]
+    stale = sorted(
+        str(p.relative_to(ROOT))
+        for p in texts
+        if p.name != Path(__file__).name and any(f"{old} import" in p.read_text() for old in SHIMS)
+    )
+    assert not stale, f"import the new paths in {stale}"
