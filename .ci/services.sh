@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Real services on 127.0.0.1 for the test suite: 2x sshd, munge + Slurm (slurmctld, slurmd n1 n2), Prometheus,
-# SeaweedFS S3 (`weed mini`), a Prefect server + process work pool + worker, a Dask scheduler + 2 workers.
+# SeaweedFS S3 (`weed mini`), a Prefect server + process work pool + worker, a Dask scheduler + 2 workers,
+# PostgreSQL (the ledger and queue on a shared database) and an MLflow tracking server (its own SQLite store).
 #
 #   .ci/services.sh start   # install what is missing (apt, --no-install-recommends), start, poll each until healthy
 #   .ci/services.sh env     # export lines for the tests (eval "$(.ci/services.sh env)")
@@ -12,7 +13,9 @@
 # so a clone under a private (0700) home folder would never start it; the socket lives in $MUNGE_SOCKET_DIR
 # (default /run/nightloom-munge-<hash of $SVC_DIR>, or under /tmp when /run is not writable), removed by `stop`.
 # When a service fails to start, the last lines of its logs are printed (its output and its own log file).
-# SKIP_PREFECT=1 / SKIP_S3=1 / SKIP_PROM=1 / SKIP_DASK=1 leave those services out (faster local iterations).
+# SKIP_PREFECT=1 / SKIP_S3=1 / SKIP_PROM=1 / SKIP_DASK=1 / SKIP_PG=1 / SKIP_MLFLOW=1 leave those services out
+# (faster local iterations); ONLY="postgres mlflow" starts just the ones it names (any of sshd slurm prometheus s3
+# prefect dask postgres mlflow).
 set -uo pipefail
 
 ROOT=$(pwd)
@@ -33,6 +36,20 @@ S3_PORT=8333
 PREFECT_PORT=4200
 PREFECT_LANE2_PORT=4201  # the own-processes test lane's server (tests/conftest.py): its flows never queue behind the other lane's
 DASK_PORT=8786
+PG_PORT=15432
+PG_USER=nightloom
+PG_DB=nightloom_test
+MLFLOW_PORT=15000
+MLFLOW_VERSION=3.17.2  # the server; .venv's client is mlflow-skinny of the same version
+if [[ -n ${ONLY:-} ]]; then  # ONLY lists the services to start: every other one is skipped
+    for _svc in sshd slurm prometheus s3 prefect dask postgres mlflow; do
+        [[ " $ONLY " == *" $_svc "* ]] && continue
+        case $_svc in
+            sshd) SKIP_SSHD=1 ;; slurm) SKIP_SLURM=1 ;; prometheus) SKIP_PROM=1 ;; s3) SKIP_S3=1 ;;
+            prefect) SKIP_PREFECT=1 ;; dask) SKIP_DASK=1 ;; postgres) SKIP_PG=1 ;; mlflow) SKIP_MLFLOW=1 ;;
+        esac
+    done
+fi
 WORK_POOL=${WORK_POOL:-local-pool}
 
 log() { echo "[services] $*" >&2; }
@@ -109,6 +126,7 @@ install_missing() {
     [[ -x /usr/sbin/sshd ]] || pkgs+=(openssh-server)
     command -v slurmctld >/dev/null || pkgs+=(slurm-wlm)
     command -v munged >/dev/null || pkgs+=(munge)
+    [[ -n ${SKIP_PG:-} || -n $(pg_bin) ]] || pkgs+=(postgresql)
     [[ -n ${SKIP_PROM:-} ]] || command -v prometheus >/dev/null || pkgs+=(prometheus)
     command -v chromium >/dev/null || pkgs+=(chromium)  # tests/services/test_ui_browser.py (playwright drives it)
     if ((${#pkgs[@]})); then
@@ -310,23 +328,98 @@ with Client('tcp://127.0.0.1:$DASK_PORT', timeout=5) as c:
     assert len(c.scheduler_info()['workers']) >= 2"
 }
 
+# ------------------------------------------------------------------------------------------------- postgresql
+# The ledger and queue on a shared database (tests/support/postgres.py): one cluster, user $PG_USER (its password
+# in $SVC_DIR/pg.env, never on a command line), database $PG_DB; each test makes and drops a database of its own.
+# postgres refuses to run as root, so as root it runs as the `postgres` user Debian's package creates, with its
+# data folder where that user can reach it ($SVC_DIR/postgres, else under /tmp like munge's socket). Durability
+# is off (fsync, synchronous_commit): a test database, rebuilt on every CI run.
+pg_bin() { local d; d=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1); [[ -n $d ]] && echo "$d"; }
+
+PG_AS=()  # as root: run as the postgres user (setpriv execs, so the recorded PID is the server's own)
+((EUID != 0)) || PG_AS=(setpriv --reuid=postgres --regid=postgres --init-groups)
+as_pg() { "${PG_AS[@]}" "$@"; }
+
+pg_dir() {
+    if ((EUID != 0)) || as_pg test -x "$SVC_DIR"; then echo "$SVC_DIR/postgres"
+    else echo "${TMPDIR:-/tmp}/nightloom-pg-$(printf %s "$SVC_DIR" | md5sum | cut -c1-12)"; fi
+}
+
+pg_creds() {
+    local f=$SVC_DIR/pg.env
+    if [[ ! -f $f ]]; then
+        printf 'PG_PASSWORD=%s\n' "$(od -An -tx1 -N16 /dev/urandom | tr -d ' \n')" >"$f"
+        chmod 600 "$f"
+    fi
+    # shellcheck disable=SC1090
+    . "$f"
+}
+
+start_postgres() {
+    local bin d
+    bin=$(pg_bin) || { log "postgresql is not installed"; return 1; }
+    d=$(pg_dir)
+    pg_creds
+    if [[ ! -f $d/data/PG_VERSION ]]; then
+        rm -rf "$d"; mkdir -p "$d"; chmod 700 "$d"
+        ((EUID != 0)) || chown postgres: "$d"
+        printf '%s\n' "$PG_PASSWORD" >"$d/pw"; ((EUID != 0)) || chown postgres: "$d/pw"; chmod 600 "$d/pw"
+        as_pg "$bin/initdb" -D "$d/data" -U "$PG_USER" --pwfile="$d/pw" --auth-local=trust \
+            --auth-host=scram-sha-256 -E UTF8 --no-sync >"$LOGS/initdb.log" 2>&1
+        local rc=$?; rm -f "$d/pw"
+        ((rc == 0)) || { show_logs initdb; log "initdb failed"; return 1; }
+    fi
+    launch postgres "${PG_AS[@]}" "$bin/postgres" -D "$d/data" -h 127.0.0.1 -p $PG_PORT -k "$d" \
+        -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=200
+}
+
+postgres_ready() {  # accepting connections, and the tests' database exists
+    local bin d; bin=$(pg_bin); d=$(pg_dir)
+    "$bin/pg_isready" -q -h "$d" -p $PG_PORT || return 1
+    "$bin/psql" -h "$d" -p $PG_PORT -U "$PG_USER" -d postgres -tAc "SELECT 1 FROM pg_database WHERE datname = '$PG_DB'" |
+        grep -q 1 || "$bin/createdb" -h "$d" -p $PG_PORT -U "$PG_USER" "$PG_DB"
+}
+
+# ------------------------------------------------------------------------------------------------- mlflow
+# A real MLflow tracking server with its own SQLite store and artifact folder. The full `mlflow` package conflicts
+# with .venv's pyarrow, so it gets a venv of its own under $SVC_DIR (uv: seconds from its cache), built in the
+# background while the other services start. Its job runner (huey, seven processes) is off: the tests log runs only.
+start_mlflow() {
+    local d=$SVC_DIR/mlflow v=$SVC_DIR/mlflow-venv
+    mkdir -p "$d"
+    launch mlflow bash -c '
+        v=$1; venv=$2; version=$3; d=$4; port=$5
+        if [[ $("$v/bin/python" -c "import importlib.metadata as m; print(m.version(\"mlflow\"))" 2>/dev/null) != "$version" ]]; then
+            rm -rf "$v" && "$venv/bin/uv" venv -q --python "$venv/bin/python" "$v" &&
+                VIRTUAL_ENV=$v "$venv/bin/uv" pip install -q "mlflow==$version" || exit 1
+        fi
+        export MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false
+        exec "$v/bin/mlflow" server --host 127.0.0.1 --port "$port" --workers 1 \
+            --backend-store-uri "sqlite:///$d/mlflow.db" --artifacts-destination "$d/artifacts"
+    ' mlflow "$v" "$VENV" "$MLFLOW_VERSION" "$d" "$MLFLOW_PORT"
+}
+
 # ------------------------------------------------------------------------------------------------- commands
 do_start() {
     mkdir -p "$PIDS" "$LOGS"
     install_missing
     local t0=$SECONDS ok=0
     [[ -n ${SKIP_PREFECT:-} ]] || { start_prefect_server; start_prefect_lane2; }  # slowest (DB migrations): first
+    [[ -n ${SKIP_MLFLOW:-} ]] || start_mlflow  # next slowest (its venv, then its store's migrations)
+    [[ -n ${SKIP_PG:-} ]] || start_postgres || ok=1
     [[ -n ${SKIP_S3:-} ]] || start_s3
-    start_sshd
+    [[ -n ${SKIP_SSHD:-} ]] || start_sshd
     [[ -n ${SKIP_PROM:-} ]] || start_prometheus
     [[ -n ${SKIP_DASK:-} ]] || start_dask
-    start_slurm || ok=1
+    [[ -n ${SKIP_SLURM:-} ]] || start_slurm || ok=1
     local port
-    for port in "${SSH_PORTS[@]}"; do wait_until 20 "sshd:$port" "sshd$port" ssh_ok "$port" || ok=1; done
+    [[ -n ${SKIP_SSHD:-} ]] || for port in "${SSH_PORTS[@]}"; do wait_until 20 "sshd:$port" "sshd$port" ssh_ok "$port" || ok=1; done
+    [[ -n ${SKIP_PG:-} ]] || wait_until 30 postgres postgres postgres_ready || ok=1
     [[ -n ${SKIP_PROM:-} ]] || wait_until 30 prometheus prometheus http_ok "http://127.0.0.1:$PROM_PORT/-/ready" || ok=1
     [[ -n ${SKIP_S3:-} ]] || wait_until 60 "s3 (weed mini)" weed s3_ready || ok=1
     [[ -n ${SKIP_DASK:-} ]] || wait_until 90 "dask (scheduler + 2 workers)" "dask-scheduler dask-worker-1 dask-worker-2" \
         dask_ready || ok=1
+    [[ -n ${SKIP_MLFLOW:-} ]] || wait_until 180 "mlflow server" mlflow http_ok "http://127.0.0.1:$MLFLOW_PORT/health" || ok=1
     if [[ -z ${SKIP_PREFECT:-} ]]; then
         wait_until 180 "prefect server (lane 2)" prefect-server-2 http_ok \
             "http://127.0.0.1:$PREFECT_LANE2_PORT/api/health" || ok=1
@@ -380,6 +473,13 @@ do_env() {
         echo "export AWS_DEFAULT_REGION=us-east-1"
     fi
     [[ -n ${SKIP_DASK:-} ]] || echo "export DASK_SCHEDULER_ADDRESS=tcp://127.0.0.1:$DASK_PORT"
+    if [[ -z ${SKIP_PG:-} ]]; then
+        pg_creds
+        echo "export NIGHTLOOM_TEST_POSTGRES_URL=postgresql+psycopg://$PG_USER:$PG_PASSWORD@127.0.0.1:$PG_PORT/$PG_DB"
+    fi
+    if [[ -z ${SKIP_MLFLOW:-} ]]; then
+        echo "export NIGHTLOOM_TEST_MLFLOW_URI=http://127.0.0.1:$MLFLOW_PORT"
+    fi
     if [[ -z ${SKIP_PREFECT:-} ]]; then
         echo "export PREFECT_HOME=$d/prefect"
         echo "export PREFECT_API_URL=http://127.0.0.1:$PREFECT_PORT/api"
@@ -434,8 +534,14 @@ do_stop() {
         [[ -z $(squeue -h 2>/dev/null) ]] || log "squeue still not empty after 20s"
     fi
     stop_worker
+    if alive "$(pid_of postgres || echo 0)"; then  # INT: fast shutdown (TERM waits for every client to leave)
+        kill -INT "$(pid_of postgres)"
+        for ((i = 0; i < 50; i++)); do alive "$(pid_of postgres)" || break; sleep 0.2; done
+    fi
+    stop_pid postgres 5
+    [[ $(pg_dir) == "$SVC_DIR/postgres" ]] || rm -rf "$(pg_dir)"  # the /tmp fallback is not kept
     local name
-    for name in dask-worker-1 dask-worker-2 dask-scheduler prefect-server prefect-server-2 weed prometheus sshd2201 sshd2202 slurmd-n1 \
+    for name in mlflow dask-worker-1 dask-worker-2 dask-scheduler prefect-server prefect-server-2 weed prometheus sshd2201 sshd2202 slurmd-n1 \
         slurmd-n2 slurmctld munged; do
         stop_pid "$name" 5
     done
