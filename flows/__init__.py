@@ -1,17 +1,10 @@
-"""Prefect flows: the whole run (`training_pipeline`) and its parts. Flows only orchestrate."""
+"""Prefect flows: the whole run (`training_pipeline`) and its parts. Flows only orchestrate. Importing the package
+changes nothing: the entry points apply Prefect's defaults themselves (flows/defaults.py)."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-
-# Defaults that make a notebook or script work with no server configured (ephemeral mode). Set before
-# Prefect is imported; a user's own settings (env or profile) win.
-os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
-os.environ.setdefault("OMP_NUM_THREADS", "1")
-# log messages printed as written: Prefect's console handler would turn `corpus.jsonl:100:` into an emoji
-os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_CLASS", "flows.console.VerbatimConsoleHandler")
 
 
 def training_pipeline(spec, resume_run_id: str | None = None):
@@ -30,6 +23,9 @@ def training_pipeline(spec, resume_run_id: str | None = None):
 
         check_data(load_spec(path))  # every field error at once (SpecError), bad records, before Prefect starts
         spec = str(spec)
+    from flows.defaults import set_prefect_defaults
+
+    set_prefect_defaults()  # before Prefect's first import (flows.pipeline): its console handler, its server
     from flows.pipeline import training_pipeline as flow
 
     return flow(spec, resume_run_id=resume_run_id)

@@ -11,6 +11,7 @@ import importlib
 import sys
 
 from flows.commands.common import UsageError, check_spec_arg, usage
+from flows.defaults import set_prefect_defaults
 
 #: subcommand modules in flows/commands/, each exposing register(subparsers) and run(args) -> int
 COMMANDS = ("run", "validate", "plan", "shard", "provision", "cost", "ledger", "queue", "export", "eval", "ui")
@@ -32,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    set_prefect_defaults()  # before any command imports Prefect (flows/defaults.py)
     parser = build_parser()
     args = parser.parse_args(argv)  # exits 2 on usage errors
     try:

@@ -2,8 +2,9 @@
 
 Prefect prints every log line through a Rich console, which turns `:name:` codes into emoji: a bad record at
 `corpus.jsonl:1234:` or `:100:` came out as `corpus.jsonl🔢` or `💯`. Prefect's PREFECT_LOGGING_MARKUP only turns
-Rich markup on and off (off by default) and its handler has no emoji setting, so flows/__init__.py names this
-handler in PREFECT_LOGGING_HANDLERS_CONSOLE_CLASS (Prefect's logging.yml override; a user's own setting wins).
+Rich markup on and off (off by default) and its handler has no emoji setting, so the entry points name this
+handler in PREFECT_LOGGING_HANDLERS_CONSOLE_CLASS (Prefect's logging.yml override, read when Prefect is first
+imported; a user's own setting wins) through flows/defaults.py's set_prefect_defaults.
 Highlighting (levels, URLs, run names in colour) is Prefect's, unchanged.
 
 A data error (a bad record, a corpus too small to balance, a chat its template refuses) is printed without its

@@ -17,6 +17,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from flows.defaults import set_prefect_defaults
+
 POOL = "local-pool"  # the work pool prefect.yaml's deployments name
 
 
@@ -105,7 +107,7 @@ def prefect_env(api_url: str, home: Path) -> dict[str, str]:
         PREFECT_WORKER_QUERY_SECONDS=env.get("PREFECT_WORKER_QUERY_SECONDS", "2"),
         PYTHONUNBUFFERED="1",
     )
-    env.setdefault("OMP_NUM_THREADS", "1")
+    set_prefect_defaults(env)  # the worker's flow runs (the deployments) inherit them: flows/defaults.py
     return env
 
 

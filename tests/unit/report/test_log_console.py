@@ -16,7 +16,9 @@ def test_a_message_with_emoji_codes_reaches_the_terminal_verbatim():
     """Through Prefect's own logging setup (logging.yml, its console handler), as a flow's log line would go."""
     message = "corpus.jsonl:100: bad record :1234: [bold]x[/bold]"
     code = (
-        "import flows, prefect.main\n"
+        "from flows.defaults import set_prefect_defaults\n"
+        "set_prefect_defaults()\n"
+        "import prefect.main\n"
         "from prefect.logging import get_logger\n"
         f"get_logger('nightloom').warning({message!r})\n"
     )
@@ -52,3 +54,25 @@ def test_a_data_error_is_printed_without_its_traceback():
     out = _line(BadInputError("c.jsonl:42: messages[0].role: unknown role 'wizard'"))
     assert "c.jsonl:42: messages[0].role: unknown role 'wizard'" in out and "Traceback" not in out
     assert "Traceback" in _line(ValueError("a bug"))
+
+
+def test_importing_flows_sets_nothing_and_each_entry_point_sets_the_defaults(tmp_path):
+    """flows/ has no import-time side effect; the CLI, the notebook entry and `nightloom ui`'s processes apply
+    flows/defaults.py, a user's own values kept."""
+    from flows.commands.ui import prefect_env
+    from flows.defaults import PREFECT_DEFAULTS, set_prefect_defaults
+
+    code = (
+        "import json, os\nbefore = dict(os.environ)\nimport flows, flows.cli, flows.defaults, flows.commands.ui\n"
+        "print(json.dumps(sorted(k for k in set(before) | set(os.environ) if before.get(k) != os.environ.get(k))))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in PREFECT_DEFAULTS}
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, check=False)
+    assert r.returncode == 0 and r.stdout.strip() == "[]", (r.stdout, r.stderr[-2000:])
+    mine = {"OMP_NUM_THREADS": "4", "PREFECT_LOGGING_HANDLERS_CONSOLE_CLASS": "my.Handler"}
+    assert set_prefect_defaults(dict(mine)) == PREFECT_DEFAULTS | mine
+    ui = prefect_env("http://127.0.0.1:1/api", tmp_path)
+    assert ui["PREFECT_LOGGING_HANDLERS_CONSOLE_CLASS"] == os.environ.get(
+        "PREFECT_LOGGING_HANDLERS_CONSOLE_CLASS", PREFECT_DEFAULTS["PREFECT_LOGGING_HANDLERS_CONSOLE_CLASS"]
+    )
+    assert ui["PREFECT_SERVER_ANALYTICS_ENABLED"] == "false"
