@@ -12,6 +12,7 @@ import transformers
 from nightloom.hf.load import model_from_hf
 from nightloom.hf.random_model import build_random_model
 from nightloom.train.rollout.generate import generate, left_padded
+from nightloom.train.rollout.logps import completion_logps, rollout_batch
 from nightloom.train.rollout.sampling import SamplingParams, filter_logits, rollout_generator
 
 BASE = {
@@ -138,3 +139,19 @@ def test_top_k_and_top_p_keep_transformers_sets():
             ref = transformers.TopPLogitsWarper(p)(None, logits)
         ours = filter_logits(logits, k, p)
         assert torch.equal(torch.isinf(ours), torch.isinf(ref)), (k, p)
+
+
+def test_training_forward_log_probs_equal_the_sampled_ones(models):
+    """The log-probs kept at sampling equal the training forward's (padding as documents of their own): the GRPO
+    ratio is exactly 1 before the first update."""
+    _, _, ours = models
+    params = SamplingParams(max_new_tokens=10, temperature=0.8, top_p=0.95)
+    out = generate(ours, PROMPTS, params, eos_ids=[3], pad_id=PAD, generator=rollout_generator(0, 0, 0))
+    ids, pad = left_padded(PROMPTS, None, PAD)
+    with torch.no_grad():
+        logps = completion_logps(ours, rollout_batch(ids, pad, out), temperature=0.8)
+    assert torch.allclose(logps, out.logprobs, atol=1e-5), float((logps - out.logprobs).abs().max())
+    with torch.no_grad():  # negative control: the left padding attended as if it were text moves them
+        plain = ours(torch.cat([ids, out.tokens], 1))[:, ids.shape[1] - 1 : -1].float() / 0.8
+    moved = plain.log_softmax(-1).gather(-1, out.tokens[..., None])[..., 0] * out.mask
+    assert not torch.allclose(moved[1], out.logprobs[1], atol=1e-3)
