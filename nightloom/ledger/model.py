@@ -19,12 +19,12 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
+from nightloom.families import DEMO_FAMILY  # what model.build_demo_weights builds (hf.random_model), XTuner's too
 from nightloom.model_resolver import model_shape
 from nightloom.shape import ModelShape
 
 MODEL_CHARS = 128  # the ledger's model column
 UNKNOWN_FAMILY = "unknown"  # a Hugging Face config that cannot be read (yet) when the row is opened
-DEMO_FAMILY = "llama"  # what model.build_demo_weights builds when no readable config says otherwise (hf.random_model)
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,7 @@ def _xtuner_base(spec) -> str | None:
 def _xtuner_run_model(base: str, built_tiny: bool) -> RunModel:
     """What an XTuner run trains: its base folder's name and its config.json's model_type (XTuner trains the Hugging
     Face model as it lies; nightloom resolves no shape for it); a base not built or read yet is named by its folder,
-    family 'llama' when nightloom builds it (finetune/tiny_model.py builds a Llama) or 'unknown'."""
+    DEMO_FAMILY when nightloom builds it (finetune/tiny_model.py builds a Llama) or 'unknown'."""
     family = DEMO_FAMILY if built_tiny else UNKNOWN_FAMILY
     if "://" not in base:
         try:
