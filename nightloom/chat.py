@@ -27,6 +27,7 @@ import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -143,7 +144,7 @@ def template_id(template: str) -> str:
 def chat_settings(spec) -> ChatSettings | None:
     """A RunSpec's chat settings (None unless train.task is sft): its style, template and seq_len. ChatError when
     the tokenizer is not a Hugging Face folder or has no template and model.chat_template names none."""
-    if spec.train.task != "sft":
+    if spec.train.task not in ("sft", "dpo"):
         return None
     tok = spec.model.tokenizer
     if tok.path is None or tok.kind not in ("auto", "hf") or not Path(tok.path).expanduser().is_dir():
@@ -152,7 +153,7 @@ def chat_settings(spec) -> ChatSettings | None:
             f"Hugging Face tokenizer folder (tokenizer.json), got {tok.path or 'bytes'!r}"
         )
     template = template_text(tok.path, spec.model.chat_template)
-    return ChatSettings(style=spec.dataset.style, template=template, seq_len=spec.train.seq_len)
+    return ChatSettings(style=spec.dataset.style, template=template, seq_len=spec.train.seq_len, task=spec.train.task)
 
 
 class ChatSettings(BaseModel):
@@ -163,6 +164,7 @@ class ChatSettings(BaseModel):
     style: str = "auto"
     template: str
     seq_len: int  # conversations longer than seq_len + 1 ids are cut or dropped
+    task: Literal["sft", "dpo"] = "sft"  # dpo: records are preference pairs (nightloom/chat_pairs.py)
 
     @property
     def template_id(self) -> str:

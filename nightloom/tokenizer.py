@@ -430,7 +430,7 @@ def prepare_chat_tokenizer(spec) -> bool:
     """train.task sft with a `train_vocab` tokenizer: train it (ChatML specials and template) before the chat
     settings read its template; the sample chats are built first when the spec asks for them. True when trained."""
     tok, dataset = spec.model.tokenizer, spec.dataset
-    if spec.train.task != "sft" or tok.train_vocab is None or "://" in dataset.path:
+    if spec.train.task not in ("sft", "dpo") or tok.train_vocab is None or "://" in dataset.path:
         return False
     if dataset.sample:
         from nightloom.sharding.corpus import ensure_sample_corpus

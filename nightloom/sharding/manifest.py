@@ -88,6 +88,15 @@ class ChatStats(BaseModel):
     cut: int = 0  # conversations cut at a turn boundary (the longest run of whole turns ending with an assistant's)
     dropped: int = 0  # conversations with no such run that fits (in no shard)
     label_tokens: int = 0  # assistant tokens in the training shards (what the loss counts)
+    task: str = "sft"  # dpo: each document a preference pair, chosen then rejected (nightloom/chat_pairs.py)
+
+    @model_serializer(mode="wrap")
+    def _sft_without_task(self, handler):
+        """`task` only when dpo: an sft manifest keeps its bytes."""
+        out = handler(self)
+        if self.task == "sft":
+            out.pop("task", None)
+        return out
 
 
 class ShardManifest(BaseModel):

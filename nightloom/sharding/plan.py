@@ -106,7 +106,7 @@ def settings_hash(
     if ignored:  # the manifest accounts for them: a new ignored file is a new manifest
         doc["ignored"] = sorted(ignored)
     if chat is not None:  # train.task sft: chats rendered by this template, cut at seq_len + 1 ids
-        doc["chat"] = {"task": "sft", "style": chat.style, "template": chat.template_id, "seq_len": chat.seq_len}
+        doc["chat"] = {"task": chat.task, "style": chat.style, "template": chat.template_id, "seq_len": chat.seq_len}
     if token_dtype == "uint8":  # only then: shards with uint16/int32 token files keep their hash (bytes' were uint16)
         doc["token_dtype"] = token_dtype
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:32]

@@ -25,6 +25,7 @@ from nightloom.spec import DatasetSpec, RunSpec, ShardingSpec
 
 MAX_BYTES = 64 * 1024 * 1024  # input read at most …
 MAX_S = 3.0  # … or seconds spent, whichever first
+PAIRS = "pairs"  # the chat style that stands for train.task dpo's preference pairs (nightloom/chat_pairs.py)
 SHOWN = 20  # bad records listed one a line; the rest are counted
 CHECK_EVERY = 256  # records between looks at the clock
 
@@ -160,12 +161,13 @@ def _checked(
             yield where, err
         return
     from nightloom.chat import ChatError, to_messages
+    from nightloom.chat_pairs import to_pair
     from nightloom.sharding.scan_chats import read_chat_records
 
     for where, record, _, err, _ in read_chat_records(path, src.format, key_field, keep, span):
         if err is None:
             try:
-                to_messages(record, chat_style)
+                to_pair(record) if chat_style == PAIRS else to_messages(record, chat_style)
             except ChatError as e:
                 err = str(e)
         yield where, err
@@ -173,5 +175,5 @@ def _checked(
 
 def prescan_spec(spec: RunSpec, max_bytes: int = MAX_BYTES, max_s: float = MAX_S) -> PreScan | None:
     """`prescan` of a run spec's dataset: as chats (its dataset.style) when train.task is sft."""
-    chat_style = spec.dataset.style if spec.train.task == "sft" else None
+    chat_style = {"sft": spec.dataset.style, "dpo": PAIRS}.get(spec.train.task)
     return prescan(spec.dataset, spec.sharding, chat_style, max_bytes, max_s)

@@ -68,6 +68,7 @@ def _chat_stats(job: ShardJob, scans: list[ScanResult], infos: list[ShardInfo]) 
         cut=sum(s.chats_cut for s in scans),
         dropped=sum(s.chats_dropped for s in scans),
         label_tokens=sum(i.token_files.label_tokens for i in infos if i.token_files is not None),
+        task=job.chat.task,
     )
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import xxhash
 
 from nightloom.chat import ChatError, ChatSettings, Conversation, renderer, to_messages
+from nightloom.chat_pairs import render_pair, to_pair
 from nightloom.sharding.errors import BadInputError
 from nightloom.sharding.hashing import DEDUP_SEED
 from nightloom.sharding.job import ShardJob
@@ -95,6 +96,13 @@ def first_record(path: Path, fmt: str) -> dict | None:
     return None
 
 
+def _render(render, record: dict, chat: ChatSettings) -> Conversation | None:
+    """A record as one document: a conversation (sft) or a preference pair (dpo: nightloom/chat_pairs.py)."""
+    if chat.task == "dpo":
+        return render_pair(render, to_pair(record))
+    return render.render(to_messages(record, chat.style))
+
+
 def scan_chats(
     local: Path, src: SourceRef, job: ShardJob, buf: RecordBuffer, res: ScanResult, span: tuple[int, int] | None
 ) -> None:
@@ -111,7 +119,7 @@ def scan_chats(
         conv = None
         if err is None:
             try:
-                conv = render.render(to_messages(record, chat.style))
+                conv = _render(render, record, chat)
             except ChatError as e:
                 err = str(e)
         if err is not None:
@@ -138,7 +146,7 @@ def render_chat_file(path: Path, tokenizer_dir: str | Path, chat: ChatSettings) 
         try:
             if err is not None:
                 raise ChatError(err)
-            conv = render.render(to_messages(record, chat.style))
+            conv = _render(render, record, chat)
         except ChatError as e:
             raise ChatError(f"{path}:{where}: {e}") from None
         if conv is None:

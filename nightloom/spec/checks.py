@@ -271,9 +271,9 @@ def _chat_errors(data: dict, local) -> list[FieldError]:
     """train.task sft and dataset.style: sft runs natively on chat records, with a Hugging Face tokenizer whose
     chat template (its own, or model.chat_template) renders them; chat records are not pretraining text."""
     task, style = _get(data, "train", "task", default="pretrain"), _get(data, "dataset", "style", default="auto")
-    if task not in ("pretrain", "sft") or style not in ("auto", "text", *CHAT_STYLES):
+    if task not in ("pretrain", "sft", "dpo") or style not in ("auto", "text", *CHAT_STYLES):
         return []  # the schema reports it
-    if task != "sft":
+    if task not in ("sft", "dpo"):  # dpo: preference pairs rendered with the same template (nightloom/chat_pairs.py)
         if style in CHAT_STYLES:
             return [(("dataset", "style"), f"{style} records are chats, which train.task: sft trains on")]
         return []
@@ -302,7 +302,7 @@ def _chat_errors(data: dict, local) -> list[FieldError]:
         template_text(folder, local(template) if template is not None else None)
     except ChatError as e:
         return [(("model", "chat_template"), str(e).removeprefix("model.chat_template: "))]
-    if style == "auto":
+    if style == "auto" and task == "sft":
         first = _first_record(local(_get(data, "dataset", "path")), _get(data, "dataset", "format"))
         if first is not None and detect_style(first) == "text":
             return [

@@ -46,6 +46,13 @@ class ValidateSpec(_Section):
         None, description="A JSONL file of eval documents (text field as the dataset's); default the held-out split."
     )
     eval_must_fall: bool = Field(True, description="Gate: the last eval loss is below the first.")
+    min_reward_accuracy: float | None = Field(
+        None,
+        ge=0,
+        le=1,
+        description="Gate (train.task dpo): the last held-out reward accuracy (the share of pairs whose chosen "
+        "earns the higher reward) is at least this; needs eval_every.",
+    )
     eval_max_rise: float = Field(
         0.05, ge=0, description="Gate: the last eval loss is at most this fraction above the best (overfitting)."
     )

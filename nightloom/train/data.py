@@ -67,7 +67,8 @@ class ShardWindows:
     bin_tokens: int = 0  # ids in the token file, per the manifest
 
 
-def _base_uri(manifest: str) -> str:
+def base_uri(manifest: str) -> str:
+    """The folder (or S3 prefix) a manifest's relative file names resolve against."""
     s = str(manifest)
     if s.startswith("s3://"):
         return s.rsplit("/", 1)[0] if s.endswith(".json") else s.rstrip("/")
@@ -103,7 +104,7 @@ class _TokenShard:
 
 
 def open_training_manifest(
-    manifest: str, tokenizer: TokenizerSpec | str | None, s3: S3Config | None, *, chat: bool
+    manifest: str, tokenizer: TokenizerSpec | str | None, s3: S3Config | None, *, chat: bool, task: str = "sft"
 ) -> tuple[ShardManifest, Tokenizer]:
     """The manifest and the run's tokenizer, checked against each other and against the task: a pretraining stream
     (`chat=False`) or conversations with labels (`chat=True`, train.task sft). DataError naming the manifest."""
@@ -117,6 +118,11 @@ def open_training_manifest(
         raise DataError(
             f"{manifest}: not a chat dataset (no `chat` in the manifest): train.task sft needs shards made with "
             "train.task: sft"
+        )
+    if chat and m.chat.task != task:
+        raise DataError(
+            f"{manifest}: sharded for train.task {m.chat.task} (dpo: preference pairs; sft: conversations), not "
+            f"{task}: set train.task: {m.chat.task}, or re-shard with train.task: {task}"
         )
     if not chat and m.chat is not None:
         raise DataError(
@@ -143,7 +149,7 @@ class PackedWindows:
         self.s3 = s3  # where s3:// shards live (the job's storage config)
         self.manifest, self.tokenizer = open_training_manifest(self.manifest_uri, tokenizer, s3, chat=False)
         self.window = seq_len + 1
-        base = _base_uri(manifest)
+        base = base_uri(manifest)
         spans, first = [], 0
 
         def at(rel: str) -> str:
@@ -267,7 +273,7 @@ def read_eval_texts(
         )
     import pyarrow.parquet as pq
 
-    uri = f"{_base_uri(manifest)}/{m.heldout.path}"
+    uri = f"{base_uri(manifest)}/{m.heldout.path}"
     table = pq.read_table(io.BytesIO(_read_bytes(uri, s3)), columns=[m.text_field])
     return uri, table.column(m.text_field).to_pylist()
 
@@ -293,7 +299,7 @@ def _heldout_ids(manifest: str, m: ShardManifest, tokenizer: Tokenizer, need: in
     tf = m.heldout.token_files if m.heldout is not None else None
     if tf is None or m.tokenizer != tokenizer.fingerprint() or tf.eos_id != tokenizer.eos_id:
         return None
-    uri = f"{_base_uri(manifest)}/{tf.bin}"
+    uri = f"{base_uri(manifest)}/{tf.bin}"
     dtype = np_dtype(tf.dtype)
     if uri.startswith("s3://"):
         ids = np.frombuffer(_read_bytes(uri, s3), dtype=dtype)
@@ -454,7 +460,7 @@ class ConversationRows:
     ):
         self.manifest_uri, self.seed, self.s3, self.pack = str(manifest), seed, s3, pack
         self.manifest, self.tokenizer = open_training_manifest(self.manifest_uri, tokenizer, s3, chat=True)
-        self.window, self.base = seq_len + 1, _base_uri(manifest)
+        self.window, self.base = seq_len + 1, base_uri(manifest)
         self.shards = sorted(self.manifest.shards, key=lambda s: s.index)
         self.plans = [self._plan(k) for k in range(len(self.shards))] if pack else None
         counts = [p.rows for p in self.plans] if pack else [s.rows for s in self.shards]
@@ -616,7 +622,7 @@ def read_eval_rows(
         raise DataError(
             f"{manifest}: validate.eval_every needs a held-out split (sharding.heldout) or validate.eval_data"
         )
-    shard = load_chat_shard(_base_uri(manifest), m.heldout.token_files, s3, None, f"{manifest}: heldout")
+    shard = load_chat_shard(base_uri(manifest), m.heldout.token_files, s3, None, f"{manifest}: heldout")
     k = min(n, len(shard.lengths))
     if k == 0:
         raise DataError(f"{manifest}: the held-out split holds no conversation")
@@ -624,4 +630,4 @@ def read_eval_rows(
     if max(len(a) for a, _ in rows) > window:
         raise DataError(f"{manifest}: a held-out conversation is longer than seq_len+1 = {window} ids (re-shard)")
     ids, labels = pad_rows(rows, window, tokenizer.eos_id)
-    return f"{_base_uri(manifest)}/{m.heldout.token_files.bin}", *chat_targets(ids, labels)
+    return f"{base_uri(manifest)}/{m.heldout.token_files.bin}", *chat_targets(ids, labels)

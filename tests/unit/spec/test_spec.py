@@ -136,4 +136,8 @@ def test_a_spec_written_before_new_fields_keeps_its_ledger_hash():
             data["train"]["lora"] = {"rank": 4}
         if (section, key) == ("train", "pack"):  # packing needs train.task sft
             data["train"]["task"] = "sft"
+        if (section, key) == ("train", "preference"):  # the preference section needs train.task dpo
+            data["train"]["preference"], data["train"]["task"] = {"beta": 0.2}, "dpo"
+        if (section, key) == ("validate", "min_reward_accuracy"):
+            data["validate"]["min_reward_accuracy"] = 0.7
         assert RunSpec.model_validate(data).spec_hash() != plain.spec_hash(), (section, key)
