@@ -223,6 +223,7 @@ def load_hf_weights(
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
     from nightloom.train.model import _copy_global
+    from nightloom.train.qlora import is_quantized_state, load_quantized
 
     index = scan_checkpoint(folder, shape)
     line = index.left_out_line()
@@ -238,6 +239,8 @@ def load_hf_weights(
                 continue  # the same tensor as the embedding
             if ".lora_" in name:
                 continue  # LoRA adapters (train/lora.py) start from their own init, not from the base checkpoint
+            if is_quantized_state(name):
+                continue  # a QLoRA base's codes: quantized below from the whole tensor (train/qlora.py)
             per_expert = expert_names(name, shape) if shape.moe else None
             if per_expert is not None:
                 stacked.append((per_expert, t) if not index.fused_experts else (fused_expert_source(name, shape), t))
@@ -257,6 +260,7 @@ def load_hf_weights(
             _copy_global(t, torch.cat([full, rows]).to(t.dtype))
         for source, t in stacked:
             _load_experts(index, source, t)
+    load_quantized(parts, lambda name: _read_tensor(index, to_hf(name, shape)))
     return index  # the state dicts share storage with the parameters: filled in place
 
 

@@ -34,7 +34,6 @@ from nightloom.spec.cluster import (
 from nightloom.spec.gates import GoldenSpec, ValidateSpec
 from nightloom.spec.micro_batch import micro_batches_per_step
 from nightloom.spec.operations import LedgerSpec, RecoverySpec, ScheduleSpec, StorageSpec, WindowSpec
-from nightloom.spec.preference import PreferenceSpec, layout_error
 from nightloom.spec.stage_list import stage_list_errors
 
 __all__ = [  # the cluster section and the base live in their own leaves; nightloom/spec/__init__.py re-exports all
@@ -315,6 +314,19 @@ class LoraSpec(_Section):
             )
         return sorted(set(v), key=LORA_TARGETS.index)
 
+    quantize: Literal["nf4", "fp4", "int8"] | None = Field(
+        None,
+        description="QLoRA (Dettmers et al. 2023): hold the frozen base's decoder linears quantized, each rank "
+        "quantizing its own shard on load (bitsandbytes' blockwise nf4/fp4, or int8 per row); one process or "
+        "FSDP2 only (tp and pp refused). None: the base in the run's precision.",
+    )
+    double_quant: bool = Field(
+        True, description="nf4/fp4: quantize the blocks' scales too (BitsAndBytesConfig's bnb_4bit_use_double_quant)."
+    )
+    compute_dtype: Literal["auto", "fp32", "bf16"] = Field(
+        "auto", description="dtype the quantized base is dequantized to per forward; auto: the activations' dtype."
+    )
+
     def modules(self) -> tuple[str, ...]:
         """The targeted Hugging Face module names, in a fixed order."""
         return LORA_TARGETS if self.targets == "all-linear" else tuple(self.targets)
@@ -324,12 +336,11 @@ class TrainSpec(_Section):
     """Training hyper-parameters; the same on every backend."""
 
     backend: Literal["native", "xtuner"] = Field("native", description="nightloom's trainer, or XTuner.")
-    task: Literal["pretrain", "sft", "dpo"] = Field(
+    task: Literal["pretrain", "sft"] = Field(
         "pretrain",
         description="pretrain: every token is a label. sft: chat records rendered with the chat template, one "
         "conversation per sequence, the loss over the assistant's tokens only (held-out eval and `nightloom "
-        "eval` too); native backend only. dpo: preference pairs (prompt, chosen, rejected), the loss of "
-        "train.preference; native backend only.",
+        "eval` too); native backend only.",
     )
     pack: bool = Field(
         False,
@@ -397,9 +408,6 @@ class TrainSpec(_Section):
         "train.xtuner.method).",
     )
     xtuner: XTunerSpec | None = Field(None, description="XTuner settings; required when backend is xtuner.")
-    preference: PreferenceSpec | None = Field(
-        None, description="train.task dpo: the preference loss and its reference (defaults as TRL's when absent)."
-    )
 
     @field_validator("pack")
     @classmethod
@@ -426,8 +434,9 @@ HASH_NEUTRAL_DEFAULTS: dict[tuple[str, str], object] = {
     ("train", "compile"): False,
     ("train", "loss_chunk_tokens"): 1024,
     ("train", "fp8_recipe"): "tensorwise",
-    ("train", "preference"): None,
-    ("validate", "min_reward_accuracy"): None,
+    ("train.lora", "quantize"): None,
+    ("train.lora", "double_quant"): True,
+    ("train.lora", "compute_dtype"): "auto",
 }
 
 
@@ -479,9 +488,11 @@ class RunSpec(_Section):
                 "is split over the TP ranks as its base linear is"
             )
         p = self.parallel
-        pref_error = layout_error(self.train.task, self.train.preference, lora, self.train.backend, p)
-        if pref_error:
-            raise ValueError(pref_error)
+        if lora is not None and lora.quantize and p != "auto" and (p.tp > 1 or p.pp > 1):
+            raise ValueError(
+                f"train.lora.quantize: a {lora.quantize} base runs in one process or under FSDP2 (dp_shard); "
+                f"parallel.tp {p.tp} and parallel.pp {p.pp} must be 1 (TP/PP over a quantized base are not done)"
+            )
         if self.train.pack and p != "auto" and (p.pp > 1 or p.cp > 1):
             raise ValueError(
                 f"train.pack: packed sequences need parallel.pp = 1 and parallel.cp = 1 (got pp {p.pp}, cp {p.cp}): "
@@ -509,7 +520,9 @@ class RunSpec(_Section):
         ledger rows and `golden.from_ledger` still match)."""
         data = self.model_dump(mode="json", by_alias=True)
         for (section, key), default in HASH_NEUTRAL_DEFAULTS.items():
-            part = data.get(section)
+            part = data
+            for name in section.split("."):  # "train.lora": a nested section
+                part = part.get(name) if isinstance(part, dict) else None
             if isinstance(part, dict) and part.get(key, default) == default:  # parallel may be "auto"
                 part.pop(key, None)
         blob = json.dumps(data, sort_keys=True).encode()

@@ -25,6 +25,7 @@ from torch import nn
 
 from nightloom.hf.names import to_hf
 from nightloom.shape import ModelShape
+from nightloom.train.qlora import QuantSettings
 
 #: native linear -> is it column parallel under TP (else row parallel)
 _COLUMN = {
@@ -46,6 +47,7 @@ class LoraSettings:
     alpha: float
     dropout: float
     modules: tuple[str, ...]  # Hugging Face module names (q_proj, ..., down_proj)
+    quant: QuantSettings | None = None  # QLoRA: the base's linears quantized (train/qlora.py)
 
     @property
     def scaling(self) -> float:
@@ -56,7 +58,8 @@ class LoraSettings:
         """From a spec's LoraSpec (or None: full fine-tuning)."""
         if lora is None:
             return None
-        return cls(lora.rank, float(lora.alpha), float(lora.dropout), tuple(lora.modules()))
+        quant = QuantSettings.from_spec(lora)
+        return cls(lora.rank, float(lora.alpha), float(lora.dropout), tuple(lora.modules()), quant)
 
 
 def hf_module(name: str, shape: ModelShape) -> str:
@@ -102,7 +105,7 @@ def apply_lora(model: nn.Module, lora: LoraSettings, tp_mesh=None, sp: bool = Fa
         p.requires_grad_(False)
     found = targeted(model, lora)
     for _, lin, column in found:
-        dev = lin.weight.device
+        dev = next(lin.parameters()).device  # an nn.Linear's weight, or a QuantLinear's codes
         lin.lora_A = nn.Linear(lin.in_features, lora.rank, bias=False, device=dev)
         lin.lora_B = nn.Linear(lora.rank, lin.out_features, bias=False, device=dev)
         lin.lora_dropout = nn.Dropout(lora.dropout) if lora.dropout else nn.Identity()

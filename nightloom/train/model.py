@@ -492,8 +492,6 @@ class Transformer(nn.Module):
     @torch.no_grad()
     def init_weights(self, seed: int) -> None:
         """Deterministic per-parameter init from (seed, name): identical whatever subset this module holds."""
-        std = 0.02
-        out_std = std / (2 * self.shape.layers) ** 0.5  # GPT-2 scaled init of residual projections
         for name, b in self.named_buffers():
             if name.endswith("router_bias"):  # DeepSeek's expert-choice bias starts at 0 (transformers' init)
                 b.zero_()
@@ -504,13 +502,18 @@ class Transformer(nn.Module):
             if name.endswith(".bias"):
                 p.zero_()
                 continue
-            g = torch.Generator(device="cpu").manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
-            s = out_std if name.endswith(("attn.wo.weight", "ffn.w2.weight")) else std
-            full = torch.randn(p.shape, generator=g, dtype=torch.float32).mul_(s).to(p.dtype)
-            _copy_global(p, full)
+            _copy_global(p, self.init_value(name, p.shape, seed).to(p.dtype))
         for prefix, (cos, sin) in self._rope_tables(self.rope_cos.shape[0]).items():
             getattr(self, f"{prefix}_cos").copy_(cos)
             getattr(self, f"{prefix}_sin").copy_(sin)
+
+    def init_value(self, name: str, shape: torch.Size, seed: int) -> torch.Tensor:
+        """The fp32 start of weight `name` (whole): N(0, 0.02), residual projections GPT-2's 0.02 / sqrt(2 L)."""
+        std = 0.02
+        if name.endswith(("attn.wo.weight", "ffn.w2.weight")):
+            std = std / (2 * self.shape.layers) ** 0.5
+        g = torch.Generator(device="cpu").manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
+        return torch.randn(shape, generator=g, dtype=torch.float32).mul_(std)
 
 
 def _copy_global(p: torch.Tensor, full: torch.Tensor) -> None:

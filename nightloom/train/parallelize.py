@@ -23,6 +23,7 @@ from nightloom.shape import ModelShape
 from nightloom.train.lora import LoraSettings, apply_lora, init_lora
 from nightloom.train.model import Transformer, build_model
 from nightloom.train.moe import prepare_moe
+from nightloom.train.qlora import check_quantized_plan, init_quantized, quantize_base
 from nightloom.train.tied import TiedCopies, retie, tied_copies
 
 
@@ -325,6 +326,9 @@ def build_parts(
             _apply_tp(m, mesh["tp"], plan.sp)
         if fp8 is not None:
             convert_fp8(m, fp8)
+        if lora is not None and lora.quant is not None:  # QLoRA: the base's linears stored quantized
+            check_quantized_plan(plan)
+            quantize_base(m, lora.quant)
         if lora is not None:
             apply_lora(m, lora, mesh["tp"] if plan.tp > 1 else None, plan.sp)
         m.set_recompute(plan.recompute)
@@ -341,6 +345,8 @@ def build_parts(
         m.init_weights(seed)
         if lora is not None:
             init_lora(m, seed)
+            if lora.quant is not None:
+                init_quantized(m, seed)
         parts.append(m)
     out = ModelParts(parts, stage_ids, n_stages)
     if loss_chunk and chunked_ce(plan.pp, plan.tp, plan.cp):  # the head is whole here: fused with the loss
