@@ -133,24 +133,14 @@ class _Run(_QueueBase):
     finished_at: Mapped[datetime] = mapped_column(UTCDateTime)
 
 
-_RUN_COLUMNS = tuple(c.name for c in _Run.__table__.columns)
-assert set(_RUN_COLUMNS) == set(QueueRun.model_fields), "queue run table and QueueRun drifted apart"
-_JOB_COLUMNS = tuple(c.name for c in _Job.__table__.columns)
-assert set(_JOB_COLUMNS) == set(QueuedJob.model_fields), "queue job table and QueuedJob drifted apart"
+_PAIRS = ((_Queue, QueueRecord), (_Job, QueuedJob), (_Run, QueueRun))
+_DRIFTED = [t.__tablename__ for t, r in _PAIRS if {c.name for c in t.__table__.columns} != set(r.model_fields)]
+assert not _DRIFTED, f"these tables and their records drifted apart: {_DRIFTED}"
 
 
-def _queue_record(row: _Queue) -> QueueRecord:
-    return QueueRecord(
-        name=row.name,
-        max_nodes=row.max_nodes,
-        budget_per_night=row.budget_per_night,
-        schedule=row.schedule,
-        created_at=row.created_at,
-    )
-
-
-def _job_record(row: _Job) -> QueuedJob:
-    return QueuedJob.model_validate({c: getattr(row, c) for c in _JOB_COLUMNS})
+def _typed(record: type[BaseModel], row: _QueueBase):
+    """A table row as its record (QueueRecord, QueuedJob, QueueRun: each has exactly its table's columns)."""
+    return record.model_validate({c.name: getattr(row, c.name) for c in row.__table__.columns})
 
 
 # ---------------------------------------------------------------------------------------------- the store
@@ -203,7 +193,7 @@ class QueueStore:
         return self.get(name)
 
     def get(self, name: str) -> QueueRecord:
-        return self._tx(lambda s: _queue_record(self._queue_row(s, name)))
+        return self._tx(lambda s: _typed(QueueRecord, self._queue_row(s, name)))
 
     def names(self) -> list[str]:
         return self._tx(lambda s: list(s.execute(select(_Queue.name).order_by(_Queue.name)).scalars()))
@@ -214,7 +204,7 @@ class QueueStore:
         def fn(s: Session) -> list[QueuedJob]:
             self._queue_row(s, name)
             rows = s.execute(select(_Job).where(_Job.queue == name).order_by(_Job.id)).scalars()
-            return [_job_record(r) for r in rows]
+            return [_typed(QueuedJob, r) for r in rows]
 
         return self._tx(fn)
 
@@ -242,32 +232,24 @@ class QueueStore:
             why = refusals(job, max_nodes=q.max_nodes, queue_schedule=sched)
             if why:
                 raise QueueRefused(f"queue {name!r} refuses {job.name}: " + "; ".join(why))
+            sched_json = job.schedule.model_dump(mode="json")
             if q.schedule is None:
-                q.schedule = job.schedule.model_dump(mode="json")
-            row = _Job(
-                queue=name,
-                name=job.name,
-                status="queued",
-                priority=priority,
-                deadline=deadline,
-                added_at=added_at or datetime.now(UTC),
-                nodes=job.nodes,
-                gpus=job.gpus,
-                policy=job.policy,
-                steps=job.steps,
-                step_time_s=job.step_time_s,
-                hours_source=job.hours_source,
-                provisioning_s=job.provisioning_s,
-                checkpoint_s=job.checkpoint_s,
-                restore_s=job.restore_s,
-                schedule=job.schedule.model_dump(mode="json"),
-                spec=spec,
-                spec_path=spec_path,
-                spec_hash=job.spec_hash,
+                q.schedule = sched_json
+            placed = job.model_copy(
+                update={
+                    "queue": name,
+                    "status": "queued",
+                    "priority": priority,
+                    "deadline": deadline,
+                    "added_at": added_at or datetime.now(UTC),
+                    "spec": spec,
+                    "spec_path": spec_path,
+                }
             )
+            row = _Job(**placed.model_dump(mode="python", exclude={"id", "schedule"}), schedule=sched_json)
             s.add(row)
             s.flush()
-            return _job_record(row)
+            return _typed(QueuedJob, row)
 
         return self._tx(fn)
 
@@ -279,7 +261,7 @@ class QueueStore:
             row = s.execute(select(_Job).where(_Job.queue == name, _Job.id == job_id)).scalar_one_or_none()
             if row is None:
                 raise QueueError(f"no job {job_id} in queue {name!r}")
-            rec = _job_record(row)
+            rec = _typed(QueuedJob, row)
             s.delete(row)
             s.flush()
             if s.execute(select(_Job.id).where(_Job.queue == name).limit(1)).first() is None:
@@ -303,7 +285,7 @@ class QueueStore:
             if job is not None:
                 job.status = run.job_status
             s.flush()
-            return QueueRun.model_validate({c: getattr(row, c) for c in _RUN_COLUMNS})
+            return _typed(QueueRun, row)
 
         return self._tx(fn)
 
@@ -316,7 +298,7 @@ class QueueStore:
             if job_id is not None:
                 q = q.where(_Run.job_id == job_id)
             rows = s.execute(q.order_by(_Run.id)).scalars()
-            return [QueueRun.model_validate({c: getattr(r, c) for c in _RUN_COLUMNS}) for r in rows]
+            return [_typed(QueueRun, r) for r in rows]
 
         return self._tx(fn)
 
