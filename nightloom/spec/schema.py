@@ -34,6 +34,7 @@ from nightloom.spec.cluster import (
 from nightloom.spec.gates import GoldenSpec, ValidateSpec
 from nightloom.spec.micro_batch import micro_batches_per_step
 from nightloom.spec.operations import LedgerSpec, RecoverySpec, ScheduleSpec, StorageSpec, WindowSpec
+from nightloom.spec.preference import PreferenceSpec, layout_error
 from nightloom.spec.stage_list import stage_list_errors
 
 __all__ = [  # the cluster section and the base live in their own leaves; nightloom/spec/__init__.py re-exports all
@@ -336,11 +337,12 @@ class TrainSpec(_Section):
     """Training hyper-parameters; the same on every backend."""
 
     backend: Literal["native", "xtuner"] = Field("native", description="nightloom's trainer, or XTuner.")
-    task: Literal["pretrain", "sft"] = Field(
+    task: Literal["pretrain", "sft", "dpo"] = Field(
         "pretrain",
         description="pretrain: every token is a label. sft: chat records rendered with the chat template, one "
         "conversation per sequence, the loss over the assistant's tokens only (held-out eval and `nightloom "
-        "eval` too); native backend only.",
+        "eval` too); native backend only. dpo: preference pairs (prompt, chosen, rejected), the loss of "
+        "train.preference; native backend only.",
     )
     pack: bool = Field(
         False,
@@ -408,6 +410,9 @@ class TrainSpec(_Section):
         "train.xtuner.method).",
     )
     xtuner: XTunerSpec | None = Field(None, description="XTuner settings; required when backend is xtuner.")
+    preference: PreferenceSpec | None = Field(
+        None, description="train.task dpo: the preference loss and its reference (defaults as TRL's when absent)."
+    )
 
     @field_validator("pack")
     @classmethod
@@ -434,6 +439,8 @@ HASH_NEUTRAL_DEFAULTS: dict[tuple[str, str], object] = {
     ("train", "compile"): False,
     ("train", "loss_chunk_tokens"): 1024,
     ("train", "fp8_recipe"): "tensorwise",
+    ("train", "preference"): None,
+    ("validate", "min_reward_accuracy"): None,
     ("train.lora", "quantize"): None,
     ("train.lora", "double_quant"): True,
     ("train.lora", "compute_dtype"): "auto",
@@ -488,6 +495,9 @@ class RunSpec(_Section):
                 "is split over the TP ranks as its base linear is"
             )
         p = self.parallel
+        pref_error = layout_error(self.train.task, self.train.preference, lora, self.train.backend, p)
+        if pref_error:
+            raise ValueError(pref_error)
         if lora is not None and lora.quantize and p != "auto" and (p.tp > 1 or p.pp > 1):
             raise ValueError(
                 f"train.lora.quantize: a {lora.quantize} base runs in one process or under FSDP2 (dp_shard); "
