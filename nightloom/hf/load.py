@@ -222,7 +222,7 @@ def load_hf_weights(
     from torch.distributed.checkpoint import HuggingFaceStorageReader
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-    from nightloom.train.model import _copy_global
+    from nightloom.train.model import copy_global
     from nightloom.train.qlora import is_quantized_state, load_quantized
 
     index = scan_checkpoint(folder, shape)
@@ -257,7 +257,7 @@ def load_hf_weights(
             with safe_open(str(index.folder / index.tensors[hf].file), framework="pt") as f:
                 full = f.get_tensor(index.stored_name(hf))
             rows = torch.zeros((shape.embed_rows - shape.vocab, full.shape[1]), dtype=full.dtype)
-            _copy_global(t, torch.cat([full, rows]).to(t.dtype))
+            copy_global(t, torch.cat([full, rows]).to(t.dtype))
         for source, t in stacked:
             _load_experts(index, source, t)
     load_quantized(parts, lambda name: _read_tensor(index, to_hf(name, shape)))
@@ -272,7 +272,7 @@ def _load_experts(index: CheckpointIndex, source, t) -> None:
     from torch.distributed.tensor import DTensor, Shard
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
-    from nightloom.train.model import _copy_global
+    from nightloom.train.model import copy_global
 
     def experts(first: int, count: int):
         if isinstance(source, list):  # the Hub's layout: one tensor per expert
@@ -292,7 +292,7 @@ def _load_experts(index: CheckpointIndex, source, t) -> None:
             t.to_local().copy_(local.to(t.dtype))
         return
     with torch.no_grad():
-        _copy_global(t, experts(0, t.shape[0]).to(t.dtype).contiguous())
+        copy_global(t, experts(0, t.shape[0]).to(t.dtype).contiguous())
 
 
 def _read_tensor(index: CheckpointIndex, name: str):

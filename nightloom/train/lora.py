@@ -138,7 +138,7 @@ def _split(lin: nn.Module, column: bool, tp_mesh, sp: bool) -> None:
 def init_lora(model: nn.Module, seed: int) -> None:
     """PEFT's default start: A ~ U(-1/sqrt(in), 1/sqrt(in)) (kaiming_uniform with a = sqrt(5)), B = 0, so training
     starts from the base model exactly. Drawn per parameter from (seed, name): the same in any layout."""
-    from nightloom.train.model import _copy_global
+    from nightloom.train.model import copy_global
 
     for name, p in model.named_parameters():
         if name.endswith("lora_B.weight"):
@@ -147,7 +147,7 @@ def init_lora(model: nn.Module, seed: int) -> None:
             g = torch.Generator(device="cpu").manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
             bound = 1.0 / math.sqrt(p.shape[1])
             full = (torch.rand(p.shape, generator=g, dtype=torch.float32) * 2 - 1) * bound
-            _copy_global(p, full.to(p.dtype))
+            copy_global(p, full.to(p.dtype))
 
 
 def trainable(model: nn.Module) -> list[nn.Parameter]:

@@ -502,7 +502,7 @@ class Transformer(nn.Module):
             if name.endswith(".bias"):
                 p.zero_()
                 continue
-            _copy_global(p, self.init_value(name, p.shape, seed).to(p.dtype))
+            copy_global(p, self.init_value(name, p.shape, seed).to(p.dtype))
         for prefix, (cos, sin) in self._rope_tables(self.rope_cos.shape[0]).items():
             getattr(self, f"{prefix}_cos").copy_(cos)
             getattr(self, f"{prefix}_sin").copy_(sin)
@@ -516,7 +516,7 @@ class Transformer(nn.Module):
         return torch.randn(shape, generator=g, dtype=torch.float32).mul_(std)
 
 
-def _copy_global(p: torch.Tensor, full: torch.Tensor) -> None:
+def copy_global(p: torch.Tensor, full: torch.Tensor) -> None:
     """Set `p` to the global value `full`. A DTensor (TP/FSDP/replicate already applied on the meta device) takes
     only its own slice, cut locally (src_data_rank=None: no communication), so a rank never holds more than its
     shards plus one full parameter: what lets a 70B stage start on a GPU that cannot hold it whole."""
