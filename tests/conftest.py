@@ -22,6 +22,7 @@ pytest_plugins = [
     "tests.support.ssh",
     "tests.support.slurm",
     "tests.support.s3",
+    "tests.support.postgres",
     "tests.support.xtuner_fixtures",
 ]
 

@@ -2,15 +2,21 @@
 
 SQLite (the default) is made safe for several writers at once: WAL journal, a busy timeout, every transaction
 opened with BEGIN IMMEDIATE (so a read-modify-write such as `record_interruption` is atomic), and retries on
-"database is locked". Other databases use SELECT ... FOR UPDATE for the same read-modify-write.
+"database is locked". PostgreSQL (`postgresql+psycopg://`, a team's shared ledger) takes the row with
+SELECT ... FOR UPDATE for the same read-modify-write, and a transaction that meets a serialization failure or a
+deadlock (SQLSTATE 40001, 40P01) is run again (`retry`). A SQLite file on a network filesystem, where its locks
+are unsafe, is warned about when opened (`network_filesystem`).
 The schema is migrated by Alembic (scripts in nightloom/ledger/migrations/) when the ledger is opened, in one
 transaction: a new ledger is built at the newest revision, a ledger from before Alembic (an integer in
-`nightloom_schema`, no version table) is stamped at its revision and upgraded, a newer ledger is refused.
+`nightloom_schema`, no version table) is stamped at its revision and upgraded, a newer ledger is refused. On
+PostgreSQL that transaction first takes an advisory lock, so writers opening a new ledger at once migrate it once.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
+import os
 import random
 import time
 from collections.abc import Callable
@@ -22,9 +28,9 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import JSON, Connection, DateTime, Float, Integer, String, create_engine, event, inspect, select
+from sqlalchemy import JSON, Connection, DateTime, Float, Integer, String, create_engine, event, inspect, select, text
 from sqlalchemy.engine import Engine, make_url
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
@@ -35,6 +41,15 @@ SCHEMA_VERSION = 7  # the newest; 2: `nights`; 3: the night queue (queue_store);
 # 7: task and figures
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+RETRY_SQLSTATES = {"40001": "serialization failure", "40P01": "deadlock detected"}  # PostgreSQL: run it again
+MOUNTS = Path("/proc/self/mounts")  # this process's mount table: device, mount point, type, ...
+MIGRATION_LOCK = 0x6E6C_6C65_6467_6572  # pg_advisory_xact_lock key of the migration ("nlledger")
+NETWORK_FS = frozenset(
+    {"nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "afs", "ceph", "glusterfs", "lustre", "gpfs", "beegfs"}
+    | {"fuse.sshfs", "fuse.s3fs", "fuse.glusterfs", "fuse.cephfs", "fuse.gcsfuse", "fuse.juicefs", "fuse.rclone"}
+)
 
 
 # ---------------------------------------------------------------------------------------------- tables
@@ -162,15 +177,49 @@ def current_revisions(conn: Connection) -> tuple[str, ...]:
 
 
 def open_engine(url: str, busy_timeout_s: float) -> Engine:
-    """An engine on `url` (a SQLite file's folder is created; SQLite gets the pragmas above)."""
+    """An engine on `url` (a SQLite file's folder is created, and warned about on a network filesystem; SQLite gets
+    the pragmas above; a server's connections are checked before use, as one may have restarted since)."""
     u = make_url(url)
     sqlite = u.get_backend_name() == "sqlite"
     if sqlite and u.database and u.database != ":memory:":
-        Path(u.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
-    engine = create_engine(url, connect_args={"timeout": busy_timeout_s} if sqlite else {})
+        folder = Path(u.database).expanduser().parent
+        folder.mkdir(parents=True, exist_ok=True)
+        fs = network_filesystem(folder)
+        if fs:
+            log.warning(
+                "ledger %s: a SQLite file on a network filesystem (%s), where SQLite's locks are unsafe and "
+                "concurrent writers can corrupt it: a team's shared ledger belongs on PostgreSQL "
+                "(ledger.url: postgresql+psycopg://..., docs/operations.md)",
+                where(url),
+                fs,
+            )
     if sqlite:
+        engine = create_engine(url, connect_args={"timeout": busy_timeout_s})
         sqlite_pragmas(engine, busy_timeout_s)
+    else:
+        engine = create_engine(url, pool_pre_ping=True)
     return engine
+
+
+def network_filesystem(path: Path, mounts: str | None = None) -> str | None:
+    """The type of the network filesystem `path` lives on (`nfs4`, `cifs`, `fuse.sshfs`, ...), None on a local
+    one. `mounts` is the text of the mount table (MOUNTS when not given): the longest mount point above it wins."""
+    if mounts is None:
+        try:
+            mounts = MOUNTS.read_text()
+        except OSError:
+            return None
+    target = os.path.realpath(path)
+    best, fstype = "", ""
+    for line in mounts.splitlines():
+        parts = line.split()
+        if len(parts) < 3:
+            continue
+        point = parts[1].replace("\\040", " ")
+        inside = target == point or target.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best):
+            best, fstype = point, parts[2]
+    return fstype if fstype in NETWORK_FS else None
 
 
 def where(url: str) -> str:
@@ -178,14 +227,23 @@ def where(url: str) -> str:
     return make_url(url).render_as_string(hide_password=True)
 
 
+def transient(e: DBAPIError) -> bool:
+    """A failure the same transaction, run again, may not meet: SQLite's "database is locked"/busy, PostgreSQL's
+    serialization failure or deadlock (RETRY_SQLSTATES; psycopg gives the SQLSTATE as `sqlstate`)."""
+    if getattr(e.orig, "sqlstate", None) in RETRY_SQLSTATES:
+        return True
+    msg = str(e.orig).lower()
+    return isinstance(e, OperationalError) and ("locked" in msg or "busy" in msg)
+
+
 def retry(fn: Callable[[], T], retries: int) -> T:
-    """Run one transaction, retrying on SQLite lock/busy errors with jittered backoff."""
+    """Run one transaction `fn`, running it again after a transient failure (`transient`) with jittered backoff.
+    `fn` opens and ends its own transaction, so a retry starts from a clean one."""
     for attempt in range(retries + 1):
         try:
             return fn()
-        except OperationalError as e:
-            msg = str(e.orig).lower()
-            if attempt == retries or not ("locked" in msg or "busy" in msg):
+        except DBAPIError as e:
+            if attempt == retries or not transient(e):
                 raise
             time.sleep(min(1.0, 0.01 * 2**attempt) * (0.5 + random.random()))
     raise AssertionError("unreachable")  # pragma: no cover
@@ -196,6 +254,8 @@ def migrate(engine: Engine, url: str) -> None:
     migrates while the others wait, then find it done)."""
     scripts = migration_scripts()
     with engine.begin() as conn:
+        if conn.dialect.name == "postgresql":  # one migrates, the others wait here and then find it done
+            conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK})
         cfg = alembic_config(conn)
         revs = current_revisions(conn)
         if not revs:

@@ -1,10 +1,12 @@
-"""The run ledger: typed rows, best layout, calibration, CSV export, schema version, concurrent writers."""
+"""The run ledger: typed rows, best layout, calibration, CSV export, schema version, concurrent writers; each on
+SQLite and on PostgreSQL (the `ledger_url` fixture, tests/support/postgres.py)."""
 
 from __future__ import annotations
 
 import csv
 import io
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -16,6 +18,7 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from nightloom.ledger import SCHEMA_VERSION, Ledger, LedgerError, RunRecord, model_family
+from nightloom.ledger.engine import where
 from nightloom.parallel import ParallelPlan
 from nightloom.validate import Verdict
 
@@ -32,8 +35,8 @@ SKIPPED = [
 
 
 @pytest.fixture
-def ledger(tmp_path: Path):
-    with Ledger(f"sqlite:///{tmp_path / 'sub' / 'ledger.db'}") as lg:
+def ledger(ledger_url: str):
+    with Ledger(ledger_url) as lg:
         yield lg
 
 
@@ -166,8 +169,8 @@ def test_golden_run_of_a_spec(ledger: Ledger):
     assert ledger.golden_run("other") is None
 
 
-def test_newer_schema_is_refused(tmp_path: Path):
-    url = f"sqlite:///{tmp_path / 'l.db'}"
+def test_newer_schema_is_refused(ledger_url: str):
+    url = ledger_url
     Ledger(url).close()
     eng = create_engine(url)
     newer = f"{SCHEMA_VERSION + 1:04d}"  # what a newer nightloom's Alembic revision would leave
@@ -175,7 +178,8 @@ def test_newer_schema_is_refused(tmp_path: Path):
         c.execute(text("UPDATE nightloom_alembic_version SET version_num = :v"), {"v": newer})
         c.execute(text("UPDATE nightloom_schema SET version = :v"), {"v": SCHEMA_VERSION + 1})
     eng.dispose()
-    with pytest.raises(LedgerError, match=f"l.db is at schema revision '{newer}'.*upgrade nightloom"):
+    shown = re.escape(where(url))  # the URL as messages show it (no password)
+    with pytest.raises(LedgerError, match=f"ledger {shown} is at schema revision '{newer}'.*upgrade nightloom"):
         Ledger(url)
 
 
@@ -207,8 +211,8 @@ WRITER = textwrap.dedent("""
 
 
 @pytest.mark.timeout(120)
-def test_two_processes_writing_at_once(tmp_path: Path):
-    url = f"sqlite:///{tmp_path / 'concurrent.db'}"  # not created yet: both race on the schema too
+def test_two_processes_writing_at_once(ledger_url: str, tmp_path: Path):
+    url = ledger_url  # not created yet: both race on the schema too
     go, n = tmp_path / "go", 25
     procs = [
         subprocess.Popen(

@@ -72,8 +72,8 @@ def test_a_schema_6_ledger_gains_the_task_its_run_folder_trained_and_loses_nothi
     assert [row[: len(before[0])] for row in after] == before  # every older column of every row as it was
 
 
-def test_figures_and_task_round_trip(tmp_path: Path):
-    with Ledger(f"sqlite:///{tmp_path / 'l.db'}") as lg:
+def test_figures_and_task_round_trip(ledger_url: str):
+    with Ledger(ledger_url) as lg:
         _start(lg, "pref", task="dpo")
         figs = [
             Figure(name="rewards/accuracies", value=0.75, stderr=0.05),

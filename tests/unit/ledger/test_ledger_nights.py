@@ -41,9 +41,8 @@ def night(i: int, cost: float, steps_done: int) -> NightRecord:
     )
 
 
-def test_nights_append_and_sum_into_the_run_cost(tmp_path):
-    url = f"sqlite:///{tmp_path / 'l.db'}"
-    with Ledger(url) as lg:
+def test_nights_append_and_sum_into_the_run_cost(ledger_url):
+    with Ledger(ledger_url) as lg:
         start(lg)
         lg.record_night("r1", night(1, 3.0, 10))
         row = lg.record_night("r1", night(2, 4.5, 20))

@@ -94,8 +94,8 @@ def test_a_schema_3_ledger_opens_with_its_queue_and_gains_the_runs_table(tmp_pat
     assert sql(db, "SELECT version FROM nightloom_schema") == [(7,)]
 
 
-def test_nights_set_the_job_status_and_the_plan_continues_from_them(tmp_path: Path):
-    with Ledger(f"sqlite:///{tmp_path / 'l.db'}") as lg:
+def test_nights_set_the_job_status_and_the_plan_continues_from_them(ledger_url: str):
+    with Ledger(ledger_url) as lg:
         store = QueueStore(lg)
         store.create("team", 2)
         a = store.add("team", figures("a"), spec={"name": "a"}, added_at=T0)

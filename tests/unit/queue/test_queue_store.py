@@ -131,8 +131,8 @@ def test_the_queue_tables_render_for_postgresql():
 
 
 @pytest.fixture
-def store(tmp_path: Path):
-    with Ledger(f"sqlite:///{tmp_path / 'l.db'}") as lg:
+def store(ledger_url: str):  # once on SQLite, once on PostgreSQL (tests/support/postgres.py)
+    with Ledger(ledger_url) as lg:
         yield QueueStore(lg)
 
 
