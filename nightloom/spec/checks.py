@@ -12,6 +12,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from nightloom.benchmarks.catalog import spec_errors as benchmark_errors
 from nightloom.catalog import GPUS, MODELS
 from nightloom.chat import CHAT_STYLES, ChatError, detect_style, template_text
 from nightloom.families import families, family_for
@@ -144,6 +145,7 @@ def semantic_errors(data: dict, base_dir: Path) -> list[FieldError]:
         errs.append((("validate", "eval_every"), "needs a held-out split (sharding.heldout) or validate.eval_data"))
     if local(eval_data) is not None and not local(eval_data).is_file():
         errs.append((("validate", "eval_data"), f"file not found: {local(eval_data)}"))
+    errs += benchmark_errors(_get(data, "validate", "benchmarks"), local)
     gpu = _get(data, "cluster", "gpu_type", default="cpu")
     if isinstance(gpu, str) and gpu != "cpu" and gpu not in GPUS:
         errs.append((("cluster", "gpu_type"), f"unknown GPU {gpu!r}; known: cpu, {', '.join(sorted(GPUS))}"))

@@ -1,4 +1,4 @@
-"""The validate section: the gates a run must pass (MFU, convergence, held-out loss, a golden curve).
+"""The validate section: the gates a run must pass (MFU, convergence, held-out loss, a golden curve, benchmarks).
 
 A leaf of the spec package (floor 0): it imports only the section base.
 """
@@ -8,6 +8,7 @@ from __future__ import annotations
 from pydantic import Field, model_validator
 
 from nightloom.spec.base import Section as _Section
+from nightloom.spec.benchmarks import BenchmarksSpec
 
 
 class GoldenSpec(_Section):
@@ -55,4 +56,7 @@ class ValidateSpec(_Section):
     )
     eval_max_rise: float = Field(
         0.05, ge=0, description="Gate: the last eval loss is at most this fraction above the best (overfitting)."
+    )
+    benchmarks: BenchmarksSpec | None = Field(
+        None, description="lm-evaluation-harness tasks on the export and the base, side by side, with their gates."
     )

@@ -143,10 +143,11 @@ class DatasetSpec(_Section):
         "Not for text-file folders.",
     )
     sample: bool = Field(False, description="Build the deterministic sample corpus at `path` if it is missing.")
-    sample_kind: Literal["docstrings", "alpaca", "chats"] = Field(
+    sample_kind: Literal["docstrings", "alpaca", "chats", "pairs"] = Field(
         "docstrings",
         description="docstrings: {id, text}; alpaca: {id, instruction, input, output} (fine-tuning); chats: {id, "
-        "messages} (OpenAI style: system, user and assistant turns, some multi-turn; train.task sft).",
+        "messages} (OpenAI style: system, user and assistant turns, some multi-turn; train.task sft); pairs: "
+        "{id, prompt, chosen, rejected} from the chats, the answer's words reversed as rejected (train.task dpo).",
     )
     style: Literal["auto", "text", "messages", "alpaca", "sharegpt"] = Field(
         "auto",
@@ -444,6 +445,7 @@ HASH_NEUTRAL_DEFAULTS: dict[tuple[str, str], object] = {
     ("train.lora", "quantize"): None,
     ("train.lora", "double_quant"): True,
     ("train.lora", "compute_dtype"): "auto",
+    ("validate", "benchmarks"): None,
 }
 
 
@@ -558,6 +560,8 @@ class RunSpec(_Section):
         spec.model.tokenizer.path = fix(spec.model.tokenizer.path)
         spec.validate_.golden.path = fix(spec.validate_.golden.path)
         spec.validate_.eval_data = fix(spec.validate_.eval_data)
+        if spec.validate_.benchmarks is not None:
+            spec.validate_.benchmarks.include_path = fix(spec.validate_.benchmarks.include_path)
         if spec.ledger.url.startswith("sqlite:///") and not spec.ledger.url.startswith("sqlite:////"):
             spec.ledger.url = "sqlite:///" + fix(spec.ledger.url[len("sqlite:///") :])
         if spec.train.xtuner is not None:

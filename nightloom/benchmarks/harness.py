@@ -1,0 +1,78 @@
+"""lm-evaluation-harness on one Hugging Face folder, in this process: `lm_eval.simple_evaluate` with its HF backend
+(`HFLM`) and a `TaskManager` over the user's task folder, offline; lm-eval's results dict -> `Score` records.
+
+Run it in the task folder (`launch.py` does): lm-eval resolves a relative `data_files` against the current
+folder, not the YAML's.
+"""
+
+from __future__ import annotations
+
+import os
+
+from nightloom.benchmarks.records import BenchJob, Score
+
+OFFLINE = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
+_NOT_METRICS = {"alias", "name", "sample_len", "samples"}
+
+
+def device_and_dtype() -> tuple[str, str]:
+    """A GPU in its checkpoint's dtype when there is one; else the CPU in float32 (bf16 matmuls are slow there)."""
+    import torch
+
+    return ("cuda", "auto") if torch.cuda.is_available() else ("cpu", "float32")
+
+
+def model_args(model_dir: str, tokenizer: str | None) -> dict:
+    """HFLM's arguments for a folder: the device, the dtype and the tokenizer folder (the export's for a base
+    whose weights folder holds none)."""
+    device, dtype = device_and_dtype()
+    args = {"pretrained": model_dir, "device": device, "dtype": dtype}
+    return args | ({"tokenizer": tokenizer} if tokenizer else {})
+
+
+def simple_evaluate_kwargs(job: BenchJob) -> dict:
+    """lm_eval.simple_evaluate's settings from the job (the parity test calls it with the same ones)."""
+    limit = None if job.limit is None else (int(job.limit) if job.limit >= 1 else job.limit)
+    return dict(
+        tasks=list(job.tasks),
+        num_fewshot=job.num_fewshot,
+        limit=limit,
+        batch_size=job.batch_size,
+        apply_chat_template=job.apply_chat_template,
+        fewshot_as_multiturn=job.fewshot_as_multiturn,
+        log_samples=False,
+    )
+
+
+def evaluate(model_dir: str, job: BenchJob) -> list[Score]:
+    """Score one model folder on the job's tasks with lm-eval, offline."""
+    for k, v in OFFLINE.items():
+        os.environ.setdefault(k, v)
+    import lm_eval
+
+    from nightloom.benchmarks.catalog import task_manager
+
+    tm = task_manager(job.tasks, job.include_path)
+    out = lm_eval.simple_evaluate(
+        model="hf", model_args=model_args(model_dir, job.tokenizer), task_manager=tm, **simple_evaluate_kwargs(job)
+    )
+    return scores_from_results(out)
+
+
+def scores_from_results(out: dict) -> list[Score]:
+    """Every task's metrics from lm-eval's results: `acc,none` is `acc`, `exact_match,strict-match` keeps its
+    filter; the stderr is `acc_stderr,none` (None where lm-eval wrote "N/A")."""
+    samples = {t: n.get("effective") for t, n in (out.get("n-samples") or {}).items()}
+    scores = []
+    for task, row in sorted(out["results"].items()):
+        for key, value in row.items():
+            if key in _NOT_METRICS or "," not in key or "_stderr," in key:
+                continue
+            metric, flt = key.split(",", 1)
+            if not isinstance(value, int | float) or isinstance(value, bool):
+                continue
+            err = row.get(f"{metric}_stderr,{flt}")
+            name = metric if flt == "none" else key
+            stderr = float(err) if isinstance(err, int | float) else None
+            scores.append(Score(task=task, metric=name, value=float(value), stderr=stderr, samples=samples.get(task)))
+    return scores

@@ -1,0 +1,107 @@
+"""Run the benchmarks of one run: the lm-eval process in the task folder with no network, on the export and (once
+per base, settings and task folder) on the base, whose scores are cached so the next night does not pay again."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from importlib.metadata import version
+from pathlib import Path
+
+import xxhash
+
+from nightloom.benchmarks.harness import OFFLINE
+from nightloom.benchmarks.records import BenchJob, BenchResult, ModelScores
+from nightloom.spec.benchmarks import BenchmarksSpec
+from nightloom.util import atomic_write_text
+
+LOG = "benchmarks.log"
+
+
+class BenchmarkError(RuntimeError):
+    """The lm-eval process failed; the message holds the end of its log and the log's path."""
+
+
+def folder_digest(folder: str | Path, h=None) -> str:
+    """xxh3-128 over every file's relative name and bytes, in name order (a model's weights, a task folder)."""
+    h = h or xxhash.xxh3_128()
+    root = Path(folder)
+    for p in sorted(q for q in root.rglob("*") if q.is_file()):
+        h.update(str(p.relative_to(root)).encode() + b"\0")
+        with p.open("rb") as f:
+            while chunk := f.read(1 << 22):
+                h.update(chunk)
+    return h.hexdigest()
+
+
+def base_key(base_dir: str, job: BenchJob) -> str:
+    """The base's cache key: its weights, the tokenizer it is read with, the task folder, lm-eval's version and
+    every setting that changes a score or a completion."""
+    parts = [folder_digest(base_dir), folder_digest(job.tokenizer) if job.tokenizer else "", version("lm_eval")]
+    parts.append(folder_digest(job.include_path) if job.include_path else "")
+    parts.append(json.dumps(job.model_dump(exclude={"models", "output", "tokenizer", "include_path"}), sort_keys=True))
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:20]
+
+
+def make_job(settings: BenchmarksSpec, tokenizer: str | None, prompts: list[str], output: Path) -> BenchJob:
+    """The lm-eval process's job (its models set per call)."""
+    return BenchJob(
+        models=[],
+        tokenizer=tokenizer,
+        tasks=settings.tasks,
+        include_path=settings.include_path,
+        num_fewshot=settings.num_fewshot,
+        limit=settings.limit,
+        apply_chat_template=settings.apply_chat_template,
+        fewshot_as_multiturn=settings.fewshot_as_multiturn,
+        batch_size=settings.batch_size,
+        prompts=prompts[: settings.completions],
+        max_new_tokens=settings.max_new_tokens,
+        output=str(output),
+    )
+
+
+def run_process(job: BenchJob, work_dir: Path) -> list[ModelScores]:
+    """One `python -m nightloom.benchmarks` over the job's models, in the task folder, offline; its output goes to
+    work_dir/benchmarks.log (appended)."""
+    path = work_dir / f"bench-job-{os.getpid()}.json"
+    atomic_write_text(path, job.model_dump_json(indent=1))
+    env = os.environ | OFFLINE | {"TOKENIZERS_PARALLELISM": "false"}
+    cwd = job.include_path or str(work_dir)
+    with (work_dir / LOG).open("ab") as log:
+        rc = subprocess.run(
+            [sys.executable, "-m", "nightloom.benchmarks", "--job", str(path)], cwd=cwd, env=env, stdout=log, stderr=log
+        ).returncode
+    if rc != 0:
+        tail = (work_dir / LOG).read_text(errors="replace")[-3000:]
+        raise BenchmarkError(f"lm-eval exited with {rc} (log: {work_dir / LOG}):\n{tail}")
+    out = [ModelScores.model_validate(r) for r in json.loads(Path(job.output).read_text())]
+    path.unlink(missing_ok=True)
+    return out
+
+
+def run_benchmarks(
+    settings: BenchmarksSpec, export_dir: str, base_dir: str | None, work_dir: Path, cache_dir: Path, prompts: list[str]
+) -> BenchResult:
+    """Score the export and, when asked and not cached, the base in one lm-eval process; the base's scores are
+    kept in cache_dir/base-KEY.json."""
+    t0 = time.perf_counter()
+    work_dir.mkdir(parents=True, exist_ok=True)
+    job = make_job(settings, export_dir, prompts, work_dir / "benchmarks.raw.json")
+    cached, key = None, None
+    if settings.base and base_dir:
+        key = base_key(base_dir, job)
+        hit = cache_dir / f"base-{key}.json"
+        if hit.is_file():
+            cached = ModelScores.model_validate_json(hit.read_text()).model_copy(update={"cached": True})
+    job.models = [export_dir] + ([base_dir] if settings.base and base_dir and cached is None else [])
+    got = run_process(job, work_dir)
+    tuned, base = got[0], cached or (got[1] if len(got) > 1 else None)
+    if base is not None and cached is None and key is not None:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(cache_dir / f"base-{key}.json", base.model_dump_json(indent=1))
+    return BenchResult(tuned=tuned, base=base, seconds=time.perf_counter() - t0)
