@@ -106,15 +106,33 @@ def chat_records(max_rows: int = 1200) -> Iterator[dict]:
             return
 
 
+def pair_records(max_rows: int = 1200) -> Iterator[dict]:
+    """Preference pairs from the chats (train.task dpo): the conversation up to its last answer is the prompt, that
+    answer is chosen, and a wrong answer, the same words in reverse order, is rejected."""
+    for rec in chat_records(max_rows):
+        *prompt, answer = rec["messages"]
+        wrong = " ".join(reversed(answer["content"].split()))
+        if wrong == answer["content"]:  # one word, or a palindrome of words: nothing to prefer
+            continue
+        yield {
+            "id": rec["id"],
+            "prompt": prompt,
+            "chosen": [answer],
+            "rejected": [{"role": "assistant", "content": wrong}],
+        }
+
+
 def _sample_rows(kind: str) -> Iterator[tuple[dict, int]]:
-    """(record, text bytes) of the sample of `kind`: docstrings, alpaca or chats."""
+    """(record, text bytes) of the sample of `kind`: docstrings, alpaca, chats or pairs."""
     if kind == "docstrings":
         return ((r, len(r["text"].encode())) for r in iter_stdlib_docstrings())
     if kind == "alpaca":
         return ((r, len(r["output"].encode())) for r in alpaca_records())
     if kind == "chats":
         return ((r, sum(len(m["content"].encode()) for m in r["messages"])) for r in chat_records())
-    raise ValueError(f"dataset.sample_kind: {kind!r}; expected docstrings, alpaca or chats")
+    if kind == "pairs":
+        return ((r, 2 * len(r["chosen"][0]["content"].encode())) for r in pair_records())
+    raise ValueError(f"dataset.sample_kind: {kind!r}; expected docstrings, alpaca, chats or pairs")
 
 
 def build_sample_corpus(path: Path, max_bytes: int = DEFAULT_MAX_BYTES, kind: str = "docstrings") -> Path:

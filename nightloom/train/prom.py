@@ -65,5 +65,15 @@ class RankMetrics:
             self.gauges["expert_tokens"].labels(**self.labels, expert=str(e)).set(n)
         self.update(expert_imbalance=imbalance(tokens), router_aux_loss=aux)
 
+    def preference(self, figures: dict[str, float]) -> None:
+        """train.task dpo: a gauge per figure (TRL's name, "/" as "_": nightloom_rewards_accuracies,
+        nightloom_eval_rewards_margins, ...), created on first use."""
+        for k, v in figures.items():
+            key = "pref:" + k
+            if key not in self.gauges:
+                name = "nightloom_" + k.replace("/", "_")
+                self.gauges[key] = Gauge(name, f"Preference tuning: {k}", ["run", "rank"], registry=self.registry)
+            self.gauges[key].labels(**self.labels).set(v)
+
     def close(self) -> None:
         self.server.shutdown()

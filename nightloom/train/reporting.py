@@ -47,6 +47,7 @@ class StepRecord:
     eval_tokens: int | None = None
     router_aux_loss: float | None = None
     expert_tokens: list[int] | None = None
+    preference: dict[str, float] | None = None  # train.task dpo: TRL's names (rewards/…, logps/…), eval_* too
 
 
 class StepSink(Protocol):
@@ -97,6 +98,7 @@ def step_metrics(r: StepRecord) -> StepMetrics:
         router_aux_loss=r.router_aux_loss,
         expert_tokens=experts,
         expert_imbalance=imbalance(experts) if experts else None,
+        **{k: v for k, v in (r.preference or {}).items() if k not in StepMetrics.model_fields},
     )
 
 
@@ -106,7 +108,13 @@ def step_line(r: StepRecord) -> str:
         f"step {r.step}/{r.total_steps} loss {r.loss:.4f} grad_norm {r.grad_norm:.3f} lr {r.lr:.2e} "
         f"tok/s {r.tokens_per_s:,.0f}{labels_note(r.tokens_per_s, r.label_tokens_per_s)} "
         f"step {r.step_time_s * 1e3:.0f} ms mfu {r.mfu:.1%} mem {r.peak_mem_bytes / 2**20:.0f} MiB"
+        + (preference_note(r.preference) if r.preference else "")
     )
+
+
+def preference_note(figures: dict[str, float]) -> str:
+    """train.task dpo: the step line's reward accuracy and margin."""
+    return f" reward acc {figures['rewards/accuracies']:.2f} margin {figures['rewards/margins']:.4f}"
 
 
 class MetricsFileSink:
@@ -147,3 +155,5 @@ class PromSink:
         )
         if r.expert_tokens:
             self.prom.experts(r.expert_tokens, r.router_aux_loss)
+        if r.preference:
+            self.prom.preference(r.preference)

@@ -30,6 +30,7 @@ from nightloom.train.moe import ExpertLoad
 from nightloom.train.optim import grad_norm_and_clip, lr_at, make_optimizer, set_lr, step_and_zero
 from nightloom.train.parallelize import IGNORE_INDEX, build_parts, label_nll_sum, validate_plan
 from nightloom.train.preempt import PREEMPTED, PREEMPTED_EXIT, Preemption
+from nightloom.train.preference.step import Layout, PreferenceStep, eval_line
 from nightloom.train.reporting import MetricsFileSink, PromSink, StdoutSink, StepRecord, StepReporter
 from nightloom.train.sft_batch import (
     FlopCounter,
@@ -168,6 +169,12 @@ class Trainer:
         self.sft = t.task == "sft"  # one conversation per row, the loss over label tokens (assistant turns) only
         data = dict(seed=t.seed, tokenizer=job.tokenizer, s3=job.s3)
         rows = ConversationRows(job.manifest, t.seq_len, pack=t.pack, **data) if self.sft else None
+        self.pref = None  # train.task dpo: preference pairs, their loss and reference (train/preference/step.py)
+        if t.task == "dpo":
+            p = self.plan
+            layout = Layout(self.dims.dp, dp_rank, p.tp * p.pp * p.cp, p.micro_batch, p.grad_accum, self.dims.dp > 1)
+            self.pref = PreferenceStep(job, layout, self.lora is not None, self._log)
+            rows = self.pref.rows
         self.pack_stats = rows.stats() if t.pack else None  # conversations per packed row, logged and in result
         self.loader = StepLoader(
             rows or PackedWindows(job.manifest, t.seq_len, **data),
@@ -185,7 +192,7 @@ class Trainer:
         self.moe = ExpertLoad(self.shape.router_aux_loss_coef, self.shape.num_experts) if self.shape.moe else None
         self.peak, self.peak_source = _measure_peak(job, ctx)
         self.eval_batches: list[tuple[torch.Tensor, torch.Tensor]] = []
-        if job.eval_every:
+        if job.eval_every and self.pref is None:
             self.eval_batches = self._eval_set()
         # train.async_checkpoint: periodic saves written by a thread while the next steps run
         self.saver = checkpoint.AsyncSaver(job.checkpoint_dir, ctx.rank) if t.async_checkpoint else None
@@ -221,6 +228,12 @@ class Trainer:
     def _forward_backward(self, step: int) -> torch.Tensor:
         """Local mean loss of this rank's share (0 on non-last pipeline stages); sft: this rank's share of the
         global mean over label tokens, times dp·cp (the mean over ranks in `_global_loss` gives the global mean)."""
+        if self.pref is not None:
+            m = self.parts.parts[0]
+            local, self.counts, self.pref_figures = self.pref.forward_backward(
+                m, step, self.ctx.device, self._autocast, self.flops
+            )
+            return local
         batch = self.loader.batch(step)
         dev = self.ctx.device
         p = self.plan  # label tokens, ids computed and their FLOPs over the global batch: metrics and the sft loss
@@ -351,6 +364,8 @@ class Trainer:
         t_start = time.time()
         start = self._resume()
         self._announce(start)
+        if self.pref is not None:  # the reference's log-probs, and the held-out pairs before any step
+            self.pref.prepare(self.parts.parts[0], start, self._autocast, self.ctx.device)
         step, stopped, last_loss, last_ckpt, saved_at = start, "completed", None, None, None
         est = 0.0
         reset_peak_memory(self.ctx.device)
@@ -435,6 +450,9 @@ class Trainer:
         c = self.counts  # MFU from the FLOPs computed: unpacked sft rows as wide as their micro-batch's longest
         mfu, hfu = (perf.mfu(1 / dt, f, self.ctx.world, self.peak) for f in (c.flops, c.hflops))
         ev_loss = ev_ppl = ev_tokens = None
+        figures = self._preference_figures(step, start)
+        if figures and "eval_loss" in figures:
+            ev_loss = figures["eval_loss"]
         if self.eval_batches and (step == 1 or step % job.eval_every == 0 or step == t.steps):
             ev_loss, ev_tokens = self.evaluate()
             ev_ppl = math.exp(min(ev_loss, 700.0))
@@ -466,7 +484,23 @@ class Trainer:
             eval_tokens=ev_tokens,
             router_aux_loss=aux,
             expert_tokens=experts,
+            preference=figures,
         )
+
+    def _preference_figures(self, step: int, start: int) -> dict[str, float] | None:
+        """train.task dpo: the step's figures under TRL's names, with the held-out pairs' (eval_*) when due; the
+        first step after a fresh start also carries the held-out figures before training (start_eval_*)."""
+        if self.pref is None:
+            return None
+        figures = dict(self.pref_figures)
+        due = step == 1 or step % self.job.eval_every == 0 or step == self.job.train.steps
+        if self.pref.eval_docs and due:
+            ev = self.pref.evaluate(self.parts.parts[0], self.ctx.device, self._autocast)
+            self._log(eval_line(step, ev))
+            figures |= {f"eval_{k}": v for k, v in ev.items()}
+        if step == start + 1 and self.pref.initial is not None:
+            figures |= {f"start_eval_{k}": v for k, v in self.pref.initial.items()}
+        return figures
 
     def _finish(self, step: int, stopped: str, last_loss, last_ckpt, t_start: float) -> TrainResult:
         """The run's TrainResult; rank 0 writes result.json and says where it stopped."""
