@@ -95,7 +95,7 @@ class _StopStrings:
         return [any(s in self.decode(r[-self.tail :]) for s in self.stop) for r in rows]
 
 
-@torch.inference_mode()
+@torch.no_grad()  # not inference_mode: FSDP2 gathers into buffers the training forward reuses
 def generate(
     model: nn.Module,
     prompts: Sequence[Sequence[int]] | torch.Tensor,
@@ -108,7 +108,6 @@ def generate(
     decode: Callable[[list[int]], str] | None = None,
 ) -> Rollout:
     """Sample completions of `prompts` from `model` (a native Transformer, FSDP2-sharded or not)."""
-    check_cacheable(model)
     stops = _StopStrings(params.stop, decode)
     device = next(model.parameters()).device
     ids, pad = left_padded(prompts, attention_mask, pad_id)
@@ -121,6 +120,7 @@ def generate(
     eos = torch.as_tensor(list(eos_ids), dtype=torch.long, device=device)
     cache = KVCache(pad=pad, max_len=ids.shape[1] + n)
     with gathered(model):
+        check_cacheable(model)
         logits = cached_logits(model, ids, cache)
         for step in range(n):
             tok, lp = next_tokens(logits, params, generator)

@@ -49,8 +49,9 @@ def check_cacheable(model: Transformer) -> None:
         raise NotImplementedError("native rollouts: DeepSeek latent attention (MLA) has no cached path yet")
     if model.tok_embeddings is None or model.output is None or len(model.layers) != model.shape.layers:
         raise NotImplementedError("native rollouts need the whole model on a rank (no pipeline stages)")
-    if type(model.norm).__name__ != "RMSNorm" and model.norm is not None:
-        raise NotImplementedError("native rollouts: sequence-parallel norms are not supported")
+    mesh = getattr(model.norm.weight, "device_mesh", None)  # (after FSDP2's gather) only sequence parallel's
+    if mesh is not None and "tp" in (mesh.mesh_dim_names or ()):  # norms are distributed over the tp mesh
+        raise NotImplementedError("native rollouts: sequence parallelism (sp) is not supported; run with sp off")
 
 
 def _attention_mask(cache: KVCache, t: int, window: int | None) -> torch.Tensor:
