@@ -30,6 +30,13 @@ MODELS: dict[str, ModelShape] = {
     "llama3-70b": _llama("llama3-70b", 80, 8192, 64, 8, 28672, 128256, 8192, 70.55e9, 500000.0),
     "llama3-405b": _llama("llama3-405b", 126, 16384, 128, 8, 53248, 128256, 8192, 405.85e9, 500000.0),
 }
+
+
+def _add(*models: ModelShape) -> None:
+    """Enter `models` in MODELS under their names."""
+    MODELS.update({m.name: m for m in models})
+
+
 # Llama 3.1 405B: the same network after long-context pre-training to 128K (config.json: max_position_embeddings
 # 131072, rope_scaling llama3, factor 8, low/high frequency factors 1/4, original 8192).
 MODELS["llama3.1-405b"] = replace(
@@ -46,9 +53,7 @@ def _llama32(name, layers, hidden, heads, params):
     return replace(shape, tied_embeddings=True, rope_scaling=RopeScaling("llama3", 32.0))
 
 
-MODELS.update(
-    {m.name: m for m in (_llama32("llama3.2-1b", 16, 2048, 32, 1.23e9), _llama32("llama3.2-3b", 28, 3072, 24, 3.21e9))}
-)
+_add(_llama32("llama3.2-1b", 16, 2048, 32, 1.23e9), _llama32("llama3.2-3b", 28, 3072, 24, 3.21e9))
 
 
 def _qwen3(name, layers, hidden, heads, ffn, tied, params):
@@ -63,18 +68,13 @@ def _qwen3(name, layers, hidden, heads, ffn, tied, params):
     )  # fmt: skip
 
 
-MODELS.update(
-    {
-        m.name: m
-        for m in (
-            _qwen3("qwen3-0.6b", 28, 1024, 16, 3072, True, 0.6e9),
-            _qwen3("qwen3-1.7b", 28, 2048, 16, 6144, True, 1.7e9),
-            _qwen3("qwen3-4b", 36, 2560, 32, 9728, True, 4.0e9),
-            _qwen3("qwen3-8b", 36, 4096, 32, 12288, False, 8.2e9),
-            _qwen3("qwen3-14b", 40, 5120, 40, 17408, False, 14.8e9),
-            _qwen3("qwen3-32b", 64, 5120, 64, 25600, False, 32.8e9),
-        )
-    }
+_add(
+    _qwen3("qwen3-0.6b", 28, 1024, 16, 3072, True, 0.6e9),
+    _qwen3("qwen3-1.7b", 28, 2048, 16, 6144, True, 1.7e9),
+    _qwen3("qwen3-4b", 36, 2560, 32, 9728, True, 4.0e9),
+    _qwen3("qwen3-8b", 36, 4096, 32, 12288, False, 8.2e9),
+    _qwen3("qwen3-14b", 40, 5120, 40, 17408, False, 14.8e9),
+    _qwen3("qwen3-32b", 64, 5120, 64, 25600, False, 32.8e9),
 )
 
 
@@ -98,16 +98,11 @@ def _gemma3(name, layers, hidden, heads, kv, head_dim, ffn, vocab, seq, window, 
     )  # fmt: skip
 
 
-MODELS.update(
-    {
-        m.name: m
-        for m in (
-            _gemma3("gemma3-1b", 26, 1152, 4, 1, 256, 6912, 262144, 32768, 512, 256, False, 1.000e9),
-            _gemma3("gemma3-4b", 34, 2560, 8, 4, 256, 10240, 262208, 131072, 1024, 256, True, 3.884e9),
-            _gemma3("gemma3-12b", 48, 3840, 16, 8, 256, 15360, 262208, 131072, 1024, 256, True, 11.771e9),
-            _gemma3("gemma3-27b", 62, 5376, 32, 16, 128, 21504, 262208, 131072, 1024, 168, True, 27.016e9),
-        )
-    }
+_add(
+    _gemma3("gemma3-1b", 26, 1152, 4, 1, 256, 6912, 262144, 32768, 512, 256, False, 1.000e9),
+    _gemma3("gemma3-4b", 34, 2560, 8, 4, 256, 10240, 262208, 131072, 1024, 256, True, 3.884e9),
+    _gemma3("gemma3-12b", 48, 3840, 16, 8, 256, 15360, 262208, 131072, 1024, 256, True, 11.771e9),
+    _gemma3("gemma3-27b", 62, 5376, 32, 16, 128, 21504, 262208, 131072, 1024, 168, True, 27.016e9),
 )
 
 
@@ -129,20 +124,15 @@ def _gpt(name, layers, hidden, heads, params):
 
 
 # PTD-P's published sizes are rounded (1.7 for 1.65e9): checks compare within that rounding.
-MODELS.update(
-    {
-        m.name: m
-        for m in (
-            _gpt("gpt-1.7b", 24, 2304, 24, 1.7e9),
-            _gpt("gpt-3.6b", 30, 3072, 32, 3.6e9),
-            _gpt("gpt-7.5b", 36, 4096, 32, 7.5e9),
-            _gpt("gpt-18.4b", 40, 6144, 48, 18.4e9),
-            _gpt("gpt-39.1b", 48, 8192, 64, 39.1e9),
-            _gpt("gpt-76.1b", 60, 10240, 80, 76.1e9),
-            _gpt("gpt-310.1b", 96, 16384, 128, 310.1e9),
-            _gpt("gpt-1008b", 128, 25600, 160, 1008e9),
-        )
-    }
+_add(
+    _gpt("gpt-1.7b", 24, 2304, 24, 1.7e9),
+    _gpt("gpt-3.6b", 30, 3072, 32, 3.6e9),
+    _gpt("gpt-7.5b", 36, 4096, 32, 7.5e9),
+    _gpt("gpt-18.4b", 40, 6144, 48, 18.4e9),
+    _gpt("gpt-39.1b", 48, 8192, 64, 39.1e9),
+    _gpt("gpt-76.1b", 60, 10240, 80, 76.1e9),
+    _gpt("gpt-310.1b", 96, 16384, 128, 310.1e9),
+    _gpt("gpt-1008b", 128, 25600, 160, 1008e9),
 )
 
 
@@ -156,21 +146,16 @@ def _mcore(name, layers, hidden, heads, params):
     )  # fmt: skip
 
 
-MODELS.update(
-    {
-        m.name: m
-        for m in (
-            _mcore("mcore-1.7b", 24, 2048, 16, 1.7e9),
-            _mcore("mcore-7.1b", 30, 4096, 32, 7.1e9),
-            _mcore("mcore-16b", 32, 6144, 48, 16e9),
-            _mcore("mcore-32b", 48, 7168, 56, 32e9),
-            _mcore("mcore-70b", 84, 8192, 64, 70e9),
-            _mcore("mcore-119b", 92, 10240, 80, 119e9),
-            _mcore("mcore-177b", 96, 12288, 96, 177e9),
-            _mcore("mcore-314b", 96, 16384, 128, 314e9),
-            _mcore("mcore-462b", 112, 18432, 144, 462e9),
-        )
-    }
+_add(
+    _mcore("mcore-1.7b", 24, 2048, 16, 1.7e9),
+    _mcore("mcore-7.1b", 30, 4096, 32, 7.1e9),
+    _mcore("mcore-16b", 32, 6144, 48, 16e9),
+    _mcore("mcore-32b", 48, 7168, 56, 32e9),
+    _mcore("mcore-70b", 84, 8192, 64, 70e9),
+    _mcore("mcore-119b", 92, 10240, 80, 119e9),
+    _mcore("mcore-177b", 96, 12288, 96, 177e9),
+    _mcore("mcore-314b", 96, 16384, 128, 314e9),
+    _mcore("mcore-462b", 112, 18432, 144, 462e9),
 )
 
 
@@ -187,72 +172,65 @@ def _qwen3_moe(name, layers, hidden, heads, kv, expert_ffn, dense_ffn, total, ac
     )  # fmt: skip
 
 
-MODELS.update(
-    {
-        m.name: m
-        for m in (
-            _qwen3_moe("qwen3-30b-a3b", 48, 2048, 32, 4, 768, 6144, 30.5e9, 3.3e9),
-            _qwen3_moe("qwen3-235b-a22b", 94, 4096, 64, 4, 1536, 12288, 235e9, 22e9),
-            # Mixtral 8x7B (Jiang et al. 2024, arXiv 2401.04088; mistralai/Mixtral-8x7B-v0.1 config.json): 8 experts of
-            # 14,336, top-2 renormalised, 32 layers, GQA 32/8, vocab 32,000, 32K context, rope_theta 1e6, no window,
-            # router_aux_loss_coef 0.02; 46.7B total, 12.9B active (the paper's §2.1).
-            ModelShape(
-                "mixtral-8x7b",
-                32,
-                4096,
-                32,
-                8,
-                14336,
-                32000,
-                32768,
-                rope_theta=1e6,
-                published_params=46.7e9,
-                arch="mixtral",
-                num_experts=8,
-                experts_per_token=2,
-                expert_ffn_hidden=14336,
-                router_aux_loss_coef=0.02,
-                published_active_params=12.9e9,
-            ),  # fmt: skip
-            # DeepSeek-V3 (DeepSeek-AI 2024, arXiv 2412.19437 §2, §4.2; deepseek-ai/DeepSeek-V3 config.json): 61 layers,
-            # the first 3 dense (first_k_dense_replace, ffn 18,432), 256 routed experts of 2,048 top-8 + 1 shared,
-            # multi-head latent attention (128 heads, q_lora_rank 1,536, kv_lora_rank 512, qk head 128 + 64 rotary,
-            # v head 128), vocab 129,280, 163,840 context (YaRN: factor 40 over 4,096, mscale 1 and 1); 671B total, 37B
-            # activated (the 14B multi-token-prediction module of the Hub's 685B is left out, as the paper counts).
-            ModelShape(
-                "deepseek-v3",
-                61,
-                7168,
-                128,
-                128,
-                18432,
-                129280,
-                163840,
-                norm_eps=1e-6,
-                published_params=671e9,
-                explicit_head_dim=192,
-                rope_scaling=RopeScaling(
-                    "yarn", 40.0, original_max_position_embeddings=4096, mscale=1.0, mscale_all_dim=1.0
-                ),
-                arch="deepseek_v3",
-                num_experts=256,
-                experts_per_token=8,
-                expert_ffn_hidden=2048,
-                shared_experts=1,
-                dense_layers=(0, 1, 2),
-                router_score="sigmoid",  # 8 groups of 32 experts, the best 4 groups, weights × 2.5
-                router_groups=8,
-                router_topk_groups=4,
-                routed_scaling=2.5,
-                q_lora_rank=1536,
-                kv_lora_rank=512,
-                qk_rope_head_dim=64,
-                v_head_dim=128,
-                rope_interleave=True,
-                published_active_params=37e9,
-            ),  # fmt: skip
-        )
-    }
+_add(
+    _qwen3_moe("qwen3-30b-a3b", 48, 2048, 32, 4, 768, 6144, 30.5e9, 3.3e9),
+    _qwen3_moe("qwen3-235b-a22b", 94, 4096, 64, 4, 1536, 12288, 235e9, 22e9),
+    # Mixtral 8x7B (Jiang et al. 2024, arXiv 2401.04088; mistralai/Mixtral-8x7B-v0.1 config.json): 8 experts of
+    # 14,336, top-2 renormalised, 32 layers, GQA 32/8, vocab 32,000, 32K context, rope_theta 1e6, no window,
+    # router_aux_loss_coef 0.02; 46.7B total, 12.9B active (the paper's §2.1).
+    ModelShape(
+        "mixtral-8x7b",
+        32,
+        4096,
+        32,
+        8,
+        14336,
+        32000,
+        32768,
+        rope_theta=1e6,
+        published_params=46.7e9,
+        arch="mixtral",
+        num_experts=8,
+        experts_per_token=2,
+        expert_ffn_hidden=14336,
+        router_aux_loss_coef=0.02,
+        published_active_params=12.9e9,
+    ),  # fmt: skip
+    # DeepSeek-V3 (DeepSeek-AI 2024, arXiv 2412.19437 §2, §4.2; deepseek-ai/DeepSeek-V3 config.json): 61 layers,
+    # the first 3 dense (first_k_dense_replace, ffn 18,432), 256 routed experts of 2,048 top-8 + 1 shared,
+    # multi-head latent attention (128 heads, q_lora_rank 1,536, kv_lora_rank 512, qk head 128 + 64 rotary,
+    # v head 128), vocab 129,280, 163,840 context (YaRN: factor 40 over 4,096, mscale 1 and 1); 671B total, 37B
+    # activated (the 14B multi-token-prediction module of the Hub's 685B is left out, as the paper counts).
+    ModelShape(
+        "deepseek-v3",
+        61,
+        7168,
+        128,
+        128,
+        18432,
+        129280,
+        163840,
+        norm_eps=1e-6,
+        published_params=671e9,
+        explicit_head_dim=192,
+        rope_scaling=RopeScaling("yarn", 40.0, original_max_position_embeddings=4096, mscale=1.0, mscale_all_dim=1.0),
+        arch="deepseek_v3",
+        num_experts=256,
+        experts_per_token=8,
+        expert_ffn_hidden=2048,
+        shared_experts=1,
+        dense_layers=(0, 1, 2),
+        router_score="sigmoid",  # 8 groups of 32 experts, the best 4 groups, weights × 2.5
+        router_groups=8,
+        router_topk_groups=4,
+        routed_scaling=2.5,
+        q_lora_rank=1536,
+        kv_lora_rank=512,
+        qk_rope_head_dim=64,
+        v_head_dim=128,
+        rope_interleave=True,
+        published_active_params=37e9,
+    ),  # fmt: skip
 )
 
 

@@ -45,6 +45,20 @@ def _save(fig: Figure, path: Path) -> Path:
     return path
 
 
+def _axes(size: tuple[float, float] = (7, 4)):
+    """A figure of `size` inches and its one axes."""
+    fig = Figure(figsize=size)
+    return fig, fig.add_subplot()
+
+
+def _finish(fig: Figure, ax, path: str | Path, legend: str | None = None) -> Path:
+    """Grid (and a legend at `legend`) on `ax`, then the figure saved to `path`."""
+    ax.grid(alpha=0.3)
+    if legend:
+        ax.legend(loc=legend)
+    return _save(fig, Path(path))
+
+
 def _series(steps: Sequence[StepMetrics], attr: str) -> tuple[list[int], list[float]]:
     xs, ys = [], []
     for m in steps:
@@ -78,8 +92,7 @@ def _mark_events(ax, steps: Sequence[StepMetrics], nan: bool = False) -> None:
 def plot_loss(
     steps: Sequence[StepMetrics], path: str | Path, golden: Sequence[StepMetrics] | None = None, title: str = "loss"
 ) -> Path:
-    fig = Figure(figsize=(7, 4))
-    ax = fig.add_subplot()
+    fig, ax = _axes()
     ax.plot(*_series(steps, "loss"), lw=1.2, label="loss")
     ex, ey = _series(steps, "eval_loss")
     if ex:
@@ -88,19 +101,15 @@ def plot_loss(
         ax.plot(*_series(golden, "loss"), lw=1, ls=":", color="black", label="golden")
     _mark_events(ax, steps, nan=True)
     ax.set(xlabel="step", ylabel="loss", title=title)
-    ax.grid(alpha=0.3)
-    ax.legend(loc="upper right")
-    return _save(fig, Path(path))
+    return _finish(fig, ax, path, "upper right")
 
 
 def plot_throughput(steps: Sequence[StepMetrics], path: str | Path, title: str = "tokens/s") -> Path:
-    fig = Figure(figsize=(7, 4))
-    ax = fig.add_subplot()
+    fig, ax = _axes()
     ax.plot(*_series(steps, "tokens_per_s"), lw=1.2, color="tab:green")
     _mark_events(ax, steps)
     ax.set(xlabel="step", ylabel="tokens/s (global)", title=title)
-    ax.grid(alpha=0.3)
-    return _save(fig, Path(path))
+    return _finish(fig, ax, path)
 
 
 def plot_mfu(
@@ -110,8 +119,7 @@ def plot_mfu(
     floor: float | None = None,
     title: str = "MFU",
 ) -> Path:
-    fig = Figure(figsize=(7, 4))
-    ax = fig.add_subplot()
+    fig, ax = _axes()
     xs, ys = _series(steps, "mfu")
     ax.plot(xs, [100 * y for y in ys], lw=1.2, color="tab:orange", label="measured MFU")
     hx, hy = _series(steps, "hfu")
@@ -124,24 +132,19 @@ def plot_mfu(
     _mark_events(ax, steps)
     ax.set(xlabel="step", ylabel="MFU (%)", title=title)
     ax.set_ylim(bottom=0)
-    ax.grid(alpha=0.3)
-    ax.legend(loc="lower right")
-    return _save(fig, Path(path))
+    return _finish(fig, ax, path, "lower right")
 
 
 def plot_eval(steps: Sequence[StepMetrics], path: str | Path, title: str = "held-out evaluation") -> Path:
     """Held-out token-weighted mean NLL and perplexity at each evaluation."""
-    fig = Figure(figsize=(7, 4))
-    ax = fig.add_subplot()
+    fig, ax = _axes()
     ax.plot(*_series(steps, "eval_loss"), marker="o", ms=3, lw=1.2, color="tab:purple", label="eval loss")
     ax.set(xlabel="step", ylabel="eval loss (NLL / token)", title=title)
     ppl = ax.twinx()
     ppl.plot(*_series(steps, "eval_ppl"), ls="--", lw=1, color="tab:gray", label="perplexity")
     ppl.set_ylabel("perplexity")
     _mark_events(ax, steps)
-    ax.grid(alpha=0.3)
-    ax.legend(loc="upper right")
-    return _save(fig, Path(path))
+    return _finish(fig, ax, path, "upper right")
 
 
 def plot_expert_load(steps: Sequence[StepMetrics], path: str | Path, title: str = "tokens per expert") -> Path:
@@ -161,17 +164,14 @@ def plot_expert_load(steps: Sequence[StepMetrics], path: str | Path, title: str 
     heat.set(ylabel="expert", title=title)
     line.plot(*_series(rows, "expert_imbalance"), lw=1.2, color="tab:red", label="max / mean")
     line.set(xlabel="step", ylabel="max / mean")
-    line.grid(alpha=0.3)
-    line.legend(loc="upper right")
-    return _save(fig, Path(path))
+    return _finish(fig, line, path, "upper right")
 
 
 def plot_predicted_vs_measured(
     points: Sequence[MfuPoint], path: str | Path, title: str = "predicted vs measured MFU"
 ) -> Path:
     """One dot per run; the diagonal is a perfect prediction."""
-    fig = Figure(figsize=(5, 5))
-    ax = fig.add_subplot()
+    fig, ax = _axes((5, 5))
     top = max([0.1] + [100 * max(p.predicted, p.measured) for p in points]) * 1.1
     ax.plot([0, top], [0, top], color="grey", lw=0.8, ls="--", label="measured = predicted")
     ax.scatter([100 * p.predicted for p in points], [100 * p.measured for p in points], zorder=3)
@@ -180,9 +180,7 @@ def plot_predicted_vs_measured(
             p.label, (100 * p.predicted, 100 * p.measured), fontsize=7, xytext=(3, 3), textcoords="offset points"
         )
     ax.set(xlabel="predicted MFU (%)", ylabel="measured MFU (%)", title=title, xlim=(0, top), ylim=(0, top))
-    ax.grid(alpha=0.3)
-    ax.legend(loc="upper left")
-    return _save(fig, Path(path))
+    return _finish(fig, ax, path, "upper left")
 
 
 def write_run_plots(

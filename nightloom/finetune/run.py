@@ -48,17 +48,8 @@ class XTunerInterruption(BaseModel):
 
     @classmethod
     def of(cls, e) -> XTunerInterruption:
-        """From a nightloom.recovery.Event."""
-        return cls(
-            attempt=e.attempt,
-            kind=e.kind,
-            detail=e.detail,
-            at=e.at,
-            recovery_s=e.recovery_s,
-            lost_s=e.lost_s,
-            world_before=e.world_before,
-            world_after=e.world_after,
-        )
+        """From a nightloom.recovery.Event: its fields of the same names."""
+        return cls.model_validate({k: getattr(e, k) for k in cls.model_fields})
 
 
 class XTunerResult(TrainResult):
