@@ -62,6 +62,8 @@ def plan(
     fused_attention: bool = True,
     lora_rank: int | None = None,
     lora_targets: tuple[str, ...] = ("all-linear",),
+    lora_quantize: str | None = None,
+    lora_double_quant: bool = True,
 ) -> PlanReport:
     """Plan from plain values (the CLI path). `model`: catalog name, HF config.json path, or a ModelShape;
     `gpu`: catalog GPU type or "cpu"; `layout`: pins such as "tp=8,pp=4,dp=32" (evaluated, not searched);
@@ -99,6 +101,8 @@ def plan(
         fused_attention=fused_attention,
         lora_rank=lora_rank,
         lora_targets=tuple(lora_targets),
+        lora_quantize=lora_quantize,
+        lora_double_quant=lora_double_quant,
     )
     return search(req)
 
@@ -157,7 +161,8 @@ def trainer_pins(shape: ModelShape, train) -> FixedLayout | None:
     """What `parallel: auto` may not choose because the trainer refuses it: packed rows carry a per-row document
     mask, which the pipeline schedule and ring attention do not take (pp = cp = 1); a mixture of experts trains
     with EP and FSDP2 only (tp = pp = cp = dp_replicate = 1, train/moe.py); train.compile cannot compile a
-    recomputed block under TP (train/parallelize.check_compile), so a compiled run is planned without recompute."""
+    recomputed block under TP (train/parallelize.check_compile), so a compiled run is planned without recompute;
+    a quantized LoRA base (train.lora.quantize) runs in one process or under FSDP2 (tp = pp = 1)."""
     pins: dict = {}
     if shape.moe:
         pins |= dict(tp=1, pp=1, cp=1, dp_replicate=1)
@@ -165,6 +170,8 @@ def trainer_pins(shape: ModelShape, train) -> FixedLayout | None:
         pins |= dict(pp=1, cp=1)
     if getattr(train, "compile", False):
         pins |= dict(recompute="none")
+    if getattr(getattr(train, "lora", None), "quantize", None):  # a quantized base: one process or FSDP2
+        pins |= dict(tp=1, pp=1)
     return FixedLayout(**pins) if pins else None
 
 
@@ -174,7 +181,13 @@ def _lora_of(train) -> dict:
     if lora is None:
         return {}
     targets = (lora.targets,) if isinstance(lora.targets, str) else tuple(lora.targets)
-    return {"lora_rank": lora.rank, "lora_targets": targets}
+    quant = getattr(lora, "quantize", None)
+    return {
+        "lora_rank": lora.rank,
+        "lora_targets": targets,
+        "lora_quantize": quant,
+        "lora_double_quant": getattr(lora, "double_quant", True),
+    }
 
 
 def spec_layout(p, world_size: int) -> FixedLayout:

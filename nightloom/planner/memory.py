@@ -94,12 +94,47 @@ LORA_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 def lora_layer_params(shape: ModelShape, rank: int, targets: tuple[str, ...]) -> int:
     """Adapter parameters of one layer: r·(in + out) per targeted linear (lora_A is r × in, lora_B out × r; Hu et
     al. 2021 §4). An MoE layer's experts are not targeted (their names differ)."""
+    dims = _linear_dims(shape)
+    names = dims if "all-linear" in targets else [t for t in targets if t in dims]
+    return sum(rank * sum(dims[n]) for n in names)
+
+
+def quantized_bytes_per_param(kind: str, double_quant: bool = True, in_features: int = 4096) -> float:
+    """Bytes a quantized base weight takes, its constants included (Dettmers et al. 2023 §3): nf4/fp4 half a byte
+    plus an fp32 absmax per block of 64 (0.0625 B), or with double quantization one byte per 64 and an fp32 per
+    64 · 256 (0.0159 B); int8 one byte plus an fp32 scale per row."""
+    if kind == "int8":
+        return 1.0 + 4.0 / in_features
+    return 0.5 + (1 / 64 + 4 / (64 * 256) if double_quant else 4 / 64)
+
+
+def quantized_layer_params(shape: ModelShape) -> int:
+    """Parameters of one layer's decoder linears (q, k, v, o and the MLP's): what train.lora.quantize stores
+    quantized; norms, embedding and head stay in 16 bits."""
+    return sum(a * b for a, b in _linear_dims(shape).values())
+
+
+def _linear_dims(shape: ModelShape) -> dict[str, tuple[int, int]]:
     h, f = shape.hidden, shape.ffn_hidden
     q, kv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
     dims = {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h), "down_proj": (f, h)}
-    dims |= {"gate_proj": (h, f), "up_proj": (h, f)} if shape.gated_mlp else {"up_proj": (h, f)}
-    names = dims if "all-linear" in targets else [t for t in targets if t in dims]
-    return sum(rank * sum(dims[n]) for n in names)
+    return dims | ({"gate_proj": (h, f), "up_proj": (h, f)} if shape.gated_mlp else {"up_proj": (h, f)})
+
+
+def _quantized_stage(
+    shape: ModelShape, c: ParallelDims, params: float, layers: int, unit: float, qb: float, wb: float, keep: bool
+) -> tuple[float, float]:
+    """(bytes a quantized base saves on this rank, its working set): FSDP2 gathers the stored bytes (two layers,
+    or under PP / ZeRO-2 the whole stage) and the widest linear is dequantized in the compute dtype."""
+    lin = quantized_layer_params(shape) / c.tp
+    d = c.shard
+    saved = layers * lin / d * (wb - qb)
+    gathered = 0.0
+    if d > 1:
+        stored = (params - layers * lin) * wb + layers * lin * qb  # the stage as stored, whole
+        gathered = stored if keep else 2 * ((unit - lin) * wb + lin * qb)
+    widest = max(a * b for a, b in _linear_dims(shape).values()) / c.tp
+    return saved, gathered + widest * wb
 
 
 def _state_bytes(precision: str) -> tuple[float, float, float]:
@@ -143,11 +178,16 @@ def memory_breakdown(
     lora_rank: int | None = None,
     lora_targets: tuple[str, ...] = ("all-linear",),
     native_trainer: bool = True,
+    lora_quantize: str | None = None,
+    lora_double_quant: bool = True,
 ) -> MemoryBreakdown:
     """Predicted memory of the busiest pipeline rank: every rank's layers, embedding or head, and the
     micro-batches it holds in flight (planner/inflight.py), the largest total wins.
     `lora_rank` (train.lora): the base weights are frozen (weights only: no gradients, no optimizer state) and
-    each layer's adapters (`lora_layer_params`, split over TP) carry weights, gradients and fp32 Adam state."""
+    each layer's adapters (`lora_layer_params`, split over TP) carry weights, gradients and fp32 Adam state.
+    `lora_quantize` (train.lora.quantize): the base's linears at `quantized_bytes_per_param`, plus the working
+    copy of the layer that runs: bitsandbytes dequantizes one linear per matmul and frees it after, so the widest
+    linear in the compute dtype (counted with the overhead, beside FSDP2's two gathered layers, stored quantized)."""
     wb, gb, ob = _state_bytes(precision)
     unit = layer_params(shape, c.tp, c.ep)
     params_of = rank_params(shape, c)
@@ -186,7 +226,12 @@ def memory_breakdown(
         held = (params - ex) / d + ex / de
         if lora_rank:  # frozen base: weights only; the adapters train
             adapters = layers * lora_layer_params(shape, lora_rank, lora_targets) / c.tp / d
-            return (held * wb + adapters * wb, adapters * gb, adapters * ob, acts, gathered)
+            base = held * wb
+            if lora_quantize:  # QLoRA: the linears quantized; the widest dequantized while it computes
+                qb = quantized_bytes_per_param(lora_quantize, lora_double_quant, shape.hidden)
+                saved, gathered = _quantized_stage(shape, c, params, layers, unit, qb, wb, keep_gathered)
+                base -= saved
+            return (base + adapters * wb, adapters * gb, adapters * ob, acts, gathered)
         return (held * wb, held * gb, held * ob, acts, gathered)
 
     sizes = rank_layers(shape, c)

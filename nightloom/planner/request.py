@@ -147,6 +147,8 @@ class PlanRequest:
     tp_across_nodes: bool = False
     lora_rank: int | None = None  # train.lora: frozen base weights + adapters of this rank (memory)
     lora_targets: tuple[str, ...] = ("all-linear",)
+    lora_quantize: str | None = None  # train.lora.quantize: the base's linears quantized (nf4, fp4, int8)
+    lora_double_quant: bool = True
     fixed: FixedLayout | None = None
     calibration: float | None = None  # measured/predicted MFU of past runs on this GPU type
     efficiency: float | None = None  # override the compute efficiency factor (default: calibrated constant)

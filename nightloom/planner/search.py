@@ -438,6 +438,8 @@ def search(req: PlanRequest) -> PlanReport:
                 req.lora_rank,
                 req.lora_targets,
                 native_trainer=req.native_trainer,
+                lora_quantize=req.lora_quantize,
+                lora_double_quant=req.lora_double_quant,
             )
             sc = _Scored(c, mem, None, None)
             if smallest_by_family.get(fam) is None or mem.total_gib < smallest_by_family[fam].mem.total_gib:
