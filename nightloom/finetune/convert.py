@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from nightloom.finetune.launcher import WRAPPER, Runner, check, local_runner, tool_command
@@ -55,46 +56,36 @@ def check_adapter(d: Path) -> Path:
     return d
 
 
-def pth_to_hf(
-    python: Path | str,
-    config: Path,
-    pth: Path,
-    out: Path,
-    *,
-    lora: bool,
-    log_file: Path,
-    log: Callable[[str], None] = print,
-    timeout_s: float = 1800,
-    runner: Runner | None = None,
-    wrapper: str | Path = WRAPPER,
-) -> Path:
-    """xtuner's pth_to_hf (fp32, safetensors); returns `out`, an adapter folder for LoRA else a full model.
-    `runner`: where it runs (default: this machine); `wrapper`: node_wrapper.py as that place sees it."""
-    if out.exists():
-        shutil.rmtree(out)
-    cmd = tool_command(python, "pth_to_hf", config, pth, out, "--fp32", "--safe-serialization", wrapper=wrapper)
-    check((runner or local_runner(timeout_s))(cmd, log_file, log, "pth_to_hf"), "pth_to_hf", log_file)
+@dataclass(frozen=True)
+class ToolRun:
+    """Where and how the conversion steps run: their log, `runner` (default: this machine, `timeout_s` each) and
+    node_wrapper.py as that place sees it (`wrapper`)."""
+
+    log_file: Path
+    log: Callable[[str], None] = print
+    timeout_s: float = 1800
+    runner: Runner | None = None
+    wrapper: str | Path = WRAPPER
+
+    def into(self, python: Path | str, step: str, out: Path, *args: str | Path) -> Path:
+        """Run the wrapper's `step` with `args` into a fresh `out` (an older one removed first); its exit code
+        checked (XTunerLaunchError with the log's tail); returns `out`."""
+        if out.exists():
+            shutil.rmtree(out)
+        cmd = tool_command(python, step, *args, wrapper=self.wrapper)
+        check((self.runner or local_runner(self.timeout_s))(cmd, self.log_file, self.log, step), step, self.log_file)
+        return out
+
+
+def pth_to_hf(python: Path | str, config: Path, pth: Path, out: Path, *, lora: bool, tools: ToolRun) -> Path:
+    """xtuner's pth_to_hf (fp32, safetensors); returns `out`, an adapter folder for LoRA else a full model."""
+    tools.into(python, "pth_to_hf", out, config, pth, out, "--fp32", "--safe-serialization")
     return check_adapter(out) if lora else check_hf_model(out)
 
 
-def merge_lora(
-    python: Path | str,
-    base: Path,
-    adapter: Path,
-    out: Path,
-    *,
-    device: str,
-    log_file: Path,
-    log: Callable[[str], None] = print,
-    timeout_s: float = 1800,
-    runner: Runner | None = None,
-    wrapper: str | Path = WRAPPER,
-) -> Path:
-    """xtuner's `convert merge` (base + adapter → full model, safetensors), where `runner` runs it."""
-    if out.exists():
-        shutil.rmtree(out)
-    cmd = tool_command(python, "merge", base, adapter, out, "--device", device, "--safe-serialization", wrapper=wrapper)
-    check((runner or local_runner(timeout_s))(cmd, log_file, log, "merge"), "merge", log_file)
+def merge_lora(python: Path | str, base: Path, adapter: Path, out: Path, *, device: str, tools: ToolRun) -> Path:
+    """xtuner's `convert merge` (base + adapter → full model, safetensors), where `tools` runs it."""
+    tools.into(python, "merge", out, base, adapter, out, "--device", device, "--safe-serialization")
     return check_hf_model(out)
 
 
@@ -156,20 +147,20 @@ def convert_checkpoint(
     the adapter, staged in `export.tmp/` and renamed into place last. Returns `model_dir` (= `export_dir`, None for
     an unmerged adapter), `adapter_dir` and `published`."""
     run_dir = Path(plan.run_dir)
-    tools = dict(log_file=Path(plan.log_dir) / "convert.log", log=log, runner=runner, wrapper=plan.wrapper)
+    tools = ToolRun(Path(plan.log_dir) / "convert.log", log, runner=runner, wrapper=plan.wrapper)
     lora = plan.method in ("lora", "qlora")
     staged = run_dir / f"{EXPORT_DIR}.tmp"
     if staged.exists():
         shutil.rmtree(staged)
     if not lora:
-        pth_to_hf(plan.python, Path(plan.config_path), checkpoint, staged, lora=False, **tools)
+        pth_to_hf(plan.python, Path(plan.config_path), checkpoint, staged, lora=False, tools=tools)
     else:
         adapter = pth_to_hf(
-            plan.python, Path(plan.config_path), checkpoint, run_dir / f"{ADAPTER_DIR}.tmp", lora=True, **tools
+            plan.python, Path(plan.config_path), checkpoint, run_dir / f"{ADAPTER_DIR}.tmp", lora=True, tools=tools
         )
         device = "cpu" if plan.profile == "cpu" else "cuda"
         if plan.merge_lora:  # the merged model is the export; the adapter goes inside it, as natively
-            merge_lora(plan.python, Path(plan.base_model), adapter, staged, device=device, **tools)
+            merge_lora(plan.python, Path(plan.base_model), adapter, staged, device=device, tools=tools)
         else:
             staged.mkdir()
         adapter.rename(staged / ADAPTER_DIR)
