@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from nightloom.ledger.records import Figure
 from nightloom.train.job import TrainOutcome, TrainResult
 from nightloom.validate import Verdict
 
@@ -68,6 +69,7 @@ class RunSummary(BaseModel):
     nights_used: int = 0  # nights (stretches of renting) this run has used, this one included
     nights_left: int | None = None  # predicted nights still to come (None: unknown, no prediction)
     predicted_finish: str | None = None  # ISO time in the schedule's zone (None: unknown or finished)
+    figures: list[Figure] = Field(default_factory=list)  # the task's own figures (benchmarks: bench/TASK/METRIC)
 
     def loss_text(self) -> str:
         """'6.2457 -> 5.2698 over 30 steps' (n/a for a loss not measured)."""
@@ -87,6 +89,7 @@ class RunSummary(BaseModel):
             ("tokens/s", NOT_MEASURED if self.tokens_per_s is None else f"{self.tokens_per_s:,.0f}"),
             ("MFU", NOT_MEASURED if self.mfu is None else f"{self.mfu:.2%}"),
             *((f"gate {v.name}", f"{v.label}: {v.reason}") for v in self.verdicts),
+            *self.figure_rows(),
             ("stages", ", ".join(f"{s.stage} {s.seconds:.1f} s" for s in self.stages)),
             ("run dir", self.run_dir),
             *self.output_rows(),
@@ -104,6 +107,17 @@ class RunSummary(BaseModel):
         either backend's result fills (add_training), so every view names the same paths."""
         rows = [("export", self.export_dir), ("adapter", self.adapter_dir)]
         return [(k, v) for k, v in rows if v]
+
+    def figure_rows(self) -> list[tuple[str, str]]:
+        """(name, 'base 0.2500 -> 0.6000 (+0.3500, stderr 0.1000)') per figure; the value alone without a base."""
+        out = []
+        for f in self.figures:
+            err = f", stderr {f.stderr:.4f}" if f.stderr is not None else ""
+            if f.base is None:
+                out.append((f.name, f"{f.value:.4f}" + (f" ({err[2:]})" if err else "")))
+            else:
+                out.append((f.name, f"base {f.base:.4f} -> {f.value:.4f} ({f.value - f.base:+.4f}{err})"))
+        return out
 
     def preemptions_text(self) -> str:
         """'2 (41.3 s lost)': the preemptions row (CLI and artifact)."""
@@ -208,6 +222,7 @@ def summary_rows(
             else []
         ),
         *({"field": f"gate {v.name}", "value": f"{v.label}: {v.reason}"} for v in verdicts),
+        *({"field": k, "value": v} for k, v in summary.figure_rows()),
         *({"field": f"stage {s.stage}", "value": f"{s.seconds:.1f} s"} for s in stages),
         {"field": "ledger row", "value": summary.run_id},
         *({"field": k, "value": v} for k, v in summary.output_rows()),

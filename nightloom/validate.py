@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
@@ -27,6 +27,7 @@ from nightloom.perf import (  # noqa: F401 - Peak, PeakError and the resolvers a
 )
 from nightloom.shape import ModelShape
 from nightloom.spec import GoldenSpec, ValidateSpec
+from nightloom.train.preference.gates import reward_accuracy
 
 
 class ValidationFailed(RuntimeError):
@@ -597,6 +598,8 @@ def validate_run(
     out.append(check_grad_norm(steps, spec.grad_norm_max))
     if spec.eval_every > 0:
         out += check_eval(steps, spec)
+    if spec.min_reward_accuracy is not None:  # train.task dpo: nightloom/train/preference/gates.py
+        out.append(Verdict(name="reward_accuracy", **asdict(reward_accuracy(steps, spec.min_reward_accuracy))))
     if isinstance(golden, GoldenCurve):
         if golden.steps is None:
             out.append(

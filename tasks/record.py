@@ -76,6 +76,7 @@ def record_task(
             precision=outcome.precision,
             peak_source=outcome.peak_source,
             reason=summary.reason or None,
+            figures=outcome.figures or None,
         )
     summary = summary.model_copy(
         update=dict(
@@ -90,6 +91,7 @@ def record_task(
             ledger_id=summary.run_id,
             stages=stages,
             verdicts=list(outcome.verdicts),
+            figures=list(outcome.figures),
         )
     )
     rows = summary_rows(summary, outcome.verdicts, cluster.time_to_ready_s, cost, spec.schedule.currency, stages)

@@ -11,6 +11,7 @@ from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel, ConfigDict
 
 from nightloom.ledger import Ledger
+from nightloom.ledger.records import Figure
 from nightloom.metrics import read_metrics
 from nightloom.parallel import ParallelPlan
 from nightloom.perf import PeakMeasurement
@@ -19,6 +20,7 @@ from nightloom.runfiles import RunFiles
 from nightloom.shape import ModelShape
 from nightloom.spec import RunSpec
 from nightloom.train.job import TrainResult
+from nightloom.train.preference.figures import preference_figures
 from nightloom.validate import (
     MfuReport,
     Verdict,
@@ -44,6 +46,7 @@ class ValidationOutcome(BaseModel):
     precision: str | None = None
     peak_source: str | None = None
     plots: dict[str, str] = {}
+    figures: list[Figure] = []  # the task's own figures for the ledger (benchmarks: bench/TASK/METRIC)
 
     @property
     def passed(self) -> bool:
@@ -123,4 +126,5 @@ def validate_task(
         precision=peak.precision,
         peak_source=peak.source,
         plots={k: str(v) for k, v in plots.items()},
+        figures=preference_figures(steps),  # train.task dpo: held-out reward accuracy, margin, loss
     )
