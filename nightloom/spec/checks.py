@@ -19,6 +19,7 @@ from nightloom.families import families, family_for
 from nightloom.hf.config import config_path, shape_from_hf_config
 from nightloom.model_resolver import shape_from_name_or_config
 from nightloom.parallel import LayoutError, ParallelDims, moe_degree_errors
+from nightloom.rewards.resolve import reward_errors
 from nightloom.shape import ModelShape
 from nightloom.spec import ParallelSpec, TokenizerSpec
 from nightloom.tokenizer import TokenizerError, load_tokenizer
@@ -146,6 +147,9 @@ def semantic_errors(data: dict, base_dir: Path) -> list[FieldError]:
     if local(eval_data) is not None and not local(eval_data).is_file():
         errs.append((("validate", "eval_data"), f"file not found: {local(eval_data)}"))
     errs += benchmark_errors(_get(data, "validate", "benchmarks"), local)
+    if task == "grpo":  # each reward function imported and its signature checked (nightloom/rewards/resolve.py)
+        rewards = _get(data, "train", "grpo", "rewards")
+        errs += [(("train", "grpo", "rewards", str(i), "fn"), why) for i, why in reward_errors(rewards, base_dir)]
     gpu = _get(data, "cluster", "gpu_type", default="cpu")
     if isinstance(gpu, str) and gpu != "cpu" and gpu not in GPUS:
         errs.append((("cluster", "gpu_type"), f"unknown GPU {gpu!r}; known: cpu, {', '.join(sorted(GPUS))}"))

@@ -1,5 +1,6 @@
-"""Reward functions (nightloom.train.rollout.rewards / builtin_rewards): the built-ins' scores, the user's own
-functions loaded from a file beside the spec or a module, and every way a function is refused by name."""
+"""Reward functions (nightloom.rewards: the built-ins and resolving; nightloom.train.rollout.rewards: scoring): the
+built-ins' scores, the user's own functions loaded from a file beside the spec or a module, and every way a
+function is refused by name."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import textwrap
 import pytest
 import torch
 
-from nightloom.train.rollout.builtin_rewards import final_answer
+from nightloom.rewards.builtins import final_answer
 from nightloom.train.rollout.rewards import RewardError, RewardRef, load_reward, load_rewards, score
 
 

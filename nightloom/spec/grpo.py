@@ -1,0 +1,125 @@
+"""The train.grpo section (train.task grpo): reinforcement learning with verifiable rewards, GRPO (Shao et al. 2024)
+with Dr. GRPO's and DAPO's fixes: how prompts are sampled (the group, max tokens, temperature, top-p/top-k, stop
+strings), the clipped loss (epsilon low/high, beta, the normalisation, iterations per batch, reward scaling,
+masking of truncated completions) and the reward functions with their weights; `layout_error`, the layouts it runs
+on.
+
+A leaf of the spec package (floor 0): it imports only the section base. Defaults are TRL 1.16's GRPOConfig (beta 0,
+loss dapo, epsilon 0.2, scale_rewards group, temperature 1); the reward functions are resolved and their
+signatures checked by nightloom/train/rollout/rewards.py (`check_rewards`), the loss is nightloom/train/rollout/grpo.py.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from nightloom.spec.base import Section as _Section
+
+BUILTIN_REWARDS = ("accuracy", "format", "length")
+_TARGET = re.compile(r"^(?:[^:]+\.py|[A-Za-z_][\w.]*):[A-Za-z_]\w*$")
+
+
+class RewardSpec(_Section):
+    """One reward function and its weight in the total."""
+
+    fn: str = Field(
+        ...,
+        description="accuracy (the completion's final answer equals the row's `answer`; math-verify compares "
+        "mathematical answers), format (args.pattern, a regular expression the whole completion must match), "
+        "length (DAPO's soft overlong punishment: args.max_tokens, args.cache_tokens), or your own "
+        "`reward(prompts, completions, **row) -> list[float]` as `path/to/file.py:function` (relative to the spec) "
+        "or `package.module:function`.",
+    )
+    weight: float = Field(1.0, description="Its weight in the reward (the weighted sum of every function's).")
+    args: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments bound to the function.")
+
+    @field_validator("fn")
+    @classmethod
+    def _fn(cls, v: str) -> str:
+        if v in BUILTIN_REWARDS or _TARGET.match(v):
+            return v
+        raise ValueError(
+            f"{v!r}: expected a built-in ({', '.join(BUILTIN_REWARDS)}), 'path/to/file.py:function' or "
+            "'package.module:function'"
+        )
+
+
+class GRPOSpec(_Section):
+    """Rollouts, rewards and the GRPO loss (train.task grpo)."""
+
+    prompts_per_step: int = Field(4, gt=0, description="Prompts per optimizer step over all data-parallel ranks.")
+    num_generations: int = Field(
+        8, ge=2, description="Completions sampled per prompt: the group whose rewards set each one's advantage."
+    )
+    max_completion_tokens: int = Field(64, gt=0, description="A completion ends here at the latest (truncated).")
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature (the log-probs are of logits / it).")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling: the smallest set reaching this mass.")
+    top_k: int = Field(0, ge=0, description="Sample among the k likeliest tokens (0: all).")
+    stop: list[str] = Field(default_factory=list, description="Stop strings: a completion ends with the one it hits.")
+    epsilon: float = Field(0.2, gt=0, lt=1, description="The ratio's lower clip, 1 - epsilon.")
+    epsilon_high: float | None = Field(
+        None, gt=0, description="The ratio's upper clip, 1 + epsilon_high (DAPO's clip-higher: 0.28); None: epsilon."
+    )
+    beta: float = Field(
+        0.0, ge=0, description="Weight of the KL to the reference (0, TRL's default: no reference is computed)."
+    )
+    iterations: int = Field(
+        1,
+        ge=1,
+        description="Optimizer steps on each generated batch (GRPO's μ): the ratio moves off 1 after the first.",
+    )
+    loss_type: Literal["grpo", "dr_grpo", "dapo"] = Field(
+        "dapo",
+        description="How token losses are summed: grpo, each completion's mean then the batch mean; dr_grpo, the sum "
+        "over prompts x max tokens (Liu et al. 2025: no length bias); dapo, over the batch's completion tokens.",
+    )
+    scale_rewards: Literal["group", "batch", "none"] = Field(
+        "group", description="Advantages divided by the std of the group's rewards, of the batch's, or not (Dr. GRPO)."
+    )
+    mask_truncated: bool = Field(
+        False, description="Leave completions cut at max_completion_tokens out of the loss (DAPO's overlong filter)."
+    )
+    rewards: list[RewardSpec] = Field(
+        default_factory=lambda: [RewardSpec(fn="accuracy")],
+        min_length=1,
+        description="The reward functions and their weights.",
+    )
+    eval_prompts: int = Field(
+        32, ge=0, description="Held-out prompts scored at validate.eval_every (mean reward of sampled completions)."
+    )
+    log_completions_every: int = Field(
+        0, ge=0, description="Every N steps, a table of sampled completions with their rewards (0: never)."
+    )
+
+    @model_validator(mode="after")
+    def _clip(self) -> GRPOSpec:
+        if self.epsilon_high is not None and self.epsilon_high < self.epsilon:
+            raise ValueError(f"epsilon_high: {self.epsilon_high} is below epsilon ({self.epsilon})")
+        return self
+
+    @property
+    def clip_high(self) -> float:
+        return self.epsilon if self.epsilon_high is None else self.epsilon_high
+
+
+def layout_error(task: str, grpo, backend: str, parallel) -> str | None:
+    """Why train.task / train.grpo / the layout do not go together, or None. GRPO's rollouts run inside the
+    training ranks: one process, FSDP2 (shards gathered for generation) or TP without sequence parallelism."""
+    if task != "grpo":
+        return None if grpo is None else "train.grpo: applies to train.task: grpo only"
+    if backend != "native":
+        return "train.task: grpo runs on the native backend only (train.backend: native)"
+    if parallel == "auto":
+        return None
+    for name, degree in (("pp", parallel.pp), ("cp", parallel.cp), ("ep", parallel.ep)):
+        if degree > 1:
+            return (
+                f"parallel.{name}: {degree}: train.task grpo generates inside the training ranks, on one process, "
+                f"FSDP2 or TP; {name} > 1 is not supported"
+            )
+    if parallel.sp:
+        return "parallel.sp: true: train.task grpo's rollouts do not run under sequence parallelism; set sp: false"
+    return None
