@@ -11,6 +11,7 @@ from prefect import flow
 
 from flows.stages import (
     Stopwatch,
+    benchmark_stage,
     continue_in_next_window,
     failure_recorded,
     gate_stage,
@@ -73,6 +74,7 @@ def training_pipeline(spec: RunSpecForm | str, resume_run_id: OptionalRunId = No
         summary.add_training(trained, plan.mfu)
         with watch.stage("validate"):
             outcome = validate_task(spec, run_dir, trained.plan, trained.result, shape, trained.cluster.world_size)
+        outcome = benchmark_stage(spec, run_dir, trained.result, outcome, watch)  # lm-eval: base vs tuned
         status = run_status(outcome.passed, trained.result, gate.deadline_kind)
         summary.status, summary.reason = status.summary, status.reason
         nights = night_stage(spec, run_id, gate, rental, trained)  # this night's cost, recorded; nights left

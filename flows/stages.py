@@ -36,7 +36,8 @@ from nightloom.schedule.windows import next_window
 from nightloom.shape import ModelShape
 from nightloom.sharding import ShardManifest
 from nightloom.spec import RunSpec
-from nightloom.train.job import TrainJob, TrainOutcome
+from nightloom.train.job import TrainJob, TrainOutcome, TrainResult
+from tasks.benchmarks import benchmark_task
 from tasks.finetune import xtuner_train_task
 from tasks.gate import gate_task, schedule_same_deployment
 from tasks.nights import record_night_task
@@ -45,6 +46,7 @@ from tasks.provision import acquire_cluster, make_provider, release_cluster
 from tasks.record import fail_record_task, start_record_task
 from tasks.recovery import record_interruption_task, train_with_recovery
 from tasks.teardown import kill_recorded_processes, record_cluster
+from tasks.validate import ValidationOutcome
 
 _clock: ContextVar[datetime | None] = ContextVar("nightloom_clock", default=None)
 
@@ -277,6 +279,17 @@ def train_stage(spec: RunSpec, rental: Rental, job: TrainJob) -> TrainOutcome:
     trained = train_with_recovery(spec, rental.provider, rental.cluster, job)
     rental.cluster = trained.cluster
     return trained
+
+
+def benchmark_stage(
+    spec: RunSpec, run_dir: Path, result: TrainResult, outcome: ValidationOutcome, watch: Stopwatch
+) -> ValidationOutcome:
+    """lm-eval on the export and the base (validate.benchmarks), timed as its own stage; its gates join the
+    outcome's verdicts and its scores the ledger's figures. The outcome as it was when no benchmark is set."""
+    if spec.validate_.benchmarks is None:
+        return outcome
+    with watch.stage("benchmarks"):
+        return benchmark_task(spec, run_dir, result, outcome)
 
 
 def night_stage(spec: RunSpec, run_id: str, gate: GateDecision, rental: Rental, trained: TrainOutcome) -> NightsSoFar:

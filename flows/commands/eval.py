@@ -1,36 +1,60 @@
-"""`nightloom eval RUN_DIR --data FILE.jsonl [--seq-len N] [--json]`: held-out loss of a run's latest checkpoint."""
+"""`nightloom eval RUN_DIR --data FILE.jsonl [--seq-len N] [--json]`: held-out loss of a run's latest checkpoint;
+`nightloom eval RUN_DIR --tasks T1,T2 [--include-path DIR] [--base DIR] ...`: lm-evaluation-harness tasks on the
+run's export (and a base beside it)."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
-from flows.commands.common import UsageError, failed, require_file, require_run_dir
+from flows.commands.common import UsageError, failed, require_dir, require_file, require_run_dir
 
 
 def register(sub) -> None:
-    p = sub.add_parser("eval", help="score a run's latest checkpoint on a JSONL file (mean NLL per token, ppl)")
+    p = sub.add_parser(
+        "eval",
+        help="score a run's latest checkpoint on a JSONL file (mean NLL per token, ppl), or its export on "
+        "lm-evaluation-harness tasks (--tasks)",
+    )
     p.add_argument("run_dir", help="the run folder (holds job*.json and checkpoints/)")
     p.add_argument(
         "--data",
-        required=True,
         help="JSONL file of documents ({'text': ...} per line); for a train.task sft run, chat records (messages, "
         "conversations or instruction/output), scored on their assistant tokens only",
     )
     p.add_argument("--seq-len", type=int, default=None, help="tokens per document scored (default: the run's)")
-    p.add_argument("--json", action="store_true", help="print {loss, tokens, ppl, ...} as JSON")
+    p.add_argument("--json", action="store_true", help="print the figures as JSON")
+    b = p.add_argument_group("benchmarks (lm-evaluation-harness on RUN_DIR/export, offline)")
+    b.add_argument("--tasks", help="comma-separated lm-eval task names")
+    b.add_argument("--include-path", help="a folder of your task YAMLs (lm-eval runs in it)")
+    b.add_argument("--base", help="a Hugging Face folder scored beside the export (read with the export's tokenizer)")
+    b.add_argument("--num-fewshot", type=int, default=None, help="few-shot examples (default: each task's own)")
+    b.add_argument("--limit", type=float, default=None, help="examples per task: a count, or a fraction below 1")
+    b.add_argument("--apply-chat-template", action="store_true", help="prompts through the chat template")
+    b.add_argument("--fewshot-as-multiturn", action="store_true", help="few-shot examples as chat turns")
     p.set_defaults(func=run)
 
 
 def check_args(args) -> None:
-    """The run folder, the data file and --seq-len, checked before torch is imported (seconds): UsageError."""
+    """The run folder, the data file or tasks, and --seq-len, checked before torch is imported (seconds)."""
     require_run_dir(args.run_dir)
-    require_file(args.data, "--data file")
+    if (args.data is None) == (args.tasks is None):
+        raise UsageError("give --data FILE (held-out loss) or --tasks T1,T2 (lm-eval benchmarks), one of them")
+    if args.data is not None:
+        require_file(args.data, "--data file")
+    else:
+        require_dir(Path(args.run_dir) / "export", "the run's export")
+        for opt in ("include_path", "base"):
+            if getattr(args, opt) is not None:
+                require_dir(getattr(args, opt), f"--{opt.replace('_', '-')} folder")
     if args.seq_len is not None and args.seq_len < 2:
         raise UsageError("--seq-len must be >= 2")
 
 
 def run(args) -> int:
     check_args(args)
+    if args.tasks is not None:
+        return run_tasks(args)
     from nightloom.tokenizer import TokenizerError
     from nightloom.train.evaluate import EvalError, evaluate_run
 
@@ -48,4 +72,50 @@ def run(args) -> int:
             f"{args.run_dir}: step {r.step}: loss {r.loss:.6f} ppl {r.ppl:.3f} over {r.tokens:,} {what} "
             f"in {r.documents} documents" + (f" ({r.dropped} too long, dropped)" if r.dropped else "")
         )
+    return 0
+
+
+def run_tasks(args) -> int:
+    """lm-eval on RUN_DIR/export (and --base): the base-vs-tuned table, benchmarks.json and completions.md in
+    RUN_DIR/eval/; unknown tasks and tasks needing the network are refused first."""
+    from pydantic import ValidationError
+
+    from nightloom.benchmarks.catalog import task_errors
+    from nightloom.benchmarks.compare import rows, table_rows
+    from nightloom.benchmarks.launch import BenchmarkError, run_benchmarks
+    from nightloom.spec.benchmarks import BenchmarksSpec
+
+    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    try:
+        settings = BenchmarksSpec(
+            tasks=tasks,
+            include_path=args.include_path,
+            num_fewshot=args.num_fewshot,
+            limit=args.limit,
+            apply_chat_template=args.apply_chat_template,
+            fewshot_as_multiturn=args.fewshot_as_multiturn,
+            base=args.base is not None,
+            completions=0,
+        )
+    except ValidationError as e:
+        raise UsageError("; ".join(err["msg"] for err in e.errors())) from None
+    if errs := task_errors(tasks, str(Path(args.include_path).resolve()) if args.include_path else None):
+        return failed("eval", "refused: " + "; ".join(reason for _, reason in errs))
+    run_dir = Path(args.run_dir)
+    try:
+        result = run_benchmarks(
+            settings, str(run_dir / "export"), args.base, run_dir / "eval", run_dir.parent / ".benchmarks", []
+        )
+    except BenchmarkError as e:
+        return failed("eval", f"failed: {e}")
+    table = rows(result)
+    if args.json:
+        print(json.dumps([r.model_dump() | {"diff": r.diff} for r in table], indent=2))
+        return 0
+    for r in table_rows(table):
+        print(
+            f"{r['task']:<24} {r['metric']:<16} base {r['base'] or '-':>8}  tuned {r['tuned']:>8}  "
+            f"diff {r['diff'] or '-':>8}  stderr {r['stderr'] or '-':>8}"
+        )
+    print(f"({result.seconds:.1f} s{', base cached' if result.base and result.base.cached else ''})")
     return 0

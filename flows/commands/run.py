@@ -49,6 +49,8 @@ def print_summary(summary) -> None:
         t.add_row("nights", summary.nights_text())
     for v in summary.verdicts:
         t.add_row(f"gate {v.name}", f"{v.label}: {v.reason}")
+    for name, text in summary.figure_rows():  # benchmarks: base -> tuned per task and metric
+        t.add_row(name, text)
     t.add_row("stages", ", ".join(f"{s.stage} {s.seconds:.1f}s" for s in summary.stages))
     if summary.preemptions:
         t.add_row("preemptions", summary.preemptions_text())

@@ -38,10 +38,20 @@ def folder_digest(folder: str | Path, h=None) -> str:
     return h.hexdigest()
 
 
+def tokenizer_digest(folder: str | Path) -> str:
+    """xxh3-128 over a Hugging Face folder's tokenizer files only (the export's weights change every run)."""
+    h = xxhash.xxh3_128()
+    for p in sorted(Path(folder).iterdir()):
+        tok = p.name.startswith(("tokenizer", "special_tokens", "vocab", "merges", "chat_template", "added_tokens"))
+        if p.is_file() and (tok or p.suffix == ".model"):
+            h.update(p.name.encode() + b"\0" + p.read_bytes())
+    return h.hexdigest()
+
+
 def base_key(base_dir: str, job: BenchJob) -> str:
     """The base's cache key: its weights, the tokenizer it is read with, the task folder, lm-eval's version and
     every setting that changes a score or a completion."""
-    parts = [folder_digest(base_dir), folder_digest(job.tokenizer) if job.tokenizer else "", version("lm_eval")]
+    parts = [folder_digest(base_dir), tokenizer_digest(job.tokenizer) if job.tokenizer else "", version("lm_eval")]
     parts.append(folder_digest(job.include_path) if job.include_path else "")
     parts.append(json.dumps(job.model_dump(exclude={"models", "output", "tokenizer", "include_path"}), sort_keys=True))
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:20]
@@ -91,6 +101,9 @@ def run_benchmarks(
     kept in cache_dir/base-KEY.json."""
     t0 = time.perf_counter()
     work_dir.mkdir(parents=True, exist_ok=True)
+    export_dir, base_dir = str(Path(export_dir).resolve()), str(Path(base_dir).resolve()) if base_dir else None
+    if settings.include_path:  # the process runs in the task folder: every path absolute
+        settings = settings.model_copy(update={"include_path": str(Path(settings.include_path).resolve())})
     job = make_job(settings, export_dir, prompts, work_dir / "benchmarks.raw.json")
     cached, key = None, None
     if settings.base and base_dir:

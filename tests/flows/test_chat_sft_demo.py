@@ -40,6 +40,7 @@ def test_chat_sft_demo_runs_as_shipped(prefect_backend, tmp_path):
     data["sharding"]["output"] = str(tmp_path / "shards")
     data["storage"]["root"] = str(tmp_path / "runs")
     data["ledger"]["url"] = f"sqlite:///{tmp_path / 'ledger.db'}"
+    data["validate"]["benchmarks"]["include_path"] = str(tmp_path / "bench-tasks")
     spec = tmp_path / "chat-sft-demo.yaml"
     spec.write_text(yaml.safe_dump(data))
 
@@ -56,6 +57,7 @@ def test_chat_sft_demo_runs_as_shipped(prefect_backend, tmp_path):
     manifest = json.loads((tmp_path / "shards" / "manifest.json").read_text())
     assert manifest["chat"]["label_tokens"] > 0 and manifest["heldout"] is not None
 
+    _benchmarks_recorded(summary, tmp_path)
     export = Path(summary["export_dir"])
     assert summary["adapter_dir"] == str(export / "adapter")  # the summary names it (run-summary, notebook too)
     _adapter_loads_alone_with_the_merged_logits(export, tmp_path / "models" / "qwen2")
@@ -67,6 +69,30 @@ def test_chat_sft_demo_runs_as_shipped(prefect_backend, tmp_path):
     assert "<|im_start|>assistant" in transformers.AutoTokenizer.from_pretrained(str(export)).apply_chat_template(
         chat, tokenize=False
     )
+
+
+def _benchmarks_recorded(summary: dict, tmp_path: Path) -> None:
+    """validate.benchmarks: the demo task was built from the held-out chats, lm-eval scored base and tuned, the
+    ledger row holds both per metric (schema 7 figures), the summary and the run folder show them, and the
+    base's scores are cached for the next night."""
+    from nightloom.ledger import Ledger
+
+    assert (tmp_path / "bench-tasks" / "chat_sft_demo_mc.yaml").is_file()
+    with Ledger(f"sqlite:///{tmp_path / 'ledger.db'}") as ledger:
+        figs = {f.name: f for f in ledger.get(summary["run_id"]).figures}
+    assert set(figs) == {"bench/chat_sft_demo_mc/acc", "bench/chat_sft_demo_mc/acc_norm"}, figs
+    for f in figs.values():
+        assert 0 <= f.value <= 1 and 0 <= f.base <= 1 and f.stderr > 0, f
+    assert [f["name"] for f in summary["figures"]] == sorted(figs)
+    gate = next(v for v in summary["verdicts"] if v["name"] == "bench:chat_sft_demo_mc/acc:max_drop")
+    assert (
+        gate["passed"]
+        and gate["measured"] == figs["bench/chat_sft_demo_mc/acc"].value - figs["bench/chat_sft_demo_mc/acc"].base
+    )
+    assert "benchmarks" in [s["stage"] for s in summary["stages"]]
+    run_dir = Path(summary["run_dir"])
+    assert (run_dir / "completions.md").read_text().count("\n| What does") == 3
+    assert len(list((tmp_path / "runs" / ".benchmarks").glob("base-*.json"))) == 1
 
 
 def _adapter_loads_alone_with_the_merged_logits(export: Path, weights: Path) -> None:

@@ -1,0 +1,44 @@
+"""Benchmark task: lm-eval on the run's export and its base after training (nightloom/benchmarks/stage.py), the
+base-vs-tuned and completions table artifacts, and the outcome's verdicts and ledger figures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prefect import get_run_logger, task
+from prefect.artifacts import create_table_artifact
+from prefect.cache_policies import NO_CACHE
+
+from nightloom.benchmarks.stage import run_stage, table_rows
+from nightloom.spec import RunSpec
+from nightloom.train.job import TrainResult
+from tasks.validate import ValidationOutcome
+
+
+def _local_dir(path: str | None) -> str | None:
+    return path if path and "://" not in path and Path(path).is_dir() else None
+
+
+@task(name="benchmarks", cache_policy=NO_CACHE)
+def benchmark_task(spec: RunSpec, run_dir: Path, result: TrainResult, outcome: ValidationOutcome) -> ValidationOutcome:
+    """Score the export (and the base, once per base) on validate.benchmarks; the gates join the outcome's
+    verdicts and the scores its figures, so the ledger, the summary and the flow's status see them."""
+    log = get_run_logger()
+    settings = spec.validate_.benchmarks
+    export = result.export_dir if result.stopped == "completed" else None
+    rep = run_stage(settings, Path(run_dir), export, _local_dir(spec.model.weights), spec.sharding.output)
+    for r in rep.rows:
+        base = "n/a" if r.base is None else f"{r.base:.4f}"
+        diff = "" if r.diff is None else f" ({r.diff:+.4f})"
+        log.info("bench %s %s: base %s -> tuned %.4f%s", r.task, r.metric, base, r.tuned, diff)
+    for v in rep.verdicts:
+        (log.info if v.passed else log.error)("gate %-12s %s: %s", v.name, v.label, v.reason)
+    if rep.rows:
+        cached = " (base cached)" if rep.base_cached else ""
+        desc = f"Base vs tuned, lm-evaluation-harness, {rep.seconds:.1f} s{cached}"
+        create_table_artifact(key="benchmarks", table=table_rows(rep.rows), description=desc)
+    if rep.completions:
+        create_table_artifact(key="completions", table=rep.completions, description="Base vs tuned, greedy")
+    return outcome.model_copy(
+        update={"verdicts": [*outcome.verdicts, *rep.verdicts], "figures": [*outcome.figures, *rep.figures]}
+    )
