@@ -1,16 +1,18 @@
-"""nightloom's benchmark scores equal lm-eval run by hand: `lm_eval.simple_evaluate` called here, in the task
-folder, on the same Hugging Face folder with the same tasks and settings, to 1e-6, for a multiple-choice task
-(acc, acc_norm) and a generative one (exact_match) from a local task folder."""
+"""nightloom's benchmark scores (`nightloom eval RUN --tasks ...` on the run's export) equal lm-eval run by hand:
+`lm_eval.simple_evaluate` called here, in the task folder, on the same Hugging Face folder with the same tasks and
+settings, to 1e-6, for a multiple-choice task (acc, acc_norm) and a generative one (exact_match) from a local task
+folder. The eval command's usage errors."""
 
 from __future__ import annotations
 
-import os
+import contextlib
+import io
+import json
 
 import pytest
 
-from nightloom.benchmarks.harness import OFFLINE, model_args, simple_evaluate_kwargs
-from nightloom.benchmarks.launch import make_job, run_process
-from nightloom.spec.benchmarks import BenchmarksSpec
+from flows.cli import main
+from nightloom.benchmarks.harness import OFFLINE, model_args
 from tests.support.benchmarks import GEN_TASK, MC_TASK, qa_pairs, tiny_model, write_tasks
 
 
@@ -37,14 +39,16 @@ def test_scores_equal_lm_eval_by_hand(tmp_path, monkeypatch):
     import lm_eval
     from lm_eval.tasks import TaskManager
 
-    model = tiny_model(tmp_path / "export")
+    run_dir = tmp_path / "run"  # a run folder: its job file and its export
+    model = tiny_model(run_dir / "export")
+    (run_dir / "job.json").write_text("{}")
     pairs = qa_pairs(24)
     folder = write_tasks(tmp_path / "tasks", pairs, _greedy_answers(model, pairs, 12))
-    settings = BenchmarksSpec(tasks=[MC_TASK, GEN_TASK], include_path=str(folder), limit=20)
-    job = make_job(settings, None, [], tmp_path / "work" / "out.json")
-    job.models = [str(model)]
-    (tmp_path / "work").mkdir()
-    ours = {(s.task, s.metric): s for s in run_process(job, tmp_path / "work")[0].scores}
+    cli = ["eval", str(run_dir), "--tasks", f"{MC_TASK},{GEN_TASK}", "--include-path", str(folder), "--limit", "20"]
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert main([*cli, "--json"]) == 0
+    ours = {(r["task"], r["metric"]): r for r in json.loads(buf.getvalue())}
 
     for k, v in OFFLINE.items():
         monkeypatch.setenv(k, v)
@@ -59,12 +63,25 @@ def test_scores_equal_lm_eval_by_hand(tmp_path, monkeypatch):
     )
     hand = by_hand["results"]
     assert set(ours) == {(MC_TASK, "acc"), (MC_TASK, "acc_norm"), (GEN_TASK, "exact_match")}, ours
-    for (task, metric), s in ours.items():
-        assert s.value == pytest.approx(hand[task][f"{metric},none"], abs=1e-6), (task, metric)
-        assert s.stderr == pytest.approx(hand[task][f"{metric}_stderr,none"], abs=1e-6), (task, metric)
-        assert s.samples == 20
-    assert 0 < ours[(GEN_TASK, "exact_match")].value < 1, ours  # the generative score is not a trivial 0 or 1
-    assert 0 < ours[(MC_TASK, "acc")].value < 1
+    for (task, metric), r in ours.items():
+        assert r["tuned"] == pytest.approx(hand[task][f"{metric},none"], abs=1e-6), (task, metric)
+        assert r["stderr"] == pytest.approx(hand[task][f"{metric}_stderr,none"], abs=1e-6), (task, metric)
+        assert r["samples"] == 20 and r["base"] is None
+    assert 0 < ours[(GEN_TASK, "exact_match")]["tuned"] < 1, ours  # the generative score is not a trivial 0 or 1
+    assert 0 < ours[(MC_TASK, "acc")]["tuned"] < 1
     assert by_hand["n-shot"] == {MC_TASK: 1, GEN_TASK: 0}
-    assert model_args(str(model), None)["dtype"] == "float32" and simple_evaluate_kwargs(job)["limit"] == 20
-    assert os.environ["HF_DATASETS_OFFLINE"] == "1"
+    assert model_args(str(model), None)["dtype"] == "float32"  # what nightloom passed on this CPU machine
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        ([], "give --data FILE (held-out loss) or --tasks T1,T2"),
+        (["--data", "x.jsonl", "--tasks", "a"], "one of them"),
+        (["--tasks", "a"], "the run's export"),
+    ],
+)
+def test_eval_tasks_usage_errors(tmp_path, capsys, args, words):
+    (tmp_path / "job.json").write_text("{}")
+    assert main(["eval", str(tmp_path), *args]) == 2
+    assert words in capsys.readouterr().err
