@@ -381,6 +381,11 @@ class Block(nn.Module):
             a = self.attn(self.attn_norm(x), cos, sin)
         else:  # a keyword: TP's PrepareModuleInput converts the positional (x, cos, sin) only
             a = self.attn(self.attn_norm(x), cos, sin, mask=mask)
+        return self.after_attention(x, a)
+
+    def after_attention(self, x: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+        """The rest of the block once its attention gave `a` for input `x`: the post-norms where the family has
+        them (Gemma 3), both residual adds and the feed-forward (also the KV-cached decoder's, train/rollout)."""
         if self.attn_post_norm is not None:
             a = self.attn_post_norm(a)
         h = x + a

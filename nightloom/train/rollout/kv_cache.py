@@ -83,15 +83,8 @@ def _attend(attn, x: torch.Tensor, cos, sin, cache: KVCache, layer: str, mask: t
 
 
 def _block(block, h: torch.Tensor, cos, sin, cache: KVCache, layer: str, mask: torch.Tensor) -> torch.Tensor:
-    """Block._forward's arithmetic with the cached attention."""
-    a = _attend(block.attn, block.attn_norm(h), cos, sin, cache, layer, mask)
-    if block.attn_post_norm is not None:
-        a = block.attn_post_norm(a)
-    h = h + a
-    f = block.ffn(block.ffn_norm(h))
-    if block.ffn_post_norm is not None:
-        f = block.ffn_post_norm(f)
-    return h + f
+    """Block._forward with the cached attention."""
+    return block.after_attention(h, _attend(block.attn, block.attn_norm(h), cos, sin, cache, layer, mask))
 
 
 def _rope_at(model: Transformer, layer: int, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
