@@ -27,6 +27,7 @@ from nightloom.planner.request import (
 from nightloom.planner.search import search
 from nightloom.planner.steptime import DEFAULT_EFFICIENCY, calibrated_efficiency
 from nightloom.shape import ModelShape
+from nightloom.spec.preference import step_factor
 
 __all__ = [
     "DEFAULT_EFFICIENCY",
@@ -140,6 +141,8 @@ def plan_for_spec(
         world_size=ws,
         **_lora_of(tr),
     )
+    if getattr(tr, "task", None) == "dpo" and report.chosen.step_time_s:  # chosen + rejected rows, the reference
+        report.chosen.step_time_s *= step_factor(tr.preference, tr.lora is not None)  # spec/preference.py
     if fixed is not None:
         p = spec.parallel
         if p.pp > 1 and p.schedule != report.chosen.schedule:
@@ -172,6 +175,8 @@ def trainer_pins(shape: ModelShape, train) -> FixedLayout | None:
         pins |= dict(recompute="none")
     if getattr(getattr(train, "lora", None), "quantize", None):  # a quantized base: one process or FSDP2
         pins |= dict(tp=1, pp=1)
+    if getattr(train, "task", None) == "dpo":  # preference tuning: one process, FSDP2, TP (spec/preference.py)
+        pins |= dict(pp=1, cp=1)
     return FixedLayout(**pins) if pins else None
 
 
