@@ -1,10 +1,12 @@
 """`python -m nightloom.benchmarks --job FILE`: score every model of a BenchJob with lm-eval, complete its prompts,
-and write the list of ModelScores to the job's output (whole, then renamed)."""
+and write the list of ModelScores to the job's output (whole, then renamed). It works in the job's task folder,
+wherever it was started (a node's shell starts it in its own work folder)."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from pathlib import Path
 
@@ -18,6 +20,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m nightloom.benchmarks")
     p.add_argument("--job", required=True, help="a BenchJob as JSON")
     job = BenchJob.model_validate_json(Path(p.parse_args(argv).job).read_text())
+    if job.include_path:  # lm-eval reads a task's relative data_files against the current folder
+        os.chdir(job.include_path)
     results = []
     for model_dir in job.models:
         t0 = time.perf_counter()

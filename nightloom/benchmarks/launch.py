@@ -71,7 +71,7 @@ def make_job(settings: BenchmarksSpec, tokenizer: str | None, prompts: list[str]
         batch_size=settings.batch_size,
         prompts=prompts[: settings.completions],
         max_new_tokens=settings.max_new_tokens,
-        output=str(output),
+        output=str(Path(output).resolve()),
     )
 
 
@@ -100,6 +100,7 @@ def run_benchmarks(
     """Score the export and, when asked and not cached, the base in one lm-eval process; the base's scores are
     kept in cache_dir/base-KEY.json."""
     t0 = time.perf_counter()
+    work_dir, cache_dir = Path(work_dir).resolve(), Path(cache_dir).resolve()
     work_dir.mkdir(parents=True, exist_ok=True)
     export_dir, base_dir = str(Path(export_dir).resolve()), str(Path(base_dir).resolve()) if base_dir else None
     if settings.include_path:  # the process runs in the task folder: every path absolute

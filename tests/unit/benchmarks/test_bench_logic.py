@@ -1,0 +1,126 @@
+"""The benchmark stage's pure parts: lm-eval's results dict read into Score records, base and tuned paired, each
+gate bound judged (and named when it cannot be), the demos' task built from rendered ChatML, the completions
+table and the base's cache key."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from nightloom.benchmarks.compare import check_benchmarks, completion_rows, figures, rows, table_rows
+from nightloom.benchmarks.demo_task import chatml_pairs, demo_docs, ensure_demo_task
+from nightloom.benchmarks.harness import scores_from_results
+from nightloom.benchmarks.launch import base_key, make_job
+from nightloom.benchmarks.records import BenchResult, Completion, ModelScores, Score
+from nightloom.benchmarks.stage import markdown_table
+from nightloom.spec.benchmarks import BenchmarksSpec
+
+RESULTS = {
+    "results": {
+        "mc": {"alias": "mc", "name": "mc", "sample_len": 9, "acc,none": 0.5, "acc_stderr,none": 0.1},
+        "gsm": {"exact_match,strict-match": 0.25, "exact_match_stderr,strict-match": "N/A", "alias": "gsm"},
+    },
+    "n-samples": {"mc": {"original": 20, "effective": 9}, "gsm": {"original": 4, "effective": 4}},
+}
+
+
+def test_results_become_scores():
+    got = scores_from_results(RESULTS)
+    assert got == [
+        Score(task="gsm", metric="exact_match,strict-match", value=0.25, stderr=None, samples=4),
+        Score(task="mc", metric="acc", value=0.5, stderr=0.1, samples=9),
+    ]
+
+
+def _result(tuned: float, base: float | None) -> BenchResult:
+    t = ModelScores(model_dir="t", scores=[Score(task="mc", metric="acc", value=tuned, stderr=0.05)])
+    b = ModelScores(model_dir="b", scores=[Score(task="mc", metric="acc", value=base)]) if base is not None else None
+    return BenchResult(tuned=t, base=b)
+
+
+@pytest.mark.parametrize(
+    ("gate", "tuned", "base", "passed", "words"),
+    [
+        ({"min": 0.6}, 0.5, 0.4, False, "mc acc 0.5000 < floor 0.6"),
+        ({"min": 0.5}, 0.5, 0.4, True, "mc acc 0.5000 >= floor 0.5"),
+        ({"min_gain": 0.05}, 0.5, 0.4, True, "gain +0.1000 >= 0.05"),
+        ({"min_gain": 0.2}, 0.5, 0.4, False, "gain +0.1000 < 0.2"),
+        ({"max_drop": 0.05}, 0.3, 0.4, False, "base 0.4000 -> tuned 0.3000, drop 0.1000 > 0.05"),
+        ({"max_drop": 0.05}, 0.38, 0.4, True, "drop 0.0200 <= 0.05"),
+        ({"max_drop": 0.05}, 0.5, None, False, "no base score to compare"),
+    ],
+)
+def test_each_gate_bound(gate, tuned, base, passed, words):
+    settings = BenchmarksSpec(tasks=["mc"], gates=[{"task": "mc", "metric": "acc", **gate}])
+    [v] = check_benchmarks(settings, rows(_result(tuned, base)))
+    assert v.passed is passed and words in v.reason, v
+    assert v.label == ("pass" if passed else "FAIL")
+
+
+def test_a_missing_metric_fails_and_no_gate_is_a_skip():
+    settings = BenchmarksSpec(tasks=["mc"], gates=[{"task": "mc", "metric": "acc_norm", "min": 0.1}])
+    [v] = check_benchmarks(settings, rows(_result(0.5, 0.4)))
+    assert not v.passed and "no 'acc_norm' for task 'mc'" in v.reason
+    [skip] = check_benchmarks(BenchmarksSpec(tasks=["mc"]), rows(_result(0.5, 0.4)))
+    assert skip.passed and skip.skipped and skip.label == "SKIP"
+
+
+def test_figures_and_table_rows_pair_base_and_tuned():
+    table = rows(_result(0.5, 0.4))
+    [f] = figures(table)
+    assert (f.name, f.value, f.base, f.stderr) == ("bench/mc/acc", 0.5, 0.4, 0.05)
+    assert table_rows(table) == [
+        {"task": "mc", "metric": "acc", "base": "0.4000", "tuned": "0.5000", "diff": "+0.1000", "stderr": "0.0500"}
+    ]
+
+
+def test_demo_task_from_chatml(tmp_path):
+    texts = [
+        "<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nWhat is x?<|im_end|>\n"
+        "<|im_start|>assistant\nThe value of x here.<|im_end|>\n",
+        "<|im_start|>user\nAnd y?<|im_end|>\n<|im_start|>assistant\nNo<|im_end|>\n",  # one word: no shuffles
+        "plain text, no turns",
+    ]
+    assert chatml_pairs(texts) == [("What is x?", "The value of x here."), ("And y?", "No")]
+    [doc] = demo_docs(chatml_pairs(texts))
+    assert doc["choices"][doc["gold"]] == "The value of x here." and len(set(doc["choices"])) == 4
+    assert all(sorted(c.split()) == sorted(doc["choices"][doc["gold"]].split()) for c in doc["choices"])
+    assert ensure_demo_task(tmp_path, "t", texts) == 1 and ensure_demo_task(tmp_path, "t", texts) is None
+    assert json.loads((tmp_path / "t.jsonl").read_text()) == doc
+    with pytest.raises(ValueError, match="no held-out ChatML conversation"):
+        ensure_demo_task(tmp_path / "empty", "t", ["plain"])
+
+
+def test_completions_side_by_side_and_markdown():
+    r = _result(0.5, 0.4)
+    r.tuned.completions = [Completion(prompt="p|q", text="tuned\nline")]
+    r.base.completions = [Completion(prompt="p|q", text="base")]
+    sides = completion_rows(r)
+    assert sides == [{"prompt": "p|q", "base": "base", "tuned": "tuned\nline"}]
+    assert markdown_table(sides).splitlines()[2] == "| p\\|q | base | tuned line |"
+
+
+def test_the_base_cache_key_follows_weights_tokenizer_tasks_and_settings(tmp_path):
+    base, tok, tasks = tmp_path / "base", tmp_path / "export", tmp_path / "tasks"
+    for d in (base, tok, tasks):
+        d.mkdir()
+    (base / "model.safetensors").write_bytes(b"w1")
+    (tok / "tokenizer.json").write_text("{}")
+    (tok / "model.safetensors").write_bytes(b"tuned weights change every run")
+    (tasks / "t.yaml").write_text("task: t")
+    settings = BenchmarksSpec(tasks=["t"], include_path=str(tasks))
+    key = base_key(str(base), make_job(settings, str(tok), [], tmp_path / "o.json"))
+    (tok / "model.safetensors").write_bytes(b"another run's export")
+    assert base_key(str(base), make_job(settings, str(tok), [], tmp_path / "x.json")) == key  # not the export's weights
+    changes = [
+        lambda: (base / "model.safetensors").write_bytes(b"w2"),
+        lambda: (tok / "tokenizer.json").write_text('{"a": 1}'),
+        lambda: (tasks / "t.jsonl").write_text("{}"),
+    ]
+    for change in changes:
+        change()
+        assert base_key(str(base), make_job(settings, str(tok), [], tmp_path / "o.json")) != key
+        key = base_key(str(base), make_job(settings, str(tok), [], tmp_path / "o.json"))
+    other = settings.model_copy(update={"num_fewshot": 3})
+    assert base_key(str(base), make_job(other, str(tok), [], tmp_path / "o.json")) != key
