@@ -99,23 +99,30 @@ def task_errors(tasks: list[str], include_path: str | None) -> list[tuple[int, s
     return out
 
 
-def spec_errors(bench, local) -> list[tuple[tuple, str]]:
-    """(field path, reason) for validate.benchmarks of a raw spec mapping: its include_path, then each task (a
-    `demo_task` not built yet is left to the run, which builds it). `local` resolves a path against the spec."""
+def spec_errors(data: dict, local) -> list[tuple[tuple, str]]:
+    """(field path, reason) for validate.benchmarks of a raw spec mapping: its include_path, gates that compare
+    with a base the run cannot read, then each task (a `demo_task` not built yet is left to the run, which builds
+    it). `local` resolves a path against the spec."""
+    bench = (data.get("validate") or {}).get("benchmarks") if isinstance(data.get("validate"), dict) else None
     if not isinstance(bench, dict) or not isinstance(bench.get("tasks"), list) or not bench["tasks"]:
         return []
-    at = ("validate", "benchmarks")
+    at, errs = ("validate", "benchmarks"), []
+    weights = (data.get("model") or {}).get("weights") if isinstance(data.get("model"), dict) else None
+    if local(weights) is None and bench.get("base", True) is not False:
+        for i, g in enumerate(bench.get("gates") or []):
+            if isinstance(g, dict) and (g.get("min_gain") is not None or g.get("max_drop") is not None):
+                why = "an s3:// model.weights is not read here" if weights else "the run has no model.weights"
+                errs.append(((*at, "gates", str(i)), f"min_gain and max_drop compare with the base: {why}"))
     folder = local(bench.get("include_path"))
     if bench.get("include_path") is not None and (folder is None or not folder.is_dir()):
         if bench.get("demo_task") is None:
-            return [((*at, "include_path"), f"not a folder: {folder or bench.get('include_path')}")]
+            return [*errs, ((*at, "include_path"), f"not a folder: {folder or bench.get('include_path')}")]
     tasks = [t for t in bench["tasks"] if isinstance(t, str)]
     if bench.get("demo_task") in tasks and not (
         folder is not None and (folder / f"{bench['demo_task']}.yaml").is_file()
     ):
         tasks = [t for t in tasks if t != bench["demo_task"]]
     if not tasks:
-        return []
+        return errs
     include = str(folder) if folder is not None and folder.is_dir() else None
-    errs = task_errors(tasks, include)
-    return [((*at, "tasks", str(bench["tasks"].index(tasks[i]))), reason) for i, reason in errs]
+    return errs + [((*at, "tasks", str(bench["tasks"].index(tasks[i]))), why) for i, why in task_errors(tasks, include)]

@@ -146,7 +146,7 @@ def semantic_errors(data: dict, base_dir: Path) -> list[FieldError]:
         errs.append((("validate", "eval_every"), "needs a held-out split (sharding.heldout) or validate.eval_data"))
     if local(eval_data) is not None and not local(eval_data).is_file():
         errs.append((("validate", "eval_data"), f"file not found: {local(eval_data)}"))
-    errs += benchmark_errors(_get(data, "validate", "benchmarks"), local)
+    errs += benchmark_errors(data, local)
     if task == "grpo":  # each reward function imported and its signature checked (nightloom/rewards/resolve.py)
         rewards = _get(data, "train", "grpo", "rewards")
         errs += [(("train", "grpo", "rewards", str(i), "fn"), why) for i, why in reward_errors(rewards, base_dir)]

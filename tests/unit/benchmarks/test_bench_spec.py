@@ -50,3 +50,19 @@ def test_unknown_task_and_network_dataset_are_refused_at_validate(tmp_path):
     data["validate"]["benchmarks"]["tasks"] = [MC_TASK]
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     assert load_spec(path).validate_.benchmarks.include_path == str(folder)  # resolved against the spec
+
+
+def test_a_gate_against_the_base_needs_base_weights(tmp_path):
+    write_tasks(tmp_path / "tasks", qa_pairs(4))
+    (tmp_path / "d.jsonl").write_text('{"text": "hi"}\n')
+    gates = [{"task": MC_TASK, "metric": "acc", "min": 0.1}, {"task": MC_TASK, "metric": "acc", "max_drop": 0.1}]
+    data = _bench(tasks=[MC_TASK], include_path="tasks", gates=gates)
+    data["dataset"]["path"] = "d.jsonl"
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    with pytest.raises(SpecError) as err:
+        load_spec(path)
+    [line] = err.value.errors
+    assert "validate.benchmarks.gates.1: min_gain and max_drop compare with the base: the run has no model.weights" in (
+        line
+    )
