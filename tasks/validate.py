@@ -114,11 +114,10 @@ def validate_task(
     )
     md = "\n".join(png_markdown(name.replace("_", " "), p) for name, p in plots.items())
     create_markdown_artifact(key="loss-curve", markdown=md, description="Loss, tokens/s and MFU per step")
-    finite = [s.loss for s in steps]
     return ValidationOutcome(
         verdicts=verdicts,
-        first_loss=finite[0],
-        last_loss=finite[-1],
+        first_loss=steps[0].loss,
+        last_loss=steps[-1].loss,
         steps=len(steps),
         tokens_per_s=report.tokens_per_s if report else None,
         mfu=report.mfu if report else None,
