@@ -9,8 +9,10 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
-from nightloom.benchmarks.stage import run_stage, table_rows
+from nightloom.benchmarks.compare import BenchRow, rows
+from nightloom.benchmarks.stage import run_stage, score_run_folder, table_rows
 from nightloom.spec import RunSpec
+from nightloom.spec.benchmarks import BenchmarksSpec
 from nightloom.train.job import TrainResult
 from tasks.validate import ValidationOutcome
 
@@ -42,3 +44,16 @@ def benchmark_task(spec: RunSpec, run_dir: Path, result: TrainResult, outcome: V
     return outcome.model_copy(
         update={"verdicts": [*outcome.verdicts, *rep.verdicts], "figures": [*outcome.figures, *rep.figures]}
     )
+
+
+@task(name="benchmark-run-folder", cache_policy=NO_CACHE)
+def benchmark_folder_task(run_dir: str, settings: BenchmarksSpec, base_dir: str | None) -> list[BenchRow]:
+    """Any run folder's export (and a base beside it) on lm-eval tasks: the base-vs-tuned table artifact."""
+    result = score_run_folder(run_dir, settings, base_dir)
+    table = rows(result)
+    cached = " (base cached)" if result.base and result.base.cached else ""
+    desc = f"{run_dir}: base vs tuned, lm-evaluation-harness, {result.seconds:.1f} s{cached}"
+    create_table_artifact(key="benchmarks", table=table_rows(table), description=desc)
+    for r in table:
+        get_run_logger().info("bench %s %s: %s", r.task, r.metric, table_rows([r])[0])
+    return table

@@ -76,13 +76,13 @@ def run(args) -> int:
 
 
 def run_tasks(args) -> int:
-    """lm-eval on RUN_DIR/export (and --base): the base-vs-tuned table, benchmarks.json and completions.md in
-    RUN_DIR/eval/; unknown tasks and tasks needing the network are refused first."""
+    """lm-eval on RUN_DIR/export (and --base): the base-vs-tuned table printed, lm-eval's raw result and log in
+    RUN_DIR/eval/; unknown tasks and tasks needing the network are refused first (exit 1)."""
     from pydantic import ValidationError
 
-    from nightloom.benchmarks.catalog import task_errors
     from nightloom.benchmarks.compare import rows, table_rows
-    from nightloom.benchmarks.launch import BenchmarkError, run_benchmarks
+    from nightloom.benchmarks.launch import BenchmarkError
+    from nightloom.benchmarks.stage import score_run_folder
     from nightloom.spec.benchmarks import BenchmarksSpec
 
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
@@ -99,13 +99,10 @@ def run_tasks(args) -> int:
         )
     except ValidationError as e:
         raise UsageError("; ".join(err["msg"] for err in e.errors())) from None
-    if errs := task_errors(tasks, str(Path(args.include_path).resolve()) if args.include_path else None):
-        return failed("eval", "refused: " + "; ".join(reason for _, reason in errs))
-    run_dir = Path(args.run_dir)
     try:
-        result = run_benchmarks(
-            settings, str(run_dir / "export"), args.base, run_dir / "eval", run_dir.parent / ".benchmarks", []
-        )
+        result = score_run_folder(args.run_dir, settings, args.base)
+    except ValueError as e:
+        return failed("eval", f"refused: {e}")
     except BenchmarkError as e:
         return failed("eval", f"failed: {e}")
     table = rows(result)
