@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel, ConfigDict, Field
 
 from nightloom.ledger.records import Figure
+from nightloom.track.records import TrackerStatus
 from nightloom.train.job import TrainOutcome, TrainResult
 from nightloom.validate import Verdict
 
@@ -70,6 +71,7 @@ class RunSummary(BaseModel):
     nights_left: int | None = None  # predicted nights still to come (None: unknown, no prediction)
     predicted_finish: str | None = None  # ISO time in the schedule's zone (None: unknown or finished)
     figures: list[Figure] = Field(default_factory=list)  # the task's own figures (benchmarks: bench/TASK/METRIC)
+    trackers: list[TrackerStatus] = Field(default_factory=list)  # track: each tracker's run, rows sent and lost
 
     def loss_text(self) -> str:
         """'6.2457 -> 5.2698 over 30 steps' (n/a for a loss not measured)."""
@@ -106,6 +108,7 @@ class RunSummary(BaseModel):
         """('export', folder) and ('adapter', folder) where the run wrote them: the summary's own fields, which
         either backend's result fills (add_training), so every view names the same paths."""
         rows = [("export", self.export_dir), ("adapter", self.adapter_dir)]
+        rows += [(t.tracker, t.note()) for t in self.trackers]  # track: the tracker's run, what it never got
         return [(k, v) for k, v in rows if v]
 
     def figure_rows(self) -> list[tuple[str, str]]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from prefect import get_run_logger, task
 from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
@@ -12,6 +14,7 @@ from nightloom.parallel import ParallelPlan
 from nightloom.report import RunSummary, StageTime, summary_rows, wrapped_rows
 from nightloom.runfiles import RunFiles
 from nightloom.spec import RunSpec
+from nightloom.track.records import TrackerStatus, tracker_figures
 
 
 @task(name="ledger-open", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=1)
@@ -41,6 +44,26 @@ def fail_record_task(spec: RunSpec, run_id: str, status: str, reason: str, durat
     get_run_logger().info("closed ledger row %s: %s after %.1f s (%s)", run_id, status, duration_s, reason[:200])
 
 
+def track_end(spec: RunSpec, summary: RunSummary, plan: ParallelPlan, outcome, status: str) -> list[TrackerStatus]:
+    """The run's trackers finished (nightloom.track.finish): params, verdicts, plots, summary; never raises."""
+    if not spec.track.enabled():
+        return []
+    from nightloom.track.finish import RunEnd, finish_trackers
+
+    end = RunEnd(
+        spec=spec,
+        run_id=summary.run_id,
+        run_dir=Path(summary.run_dir),
+        plan=plan,
+        succeeded=status == "succeeded",
+        summary=summary.model_dump(mode="json") | {"steps": outcome.steps, "last_loss": outcome.last_loss},
+        verdicts=list(outcome.verdicts),
+        figures=list(outcome.figures),
+        export_dir=summary.export_dir,
+    )
+    return finish_trackers(end)
+
+
 @task(name="record", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=1)
 def record_task(
     spec: RunSpec,
@@ -55,6 +78,9 @@ def record_task(
     """Close the ledger row with the measured figures and verdicts; publish the run-summary table."""
     log = get_run_logger()
     duration = sum(s.seconds for s in stages)
+    trackers = track_end(spec, summary, plan, outcome, status)  # track: runs finished, their ids, what was lost
+    for t in trackers:
+        (log.warning if t.lost or t.error else log.info)("tracker %s", t.note())
     with Ledger(spec.ledger.url) as ledger:
         ledger.update_run(
             summary.run_id,
@@ -76,7 +102,7 @@ def record_task(
             precision=outcome.precision,
             peak_source=outcome.peak_source,
             reason=summary.reason or None,
-            figures=outcome.figures or None,
+            figures=[*outcome.figures, *tracker_figures(trackers)] or None,
         )
     summary = summary.model_copy(
         update=dict(
@@ -92,6 +118,7 @@ def record_task(
             stages=stages,
             verdicts=list(outcome.verdicts),
             figures=list(outcome.figures),
+            trackers=trackers,
         )
     )
     rows = summary_rows(summary, outcome.verdicts, cluster.time_to_ready_s, cost, spec.schedule.currency, stages)

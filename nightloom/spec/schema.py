@@ -36,6 +36,7 @@ from nightloom.spec.micro_batch import micro_batches_per_step
 from nightloom.spec.operations import LedgerSpec, RecoverySpec, ScheduleSpec, StorageSpec, WindowSpec
 from nightloom.spec.preference import PreferenceSpec, layout_error
 from nightloom.spec.stage_list import stage_list_errors
+from nightloom.spec.tracking import TrackSpec
 
 __all__ = [  # the cluster section and the base live in their own leaves; nightloom/spec/__init__.py re-exports all
     "PROVIDER_KINDS",
@@ -446,6 +447,7 @@ HASH_NEUTRAL_DEFAULTS: dict[tuple[str, str], object] = {
     ("train.lora", "double_quant"): True,
     ("train.lora", "compute_dtype"): "auto",
     ("validate", "benchmarks"): None,
+    ("", "track"): TrackSpec().model_dump(mode="json"),  # "": a field of the spec itself; trackers off
 }
 
 
@@ -468,6 +470,11 @@ class RunSpec(_Section):
     storage: StorageSpec = Field(default_factory=StorageSpec, description="Where run folders go.")
     ledger: LedgerSpec = Field(default_factory=LedgerSpec, description="The run ledger's database.")
     recovery: RecoverySpec = Field(default_factory=RecoverySpec, description="Relaunching after failures.")
+    track: TrackSpec = Field(
+        default_factory=TrackSpec,
+        description="Experiment trackers (MLflow, W&B, TensorBoard) that get every step's metrics, the resolved "
+        "spec and plan, the verdicts, plots and summary; `[mlflow, wandb]` turns them on with their defaults.",
+    )
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True, validate_assignment=True)
 
@@ -533,7 +540,7 @@ class RunSpec(_Section):
         data = self.model_dump(mode="json", by_alias=True)
         for (section, key), default in HASH_NEUTRAL_DEFAULTS.items():
             part = data
-            for name in section.split("."):  # "train.lora": a nested section
+            for name in filter(None, section.split(".")):  # "train.lora": a nested section; "": the spec
                 part = part.get(name) if isinstance(part, dict) else None
             if isinstance(part, dict) and part.get(key, default) == default:  # parallel may be "auto"
                 part.pop(key, None)

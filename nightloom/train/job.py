@@ -17,6 +17,7 @@ from nightloom.runfiles import RunFiles
 from nightloom.schedule.cost import BillingSpan
 from nightloom.shape import ModelShape
 from nightloom.spec import RunSpec, TokenizerSpec, TrainSpec
+from nightloom.spec.tracking import TrackSpec
 from nightloom.storage import S3Config
 
 
@@ -41,6 +42,7 @@ class TrainJob(BaseModel):
     weights: str | None = Field(None, description="Hugging Face safetensors folder or s3:// prefix to start from.")
     hf_config: str | None = Field(None, description="The config.json the model came from (copied on export).")
     tokenizer_dir: str | None = Field(None, description="Tokenizer file or folder whose files the export carries.")
+    track: TrackSpec = Field(default_factory=TrackSpec, description="Trackers rank 0 reports every step to.")
 
     @model_validator(mode="before")
     @classmethod
@@ -109,6 +111,7 @@ class TrainJob(BaseModel):
             deadline_unix=deadline_unix,
             stop_after_steps=stop_after_steps,
             preempt_signal=spec.recovery.preempt_signal,
+            track=spec.track,
             weights=spec.model.weights,
             hf_config=spec.model.config,
             tokenizer_dir=tokenizer_source(spec),

@@ -207,6 +207,13 @@ class Trainer:
             self.reporter.add(StdoutSink())
         if self.prom is not None:
             self.reporter.add(PromSink(self.prom))
+        self.trackers = None  # track: MLflow, W&B, TensorBoard on rank 0, buffered and sent by their own threads
+        if ctx.rank == 0 and job.track.enabled():
+            from nightloom.track.attempt import AttemptTrackers
+
+            self.trackers = AttemptTrackers(job.track, job.run_dir, job.run_id)
+            for sink in self.trackers.sinks:
+                self.reporter.add(sink)
 
     # -- one step --------------------------------------------------------------------------------------
     def _autocast(self):
@@ -518,6 +525,9 @@ class Trainer:
             conversations_per_row=self.pack_stats.per_row if self.pack_stats else None,
             pack_fill=self.pack_stats.fill if self.pack_stats else None,
         )
+        if self.trackers is not None:  # what each tracker took, or lost, within track.flush_s
+            for status in self.trackers.close():
+                self._log(f"[nightloom.train] tracker {status.note()}")
         if self.ctx.rank == 0:
             atomic_write_text(job.result_path, result.model_dump_json(indent=2) + "\n")
             self._log(f"[nightloom.train] {stopped} at step {step}/{t.steps}; checkpoint {last_ckpt}")

@@ -162,6 +162,7 @@ FLOORS = {
     "nightloom.queue": 3,  # the night queue: its job record, timetable, nights, chart and store
     "nightloom.queue_store": 3,  # the deprecated alias of nightloom.queue.store (one release)
     "nightloom.report": 3,
+    "nightloom.track": 3,  # experiment trackers: a step sink per tracker (under train's reporter), the run's end
     "nightloom.benchmarks": 3,  # lm-evaluation-harness on a run's export and its base; completions side by side
     "nightloom.benchmarks.catalog": 2,  # lm-eval's task index, read by the spec checks (no model)
     "nightloom.plots": 3,
