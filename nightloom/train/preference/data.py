@@ -33,15 +33,16 @@ class PairBatch:
         return int((self.targets != IGNORE_INDEX).sum())
 
 
-def pair_batch(docs: list[tuple[np.ndarray, np.ndarray]], pad: int) -> PairBatch:
-    """Stored pair documents (ids, 0/1 labels) as a PairBatch cut to its longest sequence: targets[t] = ids[t+1]
-    where that id is a completion label, else IGNORE_INDEX; padding `pad` ids are never labels."""
+def pair_batch(docs: list[tuple[np.ndarray, np.ndarray]], pad: int, multiple: int = 1) -> PairBatch:
+    """Stored pair documents (ids, 0/1 labels) as a PairBatch cut to its longest sequence, its input width rounded
+    up to `multiple` (sft_batch.width_multiple: tp under sequence parallel): targets[t] = ids[t+1] where that id is
+    a completion label, else IGNORE_INDEX; padding `pad` ids are never labels."""
     seqs = []
     for ids, labels in docs:
         k = split_pair(ids, labels)
         seqs.append((ids[:k], labels[:k], ids[k:], labels[k:]))
     rows = [(s[0], s[1]) for s in seqs] + [(s[2], s[3]) for s in seqs]
-    width = max(len(ids) for ids, _ in rows)
+    width = -(-(max(len(ids) for ids, _ in rows) - 1) // multiple) * multiple + 1
     ids_out = np.full((len(rows), width), pad, dtype=np.int64)
     lab_out = np.zeros((len(rows), width), dtype=bool)
     for j, (ids, labels) in enumerate(rows):
@@ -54,8 +55,8 @@ class PairRows:
     """Random access to the global stream of pairs (mod the total), each shard in its seeded order; a few shards
     are kept loaded."""
 
-    def __init__(self, manifest: str, seed: int | None, tokenizer=None, s3: S3Config | None = None, cache: int = 2):
-        self.manifest_uri, self.seed, self.s3, self.cache_size = str(manifest), seed, s3, cache
+    def __init__(self, manifest: str, seed: int | None, tokenizer=None, s3: S3Config | None = None, multiple: int = 1):
+        self.manifest_uri, self.seed, self.s3, self.cache_size, self.multiple = str(manifest), seed, s3, 2, multiple
         self.manifest, self.tokenizer = open_training_manifest(self.manifest_uri, tokenizer, s3, chat=True, task="dpo")
         self.base = base_uri(self.manifest_uri)
         self.shards = sorted(self.manifest.shards, key=lambda s: s.index)
@@ -85,7 +86,7 @@ class PairRows:
         return out
 
     def batch(self, start: int, n: int) -> PairBatch:
-        return pair_batch(self.docs(start, n), self.tokenizer.eos_id)
+        return pair_batch(self.docs(start, n), self.tokenizer.eos_id, self.multiple)
 
 
 def heldout_pairs(manifest: str, tokenizer=None, s3: S3Config | None = None) -> list[tuple[np.ndarray, np.ndarray]]:

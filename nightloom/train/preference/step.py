@@ -37,6 +37,7 @@ class Layout:
     micro_batch: int
     grad_accum: int
     fsdp: bool
+    width_multiple: int = 1  # inputs' width rounds up to it (tp under sequence parallel)
 
 
 class PreferenceStep:
@@ -48,7 +49,7 @@ class PreferenceStep:
         self.job, self.layout, self.log = job, layout, log
         self.settings = LossSettings(pref.loss, pref.beta, pref.label_smoothing, pref.simpo_gamma)
         self.how = pref.reference_how(lora)
-        self.rows = PairRows(job.manifest, t.seed, job.tokenizer, job.s3)
+        self.rows = PairRows(job.manifest, t.seed, job.tokenizer, job.s3, layout.width_multiple)
         self.local = layout.micro_batch * layout.grad_accum
         self.eval_docs = self._eval_docs() if job.eval_every else []
         self.table: np.ndarray | None = None  # precomputed: rows of the training stream, then the eval pairs
@@ -106,7 +107,8 @@ class PreferenceStep:
         """Rows [first, first+n) of the training stream followed by the eval pairs (the table's row order)."""
         train = self.rows.total
         if first >= train:
-            return pair_batch(self.eval_docs[first - train : first - train + n], self.rows.tokenizer.eos_id)
+            docs = self.eval_docs[first - train : first - train + n]
+            return pair_batch(docs, self.rows.tokenizer.eos_id, self.layout.width_multiple)
         return self.rows.batch(first, n)
 
     def _reference(self, model, rows: np.ndarray, x, y, autocast):
