@@ -13,11 +13,16 @@ def complete(model_dir: str, tokenizer: str | None, prompts: list[str], max_new_
     import torch
     import transformers
 
-    from nightloom.benchmarks.harness import device_and_dtype
+    from nightloom.benchmarks.harness import model_args
 
-    device, _ = device_and_dtype()
+    where = model_args(model_dir, tokenizer)
     tok = transformers.AutoTokenizer.from_pretrained(tokenizer or model_dir)
-    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir).to(device).eval()
+    if where.get("parallelize"):  # too big for one GPU: spread as lm-eval's HF backend did
+        model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, device_map="auto", dtype="auto").eval()
+        device = model.device
+    else:
+        device = where["device"]
+        model = transformers.AutoModelForCausalLM.from_pretrained(model_dir).to(device).eval()
     out = []
     for prompt in prompts:
         if tok.chat_template:

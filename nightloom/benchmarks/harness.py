@@ -8,6 +8,7 @@ folder, not the YAML's.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from nightloom.benchmarks.records import BenchJob, Score
 
@@ -22,11 +23,32 @@ def device_and_dtype() -> tuple[str, str]:
     return ("cuda", "auto") if torch.cuda.is_available() else ("cpu", "float32")
 
 
+def placement(weights_bytes: int, gpu_bytes: list[int], headroom: float = 0.8) -> dict:
+    """HFLM's placement: one device, unless the weights pass `headroom` of the smallest GPU and there are several,
+    then lm-eval's HF-backend model parallelism (`parallelize=True`: accelerate spreads the layers over them)."""
+    if not gpu_bytes:
+        return {"device": "cpu"}
+    if len(gpu_bytes) > 1 and weights_bytes > headroom * min(gpu_bytes):
+        return {"parallelize": True}
+    return {"device": "cuda"}
+
+
+def _gpu_bytes() -> list[int]:
+    import torch
+
+    if not torch.cuda.is_available():
+        return []
+    return [torch.cuda.get_device_properties(i).total_memory for i in range(torch.cuda.device_count())]
+
+
 def model_args(model_dir: str, tokenizer: str | None) -> dict:
-    """HFLM's arguments for a folder: the device, the dtype and the tokenizer folder (the export's for a base
-    whose weights folder holds none)."""
-    device, dtype = device_and_dtype()
-    args = {"pretrained": model_dir, "device": device, "dtype": dtype}
+    """HFLM's arguments for a folder: where it goes (placement), the dtype and the tokenizer folder (the
+    export's, for a base whose weights folder holds none)."""
+    _, dtype = device_and_dtype()
+    weights = sum(p.stat().st_size for p in Path(model_dir).glob("*.safetensors")) or sum(
+        p.stat().st_size for p in Path(model_dir).glob("*.bin")
+    )
+    args = {"pretrained": model_dir, "dtype": dtype, **placement(weights, _gpu_bytes())}
     return args | ({"tokenizer": tokenizer} if tokenizer else {})
 
 

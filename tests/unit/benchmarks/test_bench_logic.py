@@ -124,3 +124,25 @@ def test_the_base_cache_key_follows_weights_tokenizer_tasks_and_settings(tmp_pat
         key = base_key(str(base), make_job(settings, str(tok), [], tmp_path / "o.json"))
     other = settings.model_copy(update={"num_fewshot": 3})
     assert base_key(str(base), make_job(other, str(tok), [], tmp_path / "o.json")) != key
+
+
+def test_summary_artifact_and_notebook_show_base_and_tuned():
+    from nightloom.report import RunSummary, summary_rows
+
+    s = RunSummary(
+        run_id="r", name="n", status="completed", shard_imbalance=0.0, figures=figures(rows(_result(0.5, 0.4)))
+    )
+    text = "base 0.4000 -> 0.5000 (+0.1000, stderr 0.0500)"
+    assert s.figure_rows() == [("bench/mc/acc", text)]
+    assert {"field": "bench/mc/acc", "value": text} in summary_rows(s, [], 0.0, 0.0, "USD", [])
+    assert "bench/mc/acc" in s._repr_html_() and text.replace(">", "&gt;") in s._repr_html_()
+
+
+def test_placement_spreads_a_model_too_big_for_one_gpu():
+    from nightloom.benchmarks.harness import placement
+
+    gib = 1 << 30
+    assert placement(3 * gib, []) == {"device": "cpu"}
+    assert placement(60 * gib, [80 * gib, 80 * gib]) == {"device": "cuda"}
+    assert placement(140 * gib, [80 * gib, 80 * gib]) == {"parallelize": True}  # lm-eval's HF model parallelism
+    assert placement(140 * gib, [80 * gib]) == {"device": "cuda"}  # one GPU: nothing to spread over
