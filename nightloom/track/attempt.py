@@ -63,3 +63,13 @@ class AttemptTrackers:
             self.file.attempts.append(statuses)
             self.file.save(self.run_dir)
         return statuses
+
+
+def attach_trackers(reporter, track: TrackSpec, run_dir: str | Path, run_name: str, rank: int):
+    """Rank 0's AttemptTrackers, each sink added to the trainer's step reporter; None elsewhere or with none on."""
+    if rank != 0 or not track.enabled():
+        return None
+    trackers = AttemptTrackers(track, run_dir, run_name)
+    for sink in trackers.sinks:
+        reporter.add(sink)
+    return trackers

@@ -22,6 +22,7 @@ from nightloom import perf
 from nightloom.peak_rss import peak_rss_bytes
 from nightloom.perf import resolve_precision
 from nightloom.runfiles import RunFiles
+from nightloom.track.attempt import attach_trackers
 from nightloom.train import checkpoint
 from nightloom.train.data import ConversationRows, PackedWindows, StepLoader, read_eval_rows, read_eval_windows
 from nightloom.train.job import TrainJob, TrainResult
@@ -172,10 +173,7 @@ class Trainer:
         self.pref = None  # train.task dpo: preference pairs, their loss and reference (train/preference/step.py)
         if t.task == "dpo":
             p = self.plan
-            wm = width_multiple(p.pp, p.cp, p.tp, p.sp, ctx.device.type) or 1  # pp = cp = 1 (spec/preference.py)
-            layout = Layout(
-                self.dims.dp, dp_rank, p.tp * p.pp * p.cp, p.micro_batch, p.grad_accum, self.dims.dp > 1, wm
-            )
+            layout = Layout(self.dims.dp, dp_rank, p.tp * p.pp * p.cp, p.micro_batch, p.grad_accum, self.dims.dp > 1)
             self.pref = PreferenceStep(job, layout, self.lora is not None, self._log)
             rows = self.pref.rows
         self.pack_stats = rows.stats() if t.pack else None  # conversations per packed row, logged and in result
@@ -210,13 +208,8 @@ class Trainer:
             self.reporter.add(StdoutSink())
         if self.prom is not None:
             self.reporter.add(PromSink(self.prom))
-        self.trackers = None  # track: MLflow, W&B, TensorBoard on rank 0, buffered and sent by their own threads
-        if ctx.rank == 0 and job.track.enabled():
-            from nightloom.track.attempt import AttemptTrackers
-
-            self.trackers = AttemptTrackers(job.track, job.run_dir, job.run_id)
-            for sink in self.trackers.sinks:
-                self.reporter.add(sink)
+        # track: MLflow, W&B, TensorBoard on rank 0, buffered and sent by their own threads
+        self.trackers = attach_trackers(self.reporter, job.track, job.run_dir, job.run_id, ctx.rank)
 
     # -- one step --------------------------------------------------------------------------------------
     def _autocast(self):
@@ -503,8 +496,8 @@ class Trainer:
         if self.pref is None:
             return None
         figures = dict(self.pref_figures)
-        every, last = self.job.eval_every, self.job.train.steps
-        if self.pref.eval_docs and (step == 1 or step % every == 0 or step == last):  # eval_docs: every > 0
+        due = step == 1 or step % self.job.eval_every == 0 or step == self.job.train.steps
+        if self.pref.eval_docs and due:
             ev = self.pref.evaluate(self.parts.parts[0], self.ctx.device, self._autocast)
             self._log(eval_line(step, ev))
             figures |= {f"eval_{k}": v for k, v in ev.items()}
