@@ -173,7 +173,10 @@ class Trainer:
         self.pref = None  # train.task dpo: preference pairs, their loss and reference (train/preference/step.py)
         if t.task == "dpo":
             p = self.plan
-            layout = Layout(self.dims.dp, dp_rank, p.tp * p.pp * p.cp, p.micro_batch, p.grad_accum, self.dims.dp > 1)
+            wm = width_multiple(p.pp, p.cp, p.tp, p.sp, ctx.device.type) or 1  # pp = cp = 1 (spec/preference.py)
+            layout = Layout(
+                self.dims.dp, dp_rank, p.tp * p.pp * p.cp, p.micro_batch, p.grad_accum, self.dims.dp > 1, wm
+            )
             self.pref = PreferenceStep(job, layout, self.lora is not None, self._log)
             rows = self.pref.rows
         self.pack_stats = rows.stats() if t.pack else None  # conversations per packed row, logged and in result
@@ -496,8 +499,8 @@ class Trainer:
         if self.pref is None:
             return None
         figures = dict(self.pref_figures)
-        due = step == 1 or step % self.job.eval_every == 0 or step == self.job.train.steps
-        if self.pref.eval_docs and due:
+        every, last = self.job.eval_every, self.job.train.steps
+        if self.pref.eval_docs and (step == 1 or step % every == 0 or step == last):  # eval_docs: every > 0
             ev = self.pref.evaluate(self.parts.parts[0], self.ctx.device, self._autocast)
             self._log(eval_line(step, ev))
             figures |= {f"eval_{k}": v for k, v in ev.items()}
