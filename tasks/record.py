@@ -15,6 +15,7 @@ from nightloom.report import RunSummary, StageTime, summary_rows, wrapped_rows
 from nightloom.runfiles import RunFiles
 from nightloom.spec import RunSpec
 from nightloom.track.records import TrackerStatus, tracker_figures
+from tasks.track import secrets_in_env
 
 
 @task(name="ledger-open", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=1)
@@ -61,7 +62,8 @@ def track_end(spec: RunSpec, summary: RunSummary, plan: ParallelPlan, outcome, s
         figures=list(outcome.figures),
         export_dir=summary.export_dir,
     )
-    return finish_trackers(end)
+    with secrets_in_env(spec.track):  # a Secret block's token, for this end-of-run logging only
+        return finish_trackers(end)
 
 
 @task(name="record", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=1)

@@ -21,6 +21,7 @@ from nightloom.train.job import TrainJob, TrainResult
 from nightloom.train.preempt import PREEMPTED, Forward
 from nightloom.util import atomic_write_text
 from tasks.teardown import record_processes
+from tasks.track import tracker_secrets
 
 
 class TrainingFailed(RuntimeError):
@@ -73,7 +74,7 @@ def train_task(
     log = get_run_logger()
     job_path = write_job(job)
     mon = AttemptMonitor.for_job(job, startup_timeout_s, started=time.monotonic())
-    env = rank_env(job, preempt_grace_s)
+    env = rank_env(job, preempt_grace_s) | tracker_secrets(job.track)  # track: credentials from Secret blocks
     log.info(
         "launching attempt %d on %s: %d rank(s), layout %s, steps %d (ranks import torch and build the model first)",
         job.attempt,

@@ -100,3 +100,20 @@ def tracker_runs(figures: list[Figure]) -> dict[str, str]:
             _, tracker, run_id = f.name.split("/", 2)
             out[tracker] = run_id
     return out
+
+
+#: (tracker, its setting naming a Prefect Secret block, the environment variable its client reads)
+SECRET_SETTINGS = (("mlflow", "token_secret", "MLFLOW_TRACKING_TOKEN"), ("wandb", "api_key_secret", "WANDB_API_KEY"))
+
+
+def secret_env(track, resolve) -> dict[str, str]:
+    """The trackers' credentials named as secret blocks in `track` (a TrackSpec), as the environment variables their
+    clients read: `resolve(block name) -> value` (tasks/ reads Prefect's Secret blocks). Only the ranks' and the
+    flow's environment ever holds them, never a file."""
+    out = {}
+    for tracker, setting, var in SECRET_SETTINGS:
+        section = getattr(track, tracker)
+        name = getattr(section, setting) if section is not None else None
+        if name:
+            out[var] = resolve(name)
+    return out
