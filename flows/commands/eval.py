@@ -20,7 +20,8 @@ def register(sub) -> None:
     p.add_argument(
         "--data",
         help="JSONL file of documents ({'text': ...} per line); for a train.task sft run, chat records (messages, "
-        "conversations or instruction/output), scored on their assistant tokens only",
+        "conversations or instruction/output), scored on their assistant tokens only; for a dpo run, preference "
+        "pairs (prompt, chosen, rejected): the preference loss, reward accuracy and margin",
     )
     p.add_argument("--seq-len", type=int, default=None, help="tokens per document scored (default: the run's)")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
@@ -56,8 +57,10 @@ def run(args) -> int:
     if args.tasks is not None:
         return run_tasks(args)
     from nightloom.tokenizer import TokenizerError
-    from nightloom.train.evaluate import EvalError, evaluate_run
+    from nightloom.train.evaluate import EvalError, evaluate_run, run_job
 
+    if run_job(Path(args.run_dir)).train.task == "dpo":
+        return run_pairs(args)
     try:
         r = evaluate_run(args.run_dir, args.data, args.seq_len)
     except (EvalError, TokenizerError, OSError) as e:
@@ -71,6 +74,30 @@ def run(args) -> int:
         print(
             f"{args.run_dir}: step {r.step}: loss {r.loss:.6f} ppl {r.ppl:.3f} over {r.tokens:,} {what} "
             f"in {r.documents} documents" + (f" ({r.dropped} too long, dropped)" if r.dropped else "")
+        )
+    return 0
+
+
+def run_pairs(args) -> int:
+    """A train.task dpo run on preference pairs: its preference loss, reward accuracy and margin against its
+    reference, and TRL's other figures (nightloom/train/preference/evaluate.py)."""
+    from nightloom.tokenizer import TokenizerError
+    from nightloom.train.evaluate import EvalError
+    from nightloom.train.preference.evaluate import evaluate_pairs
+
+    try:
+        r = evaluate_pairs(args.run_dir, args.data, args.seq_len)
+    except (EvalError, TokenizerError, OSError) as e:
+        return failed("eval", f"failed: {e}")
+    f = r.figures
+    if args.json:
+        out = {"task": "dpo", "loss": f["loss"], "reward_accuracy": f["rewards/accuracies"]}
+        out |= {"reward_margin": f["rewards/margins"], "pairs": r.pairs, "step": r.step}
+        print(json.dumps(out | {k: v for k, v in f.items() if "/" in k} | {"checkpoint": r.checkpoint}, indent=2))
+    else:
+        print(
+            f"{args.run_dir}: step {r.step}: preference loss {f['loss']:.6f} reward accuracy "
+            f"{f['rewards/accuracies']:.3f} margin {f['rewards/margins']:.4f} over {r.pairs} pairs"
         )
     return 0
 

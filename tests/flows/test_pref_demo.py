@@ -3,7 +3,8 @@ with its build folders under tmp: pairs are built from the chat demo's conversat
 as rejected), LoRA DPO trains under FSDP2 on 2 ranks against the base with its adapters disabled, and the held-out
 pairs go from reward accuracy 0 and DPO loss ln 2 (policy = reference) to accuracy >= 0.7 and a loss below ln 2;
 every gate passes (reward_accuracy among them), metrics.jsonl carries TRL's names, the ledger's row is task dpo
-with the held-out figures, and the export holds the merged model and the PEFT adapter."""
+with the held-out figures, `nightloom eval RUN --data pairs.jsonl --json` scores pairs against the reference, and
+the export holds the merged model and the PEFT adapter."""
 
 from __future__ import annotations
 
@@ -70,6 +71,14 @@ def test_pref_demo_runs_as_shipped(prefect_backend, tmp_path):
     assert row.task == "dpo" and figures["eval_rewards/accuracies"].base == 0.0
     assert figures["eval_rewards/accuracies"].value == last["eval_rewards/accuracies"]
     assert figures["eval_loss"].value < figures["eval_loss"].base
+
+    pairs = tmp_path / "some-pairs.jsonl"
+    pairs.write_text("\n".join((tmp_path / "pairs.jsonl").read_text().splitlines()[:16]) + "\n")
+    rc, out = _cli(["eval", summary["run_dir"], "--data", str(pairs), "--json"])
+    assert rc == 0, out[-3000:]
+    scored = json.loads(out[out.index("{") :])
+    assert scored["task"] == "dpo" and scored["pairs"] == 16 and scored["step"] == data["train"]["steps"]
+    assert scored["reward_accuracy"] >= 0.7 and scored["loss"] < math.log(2), scored
 
     export = Path(summary["export_dir"])
     assert (export / "config.json").is_file() and (export / "adapter" / "adapter_model.safetensors").is_file()
