@@ -23,6 +23,7 @@ from flows.stages import (
     run_folder,
     shard_stage,
     train_stage,
+    validate_stage,
 )
 from flows.ui_schema import OptionalRunId, RunSpecForm
 from nightloom.report import RunSummary, run_status
@@ -32,7 +33,6 @@ from nightloom.validate import ValidationFailed
 from tasks.plan import plan_task
 from tasks.record import record_task
 from tasks.teardown import teardown_hook
-from tasks.validate import validate_task
 
 
 @flow(name="training-pipeline", log_prints=True, on_cancellation=[teardown_hook], on_crashed=[teardown_hook])
@@ -71,10 +71,9 @@ def training_pipeline(spec: RunSpecForm | str, resume_run_id: OptionalRunId = No
             )
             with watch.stage("train"):
                 trained = train_stage(spec, rental, job)
+            bench = benchmark_stage(spec, run_dir, trained.result, rental, watch)  # lm-eval on its nodes: base vs tuned
         summary.add_training(trained, plan.mfu)
-        with watch.stage("validate"):
-            outcome = validate_task(spec, run_dir, trained.plan, trained.result, shape, trained.cluster.world_size)
-        outcome = benchmark_stage(spec, run_dir, trained.result, outcome, watch)  # lm-eval: base vs tuned
+        outcome = validate_stage(spec, run_dir, trained, shape, bench, watch)  # every gate, the benchmarks' too
         status = run_status(outcome.passed, trained.result, gate.deadline_kind)
         summary.status, summary.reason = status.summary, status.reason
         nights = night_stage(spec, run_id, gate, rental, trained)  # this night's cost, recorded; nights left

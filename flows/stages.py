@@ -21,6 +21,7 @@ from prefect import get_run_logger
 from prefect.runtime import flow_run as current_run
 
 from flows.shard import shard_dataset_flow
+from nightloom.benchmarks.stage import BenchReport
 from nightloom.model_resolver import model_shape as resolve_model_shape
 from nightloom.parallel import ParallelPlan
 from nightloom.provision.base import Cluster, Provider
@@ -37,7 +38,7 @@ from nightloom.shape import ModelShape
 from nightloom.sharding import ShardManifest
 from nightloom.spec import RunSpec
 from nightloom.train.job import TrainJob, TrainOutcome, TrainResult
-from tasks.benchmarks import benchmark_task
+from tasks.benchmarks import benchmark_task, with_benchmarks
 from tasks.finetune import xtuner_train_task
 from tasks.gate import gate_task, schedule_same_deployment
 from tasks.nights import record_night_task
@@ -46,7 +47,7 @@ from tasks.provision import acquire_cluster, make_provider, release_cluster
 from tasks.record import fail_record_task, start_record_task
 from tasks.recovery import record_interruption_task, train_with_recovery
 from tasks.teardown import kill_recorded_processes, record_cluster
-from tasks.validate import ValidationOutcome
+from tasks.validate import ValidationOutcome, validate_task
 
 _clock: ContextVar[datetime | None] = ContextVar("nightloom_clock", default=None)
 
@@ -282,14 +283,24 @@ def train_stage(spec: RunSpec, rental: Rental, job: TrainJob) -> TrainOutcome:
 
 
 def benchmark_stage(
-    spec: RunSpec, run_dir: Path, result: TrainResult, outcome: ValidationOutcome, watch: Stopwatch
-) -> ValidationOutcome:
-    """lm-eval on the export and the base (validate.benchmarks), timed as its own stage; its gates join the
-    outcome's verdicts and its scores the ledger's figures. The outcome as it was when no benchmark is set."""
+    spec: RunSpec, run_dir: Path, result: TrainResult, rental: Rental, watch: Stopwatch
+) -> BenchReport | None:
+    """lm-eval on the export and the base (validate.benchmarks) while the nodes are held, timed as its own stage;
+    None when no benchmark is set. `tasks.benchmarks.with_benchmarks` joins it to the validation outcome."""
     if spec.validate_.benchmarks is None:
-        return outcome
+        return None
     with watch.stage("benchmarks"):
-        return benchmark_task(spec, run_dir, result, outcome)
+        return benchmark_task(spec, run_dir, result, rental.provider, rental.cluster)
+
+
+def validate_stage(
+    spec: RunSpec, run_dir: Path, trained: TrainOutcome, shape: ModelShape, bench: BenchReport | None, watch: Stopwatch
+) -> ValidationOutcome:
+    """The gates on the run's metrics (timed as the validate stage), with the benchmark stage's gates and
+    figures joined (`with_benchmarks`)."""
+    with watch.stage("validate"):
+        outcome = validate_task(spec, run_dir, trained.plan, trained.result, shape, trained.cluster.world_size)
+    return with_benchmarks(outcome, bench)
 
 
 def night_stage(spec: RunSpec, run_id: str, gate: GateDecision, rental: Rental, trained: TrainOutcome) -> NightsSoFar:

@@ -1,5 +1,6 @@
-"""Benchmark task: lm-eval on the run's export and its base after training (nightloom/benchmarks/stage.py), the
-base-vs-tuned and completions table artifacts, and the outcome's verdicts and ledger figures."""
+"""Benchmark tasks: lm-eval on the run's export and its base after training, on its nodes
+(nightloom/benchmarks/stage.py), the base-vs-tuned and completions table artifacts, its verdicts and ledger figures
+joined to the validation outcome; and on any run folder (the benchmark-run deployment)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
 from nightloom.benchmarks.compare import BenchRow, rows
-from nightloom.benchmarks.stage import run_stage, score_run_folder, table_rows
+from nightloom.benchmarks.launch import node_runner
+from nightloom.benchmarks.stage import BenchReport, run_stage, score_run_folder, table_rows
+from nightloom.provision.base import Cluster, Provider
 from nightloom.spec import RunSpec
 from nightloom.spec.benchmarks import BenchmarksSpec
 from nightloom.train.job import TrainResult
@@ -22,13 +25,17 @@ def _local_dir(path: str | None) -> str | None:
 
 
 @task(name="benchmarks", cache_policy=NO_CACHE)
-def benchmark_task(spec: RunSpec, run_dir: Path, result: TrainResult, outcome: ValidationOutcome) -> ValidationOutcome:
-    """Score the export (and the base, once per base) on validate.benchmarks; the gates join the outcome's
-    verdicts and the scores its figures, so the ledger, the summary and the flow's status see them."""
+def benchmark_task(
+    spec: RunSpec, run_dir: Path, result: TrainResult, provider: Provider, cluster: Cluster
+) -> BenchReport:
+    """Score the export (and the base, once per base) on validate.benchmarks while the nodes are held: on the first
+    node through its provider's shell where the nodes are other machines (ssh, slurm), else here."""
     log = get_run_logger()
     settings = spec.validate_.benchmarks
     export = result.export_dir if result.stopped == "completed" else None
-    rep = run_stage(settings, Path(run_dir), export, _local_dir(spec.model.weights), spec.sharding.output)
+    remote = provider.capabilities.remote_nodes and cluster.nodes
+    runner = node_runner(provider, cluster, cluster.nodes[0]) if remote else None
+    rep = run_stage(settings, Path(run_dir), export, _local_dir(spec.model.weights), spec.sharding.output, runner)
     for r in rep.rows:
         base = "n/a" if r.base is None else f"{r.base:.4f}"
         diff = "" if r.diff is None else f" ({r.diff:+.4f})"
@@ -36,11 +43,20 @@ def benchmark_task(spec: RunSpec, run_dir: Path, result: TrainResult, outcome: V
     for v in rep.verdicts:
         (log.info if v.passed else log.error)("gate %-12s %s: %s", v.name, v.label, v.reason)
     if rep.rows:
+        where = f" on {cluster.nodes[0].name}" if remote else ""
         cached = " (base cached)" if rep.base_cached else ""
-        desc = f"Base vs tuned, lm-evaluation-harness, {rep.seconds:.1f} s{cached}"
+        desc = f"Base vs tuned, lm-evaluation-harness{where}, {rep.seconds:.1f} s{cached}"
         create_table_artifact(key="benchmarks", table=table_rows(rep.rows), description=desc)
     if rep.completions:
         create_table_artifact(key="completions", table=rep.completions, description="Base vs tuned, greedy")
+    return rep
+
+
+def with_benchmarks(outcome: ValidationOutcome, rep: BenchReport | None) -> ValidationOutcome:
+    """The validation outcome with the benchmark gates among its verdicts and the scores among its figures, so
+    the ledger, the summary and the run's status see them."""
+    if rep is None:
+        return outcome
     return outcome.model_copy(
         update={"verdicts": [*outcome.verdicts, *rep.verdicts], "figures": [*outcome.figures, *rep.figures]}
     )

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from importlib.metadata import version
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import xxhash
 
 from nightloom.benchmarks.harness import OFFLINE
 from nightloom.benchmarks.records import BenchJob, BenchResult, ModelScores
+from nightloom.provision.base import Cluster, Node, NodeShell
 from nightloom.spec.benchmarks import BenchmarksSpec
 from nightloom.util import atomic_write_text
 
@@ -75,17 +77,36 @@ def make_job(settings: BenchmarksSpec, tokenizer: str | None, prompts: list[str]
     )
 
 
-def run_process(job: BenchJob, work_dir: Path) -> list[ModelScores]:
-    """One `python -m nightloom.benchmarks` over the job's models, in the task folder, offline; its output goes to
-    work_dir/benchmarks.log (appended)."""
+#: runs `python <module args>` with extra environment somewhere (this machine, a rented node): (exit code, output)
+Runner = Callable[[list[str], dict[str, str]], tuple[int, str]]
+ENV = OFFLINE | {"TOKENIZERS_PARALLELISM": "false"}
+
+
+def local_runner(args: list[str], env: dict[str, str]) -> tuple[int, str]:
+    """This machine's interpreter, the orchestrator's environment plus `env`."""
+    r = subprocess.run([sys.executable, *args], env=os.environ | env, capture_output=True, text=True, check=False)
+    return r.returncode, r.stdout + r.stderr
+
+
+def node_runner(shell: NodeShell, cluster: Cluster, node: Node, timeout_s: float = 6 * 3600.0) -> Runner:
+    """A rented node's interpreter through its provider's shell (ssh, slurm): the run's own nodes and GPUs; the
+    job and result files are in the run folder, which every node shares."""
+
+    def run(args: list[str], env: dict[str, str]) -> tuple[int, str]:
+        r = shell.run_on(cluster, node, [node.python, *args], env, timeout_s=timeout_s)
+        return r.code, f"[{r.node}] {r.output}"
+
+    return run
+
+
+def run_process(job: BenchJob, work_dir: Path, runner: Runner | None = None) -> list[ModelScores]:
+    """One `python -m nightloom.benchmarks` over the job's models (it works in the task folder), offline, on this
+    machine or through `runner`; its output goes to work_dir/benchmarks.log (appended)."""
     path = work_dir / f"bench-job-{os.getpid()}.json"
     atomic_write_text(path, job.model_dump_json(indent=1))
-    env = os.environ | OFFLINE | {"TOKENIZERS_PARALLELISM": "false"}
-    cwd = job.include_path or str(work_dir)
-    with (work_dir / LOG).open("ab") as log:
-        rc = subprocess.run(
-            [sys.executable, "-m", "nightloom.benchmarks", "--job", str(path)], cwd=cwd, env=env, stdout=log, stderr=log
-        ).returncode
+    rc, output = (runner or local_runner)(["-m", "nightloom.benchmarks", "--job", str(path)], dict(ENV))
+    with (work_dir / LOG).open("a", encoding="utf-8") as log:
+        log.write(output)
     if rc != 0:
         tail = (work_dir / LOG).read_text(errors="replace")[-3000:]
         raise BenchmarkError(f"lm-eval exited with {rc} (log: {work_dir / LOG}):\n{tail}")
@@ -95,7 +116,13 @@ def run_process(job: BenchJob, work_dir: Path) -> list[ModelScores]:
 
 
 def run_benchmarks(
-    settings: BenchmarksSpec, export_dir: str, base_dir: str | None, work_dir: Path, cache_dir: Path, prompts: list[str]
+    settings: BenchmarksSpec,
+    export_dir: str,
+    base_dir: str | None,
+    work_dir: Path,
+    cache_dir: Path,
+    prompts: list[str],
+    runner: Runner | None = None,
 ) -> BenchResult:
     """Score the export and, when asked and not cached, the base in one lm-eval process; the base's scores are
     kept in cache_dir/base-KEY.json."""
@@ -113,7 +140,7 @@ def run_benchmarks(
         if hit.is_file():
             cached = ModelScores.model_validate_json(hit.read_text()).model_copy(update={"cached": True})
     job.models = [export_dir] + ([base_dir] if settings.base and base_dir and cached is None else [])
-    got = run_process(job, work_dir)
+    got = run_process(job, work_dir, runner)
     tuned, base = got[0], cached or (got[1] if len(got) > 1 else None)
     if base is not None and cached is None and key is not None:
         cache_dir.mkdir(parents=True, exist_ok=True)

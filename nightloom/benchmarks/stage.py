@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from nightloom.benchmarks.compare import BenchRow, check_benchmarks, completion_rows, figures, rows, table_rows
 from nightloom.benchmarks.demo_task import chatml_pairs, ensure_demo_task, heldout_texts
-from nightloom.benchmarks.launch import BenchmarkError, run_benchmarks
+from nightloom.benchmarks.launch import BenchmarkError, Runner, run_benchmarks
 from nightloom.benchmarks.records import BenchResult
 from nightloom.ledger.records import Figure
 from nightloom.spec.benchmarks import BenchmarksSpec
@@ -52,9 +52,15 @@ def markdown_table(table: list[dict]) -> str:
 
 
 def run_stage(
-    settings: BenchmarksSpec, run_dir: Path, export_dir: str | None, base_dir: str | None, shards_dir: str | None
+    settings: BenchmarksSpec,
+    run_dir: Path,
+    export_dir: str | None,
+    base_dir: str | None,
+    shards_dir: str | None,
+    runner: Runner | None = None,
 ) -> BenchReport:
-    """Benchmark the export (and the base); a missing export or a failed lm-eval is a verdict, not an exception."""
+    """Benchmark the export (and the base) here or through `runner` (a rented node); a missing export or a failed
+    lm-eval is a verdict, not an exception."""
     if export_dir is None:
         why = "no export to score (train.export: none, or the run stopped before its last step)"
         return BenchReport(verdicts=[Verdict(name="benchmarks", passed=not settings.gates, skipped=True, reason=why)])
@@ -62,8 +68,9 @@ def run_stage(
     if settings.demo_task is not None and settings.include_path is not None:
         ensure_demo_task(settings.include_path, settings.demo_task, texts)
     try:
+        prompts = prompts_for(settings, texts)
         result = run_benchmarks(
-            settings, export_dir, base_dir, run_dir, run_dir.parent / ".benchmarks", prompts_for(settings, texts)
+            settings, export_dir, base_dir, run_dir, run_dir.parent / ".benchmarks", prompts, runner
         )
     except BenchmarkError as e:
         return BenchReport(verdicts=[Verdict(name="benchmarks", passed=False, reason=str(e)[-1500:])])
