@@ -66,3 +66,17 @@ def test_a_gate_against_the_base_needs_base_weights(tmp_path):
     assert "validate.benchmarks.gates.1: min_gain and max_drop compare with the base: the run has no model.weights" in (
         line
     )
+
+
+def test_a_hub_dataset_already_in_the_local_cache_is_accepted(tmp_path, monkeypatch):
+    from datasets import config
+
+    from nightloom.benchmarks.catalog import task_errors
+
+    folder = write_tasks(tmp_path / "tasks", qa_pairs(4))
+    (folder / "hub.yaml").write_text("task: nl_hub\ndataset_path: someorg/downloaded-once\n")
+    monkeypatch.setattr(config, "HF_DATASETS_CACHE", tmp_path / "cache")
+    [(index, reason)] = task_errors(["nl_hub"], str(folder))
+    assert index == 0 and "needs dataset 'someorg/downloaded-once'" in reason
+    (tmp_path / "cache" / "someorg___downloaded-once").mkdir(parents=True)  # as datasets caches it
+    assert task_errors(["nl_hub", MC_TASK], str(folder)) == []
