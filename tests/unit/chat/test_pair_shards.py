@@ -109,3 +109,38 @@ def test_bad_rows_are_file_line_field_in_the_shard_stage_and_the_prescan(tmp_pat
         assert any(f"bad.jsonl:{3 + k}:" in line and message in line for line in found.lines), (message, found.lines)
     manifest = _shard(path, tmp_path / "skip", tokdir, on_error="skip", max_bad_fraction=0.5)
     assert manifest.bad_records == len(BAD) and manifest.rows == len(records)
+
+
+def test_nightloom_run_refuses_bad_pairs_before_prefect_starts(tmp_path, tokdir):
+    """`nightloom run` of a dpo spec whose data holds bad rows stops at the pre-scan: every bad row as
+    FILE:LINE: field, exit 1, no run folder and no ledger."""
+    import contextlib
+    import io
+
+    import yaml
+
+    from flows.cli import main
+    from tests.support.chat import QWEN2
+
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"model_type": "qwen2", **QWEN2, "max_position_embeddings": 512}))
+    path = _write(tmp_path / "bad.jsonl", _records(4) + [b for b, _ in BAD])
+    spec = {
+        "name": "bad-pairs",
+        "model": {"config": str(config), "tokenizer": {"path": str(tokdir)}},
+        "dataset": {"path": str(path)},
+        "sharding": {"output": str(tmp_path / "shards"), "num_shards": 2},
+        "train": {"task": "dpo", "steps": 2, "seq_len": 128},
+        "storage": {"root": str(tmp_path / "runs")},
+        "ledger": {"url": f"sqlite:///{tmp_path / 'ledger.db'}"},
+    }
+    spec_path = tmp_path / "spec.yaml"
+    spec_path.write_text(yaml.safe_dump(spec))
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
+        rc = main(["run", str(spec_path)])
+    out = buf.getvalue()
+    assert rc != 0, out
+    for k, (_, message) in enumerate(BAD):
+        assert f"bad.jsonl:{5 + k}: {message}" in out, out
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "ledger.db").exists()
