@@ -355,7 +355,7 @@ pg_creds() {
     . "$f"
 }
 
-start_postgres() {
+start_postgres() {  # initdb (first time) and the server in one background job, beside the other services
     local bin d
     bin=$(pg_bin) || { log "postgresql is not installed"; return 1; }
     d=$(pg_dir)
@@ -364,13 +364,18 @@ start_postgres() {
         rm -rf "$d"; mkdir -p "$d"; chmod 700 "$d"
         ((EUID != 0)) || chown postgres: "$d"
         printf '%s\n' "$PG_PASSWORD" >"$d/pw"; ((EUID != 0)) || chown postgres: "$d/pw"; chmod 600 "$d/pw"
-        as_pg "$bin/initdb" -D "$d/data" -U "$PG_USER" --pwfile="$d/pw" --auth-local=trust \
-            --auth-host=scram-sha-256 -E UTF8 --no-sync >"$LOGS/initdb.log" 2>&1
-        local rc=$?; rm -f "$d/pw"
-        ((rc == 0)) || { show_logs initdb; log "initdb failed"; return 1; }
     fi
-    launch postgres "${PG_AS[@]}" "$bin/postgres" -D "$d/data" -h 127.0.0.1 -p $PG_PORT -k "$d" \
-        -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=200
+    # shellcheck disable=SC2016
+    launch postgres bash -c '
+        bin=$1 d=$2 user=$3 port=$4; shift 4
+        if [[ ! -f $d/data/PG_VERSION ]]; then
+            "$@" "$bin/initdb" -D "$d/data" -U "$user" --pwfile="$d/pw" --auth-local=trust \
+                --auth-host=scram-sha-256 -E UTF8 --no-sync || { rm -f "$d/pw"; exit 1; }
+            rm -f "$d/pw"
+        fi
+        exec "$@" "$bin/postgres" -D "$d/data" -h 127.0.0.1 -p "$port" -k "$d" \
+            -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=200
+    ' postgres "$bin" "$d" "$PG_USER" "$PG_PORT" "${PG_AS[@]}"
 }
 
 postgres_ready() {  # accepting connections, and the tests' database exists
