@@ -14,7 +14,7 @@ from nightloom.parallel import ParallelPlan
 from nightloom.report import RunSummary, StageTime, summary_rows, wrapped_rows
 from nightloom.runfiles import RunFiles
 from nightloom.spec import RunSpec
-from nightloom.track.records import TrackerStatus, tracker_figures
+from nightloom.track.records import TrackerStatus, TrackingFile, tracker_figures
 from tasks.track import secrets_in_env
 
 
@@ -40,9 +40,30 @@ def start_record_task(spec: RunSpec, run_id: str, plan: ParallelPlan | None, res
 @task(name="ledger-fail", cache_policy=NO_CACHE)
 def fail_record_task(spec: RunSpec, run_id: str, status: str, reason: str, duration_s: float) -> None:
     """Close the row of a run that did not complete (failed, cancelled, refused), with the reason."""
+    trackers = track_failed(spec, run_id, status, reason)  # track: the runs training opened end FAILED
     with Ledger(spec.ledger.url) as ledger:
-        ledger.finish_run(run_id, status=status, reason=reason[:2000], duration_s=duration_s)
+        ledger.finish_run(
+            run_id,
+            status=status,
+            reason=reason[:2000],
+            duration_s=duration_s,
+            figures=tracker_figures(trackers) or None,
+        )
     get_run_logger().info("closed ledger row %s: %s after %.1f s (%s)", run_id, status, duration_s, reason[:200])
+
+
+def track_failed(spec: RunSpec, run_id: str, status: str, reason: str) -> list[TrackerStatus]:
+    """The tracker runs a failed run's training opened (tracking.json), ended FAILED with the reason; never raises."""
+    run_dir = Path(spec.storage.root) / run_id
+    if not spec.track.enabled() or not TrackingFile.load(run_dir).runs:
+        return []
+    from nightloom.track.finish import RunEnd, finish_trackers
+
+    summary = {"run_id": run_id, "status": status, "reason": reason[:500]}
+    with secrets_in_env(spec.track):
+        return finish_trackers(
+            RunEnd(spec=spec, run_id=run_id, run_dir=run_dir, plan=None, succeeded=False, summary=summary)
+        )
 
 
 def track_end(spec: RunSpec, summary: RunSummary, plan: ParallelPlan, outcome, status: str) -> list[TrackerStatus]:

@@ -78,3 +78,16 @@ def test_params_are_the_resolved_spec_and_plan_without_the_ledger_password():
         Verdict(name="mfu_floor", passed=True, skipped=True, reason="no floor"),
     ]
     assert verdict_values(verdicts, []) == {"verdict/loss_drop/passed": 0.0, "verdict/loss_drop/measured": 0.01}
+
+
+def test_a_failed_run_ends_the_tracker_runs_its_training_opened(tmp_path: Path):
+    from tasks.record import track_failed
+
+    s = spec(storage={"root": str(tmp_path)}, track=["tensorboard"])
+    assert track_failed(s, "r1", "failed", "no nodes") == []  # training never opened a tracker run: nothing to end
+    run_dir = tmp_path / "r1"
+    TrackingFile(runs={"tensorboard": str(run_dir / "tensorboard")}).save(run_dir)
+    (status,) = track_failed(s, "r1", "failed", "ProvisionError: node local-0 lost")
+    assert (status.tracker, status.run_id, status.error) == ("tensorboard", str(run_dir / "tensorboard"), None)
+    assert '"status": "failed"' in (run_dir / "summary.json").read_text()
+    assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
