@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -22,6 +23,7 @@ from nightloom.parallel import LayoutError, ParallelDims, moe_degree_errors
 from nightloom.rewards.resolve import reward_errors
 from nightloom.shape import ModelShape
 from nightloom.spec import ParallelSpec, TokenizerSpec
+from nightloom.spec.tracking import track_errors
 from nightloom.tokenizer import TokenizerError, load_tokenizer
 from nightloom.xtuner_families import xtuner_refusal
 
@@ -147,6 +149,7 @@ def semantic_errors(data: dict, base_dir: Path) -> list[FieldError]:
     if local(eval_data) is not None and not local(eval_data).is_file():
         errs.append((("validate", "eval_data"), f"file not found: {local(eval_data)}"))
     errs += benchmark_errors(data, local)
+    errs += track_errors(data, dict(os.environ))  # an MLflow tracker with no server named anywhere
     if task == "grpo":  # each reward function imported and its signature checked (nightloom/rewards/resolve.py)
         rewards = _get(data, "train", "grpo", "rewards")
         errs += [(("train", "grpo", "rewards", str(i), "fn"), why) for i, why in reward_errors(rewards, base_dir)]

@@ -82,3 +82,16 @@ class TrackSpec(_Section):
     def enabled(self) -> list[str]:
         """The trackers turned on, in TRACKERS' order."""
         return [n for n in TRACKERS if getattr(self, n) is not None]
+
+
+def track_errors(data: dict, environ: dict[str, str]) -> list[tuple[tuple, str]]:
+    """The `track` checks that need the environment, at validate (spec.checks): an MLflow tracker with no server
+    named nowhere. (field path, reason) pairs on the raw mapping."""
+    track = data.get("track")
+    if isinstance(track, list):
+        mlflow = {} if "mlflow" in track else None
+    else:
+        mlflow = track.get("mlflow") if isinstance(track, dict) else None
+    if isinstance(mlflow, dict) and not mlflow.get("tracking_uri") and not environ.get("MLFLOW_TRACKING_URI"):
+        return [(("track", "mlflow", "tracking_uri"), "not set, and MLFLOW_TRACKING_URI is not in the environment")]
+    return []

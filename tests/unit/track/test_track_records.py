@@ -91,3 +91,14 @@ def test_a_failed_run_ends_the_tracker_runs_its_training_opened(tmp_path: Path):
     assert (status.tracker, status.run_id, status.error) == ("tensorboard", str(run_dir / "tensorboard"), None)
     assert '"status": "failed"' in (run_dir / "summary.json").read_text()
     assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
+
+
+def test_an_mlflow_tracker_with_no_server_anywhere_is_refused_at_validate():
+    from nightloom.spec.tracking import track_errors
+
+    why = "not set, and MLFLOW_TRACKING_URI is not in the environment"
+    assert track_errors({"track": ["mlflow"]}, {}) == [(("track", "mlflow", "tracking_uri"), why)]
+    assert track_errors({"track": {"mlflow": {"experiment": "x"}}}, {}) == [(("track", "mlflow", "tracking_uri"), why)]
+    assert track_errors({"track": ["mlflow"]}, {"MLFLOW_TRACKING_URI": "http://m:5000"}) == []
+    assert track_errors({"track": {"mlflow": {"tracking_uri": "http://m:5000"}}}, {}) == []
+    assert track_errors({"track": ["wandb"]}, {}) == [] and track_errors({}, {}) == []
