@@ -153,7 +153,8 @@ class QueueStore:
         self.ledger = ledger
 
     def _tx(self, fn):
-        """Run `fn(session)` in one transaction, retried on SQLite lock errors as the ledger's own writes are."""
+        """Run `fn(session)` in one transaction, retried as the ledger's own writes are (SQLite's lock errors,
+        PostgreSQL's serialization failures and deadlocks: nightloom.ledger.engine.retry)."""
 
         def tx():
             with Session(self.ledger.engine, expire_on_commit=False) as s, s.begin():
