@@ -146,3 +146,19 @@ def test_placement_spreads_a_model_too_big_for_one_gpu():
     assert placement(60 * gib, [80 * gib, 80 * gib]) == {"device": "cuda"}
     assert placement(140 * gib, [80 * gib, 80 * gib]) == {"parallelize": True}  # lm-eval's HF model parallelism
     assert placement(140 * gib, [80 * gib]) == {"device": "cuda"}  # one GPU: nothing to spread over
+
+
+def test_big_weights_are_keyed_by_size_and_mtime(tmp_path, monkeypatch):
+    import os
+
+    from nightloom.benchmarks import launch
+
+    monkeypatch.setattr(launch, "WHOLE_BYTES", 4)
+    (tmp_path / "model.safetensors").write_bytes(b"12345678")
+    os.utime(tmp_path / "model.safetensors", ns=(1, 1))
+    key = launch.folder_digest(tmp_path)
+    (tmp_path / "model.safetensors").write_bytes(b"87654321")  # same size, not read
+    os.utime(tmp_path / "model.safetensors", ns=(1, 1))
+    assert launch.folder_digest(tmp_path) == key
+    os.utime(tmp_path / "model.safetensors", ns=(2, 2))  # rewritten: a new key
+    assert launch.folder_digest(tmp_path) != key
