@@ -14,7 +14,7 @@ from nightloom.chat import ChatSettings
 from nightloom.sharding import shard_dataset
 from nightloom.spec import DatasetSpec, ShardingSpec, TokenizerSpec
 from tests.support.chat import CHATML, QWEN2, build_chat_tokenizer, chat_messages
-from tests.support.harness import launch, launch_many, make_job
+from tests.support.harness import launch_many, make_job
 
 STEPS = 3
 SGD = {"optimizer": "sgd", "grad_clip": 1e9, "weight_decay": 0.0, "lr": 0.05, "warmup_steps": 0, "export": "none"}
@@ -58,20 +58,30 @@ def _job(root: Path, tok: Path, weights: Path, name: str, plan: dict, lora: dict
     )
 
 
-@pytest.mark.parametrize("lora", [None, {"rank": 4, "alpha": 8, "targets": "all-linear"}], ids=["full", "lora"])
-def test_fsdp2_and_tp2_equal_one_process(data, lora):
+LORA = {"rank": 4, "alpha": 8, "targets": "all-linear"}
+
+
+def test_fsdp2_and_tp2_equal_one_process(data):
+    """Both kinds (full, lora) in two launches: the one-process references together, then every 2-rank layout."""
     root, tok, weights = data
-    tag = "lora" if lora else "full"
-    one = launch(1, _job(root, tok, weights, f"one-{tag}", {"micro_batch": 2, "grad_accum": 2}, lora))
-    jobs = {name: _job(root, tok, weights, f"{name}-{tag}", plan, lora) for name, plan in LAYOUTS.items()}
+    kinds = {"full": None, "lora": LORA}
+    ones = {
+        k: _job(root, tok, weights, f"one-{k}", {"micro_batch": 2, "grad_accum": 2}, lora) for k, lora in kinds.items()
+    }
+    jobs = {
+        (k, name): _job(root, tok, weights, f"{name}-{k}", plan, lora)
+        for k, lora in kinds.items()
+        for name, plan in LAYOUTS.items()
+    }
+    refs = launch_many(1, list(ones.values()), timeout=300)
     runs = launch_many(2, list(jobs.values()), timeout=300)
-    assert len(one.metrics) == STEPS and one.losses[0] == pytest.approx(0.6931471805599453, abs=1e-6)
-    for name, job in jobs.items():
-        run = runs[job]
-        assert len(run.metrics) == STEPS, f"{name}:\n{run.output[-4000:]}"
+    for (kind, name), job in jobs.items():
+        one, run = refs[ones[kind]], runs[job]
+        assert len(one.metrics) == STEPS and one.losses[0] == pytest.approx(0.6931471805599453, abs=1e-6), kind
+        assert one.losses[-1] < one.losses[0], kind
+        assert len(run.metrics) == STEPS, f"{kind} {name}:\n{run.output[-4000:]}"
         for a, b in zip(run.metrics, one.metrics, strict=True):
-            assert a.loss == pytest.approx(b.loss, abs=1e-5), (name, a.step)
-            assert a.grad_norm == pytest.approx(b.grad_norm, rel=1e-5), (name, a.step)
+            assert a.loss == pytest.approx(b.loss, abs=1e-5), (kind, name, a.step)
+            assert a.grad_norm == pytest.approx(b.grad_norm, rel=1e-5), (kind, name, a.step)
             acc = "rewards/accuracies"
-            assert a.model_extra[acc] == pytest.approx(b.model_extra[acc], abs=1e-9), (name, a.step)
-    assert one.losses[-1] < one.losses[0]
+            assert a.model_extra[acc] == pytest.approx(b.model_extra[acc], abs=1e-9), (kind, name, a.step)
