@@ -105,13 +105,19 @@ class GRPOSpec(_Section):
         return self.epsilon if self.epsilon_high is None else self.epsilon_high
 
 
-def layout_error(task: str, grpo, backend: str, parallel) -> str | None:
+def layout_error(task: str, grpo, lora, backend: str, parallel) -> str | None:
     """Why train.task / train.grpo / the layout do not go together, or None. GRPO's rollouts run inside the
-    training ranks: one process, FSDP2 (shards gathered for generation) or TP without sequence parallelism."""
+    training ranks: one process, FSDP2 (shards gathered for generation) or TP without sequence parallelism. The
+    KL term's reference is the base with the LoRA adapters off (no second copy), so beta > 0 needs train.lora."""
     if task != "grpo":
         return None if grpo is None else "train.grpo: applies to train.task: grpo only"
     if backend != "native":
         return "train.task: grpo runs on the native backend only (train.backend: native)"
+    if grpo is not None and grpo.beta > 0 and lora is None:
+        return (
+            f"train.grpo.beta: {grpo.beta}: the KL term's reference is the base with the adapters off: it needs "
+            "train.lora (or beta: 0, TRL's default)"
+        )
     if parallel == "auto":
         return None
     for name, degree in (("pp", parallel.pp), ("cp", parallel.cp), ("ep", parallel.ep)):

@@ -32,6 +32,8 @@ from nightloom.spec.cluster import (
     SSHSpec,
 )
 from nightloom.spec.gates import GoldenSpec, ValidateSpec
+from nightloom.spec.grpo import GRPOSpec
+from nightloom.spec.grpo import layout_error as grpo_layout_error
 from nightloom.spec.micro_batch import micro_batches_per_step
 from nightloom.spec.operations import LedgerSpec, RecoverySpec, ScheduleSpec, StorageSpec, WindowSpec
 from nightloom.spec.preference import PreferenceSpec, layout_error
@@ -339,12 +341,13 @@ class TrainSpec(_Section):
     """Training hyper-parameters; the same on every backend."""
 
     backend: Literal["native", "xtuner"] = Field("native", description="nightloom's trainer, or XTuner.")
-    task: Literal["pretrain", "sft", "dpo"] = Field(
+    task: Literal["pretrain", "sft", "dpo", "grpo"] = Field(
         "pretrain",
         description="pretrain: every token is a label. sft: chat records rendered with the chat template, one "
         "conversation per sequence, the loss over the assistant's tokens only (held-out eval and `nightloom "
         "eval` too); native backend only. dpo: preference pairs (prompt, chosen, rejected), the loss of "
-        "train.preference; native backend only.",
+        "train.preference; native backend only. grpo: reinforcement learning with verifiable rewards, completions "
+        "sampled and scored by train.grpo's reward functions; native backend only.",
     )
     pack: bool = Field(
         False,
@@ -415,6 +418,9 @@ class TrainSpec(_Section):
     preference: PreferenceSpec | None = Field(
         None, description="train.task dpo: the preference loss and its reference (defaults as TRL's when absent)."
     )
+    grpo: GRPOSpec | None = Field(
+        None, description="train.task grpo: rollouts, reward functions and the GRPO loss (defaults as TRL's)."
+    )
 
     @field_validator("pack")
     @classmethod
@@ -442,6 +448,7 @@ HASH_NEUTRAL_DEFAULTS: dict[tuple[str, str], object] = {
     ("train", "loss_chunk_tokens"): 1024,
     ("train", "fp8_recipe"): "tensorwise",
     ("train", "preference"): None,
+    ("train", "grpo"): None,
     ("validate", "min_reward_accuracy"): None,
     ("train.lora", "quantize"): None,
     ("train.lora", "double_quant"): True,
@@ -507,6 +514,9 @@ class RunSpec(_Section):
         pref_error = layout_error(self.train.task, self.train.preference, lora, self.train.backend, p)
         if pref_error:
             raise ValueError(pref_error)
+        grpo_error = grpo_layout_error(self.train.task, self.train.grpo, lora, self.train.backend, p)
+        if grpo_error:
+            raise ValueError(grpo_error)
         if lora is not None and lora.quantize and p != "auto" and (p.tp > 1 or p.pp > 1):
             raise ValueError(
                 f"train.lora.quantize: a {lora.quantize} base runs in one process or under FSDP2 (dp_shard); "

@@ -52,6 +52,7 @@ def test_defaults_are_trls_and_a_plain_spec_keeps_its_hash(tmp_path):
         ({}, {"pp": 2}, "", "parallel.pp: 2: train.task grpo generates inside the training ranks"),
         ({}, {"cp": 2}, "", "parallel.cp: 2"),
         ({}, {"tp": 2, "sp": True}, "", "parallel.sp: true: train.task grpo's rollouts"),
+        ({"beta": 0.04}, "auto", "", "train.grpo.beta: 0.04: the KL term's reference is the base with the adapters"),
         ({"epsilon": 0.3, "epsilon_high": 0.2}, "auto", "train.grpo", "epsilon_high: 0.2 is below epsilon"),
         ({"loss_type": "bnpo"}, "auto", "train.grpo.loss_type", "'grpo', 'dr_grpo' or 'dapo'"),
         ({"num_generations": 1}, "auto", "train.grpo.num_generations", "greater than or equal to 2"),
