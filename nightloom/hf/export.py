@@ -40,6 +40,7 @@ _TOKENIZER_FILES = re.compile(
     r"|vocab\.(json|txt)|merges\.txt"
 )
 TEMPLATE_FILE = "chat_template.jinja"
+QUANT_CONFIG = "quantization_config.json"  # a QLoRA adapter's base quantization (BitsAndBytesConfig.to_dict)
 TEMPLATE_DIR = "additional_chat_templates"  # transformers 5: named templates besides the default, one .jinja each
 
 
@@ -192,6 +193,8 @@ def export_checkpoint(
     import torch
     import torch.distributed.checkpoint as dcp
 
+    from nightloom.train.qlora import bnb_config, dequantized_state
+
     if dtype not in DTYPES:
         raise ValueError(f"dtype: {dtype!r}; expected one of {', '.join(DTYPES)}")
     torch_dtype = torch.bfloat16 if dtype == "bf16" else torch.float32
@@ -199,6 +202,9 @@ def export_checkpoint(
     keys = [k for k in meta if k.startswith("model.")]
     if not keys:
         raise ValueError(f"{ckpt}: no model tensors in this checkpoint")
+    base_read = _base_reader(ckpt, shape, base) if lora is not None else None  # an adapter-only checkpoint's base
+    if base_read is not None:
+        keys += [k for k in _base_keys(shape) if k not in meta]
     out = Path(out)
     tmp = out.with_name(f".{out.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -208,9 +214,13 @@ def export_checkpoint(
         shards[tmp / BASE_DIR] = _Shards(tmp / BASE_DIR, max_shard_bytes)
     adapters: dict[str, torch.Tensor] = {}
     for group in _groups(keys):
-        state = {k: torch.empty(meta[k].size, dtype=meta[k].properties.dtype) for k in group}
+        state = {k: torch.empty(meta[k].size, dtype=meta[k].properties.dtype) for k in group if k in meta}
         with quiet_no_dist():  # one process on purpose
             dcp.load(state, checkpoint_id=str(ckpt), no_dist=True)
+        if base_read is not None:
+            state |= {k: base_read(k) for k in group if k not in meta}
+        if lora is not None and lora.quant is not None:  # the base as the run computed with it, dequantized
+            state = dequantized_state(state, lora.quant, shape)
         if lora is not None:
             if (unmerged := shards.get(tmp / BASE_DIR)) is not None:
                 _add_tensors(unmerged, {k: v for k, v in state.items() if ".lora_" not in k}, shape, torch_dtype)
@@ -226,11 +236,36 @@ def export_checkpoint(
         _copy_tokenizer(tokenizer, chat_template, folder)
     if lora is not None:
         write_peft_adapter(tmp / ADAPTER_DIR, adapters, lora, torch_dtype, base=adapter_base(base, out))
+        if lora.quant is not None:  # BitsAndBytesConfig.from_dict of it loads the base 4-bit, as the run held it
+            quant = json.dumps(bnb_config(lora.quant), indent=2, sort_keys=True)
+            atomic_write_text(tmp / ADAPTER_DIR / QUANT_CONFIG, quant + "\n")
     share_mode(tmp)
     if out.exists():
         shutil.rmtree(out)
     os.replace(tmp, out)
     return out
+
+
+def _base_reader(ckpt: Path, shape: ModelShape, base: str | None):
+    """For an adapter-only checkpoint (train/adapter_ckpt.py): checkpoint key -> the base tensor from the weights
+    folder `base`; None for a checkpoint that holds its base."""
+    meta_file = Path(ckpt) / "meta.json"
+    if not meta_file.is_file() or not json.loads(meta_file.read_text(encoding="utf-8")).get("adapters_only"):
+        return None
+    if not base:
+        raise ValueError(f"{ckpt}: holds the adapters only; its base (the run's model.weights) is needed to export")
+    from nightloom.hf.load import fetch_weights, read_tensor, scan_checkpoint
+
+    index = scan_checkpoint(fetch_weights(base, log=lambda _: None), shape)
+    return lambda key: read_tensor(index, to_hf(key[len("model.") :], shape))
+
+
+def _base_keys(shape: ModelShape) -> list[str]:
+    """Checkpoint keys of the model's parameters (a tied head left out)."""
+    from nightloom.train.model import build_model
+
+    names = [n for n, _ in build_model(shape, device="meta").named_parameters()]
+    return ["model." + n for n in names if not (shape.tied_embeddings and n == "output.weight")]
 
 
 def merge_lora(state: dict, scaling: float) -> tuple[dict, dict]:

@@ -260,7 +260,7 @@ def load_hf_weights(
             copy_global(t, torch.cat([full, rows]).to(t.dtype))
         for source, t in stacked:
             _load_experts(index, source, t)
-    load_quantized(parts, lambda name: _read_tensor(index, to_hf(name, shape)))
+    load_quantized(parts, lambda name: read_tensor(index, to_hf(name, shape)))
     return index  # the state dicts share storage with the parameters: filled in place
 
 
@@ -276,9 +276,9 @@ def _load_experts(index: CheckpointIndex, source, t) -> None:
 
     def experts(first: int, count: int):
         if isinstance(source, list):  # the Hub's layout: one tensor per expert
-            return torch.stack([_read_tensor(index, n) for n in source[first : first + count]])
+            return torch.stack([read_tensor(index, n) for n in source[first : first + count]])
         name, half = source
-        full = _read_tensor(index, name)[first : first + count]
+        full = read_tensor(index, name)[first : first + count]
         return full if half is None else full.chunk(2, dim=1)[half]
 
     if isinstance(t, DTensor) and all(type(p) is Shard or p.is_replicate() for p in t.placements):
@@ -295,7 +295,7 @@ def _load_experts(index: CheckpointIndex, source, t) -> None:
         copy_global(t, experts(0, t.shape[0]).to(t.dtype).contiguous())
 
 
-def _read_tensor(index: CheckpointIndex, name: str):
+def read_tensor(index: CheckpointIndex, name: str):
     """One tensor of the folder, whole (an MoE expert's matrix)."""
     from safetensors import safe_open
 

@@ -5,6 +5,8 @@ global parameter names (flattened optimizer state too), so any layout can load w
 A tied embedding is stored once, under the embedding's name: a pipeline's last stage writes and reads its head
 copy under that name (identical to the first stage's, train/tied.py), and one process or TP never writes the head.
 The step number is the only other state: data and learning rate are pure functions of it.
+A LoRA run over a base outside the checkpoint (model.weights) writes its adapters only (`adapters_only` in
+meta.json, with the base's fingerprint, checked on resume: train/adapter_ckpt.py); the frozen base is loaded again.
 """
 
 from __future__ import annotations
@@ -55,11 +57,11 @@ def _stored(m: nn.Module, model: dict, optim: dict) -> tuple[dict, dict]:
     return model, optim
 
 
-def _state(parts: list[nn.Module], optims: list) -> dict:
+def _state(parts: list[nn.Module], optims: list, adapters_only: bool = False) -> dict:
     model, optim = {}, {}
     for m, o in zip(parts, optims):
         msd, osd = _stored(m, get_model_state_dict(m), get_optimizer_state_dict(m, o, options=_OPTS))
-        model.update(msd)
+        model.update({k: v for k, v in msd.items() if ".lora_" in k} if adapters_only else msd)
         optim.update(osd)
     return {"model": model, "optim": optim}
 
@@ -74,23 +76,27 @@ def _prepare(ckpt_dir: Path, step: int, rank: int) -> tuple[Path, Path]:
     return tmp, final
 
 
-def _publish(ckpt_dir: Path, step: int, tmp: Path, final: Path) -> None:
+def _publish(ckpt_dir: Path, step: int, tmp: Path, final: Path, extra: dict | None = None) -> None:
     """Rank 0, once every rank's shards and DCP's .metadata are written: meta.json, the rename, `latest` last."""
-    atomic_write_text(tmp / "meta.json", json.dumps({"step": step, "time": time.time()}) + "\n")
+    meta = {"step": step, "time": time.time(), **(extra or {})}
+    atomic_write_text(tmp / "meta.json", json.dumps(meta) + "\n")
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
     atomic_write_text(ckpt_dir / LATEST, final.name + "\n")
 
 
-def save(ckpt_dir: Path, step: int, parts: list[nn.Module], optims: list, rank: int) -> tuple[Path, float]:
-    """Collective: every rank writes its shards; returns (final path, seconds)."""
+def save(
+    ckpt_dir: Path, step: int, parts: list[nn.Module], optims: list, rank: int, extra: dict | None = None
+) -> tuple[Path, float]:
+    """Collective: every rank writes its shards; returns (final path, seconds). `extra` goes into meta.json; with
+    `adapters_only` set there, only the LoRA adapters of the model are written."""
     t0 = time.perf_counter()
     tmp, final = _prepare(ckpt_dir, step, rank)
-    dcp.save(_state(parts, optims), checkpoint_id=str(tmp))
+    dcp.save(_state(parts, optims, bool((extra or {}).get("adapters_only"))), checkpoint_id=str(tmp))
     dist.barrier()
     if rank == 0:
-        _publish(ckpt_dir, step, tmp, final)
+        _publish(ckpt_dir, step, tmp, final, extra)
     dist.barrier()
     return final, time.perf_counter() - t0
 
@@ -101,8 +107,8 @@ class AsyncSaver:
     coordinator (rank 0) gathers every rank's write results before its future completes, so rank 0 alone then
     publishes (meta.json, rename, `latest` last); one save is in flight at a time."""
 
-    def __init__(self, ckpt_dir: Path, rank: int):
-        self.ckpt_dir, self.rank = ckpt_dir, rank
+    def __init__(self, ckpt_dir: Path, rank: int, extra: dict | None = None):
+        self.ckpt_dir, self.rank, self.extra = ckpt_dir, rank, extra
         self.group = dist.new_group(backend="gloo")  # collective: every rank builds it at the same point
         self.pending: tuple[object, int, Path, Path] | None = None  # (future, step, tmp, final)
 
@@ -112,7 +118,8 @@ class AsyncSaver:
         t0 = time.perf_counter()
         self.wait()
         tmp, final = _prepare(self.ckpt_dir, step, self.rank)
-        future = dcp.async_save(_state(parts, optims), checkpoint_id=str(tmp), process_group=self.group)
+        state = _state(parts, optims, bool((self.extra or {}).get("adapters_only")))
+        future = dcp.async_save(state, checkpoint_id=str(tmp), process_group=self.group)
         self.pending = (future, step, tmp, final)
         return final, time.perf_counter() - t0
 
@@ -130,7 +137,7 @@ class AsyncSaver:
         self.pending = None
         future.result()
         if self.rank == 0:
-            _publish(self.ckpt_dir, step, tmp, final)
+            _publish(self.ckpt_dir, step, tmp, final, self.extra)
         return final
 
 
@@ -146,9 +153,20 @@ def latest(ckpt_dir: Path) -> tuple[Path, int] | None:
     return path, int(json.loads(meta.read_text(encoding="utf-8"))["step"])
 
 
+def read_meta(path: Path) -> dict:
+    """A checkpoint's meta.json: step, time, and for an adapter-only one `adapters_only` and `base`."""
+    return json.loads((Path(path) / "meta.json").read_text(encoding="utf-8"))
+
+
+def size_bytes(path: Path) -> int:
+    """Bytes of a checkpoint folder's files."""
+    return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
+
+
 def load(path: Path, parts: list[nn.Module], optims: list) -> None:
-    """Collective: load model and optimizer state into this layout (DCP reshards)."""
-    state = _state(parts, optims)
+    """Collective: load model and optimizer state into this layout (DCP reshards); an adapter-only checkpoint
+    loads the adapters and leaves the base as the caller loaded it."""
+    state = _state(parts, optims, bool(read_meta(path).get("adapters_only")))
     dcp.load(state, checkpoint_id=str(path))
     for m, o in zip(parts, optims):
         model, optim = state["model"], state["optim"]
@@ -165,6 +183,9 @@ def load_weights(path: Path, model: nn.Module) -> None:
     tied = getattr(getattr(model, "shape", None), "tied_embeddings", False)
     if tied:
         state.pop(HEAD_NAME, None)
+    adapters_only = bool(read_meta(path).get("adapters_only"))
+    if adapters_only:  # the caller loaded the base (model.weights) already
+        state = {k: v for k, v in state.items() if ".lora_" in k}
     with quiet_no_dist():  # one process on purpose: torch's "torch.distributed is disabled" warning is noise here
         dcp.load({"model": state}, checkpoint_id=str(path), no_dist=True)
-    set_model_state_dict(model, state, options=StateDictOptions(strict=not tied))
+    set_model_state_dict(model, state, options=StateDictOptions(strict=not (tied or adapters_only)))

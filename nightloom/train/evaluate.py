@@ -55,13 +55,37 @@ def load_model(run_dir: Path, seq_len: int):
     if found is None:
         raise EvalError(f"{job.checkpoint_dir}: no checkpoint (did the run save one?)")
     path, step = found
-    model = build_model(job.model, seq_len, device="cpu")
     lora = LoraSettings.from_spec(job.train.lora)
-    if lora is not None:  # the checkpoint holds the frozen base and the adapters: score base + adapter
-        apply_lora(model, lora)
+    if lora is not None and (lora.quant is not None or checkpoint.read_meta(path).get("adapters_only")):
+        model = lora_model(job, lora, seq_len)  # the base from model.weights (quantized as trained), then adapters
+    else:
+        model = build_model(job.model, seq_len, device="cpu")
+        if lora is not None:  # the checkpoint holds the frozen base and the adapters: score base + adapter
+            apply_lora(model, lora)
     checkpoint.load_weights(path, model)  # a tied matrix is stored once
     model.eval()
     return model, job, step, path
+
+
+def lora_model(job, lora, seq_len: int):
+    """A LoRA run's model on CPU with its base as the run trained on it: model.weights (or the seeded random start),
+    quantized with train.lora.quantize; the adapters are left for the checkpoint to fill."""
+    from nightloom.hf.load import fetch_weights, load_hf_weights
+    from nightloom.train.lora import apply_lora
+    from nightloom.train.model import build_model
+    from nightloom.train.qlora import init_quantized, quantize_base
+
+    model = build_model(job.model, seq_len, device="meta")
+    if lora.quant is not None:
+        quantize_base(model, lora.quant)
+    apply_lora(model, lora)
+    model.to_empty(device="cpu")
+    model.init_weights(job.train.seed)
+    if lora.quant is not None:
+        init_quantized(model, job.train.seed)
+    if job.weights:
+        load_hf_weights([model], fetch_weights(job.weights, job.s3, log=lambda _: None), job.model, log=lambda _: None)
+    return model
 
 
 def read_documents(path: Path, text_field: str = "text") -> list[str]:

@@ -157,6 +157,7 @@ class TrainResult(BaseModel):
     adapter_dir: str | None = None  # a LoRA run's PEFT adapter (native: inside the export), the summary's row
     conversations_per_row: float | None = None  # train.pack: conversations per packed sequence, on average
     pack_fill: float | None = None  # train.pack: the share of the packed sequences' ids that are conversation tokens
+    checkpoint_bytes: int | None = None  # the last checkpoint's size (a LoRA run over model.weights: adapters only)
 
 
 @dataclass

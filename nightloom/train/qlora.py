@@ -240,3 +240,60 @@ def check_quantized_plan(plan) -> None:
             f"train.lora.quantize: the layout {plan.layout()} has tp {plan.tp}, pp {plan.pp}; a quantized base "
             "runs in one process or under FSDP2 (TP/PP over quantized linears are not done)"
         )
+
+
+_STORAGE = (".qweight", ".absmax", ".absmax2", ".code2", ".offset")
+
+
+def _quantized_stem(key: str) -> str | None:
+    """`model.layers.3.attn.wq` for a quantizable linear's `.weight` or storage key, else None."""
+    for suffix in (".weight", *_STORAGE):
+        if key.endswith(suffix):
+            stem = key[: -len(suffix)]
+            if any(stem.endswith("." + lin) for lin in _LINEARS) and ".layers." in f".{stem}":
+                return stem
+    return None
+
+
+@torch.no_grad()
+def dequantized_state(state: dict, q: QuantSettings, shape) -> dict:
+    """A group of checkpoint tensors with each quantized linear as the float weight the run computed with: its
+    stored codes dequantized, or a float base weight (an adapter-only run's, from model.weights) quantized and
+    dequantized again (`shape`: the model's ModelShape). What export merges adapters into."""
+    out = {k: v for k, v in state.items() if _quantized_stem(k) is None or ".lora_" in k}
+    stems = {s for k in state if ".lora_" not in k and (s := _quantized_stem(k)) is not None}
+    for stem in sorted(stems):
+        rows, cols = linear_shape(shape, stem.rsplit(".", 2)[-2] + "." + stem.rsplit(".", 1)[-1])
+        ql = QuantLinear(cols, rows, False, q)
+        if f"{stem}.weight" in state:
+            ql.load_full(state[f"{stem}.weight"])
+        else:
+            for suffix in _STORAGE:
+                if f"{stem}{suffix}" in state:
+                    getattr(ql, suffix[1:]).copy_(state[f"{stem}{suffix}"])
+        out[f"{stem}.weight"] = ql.dequantized(torch.float32)
+    return out
+
+
+def linear_shape(shape, local: str) -> tuple[int, int]:
+    """(out, in) of a decoder linear by its native name in a block (`attn.wq`, ..., `ffn.w2`)."""
+    q, kv, h, f = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim, shape.hidden, shape.ffn_hidden
+    dims = {"attn.wq": (q, h), "attn.wk": (kv, h), "attn.wv": (kv, h), "attn.wo": (h, q)}
+    return (dims | {"ffn.w1": (f, h), "ffn.w3": (f, h), "ffn.w2": (h, f)})[local]
+
+
+def bnb_config(q: QuantSettings) -> dict:
+    """transformers' BitsAndBytesConfig (as its to_dict) that loads the base as the run held it, for PEFT."""
+    dtype = {torch.bfloat16: "bfloat16", torch.float32: "float32", None: "float32"}[q.compute_dtype]
+    if q.kind == "int8":
+        return {"quant_method": "bitsandbytes", "load_in_8bit": True, "load_in_4bit": False}
+    return {
+        "quant_method": "bitsandbytes",
+        "load_in_4bit": True,
+        "load_in_8bit": False,
+        "bnb_4bit_quant_type": q.kind,
+        "bnb_4bit_use_double_quant": q.double_quant,
+        "bnb_4bit_compute_dtype": dtype,
+        "bnb_4bit_quant_storage": "uint8",
+        "llm_int8_skip_modules": ["lm_head"],
+    }

@@ -24,6 +24,7 @@ from nightloom.perf import resolve_precision
 from nightloom.runfiles import RunFiles
 from nightloom.track.attempt import attach_trackers
 from nightloom.train import checkpoint
+from nightloom.train.adapter_ckpt import base_fingerprint, check_base
 from nightloom.train.data import ConversationRows, PackedWindows, StepLoader, read_eval_rows, read_eval_windows
 from nightloom.train.job import TrainJob, TrainResult
 from nightloom.train.lora import LoraSettings, trainable
@@ -147,6 +148,8 @@ class Trainer:
         self.param_dtype = precision_dtype(job.train.precision, ctx.device.type)
         torch.manual_seed(job.train.seed)
         self.lora = LoraSettings.from_spec(job.train.lora)
+        # a LoRA run over model.weights checkpoints its adapters only (train/adapter_ckpt.py); the base's fingerprint
+        self.adapters_only, self.base_fp = self.lora is not None and bool(job.weights), None
         self.parts = build_parts(
             self.shape,
             self.plan,
@@ -409,6 +412,10 @@ class Trainer:
         found = checkpoint.latest(job.checkpoint_dir) if job.resume else None
         if found is not None:
             path, start = found
+            meta = checkpoint.read_meta(path)
+            if self.adapters_only or meta.get("adapters_only"):  # the base from model.weights (fingerprinted),
+                self._load_weights(job.weights)  # checked against an adapter-only checkpoint's, then the adapters
+                check_base(meta, path, self.base_fp, job.weights)
             checkpoint.load(path, self.parts.parts, self.optims)
             self._log(f"[nightloom.train] resumed from {path} at step {start} in layout {self.plan.layout()}")
             return start
@@ -523,6 +530,7 @@ class Trainer:
             peak_source=self.peak_source,
             conversations_per_row=self.pack_stats.per_row if self.pack_stats else None,
             pack_fill=self.pack_stats.fill if self.pack_stats else None,
+            checkpoint_bytes=checkpoint.size_bytes(Path(last_ckpt)) if last_ckpt else None,
         )
         if self.trackers is not None:  # what each tracker took, or lost, within track.flush_s
             for status in self.trackers.close():
@@ -543,6 +551,12 @@ class Trainer:
             folder = fetch_weights(uri, self.job.s3, log=lambda _: None)
         t0 = time.perf_counter()
         index = load_hf_weights(self.parts.parts, folder, self.shape)
+        if self.adapters_only:  # rank 0 fingerprints the base the adapters train on, every rank keeps it
+            fp = [base_fingerprint(folder, self.lora.quant) if self.ctx.rank == 0 else None]
+            dist.broadcast_object_list(fp, src=0)
+            self.base_fp = fp[0]
+            if self.saver is not None:
+                self.saver.extra = self._ckpt_meta()
         if self.parts.tied is not None:  # the last stage's head is the loaded embedding
             self.parts.tied.sync_weights()
         secs = time.perf_counter() - t0
@@ -559,9 +573,18 @@ class Trainer:
             return str(path)
         if self.saver is not None:
             self.saver.wait()
-        path, secs = checkpoint.save(self.job.checkpoint_dir, step, self.parts.parts, self.optims, self.ctx.rank)
-        self._log(f"[nightloom.train] checkpoint step {step} -> {path} ({secs:.2f} s)")
+        path, secs = checkpoint.save(
+            self.job.checkpoint_dir, step, self.parts.parts, self.optims, self.ctx.rank, self._ckpt_meta()
+        )
+        what = "adapters only, " if self.adapters_only else ""
+        if self.ctx.rank == 0:
+            what += f"{checkpoint.size_bytes(path) / 2**20:.1f} MiB, "
+        self._log(f"[nightloom.train] checkpoint step {step} -> {path} ({what}{secs:.2f} s)")
         return str(path)
+
+    def _ckpt_meta(self) -> dict | None:
+        """meta.json's extra fields: an adapter-only checkpoint and the fingerprint of its base."""
+        return {"adapters_only": True, "base": self.base_fp} if self.adapters_only else None
 
     def close(self) -> None:
         if self.prom is not None:
