@@ -1,0 +1,170 @@
+"""One GRPO step on one data-parallel rank, from the pieces of this package: sample a group of completions per
+prompt (generate.py), score them (rewards.py), group-relative advantages and the clipped loss (grpo.py), the
+policy's log-probs through the training forward (logps.py), backward in micro-batches; and held-out prompts'
+mean reward. The trainer keeps the optimizer, checkpoints and reporting (issue 54's remaining wiring).
+
+Each rank holds whole groups (its prompts_per_step / dp prompts, num_generations completions each), so a group's
+advantage needs no communication. The rollout RNG is seeded by (seed, step // iterations, dp rank): the batch
+generated for a step is generated again after a resume. With `iterations` > 1 one generated batch serves that many
+optimizer steps, its sampling-time log-probs the ratio's old policy."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from nightloom.spec.grpo import GRPOSpec
+from nightloom.train.rollout.generate import Rollout, generate, left_padded
+from nightloom.train.rollout.grpo import (
+    Advantages,
+    GRPOLossSettings,
+    group_advantages,
+    grpo_loss,
+    loss_mask,
+    rollout_metrics,
+)
+from nightloom.train.rollout.logps import completion_logps, rollout_batch
+from nightloom.train.rollout.rewards import Reward, RewardScores, score
+from nightloom.train.rollout.sampling import SamplingParams, rollout_generator
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One prompt: its token ids, its text (what reward functions see) and the dataset's other columns."""
+
+    ids: list[int]
+    text: str
+    columns: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class GRPOSettings:
+    sampling: SamplingParams
+    group: int
+    loss: GRPOLossSettings
+    scale: str = "group"
+    mask_truncated: bool = False
+    iterations: int = 1
+    micro_batch: int = 8  # completions per training forward
+
+    @classmethod
+    def from_spec(cls, g: GRPOSpec, micro_batch: int) -> GRPOSettings:
+        sampling = SamplingParams(g.max_completion_tokens, g.temperature, g.top_k, g.top_p, tuple(g.stop))
+        loss = GRPOLossSettings(g.loss_type, g.epsilon, g.clip_high, g.beta, g.max_completion_tokens)
+        return cls(sampling, g.num_generations, loss, g.scale_rewards, g.mask_truncated, g.iterations, micro_batch)
+
+
+@dataclass(frozen=True)
+class ScoredRollout:
+    """A generated batch with its scores and advantages, and the seconds generation and scoring took."""
+
+    prompts: list[Prompt]
+    prompt_ids: torch.Tensor
+    pad: torch.Tensor
+    rollout: Rollout
+    scores: RewardScores
+    advantages: Advantages
+    generation_s: float
+    scoring_s: float
+
+
+def decoder(tokenizer) -> Callable[[list[int]], str]:
+    """Ids -> text for a nightloom.tokenizer.Tokenizer (bytes, Hugging Face `tokenizers`, tiktoken)."""
+    if tokenizer.kind == "bytes":
+        return lambda ids: bytes(i for i in ids if 0 < i < 256).decode("utf-8", errors="replace")
+    if hasattr(tokenizer, "tok"):
+        return lambda ids: tokenizer.tok.decode(ids, skip_special_tokens=True)
+    return lambda ids: tokenizer.enc.decode(ids)
+
+
+class GRPOStep:
+    """GRPO on one rank: `rewards` resolved (rewards.load_rewards), `decode` the tokenizer's."""
+
+    def __init__(
+        self,
+        settings: GRPOSettings,
+        rewards: Sequence[Reward],
+        decode: Callable[[list[int]], str],
+        eos_ids: Sequence[int],
+        pad_id: int,
+        seed: int,
+        dp_rank: int = 0,
+    ):
+        self.s, self.rewards, self.decode = settings, list(rewards), decode
+        self.eos_ids, self.pad_id, self.seed, self.dp_rank = list(eos_ids), pad_id, seed, dp_rank
+
+    def _sample(self, model: nn.Module, prompts: list[Prompt], generator: torch.Generator) -> Rollout:
+        was = model.training
+        model.eval()
+        try:
+            return generate(
+                model,
+                [p.ids for p in prompts],
+                self.s.sampling,
+                eos_ids=self.eos_ids,
+                pad_id=self.pad_id,
+                generator=generator,
+                decode=self.decode,
+            )
+        finally:
+            model.train(was)
+
+    def _score(self, prompts: list[Prompt], rollout: Rollout) -> RewardScores:
+        ids = rollout.completion_ids()
+        columns = {k: [p.columns[k] for p in prompts] for k in prompts[0].columns} if prompts else {}
+        return score(self.rewards, [p.text for p in prompts], [self.decode(c) for c in ids], ids, columns)
+
+    def rollout(self, model: nn.Module, prompts: Sequence[Prompt], step: int) -> ScoredRollout:
+        """Sample the group of each prompt (the RNG of generation round step // iterations), score, advantages."""
+        expanded = [p for p in prompts for _ in range(self.s.group)]
+        t0 = time.perf_counter()
+        gen = rollout_generator(self.seed, step // self.s.iterations, self.dp_rank)
+        out = self._sample(model, expanded, gen)
+        t1 = time.perf_counter()
+        scores = self._score(expanded, out)
+        adv = group_advantages(scores.total, self.s.group, self.s.scale)
+        ids, pad = left_padded([p.ids for p in expanded], None, self.pad_id)
+        return ScoredRollout(expanded, ids, pad, out, scores, adv, t1 - t0, time.perf_counter() - t1)
+
+    def train(
+        self, model: nn.Module, batch: ScoredRollout, num_tokens: float | None = None, sync: Callable | None = None
+    ) -> tuple[float, dict[str, float]]:
+        """Forward and backward of this rank's completions in micro-batches: (its loss, the step's figures).
+        `num_tokens`: dapo's denominator over every rank (default this rank's); `sync(last)` is called before each
+        micro-batch's backward (FSDP2's set_requires_gradient_sync)."""
+        r = batch.rollout
+        mask = loss_mask(r.mask, r.truncated, self.s.mask_truncated)
+        n, mb = mask.shape[0], self.s.micro_batch
+        denom = float(mask.sum()) if num_tokens is None else num_tokens
+        whole = rollout_batch(batch.prompt_ids, batch.pad, r)
+        total, figures = 0.0, {}
+        for start in range(0, n, mb):
+            rows = slice(start, min(start + mb, n))
+            part = type(whole)(whole.ids[rows], whole.doc_ids[rows], whole.prompt_len, whole.completion_mask[rows])
+            logps = completion_logps(model, part, self.s.sampling.temperature or 1.0)
+            out = grpo_loss(logps, r.logprobs[rows], batch.advantages.values[rows], mask[rows], self.s.loss,
+                            num_tokens=denom)  # fmt: skip
+            share = (rows.stop - rows.start) / n if self.s.loss.loss_type != "dapo" else 1.0
+            if sync is not None:
+                sync(rows.stop == n)
+            (out.loss * share).backward()
+            total += float(out.loss) * share
+            for k, v in out.metrics.items():
+                figures[k] = figures.get(k, 0.0) + v * (rows.stop - rows.start) / n
+        weights = torch.tensor([w.ref.weight for w in self.rewards])
+        figures |= rollout_metrics(batch.scores.per_fn, batch.scores.names, weights, r.lengths, r.truncated,
+                                   batch.advantages)  # fmt: skip
+        return total, figures
+
+    @torch.no_grad()
+    def evaluate(self, model: nn.Module, prompts: Sequence[Prompt]) -> dict[str, float]:
+        """Held-out prompts, one sampled completion each from a fixed RNG: the mean reward, its std and standard
+        error (what a gain is judged against)."""
+        out = self._sample(model, list(prompts), rollout_generator(self.seed + 1, 0, self.dp_rank))
+        total = self._score(list(prompts), out).total
+        std = float(total.std()) if total.numel() > 1 else 0.0
+        return {"reward": float(total.mean()), "reward_std": std, "reward_se": std / max(total.numel(), 1) ** 0.5}
