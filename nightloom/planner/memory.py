@@ -124,8 +124,9 @@ def _linear_dims(shape: ModelShape) -> dict[str, tuple[int, int]]:
 def _quantized_stage(
     shape: ModelShape, c: ParallelDims, params: float, layers: int, unit: float, qb: float, wb: float, keep: bool
 ) -> tuple[float, float]:
-    """(bytes a quantized base saves on this rank, its working set): FSDP2 gathers the stored bytes (two layers,
-    or under PP / ZeRO-2 the whole stage) and the widest linear is dequantized in the compute dtype."""
+    """(bytes a quantized base saves on this rank, its working set): the linears at `quantized_bytes_per_param`;
+    FSDP2 gathers the stored bytes (two layers, or under PP / ZeRO-2 the whole stage); bitsandbytes dequantizes
+    one linear per matmul and frees it after, so the widest linear in the compute dtype is the working copy."""
     lin = quantized_layer_params(shape) / c.tp
     d = c.shard
     saved = layers * lin / d * (wb - qb)
@@ -185,9 +186,7 @@ def memory_breakdown(
     micro-batches it holds in flight (planner/inflight.py), the largest total wins.
     `lora_rank` (train.lora): the base weights are frozen (weights only: no gradients, no optimizer state) and
     each layer's adapters (`lora_layer_params`, split over TP) carry weights, gradients and fp32 Adam state.
-    `lora_quantize` (train.lora.quantize): the base's linears at `quantized_bytes_per_param`, plus the working
-    copy of the layer that runs: bitsandbytes dequantizes one linear per matmul and frees it after, so the widest
-    linear in the compute dtype (counted with the overhead, beside FSDP2's two gathered layers, stored quantized)."""
+    `lora_quantize` (train.lora.quantize): the base's linears quantized, the widest dequantized (_quantized_stage)."""
     wb, gb, ob = _state_bytes(precision)
     unit = layer_params(shape, c.tp, c.ep)
     params_of = rank_params(shape, c)
