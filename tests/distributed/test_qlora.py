@@ -1,6 +1,6 @@
 """QLoRA on real ranks (train.lora.quantize: nf4): FSDP2 on 2 ranks trains the adapters as one process does over
-3 steps; the checkpoints hold the adapters only (the base named by its fingerprint), resume onto the uninterrupted
-curve and refuse a changed base; the export's PEFT adapter, loaded by PEFT onto the base quantized by
+3 steps; the checkpoints hold the adapters only (the base named by its fingerprint), a one-process checkpoint
+resumes under FSDP2 on the uninterrupted curve, and a changed base is refused; the export's PEFT adapter, loaded by PEFT onto the base quantized by
 bitsandbytes, scores held-out chats as `nightloom eval` does."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import shutil
 import pytest
 
 from tests.support.chat import QWEN2, build_chat_tokenizer, chat_messages, prefix_rule_labels, write_chats
-from tests.support.harness import launch
+from tests.support.harness import launch, launch_many
 
 pytest.importorskip("bitsandbytes")
 
@@ -85,13 +85,37 @@ def _job(run_dir, data, weights=None, stop_after=None, checkpoint_every=0, expor
 
 @pytest.fixture(scope="module")
 def single(data, tmp_path_factory):
-    job = _job(tmp_path_factory.mktemp("run") / "single", data, export="hf", micro_batch=2, grad_accum=4)
+    job = _job(
+        tmp_path_factory.mktemp("run") / "single", data, export="hf", checkpoint_every=2, micro_batch=2, grad_accum=4
+    )
     return job, launch(1, job, timeout=240)
 
 
-def test_fsdp2_on_two_ranks_equals_one_process(data, single, tmp_path):
+def _stopped_at_step_2(single, run_dir):
+    """A copy of the one-process run as it stood after its step-2 checkpoint."""
+    job, _ = single
+    shutil.copytree(job.parent / "checkpoints", run_dir / "checkpoints")
+    shutil.rmtree(run_dir / "checkpoints" / "step-3")
+    (run_dir / "checkpoints" / "latest").write_text("step-2\n")
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def two_ranks(data, single, tmp_path_factory):
+    """In one 2-rank launch: FSDP2 from the start, and FSDP2 resuming the one-process run's step-2 checkpoint."""
+    root = tmp_path_factory.mktemp("two")
+    resume = _stopped_at_step_2(single, root / "resume")
+    jobs = {
+        "fsdp2": _job(root / "fsdp2", data, dp_shard=2, micro_batch=2, grad_accum=2),
+        "resume": _job(resume, data, dp_shard=2, micro_batch=2, grad_accum=2),
+    }
+    runs = launch_many(2, list(jobs.values()), timeout=300)
+    return {name: runs[job] for name, job in jobs.items()}
+
+
+def test_fsdp2_on_two_ranks_equals_one_process(single, two_ranks):
     _, ref = single
-    out = launch(2, _job(tmp_path / "fsdp2", data, dp_shard=2, micro_batch=2, grad_accum=2), timeout=240)
+    out = two_ranks["fsdp2"]
     assert len(out.losses) == len(ref.losses) == STEPS, out.output[-4000:]
     assert ref.losses[-1] < ref.losses[0], ref.losses
     for a, b in zip(out.metrics, ref.metrics):
@@ -99,7 +123,7 @@ def test_fsdp2_on_two_ranks_equals_one_process(data, single, tmp_path):
         assert abs(a.grad_norm - b.grad_norm) < 1e-4 * max(1.0, b.grad_norm), (a.step, a.grad_norm, b.grad_norm)
 
 
-def test_checkpoints_hold_the_adapters_only_and_resume_on_the_curve(data, single, tmp_path):
+def test_checkpoints_hold_the_adapters_only_and_resume_on_the_curve(single, two_ranks):
     import torch.distributed.checkpoint as dcp
 
     from nightloom.train.checkpoint import latest, read_meta
@@ -111,27 +135,23 @@ def test_checkpoints_hold_the_adapters_only_and_resume_on_the_curve(data, single
     meta = read_meta(path)
     assert meta["adapters_only"] is True and len(meta["base"]) == 32
     assert json.loads((job.parent / "result.json").read_text())["checkpoint_bytes"] > 0
-    first = _job(tmp_path / "run", data, stop_after=2, checkpoint_every=2, dp_shard=2, micro_batch=2, grad_accum=2)
-    launch(2, first, timeout=240)
-    out = launch(1, _job(tmp_path / "run", data, micro_batch=2, grad_accum=4), timeout=240)  # one process resumes
-    assert "resumed from" in out.output and [m.step for m in out.metrics] == [1, 2, 3], out.output[-3000:]
-    for a, b in zip(out.metrics, ref.metrics):
-        assert abs(a.loss - b.loss) < 1e-5, (a.step, a.loss, b.loss)
+    out = two_ranks["resume"]  # the one-process checkpoint of step 2, resumed by 2 FSDP2 ranks
+    assert "resumed from" in out.output and [m.step for m in out.metrics] == [3], out.output[-3000:]
+    assert abs(out.metrics[0].loss - ref.metrics[2].loss) < 1e-5, (out.metrics[0].loss, ref.metrics[2].loss)
 
 
-def test_a_changed_base_is_refused_on_resume(data, tmp_path):
+def test_a_changed_base_is_refused_on_resume(data, single, tmp_path):
     from safetensors.torch import load_file, save_file
 
     _, _, weights = data
-    first = _job(tmp_path / "run", data, stop_after=1, checkpoint_every=1, micro_batch=2, grad_accum=4)
-    launch(1, first, timeout=240)
+    run_dir = _stopped_at_step_2(single, tmp_path / "run")
     other = tmp_path / "other-base"
     shutil.copytree(weights, other)
     tensors = load_file(str(other / "model.safetensors"))
     name = next(k for k in tensors if k.endswith("mlp.down_proj.weight"))
     tensors[name] = tensors[name] * 1.01  # same names and shapes, other values
     save_file(tensors, str(other / "model.safetensors"), metadata={"format": "pt"})
-    out = launch(1, _job(tmp_path / "run", data, weights=other, micro_batch=2, grad_accum=4), timeout=240, check=False)
+    out = launch(1, _job(run_dir, data, weights=other, micro_batch=2, grad_accum=4), timeout=240, check=False)
     assert out.rc != 0 and "its adapters were trained on base" in out.output, out.output[-3000:]
 
 
