@@ -301,7 +301,7 @@ def write_peft_adapter(folder: Path, tensors: dict, lora: LoraSettings, dtype, b
         "fan_in_fan_out": False,
         "inference_mode": True,
         "init_lora_weights": True,
-        "use_rslora": False,
+        "use_rslora": lora.rslora,
         "use_dora": False,
         "modules_to_save": None,
         "base_model_name_or_path": base or None,

@@ -331,6 +331,11 @@ class LoraSpec(_Section):
     compute_dtype: Literal["auto", "fp32", "bf16"] = Field(
         "auto", description="dtype the quantized base is dequantized to per forward; auto: the activations' dtype."
     )
+    use_rslora: bool = Field(
+        False,
+        description="Rank-stabilized LoRA (Kalajdzievski 2023): scale the update by alpha / sqrt(rank) instead of "
+        "alpha / rank (PEFT's use_rslora).",
+    )
 
     def modules(self) -> tuple[str, ...]:
         """The targeted Hugging Face module names, in a fixed order."""
@@ -453,6 +458,7 @@ HASH_NEUTRAL_DEFAULTS: dict[tuple[str, str], object] = {
     ("train.lora", "quantize"): None,
     ("train.lora", "double_quant"): True,
     ("train.lora", "compute_dtype"): "auto",
+    ("train.lora", "use_rslora"): False,
     ("validate", "benchmarks"): None,
     ("", "track"): TrackSpec().model_dump(mode="json"),  # "": a field of the spec itself; trackers off
 }

@@ -48,10 +48,12 @@ class LoraSettings:
     dropout: float
     modules: tuple[str, ...]  # Hugging Face module names (q_proj, ..., down_proj)
     quant: QuantSettings | None = None  # QLoRA: the base's linears quantized (train/qlora.py)
+    rslora: bool = False  # rank-stabilized: alpha / sqrt(rank)
 
     @property
     def scaling(self) -> float:
-        return self.alpha / self.rank
+        """alpha / rank, or with rsLoRA alpha / sqrt(rank) (Kalajdzievski 2023, PEFT's use_rslora)."""
+        return self.alpha / math.sqrt(self.rank) if self.rslora else self.alpha / self.rank
 
     @classmethod
     def from_spec(cls, lora) -> LoraSettings | None:
@@ -59,7 +61,8 @@ class LoraSettings:
         if lora is None:
             return None
         quant = QuantSettings.from_spec(lora)
-        return cls(lora.rank, float(lora.alpha), float(lora.dropout), tuple(lora.modules()), quant)
+        rs = bool(getattr(lora, "use_rslora", False))
+        return cls(lora.rank, float(lora.alpha), float(lora.dropout), tuple(lora.modules()), quant, rs)
 
 
 def hf_module(name: str, shape: ModelShape) -> str:

@@ -67,16 +67,22 @@ def _peft(folder, q: QuantSettings, lora: LoraSettings):
         bnb_4bit_compute_dtype=torch.float32,
     )
     base = AutoModelForCausalLM.from_pretrained(folder, quantization_config=bnb, dtype=torch.float32)
-    cfg = LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=0.0, target_modules=list(lora.modules))
+    cfg = LoraConfig(
+        r=lora.rank,
+        lora_alpha=lora.alpha,
+        lora_dropout=0.0,
+        target_modules=list(lora.modules),
+        use_rslora=lora.rslora,
+    )
     # train mode, as a trainer runs it: in eval mode bitsandbytes repacks a CPU weight for its bf16 kernel on the
     # first no-grad forward (its inference path), which a training step never takes
     return get_peft_model(base, cfg).train()
 
 
-@pytest.mark.parametrize("kind,double", [("nf4", True), ("fp4", False)])
-def test_step_one_loss_and_adapter_grads_equal_peft_bitsandbytes(llama_dir, kind, double):
+@pytest.mark.parametrize("kind,double,rslora", [("nf4", True, False), ("fp4", False, False), ("nf4", True, True)])
+def test_step_one_loss_and_adapter_grads_equal_peft_bitsandbytes(llama_dir, kind, double, rslora):
     q = QuantSettings(kind, double, torch.float32)
-    lora = LoraSettings(8, 16.0, 0.0, MODULES, q)
+    lora = LoraSettings(8, 16.0, 0.0, MODULES, q, rslora)  # rsLoRA: scaled by 16 / sqrt(8), PEFT's use_rslora
     model, shape = _native(llama_dir, q, lora)
     ref = _peft(llama_dir, q, lora)
     peft_params = dict(ref.named_parameters())
