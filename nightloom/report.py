@@ -67,6 +67,7 @@ class RunSummary(BaseModel):
     preemption_lost_s: float = 0.0  # their time lost: from each stop to the next attempt's first step
     export_dir: str | None = None  # the Hugging Face export (train.export: hf), written before the gates
     adapter_dir: str | None = None  # a LoRA run's PEFT adapter (AutoPeftModelForCausalLM loads it alone)
+    checkpoint_bytes: int | None = None  # the last checkpoint's size (a LoRA run over model.weights: adapters only)
     nights_used: int = 0  # nights (stretches of renting) this run has used, this one included
     nights_left: int | None = None  # predicted nights still to come (None: unknown, no prediction)
     predicted_finish: str | None = None  # ISO time in the schedule's zone (None: unknown or finished)
@@ -108,6 +109,8 @@ class RunSummary(BaseModel):
         """('export', folder) and ('adapter', folder) where the run wrote them: the summary's own fields, which
         either backend's result fills (add_training), so every view names the same paths."""
         rows = [("export", self.export_dir), ("adapter", self.adapter_dir)]
+        if self.checkpoint_bytes is not None:
+            rows.append(("checkpoint", f"{self.checkpoint_bytes / 2**20:,.1f} MiB"))
         rows += [(t.tracker, t.note()) for t in self.trackers]  # track: the tracker's run, what it never got
         return [(k, v) for k, v in rows if v]
 
@@ -165,6 +168,7 @@ class RunSummary(BaseModel):
         result that names its full model `model_dir` only fills the export row with it)."""
         self.export_dir = result.export_dir or getattr(result, "model_dir", None)
         self.adapter_dir = result.adapter_dir
+        self.checkpoint_bytes = getattr(result, "checkpoint_bytes", None)
 
 
 def loss_png(run_dir: str) -> str | None:

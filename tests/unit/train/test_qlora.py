@@ -47,3 +47,15 @@ def test_a_lora_spec_written_before_keeps_its_hash_and_quantize_changes_it():
     assert parse_spec({**BASE, "train": {"lora": {"rank": 8, "double_quant": True}}}).spec_hash() == plain.spec_hash()
     quant = parse_spec({**BASE, "train": {"lora": {"rank": 8, "quantize": "nf4"}}})
     assert quant.spec_hash() != plain.spec_hash()
+
+
+def test_the_summary_names_the_checkpoints_size():
+    from nightloom.report import RunSummary
+    from nightloom.train.job import TrainResult
+
+    s = RunSummary(run_id="r1", name="qlora", status="completed", run_dir="/runs/r1")
+    done = dict(steps_done=3, total_steps=3, stopped="completed", final_loss=1.0, tokens=1, wall_s=1.0)
+    s.add_outputs(TrainResult(**done, adapter_dir="/runs/r1/export/adapter", checkpoint_bytes=3 * 2**20 + 2**19))
+    assert s.output_rows() == [("adapter", "/runs/r1/export/adapter"), ("checkpoint", "3.5 MiB")]
+    s.add_outputs(TrainResult(**done))
+    assert s.output_rows() == []
