@@ -1,6 +1,6 @@
 """train.lora on real ranks: the base frozen, adapters split as their base linear under TP (with and without SP),
 sharded under FSDP2, per stage under PP. Every layout trains the same adapters as one process (losses and gradient
-norms), step 1 is the base model's assistant-only NLL (B starts at 0), the base weights never move, and a
+norms), step 1 is the base model's assistant-only NLL (B starts at 0), checkpoints hold the adapters only, and a
 checkpoint saved under FSDP2 resumes under TP2 on the one-process curve."""
 
 from __future__ import annotations
@@ -107,8 +107,6 @@ def _checkpoint_tensors(run_dir):
 
 
 def test_one_process_trains_only_the_adapters_from_the_base_model(data, single):
-    from safetensors.torch import load_file
-
     root, _, weights, train = data
     job, out = single
     assert len(out.losses) == STEPS, out.output[-3000:]
@@ -121,13 +119,7 @@ def test_one_process_trains_only_the_adapters_from_the_base_model(data, single):
     adapters = [k for k in state if ".lora_" in k]
     assert len(adapters) == 2 * 7 * QWEN2["num_hidden_layers"], adapters  # A and B of 7 linears per layer
     assert any(state[k].abs().max() > 0 for k in adapters if "lora_B" in k)
-    base = load_file(str(weights / "model.safetensors"))
-    from nightloom.hf.names import to_hf
-
-    for k, v in state.items():
-        if ".lora_" not in k:
-            theirs = base[to_hf(k[len("model.") :])]
-            assert v.shape == theirs.shape and (v - theirs.float()).abs().max() == 0, k  # frozen: never moved
+    assert len(adapters) == len(state)  # over model.weights the checkpoint holds the adapters only (adapter_ckpt.py)
 
 
 def test_step1_is_the_base_models_assistant_only_nll(data, single):
