@@ -107,6 +107,24 @@ def _moe_errors(data: dict, local) -> list[FieldError]:
     return errs
 
 
+def _quantize_errors(data: dict, local) -> list[FieldError]:
+    """train.lora.quantize: bitsandbytes' limits on every decoder linear (train/qlora.check_dims at load): in a
+    multiple of 64 (whole blocks per row, so rows shard) and out a multiple of 32 (its CPU kernel); no MoE yet."""
+    if not _get(data, "train", "lora", "quantize"):
+        return []
+    shape, field = _raw_shape(data, local), ("train", "lora", "quantize")
+    if shape is None:
+        return []
+    if shape.moe:
+        return [(field, f"{shape.name} is a mixture of experts: its experts are not quantized yet")]
+    q, kv, h, f = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim, shape.hidden, shape.ffn_hidden
+    dims = {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h), "up_proj": (h, f)}
+    bad = [f"{n} {i} -> {o}" for n, (i, o) in (dims | {"down_proj": (f, h)}).items() if i % 64 or o % 32]
+    if not bad:
+        return []
+    return [(field, f"{shape.name}: a quantized linear needs in a multiple of 64 and out of 32; {', '.join(bad)}")]
+
+
 def _raw_shape(data: dict, local) -> ModelShape | None:
     """The model of a spec not yet validated, through the one resolver (model.config, else the config.json in a
     local model.weights, else the catalog's model.name); None when it cannot be read (its own check says why)."""
@@ -137,6 +155,7 @@ def semantic_errors(data: dict, base_dir: Path) -> list[FieldError]:
         errs.append((("model", "name"), f"unknown model {name!r}; known: {', '.join(sorted(MODELS))}"))
     errs += _model_errors(data, local)
     errs += _moe_errors(data, local)
+    errs += _quantize_errors(data, local)
     errs += _tokenizer_errors(data, local)
     errs += _chat_errors(data, local)
     task, pack = _get(data, "train", "task", default="pretrain"), _get(data, "train", "pack", default=False)

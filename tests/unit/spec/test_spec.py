@@ -131,6 +131,15 @@ def test_a_spec_written_before_new_fields_keeps_its_ledger_hash():
         if (section, key) == ("", "track"):  # a field of the spec itself: trackers on
             assert RunSpec.model_validate({**data, "track": ["tensorboard"]}).spec_hash() != plain.spec_hash()
             continue
+        if section == "train.lora":  # a field of the nested lora section, on a LoRA run: neutral at its default
+            lora = {"rank": 4}
+            base = RunSpec.model_validate({**data, "train": {**data["train"], "lora": lora}}).spec_hash()
+            same = {**data, "train": {**data["train"], "lora": {**lora, key: default}}}
+            assert RunSpec.model_validate(same).spec_hash() == base, key
+            value = {"quantize": "nf4", "double_quant": False, "compute_dtype": "bf16", "use_rslora": True}[key]
+            changed = {**data, "train": {**data["train"], "lora": {**lora, key: value}}}
+            assert RunSpec.model_validate(changed).spec_hash() != base, key
+            continue
         other = {"pretrain": "sft", "auto": "messages", None: "/t/chat.jinja", False: True}
         other |= {1024: 0, "tensorwise": "rowwise"}  # train.loss_chunk_tokens, train.fp8_recipe
         other |= {10: 3, 120: 60}  # recovery.max_preemptions, recovery.preempt_grace_s

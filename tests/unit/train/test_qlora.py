@@ -59,3 +59,15 @@ def test_the_summary_names_the_checkpoints_size():
     assert s.output_rows() == [("adapter", "/runs/r1/export/adapter"), ("checkpoint", "3.5 MiB")]
     s.add_outputs(TrainResult(**done))
     assert s.output_rows() == []
+
+
+def test_validate_names_the_linears_bitsandbytes_cannot_quantize(tmp_path):
+    from nightloom.spec.checks import semantic_errors
+
+    data = {**BASE, "model": {"name": "tiny"}, "train": {"lora": {"quantize": "nf4"}}}  # MLP width 176
+    errs = [why for field, why in semantic_errors(data, tmp_path) if field == ("train", "lora", "quantize")]
+    assert errs == [
+        "tiny: a quantized linear needs in a multiple of 64 and out of 32; up_proj 64 -> 176, down_proj 176 -> 64"
+    ]
+    data["model"] = {"name": "small"}  # 256 wide, MLP 704
+    assert not [f for f, _ in semantic_errors(data, tmp_path) if f == ("train", "lora", "quantize")]
