@@ -154,8 +154,10 @@ def latest(ckpt_dir: Path) -> tuple[Path, int] | None:
 
 
 def read_meta(path: Path) -> dict:
-    """A checkpoint's meta.json: step, time, and for an adapter-only one `adapters_only` and `base`."""
-    return json.loads((Path(path) / "meta.json").read_text(encoding="utf-8"))
+    """A checkpoint's meta.json: step, time, and for an adapter-only one `adapters_only` and `base` ({} for a bare
+    DCP folder without one: it holds whatever its writer put there)."""
+    meta = Path(path) / "meta.json"
+    return json.loads(meta.read_text(encoding="utf-8")) if meta.is_file() else {}
 
 
 def size_bytes(path: Path) -> int:
