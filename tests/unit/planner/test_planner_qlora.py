@@ -58,3 +58,24 @@ def test_auto_picks_a_qlora_layout_that_fits_where_16_bit_lora_does_not():
     fits = plan(LLAMA_65B, "l40s", 1, 1, 512, 1, lora_rank=16, lora_quantize="nf4", layout="tp=1,pp=1")
     assert fits.feasible and fits.chosen.layout().startswith("TP1·PP1")
     assert not plan(LLAMA_65B, "l40s", 1, 1, 512, 1, lora_rank=16, layout="tp=1,pp=1").feasible
+
+
+def test_plan_for_spec_plans_a_quantized_base_without_tp_or_pp():
+    from nightloom.planner import plan_for_spec
+    from nightloom.spec import RunSpec
+
+    def spec(quantize):
+        lora = {"rank": 8, **({"quantize": quantize} if quantize else {})}
+        return RunSpec.model_validate(
+            {
+                "name": "qlora-70b",
+                "model": {"name": "llama2-70b"},
+                "dataset": {"path": "/data/chats.jsonl"},
+                "cluster": {"nodes": 1, "gpus_per_node": 2, "gpu_type": "rtx-4090"},
+                "train": {"seq_len": 512, "global_batch": 2, "lora": lora},
+            }
+        )
+
+    chosen = plan_for_spec(spec("nf4")).chosen  # raises PlanError when nothing fits
+    assert (chosen.tp, chosen.pp, chosen.dp_shard) == (1, 1, 2), chosen.layout()
+    assert not plan_for_spec(spec(None), require_fit=False).feasible  # the 16-bit base fits no layout of 2 cards
