@@ -97,8 +97,11 @@ def settings_hash(
         "text_field": dataset.text_field,
         "tokenizer": tokenizer_id,
         # where it runs (dask) is not what it makes; heldout is added below only when set
-        "sharding": sharding.model_dump(mode="json", exclude={"output", "dask", "heldout"}),
+        "sharding": sharding.model_dump(mode="json", exclude={"output", "dask", "heldout", "near_dup", "filters"}),
     }
+    for part in ("near_dup", "filters"):  # only when set: shards made before these existed keep their hash
+        if getattr(sharding, part) is not None:
+            doc[part] = getattr(sharding, part).model_dump(mode="json")
     if sharding.heldout:  # only when set: earlier shards keep their hash
         doc["heldout"] = sharding.heldout
     if dataset.keep_columns:  # only when set: shards made before keep_columns existed keep their hash

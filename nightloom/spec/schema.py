@@ -37,6 +37,7 @@ from nightloom.spec.grpo import layout_error as grpo_layout_error
 from nightloom.spec.micro_batch import micro_batches_per_step
 from nightloom.spec.operations import LedgerSpec, RecoverySpec, ScheduleSpec, StorageSpec, WindowSpec
 from nightloom.spec.preference import PreferenceSpec, layout_error
+from nightloom.spec.quality import FiltersSpec, NearDupSpec
 from nightloom.spec.stage_list import stage_list_errors
 from nightloom.spec.tracking import TrackSpec
 
@@ -202,6 +203,12 @@ class ShardingSpec(_Section):
         ge=0,
         description="Held-out documents, never in a training shard: a fraction (< 1) or a count (>= 1), chosen "
         "by hash; written as `heldout.<hash>.parquet` and listed in the manifest (0 = none).",
+    )
+    near_dup: NearDupSpec | None = Field(
+        None, description="Remove near-duplicates (MinHash LSH over word n-grams; one kept per cluster). Off: null."
+    )
+    filters: FiltersSpec | None = Field(
+        None, description="Quality filters (Gopher, C4, FineWeb, length), each counted in the manifest. Off: null."
     )
 
     @field_validator("heldout")
@@ -460,6 +467,8 @@ HASH_NEUTRAL_DEFAULTS: dict[tuple[str, str], object] = {
     ("train.lora", "compute_dtype"): "auto",
     ("train.lora", "use_rslora"): False,
     ("validate", "benchmarks"): None,
+    ("sharding", "near_dup"): None,
+    ("sharding", "filters"): None,
     ("", "track"): TrackSpec().model_dump(mode="json"),  # "": a field of the spec itself; trackers off
 }
 
