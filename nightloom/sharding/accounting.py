@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from nightloom.sharding.manifest import BadRecord, SourceFile
 
-FileStatus = Literal["read", "empty", "bad", "duplicate"]
+FileStatus = Literal["read", "empty", "bad", "duplicate", "filtered"]
 EXAMPLES = 10
 
 
@@ -26,13 +26,18 @@ class FileCounts(BaseModel):
     empty: int = 0
     bad: int = 0
     duplicate: int = 0
+    filtered: int = 0  # every document removed by a quality filter or near-dup (sharding.filters / near_dup)
     ignored: int = 0
     examples: dict[str, list[str]] = Field(default_factory=dict)  # status -> first names (bad: file:line)
 
 
-def file_status(docs: int, duplicates: int, bad: int) -> FileStatus:
-    if docs > duplicates:
+def file_status(docs: int, duplicates: int, bad: int, removed: int = 0) -> FileStatus:
+    """`removed`: documents the quality filters or near-dup removed (sharding.filters / near_dup): a file whose
+    every document went that way or as an exact duplicate, and not all as exact duplicates, is `filtered`."""
+    if docs > duplicates + removed:
         return "read"
+    if removed:
+        return "filtered"
     if docs:
         return "duplicate"
     return "bad" if bad else "empty"
@@ -44,13 +49,15 @@ def account_files(job, scans, placement) -> tuple[list[SourceFile], FileCounts]:
     for s in sorted(scans, key=lambda s: s.index):  # a big file scanned in byte ranges has one entry per range
         for f in s.files:
             per_file[f.source] = per_file[f.source].plus(f) if f.source in per_file else f
-    dups = dict(placement.file_duplicates)
-    tally = dict.fromkeys(("read", "empty", "bad", "duplicate"), 0)  # plain counters: a pydantic setattr per file
+    dups, removed = dict(placement.file_duplicates), dict(placement.file_removed)
+    tally = dict.fromkeys(
+        ("read", "empty", "bad", "duplicate", "filtered"), 0
+    )  # plain counters: a pydantic setattr per file
     examples: dict[str, list[str]] = {"ignored": job.ignored[:EXAMPLES]} if job.ignored else {}
     entries = []
     for i, src in enumerate(job.sources):
         f = per_file[i]
-        status = file_status(f.docs, dups.get(i, 0), f.bad)
+        status = file_status(f.docs, dups.get(i, 0), f.bad, removed.get(i, 0))
         tally[status] += 1
         shown = examples.setdefault(status, []) if status != "read" else None
         if shown is not None and len(shown) < EXAMPLES:
@@ -62,7 +69,7 @@ def account_files(job, scans, placement) -> tuple[list[SourceFile], FileCounts]:
                 size=src.size,
                 fingerprint=src.fingerprint,
                 status=status,
-                documents=f.docs - dups.get(i, 0),
+                documents=f.docs - dups.get(i, 0) - removed.get(i, 0),
             )
         )
     counts = FileCounts(files=len(job.sources) + len(job.ignored), ignored=len(job.ignored), examples=examples, **tally)

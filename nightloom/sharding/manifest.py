@@ -99,6 +99,32 @@ class ChatStats(BaseModel):
         return out
 
 
+class RemovedSample(BaseModel):
+    """A removed document for a person to read: which filter, why (datatrove's reason name), its first characters."""
+
+    model_config = ConfigDict(extra="forbid")
+    filter: str
+    reason: str
+    text: str
+
+
+class Removed(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    documents: int = 0
+    tokens: int = 0
+
+
+class QualityCounts(BaseModel):
+    """Documents and tokens removed per filter (in the order they ran) and as near-duplicates (`near_dup`), after
+    exact dedup; `files_filtered`: input files whose every document went that way (not all exact duplicates);
+    `samples`: the side file in the output with removed documents per filter."""
+
+    model_config = ConfigDict(extra="forbid")
+    removed: dict[str, Removed] = Field(default_factory=dict)
+    files_filtered: int = 0
+    samples: str | None = None
+
+
 class ShardManifest(BaseModel):
     """Counts, checksums, hash settings and balance figures of one sharded dataset."""
 
@@ -136,12 +162,14 @@ class ShardManifest(BaseModel):
     heldout: ShardInfo | None = None  # held-out documents (sharding.heldout), never in a training shard
     settings_hash: str = ""  # hash of inputs + settings: a re-run with the same value does no work
     chat: ChatStats | None = None  # train.task sft only (absent from a pretraining manifest)
+    quality: QualityCounts | None = None  # sharding.filters / near_dup only: removed per filter, samples file
 
     @model_serializer(mode="wrap")
     def _without_chat(self, handler):
         out = handler(self)
-        if self.chat is None:
-            out.pop("chat", None)
+        for optional in ("chat", "quality"):  # absent unless used: other manifests keep their bytes
+            if getattr(self, optional) is None:
+                out.pop(optional, None)
         return out
 
     def to_json(self) -> str:

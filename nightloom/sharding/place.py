@@ -26,6 +26,9 @@ from nightloom.sharding.docflags import DocFlags
 from nightloom.sharding.errors import BadInputError, ShardingError
 from nightloom.sharding.hashing import first_occurrences
 from nightloom.sharding.job import ShardJob
+from nightloom.sharding.quality import enabled as quality_enabled
+from nightloom.sharding.quality import quality_removals
+from nightloom.sharding.quality_records import QualityCounts
 from nightloom.sharding.scan_result import ScanResult
 from nightloom.sharding.spill import META_DTYPE
 
@@ -51,6 +54,8 @@ class Placement(BaseModel):
     loads: list[int]  # per shard, on the balance metric
     file_duplicates: list[tuple[int, int]] = []  # (source index, documents dropped as duplicates), where > 0
     heldout: int = 0  # documents set aside as the held-out split
+    quality: QualityCounts | None = None  # sharding.filters / near_dup: removed per filter (after exact dedup)
+    file_removed: list[tuple[int, int]] = []  # (source index, documents the filters or near-dup removed), where > 0
 
 
 def duplicates_per_file(work: Path, scans: list[ScanResult], dup: DocFlags) -> list[tuple[int, int]]:
@@ -165,6 +170,16 @@ def heldout_mask(work: Path, scans: list[ScanResult], dup: DocFlags, amount: flo
     return held
 
 
+def _quality_pass(job: ShardJob, work: Path, scans: list[ScanResult], dup: DocFlags):
+    """(exact duplicates | documents removed by sharding.filters or near_dup, their counts, per-file removals);
+    the filters and near-dup see only what exact dedup kept. Without them: (dup, None, [])."""
+    if not quality_enabled(job):
+        return dup, None, []
+    removed, quality = quality_removals(job, work, scans, dup)
+    both = DocFlags.from_bools(dup.get(0, dup.n) | removed.get(0, dup.n))
+    return both, quality, duplicates_per_file(work, scans, removed)
+
+
 def place_documents(job: ShardJob, scans: list[ScanResult]) -> Placement:
     """Dedup (first occurrence in input order wins), balance, and record each kept document's shard."""
     wd = job.work
@@ -174,7 +189,7 @@ def place_documents(job: ShardJob, scans: list[ScanResult]) -> Placement:
         return Placement.model_validate_json(done)
     work = wd.local
     work.mkdir(parents=True, exist_ok=True)
-    wd.fetch(*(s.meta for s in scans if s.meta))  # scanned on other machines (an S3 work folder)
+    wd.fetch(*(f for s in scans for f in (s.meta, s.quality, s.bands) if f))  # scanned on other machines (S3)
     check_bad_fraction(job, scans)
     scans = sorted(scans, key=lambda s: s.index)
     total = sum(s.docs for s in scans if s.meta)
@@ -192,6 +207,8 @@ def place_documents(job: ShardJob, scans: list[ScanResult]) -> Placement:
             f"{empty} empty, {bad} bad{why})"
         )
     dup = duplicate_mask(work, scans, total) if job.sharding.dedup else DocFlags(total)
+    exact_dropped, file_dups = dup.count(), duplicates_per_file(work, scans, dup)
+    dup, quality, file_removed = _quality_pass(job, work, scans, dup)  # the held-out split after it
     kept = total - dup.count()
     held = heldout_mask(work, scans, dup, job.sharding.heldout) if job.has_heldout else DocFlags(total)
     n_held = held.count()
@@ -230,13 +247,15 @@ def place_documents(job: ShardJob, scans: list[ScanResult]) -> Placement:
     wd.publish(MAPPING_NAME)
     p = Placement(
         kept=kept,
-        dedup_dropped=total - kept,
+        dedup_dropped=exact_dropped,
         imbalance_before=before,
         imbalance=after,
         rebalanced=rebalanced,
         loads=[int(x) for x in loads],
-        file_duplicates=duplicates_per_file(work, scans, dup),
+        file_duplicates=file_dups,
         heldout=n_held,
+        quality=quality,
+        file_removed=file_removed,
     )
     wd.write_marker(out, p.model_dump_json().encode())
     return p

@@ -55,7 +55,36 @@ def build_manifest(
         heldout=heldout,
         settings_hash=job.settings_hash,
         chat=_chat_stats(job, scans, infos),
+        quality=_quality(job, scans, placement, files.filtered),
     )
+
+
+def samples_name(job: ShardJob) -> str:
+    """The side file of removed documents (sharding.filters), beside the shards."""
+    return f"removed-samples.{job.settings_hash[:8]}.jsonl"
+
+
+def _quality(job: ShardJob, scans: list[ScanResult], placement: Placement, files_filtered: int):
+    """The placement's quality counts with the files they emptied and the side file's name, if it has samples."""
+    if placement.quality is None:
+        return None
+    has = any(s.removed_samples for s in scans)
+    return placement.quality.model_copy(
+        update={"files_filtered": files_filtered, "samples": samples_name(job) if has else None}
+    )
+
+
+def write_samples(job: ShardJob, scans: list[ScanResult]) -> None:
+    """The removed documents the scans kept (the first `sharding.filters.samples` per filter of each unit, capped
+    again over the corpus in unit order), one JSON object a line, written whole before the manifest."""
+    limit, shown, lines, seen = job.sharding.filters.samples, {}, [], set()
+    for s in sorted(scans, key=lambda s: s.index):
+        for r in s.removed_samples:
+            if shown.get(r.filter, 0) < limit and r.text not in seen:  # exact copies shown once
+                seen.add(r.text)
+                shown[r.filter] = shown.get(r.filter, 0) + 1
+                lines.append(r.model_dump_json())
+    storage.write_bytes(storage.join(job.output, samples_name(job)), "".join(x + "\n" for x in lines).encode(), job.s3)
 
 
 def _chat_stats(job: ShardJob, scans: list[ScanResult], infos: list[ShardInfo]) -> ChatStats | None:
@@ -84,11 +113,14 @@ def publish_manifest(
             f"{c.dropped} dropped as longer than seq_len + 1 = {c.seq_len + 1} ids, {manifest.bad_records} bad): "
             "train.task sft would train on nothing"
         )
+    if manifest.quality is not None and manifest.quality.samples:
+        write_samples(job, scans)
     storage.write_bytes(storage.join(job.output, MANIFEST_NAME), manifest.to_json().encode(), job.s3)
     shards = manifest.shards + ([manifest.heldout] if manifest.heldout else [])
     keep = {f for s in shards for f in s.files()}
     for rel, _ in storage.list_files(job.output, job.s3):
         old = rel.startswith(("shard-", "heldout.")) and rel.endswith((".parquet", ".bin", ".idx"))
+        old = old or (rel.startswith("removed-samples.") and rel != (manifest.quality and manifest.quality.samples))
         if "/" not in rel and old and rel not in keep:
             storage.delete(storage.join(job.output, rel), job.s3)  # shards of an earlier, different run
     job.work.remove()

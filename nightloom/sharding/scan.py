@@ -21,6 +21,7 @@ from nightloom import storage
 from nightloom.sharding.job import ShardJob
 from nightloom.sharding.jsonl_pieces import line_span
 from nightloom.sharding.manifest import BadRecord
+from nightloom.sharding.quality_scan import scan_quality
 from nightloom.sharding.scan_arrow import Fallback, arrow_threads_at_least, scan_fast, usable_cpus
 from nightloom.sharding.scan_chats import scan_chats
 from nightloom.sharding.scan_records import RecordBuffer, scan_records
@@ -135,6 +136,8 @@ def scan_unit(job: ShardJob, index: int) -> ScanResult:
         raise
     res.spills, res.meta, res.docs, res.ids, res.batches = buf.spill.finish()
     res.labels = buf.spill.labels_file
-    wd.publish(*res.spills, *(f for f in (res.meta, res.ids, res.labels, res.batches) if f))  # the marker last
+    scan_quality(job, work, res, schema)  # sharding.filters / near_dup: verdicts and band keys
+    extra = (res.meta, res.ids, res.labels, res.batches, res.quality, res.bands)
+    wd.publish(*res.spills, *(f for f in extra if f))  # the marker last
     wd.write_marker(marker, res.model_dump_json().encode())
     return res

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pydantic import BaseModel, ConfigDict, Field
 
 from nightloom.sharding.manifest import BadRecord
+from nightloom.sharding.quality_records import RemovedSample
 
 MAX_BAD_EXAMPLES = 10
 
@@ -56,3 +57,7 @@ class ScanResult(BaseModel):
     bad_examples: list[BadRecord] = Field(default_factory=list)
     chats_cut: int = 0  # chats: conversations cut at a turn boundary to fit seq_len + 1 ids
     chats_dropped: int = 0  # chats: conversations with no run of whole turns that fits (not spilled)
+    # sharding.filters / near_dup (quality_scan.py): per spilled record its verdict, and its band keys
+    quality: str | None = None
+    bands: str | None = None
+    removed_samples: list[RemovedSample] = Field(default_factory=list)  # the first few per filter

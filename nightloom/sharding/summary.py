@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict
 
 from nightloom.sharding.manifest import ShardManifest
+from nightloom.sharding.quality_records import QualityCounts
 
 
 class ShardFigures(BaseModel):
@@ -43,6 +44,15 @@ class ShardSummary(BaseModel):
     token_files: int = 0  # .bin/.idx pairs written (training shards + held-out split)
     token_file_tokens: int = 0  # ids in those .bin files, one EOS per document included
     token_dtype: str | None = None  # uint8, uint16 or int32; None when the manifest lists no token files
+    quality: QualityCounts | None = None  # sharding.filters / near_dup: documents and tokens removed per filter
+
+    def quality_line(self) -> str:
+        """e.g. "removed: gopher_quality 120 docs (45,000 tokens), near_dup 30 docs (9,000 tokens); samples in F"."""
+        if self.quality is None:
+            return ""
+        parts = [f"{k} {v.documents:,} docs ({v.tokens:,} tokens)" for k, v in self.quality.removed.items()]
+        where = f"; samples in {self.quality.samples}" if self.quality.samples else ""
+        return "removed: " + ", ".join(parts) + f", {self.quality.files_filtered} files emptied{where}"
 
     def tokens_line(self) -> str:
         """e.g. "token files: 4 .bin/.idx pairs (uint16), 1,234,567 tokens incl. EOS; tokenizer bytes"."""
@@ -79,6 +89,7 @@ class ShardSummary(BaseModel):
             f"(tolerance {self.tolerance:g}; before rebalancing {self.imbalance_before_rebalance:.4f}); "
             f"dedup dropped {self.dedup_dropped}, empty {self.empty_skipped}, bad {self.bad_records}; "
             f"{self.files_line()}; {self.tokens_line()}"
+            + (f"; {self.quality_line()}" if self.quality is not None else "")
         )
         rows.append(
             {
@@ -125,6 +136,7 @@ def summarize(manifest: ShardManifest, output: str) -> ShardSummary:
                 "file_examples",
                 "settings_hash",
                 "tokenizer",
+                "quality",
             }
         ),
     )
