@@ -77,7 +77,7 @@ cfg = MinhashConfig()
 reader = JsonlReader(src, doc_progress=False)
 pre = [GopherRepetitionFilter(language=tok), GopherQualityFilter(language=tok), C4QualityFilter(language=tok),
        FineWebQualityFilter(language=tok)] if filters else []
-run = lambda steps, tasks=1: LocalPipelineExecutor(steps, tasks=tasks, workers=1, logging_dir=None,
+run = lambda steps, tasks=1: LocalPipelineExecutor(steps, tasks=tasks, workers=1, logging_dir=work + "/logs",
                                                    skip_completed=False).run()
 run([reader, *pre, MinhashDedupSignature(work + "/sigs", config=cfg, language=tok)])
 run([MinhashDedupBuckets(work + "/sigs", work + "/buckets", config=cfg)], tasks=cfg.num_buckets)
