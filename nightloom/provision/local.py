@@ -134,7 +134,9 @@ class LocalProvider:
     def acquire(self) -> Cluster:
         t0 = time.monotonic()
         c = self.spec.cluster
-        port = c.master_port if port_is_free(c.master_port) else free_port()
+        # a port the spec names, when free; else (unset, or held) one the OS gives: two local runs never collide
+        named = "master_port" in c.model_fields_set and port_is_free(c.master_port)
+        port = c.master_port if named else free_port()
         nodes = []
         for i in range(c.nodes):
             n0 = time.monotonic()

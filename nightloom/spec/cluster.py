@@ -115,7 +115,12 @@ class ClusterSpec(_Section):
     nodes: int = Field(2, gt=0, description="Nodes to rent (on `local`: process groups on this machine).")
     gpus_per_node: int = Field(2, gt=0, description="GPUs (or CPU ranks on `local`) per node.")
     gpu_type: str = Field("cpu", description="Catalog GPU type, or `cpu` (peak measured at run time).")
-    master_port: int = Field(29500, gt=1024, lt=65536, description="Rendezvous port on the first node.")
+    master_port: int = Field(
+        29500,
+        gt=1024,
+        lt=65536,
+        description="Rendezvous port on the first node. The local provider, when it is not set, takes a free one.",
+    )
     min_free_disk_gib: float = Field(1.0, ge=0, description="Preflight: free disk a node needs (GiB).")
     min_nodes: int | None = Field(
         None,
