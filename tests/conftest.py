@@ -27,37 +27,38 @@ pytest_plugins = [
 ]
 
 
-#: the tests that start only their own processes (torchrun --standalone on a free port, XTuner's local launcher),
-#: and flows on local clusters of their own rendezvous port (windows, recovery, MoE and tied-layout runs): under `make test` (-n 2 --dist loadgroup) they are one
-#: lane on one worker, and everything else (services, the shared Prefect server and its worker, local clusters on the
-#: default rendezvous port) is the other lane, in its usual order, exactly as a serial run had it. The flows here
-#: talk to a Prefect server of their own where CI runs one (NIGHTLOOM_LANE2_PREFECT_API_URL, .ci/services.sh):
-#: two lanes' flows on one SQLite-backed server answered 503s.
-OWN_PROCESS_TESTS = (
-    "tests/distributed/",
-    "tests/xtuner/",
-    "tests/flows/test_windows.py",
-    "tests/flows/test_recovery.py",
-    "tests/flows/test_moe_continue_pretrain.py",
-    "tests/flows/test_tied_layouts_continue_pretrain.py",
-)
-SHARED_SERVICES_TESTS = ("tests/xtuner/test_xtuner_pipeline.py",)  # a Prefect flow on the default port
+#: `make test` runs every test in one pytest on three xdist workers, one lane (scope) each:
+#: - "own-processes": tests that start only their own processes (torchrun --standalone on a free port, XTuner's local
+#:   launcher) and run no flow;
+#: - "flows": the unit tests and the flows run in this process on local clusters (the local provider takes a free
+#:   rendezvous port unless a spec names one), talking to a Prefect server of their own where CI runs one
+#:   (NIGHTLOOM_LANE2_PREFECT_API_URL, .ci/services.sh): two lanes' flows on one SQLite-backed server answered 503s;
+#: - "services": everything that shares the real services (the shared Prefect server and its worker, sshd and Slurm
+#:   nodes on the default rendezvous port, Prometheus), in its usual order, exactly as a serial run had it.
+#: A serial run left one of the 2 cores idle half the time (real-time windows, polling, start-ups): three lanes fill it.
+OWN_PROCESS_TESTS = ("tests/distributed/", "tests/xtuner/")
+FLOW_TESTS = ("tests/unit/", "tests/flows/")
+SHARED_SERVICES_TESTS = ("tests/xtuner/test_xtuner_pipeline.py",)  # a Prefect flow run by the shared worker
 LANE2_API = os.environ.get("NIGHTLOOM_LANE2_PREFECT_API_URL")
 
 
 def lane_of(nodeid: str) -> str:
-    """The lane (xdist scope) of a test: "own-processes" or "services"."""
-    if nodeid.startswith(OWN_PROCESS_TESTS) and not nodeid.startswith(SHARED_SERVICES_TESTS):
+    """The lane (xdist scope) of a test: "own-processes", "flows" or "services"."""
+    if nodeid.startswith(SHARED_SERVICES_TESTS):
+        return "services"
+    if nodeid.startswith(OWN_PROCESS_TESTS):
         return "own-processes"
+    if nodeid.startswith(FLOW_TESTS):
+        return "flows"
     return "services"
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
-    """Under xdist, point the own-processes lane's worker at its own Prefect server before its first fixture (the
-    session's `prefect_backend` included) and before any flow: the environment for child processes, Prefect's
-    settings for this one (every thread). The lane is one xdist scope, so the worker keeps it to the end."""
-    if not LANE2_API or not os.environ.get("PYTEST_XDIST_WORKER") or lane_of(item.nodeid) != "own-processes":
+    """Under xdist, point the flows lane's worker at its own Prefect server before its first fixture (the session's
+    `prefect_backend` included) and before any flow: the environment for child processes, Prefect's settings for
+    this one (every thread). The lane is one xdist scope, so the worker keeps it to the end."""
+    if not LANE2_API or not os.environ.get("PYTEST_XDIST_WORKER") or lane_of(item.nodeid) != "flows":
         return
     if os.environ.get("PREFECT_API_URL") == LANE2_API:
         return
@@ -68,7 +69,7 @@ def pytest_runtest_setup(item):
 
 
 def pytest_xdist_make_scheduler(config, log):
-    """Two scopes, one per worker (LoadScopeScheduling hands each worker one whole scope). Not xdist_group markers:
+    """Three scopes, one per worker (LoadScopeScheduling hands each worker one whole scope). Not xdist_group markers:
     with pytest 9.2, xdist 3.8's loadgroup cannot tag node ids (nodeid is derived from Node._id), so every test
     became its own scope and services tests ran on both workers at once (503s from the shared server's SQLite,
     EADDRINUSE on the default rendezvous port)."""
