@@ -7,10 +7,11 @@ DeviceMesh is built lazily (torch is imported only by `build_mesh`).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal, get_type_hints
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
 from nightloom.spec.stage_list import stage_list_errors
 
@@ -50,9 +51,9 @@ class ParallelDims:
     micro_batch: int = 1
     grad_accum: int = 1
     virtual_stages: int = 1
-    schedule: str = "1f1b"
-    recompute: str = "none"
-    zero: str = "fsdp"
+    schedule: Schedule = "1f1b"
+    recompute: Recompute = "none"
+    zero: Zero = "fsdp"
     stages: tuple[int, ...] | None = None
     ep: int = 1
 
@@ -342,10 +343,20 @@ class Rejection(BaseModel):
 
 
 #: the fields of ParallelPlan that are the layout (ParallelDims's fields); the rest are predictions
-LAYOUT_FIELDS = tuple(ParallelDims.__dataclass_fields__)
+LAYOUT_FIELDS = tuple(f.name for f in dataclasses.fields(ParallelDims))
 
 
-class ParallelPlan(BaseModel):
+def _layout_fields() -> dict[str, tuple[Any, Any]]:
+    """ParallelDims's fields as pydantic fields, the same names, types and defaults (stages a list, as in JSON)."""
+    hints = get_type_hints(ParallelDims) | {"stages": list[int] | None}
+    return {f.name: (hints[f.name], f.default) for f in dataclasses.fields(ParallelDims)}
+
+
+#: the layout half of ParallelPlan, declared once: ParallelDims's fields
+_PlanLayout = create_model("_PlanLayout", __config__=ConfigDict(extra="forbid"), **_layout_fields())
+
+
+class ParallelPlan(_PlanLayout):
     """A layout (the fields of ParallelDims, flat for JSON, job files and the ledger) plus what the planner
     predicts for it. The trainer needs only the layout: `dims()`.
 
@@ -353,20 +364,6 @@ class ParallelPlan(BaseModel):
     same ranks: dp_replicate and dp_shard are adjacent mesh dims), with a note in the explanation."""
 
     model_config = ConfigDict(extra="forbid")
-    tp: int = 1
-    pp: int = 1
-    dp_replicate: int = 1
-    dp_shard: int = 1
-    cp: int = 1
-    sp: bool = False
-    micro_batch: int = 1
-    grad_accum: int = 1
-    virtual_stages: int = 1
-    schedule: Schedule = "1f1b"
-    recompute: Recompute = "none"
-    zero: Zero = "fsdp"
-    stages: list[int] | None = None
-    ep: int = 1
     # predictions (None when not predicted, e.g. CPU)
     memory: MemoryBreakdown | None = None
     memory_gib_per_gpu: float | None = None

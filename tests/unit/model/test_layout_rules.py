@@ -9,7 +9,7 @@ import itertools
 import pytest
 
 from nightloom.catalog import MODELS, get_model
-from nightloom.parallel import LayoutError, ParallelDims, ParallelPlan
+from nightloom.parallel import LAYOUT_FIELDS, LayoutError, ParallelDims, ParallelPlan
 from nightloom.planner import PlanError, parse_layout, plan
 from nightloom.planner.memory import memory_breakdown
 from nightloom.planner.search import stage_splits
@@ -223,3 +223,17 @@ def test_cli_stages_cp_and_json(capsys):
     assert json.loads(capsys.readouterr().out)["evaluated"]["cp"] == 2
     args = parser.parse_args([*base, "--seq-len", "4096", "--global-batch", "16", "--layout", "dp_shard=16,zero=none"])
     assert args.func(args) == 2 and "plain data parallel is dp_replicate=16" in capsys.readouterr().err
+
+
+def test_a_plan_s_layout_fields_are_parallel_dims_fields():
+    """ParallelPlan declares no layout field of its own: each is ParallelDims's, with its default and its values."""
+    dims_fields = {f.name: f.default for f in dataclasses.fields(ParallelDims)}
+    assert LAYOUT_FIELDS == tuple(dims_fields) == tuple(ParallelPlan.model_fields)[: len(dims_fields)]
+    assert {k: ParallelPlan.model_fields[k].default for k in dims_fields} == dims_fields
+    dims = ParallelDims(
+        tp=2, pp=2, dp_shard=2, sp=True, schedule="interleaved_1f1b", virtual_stages=2, stages=(1, 2, 2, 1)
+    )
+    plan = ParallelPlan.of(dims, mfu=0.4)
+    assert plan.stages == [1, 2, 2, 1] and plan.dims() == dims
+    with pytest.raises(ValueError, match="schedule"):
+        ParallelPlan(schedule="zigzag")
