@@ -25,6 +25,8 @@ from nightloom.finetune.logs import RunShape, write_metrics
 from nightloom.finetune.node_wrapper import EXIT_EMPTY_DATASET
 from nightloom.finetune.plan import XTunerPlan, plan_for_world, plan_xtuner
 from nightloom.finetune.remote import RunNodes, is_remote, node_peak, node_runner
+from nightloom.finetune.track_feed import fed_trackers
+from nightloom.metrics import read_metrics
 from nightloom.provision.base import Cluster
 from nightloom.runfiles import RunFiles
 from nightloom.spec import RunSpec
@@ -97,11 +99,15 @@ def prepare_data(
     return stats
 
 
+def run_shape(plan: XTunerPlan) -> RunShape:
+    """What a step of `plan` means in tokens and FLOPs (for tokens/s and MFU)."""
+    return RunShape(plan.tokens_per_step, plan.flops_per_token, plan.world_size, plan.peak_flops)
+
+
 def write_step_metrics(plan: XTunerPlan, attempt: int = 0) -> Path:
     """metrics.jsonl in the run dir from every launch's mmengine logs."""
     out = RunFiles(plan.run_dir).metrics
-    shape = RunShape(plan.tokens_per_step, plan.flops_per_token, plan.world_size, plan.peak_flops)
-    write_metrics(Path(plan.work_dir), out, shape, attempt)
+    write_metrics(Path(plan.work_dir), out, run_shape(plan), attempt)
     return out
 
 
@@ -227,15 +233,17 @@ def run_xtuner(
     stage["prepare_s"] = time.monotonic() - t
 
     t = time.monotonic()
-    trained = _train(spec, manifest, plan, cluster, provider, nodes, env, base_path, resume, log, timeout_s)
-    ckpt, plan, cluster = trained.checkpoint, trained.plan, trained.cluster
+    # track: every step to the trackers, as a native rank 0 sends it (live from XTuner's logs, then metrics.jsonl)
+    with fed_trackers(spec.track, run_dir, run_dir.name, plan.work_dir, run_shape(plan), plan.total_steps) as feed:
+        trained = _train(spec, manifest, plan, cluster, provider, nodes, env, base_path, resume, log, timeout_s)
+        ckpt, plan, cluster = trained.checkpoint, trained.plan, trained.cluster
+        stage["train_s"] = time.monotonic() - t
+        metrics_path = write_step_metrics(plan)
+        steps = read_metrics(metrics_path)
+        if feed is not None:
+            feed.final = steps
     if nodes is not None:
         runner = node_runner(provider, cluster, cluster.nodes[0])  # node 0 of the nodes the run ended on
-    stage["train_s"] = time.monotonic() - t
-    metrics_path = write_step_metrics(plan)
-    from nightloom.metrics import read_metrics
-
-    steps = read_metrics(metrics_path)
     last = steps[-1]
     if last.step < plan.total_steps:
         raise XTunerLaunchError(

@@ -19,35 +19,36 @@ from nightloom.train.sft_batch import labels_note
 @dataclass(frozen=True)
 class StepRecord:
     """What one optimizer step measured: global figures (loss, tokens, the peak memory over ranks) and this rank's
-    own (`local_mem_bytes`, what its Prometheus endpoint reports)."""
+    own (`local_mem_bytes`, what its Prometheus endpoint reports). The native trainer fills every figure; a None is
+    one the XTuner backend's logs do not hold (nightloom.finetune.track_feed), left out of the trackers' step."""
 
     step: int
     total_steps: int
     loss: float
-    grad_norm: float
-    lr: float
+    grad_norm: float | None
+    lr: float | None
     tokens: int  # ids computed over the global batch
-    tokens_per_s: float
-    label_tokens: int
-    label_tokens_per_s: float
-    flops: float
-    hardware_flops: float
-    step_time_s: float
-    peak_mem_bytes: float  # max over ranks
-    local_mem_bytes: int  # this rank's peak, read after the step's evaluation
-    mfu: float
-    hfu: float
+    tokens_per_s: float | None
+    label_tokens: int | None
+    label_tokens_per_s: float | None
+    flops: float | None
+    hardware_flops: float | None
+    step_time_s: float | None
+    peak_mem_bytes: float | None  # max over ranks
+    local_mem_bytes: int | None  # this rank's peak, read after the step's evaluation
+    mfu: float | None
+    hfu: float | None
     time: float
     attempt: int
     gap: bool
     world_size: int
-    collective_latency_s: float
+    collective_latency_s: float | None
     eval_loss: float | None = None
     eval_ppl: float | None = None
     eval_tokens: int | None = None
     router_aux_loss: float | None = None
     expert_tokens: list[int] | None = None
-    preference: dict[str, float] | None = None  # train.task dpo: TRL's names (rewards/…, logps/…), eval_* too
+    preference: dict[str, float] | None = None  # train.task dpo and grpo: TRL's names (rewards/…, reward, kl…), eval_*
 
 
 class StepSink(Protocol):
@@ -113,7 +114,13 @@ def step_line(r: StepRecord) -> str:
 
 
 def preference_note(figures: dict[str, float]) -> str:
-    """train.task dpo: the step line's reward accuracy and margin."""
+    """train.task dpo: the step line's reward accuracy and margin; grpo: the mean reward, its std and the
+    completions' mean length."""
+    if "rewards/accuracies" not in figures:
+        return (
+            f" reward {figures['reward']:.3f} std {figures['reward_std']:.3f} "
+            f"len {figures['completions/mean_length']:.1f}"
+        )
     return f" reward acc {figures['rewards/accuracies']:.2f} margin {figures['rewards/margins']:.4f}"
 
 

@@ -14,6 +14,8 @@ from nightloom.finetune.config import XTunerConfigError
 from nightloom.finetune.logs import launch_dirs, parse_launch
 from nightloom.finetune.run import run_xtuner
 from nightloom.metrics import read_metrics
+from nightloom.spec.tracking import TrackSpec
+from tests.support.trackers import tensorboard_scalars
 from tests.support.xtuner_data import alpaca_rows, make_spec, run_in_env, write_shards
 
 
@@ -30,6 +32,7 @@ def shards(tmp_path_factory) -> Path:
 def lora_run(xtuner_env, base_model, shards, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("lora")
     spec = make_spec(tmp, base_model, shards, method="lora", steps=4, checkpoint_every=2, global_batch=2)
+    spec = spec.model_copy(update={"track": TrackSpec.model_validate(["tensorboard"])})  # its steps to a tracker
     result = run_xtuner(spec, shards, tmp / "run", log=QUIET, env=xtuner_env)
     return spec, result, tmp
 
@@ -50,6 +53,10 @@ def test_lora_one_rank(lora_run):
     saved = json.loads((tmp / "run" / "result.json").read_text())
     assert saved["steps_done"] == 4 and saved["metrics_path"] == r.metrics_path
     assert "train.log" in {p.name for p in (tmp / "run" / "xtuner" / "logs").iterdir()}
+    # track: the steps reached the tracker under a native run's names, with metrics.jsonl's values (float32 there)
+    for key in ("loss", "lr", "grad_norm"):
+        got = tensorboard_scalars(tmp / "run" / "tensorboard", f"train/{key}")
+        assert got == pytest.approx({m.step: getattr(m, key) for m in steps}, rel=1e-6)
 
 
 def test_convert_merge_round_trip(lora_run, base_model, xtuner_env):
