@@ -4,17 +4,8 @@ from __future__ import annotations
 
 import warnings
 
-from nightloom.spec.cluster import (
-    PROVIDER_KINDS,
-    ClusterSpec,
-    KubernetesSpec,
-    LocalSpec,
-    NCCLSpec,
-    ProviderSpec,
-    SlurmSpec,
-    SSHHost,
-    SSHSpec,
-)
+from nightloom.spec import cluster
+from nightloom.spec.cluster import *  # noqa: F403 - the names of cluster.__all__, listed there once
 
 warnings.warn(
     "nightloom.spec_cluster is deprecated and goes in the next release: import from nightloom.spec.cluster",
@@ -22,14 +13,4 @@ warnings.warn(
     stacklevel=2,
 )
 
-__all__ = [
-    "PROVIDER_KINDS",
-    "ClusterSpec",
-    "KubernetesSpec",
-    "LocalSpec",
-    "NCCLSpec",
-    "ProviderSpec",
-    "SSHHost",
-    "SSHSpec",
-    "SlurmSpec",
-]
+__all__ = cluster.__all__

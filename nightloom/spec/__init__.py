@@ -14,18 +14,9 @@ the floor-0 leaves below, so the tokenizer, the providers and the Run form can i
 
 from __future__ import annotations
 
+from nightloom.spec import cluster
 from nightloom.spec.base import SpecError
-from nightloom.spec.cluster import (
-    PROVIDER_KINDS,
-    ClusterSpec,
-    KubernetesSpec,
-    LocalSpec,
-    NCCLSpec,
-    ProviderSpec,
-    SlurmSpec,
-    SSHHost,
-    SSHSpec,
-)
+from nightloom.spec.cluster import *  # noqa: F403 - the cluster section's names (cluster.__all__, listed there once)
 from nightloom.spec.schema import (
     HASH_NEUTRAL_DEFAULTS,
     LORA_TARGETS,
@@ -49,28 +40,20 @@ from nightloom.spec.schema import (
 )
 
 __all__ = [
+    *cluster.__all__,
     "HASH_NEUTRAL_DEFAULTS",
     "LORA_TARGETS",
-    "PROVIDER_KINDS",
-    "ClusterSpec",
     "DaskSpec",
     "DatasetSpec",
     "GoldenSpec",
-    "KubernetesSpec",
     "LedgerSpec",
-    "LocalSpec",
     "LoraSpec",
     "ModelSpec",
-    "NCCLSpec",
     "ParallelSpec",
-    "ProviderSpec",
     "RecoverySpec",
     "RunSpec",
-    "SSHHost",
-    "SSHSpec",
     "ScheduleSpec",
     "ShardingSpec",
-    "SlurmSpec",
     "SpecError",
     "StorageSpec",
     "TokenizerSpec",

@@ -9,6 +9,18 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from nightloom.spec.base import Section as _Section
 
+__all__ = [  # the package (nightloom/spec/__init__.py) and the old nightloom.spec_cluster re-export these
+    "PROVIDER_KINDS",
+    "ClusterSpec",
+    "KubernetesSpec",
+    "LocalSpec",
+    "NCCLSpec",
+    "ProviderSpec",
+    "SSHHost",
+    "SSHSpec",
+    "SlurmSpec",
+]
+
 #: the description of each provider's `kind`: the choice of provider that shows its section
 _KIND = "Which provider these settings are for (on the Run form: the provider chosen above)."
 
