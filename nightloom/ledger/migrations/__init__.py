@@ -8,6 +8,14 @@ and a test that opens a ledger written before the change. Each revision also wri
 
 from pathlib import Path
 
+import sqlalchemy as sa
+from alembic import op
+
 SCRIPT_DIR = Path(__file__).resolve().parent
 VERSION_TABLE = "nightloom_alembic_version"  # not `alembic_version`: the ledger may share a database with other apps
 LEGACY_TABLE = "nightloom_schema"  # the integer version nightloom kept before Alembic (schemas 1 and 2)
+
+
+def set_legacy_version(version: int) -> None:
+    """Write `version` into the legacy `nightloom_schema` row: a revision's last step (upgrade and downgrade)."""
+    op.execute(sa.text(f"UPDATE {LEGACY_TABLE} SET version = {version} WHERE id = 1"))

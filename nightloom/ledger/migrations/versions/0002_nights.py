@@ -7,7 +7,7 @@ Revises: 0001
 import sqlalchemy as sa
 from alembic import op
 
-from nightloom.ledger.migrations import LEGACY_TABLE
+from nightloom.ledger.migrations import set_legacy_version
 
 revision = "0002"
 down_revision = "0001"
@@ -15,17 +15,13 @@ branch_labels = None
 depends_on = None
 
 
-def _legacy_version(version: int) -> None:
-    op.execute(sa.text(f"UPDATE {LEGACY_TABLE} SET version = {version} WHERE id = 1"))
-
-
 def upgrade() -> None:
     with op.batch_alter_table("nightloom_runs") as batch:  # batch: SQLite alters by copying when it must
         batch.add_column(sa.Column("nights", sa.JSON(), nullable=True))
-    _legacy_version(2)
+    set_legacy_version(2)
 
 
 def downgrade() -> None:
     with op.batch_alter_table("nightloom_runs") as batch:
         batch.drop_column("nights")
-    _legacy_version(1)
+    set_legacy_version(1)

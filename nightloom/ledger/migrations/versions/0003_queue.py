@@ -9,7 +9,7 @@ Revises: 0002
 import sqlalchemy as sa
 from alembic import op
 
-from nightloom.ledger.migrations import LEGACY_TABLE
+from nightloom.ledger.migrations import set_legacy_version
 
 revision = "0003"
 down_revision = "0002"
@@ -18,10 +18,6 @@ depends_on = None
 
 QUEUES = "nightloom_queues"
 JOBS = "nightloom_queue_jobs"
-
-
-def _legacy_version(version: int) -> None:
-    op.execute(sa.text(f"UPDATE {LEGACY_TABLE} SET version = {version} WHERE id = 1"))
 
 
 def upgrade() -> None:
@@ -58,11 +54,11 @@ def upgrade() -> None:
         sqlite_autoincrement=True,  # SQLite: a removed job's id is never handed to a new one
     )
     op.create_index(f"ix_{JOBS}_queue", JOBS, ["queue"])
-    _legacy_version(3)
+    set_legacy_version(3)
 
 
 def downgrade() -> None:
     op.drop_index(f"ix_{JOBS}_queue", table_name=JOBS)
     op.drop_table(JOBS)
     op.drop_table(QUEUES)
-    _legacy_version(2)
+    set_legacy_version(2)

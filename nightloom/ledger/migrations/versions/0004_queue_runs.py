@@ -9,7 +9,7 @@ Revises: 0003
 import sqlalchemy as sa
 from alembic import op
 
-from nightloom.ledger.migrations import LEGACY_TABLE
+from nightloom.ledger.migrations import set_legacy_version
 
 revision = "0004"
 down_revision = "0003"
@@ -17,10 +17,6 @@ branch_labels = None
 depends_on = None
 
 RUNS = "nightloom_queue_runs"
-
-
-def _legacy_version(version: int) -> None:
-    op.execute(sa.text(f"UPDATE {LEGACY_TABLE} SET version = {version} WHERE id = 1"))
 
 
 def upgrade() -> None:
@@ -47,10 +43,10 @@ def upgrade() -> None:
         sqlite_autoincrement=True,
     )
     op.create_index(f"ix_{RUNS}_queue", RUNS, ["queue"])
-    _legacy_version(4)
+    set_legacy_version(4)
 
 
 def downgrade() -> None:
     op.drop_index(f"ix_{RUNS}_queue", table_name=RUNS)
     op.drop_table(RUNS)
-    _legacy_version(3)
+    set_legacy_version(3)

@@ -8,7 +8,7 @@ Revises: 0004
 import sqlalchemy as sa
 from alembic import op
 
-from nightloom.ledger.migrations import LEGACY_TABLE
+from nightloom.ledger.migrations import set_legacy_version
 
 revision = "0005"
 down_revision = "0004"
@@ -16,19 +16,15 @@ branch_labels = None
 depends_on = None
 
 
-def _legacy_version(version: int) -> None:
-    op.execute(sa.text(f"UPDATE {LEGACY_TABLE} SET version = {version} WHERE id = 1"))
-
-
 def upgrade() -> None:
     with op.batch_alter_table("nightloom_runs") as batch:  # batch: SQLite alters by copying when it must
         batch.add_column(sa.Column("preemptions", sa.Integer(), nullable=False, server_default="0"))
         batch.add_column(sa.Column("preemption_lost_s", sa.Float(), nullable=False, server_default="0"))
-    _legacy_version(5)
+    set_legacy_version(5)
 
 
 def downgrade() -> None:
     with op.batch_alter_table("nightloom_runs") as batch:
         batch.drop_column("preemption_lost_s")
         batch.drop_column("preemptions")
-    _legacy_version(4)
+    set_legacy_version(4)

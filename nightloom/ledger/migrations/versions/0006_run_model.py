@@ -14,7 +14,7 @@ from pathlib import Path
 import sqlalchemy as sa
 from alembic import op
 
-from nightloom.ledger.migrations import LEGACY_TABLE
+from nightloom.ledger.migrations import set_legacy_version
 from nightloom.ledger.model import model_family, run_model_from_job
 
 revision = "0006"
@@ -25,10 +25,6 @@ depends_on = None
 RUNS = sa.table(
     "nightloom_runs", sa.column("run_id"), sa.column("model"), sa.column("family"), sa.column("metrics_path")
 )
-
-
-def _legacy_version(version: int) -> None:
-    op.execute(sa.text(f"UPDATE {LEGACY_TABLE} SET version = {version} WHERE id = 1"))
 
 
 def _correct_rows(conn: sa.Connection) -> None:
@@ -45,11 +41,11 @@ def upgrade() -> None:
         batch.add_column(sa.Column("family", sa.String(64), nullable=False, server_default=""))
     if not op.get_context().as_sql:
         _correct_rows(op.get_bind())
-    _legacy_version(6)
+    set_legacy_version(6)
 
 
 def downgrade() -> None:
     """Drop the family; corrected model names stay (the name they replaced was wrong)."""
     with op.batch_alter_table("nightloom_runs") as batch:
         batch.drop_column("family")
-    _legacy_version(5)
+    set_legacy_version(5)

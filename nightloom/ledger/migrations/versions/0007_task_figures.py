@@ -12,7 +12,7 @@ from pathlib import Path
 import sqlalchemy as sa
 from alembic import op
 
-from nightloom.ledger.migrations import LEGACY_TABLE
+from nightloom.ledger.migrations import set_legacy_version
 from nightloom.ledger.model import run_task_from_job
 
 revision = "0007"
@@ -21,10 +21,6 @@ branch_labels = None
 depends_on = None
 
 RUNS = sa.table("nightloom_runs", sa.column("run_id"), sa.column("task"), sa.column("metrics_path"))
-
-
-def _legacy_version(version: int) -> None:
-    op.execute(sa.text(f"UPDATE {LEGACY_TABLE} SET version = {version} WHERE id = 1"))
 
 
 def _fill_tasks(conn: sa.Connection) -> None:
@@ -41,11 +37,11 @@ def upgrade() -> None:
         batch.add_column(sa.Column("figures", sa.JSON(), nullable=True))
     if not op.get_context().as_sql:
         _fill_tasks(op.get_bind())
-    _legacy_version(7)
+    set_legacy_version(7)
 
 
 def downgrade() -> None:
     with op.batch_alter_table("nightloom_runs") as batch:
         batch.drop_column("figures")
         batch.drop_column("task")
-    _legacy_version(6)
+    set_legacy_version(6)
