@@ -598,4 +598,8 @@ class RunSpec(_Section):
             spec.ledger.url = "sqlite:///" + fix(spec.ledger.url[len("sqlite:///") :])
         if spec.train.xtuner is not None:
             spec.train.xtuner.base_model = fix(spec.train.xtuner.base_model) or ""
+        for reward in spec.train.grpo.rewards if spec.train.grpo is not None else []:  # file.py:function
+            target, _, func = reward.fn.rpartition(":")
+            if target.endswith(".py"):
+                reward.fn = f"{fix(target)}:{func}"
         return spec

@@ -39,6 +39,7 @@ from nightloom.train.rank import (  # re-exported: tests and bench/ import them 
     write_pid,
 )
 from nightloom.train.reporting import MetricsFileSink, PromSink, StdoutSink, StepRecord, StepReporter
+from nightloom.train.rollout.task import GRPOLayout, GRPOTask
 from nightloom.train.sft_batch import (
     FlopCounter,
     label_scale,
@@ -90,8 +91,10 @@ class Trainer:
         self.sft = t.task == "sft"  # one conversation per row, the loss over label tokens (assistant turns) only
         data = dict(seed=t.seed, tokenizer=job.tokenizer, s3=job.s3)
         rows = ConversationRows(job.manifest, t.seq_len, pack=t.pack, **data) if self.sft else None
-        if t.task == "grpo":  # the pieces are nightloom/train/rollout/ (step.py); the loop's wiring is issue 54's rest
-            raise NotImplementedError("train.task grpo: the native trainer does not run GRPO steps yet")
+        self.grpo = None  # train.task grpo: prompts, rollouts, rewards and the GRPO loss (train/rollout/task.py)
+        if t.task == "grpo":
+            lay = GRPOLayout(self.dims.dp, dp_rank, self.plan.tp, self.dims.dp > 1, self.plan.micro_batch)
+            self.grpo = GRPOTask(job, lay, self._log)
         self.pref = None  # train.task dpo: preference pairs, their loss and reference (train/preference/step.py)
         if t.task == "dpo":
             p = self.plan
@@ -102,23 +105,27 @@ class Trainer:
             self.pref = PreferenceStep(job, layout, self.lora is not None, self._log)
             rows = self.pref.rows
         self.pack_stats = rows.stats() if t.pack else None  # conversations per packed row, logged and in result
-        self.loader = StepLoader(
-            rows or PackedWindows(job.manifest, t.seq_len, **data),
-            self.plan.micro_batch,
-            self.plan.grad_accum,
-            self.dims.dp,
-            dp_rank,
-            width_multiple(self.plan.pp, self.plan.cp, self.plan.tp, self.plan.sp, ctx.device.type),
-            t.group_by_length,
+        self.loader = (
+            None
+            if self.grpo is not None
+            else StepLoader(
+                rows or PackedWindows(job.manifest, t.seq_len, **data),
+                self.plan.micro_batch,
+                self.plan.grad_accum,
+                self.dims.dp,
+                dp_rank,
+                width_multiple(self.plan.pp, self.plan.cp, self.plan.tp, self.plan.sp, ctx.device.type),
+                t.group_by_length,
+            )
         )
-        self.tokens_per_step = self.loader.global_batch * t.seq_len
+        self.tokens_per_step = self.loader.global_batch * t.seq_len if self.loader is not None else 0
         self.pp_group = ctx.mesh["pp"].get_group() if self.plan.pp > 1 else None
         self.fsdp = self.dims.dp > 1
         self.flops = FlopCounter(self.shape, self.plan.recompute, frozen_base=self.lora is not None)  # as computed
         self.moe = ExpertLoad(self.shape.router_aux_loss_coef, self.shape.num_experts) if self.shape.moe else None
         self.peak, self.peak_source = measure_peak(job, ctx)
         self.eval_batches: list[tuple[torch.Tensor, torch.Tensor]] = []
-        if job.eval_every and self.pref is None:
+        if job.eval_every and self.pref is None and self.grpo is None:
             self.eval_batches = self._eval_set()
         # train.async_checkpoint: periodic saves written by a thread while the next steps run
         self.saver = checkpoint.AsyncSaver(job.checkpoint_dir, ctx.rank) if t.async_checkpoint else None
@@ -156,6 +163,11 @@ class Trainer:
     def _forward_backward(self, step: int) -> torch.Tensor:
         """Local mean loss of this rank's share (0 on non-last pipeline stages); sft: this rank's share of the
         global mean over label tokens, times dp·cp (the mean over ranks in `_global_loss` gives the global mean)."""
+        if self.grpo is not None:  # rollout (or the round's batch again), rewards, advantages, loss, backward
+            local, self.counts, self.pref_figures = self.grpo.forward_backward(
+                self.parts.parts[0], step, self.ctx.device, self.flops
+            )
+            return local
         if self.pref is not None:
             m = self.parts.parts[0]
             local, self.counts, self.pref_figures = self.pref.forward_backward(
@@ -294,6 +306,8 @@ class Trainer:
         self._announce(start)
         if self.pref is not None:  # the reference's log-probs, and the held-out pairs before any step
             self.pref.prepare(self.parts.parts[0], start, self._autocast, self.ctx.device)
+        if self.grpo is not None:  # the held-out prompts' mean reward before any step
+            self.grpo.prepare(self.parts.parts[0], start)
         step, stopped, last_loss, last_ckpt, saved_at = start, "completed", None, None, None
         est = 0.0
         reset_peak_memory(self.ctx.device)
@@ -345,10 +359,12 @@ class Trainer:
     def _announce(self, start: int) -> None:
         """The run's opening lines: job, layout, batch and peak; packing; LoRA's trainable share."""
         job, t = self.job, self.job.train
+        g = self.grpo.g if self.grpo is not None else None  # grpo: prompts x completions each
+        batch = f"{g.prompts_per_step}x{g.num_generations}" if g else f"{self.loader.global_batch}x{t.seq_len}"
         self._log(
             f"[nightloom.train] run {job.run_id} attempt {job.attempt}: {self.shape.name} layout "
             f"{self.plan.layout()} world {self.ctx.world} device {self.ctx.device.type} steps {start}->{t.steps} "
-            f"global batch {self.loader.global_batch}x{t.seq_len} peak {self.peak / 1e9:.1f} GFLOP/s "
+            f"global batch {batch}{' completions' if g else ''} peak {self.peak / 1e9:.1f} GFLOP/s "
             f"({self.peak_source})"
         )
         if self.pack_stats is not None:
@@ -420,8 +436,10 @@ class Trainer:
         )
 
     def _preference_figures(self, step: int, start: int) -> dict[str, float] | None:
-        """train.task dpo: the step's figures under TRL's names, with the held-out pairs' (eval_*) when due; the
-        first step after a fresh start also carries the held-out figures before training (start_eval_*)."""
+        """train.task dpo (and grpo: train/rollout/task.py): the step's figures under TRL's names, with the held-out
+        pairs' (eval_*) when due; the first step after a fresh start also carries them before training (start_eval_*)."""
+        if self.grpo is not None:
+            return self.grpo.figures(self.parts.parts[0], step, start, self.pref_figures)
         if self.pref is None:
             return None
         figures = dict(self.pref_figures)
@@ -442,7 +460,7 @@ class Trainer:
             total_steps=t.steps,
             stopped=stopped,
             final_loss=last_loss,
-            tokens=step * self.tokens_per_step,
+            tokens=step * self.tokens_per_step if self.grpo is None else self.grpo.tokens,
             wall_s=time.time() - t_start,
             last_checkpoint=last_ckpt,
             peak_flops=self.peak,

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from nightloom.spec.grpo import GRPOSpec
+from nightloom.train.preference.reference import adapters_disabled
 from nightloom.train.rollout.generate import Rollout, generate, left_padded
 from nightloom.train.rollout.grpo import (
     Advantages,
@@ -142,17 +143,22 @@ class GRPOStep:
         denom = float(mask.sum()) if num_tokens is None else num_tokens
         whole = rollout_batch(batch.prompt_ids, batch.pad, r)
         total, figures = 0.0, {}
+        temperature = self.s.sampling.temperature or 1.0
         for start in range(0, n, mb):
             rows = slice(start, min(start + mb, n))
             part = type(whole)(whole.ids[rows], whole.doc_ids[rows], whole.prompt_len, whole.completion_mask[rows])
-            logps = completion_logps(model, part, self.s.sampling.temperature or 1.0)
+            ref = None
+            if self.s.loss.beta != 0.0:  # the KL's reference: the base with the LoRA adapters off (no second copy)
+                with torch.no_grad(), adapters_disabled(model):
+                    ref = completion_logps(model, part, temperature)
+            logps = completion_logps(model, part, temperature)
             out = grpo_loss(logps, r.logprobs[rows], batch.advantages.values[rows], mask[rows], self.s.loss,
-                            num_tokens=denom)  # fmt: skip
+                            ref_logps=ref, num_tokens=denom)  # fmt: skip
             share = (rows.stop - rows.start) / n if self.s.loss.loss_type != "dapo" else 1.0
             if sync is not None:
                 sync(rows.stop == n)
             (out.loss * share).backward()
-            total += float(out.loss) * share
+            total += float(out.loss.detach()) * share
             for k, v in out.metrics.items():
                 figures[k] = figures.get(k, 0.0) + v * (rows.stop - rows.start) / n
         weights = torch.tensor([w.ref.weight for w in self.rewards])
@@ -163,8 +169,8 @@ class GRPOStep:
     @torch.no_grad()
     def evaluate(self, model: nn.Module, prompts: Sequence[Prompt]) -> dict[str, float]:
         """Held-out prompts, one sampled completion each from a fixed RNG: the mean reward, its std and standard
-        error (what a gain is judged against)."""
-        out = self._sample(model, list(prompts), rollout_generator(self.seed + 1, 0, self.dp_rank))
+        error (what a gain is judged against). The RNG is rank 0's on every rank: the same figures on any layout."""
+        out = self._sample(model, list(prompts), rollout_generator(self.seed + 1, 0, 0))
         total = self._score(list(prompts), out).total
         std = float(total.std()) if total.numel() > 1 else 0.0
         return {"reward": float(total.mean()), "reward_std": std, "reward_se": std / max(total.numel(), 1) ** 0.5}

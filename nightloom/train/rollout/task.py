@@ -1,0 +1,167 @@
+"""train.task grpo inside the trainer: this rank's prompts (prompts.py), one optimizer step's rollout, scoring and
+backward (step.py's GRPOStep), the step's figures under TRL's names over every rank, the held-out prompts' mean
+reward, and the table of sampled completions every `log_completions_every` steps. The Trainer
+(nightloom/train/trainer.py) keeps the layout, the optimizer, checkpoints and reporting.
+
+One generated batch serves `iterations` optimizer steps (GRPO's μ); its RNG is seeded by (seed, step // iterations,
+dp rank), so a run resumed at a round's first step samples what the first attempt did. A resume in the middle of a
+round (a checkpoint at a step that is not a multiple of iterations) generates that round again from the resumed
+weights."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from nightloom.rewards.resolve import RewardRef
+from nightloom.spec.grpo import GRPOSpec
+from nightloom.train.parallelize import IGNORE_INDEX
+from nightloom.train.rollout.logps import rollout_batch
+from nightloom.train.rollout.prompts import PromptStream, read_prompt_tables, to_prompts
+from nightloom.train.rollout.rewards import load_rewards
+from nightloom.train.rollout.step import GRPOSettings, GRPOStep, ScoredRollout, decoder
+from nightloom.train.sft_batch import step_counts
+from nightloom.util import atomic_write_text
+
+#: the held-out figures in metrics.jsonl (eval_reward, ...) and before the first step (start_eval_reward, ...)
+EVAL_REWARD = "eval_reward"
+COMPLETIONS_DIR = "completions"  # <run_dir>/completions/step-NNNNNN.json: the sampled completions' tables
+
+
+@dataclass(frozen=True)
+class GRPOLayout:
+    """What the task needs of the trainer's layout: DP size and rank, the copies of one DP slice (tp), and
+    whether FSDP syncs gradients."""
+
+    dp: int
+    dp_rank: int
+    copies: int
+    fsdp: bool
+    micro_batch: int  # completions per training forward
+
+
+def completions_path(run_dir: str | Path, step: int) -> Path:
+    return Path(run_dir) / COMPLETIONS_DIR / f"step-{step:06d}.json"
+
+
+class GRPOTask:
+    """train.task grpo for one rank: its prompts, the rewards and GRPOStep, the batch being reused."""
+
+    def __init__(self, job, layout: GRPOLayout, log: Callable[[str], None] = print):
+        t = job.train
+        g = t.grpo or GRPOSpec()
+        self.job, self.g, self.layout, self.log = job, g, layout, log
+        table, tok = read_prompt_tables(job.manifest, job.tokenizer, job.s3, heldout=False)
+        room = t.seq_len - g.max_completion_tokens
+        if room < 1:
+            raise ValueError(
+                f"train.seq_len: {t.seq_len} leaves no room for a prompt before train.grpo.max_completion_tokens "
+                f"{g.max_completion_tokens}"
+            )
+        self.stream = PromptStream(to_prompts(table, tok, room), g.prompts_per_step, t.seed, layout.dp, layout.dp_rank)
+        self.heldout = []
+        if job.eval_every and g.eval_prompts:
+            held, _ = read_prompt_tables(job.manifest, job.tokenizer, job.s3, heldout=True)
+            self.heldout = to_prompts(held, tok, room)[: g.eval_prompts]
+        rewards = load_rewards([RewardRef(r.fn, r.weight, r.args) for r in g.rewards], ".", "train.grpo.rewards")
+        settings = GRPOSettings.from_spec(g, layout.micro_batch)
+        self.step = GRPOStep(settings, rewards, decoder(tok), [tok.eos_id], tok.eos_id, t.seed, layout.dp_rank)
+        self.batch: ScoredRollout | None = None
+        self.batch_round = -1
+        self.initial: dict[str, float] | None = None  # the held-out figures before the first step
+        self.tokens = 0  # ids computed by training forwards, over every rank (TrainResult.tokens)
+
+    def prepare(self, model, start: int) -> None:
+        """On a fresh start with held-out prompts: their mean reward before any step."""
+        if self.heldout and start == 0:
+            self.initial = self.evaluate(model)
+            self.log(eval_line(0, self.initial))
+
+    def _num_tokens(self, batch: ScoredRollout, device) -> float | None:
+        """dapo's denominator: the generation batch's loss tokens over every rank, divided by dp (FSDP averages
+        the ranks' gradients)."""
+        if self.g.loss_type != "dapo":
+            return None
+        r = batch.rollout
+        mask = r.mask & ~r.truncated[:, None] if self.g.mask_truncated else r.mask
+        t = torch.tensor([float(mask.sum())], dtype=torch.float64, device=device)
+        dist.all_reduce(t)
+        return float(t[0]) / self.layout.copies / self.layout.dp
+
+    def forward_backward(self, model, step: int, device, flops):
+        """This rank's share of step `step`: (its loss, the global StepCounts, the step's figures)."""
+        lay = self.layout
+        rnd = step // self.g.iterations
+        if self.batch is None or self.batch_round != rnd:
+            self.batch = self.step.rollout(model, self.stream.round(rnd), step)
+            self.batch_round = rnd
+        sync = (lambda last: model.set_requires_gradient_sync(last)) if lay.fsdp else None
+        loss, figures = self.step.train(model, self.batch, self._num_tokens(self.batch, device), sync)
+        whole = rollout_batch(self.batch.prompt_ids, self.batch.pad, self.batch.rollout)
+        targets = torch.where(whole.doc_ids[:, 1:] == 1, whole.ids[:, 1:], IGNORE_INDEX)
+        counts = step_counts([(whole.ids[:, :-1], targets)], flops, True, lay.dp, lay.copies, device)
+        self.tokens += counts.computed
+        figures = self._global(figures, self.batch.scores.total, device)
+        figures["generation_s"], figures["scoring_s"] = self.batch.generation_s, self.batch.scoring_s
+        return torch.tensor(loss, device=device), counts, figures
+
+    def _global(self, figures: dict[str, float], totals: torch.Tensor, device) -> dict[str, float]:
+        """Every rank's figures averaged (each DP rank holds as many completions), `reward` and `reward_std` from
+        every completion's total reward."""
+        names = sorted(figures)
+        t = torch.tensor([figures[k] for k in names], dtype=torch.float64, device=device)
+        dist.all_reduce(t)
+        out = dict(zip(names, (t / dist.get_world_size()).tolist(), strict=True))
+        gathered = [torch.zeros_like(totals) for _ in range(dist.get_world_size())]
+        dist.all_gather(gathered, totals.to(device))
+        every = torch.cat(gathered[:: self.layout.copies]) if self.layout.copies > 1 else torch.cat(gathered)
+        out["reward"] = float(every.mean())
+        out["reward_std"] = float(every.std()) if every.numel() > 1 else 0.0
+        return out
+
+    def figures(self, model, step: int, start: int, local: dict[str, float]) -> dict[str, float]:
+        """The step's figures, with the held-out prompts' (eval_*) when due and the ones before the first step
+        (start_eval_*) on the first step after a fresh start; the completions table when due."""
+        out = dict(local)
+        every, last = self.job.eval_every, self.job.train.steps
+        if self.heldout and (step == 1 or step % every == 0 or step == last):
+            ev = self.evaluate(model)
+            self.log(eval_line(step, ev))
+            out |= {f"eval_{k}": v for k, v in ev.items()}
+        if step == start + 1 and self.initial is not None:
+            out |= {f"start_eval_{k}": v for k, v in self.initial.items()}
+        n = self.g.log_completions_every
+        if n and (step % n == 0 or step == last) and dist.get_rank() == 0:
+            self.write_table(step)
+        return out
+
+    def evaluate(self, model) -> dict[str, float]:
+        return self.step.evaluate(model, self.heldout)
+
+    def write_table(self, step: int) -> Path:
+        """Rank 0's completions of the current batch with their rewards, as one JSON file (written, then renamed)."""
+        b = self.batch
+        texts = [self.step.decode(ids) for ids in b.rollout.completion_ids()]
+        rows = []
+        for i, (p, text) in enumerate(zip(b.prompts, texts, strict=True)):
+            row = {"prompt": p.text, "completion": text, "reward": round(float(b.scores.total[i]), 4)}
+            row |= {name: round(float(b.scores.per_fn[i, j]), 4) for j, name in enumerate(b.scores.names)}
+            row["advantage"] = round(float(b.advantages.values[i]), 4)
+            rows.append(row)
+        path = completions_path(self.job.run_dir, step)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, json.dumps({"step": step, "rows": rows}, indent=1) + "\n")
+        return path
+
+
+def eval_line(step: int, figures: dict[str, float]) -> str:
+    """The terminal's held-out line of a grpo run."""
+    return (
+        f"eval step {step}: held-out mean reward {figures['reward']:.4f} ± {figures['reward_se']:.4f} (SE) "
+        f"std {figures['reward_std']:.4f}"
+    )
