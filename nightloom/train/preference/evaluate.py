@@ -56,7 +56,7 @@ def evaluate_pairs(run_dir: str | Path, data: str | Path, seq_len: int | None = 
     model, job, step, path = load_model(Path(run_dir), n + 1)
     pref = job.train.preference or PreferenceSpec()
     how = pref.reference_how(job.train.lora is not None)
-    reference = _initial_model(job, n + 1) if how == "precomputed" else None
+    reference = _initial_model(job, n + 1) if how in ("precomputed", "frozen_copy") else None
     settings = LossSettings(pref.loss, pref.beta, pref.label_smoothing, pref.simpo_gamma)
     data = Path(data)
     if not data.is_file():

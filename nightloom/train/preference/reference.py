@@ -1,8 +1,11 @@
 """The reference policy's log-probs for DPO and IPO (and any later task that scores against the initial model).
 
-Two ways, chosen by train.preference.reference:
+Three ways, chosen by train.preference.reference:
 - adapters_off (LoRA): the same model with every adapter's contribution set to 0 for one no-grad forward, which is
   the frozen base exactly (no second copy of the weights, as TRL and PEFT do with `disable_adapter`).
+- frozen_copy (full fine-tuning): a second model built as the policy is (`frozen_copy`: the same plan, so FSDP2
+  shards and TP splits it over the same ranks) holding the initial weights, without gradients or optimizer state,
+  one no-grad forward per micro-batch (TRL's `ref_model`); rebuilt from the initial weights on resume.
 - precomputed (full fine-tuning): every training and held-out pair scored once with the initial weights before
   the first step, each DP rank a share, all-reduced, and stored beside the shards as
   `<shards>/reference/<key>.npy` (written then renamed), `key` hashing the model (its weights files' names,
@@ -42,6 +45,28 @@ def adapters_disabled(model: nn.Module) -> Iterator[None]:
     finally:
         for m, s in zip(adapted, saved, strict=True):
             m.lora_scaling = s
+
+
+def frozen_copy(job, device: torch.device) -> nn.Module:
+    """The reference model of a full fine-tuning job: built by build_parts with the policy's plan (FSDP2 shards
+    and TP splits on a mesh of the same ranks; pp = 1 for dpo), the initial weights (model.weights, or the seeded
+    random start the policy began from), every parameter frozen, in eval mode. Collective: every rank calls it."""
+    from nightloom.hf.load import fetch_weights, load_hf_weights
+    from nightloom.train.parallelize import build_parts
+    from nightloom.train.rank import precision_dtype
+
+    plan, dims, shape = job.plan, job.plan.dims(), job.model
+    if plan.tp > 1 and shape.vocab % plan.tp:  # as the trainer builds the policy
+        shape = shape.padded_for_tp(plan.tp)
+    mesh = dims.build_mesh(device.type) if dist.is_initialized() else None
+    dtype = precision_dtype(job.train.precision, device.type)
+    parts = build_parts(shape, plan, dims, mesh, job.train.seq_len, job.train.seed, device, dtype, loss_chunk=0)
+    if job.weights:
+        quiet = lambda _: None  # noqa: E731 - the policy's load already logged the weights
+        load_hf_weights(parts.parts, fetch_weights(job.weights, job.s3, log=quiet), shape, log=quiet)
+    (model,) = parts.parts
+    model.requires_grad_(False)
+    return model.eval()
 
 
 def weights_fingerprint(weights: str | None, seed: int, shape_name: str) -> dict:

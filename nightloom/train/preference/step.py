@@ -53,6 +53,7 @@ class PreferenceStep:
         self.local = layout.micro_batch * layout.grad_accum
         self.eval_docs = self._eval_docs() if job.eval_every else []
         self.table: np.ndarray | None = None  # precomputed: rows of the training stream, then the eval pairs
+        self.reference_model = None  # frozen_copy: the initial weights, sharded as the policy
         self.initial: dict[str, float] | None = None  # the held-out figures before the first step
 
     def _eval_docs(self) -> list:
@@ -76,7 +77,11 @@ class PreferenceStep:
 
     def _prepare_reference(self, model, start: int, autocast, device) -> None:
         """precomputed: load the stored table, or score every pair with the model as it is now (the initial
-        weights: refused when resuming at step `start` > 0 without the table)."""
+        weights: refused when resuming at step `start` > 0 without the table). frozen_copy: build the copy."""
+        if self.how == "frozen_copy":
+            self.reference_model = ref.frozen_copy(self.job, device)
+            self.log("[nightloom.train] reference: a frozen copy of the initial weights, sharded as the policy")
+            return
         if self.how != "precomputed":
             return
         total = self.rows.total + len(self.eval_docs)
@@ -117,6 +122,9 @@ class PreferenceStep:
         if self.how == "precomputed":
             t = torch.from_numpy(self.table[rows]).to(device=x.device, dtype=torch.float32)
             return t[:, 0], t[:, 1]
+        if self.how == "frozen_copy":
+            got = ref.score_pairs(self.reference_model, x, y, autocast).halves()
+            return got[0].total, got[1].total
         with ref.adapters_disabled(model):
             got = ref.score_pairs(model, x, y, autocast).halves()
         return got[0].total, got[1].total

@@ -26,6 +26,7 @@ def test_defaults_are_trls_and_the_reference_follows_lora():
     assert p.reference_how(lora=True) == "adapters_off" and p.reference_how(lora=False) == "precomputed"
     assert PreferenceSpec(loss="simpo").reference_how(lora=False) == "none"
     assert PreferenceSpec(loss="ipo", reference="precomputed").reference_how(lora=True) == "precomputed"
+    assert PreferenceSpec(reference="frozen_copy").reference_how(lora=False) == "frozen_copy"
 
 
 @pytest.mark.parametrize(
@@ -35,6 +36,12 @@ def test_defaults_are_trls_and_the_reference_follows_lora():
         ({}, {"cp": 2}, "", "parallel.cp: 2"),
         ({}, {"ep": 2}, "", "parallel.ep: 2"),
         ({"preference": {"reference": "adapters_off"}}, "auto", "", "adapters_off is the base without its adapters"),
+        (
+            {"lora": {"rank": 4}, "preference": {"reference": "frozen_copy"}},
+            "auto",
+            "",
+            "frozen_copy is a second copy for full fine-tuning",
+        ),
         ({"preference": {"loss": "ipo", "label_smoothing": 0.1}}, "auto", "train.preference", "sigmoid and simpo"),
         ({"preference": {"loss": "kto"}}, "auto", "train.preference.loss", "sigmoid"),
         ({"preference": {"beta": 0}}, "auto", "train.preference.beta", "greater than 0"),

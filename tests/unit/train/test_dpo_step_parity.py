@@ -1,9 +1,10 @@
 """The native trainer's DPO step (PreferenceStep.forward_backward: its pairs, micro-batches, accumulation, the
-reference and the loss scaling) for ipo, simpo and orpo on the tiny pref Qwen2, three SGD steps in one process,
+reference and the loss scaling) for ipo, sigmoid, simpo and orpo on the tiny pref Qwen2, three SGD steps in one process,
 against TRL 1.16 on transformers' own model of the same weights fed the same pairs: every step's loss and reward
 figures, and the weights after the third step, within 1e-5.
 
-ipo through DPOTrainer.compute_loss itself with a frozen reference model (ours: the precomputed table); simpo
+ipo and sigmoid through DPOTrainer.compute_loss itself with a frozen reference model (ours: the precomputed table
+for ipo, train.preference.reference frozen_copy for sigmoid); simpo
 through CPOTrainer's log-prob and loss functions (cpo_alpha 0: TRL has no SimPO-only trainer step); ORPO through
 ORPOTrainer's log-prob and odds-ratio functions plus the chosen completion's NLL (the paper's L_SFT: TRL's
 ORPOTrainer also counts the prompt's tokens in it, so its own step is not the reference here)."""
@@ -65,17 +66,17 @@ def setup(tmp_path_factory):
         dist.destroy_process_group()
 
 
-def _native(setup, loss: str):
+def _native(setup, loss: str, reference: str):
     """(PreferenceStep, native model with the HF weights) of a one-process dpo job with `loss`."""
     from nightloom.hf.load import load_hf_weights
     from nightloom.train.job import TrainJob
     from nightloom.train.model import build_model
     from nightloom.train.preference.step import Layout, PreferenceStep
 
-    pref = {"loss": loss} | ({"reference": "precomputed"} if loss == "ipo" else {})
+    pref = {"loss": loss, "reference": reference}
     train = {"task": "dpo", "preference": pref, "optimizer": "sgd", "lr": LR, "warmup_steps": 0, "export": "none"}
     path = make_job(
-        setup.root / "runs" / loss,
+        setup.root / "runs" / f"{loss}-{reference}",
         setup.root / "shards",
         hf=setup.weights,
         steps=STEPS,
@@ -137,8 +138,8 @@ def _micro_batches(step, s: int):
     return [_trl_batch(step.rows.docs(first + i * MICRO, MICRO), pad) for i in range(ACCUM)]
 
 
-def _ipo_trl(setup, policy, step):
-    """TRL's DPOTrainer(loss_type ipo) over the same micro-batches, its reference a frozen copy of the start."""
+def _dpo_trl(setup, policy, loss_type: str):
+    """TRL's DPOTrainer(loss_type) over the same micro-batches, its reference a frozen copy of the start."""
     from datasets import Dataset
     from trl import DPOConfig, DPOTrainer
 
@@ -149,7 +150,7 @@ def _ipo_trl(setup, policy, step):
         gradient_checkpointing=False,
         report_to="none",
         beta=0.1,
-        loss_type=["ipo"],
+        loss_type=[loss_type],
         dataset_num_proc=None,
     )
     trainer = DPOTrainer(
@@ -239,16 +240,20 @@ def _run_trl(micro_loss, policy, step) -> list[dict[str, float]]:
     return out
 
 
-@pytest.mark.parametrize("loss", ["ipo", "simpo", "orpo"])
-def test_trainer_dpo_step_equals_trl_over_three_steps(setup, loss):
+CASES = [("ipo", "precomputed"), ("sigmoid", "frozen_copy"), ("simpo", "auto"), ("orpo", "auto")]
+
+
+@pytest.mark.parametrize(("loss", "reference"), CASES)
+def test_trainer_dpo_step_equals_trl_over_three_steps(setup, loss, reference):
     from nightloom.hf.names import to_hf
 
-    step, model = _native(setup, loss)
-    assert (step.table is not None) == (loss == "ipo")  # ipo against the precomputed reference, the others none
+    step, model = _native(setup, loss, reference)
+    assert (step.table is not None) == (reference == "precomputed")
+    assert (step.reference_model is not None) == (reference == "frozen_copy")
     ours = _run_native(step, model)
     policy = copy.deepcopy(setup.hf).train()
-    micro_loss = {"ipo": lambda: _ipo_trl(setup, policy, step), "simpo": lambda: _simpo_trl(policy)}
-    micro_loss["orpo"] = lambda: _orpo_trl(policy)
+    micro_loss = {"simpo": lambda: _simpo_trl(policy), "orpo": lambda: _orpo_trl(policy)}
+    micro_loss |= {k: (lambda k=k: _dpo_trl(setup, policy, k)) for k in ("ipo", "sigmoid")}
     theirs = _run_trl(micro_loss[loss](), policy, step)
     for s, (a, b) in enumerate(zip(ours, theirs, strict=True)):
         for name in b:
@@ -257,3 +262,22 @@ def test_trainer_dpo_step_equals_trl_over_three_steps(setup, loss):
     hf_params = dict(policy.named_parameters())
     for name, p in model.named_parameters():
         assert torch.allclose(p.detach(), hf_params[to_hf(name, step.job.model)].detach(), atol=TOL, rtol=0), name
+
+
+def test_frozen_copy_is_frozen_and_keeps_the_initial_weights(setup):
+    """train.preference.reference frozen_copy: the copy has no trainable parameter, is a separate model (training
+    the policy leaves it at model.weights), and starts equal to the policy, so step 1's DPO loss is ln 2."""
+    from nightloom.hf.names import to_hf
+
+    step, model = _native(setup, "sigmoid", "frozen_copy")
+    copy_ = step.reference_model
+    assert copy_ is not model and not copy_.training
+    assert not any(p.requires_grad for p in copy_.parameters())
+    figures = _run_native(step, model)
+    assert figures[0]["loss"] == pytest.approx(0.6931471805599453, abs=1e-6)
+    hf_params = dict(setup.hf.named_parameters())
+    moved = 0
+    for (name, p), q in zip(copy_.named_parameters(), model.parameters(), strict=True):
+        assert torch.equal(p, hf_params[to_hf(name, step.job.model)].detach()), name
+        moved += not torch.equal(p, q)
+    assert moved > 0  # the policy trained away from it
