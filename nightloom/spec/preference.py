@@ -39,12 +39,14 @@ class PreferenceSpec(_Section):
         "(sigmoid and simpo only).",
     )
     simpo_gamma: float = Field(0.5, ge=0, description="SimPO's target reward margin γ (loss simpo only).")
-    reference: Literal["auto", "adapters_off", "precomputed"] = Field(
+    reference: Literal["auto", "adapters_off", "precomputed", "frozen_copy"] = Field(
         "auto",
         description="The reference's log-probs (sigmoid, ipo): adapters_off, the base with the LoRA adapters "
         "disabled (no second copy; needs train.lora); precomputed, computed once before training with the "
         "initial weights and stored beside the shards, keyed by the model's and the shards' hashes (reused by "
-        "the next night and after a preemption); auto: adapters_off with LoRA, else precomputed.",
+        "the next night and after a preemption); frozen_copy (full fine-tuning), a second copy of the initial "
+        "weights sharded as the policy (FSDP2, TP), no gradients or optimizer state, one no-grad forward per "
+        "step (more memory, nothing stored); auto: adapters_off with LoRA, else precomputed.",
     )
 
     @model_validator(mode="after")
@@ -76,6 +78,11 @@ def layout_error(task: str, preference, lora, backend: str, parallel) -> str | N
     pref = preference or PreferenceSpec()
     if pref.reference == "adapters_off" and lora is None:
         return "train.preference.reference: adapters_off is the base without its adapters: it needs train.lora"
+    if pref.reference == "frozen_copy" and lora is not None:
+        return (
+            "train.preference.reference: frozen_copy is a second copy for full fine-tuning; with train.lora the "
+            "base with its adapters off is the reference without one (adapters_off, or auto)"
+        )
     if parallel == "auto":
         return None
     for name, degree in (("pp", parallel.pp), ("cp", parallel.cp), ("ep", parallel.ep)):
