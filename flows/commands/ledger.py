@@ -1,4 +1,5 @@
-"""`nightloom ledger list|best|export`: read the run ledger (layouts, MFU, times, cost, nights, verdicts).
+"""`nightloom ledger list|best|export|copy`: read the run ledger (layouts, MFU, times, cost, nights, verdicts), or
+copy it (runs and night queues) into another database (`copy --to postgresql+psycopg://...`: a team's shared one).
 
 The ledger URL comes from --url, else the spec given with --spec (ledger.url), else $NIGHTLOOM_LEDGER_URL,
 else the spec default (sqlite:///.nightloom/ledger.db). Exit codes: 0 ok, 1 nothing found (`best`) or the --spec
@@ -12,7 +13,7 @@ import json
 import os
 import sys
 
-from flows.commands.common import load_spec_file, spec_invalid, usage
+from flows.commands.common import failed, load_spec_file, spec_invalid, usage
 from nightloom.ledger import RUN_STATUSES, Ledger, LedgerError, RunRecord
 from nightloom.spec import LedgerSpec, SpecError
 
@@ -54,7 +55,16 @@ def register(sub) -> None:
     best.add_argument("--cluster", required=True)
     ex = act.add_parser("export", help="all runs as CSV (stdout, or --out FILE written atomically)")
     ex.add_argument("--out")
-    for sp in (ls, best, ex):  # accept the shared options after the action too (SUPPRESS: keep earlier values)
+    cp = act.add_parser(
+        "copy",
+        help="copy every run and night queue into another ledger (nightloom.ledger.copy)",
+        description="Copy the ledger (every table, every row) into --to: a second copy copies nothing new; a "
+        "target holding rows of its own is refused unless --merge. Give --to without its password and set "
+        "PGPASSWORD (or ~/.pgpass): a command line is visible to every user of the machine.",
+    )
+    cp.add_argument("--to", required=True, metavar="URL", help="the target ledger, e.g. postgresql+psycopg://u@host/db")
+    cp.add_argument("--merge", action="store_true", help="copy into a target that holds runs or jobs of its own")
+    for sp in (ls, best, ex, cp):  # accept the shared options after the action too (SUPPRESS: keep earlier values)
         sp.add_argument("--url", default=argparse.SUPPRESS)
         sp.add_argument("--spec", default=argparse.SUPPRESS)
         sp.add_argument("--json", action="store_true", default=argparse.SUPPRESS)
@@ -142,7 +152,28 @@ def _pipe_width() -> int:
         return 200
 
 
+def copy(args) -> int:
+    """`ledger copy --to URL`: each table's rows copied and already there, the total (URLs without passwords)."""
+    from nightloom.ledger.copy import CopyRefused, copy_ledger
+
+    try:
+        report = copy_ledger(ledger_url(args), args.to, merge=args.merge)
+    except SpecError as e:
+        return spec_invalid(e)
+    except CopyRefused as e:
+        return failed("ledger copy", str(e))
+    except (LedgerError, ValueError) as e:
+        return usage("ledger copy", str(e))
+    if args.json:
+        print(json.dumps([t.__dict__ for t in report.tables], indent=2))
+    else:
+        print("\n".join(report.lines()))
+    return 0
+
+
 def run(args) -> int:
+    if args.ledger_action == "copy":
+        return copy(args)
     try:
         url = ledger_url(args)
         lg = Ledger(url)
