@@ -1,7 +1,8 @@
 """train.task dpo on FSDP2 (2 ranks) and TP2 with sequence parallel equals one process over 3 steps: the step loss
 (abs 1e-5), the pre-clip gradient norm (relative 1e-5) and the step's reward accuracy; full fine-tuning against the
 precomputed reference (scored once, shared through the shards folder) and LoRA against the base with its adapters
-disabled. SGD without clipping, so a layout that summed gradients instead of averaging them shows in the norm."""
+disabled; full fine-tuning against a frozen copy of the initial weights sharded as the policy
+(train.preference.reference frozen_copy) equals the precomputed one-process run. SGD without clipping, so a layout that summed gradients instead of averaging them shows in the norm."""
 
 from __future__ import annotations
 
@@ -43,8 +44,8 @@ def data(tmp_path_factory):
     return root, tok, weights
 
 
-def _job(root: Path, tok: Path, weights: Path, name: str, plan: dict, lora: dict | None) -> Path:
-    train = {"task": "dpo", **SGD, **({"lora": lora} if lora else {"preference": {"reference": "precomputed"}})}
+def _job(root: Path, tok: Path, weights: Path, name: str, plan: dict, lora: dict | None, ref="precomputed") -> Path:
+    train = {"task": "dpo", **SGD, **({"lora": lora} if lora else {"preference": {"reference": ref}})}
     return make_job(
         root / "runs" / name,
         root / "shards",
@@ -62,7 +63,8 @@ LORA = {"rank": 4, "alpha": 8, "targets": "all-linear"}
 
 
 def test_fsdp2_and_tp2_equal_one_process(data):
-    """Both kinds (full, lora) in two launches: the one-process references together, then every 2-rank layout."""
+    """Every kind (full, lora, copy) in two launches: the one-process references together, then every 2-rank
+    layout."""
     root, tok, weights = data
     kinds = {"full": None, "lora": LORA}
     ones = {
@@ -73,10 +75,12 @@ def test_fsdp2_and_tp2_equal_one_process(data):
         for k, lora in kinds.items()
         for name, plan in LAYOUTS.items()
     }
+    for name, plan in LAYOUTS.items():  # full fine-tuning against a frozen copy sharded as the policy: the same run
+        jobs["copy", name] = _job(root, tok, weights, f"{name}-copy", plan, None, "frozen_copy")
     refs = launch_many(1, list(ones.values()), timeout=300)
     runs = launch_many(2, list(jobs.values()), timeout=300)
     for (kind, name), job in jobs.items():
-        one, run = refs[ones[kind]], runs[job]
+        one, run = refs[ones["full" if kind == "copy" else kind]], runs[job]
         assert len(one.metrics) == STEPS and one.losses[0] == pytest.approx(0.6931471805599453, abs=1e-6), kind
         assert one.losses[-1] < one.losses[0], kind
         assert len(run.metrics) == STEPS, f"{kind} {name}:\n{run.output[-4000:]}"
