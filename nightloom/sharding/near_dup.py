@@ -27,7 +27,7 @@ from nightloom.sharding.text_norm import simplify
 
 MERSENNE = np.uint64((1 << 61) - 1)
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # n-gram combination multiplier (odd, 2^64 / phi)
-SHINGLES_PER_CHUNK = 8192  # shingles permuted at once: 8192 x 112 x 8 B = 7 MiB per temporary
+SHINGLES_PER_CHUNK = 2048  # shingles permuted at once: 2048 x 112 x 8 B = 1.75 MiB per temporary (two)
 
 
 @dataclass(frozen=True)

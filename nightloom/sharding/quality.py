@@ -7,8 +7,10 @@ Scan side (`quality_scan.scan_quality`): reads the unit's spill back in its row 
 document) and `bands-NNNNN.bin` (the band keys), which travel like the other work files (an S3 work folder on
 Dask). Place side (`quality_removals`): after exact dedup, the filtered documents, then one document kept per
 near-duplicate cluster (the smallest content hash, xxh3-64 of the text, so the same on every rerun, whatever the units or
-machines); counts documents and tokens removed per filter. Memory on the place side: the band keys of the whole
-corpus (8 B per band per document: 112 B with FineWeb's 14 bands), not spilled.
+machines); counts documents and tokens removed per filter. Memory on the place side is bounded as exact dedup's:
+the work files are streamed a chunk at a time, band keys spilled to hash partitions (near_dup_clusters.py), and
+what grows with the corpus is one bit per document plus the union-find forest of the documents with a
+near-duplicate candidate.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from nightloom.sharding import near_dup
 from nightloom.sharding.arrays import ArrayReader
 from nightloom.sharding.docflags import DocFlags
 from nightloom.sharding.job import ShardJob
+from nightloom.sharding.near_dup_clusters import BandIndex
 from nightloom.sharding.quality_records import QualityCounts, Removed
 from nightloom.sharding.scan_result import ScanResult
 from nightloom.sharding.spill import META_DTYPE
@@ -45,45 +48,59 @@ def params(job: ShardJob) -> near_dup.MinHashParams:
     return near_dup.MinHashParams(ngram=nd.ngram, bands=nd.bands, rows=nd.rows, seed=nd.seed)
 
 
-def quality_removals(job: ShardJob, work: Path, scans: list[ScanResult], dup: DocFlags):
-    """(removed: DocFlags of documents the filters or near-dup remove, after exact dedup; their counts; per input
-    file, documents removed) for the place step."""
-    total, nd = dup.n, job.sharding.near_dup
-    code = np.zeros(total, dtype=np.uint8)
-    has = np.zeros(total, dtype=bool)
-    tokens = np.zeros(total, dtype=np.int64)
-    content = np.zeros(total, dtype=np.uint64)
-    keys = np.zeros((total, nd.bands), dtype=np.uint64) if nd is not None else None
+def _unit_chunks(work: Path, scans: list[ScanResult], bands: int | None):
+    """(global index of the chunk's first document, meta, quality, band keys or None), a chunk at a time, in
+    input order: a unit's meta, quality and bands files hold its documents in the same order."""
     g = 0
     for s in scans:
         if not s.meta:
             continue
-        with ArrayReader(work / s.meta, META_DTYPE) as r:
-            m = r.read(r.count)
-        with ArrayReader(work / s.quality, QUALITY_DTYPE) as r:
-            q = r.read(r.count)
-        n = len(m)
-        code[g : g + n], has[g : g + n], tokens[g : g + n], content[g : g + n] = (
-            q["code"],
-            q["has"],
-            m["tokens"],
-            q["key"],
-        )
-        if keys is not None:
-            with ArrayReader(work / s.bands, bands_dtype(nd.bands)) as r:
-                keys[g : g + n] = r.read(r.count)["k"]
-        g += n
-    exact = dup.get(0, total)
-    code[exact] = 0  # exact duplicates are counted as such, not again here
+        readers = [ArrayReader(work / s.meta, META_DTYPE), ArrayReader(work / s.quality, QUALITY_DTYPE)]
+        if bands is not None:
+            readers.append(ArrayReader(work / s.bands, bands_dtype(bands)))
+        try:
+            for chunk in readers[0].chunks():
+                n = len(chunk)
+                yield g, chunk, readers[1].read(n), (readers[2].read(n)["k"] if bands is not None else None)
+                g += n
+        finally:
+            for r in readers:
+                r.close()
+
+
+def quality_removals(job: ShardJob, work: Path, scans: list[ScanResult], dup: DocFlags):
+    """(removed: DocFlags of documents the filters or near-dup remove, after exact dedup; their counts) for the
+    place step. Streams the units' work files; near-dup's band keys are spilled (near_dup_clusters.BandIndex)."""
+    nd = job.sharding.near_dup
+    removed = DocFlags(dup.n)
+    docs = np.zeros(len(FILTER_NAMES) + 1, dtype=np.int64)  # per code (0: kept)
+    tokens = np.zeros(len(FILTER_NAMES) + 1, dtype=np.int64)
+    index = BandIndex(nd.bands, dup.n, work / "near-dup-partitions") if nd is not None else None
+    try:
+        for g, m, q, keys in _unit_chunks(work, scans, nd.bands if nd is not None else None):
+            exact = dup.get(g, len(m))
+            code = np.where(exact, 0, q["code"])  # exact duplicates are counted as such, not again here
+            docs += np.bincount(code, minlength=len(docs))
+            tokens += np.bincount(code, weights=m["tokens"], minlength=len(docs)).astype(np.int64)
+            removed.set(g + np.flatnonzero(code))
+            if index is not None:
+                live = np.flatnonzero((q["has"] != 0) & ~exact & (code == 0))
+                index.add(g + live, keys[live], q["key"][live])
+        near = index.removed() if index is not None else None
+    finally:
+        if index is not None:
+            index.abort()
     counts = QualityCounts()
+    on = job.sharding.filters.enabled() if job.sharding.filters is not None else []
     for k, name in enumerate(FILTER_NAMES):
-        hit = code == k + 1
-        if job.sharding.filters is not None and name in job.sharding.filters.enabled():
-            counts.removed[name] = Removed(documents=int(hit.sum()), tokens=int(tokens[hit].sum()))
-    removed = code != 0
-    if keys is not None:
-        live = has & ~exact & ~removed
-        near = live & ~near_dup.keep_one(near_dup.cluster(keys, live), content)
-        counts.removed["near_dup"] = Removed(documents=int(near.sum()), tokens=int(tokens[near].sum()))
-        removed |= near
-    return DocFlags.from_bools(removed), counts
+        if name in on:
+            counts.removed[name] = Removed(documents=int(docs[k + 1]), tokens=int(tokens[k + 1]))
+    if near is not None:
+        flags = DocFlags(dup.n)
+        flags.set(near)
+        near_tokens = sum(
+            int(m["tokens"][flags.get(g, len(m))].sum()) for g, m, _, _ in _unit_chunks(work, scans, None)
+        )
+        counts.removed["near_dup"] = Removed(documents=len(near), tokens=near_tokens)
+        removed.set(near)
+    return removed, counts
