@@ -145,3 +145,25 @@ def test_nan_and_infinity_numbers_are_read_alike_on_the_fast_and_the_record_path
     assert (slow.rows, slow.bad_records) == (43, 2)
     assert [b.line for b in slow.bad_examples] == [6, 22]
     assert _texts(tmp_path / "slow") == _texts(tmp_path / "fast")
+
+
+def test_the_record_reader_and_json_lines_judge_each_line_alike(tmp_path):
+    """read_jsonl (the record path) and json_lines (chats, pairs) share the line rules: blank lines are no record,
+    NaN numbers read, bad JSON and bad UTF-8 name the line; a truncated gzip stream is a BadInputError in both."""
+    import gzip
+
+    from nightloom.sharding.sources import json_lines, read_jsonl
+
+    lines = [b'{"text": "a"}', b"", b'{"text": "b", "x": NaN}', b"{oops", b'{"text": "\xff"}', b'{"text": "c"}']
+    path = tmp_path / "d.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    records = [(n, text, why) for n, text, _, why, _ in read_jsonl(path, "text", None)]
+    values = [(n, None if obj is None else obj["text"], why) for n, obj, why in json_lines(path)]
+    assert [r[:2] for r in records] == [v[:2] for v in values] == [(1, "a"), (3, "b"), (4, None), (5, None), (6, "c")]
+    assert [r[2] for r in records] == [v[2] for v in values]
+    assert records[2][2].startswith("invalid JSON") and "UTF-8" in records[3][2]
+    gz = tmp_path / "t.jsonl.gz"
+    gz.write_bytes(gzip.compress(path.read_bytes())[:-12])
+    for read in (lambda: list(read_jsonl(gz, "text", None)), lambda: list(json_lines(gz))):
+        with pytest.raises(BadInputError, match="t.jsonl.gz: cannot read compressed"):
+            read()
