@@ -41,6 +41,7 @@ from nightloom.train.job import TrainJob, TrainOutcome, TrainResult
 from tasks.benchmarks import benchmark_task, with_benchmarks
 from tasks.finetune import xtuner_train_task
 from tasks.gate import gate_task, schedule_same_deployment
+from tasks.grpo import completions_artifact_task
 from tasks.nights import record_night_task
 from tasks.plan import plan_task
 from tasks.provision import acquire_cluster, make_provider, release_cluster
@@ -279,6 +280,8 @@ def train_stage(spec: RunSpec, rental: Rental, job: TrainJob) -> TrainOutcome:
         )
     trained = train_with_recovery(spec, rental.provider, rental.cluster, job)
     rental.cluster = trained.cluster
+    if spec.train.task == "grpo":  # the sampled completions and their rewards (train.grpo.log_completions_every)
+        completions_artifact_task(job.run_dir)
     return trained
 
 

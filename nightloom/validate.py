@@ -28,6 +28,7 @@ from nightloom.perf import (  # noqa: F401 - Peak, PeakError and the resolvers a
 from nightloom.shape import ModelShape
 from nightloom.spec import GoldenSpec, ValidateSpec
 from nightloom.train.preference.gates import reward_accuracy
+from nightloom.train.rollout.gates import reward_gain
 
 
 class ValidationFailed(RuntimeError):
@@ -579,9 +580,12 @@ def validate_run(
     golden: GoldenCurve | Sequence[StepMetrics] | None = None,
     golden_source: str = "golden curve",
     stopped_early: bool = False,
+    task: str = "pretrain",
 ) -> list[Verdict]:
     """Every configured gate, in a fixed order. Pass `mfu_inputs=None` only when MFU is not gated at all;
-    `stopped_early` when the run stopped before its last step (a window or budget end)."""
+    `stopped_early` when the run stopped before its last step (a window or budget end). `task` grpo: the loss is
+    a policy-gradient surrogate (about 0, whatever the policy learns): its loss and eval-loss gates are skipped,
+    validate.min_reward_gain judges the run."""
     if not steps:
         if stopped_early:  # a window or budget end before step 1 (start-up took what was left): nothing to judge
             reason = "stopped at its window or budget end before step 1: no step to validate"
@@ -593,13 +597,19 @@ def validate_run(
     elif spec.mfu_floor > 0 or spec.mfu_vs_plan > 0:
         raise PeakError("validate.mfu_floor/mfu_vs_plan is set but no peak/FLOPs were given to validate the run")
     out.append(check_finite(steps))
-    out.append(check_loss_drop(steps, spec.min_loss_drop, spec.window, stopped_early))
-    out.append(check_spikes(steps, spec.spike_k, min_rise=spec.spike_min_rise, sustain=spec.spike_sustain))
+    if task == "grpo":
+        why = "train.task grpo: the loss is a policy-gradient surrogate; validate.min_reward_gain judges the run"
+        out.append(Verdict(name="loss_drop", passed=True, skipped=True, reason=why))
+    else:
+        out.append(check_loss_drop(steps, spec.min_loss_drop, spec.window, stopped_early))
+        out.append(check_spikes(steps, spec.spike_k, min_rise=spec.spike_min_rise, sustain=spec.spike_sustain))
     out.append(check_grad_norm(steps, spec.grad_norm_max))
-    if spec.eval_every > 0:
+    if spec.eval_every > 0 and task != "grpo":  # grpo's held-out figure is the mean reward (reward_gain)
         out += check_eval(steps, spec)
     if spec.min_reward_accuracy is not None:  # train.task dpo: nightloom/train/preference/gates.py
         out.append(Verdict(name="reward_accuracy", **asdict(reward_accuracy(steps, spec.min_reward_accuracy))))
+    if spec.min_reward_gain is not None:  # train.task grpo: nightloom/train/rollout/gates.py
+        out.append(Verdict(name="reward_gain", **asdict(reward_gain(steps, spec.min_reward_gain))))
     if isinstance(golden, GoldenCurve):
         if golden.steps is None:
             out.append(

@@ -21,6 +21,7 @@ from nightloom.shape import ModelShape
 from nightloom.spec import RunSpec
 from nightloom.train.job import TrainResult
 from nightloom.train.preference.figures import preference_figures
+from nightloom.train.rollout.figures import grpo_figures
 from nightloom.validate import (
     MfuReport,
     Verdict,
@@ -100,7 +101,7 @@ def validate_task(
         golden = resolve_golden(spec.validate_.golden, ledger, spec.spec_hash())
     finally:
         ledger.close()
-    verdicts = validate_run(steps, spec.validate_, mfu_inputs=inputs, golden=golden, stopped_early=stopped_early)
+    verdicts = validate_run(steps, spec.validate_, inputs, golden, stopped_early=stopped_early, task=spec.train.task)
     report: MfuReport | None = measure_mfu(steps, inputs)
     for v in verdicts:
         (log.info if v.passed else log.error)("gate %-12s %s: %s", v.name, v.label, v.reason)
@@ -125,5 +126,5 @@ def validate_task(
         precision=peak.precision,
         peak_source=peak.source,
         plots={k: str(v) for k, v in plots.items()},
-        figures=preference_figures(steps),  # train.task dpo: held-out reward accuracy, margin, loss
+        figures=preference_figures(steps) + grpo_figures(steps),  # dpo: held-out reward accuracy...; grpo: reward
     )

@@ -54,6 +54,11 @@ class ValidateSpec(_Section):
         description="Gate (train.task dpo): the last held-out reward accuracy (the share of pairs whose chosen "
         "earns the higher reward) is at least this; needs eval_every.",
     )
+    min_reward_gain: float | None = Field(
+        None,
+        description="Gate (train.task grpo): the held-out prompts' mean reward at the last evaluation minus before "
+        "the first step is at least this; needs eval_every.",
+    )
     eval_max_rise: float = Field(
         0.05, ge=0, description="Gate: the last eval loss is at most this fraction above the best (overfitting)."
     )

@@ -462,6 +462,7 @@ HASH_NEUTRAL_DEFAULTS: dict[tuple[str, str], object] = {
     ("train", "preference"): None,
     ("train", "grpo"): None,
     ("validate", "min_reward_accuracy"): None,
+    ("validate", "min_reward_gain"): None,
     ("train.lora", "quantize"): None,
     ("train.lora", "double_quant"): True,
     ("train.lora", "compute_dtype"): "auto",

@@ -43,6 +43,7 @@ class StepValues:
 
 def step_values(r: StepRecord) -> StepValues:
     values = {k: float(getattr(r, k)) for k in STEP_FIELDS if getattr(r, k) is not None}
+    values |= {k: float(v) for k, v in (r.preference or {}).items()}  # dpo and grpo figures, TRL's names
     return StepValues(step=r.step, time=r.time, values=values)
 
 

@@ -129,19 +129,24 @@ class Trainer:
             self.eval_batches = self._eval_set()
         # train.async_checkpoint: periodic saves written by a thread while the next steps run
         self.saver = checkpoint.AsyncSaver(job.checkpoint_dir, ctx.rank) if t.async_checkpoint else None
+        self._attach_sinks()
+
+    def _attach_sinks(self) -> None:
+        """The step reporter's sinks: rank 0 metrics.jsonl and the step line; every rank its Prometheus gauges
+        (train.metrics_port); the trackers (track: MLflow, W&B, TensorBoard on rank 0, sent by their own threads)."""
+        job, rank = self.job, self.ctx.rank
         self.prom = None
-        if t.metrics_port is not None:
+        if job.train.metrics_port is not None:
             from nightloom.train.prom import RankMetrics
 
-            self.prom = RankMetrics(t.metrics_port + ctx.rank, job.run_id, ctx.rank)
-        self.reporter = StepReporter()  # rank 0: metrics.jsonl and the step line; every rank: its Prometheus gauges
-        if ctx.rank == 0:
+            self.prom = RankMetrics(job.train.metrics_port + rank, job.run_id, rank)
+        self.reporter = StepReporter()
+        if rank == 0:
             self.reporter.add(MetricsFileSink(job.metrics_path))
             self.reporter.add(StdoutSink())
         if self.prom is not None:
             self.reporter.add(PromSink(self.prom))
-        # track: MLflow, W&B, TensorBoard on rank 0, buffered and sent by their own threads
-        self.trackers = attach_trackers(self.reporter, job.track, job.run_dir, job.run_id, ctx.rank)
+        self.trackers = attach_trackers(self.reporter, job.track, job.run_dir, job.run_id, rank)
 
     # -- one step --------------------------------------------------------------------------------------
     def _autocast(self):

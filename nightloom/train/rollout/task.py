@@ -10,7 +10,6 @@ weights."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,12 +24,8 @@ from nightloom.train.rollout.logps import rollout_batch
 from nightloom.train.rollout.prompts import PromptStream, read_prompt_tables, to_prompts
 from nightloom.train.rollout.rewards import load_rewards
 from nightloom.train.rollout.step import GRPOSettings, GRPOStep, ScoredRollout, decoder
+from nightloom.train.rollout.table import CompletionsTable, write_table
 from nightloom.train.sft_batch import step_counts
-from nightloom.util import atomic_write_text
-
-#: the held-out figures in metrics.jsonl (eval_reward, ...) and before the first step (start_eval_reward, ...)
-EVAL_REWARD = "eval_reward"
-COMPLETIONS_DIR = "completions"  # <run_dir>/completions/step-NNNNNN.json: the sampled completions' tables
 
 
 @dataclass(frozen=True)
@@ -43,10 +38,6 @@ class GRPOLayout:
     copies: int
     fsdp: bool
     micro_batch: int  # completions per training forward
-
-
-def completions_path(run_dir: str | Path, step: int) -> Path:
-    return Path(run_dir) / COMPLETIONS_DIR / f"step-{step:06d}.json"
 
 
 class GRPOTask:
@@ -144,7 +135,7 @@ class GRPOTask:
         return self.step.evaluate(model, self.heldout)
 
     def write_table(self, step: int) -> Path:
-        """Rank 0's completions of the current batch with their rewards, as one JSON file (written, then renamed)."""
+        """Rank 0's completions of the current batch with their rewards (table.py)."""
         b = self.batch
         texts = [self.step.decode(ids) for ids in b.rollout.completion_ids()]
         rows = []
@@ -153,10 +144,7 @@ class GRPOTask:
             row |= {name: round(float(b.scores.per_fn[i, j]), 4) for j, name in enumerate(b.scores.names)}
             row["advantage"] = round(float(b.advantages.values[i]), 4)
             rows.append(row)
-        path = completions_path(self.job.run_dir, step)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(path, json.dumps({"step": step, "rows": rows}, indent=1) + "\n")
-        return path
+        return write_table(self.job.run_dir, CompletionsTable(step=step, rows=rows))
 
 
 def eval_line(step: int, figures: dict[str, float]) -> str:

@@ -154,6 +154,8 @@ def test_a_spec_written_before_new_fields_keeps_its_ledger_hash():
             data["train"]["grpo"], data["train"]["task"] = {"num_generations": 4}, "grpo"
         if (section, key) == ("validate", "min_reward_accuracy"):
             data["validate"]["min_reward_accuracy"] = 0.7
+        if (section, key) == ("validate", "min_reward_gain"):
+            data["validate"]["min_reward_gain"] = 0.2
         if (section, key) == ("sharding", "near_dup"):
             data["sharding"]["near_dup"] = {}
         if (section, key) == ("sharding", "filters"):
