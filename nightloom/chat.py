@@ -42,6 +42,29 @@ class ChatError(ValueError):
     """A chat record or template that cannot give labels; the message says which message and why."""
 
 
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading ids `a` and `b` share: where they first differ."""
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def require_prefix(part: list[int], whole: list[int], part_name: str, whole_name: str, cause: str) -> None:
+    """The prefix rule's premise: `part` (the template's ids of a shorter render) starts `whole`; else a ChatError
+    naming both, where they differ and the likely `cause`."""
+    if whole[: len(part)] != part:
+        raise ChatError(
+            f"{part_name} are not a prefix of {whole_name} (they differ at id {common_prefix(part, whole)}): {cause}"
+        )
+
+
+def require_added(before: list[int], after: list[int], where: str, what: str) -> None:
+    """A completion or assistant turn must add ids to what it follows: else a ChatError naming it."""
+    if len(after) <= len(before):
+        raise ChatError(f"{where}: the template adds no ids for {what}")
+
+
 def detect_style(record: dict) -> str:
     """messages (OpenAI), sharegpt (`conversations`), alpaca (instruction/output), else text."""
     if "messages" in record:
@@ -248,21 +271,21 @@ class ChatRenderer:
             before = self._ids(messages[:i], generation_prompt=True)
             after = self._ids(messages[: i + 1])
             for what, p in ((f"messages[:{i}] with the generation prompt", before), (f"messages[:{i + 1}]", after)):
-                if ids[: len(p)] != p:
-                    at = next(k for k, (a, b) in enumerate(zip([*ids, None], p)) if a != b)
-                    raise ChatError(
-                        f"messages[{i}]: the template's ids of {what} are not a prefix of the whole "
-                        f"conversation's (they differ at id {at}): the template renders a turn differently once "
-                        "later turns follow, or tokens merge across a turn boundary"
-                    )
-            if len(after) <= len(before):
-                raise ChatError(f"messages[{i}]: the template adds no ids for this assistant turn")
+                require_prefix(
+                    p,
+                    ids,
+                    f"messages[{i}]: the template's ids of {what}",
+                    "the whole conversation's",
+                    "the template renders a turn differently once later turns follow, or tokens merge across a "
+                    "turn boundary",
+                )
+            require_added(before, after, f"messages[{i}]", "this assistant turn")
             labels[len(before) : len(after)] = [1] * (len(after) - len(before))
             ends.append(len(after))
         if self.markers:
             _, mask = self._ids(messages, mask=True)
             if mask != labels:
-                at = next(k for k, (a, b) in enumerate(zip(mask, labels)) if a != b)
+                at = common_prefix(mask, labels)
                 raise ChatError(
                     f"the template's {{% generation %}} mask and the prefix rule disagree at id {at} "
                     f"({self.tok.convert_ids_to_tokens(ids[at])!r}: mask {mask[at]}, prefix rule {labels[at]}); "

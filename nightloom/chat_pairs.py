@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from nightloom.chat import ROLES, ChatError, ChatRenderer, Conversation
+from nightloom.chat import ROLES, ChatError, ChatRenderer, Conversation, common_prefix, require_added, require_prefix
 
 
 @dataclass(frozen=True)
@@ -100,13 +100,6 @@ def to_pair(record: dict) -> Pair:
     return pair
 
 
-def _common(a: list[int], b: list[int]) -> int:
-    n = 0
-    while n < min(len(a), len(b)) and a[n] == b[n]:
-        n += 1
-    return n
-
-
 def _completion(r: ChatRenderer, pair: Pair, which: str) -> tuple[list[int], int]:
     """(the sequence's ids, where its completion starts) of prompt + chosen or rejected."""
     completion = getattr(pair, which)
@@ -114,17 +107,17 @@ def _completion(r: ChatRenderer, pair: Pair, which: str) -> tuple[list[int], int
         eos = r.tok.eos_token or ""
         text = completion if completion.endswith(eos) else completion + eos
         prompt_ids, ids = r.encode(pair.prompt), r.encode(pair.prompt + text)
-        return ids, _common(prompt_ids, ids)
+        return ids, common_prefix(prompt_ids, ids)
     prompt_ids = r.ids(pair.prompt, generation_prompt=True)
     ids = r.ids(pair.prompt + completion)
-    if ids[: len(prompt_ids)] != prompt_ids:
-        raise ChatError(
-            f"{which}: the template's ids of the prompt with the generation prompt are not a prefix of prompt + "
-            f"{which} (they differ at id {_common(prompt_ids, ids)}): the template renders the prompt differently "
-            "once a completion follows"
-        )
-    if len(ids) <= len(prompt_ids):
-        raise ChatError(f"{which}: the template adds no ids for this completion")
+    require_prefix(
+        prompt_ids,
+        ids,
+        f"{which}: the template's ids of the prompt with the generation prompt",
+        f"prompt + {which}",
+        "the template renders the prompt differently once a completion follows",
+    )
+    require_added(prompt_ids, ids, which, "this completion")
     if not any(i in r.end_ids for i in ids[len(prompt_ids) :]):
         ids = [*ids, r.eos_id]
     return ids, len(prompt_ids)

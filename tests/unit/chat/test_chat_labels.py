@@ -162,3 +162,15 @@ def test_a_tokenizer_without_a_template_names_the_field_and_the_folder(tmp_path,
     assert template_text(bare) == CHATML_MARKED
     with pytest.raises(ChatError, match="model.chat_template: file not found"):
         template_text(tokdir, tmp_path / "missing.jinja")
+
+
+def test_the_prefix_rule_s_checks_name_both_renders_and_where_they_differ():
+    """One check for the sft labels and the preference pairs: the id where a shorter render leaves the whole one."""
+    from nightloom.chat import common_prefix, require_added, require_prefix
+
+    assert common_prefix([1, 2, 3], [1, 2, 4]) == 2 and common_prefix([1, 2], [1, 2, 3]) == 2
+    require_prefix([1, 2], [1, 2, 3], "a", "b", "c")  # a prefix: nothing to say
+    with pytest.raises(ChatError, match=r"^part ids are not a prefix of the whole's \(they differ at id 1\): why$"):
+        require_prefix([1, 5], [1, 2, 3], "part ids", "the whole's", "why")
+    with pytest.raises(ChatError, match=r"^messages\[3\]: the template adds no ids for this turn$"):
+        require_added([1, 2], [1, 2], "messages[3]", "this turn")
