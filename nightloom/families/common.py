@@ -24,6 +24,27 @@ def need_field(cfg: dict, *keys: str, where: str = "", model_type: str | None = 
     )
 
 
+def decoder_fields(cfg: dict, where: str = "", model_type: str | None = None) -> dict:
+    """The ModelShape fields every decoder's config spells alike (layers, widths, heads, vocabulary, context, tied
+    embeddings, the RMSNorm epsilon), each integer checked by need_field."""
+
+    def need(key: str) -> int:
+        return need_field(cfg, key, where=where, model_type=model_type)
+
+    heads = need("num_attention_heads")
+    return dict(
+        layers=need("num_hidden_layers"),
+        hidden=need("hidden_size"),
+        heads=heads,
+        kv_heads=cfg.get("num_key_value_heads") or heads,
+        ffn_hidden=need("intermediate_size"),
+        vocab=need("vocab_size"),
+        max_seq=need("max_position_embeddings"),
+        tied_embeddings=bool(cfg.get("tie_word_embeddings")),
+        norm_eps=float(cfg.get("rms_norm_eps") or 1e-6),
+    )
+
+
 def with_defaults(cfg: dict, defaults: dict) -> dict:
     """`cfg` with `defaults` filled in where a field is absent or null (what transformers' config class reads)."""
     return {**cfg, **{k: v for k, v in defaults.items() if cfg.get(k) is None}}

@@ -3,7 +3,7 @@ ones, a grouped sigmoid router. Its experts keep the Hub's per-expert layout on 
 
 from __future__ import annotations
 
-from nightloom.families.common import need_field, rope_or_plain
+from nightloom.families.common import decoder_fields, need_field, rope_or_plain
 from nightloom.families.registry import Family, register
 from nightloom.shape import ModelShape
 
@@ -44,18 +44,10 @@ def read(cfg: dict, name: str, strict: bool) -> ModelShape:
         for key, want in (("topk_method", "noaux_tc"), ("scoring_func", "sigmoid")):
             if cfg.get(key) not in (None, want):
                 raise ValueError(f"{key}: {cfg[key]!r} is not supported (transformers' deepseek_v3 runs {want})")
-    heads = need("num_attention_heads")
+    fields = decoder_fields(cfg)
     return ModelShape(
         name=name,
-        layers=layers,
-        hidden=need("hidden_size"),
-        heads=heads,
-        kv_heads=heads,
-        ffn_hidden=need("intermediate_size"),
-        vocab=need("vocab_size"),
-        max_seq=need("max_position_embeddings"),
-        tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+        **fields | {"kv_heads": fields["heads"]},  # latent attention: every head its own keys and values
         rope_theta=theta,
         rope_scaling=scaling,
         explicit_head_dim=nope + rope,

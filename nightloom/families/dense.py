@@ -14,8 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from nightloom.families.common import (
+    decoder_fields,
     llama_style_export,
-    need_field,
     refuse_dropout,
     refuse_quantized,
     rope_or_plain,
@@ -92,23 +92,15 @@ def dense_shape(
         refuse_unsupported(cfg, dense)
     if arch is None:
         cfg = with_defaults(cfg, dense.defaults)
-    heads = need_field(cfg, "num_attention_heads")
-    hidden = need_field(cfg, "hidden_size")
+    fields = decoder_fields(cfg)
+    heads, hidden = fields["heads"], fields["hidden"]
     head_dim = cfg.get("head_dim")
     theta, scaling = rope_or_plain(cfg, strict)
     attn_bias = bool(cfg.get("attention_bias", False))
     return ModelShape(
         name=name,
-        layers=need_field(cfg, "num_hidden_layers"),
-        hidden=hidden,
-        heads=heads,
-        kv_heads=cfg.get("num_key_value_heads") or heads,
-        ffn_hidden=need_field(cfg, "intermediate_size"),
-        vocab=need_field(cfg, "vocab_size"),
-        max_seq=need_field(cfg, "max_position_embeddings"),
-        tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        **fields,
         gated_mlp=True,
-        norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
         rope_theta=theta,
         explicit_head_dim=head_dim if head_dim and head_dim != hidden // heads else None,
         rope_scaling=scaling,
@@ -118,7 +110,7 @@ def dense_shape(
         sliding_window=cfg.get("sliding_window") if dense.sliding_window else None,
         qk_norm=dense.qk_norm,
         arch=arch or dense.model_type,
-        **(moe(cfg, need_field(cfg, "num_hidden_layers")) if moe else {}),
+        **(moe(cfg, fields["layers"]) if moe else {}),
     )
 
 

@@ -6,8 +6,8 @@ Gemma3TextConfig defaults (the Hub's image-text configs leave most of text_confi
 from __future__ import annotations
 
 from nightloom.families.common import (
+    decoder_fields,
     llama_style_export,
-    need_field,
     refuse_dropout,
     refuse_quantized,
     rope_entry,
@@ -117,12 +117,10 @@ def read(cfg: dict, name: str, strict: bool) -> ModelShape:
     model_type = cfg.get("model_type")
     cfg, where = _text_config(cfg)
 
-    def need(src: dict, key: str) -> int:
-        return need_field(src, key, where=where, model_type=model_type)
-
     if strict:
         _refuse(cfg, where)
-    layers, hidden, heads = need(cfg, "num_hidden_layers"), need(cfg, "hidden_size"), need(cfg, "num_attention_heads")
+    fields = decoder_fields(cfg, where, model_type)
+    hidden, heads = fields["hidden"], fields["heads"]
     types = _layer_types(cfg, where)
     window = cfg.get("sliding_window")
     if window is not None and (not isinstance(window, int) or isinstance(window, bool) or window < 1):
@@ -140,15 +138,7 @@ def read(cfg: dict, name: str, strict: bool) -> ModelShape:
     cap = cfg.get("final_logit_softcapping")
     return ModelShape(
         name=name,
-        layers=layers,
-        hidden=hidden,
-        heads=heads,
-        kv_heads=cfg.get("num_key_value_heads") or heads,
-        ffn_hidden=need(cfg, "intermediate_size"),
-        vocab=need(cfg, "vocab_size"),
-        max_seq=need(cfg, "max_position_embeddings"),
-        tied_embeddings=bool(cfg.get("tie_word_embeddings")),
-        norm_eps=float(cfg.get("rms_norm_eps") or 1e-6),
+        **fields,
         rope_theta=theta,
         explicit_head_dim=head_dim if head_dim != hidden // heads or hidden % heads else None,
         rope_scaling=scaling,
