@@ -27,9 +27,9 @@ def test_the_first_run_sample_prints_what_a_first_run_prints():
 
 def test_every_deployment_the_ui_registers_is_listed():
     names = [d["name"] for d in yaml.safe_load((ROOT / "prefect.yaml").read_text())["deployments"]]
-    assert len(names) == 7
+    assert len(names) == 8
     ui = README.split("## The Prefect UI", 1)[1].split("## ", 1)[0]
-    assert "seven deployments" in ui
+    assert "eight deployments" in ui
     for name in names:
         assert f"/{name}`" in ui, name
 
