@@ -18,6 +18,7 @@ from typing import Protocol
 
 from nightloom.attempt import EXCEPTION_LINE, scrub
 from nightloom.provision.base import (
+    Capabilities,
     Check,
     Cluster,
     Node,
@@ -219,6 +220,16 @@ def run_allreduce(
     return ok, res["busbw"] / 1e9, detail
 
 
+def agent_argv(python: str, command: str, args: dict) -> list[str]:
+    """The node agent's command line on a node: `python -c <agent source> COMMAND JSON-ARGS` (probe, prepare)."""
+    return [python, "-c", agent_source(), command, json.dumps(args)]
+
+
+def unreachable(node: str, why: str) -> NodeReport:
+    """The report of a node the probe could not reach or whose agent gave no result: it fails `reach`."""
+    return NodeReport(node=node, ok=False, checks=[Check(name="reach", ok=False, detail=why)])
+
+
 class AgentProbing(Protocol):
     """The primitives a provider with `capabilities.agent_preflight` gives the preflight driver."""
 
@@ -243,6 +254,17 @@ def agent_preflight(provider: AgentProbing, cluster: Cluster) -> PreflightReport
         ok, busbw, detail = run_allreduce(provider, sub, provider.spec.cluster.gpu_type)
         report.allreduce_ok, report.bus_bandwidth_gbps, report.allreduce_detail = ok, busbw, detail
     return report
+
+
+class AgentPreflight:
+    """The base of the providers that run the node agent on remote nodes (ssh, slurm): their capabilities, and
+    `preflight` as the one driver, `agent_preflight`, over the provider's own `probe_nodes`."""
+
+    capabilities = Capabilities(agent_preflight=True, remote_nodes=True)
+    last_report: PreflightReport | None = None  # of the last acquire
+
+    def preflight(self, cluster: Cluster) -> PreflightReport:
+        return agent_preflight(self, cluster)
 
 
 def apply_preflight(cluster: Cluster, report: PreflightReport, min_nodes: int) -> Cluster:

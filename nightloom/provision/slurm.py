@@ -11,7 +11,6 @@ Every command is an argument list (subprocess without a shell); scripts quote ea
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import shlex
@@ -26,25 +25,23 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from nightloom.provision.base import (
-    Capabilities,
-    Check,
     Cluster,
     Node,
     NodeReport,
     NodeRun,
-    PreflightReport,
     ProvisionError,
     torchrun_argv,
 )
 from nightloom.provision.nccl import render_nccl_env
 from nightloom.provision.preflight import (
+    AgentPreflight,
     Expect,
-    agent_preflight,
-    agent_source,
+    agent_argv,
     apply_preflight,
     env_key,
     evaluate,
     parse_agent_output,
+    unreachable,
 )
 from nightloom.provision.shell import env_argv
 from nightloom.util import atomic_write_text
@@ -237,12 +234,10 @@ class SlurmLaunch:
             time.sleep(0.5)
 
 
-class SlurmProvider:
+class SlurmProvider(AgentPreflight):
     """Nodes are the allocation of one sbatch job in `spec.cluster.provider.partition`."""
 
     name = "slurm"
-    capabilities = Capabilities(agent_preflight=True, remote_nodes=True)
-    last_report: PreflightReport | None = None  # of the last acquire
 
     def __init__(
         self,
@@ -367,17 +362,8 @@ class SlurmProvider:
         nodes = []
         for name in names:
             n0 = time.monotonic()
-            r = self._srun_on(
-                job_id,
-                name,
-                [
-                    self.python,
-                    "-c",
-                    agent_source(),
-                    "prepare",
-                    json.dumps({"workdir": str(Path.cwd()), "key": key, "requirements": c.env_requirements}),
-                ],
-            )
+            prepare = {"workdir": str(Path.cwd()), "key": key, "requirements": c.env_requirements}
+            r = self._srun_on(job_id, name, agent_argv(self.python, "prepare", prepare))
             info = parse_agent_output(name, r.stdout + r.stderr)
             nodes.append(
                 Node(
@@ -393,9 +379,6 @@ class SlurmProvider:
         return nodes
 
     # ------------------------------------------------------------------------------------------ preflight
-    def preflight(self, cluster: Cluster) -> PreflightReport:
-        return agent_preflight(self, cluster)
-
     def probe_nodes(self, cluster: Cluster, expect: Expect) -> list[NodeReport]:
         """The node agent's probe as one `srun` step per node inside the allocation (16 at a time), judged
         against `expect`."""
@@ -403,14 +386,12 @@ class SlurmProvider:
 
         def probe(node: Node) -> NodeReport:
             t_a = time.time()
-            r = self._srun_on(
-                job_id, node.name, [node.python, "-c", agent_source(), "probe", json.dumps({"workdir": node.workdir})]
-            )
+            r = self._srun_on(job_id, node.name, agent_argv(node.python, "probe", {"workdir": node.workdir}))
             t_b = time.time()
             try:
                 return evaluate(node.name, parse_agent_output(node.name, r.stdout + r.stderr), expect, t_a, t_b)
             except ProvisionError as e:
-                return NodeReport(node=node.name, ok=False, checks=[Check(name="reach", ok=False, detail=str(e))])
+                return unreachable(node.name, str(e))
 
         with ThreadPoolExecutor(max_workers=min(16, len(cluster.nodes) or 1)) as pool:
             return list(pool.map(probe, cluster.nodes))

@@ -21,25 +21,24 @@ import uuid
 from pathlib import Path
 
 from nightloom.provision.base import (
-    Capabilities,
     Cluster,
     MergedLaunch,
     Node,
     NodeReport,
     NodeRun,
-    PreflightReport,
     ProvisionError,
     torchrun_argv,
 )
 from nightloom.provision.nccl import render_nccl_env
 from nightloom.provision.preflight import (
+    AgentPreflight,
     Expect,
-    agent_preflight,
-    agent_source,
+    agent_argv,
     apply_preflight,
     env_key,
     evaluate,
     parse_agent_output,
+    unreachable,
 )
 from nightloom.provision.shell import PGID_MARK, kill_pgids_command, plain_command, quote_path, session_command
 
@@ -131,13 +130,11 @@ class SSHLaunch(MergedLaunch):
         self.provider._kill(self.cluster, self.tag)
 
 
-class SSHProvider:
+class SSHProvider(AgentPreflight):
     """Nodes are SSH hosts from `spec.cluster.provider.hosts`; spares replace unreachable hosts in acquire and
     failed nodes in reacquire."""
 
     name = "ssh"
-    capabilities = Capabilities(agent_preflight=True, remote_nodes=True)
-    last_report: PreflightReport | None = None  # of the last acquire
 
     def __init__(
         self,
@@ -265,9 +262,7 @@ class SSHProvider:
         return (r.exit_status if r.exit_status is not None else 255), (r.stdout or "")
 
     async def _agent(self, node: Node, python: str, cmd: str, args: dict) -> dict:
-        import json
-
-        rc, out = await self._run(node, plain_command([python, "-c", agent_source(), cmd, json.dumps(args)]))
+        rc, out = await self._run(node, plain_command(agent_argv(python, cmd, args)))
         if rc == 127 or "not found" in out and "NIGHTLOOM_JSON" not in out:
             raise ProvisionError(
                 f"node {node.name}: interpreter {python!r} not found (cluster.provider.hosts[].python)"
@@ -443,16 +438,11 @@ class SSHProvider:
             raise ProvisionError(f"node {node.name}: could not install code at {dest}: {out.strip()[-200:]}")
 
     # ------------------------------------------------------------------------------------------ preflight
-    def preflight(self, cluster: Cluster) -> PreflightReport:
-        return agent_preflight(self, cluster)
-
     def probe_nodes(self, cluster: Cluster, expect: Expect) -> list[NodeReport]:
         """The node agent's probe on every node at once (one connection each), judged against `expect`."""
         return self.loop.run(self._probe_all(cluster, expect))
 
     async def _probe_all(self, cluster: Cluster, expect: Expect) -> list[NodeReport]:
-        from nightloom.provision.base import Check
-
         async def one(node: Node) -> NodeReport:
             try:
                 t_a = time.time()
@@ -460,7 +450,7 @@ class SSHProvider:
                 t_b = time.time()
             except Exception as e:  # noqa: BLE001 - the node fails preflight with this reason
                 why = str(e) if isinstance(e, ProvisionError) else self._why(e)
-                return NodeReport(node=node.name, ok=False, checks=[Check(name="reach", ok=False, detail=why)])
+                return unreachable(node.name, why)
             return evaluate(node.name, out, expect, t_a, t_b)
 
         return list(await asyncio.gather(*(one(n) for n in cluster.nodes)))

@@ -64,3 +64,17 @@ def test_the_driver_probes_every_node_then_all_reduces_over_the_healthy_ones(mon
     calls.clear()
     report = preflight.agent_preflight(_Prober(bad={"a", "b"}), _cluster("a", "b", "c"))
     assert calls == [] and report.allreduce_ok is None and report.outcome == "failed"
+
+
+def test_ssh_and_slurm_share_the_agent_s_preflight_pieces():
+    """One preflight method, one node-agent command line and one unreachable-node report for both providers."""
+    import json
+
+    for cls in (SSHProvider, SlurmProvider):
+        assert issubclass(cls, preflight.AgentPreflight) and cls.preflight is preflight.AgentPreflight.preflight
+    argv = preflight.agent_argv("/usr/bin/python3", "probe", {"workdir": "/w"})
+    assert argv[:2] == ["/usr/bin/python3", "-c"] and argv[3:] == ["probe", json.dumps({"workdir": "/w"})]
+    assert argv[2] == preflight.agent_source()
+    report = preflight.unreachable("n1", "connection refused")
+    assert not report.ok and report.reason and "connection refused" in report.reason
+    assert [(c.name, c.ok) for c in report.checks] == [("reach", False)]
