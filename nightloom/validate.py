@@ -53,6 +53,13 @@ class Verdict(BaseModel):
     precision: str | None = None  # MFU figures: the precision of the peak
     peak_source: str | None = None  # MFU figures: datasheet entry or measurement
 
+    @classmethod
+    def compared(cls, name: str, ok: bool, measured: float, threshold: float, step: int | None, reason: str):
+        """A gate that compared a measured figure with its threshold; the offending `step` is kept when it failed."""
+        return cls(
+            name=name, passed=ok, measured=measured, threshold=threshold, step=None if ok else step, reason=reason
+        )
+
     @property
     def label(self) -> str:
         """What to print for this verdict: "pass", "FAIL", or, for a gate that did not run, "SKIP" (nothing
@@ -420,23 +427,11 @@ def check_spikes(
         if rise > k and level > med * (1 + min_rise) and (worst is None or rise > worst[1]):
             worst = (m, rise)
     if worst is None:
-        return Verdict(
-            name="spikes",
-            passed=True,
-            measured=top,
-            threshold=k,
-            reason=f"no rise above {k:g} × MAD and {min_rise:.0%} over the trailing median (largest {top:.1f} × MAD)",
-        )
+        reason = f"no rise above {k:g} × MAD and {min_rise:.0%} over the trailing median (largest {top:.1f} × MAD)"
+        return Verdict.compared("spikes", True, top, k, None, reason)
     m, x = worst
-    return Verdict(
-        name="spikes",
-        passed=False,
-        measured=x,
-        threshold=k,
-        step=m.step,
-        reason=f"loss spike at step {m.step}: {m.loss:.4f} is {x:.1f} × MAD above the "
-        f"trailing median (limit {k:g} × MAD)",
-    )
+    reason = f"loss spike at step {m.step}: {m.loss:.4f} is {x:.1f} × MAD above the trailing median (limit {k:g} × MAD)"
+    return Verdict.compared("spikes", False, x, k, m.step, reason)
 
 
 def check_grad_norm(steps: Sequence[StepMetrics], max_norm: float | None) -> Verdict:
@@ -454,14 +449,8 @@ def check_grad_norm(steps: Sequence[StepMetrics], max_norm: float | None) -> Ver
     worst = max(norms, key=lambda m: m.grad_norm if math.isfinite(m.grad_norm) else math.inf)
     g = worst.grad_norm
     ok = math.isfinite(g) and g <= max_norm
-    return Verdict(
-        name="grad_norm",
-        passed=ok,
-        measured=g,
-        threshold=max_norm,
-        step=None if ok else worst.step,
-        reason=f"max grad_norm {g:.4g} at step {worst.step} {'<=' if ok else '>'} {max_norm:g}",
-    )
+    reason = f"max grad_norm {g:.4g} at step {worst.step} {'<=' if ok else '>'} {max_norm:g}"
+    return Verdict.compared("grad_norm", ok, g, max_norm, worst.step, reason)
 
 
 def check_eval(steps: Sequence[StepMetrics], spec: ValidateSpec) -> list[Verdict]:
@@ -482,30 +471,16 @@ def check_eval(steps: Sequence[StepMetrics], spec: ValidateSpec) -> list[Verdict
         out.append(Verdict(name="eval_falls", passed=True, skipped=True, reason=f"one evaluation only (step {s0})"))
     else:
         ok = last < first
-        out.append(
-            Verdict(
-                name="eval_falls",
-                passed=ok,
-                measured=last,
-                threshold=first,
-                step=None if ok else s1,
-                reason=f"eval loss {first:.4f} at step {s0} -> {last:.4f} at step {s1} ({'fell' if ok else 'did not fall'})",
-            )
-        )
+        reason = f"eval loss {first:.4f} at step {s0} -> {last:.4f} at step {s1} ({'fell' if ok else 'did not fall'})"
+        out.append(Verdict.compared("eval_falls", ok, last, first, s1, reason))
     best_step, best = min(evals, key=lambda e: e[1])
     limit = best * (1 + spec.eval_max_rise)
     ok = last <= limit
-    out.append(
-        Verdict(
-            name="eval_overfit",
-            passed=ok,
-            measured=last,
-            threshold=limit,
-            step=None if ok else s1,
-            reason=f"last eval loss {last:.4f} {'<=' if ok else '>'} best {best:.4f} (step {best_step}) "
-            f"x (1 + {spec.eval_max_rise:g})",
-        )
+    reason = (
+        f"last eval loss {last:.4f} {'<=' if ok else '>'} best {best:.4f} (step {best_step}) "
+        f"x (1 + {spec.eval_max_rise:g})"
     )
+    out.append(Verdict.compared("eval_overfit", ok, last, limit, s1, reason))
     return out
 
 
@@ -530,15 +505,11 @@ def check_golden(
         if err > worst_err:
             worst_step, worst_err = step, err
     ok = worst_err <= rtol
-    return Verdict(
-        name="golden",
-        passed=ok,
-        measured=worst_err,
-        threshold=rtol,
-        step=None if ok else worst_step,
-        reason=f"max relative deviation from the {source} {worst_err:.2%} at step {worst_step} "
-        f"over {len(pairs)} steps {'<=' if ok else '>'} rtol {rtol:.2%}",
+    reason = (
+        f"max relative deviation from the {source} {worst_err:.2%} at step {worst_step} "
+        f"over {len(pairs)} steps {'<=' if ok else '>'} rtol {rtol:.2%}"
     )
+    return Verdict.compared("golden", ok, worst_err, rtol, worst_step, reason)
 
 
 def load_golden(path: str | Path) -> list[StepMetrics]:

@@ -447,3 +447,13 @@ def test_mfu_over_100_percent_of_a_busy_cpus_measured_peak_is_not_a_failure():
     v = check_mfu(healthy(tps=5000), ValidateSpec(), busy)[0]
     assert v.passed and v.measured > 1 and "CPU peak measured at the start" in v.reason
     assert not check_mfu(healthy(tps=5000), ValidateSpec(), inputs())[0].passed
+
+
+def test_a_compared_verdict_names_the_step_only_when_it_failed():
+    """The gates that compare a figure with a threshold (grad_norm, spikes, eval, golden) share one rule."""
+    from nightloom.validate import Verdict
+
+    ok = Verdict.compared("grad_norm", True, 1.0, 5.0, 17, "fine")
+    bad = Verdict.compared("grad_norm", False, 42.0, 5.0, 17, "too big")
+    assert (ok.passed, ok.step, ok.measured, ok.threshold) == (True, None, 1.0, 5.0)
+    assert (bad.passed, bad.step, bad.label, bad.reason) == (False, 17, "FAIL", "too big")
