@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +11,14 @@ import pytest
 import yaml
 
 from tests.support.pipeline import artifacts_of, demo_data, small_demo
+from tests.support.trackers import (
+    flow_tracking,
+    mlflow_get,
+    mlflow_history,
+    mlflow_uri,
+    tensorboard_scalars,
+    wandb_history,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -20,7 +29,10 @@ def demo_run(prefect_backend, tmp_path_factory):
     from flows.pipeline import training_pipeline
 
     tmp_path = tmp_path_factory.mktemp("demo")
-    state = training_pipeline(str(small_demo(tmp_path)), return_state=True)
+    spec = small_demo(tmp_path)  # track: the run reports to MLflow (CI's server), W&B offline and TensorBoard
+    track = flow_tracking(f"nl-flow-{secrets.token_hex(4)}")
+    spec.write_text(yaml.safe_dump(yaml.safe_load(spec.read_text()) | {"track": track}))
+    state = training_pipeline(str(spec), return_state=True)
     return tmp_path, state
 
 
@@ -28,6 +40,7 @@ def test_full_pipeline_on_embedded_default(demo_run):
     from nightloom.ledger import Ledger
     from nightloom.metrics import read_metrics
     from nightloom.sharding.manifest import load_manifest
+    from nightloom.track.records import tracker_runs
 
     tmp_path, state = demo_run
     assert state.is_completed(), state.message
@@ -53,6 +66,17 @@ def test_full_pipeline_on_embedded_default(demo_run):
     assert row.measured_mfu == pytest.approx(summary.mfu)
     floor = {v.name: v for v in row.verdicts}["mfu_floor"]  # the demo gates MFU against the measured CPU peak
     assert floor.label == "pass" and floor.threshold > 0 and floor.measured >= floor.threshold
+
+    # track: each tracker's run id in the ledger row's figures and in the summary, nothing lost, every step's loss
+    runs = tracker_runs(row.figures)
+    assert runs == {t.tracker: t.run_id for t in summary.trackers} and {"wandb", "tensorboard"} <= set(runs)
+    assert all(f.value == 0 for f in row.figures if f.name.startswith("track/"))  # no row any tracker never got
+    losses = {m.step: m.loss for m in metrics}
+    assert tensorboard_scalars(run_dir / "tensorboard", "train/loss") == pytest.approx(losses, rel=1e-6)
+    assert {s: h["loss"] for s, h in wandb_history(run_dir).items() if "loss" in h} == pytest.approx(losses, rel=1e-6)
+    if "mlflow" in runs:  # always in CI (tests/support/trackers.flow_tracking)
+        assert mlflow_history(mlflow_uri(), runs["mlflow"], "loss") == pytest.approx(losses, rel=1e-6)
+        assert mlflow_get(mlflow_uri(), "runs/get", run_id=runs["mlflow"])["run"]["info"]["status"] == "FINISHED"
 
     # artifacts: summary table, plan table and a PNG loss curve
     keys = {a.key for a in artifacts_of(state.state_details.flow_run_id)}

@@ -1,7 +1,7 @@
 """The trackers (track: mlflow, wandb, tensorboard) against a real MLflow server (CI's, .ci/services.sh), W&B in
-offline mode and TensorBoard's event files: one real training run reports to all three while MLflow is down for
-its first steps (a proxy refusing connections, then back): training never waits on it, MLflow gets every step
-once back, and MLflow's REST API, W&B's offline files and TensorBoard's event reader each give the losses of
+offline mode and TensorBoard's event files: one real training run reports to all three while MLflow is stopped
+mid-run for steps 3-5 (a proxy whose connections are cut and refused, then back): training never waits on it,
+MLflow gets every step once back, and MLflow's REST API, W&B's offline files and TensorBoard's event reader each give the losses of
 metrics.jsonl; the flow's end adds params, verdicts and artifacts; a planted credential is in no file of the run
 folder, the ledger or the logs. A tracker that never comes back is reported lost, step by step."""
 
@@ -37,13 +37,15 @@ from tests.support.trackers import (
 STEPS = 8
 
 
-def bring_up_after(outage: Outage, metrics: Path, steps: int, stop: threading.Event) -> None:
-    """Bring the proxy back once the trainer has written `steps` steps (it trained them while MLflow was down)."""
-    while not stop.is_set():
-        if metrics.exists() and len(metrics.read_text().splitlines()) >= steps:
-            break
-        time.sleep(0.02)
-    outage.up()
+def stop_mid_run(outage: Outage, metrics: Path, down_at: int, up_at: int, stop: threading.Event) -> None:
+    """Take the proxy down once the trainer has written `down_at` steps (MLflow stopped mid-run) and bring it back
+    at `up_at` (the steps between were trained while MLflow was down)."""
+    for steps, change in ((down_at, outage.down), (up_at, outage.up)):
+        while not stop.is_set():
+            if metrics.exists() and len(metrics.read_text().splitlines()) >= steps:
+                break
+            time.sleep(0.02)
+        change()
 
 
 def test_one_run_reports_to_all_three_trackers_through_an_mlflow_outage(tmp_path: Path, monkeypatch):
@@ -51,7 +53,8 @@ def test_one_run_reports_to_all_three_trackers_through_an_mlflow_outage(tmp_path
     token = "nlplanted" + secrets.token_hex(12)  # a credential in the environment, searched for afterwards
     monkeypatch.setenv("MLFLOW_TRACKING_TOKEN", token)
     monkeypatch.setenv("WANDB_API_KEY", token + "x" * 10)
-    outage = Outage(uri)  # down from the start: the run begins without MLflow
+    outage = Outage(uri)
+    outage.up()  # up at the start, stopped after step 2, back after step 5
     experiment = f"nl-test-{secrets.token_hex(4)}"
     track = TrackSpec.model_validate(
         {"mlflow": {"tracking_uri": outage.url, "experiment": experiment}, "wandb": {}, "tensorboard": {}}
@@ -61,7 +64,7 @@ def test_one_run_reports_to_all_three_trackers_through_an_mlflow_outage(tmp_path
         run_dir, write_corpus(tmp_path / "data"), steps=STEPS, job_kw={"track": track}, micro_batch=2, grad_accum=4
     )
     stop = threading.Event()
-    watcher = threading.Thread(target=bring_up_after, args=(outage, run_dir / "metrics.jsonl", 3, stop))
+    watcher = threading.Thread(target=stop_mid_run, args=(outage, run_dir / "metrics.jsonl", 2, 5, stop))
     watcher.start()
     try:
         out = launch(1, job, timeout=240)

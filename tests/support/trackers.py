@@ -14,7 +14,21 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-from tests.support.ci import skip_or_fail
+import pytest
+
+from tests.support.ci import in_ci, skip_or_fail
+
+
+def flow_tracking(experiment: str) -> dict:
+    """A flow test's `track` section: MLflow on CI's server (left out on a machine without one; never in CI), W&B
+    offline and TensorBoard."""
+    uri = os.environ.get("NIGHTLOOM_TEST_MLFLOW_URI")
+    if not uri and in_ci():
+        pytest.fail("no MLflow server: NIGHTLOOM_TEST_MLFLOW_URI is not set (.ci/services.sh starts one)")
+    track: dict = {"wandb": {}, "tensorboard": {}}
+    if uri:
+        track["mlflow"] = {"tracking_uri": uri, "experiment": experiment}
+    return track
 
 
 def mlflow_uri() -> str:
@@ -113,7 +127,11 @@ class Outage:
         with self._lock:
             ls, self._listener = self._listener, None
             conns, self._conns = self._conns, []
-        if ls is not None:
+        if ls is not None:  # shutdown first: a close alone leaves the accept() blocked in its thread listening
+            try:
+                ls.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
             ls.close()
         for c in conns:
             try:
