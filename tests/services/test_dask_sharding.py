@@ -1,6 +1,7 @@
 """The shard flow on a real Dask cluster (scheduler + 2 worker processes, .ci/services.sh) with input, output and
 the work folder on a real S3 server and no local folder shared between the processes: the same bytes as one
-machine, also when a worker is killed in the middle of the run."""
+machine (with near-dup and a filter on: the same kept set), also when a worker is killed in the middle of the
+run."""
 
 from __future__ import annotations
 
@@ -10,12 +11,15 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from nightloom import storage as st
 from nightloom.sharding import load_manifest, shard_dataset
 from nightloom.sharding import plan as plan_module
+from nightloom.sharding.planted import planted_corpus
 from nightloom.spec import DaskSpec, DatasetSpec, RunSpec, ShardingSpec, StorageSpec
+from nightloom.spec.quality import FiltersSpec, LengthSpec, NearDupSpec
 from tests.support.ci import skip_or_fail
 from tests.support.s3 import upload
 from tests.support.sharding import make_docs, write_jsonl
@@ -52,16 +56,17 @@ def isolated(dask_address, tmp_path, monkeypatch):
     return tmp_path
 
 
-def _s3_corpus(url: str, bucket: str, tmp_path: Path, name: str) -> str:
-    """Six JSONL inputs (one scan task each in these tests) with duplicates across them, uploaded to S3."""
+def _s3_corpus(url: str, bucket: str, tmp_path: Path, name: str, planted: int = 0) -> str:
+    """Six JSONL inputs (one scan task each in these tests) with duplicates across them, uploaded to S3; with
+    `planted`, a corpus of that many originals with planted near-duplicates (nightloom.sharding.planted) is
+    dealt over them too, so a cluster's members sit in different units."""
     prefix = f"s3://{bucket}/{name}/in"
     docs = make_docs(6000, seed=21, dup_every=9)
+    texts = planted_corpus(planted, seed=5).texts if planted else []
+    order = np.random.default_rng(5).permutation(len(texts))
     for i in range(6):
-        upload(
-            url,
-            write_jsonl(tmp_path / "in" / f"part-{i}.jsonl", docs[i * 1000 : (i + 1) * 1000]),
-            f"{prefix}/part-{i}.jsonl",
-        )
+        part = docs[i * 1000 : (i + 1) * 1000] + [texts[k] for k in order[i::6]]
+        upload(url, write_jsonl(tmp_path / "in" / f"part-{i}.jsonl", part), f"{prefix}/part-{i}.jsonl")
     return prefix
 
 
@@ -83,31 +88,37 @@ def _run(spec: RunSpec):
     return shard_dataset_flow(spec, return_state=True)
 
 
-def _spec(name: str, src: str, out: str, url: str, dask: str | None) -> RunSpec:
+def _spec(name: str, src: str, out: str, url: str, dask: str | None, **quality) -> RunSpec:
     return RunSpec(
         name=name,
         dataset=DatasetSpec(path=src),
-        sharding=ShardingSpec(output=out, num_shards=4, tolerance=0.05, dask=DaskSpec(address=dask) if dask else None),
+        sharding=ShardingSpec(
+            output=out, num_shards=4, tolerance=0.05, dask=DaskSpec(address=dask) if dask else None, **quality
+        ),
         storage=StorageSpec(s3_endpoint_url=url),
     )
 
 
-def _one_machine(src: str, out: str, url: str):
+def _one_machine(src: str, out: str, url: str, **quality):
     """The reference: the same settings sharded in this process (work in the local temp dir)."""
-    sharding = ShardingSpec(output=out, num_shards=4, tolerance=0.05)
+    sharding = ShardingSpec(output=out, num_shards=4, tolerance=0.05, **quality)
     return shard_dataset(DatasetSpec(path=src), sharding, StorageSpec(s3_endpoint_url=url))
 
 
 def test_dask_shards_on_s3_equal_one_machine(prefect_backend, s3_endpoint, dask_address, isolated, monkeypatch):
     url, bucket = s3_endpoint
     monkeypatch.setattr(plan_module, "UNIT_FILES", 1)  # one scan task per input: work for both workers
-    src = _s3_corpus(url, bucket, isolated, "dask1")
-    alone = _one_machine(src, f"s3://{bucket}/dask1/alone", url)
+    src = _s3_corpus(url, bucket, isolated, "dask1", planted=300)
+    # near-dup on (and a filter): signatures per unit on the workers, band keys joined into clusters at place
+    quality = {"near_dup": NearDupSpec(), "filters": FiltersSpec(length=LengthSpec(min_words=8))}
+    alone = _one_machine(src, f"s3://{bucket}/dask1/alone", url, **quality)
     out = f"s3://{bucket}/dask1/dask"
-    state = _run(_spec("dask-shard", src, out, url, dask_address))
+    state = _run(_spec("dask-shard", src, out, url, dask_address, **quality))
     assert state.is_completed(), state.message
     on_dask = state.result()
     assert on_dask == alone and on_dask.dedup_dropped > 0
+    removed = on_dask.quality.removed
+    assert removed["near_dup"].documents > 100 and removed["length"].documents > 100, removed
     got = _objects(url, out)
     assert got == _objects(url, f"s3://{bucket}/dask1/alone")
     assert not [k for k in got if k.startswith(plan_module.WORK_DIR_NAME)]  # the S3 work folder is cleaned up
