@@ -64,3 +64,37 @@ def write_tasks(folder: Path, pairs: list[tuple[str, str]], gen_targets: list[st
         "metric_list:\n  - metric: exact_match\n"
     )
     return folder
+
+
+def chatml(q: str, a: str) -> str:
+    """One user turn and its answer, rendered as the demos' ChatML template renders them."""
+    return f"<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n{a}<|im_end|>\n"
+
+
+def train_on(
+    model_dir: Path, texts: list[str], out: Path, steps: int = 60, lr: float = 1e-2, tokenizer: Path | None = None
+) -> Path:
+    """Full-batch AdamW on the texts (every token a label), saved (then renamed) with its tokenizer (`tokenizer`,
+    else model_dir's): a real model that learned them."""
+    import torch
+    import transformers
+
+    tok_dir = Path(tokenizer or model_dir)
+    tok = transformers.AutoTokenizer.from_pretrained(tok_dir)
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir)
+    batch = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+    labels = batch.input_ids.masked_fill(batch.attention_mask == 0, -100)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    torch.manual_seed(0)
+    for _ in range(steps):
+        model(**batch, labels=labels).loss.backward()
+        opt.step()
+        opt.zero_grad()
+    tmp = out.with_name(f".{out.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    for f in tok_dir.glob("tokenizer*"):
+        shutil.copy(f, tmp / f.name)
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    return out
