@@ -3,9 +3,10 @@ pipeline (FineWeb's 4 stages: signatures, buckets, clusters, filter) and its fil
 
 The corpus is `nightloom.sharding.planted` (planted near-duplicates at 5-gram Jaccard 0.75-0.95, exact copies,
 boilerplate-sharing hard negatives), written as JSONL. Each route runs in a fresh subprocess, so its wall time,
-CPU time and peak RSS are its own; each reads the JSONL itself. Both sides use one process, one thread
-(datatrove's LocalPipelineExecutor with workers=1; its English word tokenizer needs spaCy, so it gets a whitespace
-one, which on its simplified text gives the same words). Prints docs/s, peak RSS, the ratios, and recall / lost
+CPU time and peak RSS are its own; each reads the JSONL itself, streamed (nightloom:
+near_dup_clusters.near_duplicates_streamed, band keys spilled as the shard stage spills them). Both sides use one
+process, one thread (datatrove's LocalPipelineExecutor with workers=1); datatrove's filters, word tokenizer and
+MinHash settings come from bench/_datatrove.py, which the filter test shares. Prints docs/s, peak RSS, the ratios, and recall / lost
 groups of the planted duplicates for both.
 
     python bench/near_dup.py --originals 20000
@@ -23,6 +24,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # bench._datatrove when run as a script
 
 PEAK = """
 def peak_mib():
@@ -35,17 +37,25 @@ CHILD = {
     "nightloom": PEAK
     + """
 import sys, json, orjson, numpy as np
-from nightloom.sharding.near_dup import near_duplicates
-from nightloom.sharding.filters import check
-from nightloom.spec.quality import FiltersSpec
-texts = [orjson.loads(line)["text"] for line in open(sys.argv[1], "rb")]
-removed = np.zeros(len(texts), dtype=bool)
-if sys.argv[3] == "1":
+from pathlib import Path
+from nightloom.sharding.near_dup_clusters import near_duplicates_streamed
+src, out, filters = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+n = sum(1 for _ in open(src, "rb"))
+removed = np.zeros(n, dtype=bool)
+spec = None
+if filters:
+    from nightloom.sharding.filters import check
+    from nightloom.spec.quality import FiltersSpec
     spec = FiltersSpec.published()
-    removed = np.array([check(t, spec) is not None for t in texts], dtype=bool)
-live = np.flatnonzero(~removed)
-removed[live[near_duplicates([texts[i] for i in live])]] = True
-np.save(sys.argv[2], removed)
+def docs():  # read once, streamed: no text kept past its batch
+    for i, line in enumerate(open(src, "rb")):
+        text = orjson.loads(line)["text"]
+        if spec is not None and check(text, spec) is not None:
+            removed[i] = True
+        else:
+            yield i, text
+removed[near_duplicates_streamed(docs(), n, Path(out + ".work"))] = True
+np.save(out, removed)
 print(json.dumps({"peak_mib": peak_mib()}))
 """,
     "datatrove": PEAK
@@ -54,29 +64,16 @@ import sys, json, numpy as np, orjson
 from datatrove.executor import LocalPipelineExecutor
 from datatrove.pipeline.readers import JsonlReader
 from datatrove.pipeline.writers import JsonlWriter
-from datatrove.pipeline.dedup.minhash import (MinhashConfig, MinhashDedupSignature, MinhashDedupBuckets,
-    MinhashDedupCluster, MinhashDedupFilter)
-from datatrove.pipeline.filters import (GopherRepetitionFilter, GopherQualityFilter, C4QualityFilter,
-    FineWebQualityFilter)
-from datatrove.utils.word_tokenizers import WordTokenizer, WhitespaceTokenizer
-
-class Words(WordTokenizer):
-    def __init__(self):
-        super().__init__("en")
-        self.sents = WhitespaceTokenizer()
-    def word_tokenize(self, text):
-        return text.split()
-    def sent_tokenize(self, text):
-        return self.sents.sent_tokenize(text)
-    def span_tokenize(self, text):
-        return self.sents.span_tokenize(text)
+from datatrove.pipeline.dedup.minhash import (MinhashDedupSignature, MinhashDedupBuckets, MinhashDedupCluster,
+    MinhashDedupFilter)
+from bench._datatrove import Words, datatrove_filters, minhash_config
 
 src, out, filters = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+conf = json.loads(sys.argv[4])  # bench/_datatrove.py's kwargs, made by the parent from nightloom's settings
 tok, work = Words(), out + ".work"
-cfg = MinhashConfig()
+cfg = minhash_config(conf["minhash"])
 reader = JsonlReader(src, doc_progress=False)
-pre = [GopherRepetitionFilter(language=tok), GopherQualityFilter(language=tok), C4QualityFilter(language=tok),
-       FineWebQualityFilter(language=tok)] if filters else []
+pre = list(datatrove_filters(conf["filters"]).values()) if filters else []
 run = lambda steps, tasks=1: LocalPipelineExecutor(steps, tasks=tasks, workers=1, logging_dir=work + "/logs",
                                                    skip_completed=False).run()
 run([reader, *pre, MinhashDedupSignature(work + "/sigs", config=cfg, language=tok)])
@@ -123,6 +120,7 @@ def quality(removed, group) -> tuple[float, int]:
 def main() -> None:
     import numpy as np
 
+    from bench._datatrove import filter_kwargs, minhash_kwargs
     from nightloom.sharding.planted import planted_corpus
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -130,6 +128,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args()
     corpus = planted_corpus(a.originals, seed=a.seed)
+    conf = json.dumps({"filters": filter_kwargs(), "minhash": minhash_kwargs()})
     n = len(corpus.texts)
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "corpus.jsonl"
@@ -143,7 +142,7 @@ def main() -> None:
             res = {}
             for route in ("datatrove", "nightloom"):
                 out = str(Path(tmp) / f"{route}-{filters}.npy")
-                res[route] = r = run_child(route, str(src), out, filters)
+                res[route] = r = run_child(route, str(src), out, filters, conf)
                 removed = np.load(out)
                 r["removed"] = int(removed.sum())
                 if filters == "0":

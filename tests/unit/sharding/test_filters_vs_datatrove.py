@@ -1,7 +1,7 @@
 """filters.py decides as datatrove 0.10.1's filters on real text, document for document: each filter alone and
 the chain in FineWeb's order (where C4 rewrites what the filters after it see), on the stdlib-docstring sample
 corpus and on the package descriptions (METADATA) of this venv. datatrove's English word tokenizer needs spaCy,
-so it gets a whitespace one here, with its own regex sentence splitter."""
+so it gets a whitespace one, with its own regex sentence splitter (bench/_datatrove.py, shared with the bench)."""
 
 from __future__ import annotations
 
@@ -16,26 +16,10 @@ from nightloom.sharding import filters
 from nightloom.sharding.corpus import ensure_sample_corpus
 from nightloom.spec.quality import FiltersSpec, LengthSpec
 
-dt_filters = pytest.importorskip("datatrove.pipeline.filters")
+pytest.importorskip("datatrove.pipeline.filters")
 from datatrove.data import Document  # noqa: E402
-from datatrove.utils.word_tokenizers import WhitespaceTokenizer, WordTokenizer  # noqa: E402
 
-
-class Words(WordTokenizer):
-    """Whitespace words; datatrove's own regex sentences (its WhitespaceTokenizer's, which needs no spaCy)."""
-
-    def __init__(self):
-        super().__init__("en")
-        self.sents = WhitespaceTokenizer()
-
-    def word_tokenize(self, text):
-        return text.split()
-
-    def sent_tokenize(self, text):
-        return self.sents.sent_tokenize(text)
-
-    def span_tokenize(self, text):
-        return self.sents.span_tokenize(text)
+from bench._datatrove import datatrove_filters, filter_kwargs  # noqa: E402  (the bench configures datatrove the same way)
 
 
 def _docstrings() -> list[str]:
@@ -59,13 +43,7 @@ def corpora():
 
 
 def _theirs():
-    tok = Words()
-    return {
-        "gopher_repetition": dt_filters.GopherRepetitionFilter(language=tok),
-        "gopher_quality": dt_filters.GopherQualityFilter(language=tok),
-        "c4": dt_filters.C4QualityFilter(language=tok),
-        "fineweb": dt_filters.FineWebQualityFilter(language=tok),
-    }
+    return datatrove_filters(filter_kwargs(FiltersSpec.published()))
 
 
 def _verdict(result) -> str | None:
