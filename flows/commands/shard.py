@@ -211,5 +211,7 @@ def run(args: argparse.Namespace) -> int:
         )
         print(summary.files_line())
         print(summary.tokens_line())
+        if summary.quality is not None:  # sharding.filters / near_dup: per filter, documents and tokens removed
+            print(summary.quality_line())
         print("balanced" if summary.balanced else "NOT balanced")
     return 0 if summary.balanced else 1

@@ -63,11 +63,18 @@ def test_flag_form_json_summary(tmp_path, capsys):
 def test_spec_form_with_override(tmp_path, capsys):
     src = write_jsonl(tmp_path / "c.jsonl", make_docs(300))
     spec = tmp_path / "run.yaml"
-    spec.write_text("name: t\ndataset: {path: c.jsonl}\nsharding: {num_shards: 2, output: out, tolerance: 0.1}\n")
+    spec.write_text(
+        "name: t\ndataset: {path: c.jsonl}\nsharding: {num_shards: 2, output: out, tolerance: 0.1,\n"
+        "  near_dup: {}, filters: {length: {min_words: 8}}}\n"
+    )
     assert _cli([str(spec), "--shards", "3"]) == 0
     captured = capsys.readouterr()
     text = captured.out
     assert "3 shards at" in text and "balanced" in text
+    line = next(x for x in text.splitlines() if x.startswith("removed: "))  # the quality line, per filter
+    assert "length " in line and "near_dup 0 docs (0 tokens)" in line, line
+    samples = line.rsplit("samples in ", 1)[1]
+    assert samples.startswith("removed-samples.") and (tmp_path / "out" / samples).is_file()
     assert "[shard] scan 1/1 input files" in captured.err and "[shard] write 3/3 shards" in captured.err
     assert (tmp_path / "out" / "manifest.json").is_file() and src.is_file()
 
