@@ -105,6 +105,27 @@ class GRPOSpec(_Section):
         return self.epsilon if self.epsilon_high is None else self.epsilon_high
 
 
+def grpo_global_batch(train: object) -> object:
+    """A raw train section of train.task grpo with its global_batch, the completions of one optimizer step
+    (prompts_per_step x num_generations): filled in when absent, refused naming both when it differs."""
+    if not isinstance(train, dict) or train.get("task") != "grpo":
+        return train
+    g = train.get("grpo")
+    g = g.model_dump() if isinstance(g, GRPOSpec) else g if isinstance(g, dict) else {}
+    fields = GRPOSpec.model_fields
+    per, group = (g.get(k, fields[k].default) for k in ("prompts_per_step", "num_generations"))
+    if not isinstance(per, int) or not isinstance(group, int):
+        return train  # the section's own checks name what is wrong
+    if train.get("global_batch") is None:
+        return {**train, "global_batch": per * group}
+    if train["global_batch"] != per * group:
+        raise ValueError(
+            f"train.global_batch: {train['global_batch']}: a grpo step trains on its completions, "
+            f"train.grpo.prompts_per_step x num_generations = {per} x {group} = {per * group} (or leave it out)"
+        )
+    return train
+
+
 def layout_error(task: str, grpo, lora, backend: str, parallel) -> str | None:
     """Why train.task / train.grpo / the layout do not go together, or None. GRPO's rollouts run inside the
     training ranks: one process, FSDP2 (shards gathered for generation) or TP without sequence parallelism. The

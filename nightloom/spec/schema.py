@@ -32,7 +32,7 @@ from nightloom.spec.cluster import (
     SSHSpec,
 )
 from nightloom.spec.gates import GoldenSpec, ValidateSpec
-from nightloom.spec.grpo import GRPOSpec
+from nightloom.spec.grpo import GRPOSpec, grpo_global_batch
 from nightloom.spec.grpo import layout_error as grpo_layout_error
 from nightloom.spec.micro_batch import micro_batches_per_step
 from nightloom.spec.operations import LedgerSpec, RecoverySpec, ScheduleSpec, StorageSpec, WindowSpec
@@ -433,6 +433,11 @@ class TrainSpec(_Section):
     grpo: GRPOSpec | None = Field(
         None, description="train.task grpo: rollouts, reward functions and the GRPO loss (defaults as TRL's)."
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _grpo_batch(cls, data):
+        return grpo_global_batch(data)  # train.task grpo: a step's completions (nightloom/spec/grpo.py)
 
     @field_validator("pack")
     @classmethod

@@ -66,13 +66,14 @@ class RankMetrics:
         self.update(expert_imbalance=imbalance(tokens), router_aux_loss=aux)
 
     def preference(self, figures: dict[str, float]) -> None:
-        """train.task dpo: a gauge per figure (TRL's name, "/" as "_": nightloom_rewards_accuracies,
-        nightloom_eval_rewards_margins, ...), created on first use."""
+        """train.task dpo and grpo: a gauge per figure (TRL's name, "/" as "_": nightloom_rewards_accuracies,
+        nightloom_eval_rewards_margins, nightloom_reward, nightloom_completions_mean_length, ...), created on first
+        use."""
         for k, v in figures.items():
             key = "pref:" + k
             if key not in self.gauges:
                 name = "nightloom_" + k.replace("/", "_")
-                self.gauges[key] = Gauge(name, f"Preference tuning: {k}", ["run", "rank"], registry=self.registry)
+                self.gauges[key] = Gauge(name, f"Post-training: {k}", ["run", "rank"], registry=self.registry)
             self.gauges[key].labels(**self.labels).set(v)
 
     def close(self) -> None:

@@ -170,7 +170,7 @@ class Trainer:
         global mean over label tokens, times dp·cp (the mean over ranks in `_global_loss` gives the global mean)."""
         if self.grpo is not None:  # rollout (or the round's batch again), rewards, advantages, loss, backward
             local, self.counts, self.pref_figures = self.grpo.forward_backward(
-                self.parts.parts[0], step, self.ctx.device, self.flops
+                self.parts.parts[0], step, self.ctx.device, self.flops, self._autocast
             )
             return local
         if self.pref is not None:

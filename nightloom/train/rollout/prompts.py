@@ -1,6 +1,7 @@
 """train.task grpo's prompts, from the shard stage's output: each Parquet shard row is a prompt (its text field,
 `dataset.text_field`) with the row's `dataset.keep_columns` (e.g. `answer`) that reward functions read by name.
-The held-out split (`sharding.heldout`) holds the prompts scored at `validate.eval_every`.
+The held-out split (`sharding.heldout`), or a JSONL file (`validate.eval_data`), holds the prompts scored at
+`validate.eval_every`.
 
 The training prompts are one seeded permutation of every shard's rows (by `train.seed`), walked
 `prompts_per_step` at a time (wrapping round): the prompts of a generation round depend only on the spec, never on
@@ -9,7 +10,9 @@ the layout, and a resumed run draws the same ones. Each data-parallel rank takes
 from __future__ import annotations
 
 import io
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -56,6 +59,37 @@ def read_prompt_tables(manifest: str, tokenizer, s3: S3Config | None, heldout: b
     if not texts:
         raise DataError(f"{manifest}: no {'held-out ' if heldout else ''}prompt in the shards")
     return PromptTable(str(manifest), texts, columns), tok
+
+
+def read_prompt_file(path: str, manifest: str, s3: S3Config | None) -> PromptTable:
+    """validate.eval_data for grpo: a JSONL file of prompts read as the shard stage reads them (the manifest's
+    text field and kept columns; a kept value that is not a string JSON-encoded, as in the shards). DataError
+    naming FILE:LINE and the field when a record lacks one."""
+    from nightloom.sharding.manifest import load_manifest
+
+    m = load_manifest(manifest, s3)
+    keep = [c for c in m.keep_columns if c != m.text_field]
+    p = Path(path)
+    if not p.is_file():
+        raise DataError(f"{p}: validate.eval_data: file not found")
+    texts, columns = [], {c: [] for c in keep}
+    for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except ValueError as e:
+            raise DataError(f"{p}:{n}: not JSON ({e})") from None
+        for field in (m.text_field, *keep):
+            if not isinstance(rec, dict) or field not in rec:
+                raise DataError(f"{p}:{n}: {field}: missing (the prompts' text field and dataset.keep_columns)")
+        texts.append(str(rec[m.text_field]))
+        for c in keep:
+            v = rec[c]
+            columns[c].append(v if v is None or isinstance(v, str) else json.dumps(v))
+    if not texts:
+        raise DataError(f"{p}: validate.eval_data holds no prompt")
+    return PromptTable(str(p), texts, columns)
 
 
 def to_prompts(table: PromptTable, tokenizer, max_prompt_tokens: int) -> list[Prompt]:

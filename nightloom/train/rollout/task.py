@@ -11,6 +11,7 @@ weights."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from nightloom.rewards.resolve import RewardRef
 from nightloom.spec.grpo import GRPOSpec
 from nightloom.train.parallelize import IGNORE_INDEX
 from nightloom.train.rollout.logps import rollout_batch
-from nightloom.train.rollout.prompts import PromptStream, read_prompt_tables, to_prompts
+from nightloom.train.rollout.prompts import PromptStream, read_prompt_file, read_prompt_tables, to_prompts
 from nightloom.train.rollout.rewards import load_rewards
 from nightloom.train.rollout.step import GRPOSettings, GRPOStep, ScoredRollout, decoder
 from nightloom.train.rollout.table import CompletionsTable, write_table
@@ -56,8 +57,9 @@ class GRPOTask:
             )
         self.stream = PromptStream(to_prompts(table, tok, room), g.prompts_per_step, t.seed, layout.dp, layout.dp_rank)
         self.heldout = []
-        if job.eval_every and g.eval_prompts:
-            held, _ = read_prompt_tables(job.manifest, job.tokenizer, job.s3, heldout=True)
+        if job.eval_every and g.eval_prompts:  # validate.eval_data, else the held-out split
+            held = read_prompt_file(job.eval_data, job.manifest, job.s3) if job.eval_data else None
+            held = held or read_prompt_tables(job.manifest, job.tokenizer, job.s3, heldout=True)[0]
             self.heldout = to_prompts(held, tok, room)[: g.eval_prompts]
         rewards = load_rewards([RewardRef(r.fn, r.weight, r.args) for r in g.rewards], ".", "train.grpo.rewards")
         settings = GRPOSettings.from_spec(g, layout.micro_batch)
@@ -84,15 +86,18 @@ class GRPOTask:
         dist.all_reduce(t)
         return float(t[0]) / self.layout.copies / self.layout.dp
 
-    def forward_backward(self, model, step: int, device, flops):
-        """This rank's share of step `step`: (its loss, the global StepCounts, the step's figures)."""
+    def forward_backward(self, model, step: int, device, flops, autocast=nullcontext):
+        """This rank's share of step `step`: (its loss, the global StepCounts, the step's figures). `autocast`:
+        the trainer's (bf16 compute without FSDP; log-probs and the loss are taken in fp32)."""
         lay = self.layout
         rnd = step // self.g.iterations
         if self.batch is None or self.batch_round != rnd:
-            self.batch = self.step.rollout(model, self.stream.round(rnd), step)
+            with autocast():
+                self.batch = self.step.rollout(model, self.stream.round(rnd), step)
             self.batch_round = rnd
         sync = (lambda last: model.set_requires_gradient_sync(last)) if lay.fsdp else None
-        loss, figures = self.step.train(model, self.batch, self._num_tokens(self.batch, device), sync)
+        with autocast():
+            loss, figures = self.step.train(model, self.batch, self._num_tokens(self.batch, device), sync)
         whole = rollout_batch(self.batch.prompt_ids, self.batch.pad, self.batch.rollout)
         targets = torch.where(whole.doc_ids[:, 1:] == 1, whole.ids[:, 1:], IGNORE_INDEX)
         counts = step_counts([(whole.ids[:, :-1], targets)], flops, True, lay.dp, lay.copies, device)

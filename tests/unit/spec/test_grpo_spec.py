@@ -82,3 +82,14 @@ def test_the_grpo_section_needs_task_grpo():
         RunSpec.model_validate(
             {"name": "p", "dataset": {"path": "/d.jsonl"}, "train": {"task": "grpo", "backend": "xtuner", "xtuner": {}}}
         )
+
+
+def test_global_batch_is_the_completions_of_a_step(tmp_path):
+    spec = load_spec(_write(tmp_path, {"prompts_per_step": 2, "num_generations": 3}))
+    assert spec.train.global_batch == 6  # filled in
+    assert load_spec(_write(tmp_path, {"num_generations": 2}, global_batch=8)).train.global_batch == 8
+    path = _write(tmp_path, {"num_generations": 2}, global_batch=16)
+    with pytest.raises(SpecError) as err:
+        load_spec(path)
+    text = "\n".join(err.value.errors)
+    assert "train.global_batch: 16: a grpo step trains on its completions" in text and "4 x 2 = 8" in text, text

@@ -151,7 +151,7 @@ def test_a_spec_written_before_new_fields_keeps_its_ledger_hash():
         if (section, key) == ("train", "preference"):  # the preference section needs train.task dpo
             data["train"]["preference"], data["train"]["task"] = {"beta": 0.2}, "dpo"
         if (section, key) == ("train", "grpo"):  # the grpo section needs train.task grpo
-            data["train"]["grpo"], data["train"]["task"] = {"num_generations": 4}, "grpo"
+            data["train"]["grpo"], data["train"]["task"] = {"num_generations": 2}, "grpo"  # 4 x 2 = global_batch
         if (section, key) == ("validate", "min_reward_accuracy"):
             data["validate"]["min_reward_accuracy"] = 0.7
         if (section, key) == ("validate", "min_reward_gain"):

@@ -53,8 +53,8 @@ def _run(root: Path, name: str, steps: int, **job_kw) -> tuple[list[dict], str]:
         root / "shards",
         steps=steps,
         seq_len=24,
-        global_batch=4,
-        micro_batch=4,
+        global_batch=8,
+        micro_batch=8,
         grad_accum=1,
         dp_shard=1,
         train_kw={"task": "grpo", "grpo": grpo, "lr": 1e-2, "warmup_steps": 0, "export": "none", "checkpoint_every": 2},
@@ -113,3 +113,16 @@ def test_a_prompt_too_long_for_the_completion_is_named():
     assert got[0] == Prompt([ord("o"), ord("k")], "ok", {"answer": "1"}) and got[1].columns == {"answer": "2"}
     with pytest.raises(DataError, match="prompt 1 has 13 tokens; train.seq_len minus train.grpo.max_completion"):
         to_prompts(table, tok, 12)
+
+
+def test_eval_data_prompts_are_read_as_the_shards_store_them(setup, tmp_path):
+    from nightloom.train.rollout.prompts import read_prompt_file
+
+    good = tmp_path / "eval.jsonl"
+    good.write_text('{"prompt": "a: 1+2=", "answer": 3}\n\n{"prompt": "b: 0+0=", "answer": "0", "other": 1}\n')
+    table = read_prompt_file(str(good), str(setup / "shards"), None)
+    assert table.texts == ["a: 1+2=", "b: 0+0="] and table.columns == {"answer": ["3", "0"]}
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "a: 1+2=", "answer": "3"}\n{"prompt": "b: 0+0="}\n')
+    with pytest.raises(DataError, match=r"bad.jsonl:2: answer: missing"):
+        read_prompt_file(str(bad), str(setup / "shards"), None)
