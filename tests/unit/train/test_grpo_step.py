@@ -65,3 +65,34 @@ def test_a_few_steps_raise_the_held_out_reward(setup):
     se = (before["reward_se"] ** 2 + after["reward_se"] ** 2) ** 0.5
     print(f"held-out reward {before['reward']:.3f} -> {after['reward']:.3f} (3 SE {3 * se:.3f})")
     assert after["reward"] - before["reward"] > 3 * se, (before, after)
+
+
+def test_beta_takes_the_kl_to_the_base_with_the_adapters_off(tmp_path):
+    """beta > 0 with LoRA: the reference is the same model with its adapters off. Fresh adapters (B = 0) are the
+    base: KL 0; moved adapters: KL > 0, and the loss changes with beta."""
+    from nightloom.catalog import get_model
+    from nightloom.train.lora import LoraSettings, apply_lora, init_lora
+    from nightloom.train.model import build_model
+
+    torch.manual_seed(0)
+    model = build_model(get_model("tiny"), 32, device="cpu")
+    model.init_weights(0)
+    apply_lora(model, LoraSettings(rank=4, alpha=8, dropout=0.0, modules=("q_proj", "v_proj")))
+    init_lora(model, 0)  # B = 0: the adapted model is the base
+    (tmp_path / "reward.py").write_text(REWARD)
+    rewards = load_rewards([RewardRef("reward.py:sevens")], tmp_path)
+    prompts = [Prompt([3, 9, 4], ""), Prompt([5, 6], "")]
+
+    def step(beta: float) -> GRPOStep:
+        spec = GRPOSpec(num_generations=4, max_completion_tokens=4, beta=beta, rewards=[{"fn": "reward.py:sevens"}])
+        return GRPOStep(GRPOSettings.from_spec(spec, micro_batch=8), rewards, str, eos_ids=[1], pad_id=0, seed=3)
+
+    batch = step(0.04).rollout(model, prompts, 0)
+    _, fresh = step(0.04).train(model, batch)
+    assert fresh["kl"] == pytest.approx(0.0, abs=1e-7)
+    for m in model.modules():
+        if hasattr(m, "lora_B"):
+            torch.nn.init.normal_(m.lora_B.weight, std=0.5)
+    loss_kl, moved = step(0.04).train(model, batch)
+    loss_plain, plain = step(0.0).train(model, batch)
+    assert moved["kl"] > 1e-4 and "kl" not in plain and loss_kl != pytest.approx(loss_plain)
