@@ -19,6 +19,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Integer, MetaData, String, Table, func, select, text
 from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.exc import IntegrityError
 
 from nightloom.ledger.engine import where
 from nightloom.ledger.migrations import LEGACY_TABLE, VERSION_TABLE
@@ -87,7 +88,13 @@ def copy_ledger(source_url: str, target_url: str, *, merge: bool = False) -> Cop
         report = CopyReport(src.where(), dst.where())
         rows, high = _read_source(src.engine)
         tables = _tables(dst.engine, rows, src.where(), dst.where())
-        dst.retry(lambda: _copy(dst.engine, tables, rows, high, merge, report))
+        try:
+            dst.retry(lambda: _copy(dst.engine, tables, rows, high, merge, report))
+        except IntegrityError as e:  # a writer added the same key meanwhile: nothing was copied
+            raise CopyRefused(
+                f"{dst.where()} was written to while copying ({type(e.orig).__name__}); nothing copied: stop its "
+                "writers and run the copy again"
+            ) from e
         with dst.engine.connect() as conn:  # read back: every source row there, with its values
             left = [p for p in _plans(conn, tables, rows) if p.missing or p.conflicts]
         if left:
@@ -110,7 +117,8 @@ def _read_source(engine: Engine) -> tuple[dict[str, list[dict[str, Any]]], dict[
             rows[t.name] = [dict(r._mapping) for r in conn.execute(select(t).order_by(*t.primary_key.columns))]
             ids = _serial_id(t)
             if ids is not None:
-                high[t.name] = max([r[ids] for r in rows[t.name]] + [_sqlite_sequence(conn, t.name)])
+                handed = _sqlite_sequence(conn, t.name) or _pg_sequence(conn, t.name, ids)
+                high[t.name] = max([r[ids] for r in rows[t.name]] + [handed])
     return rows, high
 
 
@@ -131,6 +139,17 @@ def _sqlite_sequence(conn: Connection, table: str) -> int:
         return 0
     got = conn.execute(text("SELECT seq FROM sqlite_sequence WHERE name = :t"), {"t": table}).first()
     return int(got[0]) if got else 0
+
+
+def _pg_sequence(conn: Connection, table: str, column: str) -> int:
+    """The last id PostgreSQL's sequence handed out in `table` (0 on another database, or before its first)."""
+    if conn.dialect.name != "postgresql":
+        return 0
+    seq = conn.execute(text("SELECT pg_get_serial_sequence(:t, :c)"), {"t": table, "c": column}).scalar()
+    if seq is None:
+        return 0
+    last, called = conn.execute(text(f"SELECT last_value, is_called FROM {seq}")).one()
+    return int(last) if called else 0
 
 
 def _tables(engine: Engine, rows: dict[str, list], source: str, target: str) -> list[Table]:
@@ -216,8 +235,5 @@ def _advance_ids(conn: Connection, table: Table, column: str, high: int) -> None
             conn.execute(text("INSERT INTO sqlite_sequence (name, seq) VALUES (:t, :v)"), {"t": table.name, "v": top})
         return
     seq = conn.execute(text("SELECT pg_get_serial_sequence(:t, :c)"), {"t": table.name, "c": column}).scalar()
-    if seq is None:
-        return
-    last, called = conn.execute(text(f"SELECT last_value, is_called FROM {seq}")).one()
-    if top > (last if called else last - 1):
+    if seq is not None and top > _pg_sequence(conn, table.name, column):
         conn.execute(text("SELECT setval(:s, :v, true)"), {"s": seq, "v": top})

@@ -122,6 +122,12 @@ def test_every_row_of_every_table_is_copied_once_and_the_queue_goes_on(source: s
         assert [j.name for j in store.jobs("team")] == ["j0", "j1"]
         assert store.add("team", job("j3"), spec={}).id == 4  # past j2's id (3), removed in the source
         assert store.runs("team")[0].run_id == "new"
+        store.remove("team", 4)
+    back = f"sqlite:///{Path(source.removeprefix('sqlite:///')).parent / 'back.db'}"
+    copy_ledger(ledger_url, back)  # and back again: the same rows, the same next id
+    assert dump(back) == before
+    with Ledger(back) as lg:
+        assert QueueStore(lg).add("team", job("j5"), spec={}).id == 5
 
 
 def test_a_target_with_rows_of_its_own_is_refused_unless_merged(source: str, pg_url: str):
