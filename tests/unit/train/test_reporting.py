@@ -101,3 +101,15 @@ def test_prom_sink_sets_the_rank_gauges_with_local_memory():
     assert calls[0][1]["memory_bytes"] == 100000000
     assert calls[0][1]["step"] == 3 and calls[0][1]["eval_loss"] is None
     assert calls[1] == ("experts", [2, 2], 0.5)
+
+
+def test_grpo_figures_reach_the_line_the_metrics_row_and_the_trackers(tmp_path):
+    from nightloom.track.sink import step_values
+
+    figures = {"reward": 0.5, "reward_std": 0.25, "completions/mean_length": 5.5, "rewards/digits/mean": 0.5}
+    record = _record(preference=figures)
+    assert step_line(record).endswith(" reward 0.500 std 0.250 len 5.5")
+    MetricsFileSink(tmp_path / "m.jsonl").emit(record)
+    (row,) = read_metrics(tmp_path / "m.jsonl")
+    assert row.model_extra["rewards/digits/mean"] == 0.5
+    assert step_values(record).values["completions/mean_length"] == 5.5
