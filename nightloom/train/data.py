@@ -85,6 +85,37 @@ def _read_bytes(uri: str, s3: S3Config | None = None) -> bytes:
     return p.read_bytes()
 
 
+def shard_uri(base: str, rel: str) -> str:
+    """A shard file's URI: `rel` (as the manifest names it) under the manifest's folder or S3 prefix `base`."""
+    return f"{base}/{rel}" if base.startswith("s3://") else str(Path(base) / rel)
+
+
+def shard_order(seed: int | None, index: int, count: int) -> np.ndarray | None:
+    """A shard's seeded order of its windows or rows (numpy PCG64 seeded by (seed, shard index)), None unseeded."""
+    return None if seed is None else np.random.default_rng([seed, index]).permutation(count)
+
+
+class ShardCache:
+    """The last `size` shards loaded (least recently used goes first): each rank reads one or two at a time."""
+
+    def __init__(self, size: int):
+        self.size, self.shards = size, OrderedDict()
+
+    def __iter__(self):
+        """The cached shards' indices, least recently used first."""
+        return iter(self.shards)
+
+    def get(self, k: int, load):
+        """Shard `k`, loaded by `load(k)` unless it is cached."""
+        if k in self.shards:
+            self.shards.move_to_end(k)
+            return self.shards[k]
+        shard = self.shards[k] = load(k)
+        if len(self.shards) > self.size:
+            self.shards.popitem(last=False)
+        return shard
+
+
 def pack_documents(texts: list[str]) -> np.ndarray:
     """UTF-8 bytes of each document followed by the separator token, as one uint8 stream."""
     sep = bytes([SEPARATOR])
@@ -153,7 +184,7 @@ class PackedWindows:
         spans, first = [], 0
 
         def at(rel: str) -> str:
-            return f"{base}/{rel}" if base.startswith("s3://") else str(Path(base) / rel)
+            return shard_uri(base, rel)
 
         for i, s in enumerate(sorted(self.manifest.shards, key=lambda s: s.index)):
             stream = s.tokens + s.rows
@@ -177,39 +208,23 @@ class PackedWindows:
                 f"fill one window of seq_len+1 = {self.window} tokens"
             )
         self._starts = np.array([s.first for s in spans])
-        self._cache: OrderedDict[int, np.ndarray] = OrderedDict()
-        self._cache_size = cache_shards
+        self._cache = ShardCache(cache_shards)
 
     def _shard(self, k: int) -> np.ndarray | _TokenShard:
-        if k in self._cache:
-            self._cache.move_to_end(k)
-            return self._cache[k]
-        span = self.spans[k]
-        arr = self._load_text(k) if span.bin_uri is None else self._load_tokens(k)
-        self._cache[k] = arr
-        if len(self._cache) > self._cache_size:
-            self._cache.popitem(last=False)
-        return arr
+        return self._cache.get(k, self._load)
+
+    def _load(self, k: int) -> np.ndarray | _TokenShard:
+        return self._load_text(k) if self.spans[k].bin_uri is None else self._load_tokens(k)
 
     def _order(self, span: ShardWindows) -> np.ndarray | None:
-        """The shard's window order: seeded permutation (numpy PCG64 seeded by (seed, shard index)), or None."""
-        if self.seed is None:
-            return None
-        return np.random.default_rng([self.seed, span.index]).permutation(span.count)
+        """The shard's window order: `shard_order`."""
+        return shard_order(self.seed, span.index, span.count)
 
     def _load_tokens(self, k: int) -> _TokenShard:
         from nightloom.sharding.tokens import np_dtype
 
         span = self.spans[k]
-        dtype = np_dtype(span.bin_dtype)
-        if span.bin_uri.startswith("s3://"):
-            ids = np.frombuffer(_read_bytes(span.bin_uri, self.s3), dtype=dtype)
-        else:
-            p = Path(span.bin_uri)
-            if not p.is_file():
-                raise DataError(f"{p}: token file listed in the manifest does not exist")
-            size = p.stat().st_size
-            ids = np.memmap(p, dtype=dtype, mode="r") if size else np.zeros(0, dtype=dtype)
+        ids = _array(span.bin_uri, np_dtype(span.bin_dtype), self.s3, "token file")
         if len(ids) != span.bin_tokens or len(ids) < span.count * self.window:
             raise DataError(
                 f"{span.bin_uri}: manifest field shards[{k}] says tokens+rows = {span.stream_tokens} "
@@ -427,7 +442,7 @@ def load_chat_shard(base: str, tf, s3: S3Config | None, order: np.ndarray | None
     from nightloom.sharding.tokens import LABEL_DTYPE, np_dtype, read_lengths
 
     def at(rel: str) -> str:
-        return f"{base}/{rel}" if base.startswith("s3://") else str(Path(base) / rel)
+        return shard_uri(base, rel)
 
     if tf is None or tf.labels is None:
         raise DataError(
@@ -468,13 +483,11 @@ class ConversationRows:
         self.total = int(self._starts[-1])
         if self.total == 0:
             raise DataError(f"{self.manifest_uri}: no conversation in the training shards")
-        self._cache: OrderedDict[int, _ChatShard] = OrderedDict()
-        self._cache_size = cache_shards
+        self._cache = ShardCache(cache_shards)
         self._lengths: np.ndarray | None = None  # every row's length, once `lengths` is asked
 
     def _order(self, k: int) -> np.ndarray | None:
-        s = self.shards[k]
-        return None if self.seed is None else np.random.default_rng([self.seed, s.index]).permutation(s.rows)
+        return shard_order(self.seed, self.shards[k].index, self.shards[k].rows)
 
     def _idx_lengths(self, k: int) -> np.ndarray:
         """Shard k's conversation lengths in stored order, from its .idx file alone."""
@@ -483,8 +496,7 @@ class ConversationRows:
         tf = self.shards[k].token_files
         if tf is None or tf.labels is None:
             raise DataError(f"{self.manifest_uri}: shards[{k}]: no label file: train.task sft needs shards made for it")
-        idx = f"{self.base}/{tf.idx}" if self.base.startswith("s3://") else str(Path(self.base) / tf.idx)
-        return read_lengths(_read_bytes(idx, self.s3))
+        return read_lengths(_read_bytes(shard_uri(self.base, tf.idx), self.s3))
 
     def lengths(self, start: int, n: int) -> np.ndarray:
         """Unpacked: the conversation lengths (ids) of global rows [start, start+n) (mod total); every shard's
@@ -516,18 +528,14 @@ class ConversationRows:
         return PackStats(sum(len(p.members) for p in plans), self.total, sum(p.ids for p in plans), self.window)
 
     def _shard(self, k: int) -> _ChatShard:
-        if k in self._cache:
-            self._cache.move_to_end(k)
-            return self._cache[k]
+        return self._cache.get(k, self._load)
+
+    def _load(self, k: int) -> _ChatShard:
         # packed: the plan holds the seeded order, so the shard is read in stored order
         order = None if self.pack else self._order(k)
-        shard = load_chat_shard(
+        return load_chat_shard(
             self.base, self.shards[k].token_files, self.s3, order, f"{self.manifest_uri}: shards[{k}]"
         )
-        self._cache[k] = shard
-        if len(self._cache) > self._cache_size:
-            self._cache.popitem(last=False)
-        return shard
 
     def rows(self, start: int, n: int) -> tuple[np.ndarray, np.ndarray]:
         """(ids, labels) of global rows [start, start+n) (mod total), each (n, seq_len+1), padded with EOS ids
