@@ -5,7 +5,7 @@ document (tests/unit/sharding/test_filters_vs_datatrove.py checks it on a real c
   Training Gopher", appendix A.1.1 and table A1 (datatrove's GopherRepetitionFilter, GopherQualityFilter).
 - C4: Raffel et al. 2020, "Exploring the Limits of Transfer Learning ...", section 2.2, and TFDS's c4_utils
   (datatrove's C4QualityFilter, lines split on newlines). Its line rules decide the document and what the filters
-  after it see; the stored text is the document as read (the shard stage does not rewrite text).
+  after it see, and a document it keeps is stored as its kept lines (`check_edit`; the shard stage rewrites it).
 - FineWeb: Penedo et al. 2024, "The FineWeb Datasets", section 3.4 (datatrove's FineWebQualityFilter).
 - Length bounds, in characters and whitespace words.
 
@@ -212,11 +212,18 @@ FILTERS: dict[str, Callable[[str, object], str | None]] = {
 def check(text: str, spec: FiltersSpec) -> tuple[str, str] | None:
     """(filter, reason) of the first enabled filter that removes the document, in FineWeb's order; None: kept.
     The filters after C4 see the lines C4 keeps, as in datatrove's pipeline, where C4 rewrites the text."""
+    return check_edit(text, spec)[0]
+
+
+def check_edit(text: str, spec: FiltersSpec) -> tuple[tuple[str, str] | None, str]:
+    """(`check`'s verdict, the document as the chain leaves it): a document C4 keeps is its kept lines, joined
+    by newlines (datatrove's C4QualityFilter output text); any other document is returned as it came."""
+    out = text
     for name in spec.enabled():
         if name == "c4":
-            why, text = c4_lines(text, spec.c4)
+            why, out = c4_lines(out, spec.c4)
         else:
-            why = FILTERS[name](text, getattr(spec, name))
+            why = FILTERS[name](out, getattr(spec, name))
         if why is not None:
-            return name, why
-    return None
+            return (name, why), text
+    return None, out

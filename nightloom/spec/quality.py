@@ -95,8 +95,9 @@ class GopherQualitySpec(_Section):
 
 class C4Spec(_Section):
     """C4's rules (Raffel et al. 2020, section 2.2; TFDS c4_utils): lines without terminal punctuation, with
-    fewer than 3 words, with 'javascript' or a cookie/terms notice are not counted; a document with fewer than
-    5 sentences in the lines left, 'lorem ipsum' or a curly bracket is removed. The stored text is not rewritten."""
+    fewer than 3 words, with 'javascript' or a cookie/terms notice are removed; a document with fewer than 5
+    sentences in the lines left, 'lorem ipsum' or a curly bracket is removed. A kept document is stored as its kept
+    lines (as datatrove's C4QualityFilter writes it)."""
 
     remove_citations: bool = Field(True, description="Strip [1], [edit], [citation needed] before the rules.")
     filter_no_terminal_punct: bool = Field(True, description="A line must end in . ? ! \" ' (not ...).")

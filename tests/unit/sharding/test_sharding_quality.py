@@ -5,18 +5,22 @@ filtering; every file accounted for; the side file of removed documents; reuse a
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import orjson
 import pyarrow.parquet as pq
 import pytest
 
 from nightloom.sharding import shard_dataset
-from nightloom.sharding.filters import check
+from nightloom.sharding.corpus import ensure_sample_corpus
+from nightloom.sharding.filters import check, check_edit
 from nightloom.sharding.near_dup import near_duplicates
 from nightloom.sharding.planted import planted_corpus
 from nightloom.sharding.summary import summarize
-from nightloom.spec import DatasetSpec, ShardingSpec
+from nightloom.spec import DatasetSpec, ShardingSpec, TokenizerSpec
 from nightloom.spec.quality import FiltersSpec
+from nightloom.tokenizer import load_tokenizer
+from tests.support.sharding import small_bpe
 
 SHORT = "lorem ipsum"  # under min_chars: removed by the length filter
 
@@ -91,3 +95,29 @@ def test_same_kept_set_for_any_files_units_and_threads(tmp_path, texts):
     b = shard_dataset(DatasetSpec(path=str(_write(tmp_path / "b", parts))), _sharding(many), workers=2)
     assert _kept(one, a) == _kept(many, b)
     assert a.quality.removed == b.quality.removed
+
+
+@pytest.fixture(scope="module")
+def bpe(tmp_path_factory) -> TokenizerSpec:
+    return small_bpe(tmp_path_factory.mktemp("bpe"))
+
+
+@pytest.mark.parametrize("which", ["bytes", "bpe"])
+def test_c4_writes_the_edited_documents(tmp_path, request, which):
+    """With C4 on, a kept document is stored as C4 leaves it (its kept lines: datatrove's output text, as
+    test_filters_vs_datatrove checks), in input order, its token ids and counts those of the edited text."""
+    sample = ensure_sample_corpus(Path(__file__).resolve().parents[3] / "datasets" / "sample" / "corpus.jsonl")
+    texts = [orjson.loads(x)["text"] for x in sample.read_bytes().splitlines()[:1500]]
+    src = _write(tmp_path / "in", [texts[:700], texts[700:]])
+    tok = request.getfixturevalue("bpe") if which == "bpe" else TokenizerSpec.coerce("bytes")
+    spec = ShardingSpec(output=str(tmp_path / "out"), num_shards=2, filters={"c4": True}, dedup=False)
+    m = shard_dataset(DatasetSpec(path=str(src)), spec, workers=2, tokenizer=tok)
+    want = [out for why, out in (check_edit(t, spec.filters) for t in texts) if why is None]
+    place = {t: i for i, t in reversed(list(enumerate(want)))}
+    got = [pq.read_table(tmp_path / "out" / s.path).column("text").to_pylist() for s in m.shards]
+    assert sorted(t for g in got for t in g) == sorted(want) and 50 < len(want) < len(texts)
+    assert all([place[t] for t in g] == sorted(place[t] for t in g) for g in got)  # input order
+    assert sum(w not in texts for w in want) > len(want) // 10  # lines were removed from many
+    assert m.quality.removed["c4"].documents == len(texts) - len(want)
+    lengths = load_tokenizer(tok).encode_ids(want)[0] if which == "bpe" else [len(w.encode()) for w in want]
+    assert sum(s.token_files.tokens for s in m.shards) == int(sum(lengths)) + len(want)  # with EOS each
