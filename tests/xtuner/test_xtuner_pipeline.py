@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
@@ -23,6 +24,7 @@ def demo_spec(tmp_path: Path, base_model: Path):
     data["train"]["xtuner"]["base_model"] = str(base_model)  # what build_tiny_base_model builds (same script)
     data["storage"] = {"root": str(tmp_path / "runs")}
     data["ledger"] = {"url": f"sqlite:///{tmp_path / 'ledger.db'}"}
+    data["track"] = {"tensorboard": {}}  # track: XTuner's steps reach a tracker, its run in the summary and ledger
     return parse_spec(data)
 
 
@@ -31,6 +33,8 @@ def test_full_pipeline_with_xtuner_backend(prefect_backend, xtuner_env, base_mod
     from nightloom.ledger import Ledger
     from nightloom.metrics import read_metrics
     from nightloom.perf import cpu_matmul_peak_source
+    from nightloom.track.records import tracker_runs
+    from tests.support.trackers import tensorboard_scalars
 
     spec = demo_spec(tmp_path, base_model)
     state = training_pipeline(spec, return_state=True)
@@ -48,6 +52,17 @@ def test_full_pipeline_with_xtuner_backend(prefect_backend, xtuner_env, base_mod
     export = run_dir / "export"  # as a native run: the merged model, the adapter inside it
     assert (export / "config.json").is_file() and (export / "adapter" / "adapter_config.json").is_file()
     assert not (run_dir / "model").exists() and not (run_dir / "adapter").exists()
-    assert summary.output_rows() == [("export", str(export)), ("adapter", str(export / "adapter"))]
+    (tracked,) = summary.trackers  # its row: the run and the rows it took (every step)
+    assert tracked.note().endswith(f": {spec.train.steps} rows sent")
+    assert summary.output_rows() == [
+        ("export", str(export)),
+        ("adapter", str(export / "adapter")),
+        ("tensorboard", tracked.note()),
+    ]
     row = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}").get(summary.ledger_id)
     assert row.status == "succeeded" and row.final_loss == summary.last_loss
+    # track: the TensorBoard run in the ledger row's figures and the summary, every step's loss as metrics.jsonl's
+    folder = str(run_dir / "tensorboard")
+    assert tracker_runs(row.figures) == {"tensorboard": folder} == {t.tracker: t.run_id for t in summary.trackers}
+    losses = tensorboard_scalars(run_dir / "tensorboard", "train/loss")
+    assert losses == pytest.approx({m.step: m.loss for m in steps}, rel=1e-6)
