@@ -3,6 +3,8 @@ behind `nightloom eval RUN --tasks ...`; the table is the flow's `benchmarks` ar
 
 from __future__ import annotations
 
+from typing import Literal
+
 from prefect import flow
 
 from nightloom.benchmarks.compare import BenchRow
@@ -19,6 +21,7 @@ def benchmark_run(
     num_fewshot: int | None = None,
     limit: float | None = None,
     apply_chat_template: bool = False,
+    backend: Literal["auto", "hf", "vllm"] = "auto",
 ) -> list[BenchRow]:
     """Score a run's export on lm-eval tasks, offline.
 
@@ -30,6 +33,8 @@ def benchmark_run(
         num_fewshot: Few-shot examples (default: each task's own).
         limit: Examples per task: a count, or a fraction below 1.
         apply_chat_template: Prompts through the tokenizer's chat template.
+        backend: lm-eval's backend on the node: hf, vllm (tensor parallel over the GPUs), auto (vllm where
+            installed on a GPU node).
     """
     settings = BenchmarksSpec(
         tasks=tasks,
@@ -37,6 +42,7 @@ def benchmark_run(
         num_fewshot=num_fewshot,
         limit=limit,
         apply_chat_template=apply_chat_template,
+        backend=backend,
         base=base is not None,
         completions=0,
     )

@@ -33,6 +33,12 @@ def register(sub) -> None:
     b.add_argument("--limit", type=float, default=None, help="examples per task: a count, or a fraction below 1")
     b.add_argument("--apply-chat-template", action="store_true", help="prompts through the chat template")
     b.add_argument("--fewshot-as-multiturn", action="store_true", help="few-shot examples as chat turns")
+    b.add_argument(
+        "--backend",
+        choices=["auto", "hf", "vllm"],
+        default="auto",
+        help="lm-eval's backend: hf (spread over the GPUs when the weights pass one), vllm (tensor parallel), auto",
+    )
     p.set_defaults(func=run)
 
 
@@ -121,6 +127,7 @@ def run_tasks(args) -> int:
             limit=args.limit,
             apply_chat_template=args.apply_chat_template,
             fewshot_as_multiturn=args.fewshot_as_multiturn,
+            backend=args.backend,
             base=args.base is not None,
             completions=0,
         )

@@ -1,5 +1,6 @@
-"""lm-evaluation-harness on one Hugging Face folder, in this process: `lm_eval.simple_evaluate` with its HF backend
-(`HFLM`) and a `TaskManager` over the user's task folder, offline; lm-eval's results dict -> `Score` records.
+"""lm-evaluation-harness on one Hugging Face folder, in this process: `lm_eval.simple_evaluate` with its HF or vLLM
+backend (`engine.py` chooses, on the node) and a `TaskManager` over the user's task folder, offline; lm-eval's
+results dict -> `Score` records.
 
 Run it in the task folder (`launch.py` does): lm-eval resolves a relative `data_files` against the current
 folder, not the YAML's.
@@ -8,48 +9,19 @@ folder, not the YAML's.
 from __future__ import annotations
 
 import os
-from pathlib import Path
+from typing import Literal
 
+from nightloom.benchmarks.engine import node_engine
 from nightloom.benchmarks.records import BenchJob, Score
 
 OFFLINE = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
 _NOT_METRICS = {"alias", "name", "sample_len", "samples"}
 
 
-def device_and_dtype() -> tuple[str, str]:
-    """A GPU in its checkpoint's dtype when there is one; else the CPU in float32 (bf16 matmuls are slow there)."""
-    import torch
-
-    return ("cuda", "auto") if torch.cuda.is_available() else ("cpu", "float32")
-
-
-def placement(weights_bytes: int, gpu_bytes: list[int], headroom: float = 0.8) -> dict:
-    """HFLM's placement: one device, unless the weights pass `headroom` of the smallest GPU and there are several,
-    then lm-eval's HF-backend model parallelism (`parallelize=True`: accelerate spreads the layers over them)."""
-    if not gpu_bytes:
-        return {"device": "cpu"}
-    if len(gpu_bytes) > 1 and weights_bytes > headroom * min(gpu_bytes):
-        return {"parallelize": True}
-    return {"device": "cuda"}
-
-
-def _gpu_bytes() -> list[int]:
-    import torch
-
-    if not torch.cuda.is_available():
-        return []
-    return [torch.cuda.get_device_properties(i).total_memory for i in range(torch.cuda.device_count())]
-
-
-def model_args(model_dir: str, tokenizer: str | None) -> dict:
-    """HFLM's arguments for a folder: where it goes (placement), the dtype and the tokenizer folder (the
-    export's, for a base whose weights folder holds none)."""
-    _, dtype = device_and_dtype()
-    weights = sum(p.stat().st_size for p in Path(model_dir).glob("*.safetensors")) or sum(
-        p.stat().st_size for p in Path(model_dir).glob("*.bin")
-    )
-    args = {"pretrained": model_dir, "dtype": dtype, **placement(weights, _gpu_bytes())}
-    return args | ({"tokenizer": tokenizer} if tokenizer else {})
+def model_args(model_dir: str, tokenizer: str | None, backend: Literal["auto", "hf", "vllm"] = "hf") -> dict:
+    """lm-eval's `model_args` for a folder on this node (`engine.node_engine`: where it goes, the dtype) with the
+    tokenizer folder (the export's, for a base whose weights folder holds none)."""
+    return node_engine(model_dir, backend).model_args(model_dir, tokenizer)
 
 
 def simple_evaluate_kwargs(job: BenchJob) -> dict:
@@ -75,8 +47,13 @@ def evaluate(model_dir: str, job: BenchJob) -> list[Score]:
     from nightloom.benchmarks.catalog import task_manager
 
     tm = task_manager(job.tasks, job.include_path)
+    engine = node_engine(model_dir, job.backend)
+    print(f"nightloom: lm-eval's {engine.backend} backend for {model_dir} ({engine.why})", flush=True)
     out = lm_eval.simple_evaluate(
-        model="hf", model_args=model_args(model_dir, job.tokenizer), task_manager=tm, **simple_evaluate_kwargs(job)
+        model=engine.backend,
+        model_args=engine.model_args(model_dir, job.tokenizer),
+        task_manager=tm,
+        **simple_evaluate_kwargs(job),
     )
     return scores_from_results(out)
 

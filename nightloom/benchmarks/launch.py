@@ -80,6 +80,7 @@ def make_job(settings: BenchmarksSpec, tokenizer: str | None, prompts: list[str]
         apply_chat_template=settings.apply_chat_template,
         fewshot_as_multiturn=settings.fewshot_as_multiturn,
         batch_size=settings.batch_size,
+        backend=settings.backend,
         prompts=prompts[: settings.completions],
         max_new_tokens=settings.max_new_tokens,
         output=str(Path(output).resolve()),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 
@@ -48,6 +50,7 @@ class BenchJob(BaseModel):
     apply_chat_template: bool = False
     fewshot_as_multiturn: bool = False
     batch_size: int = 8
+    backend: Literal["auto", "hf", "vllm"] = "auto"  # lm-eval's backend, chosen on the node (engine.py)
     prompts: list[str] = Field(default_factory=list)
     max_new_tokens: int = 32
     output: str  # the result file (list of ModelScores as JSON), written whole then renamed

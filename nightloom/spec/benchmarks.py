@@ -6,6 +6,8 @@ index (unknown names, data that needs the network) by `nightloom.benchmarks.cata
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, model_validator
 
 from nightloom.spec.base import Section as _Section
@@ -41,6 +43,12 @@ class BenchmarksSpec(_Section):
     apply_chat_template: bool = Field(False, description="Render prompts with the tokenizer's chat template.")
     fewshot_as_multiturn: bool = Field(False, description="Few-shot examples as chat turns (needs the template).")
     batch_size: int = Field(8, ge=1, description="lm-eval's batch size.")
+    backend: Literal["auto", "hf", "vllm"] = Field(
+        "auto",
+        description="lm-eval's backend on the node: hf (one device, or spread over the GPUs when the weights pass "
+        "80% of one), vllm (tensor parallel over the GPUs the weights need; needs vllm on the node), auto (vllm "
+        "where installed on a GPU node, else hf).",
+    )
     base: bool = Field(True, description="Also score the base model (once per base and settings, cached).")
     gates: list[BenchGateSpec] = Field(default_factory=list, description="Gates on the tasks' metrics.")
     prompts: list[str] = Field(

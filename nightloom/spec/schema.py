@@ -473,6 +473,7 @@ HASH_NEUTRAL_DEFAULTS: dict[tuple[str, str], object] = {
     ("train.lora", "compute_dtype"): "auto",
     ("train.lora", "use_rslora"): False,
     ("validate", "benchmarks"): None,
+    ("validate.benchmarks", "backend"): "auto",
     ("sharding", "near_dup"): None,
     ("sharding", "filters"): None,
     ("", "track"): TrackSpec().model_dump(mode="json"),  # "": a field of the spec itself; trackers off

@@ -138,14 +138,51 @@ def test_summary_artifact_and_notebook_show_base_and_tuned():
     assert "bench/mc/acc" in s._repr_html_() and text.replace(">", "&gt;") in s._repr_html_()
 
 
-def test_placement_spreads_a_model_too_big_for_one_gpu():
-    from nightloom.benchmarks.harness import placement
+def test_the_engine_spreads_a_model_too_big_for_one_gpu_or_runs_it_on_vllm():
+    from nightloom.benchmarks.engine import EngineError, choose_engine
 
-    gib = 1 << 30
-    assert placement(3 * gib, []) == {"device": "cpu"}
-    assert placement(60 * gib, [80 * gib, 80 * gib]) == {"device": "cuda"}
-    assert placement(140 * gib, [80 * gib, 80 * gib]) == {"parallelize": True}  # lm-eval's HF model parallelism
-    assert placement(140 * gib, [80 * gib]) == {"device": "cuda"}  # one GPU: nothing to spread over
+    gib, h100 = 1 << 30, 80 << 30
+    cpu = choose_engine("auto", 3 * gib, [], 32, vllm_installed=True)
+    assert (cpu.backend, cpu.device, cpu.dtype) == ("hf", "cpu", "float32")
+    one = choose_engine("hf", 60 * gib, [h100] * 2, 32, vllm_installed=False)
+    assert one.model_args("/m", None) == {"pretrained": "/m", "dtype": "auto", "device": "cuda"}
+    spread = choose_engine("auto", 140 * gib, [h100] * 2, 32, vllm_installed=False)  # lm-eval's HF model parallelism
+    assert spread.model_args("/m", "/tok") == {
+        "pretrained": "/m",
+        "dtype": "auto",
+        "parallelize": True,
+        "tokenizer": "/tok",
+    }
+    assert choose_engine("hf", 140 * gib, [h100], 32, vllm_installed=True).device == "cuda"  # nothing to spread over
+    # vLLM: the fewest GPUs, a power of two dividing the heads, that hold the weights with 20% to spare
+    assert choose_engine("auto", 60 * gib, [h100] * 8, 32, vllm_installed=True).tensor_parallel == 1
+    big = choose_engine("vllm", 140 * gib, [h100] * 8, 64, vllm_installed=True)
+    assert big.model_args("/m", None) == {
+        "pretrained": "/m",
+        "dtype": "auto",
+        "tensor_parallel_size": 4,  # 140 GiB / 2 = 70 > 64 (80% of 80): 4 GPUs
+        "gpu_memory_utilization": 0.8,
+    }
+    six_heads = choose_engine("vllm", 140 * gib, [h100] * 8, 6, vllm_installed=True)  # only 1 or 2 divide 6
+    assert six_heads.tensor_parallel == 2 and "on 2 of 8 GPUs" in six_heads.why  # vLLM then says what is short
+    assert choose_engine("vllm", 900 * gib, [h100] * 4, 32, vllm_installed=True).tensor_parallel == 4  # all it has
+    with pytest.raises(EngineError, match="vllm needs a CUDA GPU"):
+        choose_engine("vllm", gib, [], 32, vllm_installed=True)
+    with pytest.raises(EngineError, match="vllm is not installed"):
+        choose_engine("vllm", gib, [h100], 32, vllm_installed=False)
+
+
+def test_the_node_engine_reads_the_folder_and_the_job_carries_the_backend(tmp_path):
+    from nightloom.benchmarks.engine import attention_heads, node_engine, weights_bytes
+
+    (tmp_path / "config.json").write_text(json.dumps({"text_config": {"num_attention_heads": 12}}))
+    (tmp_path / "model-1.safetensors").write_bytes(b"x" * 100)
+    (tmp_path / "model-2.safetensors").write_bytes(b"x" * 28)
+    assert weights_bytes(tmp_path) == 128 and attention_heads(tmp_path) == 12
+    assert node_engine(str(tmp_path)).device == "cpu"  # this machine: no CUDA
+    settings = BenchmarksSpec(tasks=["mc"], backend="vllm")
+    assert make_job(settings, None, [], tmp_path / "o.json").backend == "vllm"
+    assert make_job(BenchmarksSpec(tasks=["mc"]), None, [], tmp_path / "o.json").backend == "auto"
 
 
 def test_big_weights_are_keyed_by_size_and_mtime(tmp_path, monkeypatch):

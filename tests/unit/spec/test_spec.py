@@ -140,6 +140,14 @@ def test_a_spec_written_before_new_fields_keeps_its_ledger_hash():
             changed = {**data, "train": {**data["train"], "lora": {**lora, key: value}}}
             assert RunSpec.model_validate(changed).spec_hash() != base, key
             continue
+        if section == "validate.benchmarks":  # a field of the nested benchmarks section: neutral at its default
+            bench = {**data["validate"], "benchmarks": {"tasks": ["hellaswag"]}}
+            base = RunSpec.model_validate({**data, "validate": bench}).spec_hash()
+            same = {**bench, "benchmarks": {**bench["benchmarks"], key: default}}
+            assert RunSpec.model_validate({**data, "validate": same}).spec_hash() == base, key
+            changed = {**bench, "benchmarks": {**bench["benchmarks"], key: {"auto": "hf"}[default]}}
+            assert RunSpec.model_validate({**data, "validate": changed}).spec_hash() != base, key
+            continue
         other = {"pretrain": "sft", "auto": "messages", None: "/t/chat.jinja", False: True}
         other |= {1024: 0, "tensorwise": "rowwise"}  # train.loss_chunk_tokens, train.fp8_recipe
         other |= {10: 3, 120: 60}  # recovery.max_preemptions, recovery.preempt_grace_s
