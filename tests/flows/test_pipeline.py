@@ -21,6 +21,7 @@ from tests.support.trackers import (
 )
 
 ROOT = Path(__file__).resolve().parents[2]
+TOKEN = "nlplanted" + secrets.token_hex(12)  # a tracker credential in the run's environment, searched for after it
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +33,10 @@ def demo_run(prefect_backend, tmp_path_factory):
     spec = small_demo(tmp_path)  # track: the run reports to MLflow (CI's server), W&B offline and TensorBoard
     track = flow_tracking(f"nl-flow-{secrets.token_hex(4)}")
     spec.write_text(yaml.safe_dump(yaml.safe_load(spec.read_text()) | {"track": track}))
-    state = training_pipeline(str(spec), return_state=True)
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("MLFLOW_TRACKING_TOKEN", TOKEN)
+        env.setenv("WANDB_API_KEY", TOKEN + "x" * 10)
+        state = training_pipeline(str(spec), return_state=True)
     return tmp_path, state
 
 
@@ -77,6 +81,8 @@ def test_full_pipeline_on_embedded_default(demo_run):
     if "mlflow" in runs:  # always in CI (tests/support/trackers.flow_tracking)
         assert mlflow_history(mlflow_uri(), runs["mlflow"], "loss") == pytest.approx(losses, rel=1e-6)
         assert mlflow_get(mlflow_uri(), "runs/get", run_id=runs["mlflow"])["run"]["info"]["status"] == "FINISHED"
+    files = [p for p in tmp_path.rglob("*") if p.is_file()]  # the run folder, its logs, the ledger, the shards
+    assert len(files) > 20 and not [str(p) for p in files if TOKEN.encode() in p.read_bytes()]
 
     # artifacts: summary table, plan table and a PNG loss curve
     keys = {a.key for a in artifacts_of(state.state_details.flow_run_id)}
