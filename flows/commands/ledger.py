@@ -9,6 +9,7 @@ does not validate, 2 usage (a bad URL, a missing file).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -165,7 +166,7 @@ def copy(args) -> int:
     except (LedgerError, ValueError) as e:
         return usage("ledger copy", str(e))
     if args.json:
-        print(json.dumps([t.__dict__ for t in report.tables], indent=2))
+        print(json.dumps([dataclasses.asdict(t) for t in report.tables], indent=2))
     else:
         print("\n".join(report.lines()))
     return 0
