@@ -128,6 +128,10 @@ def grpo_loss(
     metrics["clip_ratio/low_mean"] = _masked_mean(low, mask)
     metrics["clip_ratio/high_mean"] = _masked_mean(high, mask)
     metrics["clip_ratio/region_mean"] = _masked_mean(torch.maximum(low, high), mask)
+    has = mask.sum(-1) > 0  # TRL's masked_seq_mean with nanmin / nanmax: sequences with no loss token left out
+    per_seq = [(x * mask).sum(-1)[has] / mask.sum(-1)[has] for x in (low, high)]
+    metrics["clip_ratio/low_min"] = float(per_seq[0].min()) if bool(has.any()) else 0.0
+    metrics["clip_ratio/high_max"] = float(per_seq[1].max()) if bool(has.any()) else 0.0
     return GRPOLoss(loss=loss, metrics=metrics)
 
 
@@ -140,9 +144,10 @@ def rollout_metrics(
     advantages: Advantages,
 ) -> dict[str, float]:
     """The generation side's figures with TRL's names: `reward` and `reward_std` (the weighted total),
-    `rewards/<fn>/mean` and `/std`, `completions/mean_length`, `completions/clipped_ratio` (share truncated),
-    `frac_reward_zero_std`."""
+    `rewards/<fn>/mean` and `/std`, `completions/mean_length` (min, max; and of the completions that ended, the
+    `_terminated_length`s: 0 when none did), `completions/clipped_ratio` (share truncated), `frac_reward_zero_std`."""
     total = (rewards_per_fn * weights[None, :]).sum(-1)
+    ended = lengths[~truncated].float() if bool((~truncated).any()) else torch.zeros(1)
     out = {
         "reward": float(total.mean()),
         "reward_std": float(total.std()) if total.numel() > 1 else 0.0,
@@ -150,6 +155,9 @@ def rollout_metrics(
         "completions/min_length": float(lengths.float().min()),
         "completions/max_length": float(lengths.float().max()),
         "completions/clipped_ratio": float(truncated.float().mean()),
+        "completions/mean_terminated_length": float(ended.mean()),
+        "completions/min_terminated_length": float(ended.min()),
+        "completions/max_terminated_length": float(ended.max()),
         "frac_reward_zero_std": advantages.frac_zero_std,
     }
     for i, name in enumerate(names):

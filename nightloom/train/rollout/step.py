@@ -73,6 +73,14 @@ class ScoredRollout:
     scoring_s: float
 
 
+def reduction(name: str) -> str:
+    """How a figure combines over micro-batches and ranks: `min` (clip_ratio/low_min, completions/min_length,
+    ...), `max`, or the mean."""
+    last = name.rsplit("/", 1)[-1]
+    return "min" if last.startswith("min_") or last.endswith("_min") else "max" if (
+        last.startswith("max_") or last.endswith("_max")) else "mean"  # fmt: skip
+
+
 def decoder(tokenizer) -> Callable[[list[int]], str]:
     """Ids -> text for a nightloom.tokenizer.Tokenizer (bytes, Hugging Face `tokenizers`, tiktoken)."""
     if tokenizer.kind == "bytes":
@@ -134,7 +142,8 @@ class GRPOStep:
     def train(
         self, model: nn.Module, batch: ScoredRollout, num_tokens: float | None = None, sync: Callable | None = None
     ) -> tuple[float, dict[str, float]]:
-        """Forward and backward of this rank's completions in micro-batches: (its loss, the step's figures).
+        """Forward and backward of this rank's completions in micro-batches: (its loss, the step's figures; the
+        loss's are means over this rank's loss tokens, `loss_tokens` their count).
         `num_tokens`: dapo's denominator over every rank (default this rank's); `sync(last)` is called before each
         micro-batch's backward (FSDP2's set_requires_gradient_sync)."""
         r = batch.rollout
@@ -159,11 +168,17 @@ class GRPOStep:
                 sync(rows.stop == n)
             (out.loss * share).backward()
             total += float(out.loss.detach()) * share
-            for k, v in out.metrics.items():
-                figures[k] = figures.get(k, 0.0) + v * (rows.stop - rows.start) / n
+            share_tokens = float(mask[rows].sum()) / max(float(mask.sum()), 1.0)
+            for k, v in out.metrics.items():  # token means (kl, clip ratios) weighted by tokens; min or max
+                how, seen = reduction(k), figures.get(k)
+                if how == "mean":
+                    figures[k] = (seen or 0.0) + v * share_tokens
+                else:
+                    figures[k] = v if seen is None else min(seen, v) if how == "min" else max(seen, v)
         weights = torch.tensor([w.ref.weight for w in self.rewards])
         figures |= rollout_metrics(batch.scores.per_fn, batch.scores.names, weights, r.lengths, r.truncated,
                                    batch.advantages)  # fmt: skip
+        figures["loss_tokens"] = float(mask.sum())
         return total, figures
 
     @torch.no_grad()

@@ -24,7 +24,7 @@ from nightloom.train.parallelize import IGNORE_INDEX
 from nightloom.train.rollout.logps import rollout_batch
 from nightloom.train.rollout.prompts import PromptStream, read_prompt_file, read_prompt_tables, to_prompts
 from nightloom.train.rollout.rewards import load_rewards
-from nightloom.train.rollout.step import GRPOSettings, GRPOStep, ScoredRollout, decoder
+from nightloom.train.rollout.step import GRPOSettings, GRPOStep, ScoredRollout, decoder, reduction
 from nightloom.train.rollout.table import CompletionsTable, write_table
 from nightloom.train.sft_batch import step_counts
 
@@ -107,12 +107,19 @@ class GRPOTask:
         return torch.tensor(loss, device=device), counts, figures
 
     def _global(self, figures: dict[str, float], totals: torch.Tensor, device) -> dict[str, float]:
-        """Every rank's figures averaged (each DP rank holds as many completions), `reward` and `reward_std` from
-        every completion's total reward."""
-        names = sorted(figures)
-        t = torch.tensor([figures[k] for k in names], dtype=torch.float64, device=device)
-        dist.all_reduce(t)
-        out = dict(zip(names, (t / dist.get_world_size()).tolist(), strict=True))
+        """Every rank's figures averaged (each DP rank holds as many completions; the loss's token means, kl and
+        the clip ratios, weighted by each rank's loss tokens as TRL's; a min or max figure the min or max over
+        ranks), `reward` and `reward_std` from every completion's total reward."""
+        out, tokens = {}, figures.pop("loss_tokens")  # the loss's token means weigh each rank by its tokens
+        token_mean = {k for k in figures if k == "kl" or (k.startswith("clip_ratio/") and k.endswith("_mean"))}
+        for how, op in (("mean", dist.ReduceOp.SUM), ("min", dist.ReduceOp.MIN), ("max", dist.ReduceOp.MAX)):
+            names = sorted(k for k in figures if reduction(k) == how)  # the same names on every rank
+            vals = [figures[k] * (tokens if k in token_mean else 1.0) for k in names] + [tokens]
+            t = torch.tensor(vals, dtype=torch.float64, device=device)
+            dist.all_reduce(t, op=op)
+            if how == "mean":
+                t = torch.tensor([v / (t[-1] if k in token_mean else dist.get_world_size()) for k, v in zip(names, t)])
+            out |= dict(zip(names, t.tolist(), strict=False))
         gathered = [torch.zeros_like(totals) for _ in range(dist.get_world_size())]
         dist.all_gather(gathered, totals.to(device))
         every = torch.cat(gathered[:: self.layout.copies]) if self.layout.copies > 1 else torch.cat(gathered)

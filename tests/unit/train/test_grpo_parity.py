@@ -137,7 +137,8 @@ def test_loss_and_gradients_equal_trl(trl, loss_type, beta):
     for name, p in model.named_parameters():
         assert torch.allclose(p.grad, trl_grads[name], atol=TOL, rtol=0), name
     assert any(float(g.abs().max()) > 1e-4 for g in trl_grads.values())  # a real gradient, not zeros
-    for name in ("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean") + (("kl",) if beta else ()):
+    clip = ("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean", "clip_ratio/low_min")
+    for name in clip + ("clip_ratio/high_max",) + (("kl",) if beta else ()):
         assert abs(ours.metrics[name] - trl_metrics[name]) < TOL, name
     assert ours.metrics["clip_ratio/region_mean"] > 0  # the ratios do clip: the clipped branch is exercised
 
@@ -154,6 +155,9 @@ def test_advantages_and_reward_figures_equal_trl(trl, scale):
     )
     for name in ("reward", "reward_std", "rewards/fixed/mean", "rewards/fixed/std", "frac_reward_zero_std"):
         assert abs(figures[name] - trl_metrics[name]) < TOL, name
+    ended = [n for n in LENGTHS if n < MAX_NEW]  # TRL's terminated lengths: of the completions that ended
+    assert figures["completions/min_terminated_length"] == min(ended)
+    assert figures["completions/max_terminated_length"] == max(ended)
 
 
 def test_dapo_denominator_is_the_generation_batch_tokens():

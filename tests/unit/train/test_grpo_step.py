@@ -96,3 +96,28 @@ def test_beta_takes_the_kl_to_the_base_with_the_adapters_off(tmp_path):
     loss_kl, moved = step(0.04).train(model, batch)
     loss_plain, plain = step(0.0).train(model, batch)
     assert moved["kl"] > 1e-4 and "kl" not in plain and loss_kl != pytest.approx(loss_plain)
+
+
+def test_figures_do_not_depend_on_the_micro_batch(setup):
+    """A step's figures from micro-batches of 3 completions equal one forward's: means weighted by rows, a `_min`
+    figure the least (clip_ratio/low_min), a `_max` the largest."""
+    from nightloom.train.rollout.step import reduction
+
+    model, step, prompts = setup
+    batch = step.rollout(model, prompts[:2], 0)
+    with torch.no_grad():  # the ratio moves off 1, so some tokens clip
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    _, whole = step.train(model, batch)
+    small = GRPOStep(
+        GRPOSettings(step.s.sampling, step.s.group, step.s.loss, micro_batch=3), step.rewards, str, [1], 0, seed=3
+    )
+    _, parts = small.train(model, batch)
+    assert whole.keys() == parts.keys() and whole["clip_ratio/region_mean"] > 0
+    for k in whole:
+        assert parts[k] == pytest.approx(whole[k], abs=1e-6), k
+    assert [reduction(k) for k in ("clip_ratio/low_min", "completions/max_length", "rewards/max_x/mean")] == [
+        "min",
+        "max",
+        "mean",
+    ]
