@@ -179,7 +179,10 @@ def test_the_node_engine_reads_the_folder_and_the_job_carries_the_backend(tmp_pa
     (tmp_path / "model-1.safetensors").write_bytes(b"x" * 100)
     (tmp_path / "model-2.safetensors").write_bytes(b"x" * 28)
     assert weights_bytes(tmp_path) == 128 and attention_heads(tmp_path) == 12
-    assert node_engine(str(tmp_path)).device == "cpu"  # this machine: no CUDA
+    import torch
+
+    here = node_engine(str(tmp_path))  # a CPU machine: HF on the CPU in float32; a GPU one: the checkpoint's dtype
+    assert (here.device, here.dtype) == ("cpu", "float32") if not torch.cuda.is_available() else here.dtype == "auto"
     settings = BenchmarksSpec(tasks=["mc"], backend="vllm")
     assert make_job(settings, None, [], tmp_path / "o.json").backend == "vllm"
     assert make_job(BenchmarksSpec(tasks=["mc"]), None, [], tmp_path / "o.json").backend == "auto"
