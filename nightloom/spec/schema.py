@@ -343,6 +343,12 @@ class LoraSpec(_Section):
         description="Rank-stabilized LoRA (Kalajdzievski 2023): scale the update by alpha / sqrt(rank) instead of "
         "alpha / rank (PEFT's use_rslora).",
     )
+    use_dora: bool = Field(
+        False,
+        description="DoRA (Liu et al. 2024): the adapted weight is a trained magnitude per output row times the "
+        "direction (W + B A) / its row norm (PEFT's use_dora); over a quantized base too. One process or FSDP2 "
+        "(parallel.tp 1).",
+    )
 
     def modules(self) -> tuple[str, ...]:
         """The targeted Hugging Face module names, in a fixed order."""
@@ -472,6 +478,7 @@ HASH_NEUTRAL_DEFAULTS: dict[tuple[str, str], object] = {
     ("train.lora", "double_quant"): True,
     ("train.lora", "compute_dtype"): "auto",
     ("train.lora", "use_rslora"): False,
+    ("train.lora", "use_dora"): False,
     ("validate", "benchmarks"): None,
     ("validate.benchmarks", "backend"): "auto",
     ("sharding", "near_dup"): None,
@@ -543,6 +550,10 @@ class RunSpec(_Section):
             raise ValueError(
                 f"train.lora.quantize: a {lora.quantize} base runs in one process or under FSDP2 (dp_shard); "
                 f"parallel.tp {p.tp} and parallel.pp {p.pp} must be 1 (TP/PP over a quantized base are not done)"
+            )
+        if lora is not None and lora.use_dora and p != "auto" and p.tp > 1:
+            raise ValueError(
+                f"train.lora.use_dora: DoRA runs in one process or under FSDP2; parallel.tp {p.tp} must be 1"
             )
         if self.train.pack and p != "auto" and (p.pp > 1 or p.cp > 1):
             raise ValueError(

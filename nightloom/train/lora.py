@@ -10,6 +10,12 @@ reduce-scattered over the rank dim, and a row-parallel B whose output is reduced
 over the sequence) exactly as W's is. So rank must be a multiple of tp. DTensor's autograd gives the adapters'
 gradients the right reductions; FSDP2 then shards them with the frozen base (it only reduces what has a gradient).
 
+DoRA (Liu et al. 2024, "DoRA: Weight-Decomposed Low-Rank Adaptation", eq. 5; PEFT's use_dora): the adapted weight
+is m · (W + s B A) / ||W + s B A||_c, the norm per output row taken as a constant (the paper's section 4.3, as PEFT
+detaches it), m trained. Here m is held as ||W||_c + `lora_magnitude_delta` (trained, 0 at the start) so the start
+needs no pass over the loaded base: its gradient is m's, and the export writes m itself (PEFT's
+`lora_magnitude_vector`). One process and FSDP2 (whole rows in the forward); not under TP.
+
 Dropout is drawn on the rank's local input: under TP the ranks of a row-parallel linear draw their shards' masks
 from the same generator state (equal distribution, not the one-process draw); parity tests use dropout 0.
 """
@@ -49,6 +55,7 @@ class LoraSettings:
     modules: tuple[str, ...]  # Hugging Face module names (q_proj, ..., down_proj)
     quant: QuantSettings | None = None  # QLoRA: the base's linears quantized (train/qlora.py)
     rslora: bool = False  # rank-stabilized: alpha / sqrt(rank)
+    dora: bool = False  # weight-decomposed (DoRA): a trained magnitude per output row
 
     @property
     def scaling(self) -> float:
@@ -61,8 +68,8 @@ class LoraSettings:
         if lora is None:
             return None
         quant = QuantSettings.from_spec(lora)
-        rs = bool(getattr(lora, "use_rslora", False))
-        return cls(lora.rank, float(lora.alpha), float(lora.dropout), tuple(lora.modules()), quant, rs)
+        rs, dora = bool(getattr(lora, "use_rslora", False)), bool(getattr(lora, "use_dora", False))
+        return cls(lora.rank, float(lora.alpha), float(lora.dropout), tuple(lora.modules()), quant, rs, dora)
 
 
 def hf_module(name: str, shape: ModelShape) -> str:
@@ -101,6 +108,38 @@ def _lora_forward(module: nn.Module, args: tuple, output: torch.Tensor) -> torch
     return output + module.lora_B(module.lora_A(module.lora_dropout(x))) * module.lora_scaling
 
 
+def base_weight(module: nn.Module, dtype: torch.dtype) -> torch.Tensor:
+    """A targeted linear's frozen weight (out × in) in `dtype`: dequantized when the base is quantized."""
+    if hasattr(module, "dequantized"):
+        return module.dequantized(dtype)
+    return module.weight.to(dtype)
+
+
+def dora_norm(weight: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scaling: float) -> torch.Tensor:
+    """||W + s B A|| of every output row (DoRA's column norm of the (in × out) weight), without gradient."""
+    with torch.no_grad():
+        return torch.linalg.norm(weight + scaling * (b.to(weight.dtype) @ a.to(weight.dtype)), dim=1)
+
+
+def _dora_forward(module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
+    """m / ||W + s B A||_c · (W x + s B A x) + bias, m = ||W||_c + delta, as PEFT's DoraLinearVariant computes it
+    (with dropout in training the base product is taken again on the dropped input, as PEFT does)."""
+    x, s = args[0], module.lora_scaling
+    if not s:  # adapters off (the DPO reference): the base exactly
+        return output
+    w = base_weight(module, output.dtype)
+    a, b = module.lora_A.weight, module.lora_B.weight
+    magnitude = torch.linalg.norm(w, dim=1).detach() + module.lora_magnitude_delta.to(w.dtype)
+    scale = (magnitude / dora_norm(w, a, b, s)).view(*([1] * (output.dim() - 1)), -1)
+    bias = getattr(module, "bias", None)
+    base = output if bias is None else output - bias.to(output.dtype)
+    if isinstance(module.lora_dropout, nn.Dropout) and module.training:
+        x = module.lora_dropout(x)
+        base = nn.functional.linear(x.to(w.dtype), w)
+    lora = module.lora_B(module.lora_A(x)) * s
+    return output + (scale - 1) * base + scale * lora
+
+
 def apply_lora(model: nn.Module, lora: LoraSettings, tp_mesh=None, sp: bool = False) -> int:
     """Freeze `model` and give each targeted linear its adapters (on the model's device: meta before to_empty), split
     over `tp_mesh` when given (after the base's TP, before FSDP). Returns the number of adapted linears."""
@@ -113,9 +152,13 @@ def apply_lora(model: nn.Module, lora: LoraSettings, tp_mesh=None, sp: bool = Fa
         lin.lora_B = nn.Linear(lora.rank, lin.out_features, bias=False, device=dev)
         lin.lora_dropout = nn.Dropout(lora.dropout) if lora.dropout else nn.Identity()
         lin.lora_scaling = lora.scaling
+        if lora.dora:
+            if tp_mesh is not None and tp_mesh.size() > 1:
+                raise ValueError("train.lora.use_dora: DoRA runs in one process or under FSDP2, not under TP")
+            lin.lora_magnitude_delta = nn.Parameter(torch.zeros(lin.out_features, device=dev))
         if tp_mesh is not None:
             _split(lin, column, tp_mesh, sp)
-        lin.register_forward_hook(_lora_forward)
+        lin.register_forward_hook(_dora_forward if lora.dora else _lora_forward)
     return len(found)
 
 
@@ -144,7 +187,7 @@ def init_lora(model: nn.Module, seed: int) -> None:
     from nightloom.train.model import copy_global
 
     for name, p in model.named_parameters():
-        if name.endswith("lora_B.weight"):
+        if name.endswith(("lora_B.weight", "lora_magnitude_delta")):
             p.zero_()
         elif name.endswith("lora_A.weight"):
             g = torch.Generator(device="cpu").manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
