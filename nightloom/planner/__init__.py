@@ -15,6 +15,7 @@ from nightloom.catalog import get_gpu
 from nightloom.model_resolver import model_shape, shape_from_name_or_config
 from nightloom.parallel import LayoutError, ParallelDims
 from nightloom.perf import resolve_precision
+from nightloom.planner.post_training import PostTraining, post_training_of
 from nightloom.planner.request import (
     RECOMPUTE_MODES,
     FixedLayout,
@@ -27,7 +28,6 @@ from nightloom.planner.request import (
 from nightloom.planner.search import search
 from nightloom.planner.steptime import DEFAULT_EFFICIENCY, calibrated_efficiency
 from nightloom.shape import ModelShape
-from nightloom.spec.preference import step_factor
 
 __all__ = [
     "DEFAULT_EFFICIENCY",
@@ -36,6 +36,7 @@ __all__ = [
     "PlanError",
     "PlanReport",
     "PlanRequest",
+    "PostTraining",
     "calibrated_efficiency",
     "parse_layout",
     "parse_stages",
@@ -65,13 +66,15 @@ def plan(
     lora_targets: tuple[str, ...] = ("all-linear",),
     lora_quantize: str | None = None,
     lora_double_quant: bool = True,
+    task: PostTraining | None = None,
 ) -> PlanReport:
     """Plan from plain values (the CLI path). `model`: catalog name, HF config.json path, or a ModelShape;
     `gpu`: catalog GPU type or "cpu"; `layout`: pins such as "tp=8,pp=4,dp=32" (evaluated, not searched);
     `recompute`: one mode (restricts the search) or a tuple of allowed modes; `stages`: forced pipeline stage
     sizes ("7,8,...,8,7"); `native_trainer=False`: also layouts only other trainers run (what-if);
     `fused_attention`: the stack runs a flash-style attention kernel (no stored scores; steptime.py), as the
-    trainer's SDPA does on a GPU; False models materialised scores (PTD-P-era stacks)."""
+    trainer's SDPA does on a GPU; False models materialised scores (PTD-P-era stacks); `task`: a dpo or grpo
+    step's own costs (planner/post_training.py; `global_batch` is then pairs, or grpo's completions)."""
     shape = model if isinstance(model, ModelShape) else shape_from_name_or_config(model)
     gspec = None if gpu == "cpu" else get_gpu(gpu)
     if precision not in ("bf16", "fp32", "fp8"):
@@ -104,6 +107,7 @@ def plan(
         lora_targets=tuple(lora_targets),
         lora_quantize=lora_quantize,
         lora_double_quant=lora_double_quant,
+        task=task,
     )
     return search(req)
 
@@ -128,21 +132,21 @@ def plan_for_spec(
     if isinstance(spec.parallel, ParallelSpec):
         fixed = spec_layout(spec.parallel, ws)
     pins = fixed or trainer_pins(shape, tr)
+    task = post_training_of(tr)  # dpo and grpo: their steps' own memory and time
     report = plan(
         shape,
         gpu,
         nodes,
         cl.gpus_per_node,
         tr.seq_len,
-        tr.global_batch,
+        task.sequences if task is not None and task.task == "grpo" else tr.global_batch,
         layout=pins,
         precision=precision,
         calibration=calibration,
         world_size=ws,
+        task=task,
         **_lora_of(tr),
     )
-    if getattr(tr, "task", None) == "dpo" and report.chosen.step_time_s:  # chosen + rejected rows, the reference
-        report.chosen.step_time_s *= step_factor(tr.preference, tr.lora is not None)  # spec/preference.py
     if fixed is not None:
         p = spec.parallel
         if p.pp > 1 and p.schedule != report.chosen.schedule:
@@ -165,7 +169,8 @@ def trainer_pins(shape: ModelShape, train) -> FixedLayout | None:
     mask, which the pipeline schedule and ring attention do not take (pp = cp = 1); a mixture of experts trains
     with EP and FSDP2 only (tp = pp = cp = dp_replicate = 1, train/moe.py); train.compile cannot compile a
     recomputed block under TP (train/parallelize.check_compile), so a compiled run is planned without recompute;
-    a quantized LoRA base (train.lora.quantize) runs in one process or under FSDP2 (tp = pp = 1)."""
+    a quantized LoRA base (train.lora.quantize) runs in one process or under FSDP2 (tp = pp = 1); dpo and grpo run
+    without pp, cp and ep, grpo's rollouts without sp."""
     pins: dict = {}
     if shape.moe:
         pins |= dict(tp=1, pp=1, cp=1, dp_replicate=1)
@@ -176,7 +181,9 @@ def trainer_pins(shape: ModelShape, train) -> FixedLayout | None:
     if getattr(getattr(train, "lora", None), "quantize", None):  # a quantized base: one process or FSDP2
         pins |= dict(tp=1, pp=1)
     if getattr(train, "task", None) == "dpo":  # preference tuning: one process, FSDP2, TP (spec/preference.py)
-        pins |= dict(pp=1, cp=1)
+        pins |= dict(pp=1, cp=1, ep=1)
+    if getattr(train, "task", None) == "grpo":  # rollouts in the training ranks: FSDP2, TP without sp (spec/grpo.py)
+        pins |= dict(pp=1, cp=1, ep=1, sp=False)
     return FixedLayout(**pins) if pins else None
 
 

@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from nightloom.catalog import GPUSpec
 from nightloom.parallel import ParallelPlan, Rejection
+from nightloom.planner.post_training import PostTraining, TaskSplit
 from nightloom.shape import ModelShape
 from nightloom.spec.stage_list import stage_list_errors
 from nightloom.wording import percent, thousands
@@ -149,6 +150,7 @@ class PlanRequest:
     lora_targets: tuple[str, ...] = ("all-linear",)
     lora_quantize: str | None = None  # train.lora.quantize: the base's linears quantized (nf4, fp4, int8)
     lora_double_quant: bool = True
+    task: PostTraining | None = None  # train.task dpo / grpo: what a step adds to pretraining (post_training.py)
     fixed: FixedLayout | None = None
     calibration: float | None = None  # measured/predicted MFU of past runs on this GPU type
     efficiency: float | None = None  # override the compute efficiency factor (default: calibrated constant)
@@ -192,6 +194,7 @@ class PlanReport(BaseModel):
     efficiency: float | None = None
     min_memory_gib: float | None = None  # the least memory per GPU any divisible layout needs
     usable_memory_gib: float | None = None
+    post_training: TaskSplit | None = None  # the chosen layout's DPO / GRPO step split (post_training.py)
 
     @property
     def feasible(self) -> bool:

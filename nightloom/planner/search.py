@@ -21,6 +21,7 @@ from functools import lru_cache
 from nightloom.parallel import ParallelDims, ParallelPlan, Rejection, layout_name
 from nightloom.perf import active_params, count_params, expert_params, flops_per_token, mfu
 from nightloom.planner.memory import memory_breakdown, rank_layers, usable_gib
+from nightloom.planner.post_training import TaskMemory, TaskSplit, explain_lines, task_dims, task_memory, task_step
 from nightloom.planner.request import FixedLayout, PlanError, PlanReport, PlanRequest
 from nightloom.planner.steptime import (
     DEFAULT_EFFICIENCY,
@@ -48,6 +49,8 @@ class _Scored:
     mem: object  # MemoryBreakdown
     step: StepEstimate | None
     tokens_per_s: float | None
+    task_mem: TaskMemory | None = None  # train.task dpo / grpo: their own memory terms (post_training.py)
+    split: TaskSplit | None = None
 
 
 @lru_cache(maxsize=4096)
@@ -311,6 +314,7 @@ def _explain(req: PlanRequest, s: _Scored, eff: float, runner_up: _Scored | None
     if req.shape.moe:
         lines.insert(1, _moe_line(req, c, st))
     lines[1:1] = _fp8_mfu_line(req, s)
+    lines += explain_lines(s.split)  # a dpo or grpo step: its parts
     if not req.native_trainer:
         lines.append("layout rules of nightloom's trainer not applied (a prediction for another trainer)")
     if req.calibration is not None:
@@ -363,7 +367,7 @@ def _time(req: PlanRequest, sc: _Scored, eff: float) -> None:
     """Give a scored candidate its predicted step (steptime.py) and tokens/s."""
     sc.step = step_time(
         req.shape,
-        sc.c,
+        task_dims(req.task, sc.c),  # a DPO micro-batch is 2 rows a pair
         req.seq_len,
         req.gpu,
         req.gpus_per_node,
@@ -372,7 +376,29 @@ def _time(req: PlanRequest, sc: _Scored, eff: float) -> None:
         req.fused_attention,
         req.native_trainer,
     )
-    sc.tokens_per_s = req.global_batch * req.seq_len / sc.step.step_s
+    sc.step, sc.split = task_step(
+        req.task, req.shape, sc.c, req.seq_len, sc.step, req.global_batch, req.gpu, req.gpus_per_node, eff,
+        req.precision, sc.task_mem,
+    )  # fmt: skip
+    rows = req.task.rows if req.task else 1
+    sc.tokens_per_s = rows * req.global_batch * req.seq_len / sc.step.step_s
+
+
+def _memory(req: PlanRequest, c: ParallelDims) -> tuple[object, TaskMemory | None]:
+    """A candidate's memory (memory.py) with a dpo or grpo step's own terms (post_training.py)."""
+    mem = memory_breakdown(
+        req.shape,
+        task_dims(req.task, c),  # a DPO micro-batch is 2 rows a pair
+        req.seq_len,
+        req.precision,
+        req.fused_attention,
+        req.lora_rank,
+        req.lora_targets,
+        native_trainer=req.native_trainer,
+        lora_quantize=req.lora_quantize,
+        lora_double_quant=req.lora_double_quant,
+    )
+    return task_memory(req.task, req.shape, c, req.seq_len, mem, req.precision, req.gpu, req.gpus_per_node)
 
 
 def _nothing_fits(
@@ -398,7 +424,7 @@ def _nothing_fits(
         )
     ] + _explain(req, s, eff, None)
     chosen.rejected = rejected
-    return _report(req, chosen, [], rejected, counts, eff, overall_min, usable)
+    return _report(req, chosen, [], rejected, counts, eff, overall_min, usable, s.split)
 
 
 def search(req: PlanRequest) -> PlanReport:
@@ -429,19 +455,8 @@ def search(req: PlanRequest) -> PlanReport:
             if req.gpu is None:
                 fitting.append(_Scored(c, None, None, None))
                 continue
-            mem = memory_breakdown(
-                req.shape,
-                c,
-                req.seq_len,
-                req.precision,
-                req.fused_attention,
-                req.lora_rank,
-                req.lora_targets,
-                native_trainer=req.native_trainer,
-                lora_quantize=req.lora_quantize,
-                lora_double_quant=req.lora_double_quant,
-            )
-            sc = _Scored(c, mem, None, None)
+            mem, task_mem = _memory(req, c)
+            sc = _Scored(c, mem, None, None, task_mem)
             if smallest_by_family.get(fam) is None or mem.total_gib < smallest_by_family[fam].mem.total_gib:
                 smallest_by_family[fam] = sc
             if overall_min is None or mem.total_gib < overall_min.mem.total_gib:
@@ -480,7 +495,7 @@ def search(req: PlanRequest) -> PlanReport:
         chosen.explanation.insert(0, "evaluated the pinned layout " + _pins(fixed) + "; free knobs searched")
     chosen.rejected = rejected[:20]
     alts = [_plan_from(req, s, eff) for s in ranked[1 : 1 + req.alternatives]]
-    return _report(req, chosen, alts, rejected, (considered, pruned, evaluated), eff, overall_min, usable)
+    return _report(req, chosen, alts, rejected, (considered, pruned, evaluated), eff, overall_min, usable, best.split)
 
 
 def _key(s: _Scored):
@@ -596,8 +611,11 @@ def _cpu_report(
     )
 
 
-def _report(req, chosen, alternatives, rejected, counts: tuple[int, int, int], eff, overall_min, usable) -> PlanReport:
-    """The search's outcome: the chosen plan (or the smallest that did not fit), alternatives and the counts."""
+def _report(
+    req, chosen, alternatives, rejected, counts: tuple[int, int, int], eff, overall_min, usable, split=None
+) -> PlanReport:
+    """The search's outcome: the chosen plan (or the smallest that did not fit), alternatives, the counts and a
+    post-training step's split."""
     considered, pruned, evaluated = counts
     return PlanReport(
         chosen=chosen,
@@ -612,4 +630,5 @@ def _report(req, chosen, alternatives, rejected, counts: tuple[int, int, int], e
         efficiency=eff,
         min_memory_gib=overall_min.mem.total_gib,
         usable_memory_gib=usable,
+        post_training=split,
     )

@@ -113,7 +113,7 @@ def bubble_fraction(pp: int, virtual_stages: int, microbatches: int) -> float:
     return (pp - 1) / (virtual_stages * microbatches)
 
 
-def _ring(n: int, nbytes: float, bw: float, lat: float, factor: float) -> float:
+def ring_s(n: int, nbytes: float, bw: float, lat: float, factor: float) -> float:
     """Ring collective time: factor·(n−1)/n·bytes/busbw + latency per hop (factor 2 all-reduce, 1 AG/RS)."""
     if n <= 1:
         return 0.0
@@ -132,7 +132,7 @@ def cp_exposed_s(
     ring neighbour cp − 1 times, each hop behind one step. Other trainers as Llama 3's (Grattafiori et al. 2024
     §3.3.2): K,V all-gathered before the attention, "exposed in the critical path", and dK,dV reduce-scattered
     back; K,V are kept for backward. A full recompute repeats the forward's gather."""
-    gather = _ring(cp, cp * block, bw, lat, 1.0)  # each rank receives cp − 1 blocks
+    gather = ring_s(cp, cp * block, bw, lat, 1.0)  # each rank receives cp − 1 blocks
     if native:
         hop = block * 4 / ebytes / bw + lat
         fwd_s = max(0.0, gather - fwd / cp)
@@ -206,7 +206,7 @@ def _dp_exposed_s(
     dp_exposed = 0.0
     if c.dp_shard > 1:  # ZeRO-3/FSDP or ZeRO-2
         sh_bw, sh_lat = group_bandwidth("dp_shard", c, gpus_per_node, gpu)
-        ag = _ring(c.shard, gbytes, sh_bw, sh_lat, 1.0)  # the trainer shards over dp_shard × cp
+        ag = ring_s(c.shard, gbytes, sh_bw, sh_lat, 1.0)  # the trainer shards over dp_shard × cp
         # pp > 1: the stage stays gathered (one gather per step); ZeRO-2 gathers in forward only, ZeRO-3 in
         # forward and again in backward
         gathers_per_mb = 0 if c.pp > 1 else (1 if c.zero == "zero2" else 2)
@@ -214,11 +214,11 @@ def _dp_exposed_s(
         dp_exposed = m * max(0.0, per_mb - slot_max) + (ag if c.pp > 1 else ag / max(lps, 1))
         if c.dp_replicate > 1:
             r_bw, r_lat = group_bandwidth("dp_replicate", c, gpus_per_node, gpu)
-            ar = _ring(c.dp_replicate, gbytes / c.shard, r_bw, r_lat, 2.0)
+            ar = ring_s(c.dp_replicate, gbytes / c.shard, r_bw, r_lat, 2.0)
             dp_exposed += max(0.0, ar - bwd_frac * slot_max)
     else:  # replicas: one gradient all-reduce per step over every data-parallel rank
         r_bw, r_lat = group_bandwidth("dp_replicate", c, gpus_per_node, gpu)
-        ar = _ring(c.dp * c.cp, gbytes, r_bw, r_lat, 2.0)  # cp ranks hold the same parameters
+        ar = ring_s(c.dp * c.cp, gbytes, r_bw, r_lat, 2.0)  # cp ranks hold the same parameters
         dp_exposed = max(0.0, ar - bwd_frac * slot_max)
     return dp_exposed
 
@@ -261,7 +261,7 @@ def step_time(
     # tensor-parallel collectives
     tp_bw, tp_lat = group_bandwidth("tp", c, gpus_per_node, gpu)
     n_coll = 4 + (2 if c.recompute == "full" else 0)
-    tp_s = lps * n_coll * _ring(t, tokens * h * ebytes, tp_bw, tp_lat, 2.0)
+    tp_s = lps * n_coll * ring_s(t, tokens * h * ebytes, tp_bw, tp_lat, 2.0)
     # pipeline point-to-point
     pp_s = _pp_s(c, tokens, h, ebytes, gpus_per_node, gpu)
     # context parallel (all-gather attention, see cp_exposed_s): K,V gathered over the cp group per layer

@@ -92,16 +92,3 @@ def layout_error(task: str, preference, lora, backend: str, parallel) -> str | N
                 f"TP (+sp) and LoRA; {name} > 1 is not supported for preference tuning"
             )
     return None
-
-
-#: a no-grad forward's share of one LoRA training step of the same rows: 2N of 4N FLOPs per token (the frozen
-#: base's backward computes input gradients only, no weight gradients; Kaplan et al. 2020's 2N forward, 4N backward)
-FORWARD_SHARE = 1 / 2
-
-
-def step_factor(preference, lora: bool) -> float:
-    """A train.task dpo step's time over the planner's estimate for global_batch sequences: every pair is two rows
-    (chosen and rejected), and the adapters_off reference adds one no-grad forward of both (precomputed: its one
-    pass before training, about a third of a full fine-tuning step per global batch of pairs, is not counted; simpo and orpo have none)."""
-    how = (preference or PreferenceSpec()).reference_how(lora)
-    return 2.0 * (1.0 + (FORWARD_SHARE if how == "adapters_off" else 0.0))

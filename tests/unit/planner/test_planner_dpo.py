@@ -1,6 +1,6 @@
 """train.task dpo in the planner: `parallel: auto` never picks pipeline or context parallelism (the trainer runs
-preference tuning in one process, on FSDP2 and TP), and the step time counts both rows of every pair and, with
-LoRA, the reference's no-grad forward (spec/preference.step_factor), so the nights and the cost hold."""
+preference tuning in one process, on FSDP2 and TP). Its memory and step time (both rows of every pair, the
+reference): test_planner_dpo_cost.py."""
 
 from __future__ import annotations
 
@@ -28,19 +28,3 @@ def test_auto_never_picks_pipeline_or_context_parallel_for_dpo():
         plan_for_spec(_spec(16, 32768, 8, task="dpo"), require_fit=False)
     chosen = plan_for_spec(_spec(16, 32768, 64, task="dpo"), require_fit=False).chosen
     assert chosen.pp == 1 and chosen.cp == 1, chosen.layout()
-
-
-@pytest.mark.parametrize(
-    ("lora", "preference", "factor"),
-    [
-        ({"rank": 16}, None, 3.0),  # two rows a pair, plus the base's forward of both (half a LoRA step)
-        ({"rank": 16}, {"loss": "simpo"}, 2.0),  # reference-free
-        (None, {"reference": "precomputed"}, 2.0),  # the one pass before training is not per step
-    ],
-)
-def test_step_time_counts_both_rows_and_the_reference(lora, preference, factor):
-    layout = {"tp": 8, "dp_shard": -1, "micro_batch": 1}
-    sft = plan_for_spec(_spec(8, 4096, 64, layout, task="sft", lora=lora), require_fit=False).chosen
-    dpo = _spec(8, 4096, 64, layout, task="dpo", lora=lora, preference=preference)
-    dpo = plan_for_spec(dpo, require_fit=False).chosen
-    assert dpo.step_time_s == pytest.approx(factor * sft.step_time_s)
