@@ -224,7 +224,7 @@ def export_checkpoint(
         if lora is not None:
             if (unmerged := shards.get(tmp / BASE_DIR)) is not None:
                 _add_tensors(unmerged, {k: v for k, v in state.items() if ".lora_" not in k}, shape, torch_dtype)
-            state, found = merge_lora(state, lora.scaling)
+            state, found = merge_lora(state, lora.scaling, lora.dora)
             adapters |= {"base_model.model." + to_hf(k[len("model.") :], shape): t for k, t in found.items()}
         elif any(".lora_" in k for k in state):
             raise ValueError(f"{ckpt}: holds LoRA adapters but no train.lora settings were given to merge them")
@@ -268,15 +268,24 @@ def _base_keys(shape: ModelShape) -> list[str]:
     return ["model." + n for n in names if not (shape.tied_embeddings and n == "output.weight")]
 
 
-def merge_lora(state: dict, scaling: float) -> tuple[dict, dict]:
-    """(base tensors with W + scaling · B A merged in fp32, the adapters' tensors) of one group of checkpoint keys."""
+def merge_lora(state: dict, scaling: float, dora: bool = False) -> tuple[dict, dict]:
+    """(base tensors with W + scaling · B A merged in fp32, the adapters' tensors) of one group of checkpoint keys.
+    DoRA (train/lora.py): the merged rows are m / ||W + s B A||_c · (W + s B A), and the adapter's magnitude is
+    m = ||W||_c + the trained delta, under PEFT's name `lora_magnitude_vector`."""
+    import torch
+
     adapters = {k: v for k, v in state.items() if ".lora_" in k}
     merged = {k: v for k, v in state.items() if ".lora_" not in k}
     for k in [k for k in adapters if k.endswith(".lora_A.weight")]:
         stem = k[: -len(".lora_A.weight")]
         a, b = adapters[k].float(), adapters[f"{stem}.lora_B.weight"].float()
         w = merged[f"{stem}.weight"]
-        merged[f"{stem}.weight"] = (w.float() + scaling * (b @ a)).to(w.dtype)
+        new = w.float() + scaling * (b @ a)
+        if dora:
+            m = torch.linalg.norm(w.float(), dim=1) + adapters.pop(f"{stem}.lora_magnitude_delta").float()
+            adapters[f"{stem}.lora_magnitude_vector"] = m
+            new = (m / torch.linalg.norm(new, dim=1)).unsqueeze(1) * new
+        merged[f"{stem}.weight"] = new.to(w.dtype)
     return merged, adapters
 
 
@@ -302,7 +311,7 @@ def write_peft_adapter(folder: Path, tensors: dict, lora: LoraSettings, dtype, b
         "inference_mode": True,
         "init_lora_weights": True,
         "use_rslora": lora.rslora,
-        "use_dora": False,
+        "use_dora": lora.dora,
         "modules_to_save": None,
         "base_model_name_or_path": base or None,
     }

@@ -181,3 +181,35 @@ def test_export_and_eval_reads_and_weights_builds_are_quiet(weights, tmp_path, c
     assert "other warnings still show" in messages
     assert "Writing model shards" not in capfd.readouterr().err
     assert transformers.utils.logging.is_progress_bar_enabled()  # restored after the call
+
+
+def test_a_dora_adapter_loads_with_peft_and_gives_the_native_and_merged_logits(weights, tmp_path):
+    """train.lora.use_dora: the export's adapter (its magnitude as PEFT's lora_magnitude_vector, use_dora in the
+    config) loads with PeftModel.from_pretrained onto the base and scores like the native model and the merged
+    export."""
+    import peft
+
+    dora = LoraSettings(LORA.rank, LORA.alpha, 0.0, LORA.modules, dora=True)
+    model = model_from_hf(weights, 32)
+    apply_lora(model, dora)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name or "lora_magnitude_delta" in name:
+                p.normal_(0, 0.05)  # adapters and magnitudes that moved
+    ckpt = tmp_path / "ckpt" / "step-1"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save({"model": get_model_state_dict(model)}, checkpoint_id=str(ckpt), no_dist=True)
+    out = export_checkpoint(
+        ckpt, model.shape, tmp_path / "export", "fp32", source_config=weights, lora=dora, base=str(weights)
+    )
+    assert json.loads((out / ADAPTER_DIR / "adapter_config.json").read_text())["use_dora"] is True
+    base = transformers.AutoModelForCausalLM.from_pretrained(str(weights)).eval()
+    adapted = peft.PeftModel.from_pretrained(base, str(out / ADAPTER_DIR)).eval()
+    merged = transformers.AutoModelForCausalLM.from_pretrained(str(out)).eval()
+    ids = torch.randint(0, SMALL["vocab_size"], (2, 16))
+    with torch.no_grad():
+        native = model(ids)
+    assert (native - _logits(transformers.AutoModelForCausalLM.from_pretrained(str(weights)), ids)).abs().max() > 1e-2
+    torch.testing.assert_close(_logits(adapted, ids), native, rtol=0, atol=1e-4)
+    torch.testing.assert_close(_logits(merged, ids), native, rtol=0, atol=1e-4)
