@@ -29,7 +29,7 @@ from nightloom.sharding.spill import BATCH_DTYPE, META_DTYPE, Spill, row_indices
 from nightloom.sharding.write import read_spilled_batches
 from nightloom.spec.quality import FILTER_NAMES
 
-REWRITE_DIR = "c4-rewrite"  # the new spill is written here, then moved over the old one
+REWRITE_DIR = "c4-rewrite-{:05d}"  # a unit's new spill is written here (units scan at once), then moved over the old
 ADD_BATCH = 8192  # documents handed to the new spill at once
 SAMPLE_CHARS = 2000  # characters of a removed document kept in the side file
 
@@ -60,7 +60,7 @@ def rewrite_c4(job: ShardJob, work: Path, res: ScanResult, schema: pa.Schema) ->
     spec, tok = job.sharding.filters, spill_tokenizer(job)
     codes = np.zeros(res.docs, dtype=np.uint8)
     shown: dict[str, int] = {}
-    folder = work / REWRITE_DIR
+    folder = work / REWRITE_DIR.format(res.index)
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     new = Spill(folder, res.index, schema, job.token_dtype, job.num_shards)

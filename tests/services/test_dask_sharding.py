@@ -12,14 +12,16 @@ import time
 from pathlib import Path
 
 import numpy as np
+import orjson
 import pytest
 
 from nightloom import storage as st
 from nightloom.sharding import load_manifest, shard_dataset
 from nightloom.sharding import plan as plan_module
+from nightloom.sharding.corpus import ensure_sample_corpus
 from nightloom.sharding.planted import planted_corpus
 from nightloom.spec import DaskSpec, DatasetSpec, RunSpec, ShardingSpec, StorageSpec
-from nightloom.spec.quality import FiltersSpec, LengthSpec, NearDupSpec
+from nightloom.spec.quality import C4Spec, FiltersSpec, LengthSpec, NearDupSpec
 from tests.support.ci import skip_or_fail
 from tests.support.s3 import upload
 from tests.support.sharding import make_docs, write_jsonl
@@ -62,12 +64,18 @@ def _s3_corpus(url: str, bucket: str, tmp_path: Path, name: str, planted: int = 
     dealt over them too, so a cluster's members sit in different units."""
     prefix = f"s3://{bucket}/{name}/in"
     docs = make_docs(6000, seed=21, dup_every=9)
-    texts = planted_corpus(planted, seed=5).texts if planted else []
+    texts = planted_corpus(planted, seed=5).texts + _docstrings(300) if planted else []
     order = np.random.default_rng(5).permutation(len(texts))
     for i in range(6):
         part = docs[i * 1000 : (i + 1) * 1000] + [texts[k] for k in order[i::6]]
         upload(url, write_jsonl(tmp_path / "in" / f"part-{i}.jsonl", part), f"{prefix}/part-{i}.jsonl")
     return prefix
+
+
+def _docstrings(n: int) -> list[str]:
+    """The first n documents of the sample corpus (real docstrings, many lines: C4 edits them)."""
+    path = ensure_sample_corpus(Path(__file__).resolve().parents[2] / "datasets" / "sample" / "corpus.jsonl")
+    return [orjson.loads(x)["text"] for x in path.read_bytes().splitlines()[:n]]
 
 
 def _objects(url: str, prefix: str) -> dict[str, bytes]:
@@ -109,8 +117,10 @@ def test_dask_shards_on_s3_equal_one_machine(prefect_backend, s3_endpoint, dask_
     url, bucket = s3_endpoint
     monkeypatch.setattr(plan_module, "UNIT_FILES", 1)  # one scan task per input: work for both workers
     src = _s3_corpus(url, bucket, isolated, "dask1", planted=300)
-    # near-dup on (and a filter): signatures per unit on the workers, band keys joined into clusters at place
-    quality = {"near_dup": NearDupSpec(), "filters": FiltersSpec(length=LengthSpec(min_words=8))}
+    # near-dup and filters on: signatures per unit on the workers, band keys joined into clusters at place; C4's
+    # line rules (not its document ones: the synthetic texts have no sentences) rewrite the docstrings' spills
+    c4 = C4Spec(filter_no_terminal_punct=False, min_num_sentences=-1)
+    quality = {"near_dup": NearDupSpec(), "filters": FiltersSpec(length=LengthSpec(min_words=8), c4=c4)}
     alone = _one_machine(src, f"s3://{bucket}/dask1/alone", url, **quality)
     out = f"s3://{bucket}/dask1/dask"
     state = _run(_spec("dask-shard", src, out, url, dask_address, **quality))
@@ -119,6 +129,7 @@ def test_dask_shards_on_s3_equal_one_machine(prefect_backend, s3_endpoint, dask_
     assert on_dask == alone and on_dask.dedup_dropped > 0
     removed = on_dask.quality.removed
     assert removed["near_dup"].documents > 100 and removed["length"].documents > 100, removed
+    assert removed["c4"].documents > 0, removed  # a curly bracket
     got = _objects(url, out)
     assert got == _objects(url, f"s3://{bucket}/dask1/alone")
     assert not [k for k in got if k.startswith(plan_module.WORK_DIR_NAME)]  # the S3 work folder is cleaned up
