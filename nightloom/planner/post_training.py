@@ -11,9 +11,9 @@ spread over the steps in the step time, so the cost and the nights count it.
 
 GRPO (train/rollout/step.py): a step is generation + scoring + training. Every `iterations` optimizer steps one
 batch of prompts_per_step · num_generations completions is generated (generation.py: prefill, memory-bound decode,
-FSDP2's gather) and scored (the reward functions run on the host: not modelled; with beta > 0 the reference's
-no-grad forward, the adapters off); every step trains on the whole batch (its rows priced as a pretraining step of
-train.seq_len tokens). Memory: the training step's, or the rollout's where larger (the gathered weights, the KV
+FSDP2's gather) and scored (the reward functions run on the host: not modelled); every step trains on the whole
+batch (its rows priced as a pretraining step of train.seq_len tokens) and, with beta > 0, first runs the KL
+reference's no-grad forward of each micro-batch with the adapters off (counted in training, as the trainer does). Memory: the training step's, or the rollout's where larger (the gathered weights, the KV
 cache, the prefill's transients).
 """
 
@@ -99,14 +99,14 @@ class TaskSplit(BaseModel):
     reference: str = "none"
     step_s: float
     training_s: float  # forward and backward of the step's rows (both rows of every pair)
-    reference_s: float = 0.0  # DPO: the reference's no-grad forward, per step (precomputed: its pass / steps)
+    reference_s: float = 0.0  # the reference's no-grad forward per step (DPO precomputed: its pass / steps)
     once_s: float = 0.0  # DPO precomputed: the pass before the first step
     generation_s: float = 0.0  # GRPO: one rollout (prefill + decode + gather), every `iterations` steps
     prefill_s: float = 0.0
     decode_s: float = 0.0
     gather_s: float = 0.0
     decode_bound: str = ""
-    scoring_s: float = 0.0  # GRPO: the KL reference's forward per rollout (reward functions: host, not modelled)
+    scoring_s: float = 0.0  # GRPO: per rollout; the reward functions run on the host (not modelled: 0)
     iterations: int = 1
     rollout_rows: int = 0  # GRPO: completions generated on one rank per rollout
     prompt_tokens: int = 0
@@ -120,7 +120,8 @@ class TaskSplit(BaseModel):
     def per_step(self) -> dict[str, float]:
         """Generation, scoring and training in seconds per optimizer step (GRPO's split)."""
         k = self.iterations
-        return {"generation": self.generation_s / k, "scoring": self.scoring_s / k, "training": self.training_s}
+        training = self.training_s + self.reference_s
+        return {"generation": self.generation_s / k, "scoring": self.scoring_s / k, "training": training}
 
 
 def task_dims(task: PostTraining | None, c: ParallelDims) -> ParallelDims:
@@ -206,7 +207,7 @@ def task_step(
 ) -> tuple[StepEstimate, TaskSplit | None]:
     """`est` (step_time of `task_dims(task, c)`, the training rows) with the task's other parts added to the step
     time, and their split (with `memory`'s figures, task_memory's). DPO: the reference's forward of both rows of
-    the rank's pairs; GRPO: (generation + scoring) / iterations."""
+    the rank's pairs; GRPO: (generation + scoring) / iterations, and beta's reference forward every step."""
     if task is None:
         return est, None
     split = TaskSplit(task=task.task, reference=task.reference, step_s=est.step_s, training_s=est.step_s)
@@ -221,9 +222,9 @@ def task_step(
         extra = split.reference_s
     else:
         gen = _rollout(task, shape, c, seq, gpu, gpn, efficiency, precision)
-        scoring = 0.0
-        if task.reference != "none":  # beta > 0: the base's forward of every completion, once per rollout
-            scoring = no_grad_forward_s(shape, c, gen.rows, c.micro_batch, seq, gpu, gpn, efficiency, precision)
+        scoring, ref = 0.0, 0.0
+        if task.reference != "none":  # beta > 0: the base's forward of each micro-batch, every step
+            ref = no_grad_forward_s(shape, c, gen.rows, c.micro_batch, seq, gpu, gpn, efficiency, precision)
         split = split.model_copy(
             update={
                 "generation_s": gen.total_s,
@@ -232,6 +233,7 @@ def task_step(
                 "gather_s": gen.gather_s,
                 "decode_bound": gen.decode_bound,
                 "scoring_s": scoring,
+                "reference_s": ref,
                 "iterations": task.iterations,
                 "rollout_rows": gen.rows,
                 "prompt_tokens": gen.prompt,
@@ -239,7 +241,7 @@ def task_step(
                 "kv_cache_gib": gen.kv_bytes / GIB,
             }
         )
-        extra = (gen.total_s + scoring) / task.iterations
+        extra = (gen.total_s + scoring) / task.iterations + ref
     step = dataclasses.replace(est, step_s=est.step_s + extra)
     return step, split.model_copy(update={"step_s": step.step_s})
 
@@ -258,9 +260,12 @@ def explain_lines(split: TaskSplit | None) -> list[str]:
         f"{split.rollout_rows} completions a rank, {split.prompt_tokens} prompt + {split.completion_tokens} "
         f"completion tokens: prefill {split.prefill_s:.3f} s (compute-bound), decode {split.decode_s:.3f} s "
         f"({split.decode_bound}-bound: weights and KV cache read every token), FSDP2 gather {split.gather_s:.3f} s; "
-        "scoring: "
-        + ("the reference's forward (adapters off)" if split.reference != "none" else "no reference (beta 0)")
-        + ", reward functions on the host not modelled",
+        "scoring: the reward functions on the host, not modelled; training: "
+        + (
+            f"with the KL reference's no-grad forward (adapters off) {split.reference_s:.3f} s"
+            if split.reference != "none"
+            else "no reference (beta 0)"
+        ),
         f"grpo memory: the rollout holds {split.rollout_gib:.2f} GiB per GPU beyond the states (KV cache "
         f"{split.kv_cache_gib:.2f} GiB: 2·layers·kv_heads·head_dim·bytes a token; the prefill's MLP; under FSDP2 the "
         f"gathered weights), training activations {split.training_activations_gib:.2f} GiB (every token's logits): "

@@ -89,7 +89,7 @@ def test_a_step_is_generation_scoring_and_training(iterations):
     gen = generation(SHAPE, c, 64, 512, 512, H100, 8, EFF, "bf16")
     assert c.grad_accum == 512 // 8 // 4
     assert split.training_s == pytest.approx(train.step_s)
-    assert split.generation_s == pytest.approx(gen.total_s) and split.scoring_s == 0
+    assert split.generation_s == pytest.approx(gen.total_s) and split.scoring_s == split.reference_s == 0
     assert r.chosen.step_time_s == pytest.approx(train.step_s + gen.total_s / iterations)
     per = split.per_step
     assert per["generation"] == pytest.approx(gen.total_s / iterations) and per["training"] == split.training_s
@@ -97,13 +97,16 @@ def test_a_step_is_generation_scoring_and_training(iterations):
     assert all(word in line for word in ("generation", "scoring", "training", "decode", "memory-bound"))
 
 
-def test_beta_scores_with_the_references_forward():
-    """beta > 0 (LoRA: the adapters off): scoring is a no-grad forward of every completion, once per rollout."""
+def test_beta_adds_the_references_forward_to_every_step():
+    """beta > 0 (LoRA: the adapters off): every step's training first runs a no-grad forward of each micro-batch
+    of completions (train/rollout/step.py), not once per rollout."""
     layout = {"tp": 1, "dp_shard": -1, "micro_batch": 4}
-    r = plan_for_spec(_spec(layout, lora={"rank": 16}, beta=0.04), require_fit=False)
+    r = plan_for_spec(_spec(layout, lora={"rank": 16}, beta=0.04, iterations=2), require_fit=False)
     c, split = r.chosen.dims(), r.post_training
-    assert split.scoring_s == pytest.approx(no_grad_forward_s(SHAPE, c, 64, 4, 1024, H100, 8, EFF, "bf16"))
-    assert r.chosen.step_time_s == pytest.approx(split.training_s + split.generation_s + split.scoring_s)
+    assert split.reference_s == pytest.approx(no_grad_forward_s(SHAPE, c, 64, 4, 1024, H100, 8, EFF, "bf16"))
+    assert split.scoring_s == 0
+    assert r.chosen.step_time_s == pytest.approx(split.training_s + split.reference_s + split.generation_s / 2)
+    assert split.per_step["training"] == pytest.approx(split.training_s + split.reference_s)
 
 
 def test_the_rollout_counts_in_memory_when_it_needs_more_than_training():
