@@ -131,6 +131,12 @@ def task_dims(task: PostTraining | None, c: ParallelDims) -> ParallelDims:
     return dataclasses.replace(c, micro_batch=c.micro_batch * task.rows)
 
 
+def splits_groups(task: PostTraining | None, c: ParallelDims) -> bool:
+    """Would layout `c` split a GRPO group over data-parallel ranks? Each rank holds whole groups: the trainer
+    refuses prompts_per_step not a multiple of dp (train/rollout/prompts.py)."""
+    return task is not None and task.task == "grpo" and task.prompts % c.dp != 0
+
+
 def grpo_prompt_tokens(task: PostTraining, seq: int) -> int:
     """A GRPO prompt's tokens: train.seq_len bounds a prompt and its completion (at least one prompt token)."""
     return max(1, seq - task.completion)

@@ -21,7 +21,15 @@ from functools import lru_cache
 from nightloom.parallel import ParallelDims, ParallelPlan, Rejection, layout_name
 from nightloom.perf import active_params, count_params, expert_params, flops_per_token, mfu
 from nightloom.planner.memory import memory_breakdown, rank_layers, usable_gib
-from nightloom.planner.post_training import TaskMemory, TaskSplit, explain_lines, task_dims, task_memory, task_step
+from nightloom.planner.post_training import (
+    TaskMemory,
+    TaskSplit,
+    explain_lines,
+    splits_groups,
+    task_dims,
+    task_memory,
+    task_step,
+)
 from nightloom.planner.request import FixedLayout, PlanError, PlanReport, PlanRequest
 from nightloom.planner.steptime import (
     DEFAULT_EFFICIENCY,
@@ -449,7 +457,8 @@ def search(req: PlanRequest) -> PlanReport:
             considered += 1
             sched = "interleaved_1f1b" if v > 1 else "1f1b"
             c = ParallelDims(tp, pp, dpr, dps, cp, sp, mb, m, v, sched, rc, zero, split, ep)
-            if c.check(req.shape, req.seq_len, req.global_batch, native_trainer=req.native_trainer):
+            why = c.check(req.shape, req.seq_len, req.global_batch, native_trainer=req.native_trainer)
+            if why or splits_groups(req.task, c):  # grpo: whole groups on every data-parallel rank
                 pruned += 1
                 continue
             if req.gpu is None:

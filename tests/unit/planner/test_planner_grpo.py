@@ -12,7 +12,7 @@ import torch
 from nightloom.catalog import MODELS, get_gpu
 from nightloom.parallel import ParallelDims
 from nightloom.perf import count_params
-from nightloom.planner import plan_for_spec
+from nightloom.planner import PlanError, PostTraining, plan, plan_for_spec
 from nightloom.planner.generation import generation, kv_bytes_per_token, no_grad_forward_s
 from nightloom.planner.memory import FRAMEWORK_OVERHEAD_GIB, GIB
 from nightloom.planner.steptime import DEFAULT_EFFICIENCY, step_time
@@ -133,3 +133,33 @@ def test_auto_plans_grpo_without_pipeline_context_or_sequence_parallel():
     chosen = plan_for_spec(_spec()).chosen
     assert (chosen.pp, chosen.cp, chosen.sp) == (1, 1, False), chosen.layout()
     assert chosen.fits
+
+
+def test_auto_keeps_every_group_on_one_data_parallel_rank():
+    """4 prompts on 8 GPUs: the trainer refuses a dp that does not divide prompts_per_step, so the search keeps
+    dp at 4 or below however many completions there are."""
+    chosen = plan_for_spec(_spec(prompts_per_step=4, num_generations=16), require_fit=False).chosen
+    assert 4 % (chosen.dp_replicate * chosen.dp_shard) == 0, chosen.layout()
+    fsdp8 = dict(layout="tp=1,fsdp=8,mb=1")
+    with pytest.raises(PlanError, match="no valid layout"):
+        plan(
+            "llama3-8b",
+            "h100-80gb",
+            1,
+            8,
+            1024,
+            64,
+            task=PostTraining("grpo", prompts=4, group=16, completion=512),
+            **fsdp8,
+        )
+    ok = plan(
+        "llama3-8b",
+        "h100-80gb",
+        1,
+        8,
+        1024,
+        128,
+        task=PostTraining("grpo", prompts=8, group=16, completion=512),
+        **fsdp8,
+    )
+    assert ok.chosen.dp_shard == 8
