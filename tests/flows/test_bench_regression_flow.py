@@ -73,13 +73,9 @@ def _planted(tmp_path: Path) -> dict:
     docs = [json.loads(line) for line in (tasks / f"{TASK}.jsonl").read_text().splitlines()]
     with (tmp_path / "shuffled.jsonl").open("w") as f:
         for d in docs:
-            wrong = d["choices"][(d["gold"] + 1) % len(d["choices"])]
-            f.write(
-                json.dumps(
-                    {"messages": [{"role": "user", "content": d["question"]}, {"role": "assistant", "content": wrong}]}
-                )
-                + "\n"
-            )
+            wrong = d["choices"][(d["gold"] + 1) % len(d["choices"])]  # the answer's own words, another order
+            turns = [{"role": "user", "content": d["question"]}, {"role": "assistant", "content": wrong}]
+            f.write(json.dumps({"messages": turns}) + "\n")
 
     data = yaml.safe_load(DEMO.read_text())
     base = tmp_path / "base"
