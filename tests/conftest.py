@@ -99,7 +99,7 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_runtest_logreport(report):
-    """With NIGHTLOOM_TEST_TIMES=FILE (CI sets it): one line per test phase, `worker phase seconds nodeid`, so the
+    """With NIGHTLOOM_TEST_TIMES=FILE (CI sets it): one line per test phase, `worker phase seconds nodeid outcome`, so the
     time of each xdist worker's lane can be summed (the services lane is CI's critical path)."""
     path = os.environ.get("NIGHTLOOM_TEST_TIMES")
     if not path or os.environ.get("PYTEST_XDIST_WORKER"):  # the controller writes, for every worker
@@ -107,7 +107,7 @@ def pytest_runtest_logreport(report):
     node = getattr(report, "node", None)
     worker = node.gateway.id if node is not None and hasattr(node, "gateway") else "main"
     with open(path, "a") as f:
-        f.write(f"{worker}\t{report.when}\t{report.duration:.2f}\t{report.nodeid}\n")
+        f.write(f"{worker}\t{report.when}\t{report.duration:.2f}\t{report.nodeid}\t{report.outcome}\n")
 
 
 @pytest.fixture(scope="session")
