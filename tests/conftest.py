@@ -55,10 +55,11 @@ def lane_of(nodeid: str) -> str:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
-    """Under xdist, point the flows lane's worker at its own Prefect server before its first fixture (the session's
-    `prefect_backend` included) and before any flow: the environment for child processes, Prefect's settings for
-    this one (every thread). The lane is one xdist scope, so the worker keeps it to the end."""
-    if not LANE2_API or not os.environ.get("PYTEST_XDIST_WORKER") or lane_of(item.nodeid) != "flows":
+    """Under xdist, point the workers of the flows and own-processes lanes at a Prefect server of their own before
+    their first fixture (the session's `prefect_backend` included) and before any flow: the environment for child
+    processes, Prefect's settings for this one (every thread). Only the flows lane runs flows there; the shared
+    server, on SQLite, keeps the services lane's load alone. A lane is one xdist scope: its worker keeps it."""
+    if not LANE2_API or not os.environ.get("PYTEST_XDIST_WORKER") or lane_of(item.nodeid) == "services":
         return
     if os.environ.get("PREFECT_API_URL") == LANE2_API:
         return
