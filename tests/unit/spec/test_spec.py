@@ -136,7 +136,13 @@ def test_a_spec_written_before_new_fields_keeps_its_ledger_hash():
             base = RunSpec.model_validate({**data, "train": {**data["train"], "lora": lora}}).spec_hash()
             same = {**data, "train": {**data["train"], "lora": {**lora, key: default}}}
             assert RunSpec.model_validate(same).spec_hash() == base, key
-            value = {"quantize": "nf4", "double_quant": False, "compute_dtype": "bf16", "use_rslora": True}[key]
+            value = {
+                "quantize": "nf4",
+                "double_quant": False,
+                "compute_dtype": "bf16",
+                "use_rslora": True,
+                "use_dora": True,
+            }[key]
             changed = {**data, "train": {**data["train"], "lora": {**lora, key: value}}}
             assert RunSpec.model_validate(changed).spec_hash() != base, key
             continue
