@@ -18,7 +18,7 @@ from functools import lru_cache
 from nightloom.parallel import MemoryBreakdown, ParallelDims
 from nightloom.perf import attention_params, expert_params, mlp_params
 from nightloom.planner.activations import activation_bytes_per_layer
-from nightloom.planner.inflight import in_flight_layers
+from nightloom.planner.stage_memory import rank_bytes
 from nightloom.shape import ModelShape
 
 GIB = 1024**3
@@ -195,7 +195,6 @@ def memory_breakdown(
     # other trainers (what-ifs) save sequence-parallel linear inputs sharded, as Megatron does, and gathered K/V
     act = dict(fused_attention=fused_attention, cp=c.cp, other_trainer=not native_trainer)
     per_layer_act = activation_bytes_per_layer(shape, local, c.micro_batch, c.tp, c.sp, c.recompute, **act)
-    in_flight = in_flight_layers(c.stage_sizes(shape.layers), c.pp, c.grad_accum, c.schedule)
     # a layer being recomputed (full) or its attention core (selective) is briefly whole again in backward
     working = 0.0
     if c.recompute != "none":
@@ -203,7 +202,8 @@ def memory_breakdown(
         working = whole if c.recompute == "full" else whole - per_layer_act
     if precision == "fp32":  # the counts are of 16-bit activations; fp32 training saves every tensor at 4 bytes
         per_layer_act, working = 2 * per_layer_act, 2 * working
-    logits = logit_bytes(shape, c, seq)
+    # the layers in flight, the stage boundary and the logits of every pipeline rank (planner/stage_memory.py)
+    rank_acts = rank_bytes(shape, c, seq, per_layer_act, precision, native_trainer, logit_bytes(shape, c, seq))
     if c.cp > 1:  # all-gather CP: the whole sequence's K,V while a layer attends; in backward fp32 dK,dV
         # nightloom's trainer gathers K/V repeated to every query head (as steptime.py counts the gather's bytes)
         heads = shape.heads if native_trainer else shape.kv_heads
@@ -234,10 +234,9 @@ def memory_breakdown(
         return (held * wb, held * gb, held * ob, acts, gathered)
 
     sizes = rank_layers(shape, c)
-    last = c.pp - 1
     best = None
     for i, n in enumerate(sizes):
-        acts = in_flight[i] * per_layer_act + working + (logits if i == last else 0.0)
+        acts = rank_acts[i] + working
         parts = stage(params_of[i], acts, n)
         if best is None or sum(parts) > sum(best):
             best = parts

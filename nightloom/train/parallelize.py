@@ -356,10 +356,12 @@ def build_parts(
         if out.tied is not None:
             out.tied.sync_weights()  # the last stage's copy starts as the first's
     if plan.pp > 1:
-        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+        from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
-        group = mesh["pp"].get_group()
-        out.stages = [PipelineStage(m, s, n_stages, device, group=group) for m, s in zip(parts, stage_ids)]
+        from nightloom.train.pipeline_stage import LeanStage
+
+        group = mesh["pp"].get_group()  # receive buffers per micro-batch in flight, not m per chunk for the run
+        out.stages = [LeanStage(m, s, n_stages, device, group=group) for m, s in zip(parts, stage_ids)]
         if plan.schedule == "interleaved_1f1b":
             out.schedule = ScheduleInterleaved1F1B(out.stages, n_microbatches=plan.grad_accum, loss_fn=out.loss)
         else:

@@ -1,0 +1,80 @@
+"""Activation bytes each pipeline rank holds at its peak under nightloom's trainer: its chunks' layers for every
+micro-batch in flight plus what the stage boundary keeps, as torch.distributed.pipelining runs the trainer's
+schedule over train/pipeline_stage.LeanStage (measured per rank and schedule with saved-tensor hooks and the
+stages' own state: tests/distributed/test_pipeline_memory.py, within 5%).
+
+Per micro-batch in flight a chunk keeps:
+    its layers           layers · (planner/activations.py's bytes per layer)
+    its input            nothing more: the received buffer is its first block's (or the final norm's) saved input
+    its output           a non-last chunk keeps its output for backward (torch's fwd_cache): b·s·h (/t under SP)
+    the embedding        the token ids it saves (int64)
+    the head             the final norm's input b·s·h (/t under SP), the head's input gathered whole b·s·h, the
+                         logits b·s·V (TP's head all-gathers them: not /t) and the loss's fp32 log-softmax b·s·V
+and a rank with a chunk that is not the last waits for one gradient (b·s·h, /t under SP) while a backward is due.
+Megatron-LM frees a stage's output once it is sent (`deallocate_output_tensor`) and computes the loss on
+vocab-parallel logits; those what-ifs (`native_trainer=False`) keep the layers and one micro-batch's logits only.
+"""
+
+from __future__ import annotations
+
+from nightloom.parallel import ParallelDims
+from nightloom.planner.inflight import in_flight_layers
+from nightloom.shape import ModelShape
+
+#: bytes of a token id the embedding saves for its backward (int64)
+ID_BYTES = 8
+#: bytes of the loss's saved log-softmax per logit (the trainer upcasts the logits to fp32 for the cross-entropy)
+LOG_SOFTMAX_BYTES = 4
+
+
+def chunk_bytes(shape: ModelShape, c: ParallelDims, seq: int, layer_bytes: float, act_bytes: int) -> tuple[float, ...]:
+    """Bytes one micro-batch keeps on each of the pp·v chunks (model order) while it is in flight."""
+    tokens = seq * c.micro_batch / c.cp
+    boundary = tokens * shape.hidden * act_bytes / (c.tp if c.sp else 1)
+    sizes = c.stage_sizes(shape.layers)
+    head = boundary + tokens * shape.hidden * act_bytes
+    head += tokens * shape.embed_rows * act_bytes + tokens * shape.vocab * LOG_SOFTMAX_BYTES
+    out = []
+    for j, n in enumerate(sizes):
+        held = n * layer_bytes + (head if j == len(sizes) - 1 else boundary)
+        if j == 0:
+            held += tokens * ID_BYTES
+        out.append(held)
+    return tuple(out)
+
+
+def rank_activation_bytes(
+    shape: ModelShape, c: ParallelDims, seq: int, layer_bytes: float, act_bytes: int
+) -> tuple[float, ...]:
+    """Peak activation bytes of every pipeline rank (pp > 1) under nightloom's trainer."""
+    chunks = chunk_bytes(shape, c, seq, layer_bytes, act_bytes)
+    peaks = in_flight_layers(chunks, c.pp, c.grad_accum, c.schedule)
+    grad = seq * c.micro_batch / c.cp * shape.hidden * act_bytes / (c.tp if c.sp else 1)
+    n = len(chunks)
+    # a rank waits for one gradient while it holds a chunk that is not the model's last
+    return tuple(p + (grad if any(j % c.pp == r for j in range(n - 1)) else 0.0) for r, p in enumerate(peaks))
+
+
+def other_trainer_bytes(
+    shape: ModelShape, c: ParallelDims, layer_bytes: float, last_logits: float
+) -> tuple[float, ...]:
+    """Megatron-style trainers (and any trainer without a pipeline): the layers of the micro-batches in flight,
+    one micro-batch's logits on the last rank (outputs freed once sent, vocab-parallel loss)."""
+    layers = in_flight_layers(c.stage_sizes(shape.layers), c.pp, c.grad_accum, c.schedule)
+    return tuple(n * layer_bytes + (last_logits if r == c.pp - 1 else 0.0) for r, n in enumerate(layers))
+
+
+def rank_bytes(
+    shape: ModelShape,
+    c: ParallelDims,
+    seq: int,
+    layer_bytes: float,
+    precision: str,
+    native_trainer: bool,
+    last_logits: float,
+) -> tuple[float, ...]:
+    """Activation bytes of every pipeline rank: nightloom's pipeline (`rank_activation_bytes`), else the layers in
+    flight and `last_logits` (no pipeline, or another trainer's)."""
+    if native_trainer and c.pp > 1:
+        return rank_activation_bytes(shape, c, seq, layer_bytes, 4 if precision == "fp32" else 2)
+    return other_trainer_bytes(shape, c, layer_bytes, last_logits)

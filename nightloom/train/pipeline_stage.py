@@ -1,0 +1,60 @@
+"""A pipeline stage whose receive buffers live only while their micro-batch is in flight.
+
+torch.distributed.pipelining's PipelineStage (torch 2.13) allocates, at the first step, one activation receive
+buffer and one gradient receive buffer per micro-batch for every chunk, and keeps all of them for the whole run:
+a middle chunk holds 2·m boundary tensors of (micro_batch, seq (/tp under SP), hidden) whatever the schedule keeps
+in flight (measured: tests/distributed/test_pipeline_memory.py; docs/efficiency.md). Megatron-LM allocates each
+receive tensor when it communicates (p2p_communication.py) and keeps it only while the micro-batch needs it.
+`LeanStage` does the same on torch's stage: a buffer is made just before its receive is posted and let go after
+the micro-batch's backward, so a chunk holds the inputs of its micro-batches in flight (which its first block saves
+anyway) and one gradient buffer while a backward waits for it.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.distributed.pipelining import PipelineStage
+
+
+class LeanStage(PipelineStage):
+    """PipelineStage with receive buffers made per micro-batch and dropped after its backward."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._templates: dict[tuple[str, int], torch.Tensor] = {}  # (kind, input index) -> meta tensor
+
+    def _fresh(self, kind: str, infos) -> None:
+        """Give every received input of one micro-batch a new buffer shaped as the first one torch made."""
+        for i, info in enumerate(infos):
+            if info.is_root_arg:
+                continue
+            key = (kind, i)
+            if key not in self._templates and info.buffer is not None:
+                self._templates[key] = torch.empty_like(info.buffer, device="meta")
+            template = self._templates.get(key)
+            if template is not None:
+                info.buffer = torch.empty_strided(
+                    template.shape, template.stride(), dtype=template.dtype, device=self.device
+                )
+
+    @staticmethod
+    def _drop(infos) -> None:
+        for info in infos:
+            if not info.is_root_arg:
+                info.buffer = None
+
+    def get_fwd_recv_ops(self, fwd_chunk_id: int):
+        self._fresh("act", self.args_recv_info[fwd_chunk_id])
+        return super().get_fwd_recv_ops(fwd_chunk_id)
+
+    def get_bwd_recv_ops(self, bwd_chunk_id: int):
+        if self.has_backward and not self.is_last:
+            self._fresh("grad", self.grad_recv_info[bwd_chunk_id])
+        return super().get_bwd_recv_ops(bwd_chunk_id)
+
+    def backward_one_chunk(self, bwd_chunk_id: int, loss=None, full_backward: bool = True, last_backward=False):
+        super().backward_one_chunk(bwd_chunk_id, loss=loss, full_backward=full_backward, last_backward=last_backward)
+        # the gradient of the inputs is in bwd_cache (sent next); what backward still needs (zero-bubble's weight
+        # pass) holds its own references: the buffers themselves are no longer needed
+        self._drop(self.args_recv_info.get(bwd_chunk_id, ()))
+        self._drop(self.grad_recv_info.get(bwd_chunk_id, ()))

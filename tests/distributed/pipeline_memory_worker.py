@@ -1,0 +1,63 @@
+"""torchrun worker for test_pipeline_memory: for each case in turn (one process group, one mesh per case), build the
+trainer's parallelised chunks and pipeline schedule (train/parallelize.build_parts), run one step to warm up (the
+stages create their buffers), then meter the second step (train/pipeline_memory.ActivationMeter) and write each
+rank's reading to OUT/<case>.<rank>.json.
+
+`python -m torch.distributed.run --nproc-per-node=N tests/distributed/pipeline_memory_worker.py CASES_JSON OUT`
+(CASES_JSON: [{"name", "plan": {ParallelPlan fields}, "shape": {ModelShape overrides of tiny}, "seq"}, ...])"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from nightloom.catalog import get_model
+from nightloom.parallel import ParallelPlan
+from nightloom.train.parallelize import build_parts
+from nightloom.train.pipeline_memory import ActivationMeter
+
+
+def main(cases_json: str, out: str) -> int:
+    dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+    for case in json.loads(cases_json):
+        measure(case, Path(out))
+    dist.destroy_process_group()
+    return 0
+
+
+def measure(case: dict, out: Path) -> None:
+    rank = dist.get_rank()
+    plan = ParallelPlan(**case["plan"])
+    dims = plan.dims()
+    shape = get_model("tiny").with_(**case.get("shape", {}))
+    seq = case["seq"]
+    mesh = dims.build_mesh("cpu")
+    parts = build_parts(shape, plan, dims, mesh, seq, 7, torch.device("cpu"), None, loss_chunk=0)
+    g = torch.Generator().manual_seed(0)
+    rows = plan.micro_batch * plan.grad_accum
+    x = torch.randint(0, shape.vocab, (rows, seq), generator=g)
+    y = torch.randint(0, shape.vocab, (rows, seq), generator=g)
+
+    def step():
+        losses: list[torch.Tensor] = []
+        args = (x,) if parts.has_first else ()
+        kwargs = {"target": y, "losses": losses} if parts.has_last else {}
+        parts.schedule.step(*args, **kwargs)
+
+    step()
+    meter = ActivationMeter.over(parts.parts, parts.stages)
+    with meter:
+        step()
+    reading = asdict(meter.reading) | {"pp_rank": mesh["pp"].get_local_rank(), "stage_ids": parts.stage_ids}
+    (out / f"{case['name']}.{rank}.json").write_text(json.dumps(reading))
+    dist.barrier()
+
+
+if __name__ == "__main__":
+    sys.exit(main(*sys.argv[1:]))
