@@ -148,6 +148,7 @@ def to_json(r: PlanReport) -> dict:
         "gpu": r.gpu,
         "world_size": r.world_size,
         "efficiency": r.efficiency,
+        "post_training": r.post_training.model_dump() if r.post_training else None,  # a dpo or grpo step's split
     }
 
 

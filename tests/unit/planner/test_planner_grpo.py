@@ -95,6 +95,9 @@ def test_a_step_is_generation_scoring_and_training(iterations):
     assert per["generation"] == pytest.approx(gen.total_s / iterations) and per["training"] == split.training_s
     line = next(x for x in r.chosen.explanation if x.startswith("grpo step"))
     assert all(word in line for word in ("generation", "scoring", "training", "decode", "memory-bound"))
+    from flows.commands.plan import to_json  # `nightloom plan --json` carries the split
+
+    assert to_json(r)["post_training"]["generation_s"] == split.generation_s
 
 
 def test_beta_adds_the_references_forward_to_every_step():
