@@ -189,7 +189,8 @@ def export_checkpoint(
     is the merged model there and its adapter, as PEFT writes one, in `out/adapter/`, whose base is the run's
     weights folder `base` (model.weights), or without one the unmerged base written to `out/base/` (adapter_base).
     `chat_template`: the run's model.chat_template file, exported as chat_template.jinja. Every file gets the
-    usual (umask) mode: safetensors writes 0600."""
+    usual (umask) mode: safetensors writes 0600. Without `lora.merged` (a QLoRA run's default) no merged model is
+    written: `out/adapter/` (with the tokenizer) onto the 4-bit base is the export."""
     import torch
     import torch.distributed.checkpoint as dcp
 
@@ -209,7 +210,8 @@ def export_checkpoint(
     tmp = out.with_name(f".{out.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    shards = {tmp: _Shards(tmp, max_shard_bytes)}
+    merged = lora is None or lora.merged
+    shards = {tmp: _Shards(tmp, max_shard_bytes)} if merged else {}
     if lora is not None and not base:
         shards[tmp / BASE_DIR] = _Shards(tmp / BASE_DIR, max_shard_bytes)
     adapters: dict[str, torch.Tensor] = {}
@@ -228,7 +230,8 @@ def export_checkpoint(
             adapters |= {"base_model.model." + to_hf(k[len("model.") :], shape): t for k, t in found.items()}
         elif any(".lora_" in k for k in state):
             raise ValueError(f"{ckpt}: holds LoRA adapters but no train.lora settings were given to merge them")
-        _add_tensors(shards[tmp], state, shape, torch_dtype)
+        if merged:
+            _add_tensors(shards[tmp], state, shape, torch_dtype)
         del state
     for folder, written in shards.items():
         written.finish()
@@ -239,6 +242,8 @@ def export_checkpoint(
         if lora.quant is not None:  # BitsAndBytesConfig.from_dict of it loads the base 4-bit, as the run held it
             quant = json.dumps(bnb_config(lora.quant), indent=2, sort_keys=True)
             atomic_write_text(tmp / ADAPTER_DIR / QUANT_CONFIG, quant + "\n")
+        if not merged:  # the adapter is the export: its tokenizer beside it
+            _copy_tokenizer(tokenizer, chat_template, tmp / ADAPTER_DIR)
     share_mode(tmp)
     if out.exists():
         shutil.rmtree(out)

@@ -349,6 +349,12 @@ class LoraSpec(_Section):
         "direction (W + B A) / its row norm (PEFT's use_dora); over a quantized base too. One process or FSDP2 "
         "(parallel.tp 1).",
     )
+    merged_export: bool | None = Field(
+        None,
+        description="Also write the merged 16-bit model to export/ (the adapter is always written to "
+        "export/adapter/). None: merged for a 16-bit base, the adapter alone onto the 4-bit base with quantize "
+        "(merging into the dequantized base rounds; docs/finetuning.md).",
+    )
 
     def modules(self) -> tuple[str, ...]:
         """The targeted Hugging Face module names, in a fixed order."""
@@ -479,6 +485,7 @@ HASH_NEUTRAL_DEFAULTS: dict[tuple[str, str], object] = {
     ("train.lora", "compute_dtype"): "auto",
     ("train.lora", "use_rslora"): False,
     ("train.lora", "use_dora"): False,
+    ("train.lora", "merged_export"): None,
     ("validate", "benchmarks"): None,
     ("validate.benchmarks", "backend"): "auto",
     ("sharding", "near_dup"): None,
@@ -550,6 +557,12 @@ class RunSpec(_Section):
             raise ValueError(
                 f"train.lora.quantize: a {lora.quantize} base runs in one process or under FSDP2 (dp_shard); "
                 f"parallel.tp {p.tp} and parallel.pp {p.pp} must be 1 (TP/PP over a quantized base are not done)"
+            )
+        merged = lora is not None and (lora.merged_export or (lora.merged_export is None and not lora.quantize))
+        if lora is not None and not merged and self.validate_.benchmarks is not None:
+            raise ValueError(
+                "validate.benchmarks: lm-eval scores the merged export, which this LoRA run does not write "
+                "(train.lora.merged_export is off, the default with quantize): set train.lora.merged_export: true"
             )
         if lora is not None and lora.use_dora and p != "auto" and p.tp > 1:
             raise ValueError(

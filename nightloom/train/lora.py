@@ -56,6 +56,7 @@ class LoraSettings:
     quant: QuantSettings | None = None  # QLoRA: the base's linears quantized (train/qlora.py)
     rslora: bool = False  # rank-stabilized: alpha / sqrt(rank)
     dora: bool = False  # weight-decomposed (DoRA): a trained magnitude per output row
+    merged: bool = True  # the export writes the merged 16-bit model too (QLoRA's default: adapter only)
 
     @property
     def scaling(self) -> float:
@@ -69,7 +70,9 @@ class LoraSettings:
             return None
         quant = QuantSettings.from_spec(lora)
         rs, dora = bool(getattr(lora, "use_rslora", False)), bool(getattr(lora, "use_dora", False))
-        return cls(lora.rank, float(lora.alpha), float(lora.dropout), tuple(lora.modules()), quant, rs, dora)
+        merged = getattr(lora, "merged_export", None)
+        merged = quant is None if merged is None else merged  # auto: merged for a 16-bit base only
+        return cls(lora.rank, float(lora.alpha), float(lora.dropout), tuple(lora.modules()), quant, rs, dora, merged)
 
 
 def hf_module(name: str, shape: ModelShape) -> str:

@@ -213,3 +213,35 @@ def test_a_dora_adapter_loads_with_peft_and_gives_the_native_and_merged_logits(w
     assert (native - _logits(transformers.AutoModelForCausalLM.from_pretrained(str(weights)), ids)).abs().max() > 1e-2
     torch.testing.assert_close(_logits(adapted, ids), native, rtol=0, atol=1e-4)
     torch.testing.assert_close(_logits(merged, ids), native, rtol=0, atol=1e-4)
+
+
+def test_merged_export_switch(weights, tmp_path):
+    """train.lora.merged_export: off (a QLoRA run's default) writes the adapter alone, with its tokenizer, and no
+    merged model; the adapter still gives the native logits. The spec's default follows quantize, and lm-eval
+    benchmarks, which score the merged export, are refused without it."""
+    import peft
+
+    from nightloom.spec import LoraSpec, RunSpec
+
+    native, ckpt = _lora_checkpoint(weights, tmp_path)
+    tok = _tokenizer(tmp_path / "tok")
+    lora = LoraSettings(LORA.rank, LORA.alpha, 0.0, LORA.modules, merged=False)
+    out = export_checkpoint(
+        ckpt, native.shape, tmp_path / "export", "fp32", tokenizer=tok, lora=lora, base=str(weights)
+    )
+    assert not list(out.glob("*.safetensors")) and not (out / "config.json").exists()
+    assert all((out / ADAPTER_DIR / f.relative_to(tok)).is_file() for f in tokenizer_files(tok))
+    base = transformers.AutoModelForCausalLM.from_pretrained(str(weights)).eval()
+    adapted = peft.PeftModel.from_pretrained(base, str(out / ADAPTER_DIR)).eval()
+    ids = torch.randint(0, SMALL["vocab_size"], (2, 16))
+    with torch.no_grad():
+        torch.testing.assert_close(_logits(adapted, ids), native(ids), rtol=0, atol=1e-4)
+
+    assert LoraSettings.from_spec(LoraSpec(rank=4)).merged
+    assert not LoraSettings.from_spec(LoraSpec(rank=4, quantize="nf4")).merged
+    assert LoraSettings.from_spec(LoraSpec(rank=4, quantize="nf4", merged_export=True)).merged
+    data = {"name": "q", "dataset": {"path": "/d.jsonl"}, "validate": {"benchmarks": {"tasks": ["demo"]}}}
+    with pytest.raises(ValueError, match="train.lora.merged_export: true"):
+        RunSpec.model_validate({**data, "train": {"lora": {"rank": 4, "quantize": "nf4"}}})
+    lora_on = {"rank": 4, "quantize": "nf4", "merged_export": True}
+    assert RunSpec.model_validate({**data, "train": {"lora": lora_on}}).train.lora.merged_export

@@ -142,6 +142,7 @@ def test_a_spec_written_before_new_fields_keeps_its_ledger_hash():
                 "compute_dtype": "bf16",
                 "use_rslora": True,
                 "use_dora": True,
+                "merged_export": True,
             }[key]
             changed = {**data, "train": {**data["train"], "lora": {**lora, key: value}}}
             assert RunSpec.model_validate(changed).spec_hash() != base, key
