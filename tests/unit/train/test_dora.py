@@ -14,31 +14,12 @@ from nightloom.train.model import build_model
 from nightloom.train.parallelize import loss_fn
 from nightloom.train.preference.reference import adapters_disabled
 from nightloom.train.qlora import QuantSettings, quantize_base
-
-MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-#: widths bitsandbytes' CPU kernel takes (outputs a multiple of 32) and whole 64-blocks per row
-CONFIG = dict(
-    vocab_size=128,
-    hidden_size=64,
-    intermediate_size=192,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-    max_position_embeddings=64,
-    initializer_range=0.1,
-    tie_word_embeddings=False,
-)
+from tests.support.tiny_llama import CONFIG, MODULES, save_tiny_llama
 
 
 @pytest.fixture(scope="module")
 def llama_dir(tmp_path_factory):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    folder = tmp_path_factory.mktemp("llama")
-    LlamaForCausalLM(LlamaConfig(**CONFIG)).save_pretrained(folder)
-    return folder
+    return save_tiny_llama(tmp_path_factory.mktemp("llama"))
 
 
 def _native(folder, lora: LoraSettings):
