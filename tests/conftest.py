@@ -99,16 +99,40 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(skip)
 
 
+def _cpu_seconds() -> float:
+    """This process's CPU time and that of its children it has waited for (torchrun, subprocesses)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Each phase's CPU seconds ride on its report (xdist sends user_properties to the controller): on a 2-core box
+    CPU, not wall, is what the lanes share."""
+    report = yield
+    start = getattr(item, "_nl_cpu_start", None)
+    if start is not None:
+        report.user_properties.append(("cpu_s", _cpu_seconds() - start))
+    item._nl_cpu_start = _cpu_seconds()  # the next phase starts now
+    return report
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_protocol(item, nextitem):
+    item._nl_cpu_start = _cpu_seconds()
+
+
 def pytest_runtest_logreport(report):
-    """With NIGHTLOOM_TEST_TIMES=FILE (CI sets it): one line per test phase, `worker phase seconds nodeid outcome`, so the
-    time of each xdist worker's lane can be summed (the services lane is CI's critical path)."""
+    """With NIGHTLOOM_TEST_TIMES=FILE (CI sets it): one line per test phase, `worker phase seconds nodeid outcome
+    cpu_seconds`, so the time of each xdist worker's lane can be summed (the services lane is CI's critical path)."""
     path = os.environ.get("NIGHTLOOM_TEST_TIMES")
     if not path or os.environ.get("PYTEST_XDIST_WORKER"):  # the controller writes, for every worker
         return
     node = getattr(report, "node", None)
     worker = node.gateway.id if node is not None and hasattr(node, "gateway") else "main"
+    cpu = dict(report.user_properties).get("cpu_s", float("nan"))
     with open(path, "a") as f:
-        f.write(f"{worker}\t{report.when}\t{report.duration:.2f}\t{report.nodeid}\t{report.outcome}\n")
+        f.write(f"{worker}\t{report.when}\t{report.duration:.2f}\t{report.nodeid}\t{report.outcome}\t{cpu:.2f}\n")
 
 
 @pytest.fixture(scope="session")
