@@ -16,7 +16,7 @@ from pathlib import Path
 import xxhash
 
 from nightloom.benchmarks.harness import OFFLINE
-from nightloom.benchmarks.records import BenchJob, BenchResult, ModelScores
+from nightloom.benchmarks.records import SPEC_SETTINGS, BenchJob, BenchResult, ModelScores
 from nightloom.provision.base import Cluster, Node, NodeShell
 from nightloom.spec.benchmarks import BenchmarksSpec
 from nightloom.util import atomic_write_text
@@ -73,17 +73,9 @@ def make_job(settings: BenchmarksSpec, tokenizer: str | None, prompts: list[str]
     return BenchJob(
         models=[],
         tokenizer=tokenizer,
-        tasks=settings.tasks,
-        include_path=settings.include_path,
-        num_fewshot=settings.num_fewshot,
-        limit=settings.limit,
-        apply_chat_template=settings.apply_chat_template,
-        fewshot_as_multiturn=settings.fewshot_as_multiturn,
-        batch_size=settings.batch_size,
-        backend=settings.backend,
         prompts=prompts[: settings.completions],
-        max_new_tokens=settings.max_new_tokens,
         output=str(Path(output).resolve()),
+        **settings.model_dump(include=set(SPEC_SETTINGS)),
     )
 
 

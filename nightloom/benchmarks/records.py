@@ -37,6 +37,13 @@ class ModelScores(BaseModel):
     cached: bool = False
 
 
+#: the lm-eval settings a BenchJob takes from validate.benchmarks as they are, by the same names
+SPEC_SETTINGS = tuple(
+    "tasks include_path num_fewshot limit apply_chat_template fewshot_as_multiturn batch_size backend "
+    "max_new_tokens".split()
+)
+
+
 class BenchJob(BaseModel):
     """What the lm-eval process runs: models (each with its tokenizer folder), tasks and lm-eval's settings."""
 

@@ -18,7 +18,7 @@ from nightloom.metrics import StepMetrics
 from nightloom.spec.tracking import TrackSpec
 from nightloom.track.attempt import AttemptTrackers, attach_trackers
 from nightloom.track.records import TrackerStatus
-from nightloom.train.reporting import StepRecord, StepReporter
+from nightloom.train.reporting import StepRecord, StepReporter, same_figures
 
 POLL_S = 2.0
 
@@ -27,30 +27,13 @@ def step_record(m: StepMetrics, total_steps: int, world_size: int, now: float) -
     """The StepRecord of one logged XTuner step; what mmengine does not log (label tokens, HFU, collective
     latency) is None, never a made-up figure. `now`: the step's wall time when its log has none."""
     return StepRecord(
-        step=m.step,
+        **same_figures(m),
         total_steps=total_steps,
-        loss=m.loss,
-        grad_norm=m.grad_norm,
-        lr=m.lr,
-        tokens=m.tokens,
-        tokens_per_s=m.tokens_per_s,
-        label_tokens=m.label_tokens,
-        label_tokens_per_s=m.label_tokens_per_s,
-        flops=m.flops,
-        hardware_flops=m.hardware_flops,
-        step_time_s=m.step_time_s,
         peak_mem_bytes=m.peak_mem_bytes,
         local_mem_bytes=m.peak_mem_bytes,
-        mfu=m.mfu,
-        hfu=m.hfu,
         time=m.time if m.time is not None else now,
-        attempt=m.attempt,
-        gap=m.gap,
         world_size=m.world_size or world_size,
         collective_latency_s=None,
-        eval_loss=m.eval_loss,
-        eval_ppl=m.eval_ppl,
-        eval_tokens=m.eval_tokens,
     )
 
 

@@ -70,32 +70,27 @@ class StepReporter:
             sink.emit(record)
 
 
+#: the figures a StepRecord and a metrics.jsonl row (StepMetrics) hold under the same name, type and meaning
+SAME_FIGURES = tuple(
+    "step loss grad_norm lr tokens tokens_per_s label_tokens label_tokens_per_s flops hardware_flops step_time_s "
+    "mfu hfu attempt gap eval_loss eval_ppl eval_tokens".split()
+)
+
+
+def same_figures(src: StepRecord | StepMetrics) -> dict:
+    """SAME_FIGURES of a step, to build the other record from (metrics.jsonl's row, or XTuner's StepRecord)."""
+    return {name: getattr(src, name) for name in SAME_FIGURES}
+
+
 def step_metrics(r: StepRecord) -> StepMetrics:
     """The metrics.jsonl row of a step."""
     experts = r.expert_tokens
     return StepMetrics(
-        step=r.step,
-        loss=r.loss,
-        grad_norm=r.grad_norm,
-        lr=r.lr,
-        tokens=r.tokens,
-        tokens_per_s=r.tokens_per_s,
-        label_tokens=r.label_tokens,
-        label_tokens_per_s=r.label_tokens_per_s,
-        flops=r.flops,
-        hardware_flops=r.hardware_flops,
-        step_time_s=r.step_time_s,
+        **same_figures(r),
         peak_mem_bytes=int(r.peak_mem_bytes),
-        mfu=r.mfu,
-        hfu=r.hfu,
         time=r.time,
-        attempt=r.attempt,
-        gap=r.gap,
         world_size=r.world_size,
         collective_latency_s=r.collective_latency_s,
-        eval_loss=r.eval_loss,
-        eval_ppl=r.eval_ppl,
-        eval_tokens=r.eval_tokens,
         router_aux_loss=r.router_aux_loss,
         expert_tokens=experts,
         expert_imbalance=imbalance(experts) if experts else None,
