@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from nightloom.train.rollout.kv_cache import KVCache, cached_logits, check_cacheable
-from nightloom.train.rollout.sampling import SamplingParams, next_tokens
+from nightloom.train.rollout.sampling import GroupGenerators, SamplingParams, next_tokens
 
 
 @dataclass(frozen=True)
@@ -103,7 +103,7 @@ def generate(
     *,
     eos_ids: Sequence[int],
     pad_id: int,
-    generator: torch.Generator | None = None,
+    generator: torch.Generator | GroupGenerators | None = None,
     attention_mask: torch.Tensor | None = None,
     decode: Callable[[list[int]], str] | None = None,
 ) -> Rollout:
@@ -113,6 +113,10 @@ def generate(
     ids, pad = left_padded(prompts, attention_mask, pad_id)
     ids, pad = ids.to(device), pad.to(device)
     b, n = ids.shape[0], params.max_new_tokens
+    if isinstance(generator, GroupGenerators) and len(generator.generators) * generator.size != b:
+        raise ValueError(
+            f"{len(generator.generators)} group generators of {generator.size} rows each for {b} prompt rows"
+        )
     tokens = torch.full((b, n), pad_id, dtype=torch.long, device=device)
     logprobs = torch.zeros((b, n), dtype=torch.float32, device=device)
     done = torch.zeros(b, dtype=torch.bool, device=device)

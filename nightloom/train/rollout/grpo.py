@@ -81,7 +81,8 @@ class GRPOLoss:
     metrics: dict[str, float]
 
 
-def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
+def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
+    """The mean of x over the mask's tokens (0 when it has none)."""
     return float((x * mask).sum() / mask.sum().clamp(min=1.0))
 
 
@@ -113,7 +114,7 @@ def grpo_loss(
         if settings.kl_bias_correction:
             kl = kl * ratio
         per_token = per_token + settings.beta * kl
-        metrics["kl"] = _masked_mean(kl.detach(), mask)
+        metrics["kl"] = masked_mean(kl.detach(), mask)
     if settings.loss_type == "grpo":
         loss = ((per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
     elif settings.loss_type == "dr_grpo":
@@ -125,9 +126,9 @@ def grpo_loss(
         raise ValueError(f"loss type {settings.loss_type!r}: expected grpo, dr_grpo or dapo")
     low = ((ratio < 1 - settings.epsilon_low) & (adv < 0)).float().detach()
     high = ((ratio > 1 + settings.epsilon_high) & (adv > 0)).float().detach()
-    metrics["clip_ratio/low_mean"] = _masked_mean(low, mask)
-    metrics["clip_ratio/high_mean"] = _masked_mean(high, mask)
-    metrics["clip_ratio/region_mean"] = _masked_mean(torch.maximum(low, high), mask)
+    metrics["clip_ratio/low_mean"] = masked_mean(low, mask)
+    metrics["clip_ratio/high_mean"] = masked_mean(high, mask)
+    metrics["clip_ratio/region_mean"] = masked_mean(torch.maximum(low, high), mask)
     has = mask.sum(-1) > 0  # TRL's masked_seq_mean with nanmin / nanmax: sequences with no loss token left out
     per_seq = [(x * mask).sum(-1)[has] / mask.sum(-1)[has] for x in (low, high)]
     metrics["clip_ratio/low_min"] = float(per_seq[0].min()) if bool(has.any()) else 0.0

@@ -42,9 +42,22 @@ def rollout_batch(prompt_ids: torch.Tensor, pad: torch.Tensor, rollout: Rollout)
 def completion_logps(model: nn.Module, batch: RolloutBatch, temperature: float = 1.0) -> torch.Tensor:
     """(B, N) log-probs of the completion tokens under `model` (logits / temperature, TRL's convention; 0 outside
     the completions). Differentiable: the training step's current-policy term."""
+    return completion_logps_and_entropy(model, batch, temperature)[0]
+
+
+def completion_logps_and_entropy(
+    model: nn.Module, batch: RolloutBatch, temperature: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """completion_logps and, from the same forward, each completion position's entropy (nats, detached; 0 outside
+    the completions) of the policy's distribution of logits / temperature: TRL's `entropy` figure per token
+    (trl.trainer.utils.entropy_from_logits)."""
     logits = model(batch.ids, doc_ids=batch.doc_ids)[:, batch.prompt_len - 1 : -1].float()
     if temperature != 1.0:
         logits = logits / temperature
     targets = batch.ids[:, batch.prompt_len :]
-    logps = logits.log_softmax(-1).gather(-1, targets[..., None])[..., 0]
-    return logps * batch.completion_mask.to(logps.dtype)
+    logp_all = logits.log_softmax(-1)
+    keep = batch.completion_mask.to(logp_all.dtype)
+    logps = logp_all.gather(-1, targets[..., None])[..., 0]
+    with torch.no_grad():
+        entropy = -(logp_all.exp() * logp_all).sum(-1)
+    return logps * keep, entropy * keep

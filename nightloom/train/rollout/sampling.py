@@ -1,6 +1,8 @@
 """Choosing the next token: greedy, or temperature / top-k / top-p sampling in transformers' order (its
-TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper), from a generator seeded per (step, rank) so a resumed
-run samples the same completions.
+TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper), from a generator seeded per (step, rank), or from
+one generator per prompt group seeded by (seed, step, the group's global index): `GroupGenerators`, whose draws do
+not depend on which rank holds a group or what else is in its batch, so 2 data-parallel ranks sample exactly the
+completions one process samples, and a resumed run samples the same ones.
 
 The log-prob kept for each sampled token is under the temperature-scaled distribution before top-k/top-p filtering:
 what TRL's GRPOTrainer computes for its old and current policies (logits / temperature, log-softmax), so the ratio
@@ -47,6 +49,40 @@ def rollout_generator(seed: int, step: int, rank: int, device: str | torch.devic
     return torch.Generator(device=device).manual_seed(int.from_bytes(digest, "little") & (2**63 - 1))
 
 
+def _seed_of(key: str) -> int:
+    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little") & (2**63 - 1)
+
+
+@dataclass(frozen=True)
+class GroupGenerators:
+    """One generator per prompt group of a batch whose rows are `size` consecutive completions of each group's
+    prompt: at every decode step each group draws `size` uniforms from its own generator (the inverse-CDF sample of
+    each row), so a row's tokens depend only on its group's seed and its logits, never on the batch around it."""
+
+    generators: tuple[torch.Generator, ...]
+    size: int
+
+    def uniform(self, device: str | torch.device = "cpu") -> torch.Tensor:
+        """(groups x size,) uniforms in [0, 1), one per row, the next draw of each group's generator."""
+        return torch.cat([torch.rand(self.size, generator=g, dtype=torch.float64) for g in self.generators]).to(device)
+
+
+def group_generators(seed: int, step: int, first: int, groups: int, size: int) -> GroupGenerators:
+    """The generators of groups first .. first + groups - 1 (their global indices in the step's prompts, over
+    every data-parallel rank) at generation round `step` of a run seeded `seed`."""
+    gens = tuple(torch.Generator().manual_seed(_seed_of(f"{seed}/{step}/group{first + i}")) for i in range(groups))
+    return GroupGenerators(gens, size)
+
+
+def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """The token of each row (B,) of `probs` (B, V) whose cumulative probability first exceeds u (B,) in [0, 1)
+    times the row's total: a sample of the row's distribution; a token of probability 0 is never chosen."""
+    cdf = probs.double().cumsum(-1)
+    tokens = torch.searchsorted(cdf, (u.to(cdf) * cdf[:, -1])[:, None], right=True)[:, 0]
+    last = (probs > 0).long().cumsum(-1).argmax(-1)  # the first index reaching the row's count: its last nonzero
+    return torch.minimum(tokens, last)
+
+
 def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
     """Logits (B, V) with the tokens outside the top k and outside the top-p nucleus set to -inf (transformers'
     TopKLogitsWarper then TopPLogitsWarper: the nucleus keeps the smallest set whose probability reaches top_p,
@@ -65,14 +101,18 @@ def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tenso
 
 
 def next_tokens(
-    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
+    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | GroupGenerators | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(tokens (B,), their log-probs (B,)) from the last position's logits (B, V), in fp32."""
+    """(tokens (B,), their log-probs (B,)) from the last position's logits (B, V), in fp32. With GroupGenerators
+    every group draws its rows' uniforms (B = groups x size), greedy draws nothing."""
     logits = logits.float()
     if params.greedy:
         tokens = logits.argmax(-1)
         return tokens, logits.log_softmax(-1).gather(-1, tokens[:, None])[:, 0]
     scaled = logits / params.temperature
     probs = filter_logits(scaled, params.top_k, params.top_p).softmax(-1)
-    tokens = torch.multinomial(probs, 1, generator=generator)[:, 0]
+    if isinstance(generator, GroupGenerators):
+        tokens = inverse_cdf(probs, generator.uniform(probs.device))
+    else:
+        tokens = torch.multinomial(probs, 1, generator=generator)[:, 0]
     return tokens, scaled.log_softmax(-1).gather(-1, tokens[:, None])[:, 0]

@@ -4,8 +4,9 @@ policy's log-probs through the training forward (logps.py), backward in micro-ba
 mean reward. The trainer keeps the optimizer, checkpoints and reporting (issue 54's remaining wiring).
 
 Each rank holds whole groups (its prompts_per_step / dp prompts, num_generations completions each), so a group's
-advantage needs no communication. The rollout RNG is seeded by (seed, step // iterations, dp rank): the batch
-generated for a step is generated again after a resume. With `iterations` > 1 one generated batch serves that many
+advantage needs no communication. Each group samples from its own RNG, seeded by (seed, step // iterations, the
+group's global index in the step's prompts): the completions do not depend on the layout (2 data-parallel ranks
+sample what one process samples) and the batch generated for a step is generated again after a resume. With `iterations` > 1 one generated batch serves that many
 optimizer steps, its sampling-time log-probs the ratio's old policy."""
 
 from __future__ import annotations
@@ -26,11 +27,12 @@ from nightloom.train.rollout.grpo import (
     group_advantages,
     grpo_loss,
     loss_mask,
+    masked_mean,
     rollout_metrics,
 )
-from nightloom.train.rollout.logps import completion_logps, rollout_batch
+from nightloom.train.rollout.logps import completion_logps, completion_logps_and_entropy, rollout_batch
 from nightloom.train.rollout.rewards import Reward, RewardScores, score
-from nightloom.train.rollout.sampling import SamplingParams, rollout_generator
+from nightloom.train.rollout.sampling import GroupGenerators, SamplingParams, group_generators
 
 
 @dataclass(frozen=True)
@@ -106,7 +108,7 @@ class GRPOStep:
         self.s, self.rewards, self.decode = settings, list(rewards), decode
         self.eos_ids, self.pad_id, self.seed, self.dp_rank = list(eos_ids), pad_id, seed, dp_rank
 
-    def _sample(self, model: nn.Module, prompts: list[Prompt], generator: torch.Generator) -> Rollout:
+    def _sample(self, model: nn.Module, prompts: list[Prompt], generator: GroupGenerators) -> Rollout:
         was = model.training
         model.eval()
         try:
@@ -128,10 +130,12 @@ class GRPOStep:
         return score(self.rewards, [p.text for p in prompts], [self.decode(c) for c in ids], ids, columns)
 
     def rollout(self, model: nn.Module, prompts: Sequence[Prompt], step: int) -> ScoredRollout:
-        """Sample the group of each prompt (the RNG of generation round step // iterations), score, advantages."""
+        """Sample the group of each prompt (each group's RNG at generation round step // iterations; this rank's
+        groups are dp_rank x len(prompts) onwards in the round), score, advantages."""
         expanded = [p for p in prompts for _ in range(self.s.group)]
         t0 = time.perf_counter()
-        gen = rollout_generator(self.seed, step // self.s.iterations, self.dp_rank)
+        first = self.dp_rank * len(prompts)
+        gen = group_generators(self.seed, step // self.s.iterations, first, len(prompts), self.s.group)
         out = self._sample(model, expanded, gen)
         t1 = time.perf_counter()
         scores = self._score(expanded, out)
@@ -160,7 +164,7 @@ class GRPOStep:
             if self.s.loss.beta != 0.0:  # the KL's reference: the base with the LoRA adapters off (no second copy)
                 with torch.no_grad(), adapters_disabled(model):
                     ref = completion_logps(model, part, temperature)
-            logps = completion_logps(model, part, temperature)
+            logps, entropy = completion_logps_and_entropy(model, part, temperature)
             out = grpo_loss(logps, r.logprobs[rows], batch.advantages.values[rows], mask[rows], self.s.loss,
                             ref_logps=ref, num_tokens=denom)  # fmt: skip
             share = (rows.stop - rows.start) / n if self.s.loss.loss_type != "dapo" else 1.0
@@ -169,7 +173,8 @@ class GRPOStep:
             (out.loss * share).backward()
             total += float(out.loss.detach()) * share
             share_tokens = float(mask[rows].sum()) / max(float(mask.sum()), 1.0)
-            for k, v in out.metrics.items():  # token means (kl, clip ratios) weighted by tokens; min or max
+            ours = out.metrics | {"entropy": masked_mean(entropy, mask[rows])}  # TRL's: over the loss's tokens
+            for k, v in ours.items():  # token means (kl, entropy, clip ratios) weighted by tokens; min or max
                 how, seen = reduction(k), figures.get(k)
                 if how == "mean":
                     figures[k] = (seen or 0.0) + v * share_tokens
@@ -184,8 +189,8 @@ class GRPOStep:
     @torch.no_grad()
     def evaluate(self, model: nn.Module, prompts: Sequence[Prompt]) -> dict[str, float]:
         """Held-out prompts, one sampled completion each from a fixed RNG: the mean reward, its std and standard
-        error (what a gain is judged against). The RNG is rank 0's on every rank: the same figures on any layout."""
-        out = self._sample(model, list(prompts), rollout_generator(self.seed + 1, 0, 0))
+        error (what a gain is judged against). Each prompt's RNG is fixed: the same figures on any rank and layout."""
+        out = self._sample(model, list(prompts), group_generators(self.seed + 1, 0, 0, len(prompts), 1))
         total = self._score(list(prompts), out).total
         std = float(total.std()) if total.numel() > 1 else 0.0
         return {"reward": float(total.mean()), "reward_std": std, "reward_se": std / max(total.numel(), 1) ** 0.5}

@@ -3,8 +3,8 @@ backward (step.py's GRPOStep), the step's figures under TRL's names over every r
 reward, and the table of sampled completions every `log_completions_every` steps. The Trainer
 (nightloom/train/trainer.py) keeps the layout, the optimizer, checkpoints and reporting.
 
-One generated batch serves `iterations` optimizer steps (GRPO's μ); its RNG is seeded by (seed, step // iterations,
-dp rank), so a run resumed at a round's first step samples what the first attempt did. A resume in the middle of a
+One generated batch serves `iterations` optimizer steps (GRPO's μ); each prompt group's RNG is seeded by (seed,
+step // iterations, the group's global index), so any layout samples the same completions and a run resumed at a round's first step samples what the first attempt did. A resume in the middle of a
 round (a checkpoint at a step that is not a multiple of iterations) generates that round again from the resumed
 weights."""
 
@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from nightloom.metrics import read_metrics
 from nightloom.rewards.resolve import RewardRef
 from nightloom.spec.grpo import GRPOSpec
 from nightloom.train.parallelize import IGNORE_INDEX
@@ -68,12 +69,15 @@ class GRPOTask:
         self.batch_round = -1
         self.initial: dict[str, float] | None = None  # the held-out figures before the first step
         self.tokens = 0  # ids computed by training forwards, over every rank (TrainResult.tokens)
+        self.num_tokens = 0  # TRL's num_tokens: prompt + completion tokens generated so far, over every rank
 
     def prepare(self, model, start: int) -> None:
         """On a fresh start with held-out prompts: their mean reward before any step."""
         if self.heldout and start == 0:
             self.initial = self.evaluate(model)
             self.log(eval_line(0, self.initial))
+        if start > 0:
+            self.num_tokens = resumed_num_tokens(Path(self.job.metrics_path), start)
 
     def _num_tokens(self, batch: ScoredRollout, device) -> float | None:
         """dapo's denominator: the generation batch's loss tokens over every rank, divided by dp (FSDP averages
@@ -95,6 +99,7 @@ class GRPOTask:
             with autocast():
                 self.batch = self.step.rollout(model, self.stream.round(rnd), step)
             self.batch_round = rnd
+            self.num_tokens += self._generated_tokens(self.batch, device)
         sync = (lambda last: model.set_requires_gradient_sync(last)) if lay.fsdp else None
         with autocast():
             loss, figures = self.step.train(model, self.batch, self._num_tokens(self.batch, device), sync)
@@ -104,14 +109,25 @@ class GRPOTask:
         self.tokens += counts.computed
         figures = self._global(figures, self.batch.scores.total, device)
         figures["generation_s"], figures["scoring_s"] = self.batch.generation_s, self.batch.scoring_s
+        figures["num_tokens"] = float(self.num_tokens)
         return torch.tensor(loss, device=device), counts, figures
+
+    def _generated_tokens(self, batch: ScoredRollout, device) -> int:
+        """The batch's prompt + completion tokens over every DP rank (each completion with its prompt, unpadded,
+        truncated ones whole: TRL's num_input_tokens_seen increment); tensor-parallel copies counted once."""
+        mine = generated_tokens([p.ids for p in batch.prompts], batch.rollout.lengths)
+        t = torch.tensor([mine], dtype=torch.float64, device=device)
+        dist.all_reduce(t)
+        return round(float(t[0]) / self.layout.copies)
 
     def _global(self, figures: dict[str, float], totals: torch.Tensor, device) -> dict[str, float]:
         """Every rank's figures averaged (each DP rank holds as many completions; the loss's token means, kl and
         the clip ratios, weighted by each rank's loss tokens as TRL's; a min or max figure the min or max over
         ranks), `reward` and `reward_std` from every completion's total reward."""
         out, tokens = {}, figures.pop("loss_tokens")  # the loss's token means weigh each rank by its tokens
-        token_mean = {k for k in figures if k == "kl" or (k.startswith("clip_ratio/") and k.endswith("_mean"))}
+        token_mean = {
+            k for k in figures if k in ("kl", "entropy") or (k.startswith("clip_ratio/") and k.endswith("_mean"))
+        }
         for how, op in (("mean", dist.ReduceOp.SUM), ("min", dist.ReduceOp.MIN), ("max", dist.ReduceOp.MAX)):
             names = sorted(k for k in figures if reduction(k) == how)  # the same names on every rank
             vals = [figures[k] * (tokens if k in token_mean else 1.0) for k in names] + [tokens]
@@ -157,6 +173,22 @@ class GRPOTask:
             row["advantage"] = round(float(b.advantages.values[i]), 4)
             rows.append(row)
         return write_table(self.job.run_dir, CompletionsTable(step=step, rows=rows))
+
+
+def generated_tokens(prompt_ids: list[list[int]], completion_lengths: torch.Tensor) -> int:
+    """Prompt + completion tokens of a generated batch, one prompt per completion (TRL 1.16's GRPOTrainer adds
+    sum(prompt_lengths) + sum(completion_lengths) to `num_input_tokens_seen`, its `num_tokens` figure)."""
+    return sum(len(p) for p in prompt_ids) + int(completion_lengths.sum())
+
+
+def resumed_num_tokens(metrics_path: Path, start: int) -> int:
+    """num_tokens at step `start` from an earlier attempt's metrics.jsonl (0 when it holds none), so the running
+    total goes on across a resume."""
+    if not metrics_path.is_file():
+        return 0
+    seen = [m.model_extra.get("num_tokens") for m in read_metrics(metrics_path, allow_empty=True) if m.step <= start]
+    seen = [v for v in seen if v is not None]
+    return round(seen[-1]) if seen else 0
 
 
 def eval_line(step: int, figures: dict[str, float]) -> str:

@@ -5,6 +5,8 @@ raise the held-out mean reward by more than three standard errors."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -49,6 +51,42 @@ def test_figures_and_the_same_batch_after_a_resume(setup):
         assert name in figures, name
     assert figures["completions/clipped_ratio"] == float(a.rollout.truncated.float().mean())
     assert any(p.grad is not None and float(p.grad.abs().max()) > 0 for p in model.parameters())
+
+
+def test_two_data_parallel_ranks_sample_what_one_process_samples(setup):
+    model, step, prompts = setup
+    one = step.rollout(model, prompts[:4], 6)
+    rank = [GRPOStep(step.s, step.rewards, str, eos_ids=[1], pad_id=0, seed=3, dp_rank=k) for k in (0, 1)]
+    ranks = [rank[k].rollout(model, prompts[2 * k : 2 * k + 2], 6) for k in (0, 1)]  # each its own padding
+    assert one.rollout.completion_ids() == [c for r in ranks for c in r.rollout.completion_ids()]
+    assert torch.equal(one.scores.total, torch.cat([r.scores.total for r in ranks]))
+
+
+def test_entropy_and_num_tokens_are_trls(setup, tmp_path):
+    from trl.trainer.utils import entropy_from_logits
+
+    from nightloom.metrics import StepMetrics, append_metrics
+    from nightloom.train.rollout.logps import rollout_batch
+    from nightloom.train.rollout.task import generated_tokens, resumed_num_tokens
+
+    model, step, prompts = setup
+    batch = step.rollout(model, prompts[:3], 2)
+    whole = rollout_batch(batch.prompt_ids, batch.pad, batch.rollout)
+    with torch.no_grad():  # TRL: the entropy of softmax(logits / temperature) at each completion position
+        logits = model(whole.ids, doc_ids=whole.doc_ids)[:, whole.prompt_len - 1 : -1].float()
+        ent = entropy_from_logits(logits / step.s.sampling.temperature)
+    mask = batch.rollout.mask.float()
+    trl_entropy = float((ent * mask).sum() / mask.sum())  # global_masked_mean over the loss mask
+    small = GRPOStep(replace(step.s, micro_batch=5), step.rewards, str, eos_ids=[1], pad_id=0, seed=3)
+    assert small.train(model, batch)[1]["entropy"] == pytest.approx(trl_entropy, rel=1e-5)
+    ids = batch.rollout.completion_ids()  # TRL: sum(prompt_lengths) + sum(completion_lengths), per completion
+    assert generated_tokens([p.ids for p in batch.prompts], batch.rollout.lengths) == sum(
+        len(p.ids) + len(c) for p, c in zip(batch.prompts, ids, strict=True)
+    )
+    path = tmp_path / "metrics.jsonl"  # a resume goes on from the total at its checkpoint's step
+    for k, total in ((1, 40), (2, 90), (3, 130)):
+        append_metrics(path, StepMetrics(step=k, loss=0.0, num_tokens=float(total)))
+    assert resumed_num_tokens(path, 2) == 90 and resumed_num_tokens(tmp_path / "none.jsonl", 2) == 0
 
 
 def test_a_few_steps_raise_the_held_out_reward(setup):

@@ -25,7 +25,7 @@ REWARD = """def digits(prompts, completions, answer, **row):
     return [0.5 * sum(c.isdigit() for c in t) / max(len(t), 1) + 0.5 * float(t[:1] == a) for t, a in zip(completions, answer)]
 """
 TRL_NAMES = ("reward", "reward_std", "rewards/digits/mean", "completions/mean_length", "completions/clipped_ratio",
-             "clip_ratio/region_mean", "frac_reward_zero_std")  # fmt: skip
+             "clip_ratio/region_mean", "frac_reward_zero_std", "entropy", "num_tokens")  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -86,10 +86,12 @@ def test_grpo_steps_figures_table_and_the_same_curve_after_a_resume(setup):
         setup / "runs" / "whole" / "checkpoints" / "step-2", setup / "runs" / "resumed" / "checkpoints" / "step-2"
     )
     (setup / "runs" / "resumed" / "checkpoints" / "latest").write_text("step-2\n")
+    lines = (setup / "runs" / "whole" / "metrics.jsonl").read_text().splitlines(keepends=True)[:2]
+    (setup / "runs" / "resumed" / "metrics.jsonl").write_text("".join(lines))  # the first attempt's steps 1-2
     resumed, out = _run(setup, "resumed", steps=4, eval_every=0)
     assert "resumed from" in out
     for a, b in zip(whole[2:], resumed[-2:], strict=True):  # steps 3 and 4: the same samples, the same update
-        for k in ("loss", "reward", "rewards/digits/mean", "completions/mean_length", "grad_norm"):
+        for k in ("loss", "reward", "rewards/digits/mean", "completions/mean_length", "grad_norm", "num_tokens"):
             assert b[k] == pytest.approx(a[k], abs=1e-6), (k, a[k], b[k])
 
 
