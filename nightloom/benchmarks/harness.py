@@ -27,15 +27,8 @@ def model_args(model_dir: str, tokenizer: str | None, backend: Literal["auto", "
 def simple_evaluate_kwargs(job: BenchJob) -> dict:
     """lm_eval.simple_evaluate's settings from the job (the parity test calls it with the same ones)."""
     limit = None if job.limit is None else (int(job.limit) if job.limit >= 1 else job.limit)
-    return dict(
-        tasks=list(job.tasks),
-        num_fewshot=job.num_fewshot,
-        limit=limit,
-        batch_size=job.batch_size,
-        apply_chat_template=job.apply_chat_template,
-        fewshot_as_multiturn=job.fewshot_as_multiturn,
-        log_samples=False,
-    )
+    taken = {"tasks", "num_fewshot", "batch_size", "apply_chat_template", "fewshot_as_multiturn"}
+    return job.model_dump(include=taken) | {"limit": limit, "log_samples": False}
 
 
 def versions_only_env_info(results: dict) -> None:

@@ -36,6 +36,16 @@ def _lit(v: str) -> str:
     return v.replace("$(", "$$(")
 
 
+def _object(api_version: str, kind: str, name: str, namespace: str, labels: dict, spec: dict) -> dict:
+    """A Kubernetes object: its type, its metadata (name, namespace, the run's labels) and `spec`."""
+    return {
+        "apiVersion": api_version,
+        "kind": kind,
+        "metadata": {"name": name, "namespace": namespace, "labels": labels},
+        "spec": spec,
+    }
+
+
 def render_manifests(
     spec, module_args: list[str], env: dict[str, str] | None = None, python: str = "python"
 ) -> dict[str, dict]:
@@ -68,22 +78,26 @@ def render_manifests(
             "requests": {k.gpu_resource: str(c.gpus_per_node)},
         }
     labels = {"app.kubernetes.io/name": "nightloom", "nightloom/run": name}
-    service = {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"name": svc, "namespace": k.namespace, "labels": labels},
-        "spec": {
+    service = _object(
+        "v1",
+        "Service",
+        svc,
+        k.namespace,
+        labels,
+        {
             "clusterIP": "None",
             "selector": {"nightloom/run": name},
             "publishNotReadyAddresses": True,
             "ports": [{"name": "rendezvous", "port": c.master_port, "targetPort": c.master_port}],
         },
-    }
-    job = {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {"name": name, "namespace": k.namespace, "labels": labels},
-        "spec": {
+    )
+    job = _object(
+        "batch/v1",
+        "Job",
+        name,
+        k.namespace,
+        labels,
+        {
             "completionMode": "Indexed",
             "completions": c.nodes,
             "parallelism": c.nodes,
@@ -109,7 +123,7 @@ def render_manifests(
                 },
             },
         },
-    }
+    )
     return {"service": service, "job": job}
 
 
