@@ -30,6 +30,11 @@ class FileCounts(BaseModel):
     ignored: int = 0
     examples: dict[str, list[str]] = Field(default_factory=dict)  # status -> first names (bad: file:line)
 
+    def manifest_fields(self) -> dict:
+        """The manifest's fields for these counts: files_<way> for each way it records, and file_examples."""
+        ways = ("read", "empty", "bad", "duplicate", "ignored")
+        return {f"files_{way}": getattr(self, way) for way in ways} | {"file_examples": self.examples}
+
 
 def file_status(docs: int, duplicates: int, bad: int, removed: int = 0) -> FileStatus:
     """`removed`: documents the quality filters or near-dup removed (sharding.filters / near_dup): a file whose
