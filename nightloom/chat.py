@@ -23,6 +23,7 @@ assistant turn and fits, or dropped when none does (`Conversation.cut`, or None)
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import threading
 from dataclasses import dataclass
@@ -133,6 +134,21 @@ def to_messages(record: dict, style: str = "auto") -> list[dict[str, str]]:
     if not any(m["role"] == "assistant" for m in messages):
         raise ChatError("no assistant turn: nothing to learn from this conversation")
     return messages
+
+
+def prompt_messages(value: object) -> list[dict[str, str]] | None:
+    """A chat-shaped prompt's messages (train.grpo: a list of {role, content}, or that list JSON-encoded, as the
+    shard stage stores it), or None when `value` is plain text or anything else."""
+    if isinstance(value, str) and value.lstrip().startswith("["):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return None
+    if not isinstance(value, list) or not value:
+        return None
+    if not all(isinstance(m, dict) and m.get("role") in ROLES and isinstance(m.get("content"), str) for m in value):
+        return None
+    return [{"role": m["role"], "content": m["content"]} for m in value]
 
 
 def template_text(tokenizer_dir: str | Path, chat_template: str | Path | None = None) -> str:

@@ -15,7 +15,7 @@ from pydantic import ValidationError
 
 from nightloom.benchmarks.catalog import spec_errors as benchmark_errors
 from nightloom.catalog import GPUS, MODELS
-from nightloom.chat import CHAT_STYLES, ChatError, detect_style, template_text
+from nightloom.chat import CHAT_STYLES, ChatError, detect_style, prompt_messages, template_text
 from nightloom.families import families, family_for
 from nightloom.hf.config import config_path, shape_from_hf_config
 from nightloom.model_resolver import shape_from_name_or_config
@@ -172,6 +172,7 @@ def semantic_errors(data: dict, base_dir: Path) -> list[FieldError]:
     if task == "grpo":  # each reward function imported and its signature checked (nightloom/rewards/resolve.py)
         rewards = _get(data, "train", "grpo", "rewards")
         errs += [(("train", "grpo", "rewards", str(i), "fn"), why) for i, why in reward_errors(rewards, base_dir)]
+        errs += _grpo_chat_errors(data, local)
     gpu = _get(data, "cluster", "gpu_type", default="cpu")
     if isinstance(gpu, str) and gpu != "cpu" and gpu not in GPUS:
         errs.append((("cluster", "gpu_type"), f"unknown GPU {gpu!r}; known: cpu, {', '.join(sorted(GPUS))}"))
@@ -340,6 +341,35 @@ def _chat_errors(data: dict, local) -> list[FieldError]:
                     f"instruction/output (fields: {', '.join(sorted(first))})",
                 )
             ]
+    return []
+
+
+def _grpo_chat_errors(data: dict, local) -> list[FieldError]:
+    """train.task grpo: prompts through the chat template (train.grpo.chat_template true, or a chat-shaped dataset:
+    its first record's text field a messages list, or that list JSON-encoded) need a Hugging Face tokenizer folder with a chat template."""
+    setting = _get(data, "train", "grpo", "chat_template")
+    text_field = _get(data, "dataset", "text_field", default="text")
+    first = _first_record(local(_get(data, "dataset", "path")), _get(data, "dataset", "format"))
+    chat = isinstance(first, dict) and prompt_messages(first.get(text_field)) is not None
+    if setting is False and chat:
+        return [(("train", "grpo", "chat_template"), f"false, but the dataset's {text_field!r} is a messages list")]
+    if setting is not True and not chat:
+        return []
+    where = ("train", "grpo", "chat_template") if setting is True else ("dataset", "text_field")
+    why = "renders prompts with transformers' apply_chat_template: a tokenizer folder with a chat template is needed"
+    try:
+        tspec = TokenizerSpec.coerce(_get(data, "model", "tokenizer", default="bytes"))
+    except (ValidationError, ValueError):
+        return []  # the tokenizer check reports it
+    folder = local(tspec.path)
+    lead = f"{text_field!r} holds messages lists (chats): train.grpo" if chat else "train.grpo"
+    if tspec.is_bytes or tspec.kind not in ("auto", "hf") or folder is None or not folder.is_dir():
+        return [(where, f"{lead} {why}, got {tspec.path or 'bytes'}")]
+    template = _get(data, "model", "chat_template")
+    try:
+        template_text(folder, local(template) if template is not None else None)
+    except ChatError as e:
+        return [(where, f"{lead} {why}: {str(e).removeprefix('model.chat_template: ')}")]
     return []
 
 

@@ -93,6 +93,12 @@ class GRPOSpec(_Section):
     log_completions_every: int = Field(
         0, ge=0, description="Every N steps, a table of sampled completions with their rewards (0: never)."
     )
+    chat_template: bool | None = Field(
+        None,
+        description="Prompts through the tokenizer's chat template (transformers' apply_chat_template, the generation "
+        "prompt added, as TRL's GRPOTrainer): true, every prompt (a text as one user message); null, the chat-shaped "
+        "ones (a JSON list of role/content messages); false, none (a chat-shaped prompt is refused).",
+    )
 
     @model_validator(mode="after")
     def _clip(self) -> GRPOSpec:

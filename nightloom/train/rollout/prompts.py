@@ -18,6 +18,7 @@ import numpy as np
 
 from nightloom.storage import S3Config, read_bytes
 from nightloom.train.data import DataError, base_uri, open_training_manifest
+from nightloom.train.rollout.chat_prompts import PromptTemplate
 from nightloom.train.rollout.step import Prompt
 
 
@@ -83,7 +84,8 @@ def read_prompt_file(path: str, manifest: str, s3: S3Config | None) -> PromptTab
         for field in (m.text_field, *keep):
             if not isinstance(rec, dict) or field not in rec:
                 raise DataError(f"{p}:{n}: {field}: missing (the prompts' text field and dataset.keep_columns)")
-        texts.append(str(rec[m.text_field]))
+        text = rec[m.text_field]  # a messages list (a chat-shaped prompt) JSON-encoded, as chat_prompts reads it
+        texts.append(text if isinstance(text, str) else json.dumps(text))
         for c in keep:
             v = rec[c]
             columns[c].append(v if v is None or isinstance(v, str) else json.dumps(v))
@@ -92,11 +94,16 @@ def read_prompt_file(path: str, manifest: str, s3: S3Config | None) -> PromptTab
     return PromptTable(str(p), texts, columns)
 
 
-def to_prompts(table: PromptTable, tokenizer, max_prompt_tokens: int) -> list[Prompt]:
-    """Each row as a Prompt (its ids by the run's tokenizer, no EOS); a prompt longer than `max_prompt_tokens`
-    (seq_len minus max_completion_tokens: prompt and completion share the model's positions) is refused by row."""
+def to_prompts(
+    table: PromptTable, tokenizer, max_prompt_tokens: int, template: PromptTemplate | None = None
+) -> list[Prompt]:
+    """Each row as a Prompt (its ids by the run's tokenizer, no EOS; through `template`, the chat template, when
+    it renders the row); a prompt longer than `max_prompt_tokens` (seq_len minus max_completion_tokens: prompt and
+    completion share the model's positions) is refused by row."""
     out = []
     for i, (text, ids) in enumerate(zip(table.texts, tokenizer.encode_batch(table.texts), strict=True)):
+        rendered = template.ids(text) if template is not None else None
+        ids = ids if rendered is None else rendered
         if not ids:
             raise DataError(f"{table.where}: prompt {i} is empty")
         if len(ids) > max_prompt_tokens:

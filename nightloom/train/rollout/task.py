@@ -22,6 +22,7 @@ from nightloom.metrics import read_metrics
 from nightloom.rewards.resolve import RewardRef
 from nightloom.spec.grpo import GRPOSpec
 from nightloom.train.parallelize import IGNORE_INDEX
+from nightloom.train.rollout.chat_prompts import prompt_template
 from nightloom.train.rollout.logps import rollout_batch
 from nightloom.train.rollout.prompts import PromptStream, read_prompt_file, read_prompt_tables, to_prompts
 from nightloom.train.rollout.rewards import load_rewards
@@ -56,12 +57,15 @@ class GRPOTask:
                 f"train.seq_len: {t.seq_len} leaves no room for a prompt before train.grpo.max_completion_tokens "
                 f"{g.max_completion_tokens}"
             )
-        self.stream = PromptStream(to_prompts(table, tok, room), g.prompts_per_step, t.seed, layout.dp, layout.dp_rank)
-        self.heldout = []
+        held = None
         if job.eval_every and g.eval_prompts:  # validate.eval_data, else the held-out split
             held = read_prompt_file(job.eval_data, job.manifest, job.s3) if job.eval_data else None
             held = held or read_prompt_tables(job.manifest, job.tokenizer, job.s3, heldout=True)[0]
-            self.heldout = to_prompts(held, tok, room)[: g.eval_prompts]
+        texts = table.texts + (held.texts if held is not None else [])
+        template = prompt_template(g.chat_template, texts, job.tokenizer.path, job.chat_template)
+        prompts = to_prompts(table, tok, room, template)
+        self.stream = PromptStream(prompts, g.prompts_per_step, t.seed, layout.dp, layout.dp_rank)
+        self.heldout = to_prompts(held, tok, room, template)[: g.eval_prompts] if held is not None else []
         rewards = load_rewards([RewardRef(r.fn, r.weight, r.args) for r in g.rewards], ".", "train.grpo.rewards")
         settings = GRPOSettings.from_spec(g, layout.micro_batch)
         self.step = GRPOStep(settings, rewards, decoder(tok), [tok.eos_id], tok.eos_id, t.seed, layout.dp_rank)
