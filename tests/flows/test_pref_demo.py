@@ -43,6 +43,7 @@ def test_pref_demo_runs_as_shipped(prefect_backend, tmp_path):
     data["sharding"]["output"] = str(tmp_path / "shards")
     data["storage"]["root"] = str(tmp_path / "runs")
     data["ledger"]["url"] = f"sqlite:///{tmp_path / 'ledger.db'}"
+    data["validate"]["benchmarks"]["include_path"] = str(tmp_path / "bench-tasks")
     spec = tmp_path / "pref-demo.yaml"
     spec.write_text(yaml.safe_dump(data))
 
@@ -71,6 +72,7 @@ def test_pref_demo_runs_as_shipped(prefect_backend, tmp_path):
     assert row.task == "dpo" and figures["eval_rewards/accuracies"].base == 0.0
     assert figures["eval_rewards/accuracies"].value == last["eval_rewards/accuracies"]
     assert figures["eval_loss"].value < figures["eval_loss"].base
+    _benchmarks_recorded(summary, figures, tmp_path)
 
     pairs = tmp_path / "some-pairs.jsonl"
     pairs.write_text("\n".join((tmp_path / "pairs.jsonl").read_text().splitlines()[:16]) + "\n")
@@ -82,3 +84,18 @@ def test_pref_demo_runs_as_shipped(prefect_backend, tmp_path):
 
     export = Path(summary["export_dir"])
     assert (export / "config.json").is_file() and (export / "adapter" / "adapter_model.safetensors").is_file()
+
+
+def _benchmarks_recorded(summary: dict, figures: dict, tmp_path: Path) -> None:
+    """validate.benchmarks: the multiple-choice task was built from the held-out pairs (the chosen answer among its
+    own words shuffled), lm-eval scored base and tuned, and the ledger row holds both per metric beside the DPO
+    figures; its gate passed with the measured change."""
+    assert (tmp_path / "bench-tasks" / "pref_demo_mc.yaml").is_file()
+    docs = (tmp_path / "bench-tasks" / "pref_demo_mc.jsonl").read_text().splitlines()
+    assert docs and all(len(json.loads(d)["choices"]) == 4 for d in docs)
+    acc = figures["bench/pref_demo_mc/acc"]
+    assert {"bench/pref_demo_mc/acc", "bench/pref_demo_mc/acc_norm"} <= set(figures), figures
+    assert 0 <= acc.value <= 1 and 0 <= acc.base <= 1 and acc.stderr > 0, acc
+    gate = next(v for v in summary["verdicts"] if v["name"] == "bench:pref_demo_mc/acc:max_drop")
+    assert gate["passed"] and gate["measured"] == acc.value - acc.base, gate
+    assert "benchmarks" in [s["stage"] for s in summary["stages"]]
