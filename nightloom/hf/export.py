@@ -227,7 +227,8 @@ def export_checkpoint(
             if (unmerged := shards.get(tmp / BASE_DIR)) is not None:
                 _add_tensors(unmerged, {k: v for k, v in state.items() if ".lora_" not in k}, shape, torch_dtype)
             state, found = merge_lora(state, lora.scaling, lora.dora)
-            adapters |= {"base_model.model." + to_hf(k[len("model.") :], shape): t for k, t in found.items()}
+            state, found, beside = merge_beside(state, found, lora, shape)
+            adapters |= {"base_model.model." + to_hf(k[len("model.") :], shape): t for k, t in found.items()} | beside
         elif any(".lora_" in k for k in state):
             raise ValueError(f"{ckpt}: holds LoRA adapters but no train.lora settings were given to merge them")
         if merged:
@@ -238,7 +239,7 @@ def export_checkpoint(
         _write_configs(folder, shape, source_config, dtype)
         _copy_tokenizer(tokenizer, chat_template, folder)
     if lora is not None:
-        write_peft_adapter(tmp / ADAPTER_DIR, adapters, lora, torch_dtype, base=adapter_base(base, out))
+        write_peft_adapter(tmp / ADAPTER_DIR, adapters, lora, torch_dtype, adapter_base(base, out), shape)
         if lora.quant is not None:  # BitsAndBytesConfig.from_dict of it loads the base 4-bit, as the run held it
             quant = json.dumps(bnb_config(lora.quant), indent=2, sort_keys=True)
             atomic_write_text(tmp / ADAPTER_DIR / QUANT_CONFIG, quant + "\n")
@@ -294,7 +295,45 @@ def merge_lora(state: dict, scaling: float, dora: bool = False) -> tuple[dict, d
     return merged, adapters
 
 
-def write_peft_adapter(folder: Path, tensors: dict, lora: LoraSettings, dtype, base: str) -> None:
+def merge_beside(state: dict, found: dict, lora: LoraSettings, shape: ModelShape) -> tuple[dict, dict, dict]:
+    """(state, adapters, PEFT tensors) with what trained beside the adapters (train/lora.train_beside) taken out of
+    one group: token rows merged into the embedding and written as PEFT's TrainableTokens values (base row +
+    delta: `...embed_tokens.token_adapter.trainable_tokens_delta`); a saved module written whole under its
+    Hugging Face name (`base_model.model.lm_head.weight`, as PEFT saves modules_to_save), a tied one under both."""
+    import torch
+
+    emb, head = "model.tok_embeddings.weight", "model.output.weight"
+    peft: dict = {}
+    delta = found.pop("model.tok_embeddings.lora_tokens_delta", None)
+    if delta is not None:
+        w, idx = state[emb], torch.tensor(lora.tokens)
+        rows = w[idx].float() + delta.float()
+        state = state | {emb: w.index_copy(0, idx, rows.to(w.dtype))}
+        peft["base_model.model." + _hf_stem(emb, shape) + ".token_adapter.trainable_tokens_delta"] = rows
+    saved = {"embed_tokens": emb, "lm_head": head}
+    for name in saved_modules(lora, shape):
+        key = emb if shape.tied_embeddings else saved[name]
+        if key in state:
+            peft["base_model.model." + _hf_stem(saved[name], shape) + ".weight"] = state[key][: shape.vocab].clone()
+    return state, found, peft
+
+
+def _hf_stem(key: str, shape: ModelShape) -> str:
+    """A checkpoint weight's Hugging Face module name: `model.output.weight` -> `lm_head`."""
+    return to_hf(key[len("model.") :], shape)[: -len(".weight")]
+
+
+def saved_modules(lora: LoraSettings, shape: ModelShape | None) -> list[str]:
+    """PEFT's modules_to_save of the adapter: the spec's, or with a tied embedding both names (one matrix: PEFT
+    would keep the other tied to the untrained base)."""
+    if lora.saved and shape is not None and shape.tied_embeddings:
+        return ["embed_tokens", "lm_head"]
+    return list(lora.saved)
+
+
+def write_peft_adapter(
+    folder: Path, tensors: dict, lora: LoraSettings, dtype, base: str, shape: ModelShape | None = None
+) -> None:
     """adapter_config.json and adapter_model.safetensors as peft's save_pretrained writes them (key names
     `base_model.model.<HF name>.lora_A.weight`), so `PeftModel.from_pretrained(base, folder)` loads them, and
     `AutoPeftModelForCausalLM.from_pretrained(folder)` too: `base` (adapter_base) is its base model's folder or id."""
@@ -317,7 +356,8 @@ def write_peft_adapter(folder: Path, tensors: dict, lora: LoraSettings, dtype, b
         "init_lora_weights": True,
         "use_rslora": lora.rslora,
         "use_dora": lora.dora,
-        "modules_to_save": None,
+        "modules_to_save": saved_modules(lora, shape) or None,
+        "trainable_token_indices": list(lora.tokens) or None,
         "base_model_name_or_path": base or None,
     }
     atomic_write_text(folder / "adapter_config.json", json.dumps(config, indent=2, sort_keys=True) + "\n")

@@ -17,14 +17,13 @@ from __future__ import annotations
 from nightloom.spec import cluster
 from nightloom.spec.base import SpecError
 from nightloom.spec.cluster import *  # noqa: F403 - the cluster section's names (cluster.__all__, listed there once)
+from nightloom.spec.lora import LORA_TARGETS, LoraSpec
 from nightloom.spec.schema import (
     HASH_NEUTRAL_DEFAULTS,
-    LORA_TARGETS,
     DaskSpec,
     DatasetSpec,
     GoldenSpec,
     LedgerSpec,
-    LoraSpec,
     ModelSpec,
     ParallelSpec,
     RecoverySpec,

@@ -125,6 +125,20 @@ def _quantize_errors(data: dict, local) -> list[FieldError]:
     return [(field, f"{shape.name}: a quantized linear needs in a multiple of 64 and out of 32; {', '.join(bad)}")]
 
 
+def _token_rows_errors(data: dict, local) -> list[FieldError]:
+    """train.lora.trainable_token_indices against the model (train/lora.train_beside): each id below its
+    vocabulary, and an untied embedding (a tied one is the head too: modules_to_save trains it)."""
+    ids = _get(data, "train", "lora", "trainable_token_indices")
+    shape = _raw_shape(data, local) if isinstance(ids, list) and ids else None
+    if shape is None:
+        return []
+    field = ("train", "lora", "trainable_token_indices")
+    if shape.tied_embeddings:
+        return [(field, f"{shape.name} ties its head to the embedding; use modules_to_save: [embed_tokens]")]
+    past = [i for i in ids if isinstance(i, int) and i >= shape.vocab]
+    return [(field, f"ids {past} are not below {shape.name}'s vocabulary ({shape.vocab})")] if past else []
+
+
 def _raw_shape(data: dict, local) -> ModelShape | None:
     """The model of a spec not yet validated, through the one resolver (model.config, else the config.json in a
     local model.weights, else the catalog's model.name); None when it cannot be read (its own check says why)."""
@@ -156,6 +170,7 @@ def semantic_errors(data: dict, base_dir: Path) -> list[FieldError]:
     errs += _model_errors(data, local)
     errs += _moe_errors(data, local)
     errs += _quantize_errors(data, local)
+    errs += _token_rows_errors(data, local)
     errs += _tokenizer_errors(data, local)
     errs += _chat_errors(data, local)
     task, pack = _get(data, "train", "task", default="pretrain"), _get(data, "train", "pack", default=False)

@@ -34,6 +34,7 @@ from nightloom.spec.cluster import (
 from nightloom.spec.gates import GoldenSpec, ValidateSpec
 from nightloom.spec.grpo import GRPOSpec, grpo_global_batch
 from nightloom.spec.grpo import layout_error as grpo_layout_error
+from nightloom.spec.lora import LoraSpec, lora_layout_error
 from nightloom.spec.micro_batch import micro_batches_per_step
 from nightloom.spec.operations import LedgerSpec, RecoverySpec, ScheduleSpec, StorageSpec, WindowSpec
 from nightloom.spec.preference import PreferenceSpec, layout_error
@@ -297,70 +298,6 @@ class XTunerSpec(_Section):
     )
 
 
-#: Hugging Face module names a LoRA adapter may target (the decoder's linears); "all-linear" is all of them
-LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-
-
-class LoraSpec(_Section):
-    """Low-rank adapters (Hu et al. 2021) on the decoder's linears: W x + (alpha / rank) · B A dropout(x), the
-    base frozen (no gradients, no optimizer state), A and B trained; exported merged and as a PEFT adapter."""
-
-    rank: int = Field(8, gt=0, description="r: the adapters' inner size (a multiple of parallel.tp).")
-    alpha: float = Field(16.0, gt=0, description="The update is scaled by alpha / rank (PEFT's lora_alpha).")
-    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the adapters' input (PEFT's lora_dropout).")
-    targets: Literal["all-linear"] | list[str] = Field(
-        "all-linear",
-        description="Hugging Face module names to adapt (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, "
-        "down_proj), or all-linear for every one of them.",
-    )
-
-    @field_validator("targets")
-    @classmethod
-    def _targets(cls, v):
-        if isinstance(v, str):
-            return v
-        unknown = [t for t in v if t not in LORA_TARGETS]
-        if unknown or not v:
-            raise ValueError(
-                f"unknown module {unknown or v!r}: expected some of {', '.join(LORA_TARGETS)}, or all-linear"
-            )
-        return sorted(set(v), key=LORA_TARGETS.index)
-
-    quantize: Literal["nf4", "fp4", "int8"] | None = Field(
-        None,
-        description="QLoRA (Dettmers et al. 2023): hold the frozen base's decoder linears quantized, each rank "
-        "quantizing its own shard on load (bitsandbytes' blockwise nf4/fp4, or int8 per row); one process or "
-        "FSDP2 only (tp and pp refused). None: the base in the run's precision.",
-    )
-    double_quant: bool = Field(
-        True, description="nf4/fp4: quantize the blocks' scales too (BitsAndBytesConfig's bnb_4bit_use_double_quant)."
-    )
-    compute_dtype: Literal["auto", "fp32", "bf16"] = Field(
-        "auto", description="dtype the quantized base is dequantized to per forward; auto: the activations' dtype."
-    )
-    use_rslora: bool = Field(
-        False,
-        description="Rank-stabilized LoRA (Kalajdzievski 2023): scale the update by alpha / sqrt(rank) instead of "
-        "alpha / rank (PEFT's use_rslora).",
-    )
-    use_dora: bool = Field(
-        False,
-        description="DoRA (Liu et al. 2024): the adapted weight is a trained magnitude per output row times the "
-        "direction (W + B A) / its row norm (PEFT's use_dora); over a quantized base too. One process or FSDP2 "
-        "(parallel.tp 1).",
-    )
-    merged_export: bool | None = Field(
-        None,
-        description="Also write the merged 16-bit model to export/ (the adapter is always written to "
-        "export/adapter/). None: merged for a 16-bit base, the adapter alone onto the 4-bit base with quantize "
-        "(merging into the dequantized base rounds; docs/finetuning.md).",
-    )
-
-    def modules(self) -> tuple[str, ...]:
-        """The targeted Hugging Face module names, in a fixed order."""
-        return LORA_TARGETS if self.targets == "all-linear" else tuple(self.targets)
-
-
 class TrainSpec(_Section):
     """Training hyper-parameters; the same on every backend."""
 
@@ -486,6 +423,8 @@ HASH_NEUTRAL_DEFAULTS: dict[tuple[str, str], object] = {
     ("train.lora", "use_rslora"): False,
     ("train.lora", "use_dora"): False,
     ("train.lora", "merged_export"): None,
+    ("train.lora", "modules_to_save"): None,
+    ("train.lora", "trainable_token_indices"): None,
     ("validate", "benchmarks"): None,
     ("validate.benchmarks", "backend"): "auto",
     ("sharding", "near_dup"): None,
@@ -564,10 +503,8 @@ class RunSpec(_Section):
                 "validate.benchmarks: lm-eval scores the merged export, which this LoRA run does not write "
                 "(train.lora.merged_export is off, the default with quantize): set train.lora.merged_export: true"
             )
-        if lora is not None and lora.use_dora and p != "auto" and p.tp > 1:
-            raise ValueError(
-                f"train.lora.use_dora: DoRA runs in one process or under FSDP2; parallel.tp {p.tp} must be 1"
-            )
+        if (lora_error := lora_layout_error(lora, p, self.train.task)) is not None:
+            raise ValueError(lora_error)
         if self.train.pack and p != "auto" and (p.pp > 1 or p.cp > 1):
             raise ValueError(
                 f"train.pack: packed sequences need parallel.pp = 1 and parallel.cp = 1 (got pp {p.pp}, cp {p.cp}): "

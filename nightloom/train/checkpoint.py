@@ -57,11 +57,25 @@ def _stored(m: nn.Module, model: dict, optim: dict) -> tuple[dict, dict]:
     return model, optim
 
 
+def adapter_state(m: nn.Module, state: dict) -> dict:
+    """What an adapter-only checkpoint keeps of a part's model state: the LoRA tensors (`.lora_`: adapters, DoRA's
+    magnitudes, token rows) and every other trained parameter (train.lora.modules_to_save), never the frozen base."""
+    trained = {
+        n.replace("_orig_mod.", "").replace("_checkpoint_wrapped_module.", "")
+        for n, p in m.named_parameters()
+        if p.requires_grad
+    }
+    return {k: v for k, v in state.items() if ".lora_" in k or k in trained}
+
+
 def _state(parts: list[nn.Module], optims: list, adapters_only: bool = False) -> dict:
     model, optim = {}, {}
     for m, o in zip(parts, optims):
-        msd, osd = _stored(m, get_model_state_dict(m), get_optimizer_state_dict(m, o, options=_OPTS))
-        model.update({k: v for k, v in msd.items() if ".lora_" in k} if adapters_only else msd)
+        msd = get_model_state_dict(m)
+        msd, osd = _stored(
+            m, adapter_state(m, msd) if adapters_only else msd, get_optimizer_state_dict(m, o, options=_OPTS)
+        )
+        model.update(msd)
         optim.update(osd)
     return {"model": model, "optim": optim}
 
@@ -187,7 +201,7 @@ def load_weights(path: Path, model: nn.Module) -> None:
         state.pop(HEAD_NAME, None)
     adapters_only = bool(read_meta(path).get("adapters_only"))
     if adapters_only:  # the caller loaded the base (model.weights) already
-        state = {k: v for k, v in state.items() if ".lora_" in k}
+        state = adapter_state(model, state)
     with quiet_no_dist():  # one process on purpose: torch's "torch.distributed is disabled" warning is noise here
         dcp.load({"model": state}, checkpoint_id=str(path), no_dist=True)
     set_model_state_dict(model, state, options=StateDictOptions(strict=not (tied or adapters_only)))

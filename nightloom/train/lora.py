@@ -57,6 +57,8 @@ class LoraSettings:
     rslora: bool = False  # rank-stabilized: alpha / sqrt(rank)
     dora: bool = False  # weight-decomposed (DoRA): a trained magnitude per output row
     merged: bool = True  # the export writes the merged 16-bit model too (QLoRA's default: adapter only)
+    saved: tuple[str, ...] = ()  # modules_to_save: embed_tokens / lm_head trained in full beside the adapters
+    tokens: tuple[int, ...] = ()  # trainable_token_indices: only these embedding rows trained
 
     @property
     def scaling(self) -> float:
@@ -72,7 +74,12 @@ class LoraSettings:
         rs, dora = bool(getattr(lora, "use_rslora", False)), bool(getattr(lora, "use_dora", False))
         merged = getattr(lora, "merged_export", None)
         merged = quant is None if merged is None else merged  # auto: merged for a 16-bit base only
-        return cls(lora.rank, float(lora.alpha), float(lora.dropout), tuple(lora.modules()), quant, rs, dora, merged)
+        saved, tokens = (
+            tuple(getattr(lora, "modules_to_save", None) or ()),
+            getattr(lora, "trainable_token_indices", None),
+        )
+        args = (lora.rank, float(lora.alpha), float(lora.dropout), tuple(lora.modules()), quant, rs, dora, merged)
+        return cls(*args, saved=saved, tokens=tuple(tokens or ()))
 
 
 def hf_module(name: str, shape: ModelShape) -> str:
@@ -162,7 +169,44 @@ def apply_lora(model: nn.Module, lora: LoraSettings, tp_mesh=None, sp: bool = Fa
         if tp_mesh is not None:
             _split(lin, column, tp_mesh, sp)
         lin.register_forward_hook(_dora_forward if lora.dora else _lora_forward)
+    train_beside(model, lora, tp_mesh)
     return len(found)
+
+
+def train_beside(model: nn.Module, lora: LoraSettings, tp_mesh=None) -> None:
+    """What trains beside the adapters (PEFT's modules_to_save and trainable_token_indices): a saved module's weight
+    unfrozen (a tied embedding is the head too), and for token rows a `lora_tokens_delta` (rows × hidden, 0 at the
+    start) added to the embedding's output where the input is one of those ids. PEFT holds the rows' values
+    (TrainableTokensLayer's trainable_tokens_delta); a delta has the same gradient and starts without reading
+    the loaded base, and the export writes base row + delta under PEFT's name. A pipeline stage without the
+    module has nothing to do."""
+    for name in lora.saved:
+        mod = getattr(model, "tok_embeddings" if name == "embed_tokens" else "output", None)
+        if mod is not None:
+            mod.weight.requires_grad_(True)
+    emb = getattr(model, "tok_embeddings", None)
+    if not lora.tokens or emb is None:
+        return
+    shape = model.shape
+    where = "train.lora.trainable_token_indices"
+    if shape.tied_embeddings:
+        raise ValueError(f"{where}: {shape.name} ties its head to the embedding; use modules_to_save: [embed_tokens]")
+    if tp_mesh is not None and tp_mesh.size() > 1:
+        raise ValueError(f"{where}: the rows train in one process or under FSDP2, not under TP")
+    if max(lora.tokens) >= shape.vocab:
+        raise ValueError(f"{where}: id {max(lora.tokens)} is not below {shape.name}'s vocabulary ({shape.vocab})")
+    emb.lora_tokens_delta = nn.Parameter(torch.zeros(len(lora.tokens), shape.hidden, device=emb.weight.device))
+    emb.lora_token_ids, emb.lora_scaling = lora.tokens, 1.0  # scaling 0: the base rows (adapters_disabled)
+    emb.register_forward_hook(_tokens_forward)
+
+
+def _tokens_forward(module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
+    """The embedding's rows of the trained ids + their deltas: a one-hot (…, rows) product, so only they move."""
+    if not module.lora_scaling:
+        return output
+    ids = torch.tensor(module.lora_token_ids, device=args[0].device)
+    hit = (args[0].unsqueeze(-1) == ids).to(output.dtype)
+    return output + hit @ module.lora_tokens_delta.to(output.dtype)
 
 
 def _split(lin: nn.Module, column: bool, tp_mesh, sp: bool) -> None:
@@ -190,7 +234,7 @@ def init_lora(model: nn.Module, seed: int) -> None:
     from nightloom.train.model import copy_global
 
     for name, p in model.named_parameters():
-        if name.endswith(("lora_B.weight", "lora_magnitude_delta")):
+        if name.endswith(("lora_B.weight", "lora_magnitude_delta", "lora_tokens_delta")):
             p.zero_()
         elif name.endswith("lora_A.weight"):
             g = torch.Generator(device="cpu").manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))

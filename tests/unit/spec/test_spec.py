@@ -143,6 +143,8 @@ def test_a_spec_written_before_new_fields_keeps_its_ledger_hash():
                 "use_rslora": True,
                 "use_dora": True,
                 "merged_export": True,
+                "modules_to_save": ["lm_head"],
+                "trainable_token_indices": [3],
             }[key]
             changed = {**data, "train": {**data["train"], "lora": {**lora, key: value}}}
             assert RunSpec.model_validate(changed).spec_hash() != base, key
