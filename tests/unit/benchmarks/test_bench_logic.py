@@ -202,3 +202,28 @@ def test_big_weights_are_keyed_by_size_and_mtime(tmp_path, monkeypatch):
     assert launch.folder_digest(tmp_path) == key
     os.utime(tmp_path / "model.safetensors", ns=(2, 2))  # rewritten: a new key
     assert launch.folder_digest(tmp_path) != key
+
+
+def test_the_job_takes_every_spec_setting_by_name(tmp_path):
+    """make_job copies SPEC_SETTINGS from validate.benchmarks as they are: each is a field of both records, and a
+    non-default value of each reaches the job."""
+    from nightloom.benchmarks.records import SPEC_SETTINGS, BenchJob
+
+    own = {"models", "tokenizer", "prompts", "output"}  # what make_job sets itself
+    assert set(SPEC_SETTINGS) == set(BenchJob.model_fields) - own
+    assert set(SPEC_SETTINGS) <= set(BenchmarksSpec.model_fields)
+    settings = BenchmarksSpec(
+        tasks=["a", "b"],
+        include_path=str(tmp_path),
+        num_fewshot=2,
+        limit=5,
+        apply_chat_template=True,
+        fewshot_as_multiturn=True,
+        batch_size=3,
+        backend="hf",
+        max_new_tokens=7,
+        completions=1,
+    )
+    job = make_job(settings, "tok", ["p1", "p2"], tmp_path / "o.json")
+    assert {name: getattr(job, name) for name in SPEC_SETTINGS} == settings.model_dump(include=set(SPEC_SETTINGS))
+    assert job.tokenizer == "tok" and job.prompts == ["p1"] and job.output == str((tmp_path / "o.json").resolve())

@@ -113,3 +113,22 @@ def test_grpo_figures_reach_the_line_the_metrics_row_and_the_trackers(tmp_path):
     (row,) = read_metrics(tmp_path / "m.jsonl")
     assert row.model_extra["rewards/digits/mean"] == 0.5
     assert step_values(record).values["completions/mean_length"] == 5.5
+
+
+def test_the_figures_both_records_name_go_across_unchanged():
+    """SAME_FIGURES are fields of the StepRecord and of metrics.jsonl's StepMetrics; a record's values reach its
+    metrics row under those names, and XTuner's StepRecord built back from that row (track_feed) holds them."""
+    import dataclasses
+
+    from nightloom.finetune.track_feed import step_record
+    from nightloom.metrics import StepMetrics
+    from nightloom.train.reporting import SAME_FIGURES, step_metrics
+
+    both = {f.name for f in dataclasses.fields(StepRecord)} & set(StepMetrics.model_fields)
+    converted = {"peak_mem_bytes", "time", "world_size", "router_aux_loss", "expert_tokens"}  # set one by one
+    assert set(SAME_FIGURES) == both - converted
+    r = _record(step=7, eval_loss=1.25, eval_ppl=3.49, eval_tokens=321, gap=True, attempt=2)
+    row = step_metrics(r)
+    back = step_record(row, total_steps=10, world_size=4, now=0.0)
+    for name in SAME_FIGURES:
+        assert getattr(row, name) == getattr(r, name) == getattr(back, name), name
