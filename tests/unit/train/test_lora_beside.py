@@ -270,3 +270,52 @@ def test_the_new_fields_keep_a_spec_hash_and_reach_the_settings():
     assert LoraSettings.from_spec(spec.train.lora).saved == ("embed_tokens", "lm_head")
     spec = RunSpec.model_validate({**data, "train": {"lora": {"trainable_token_indices": [9, 4]}}})
     assert LoraSettings.from_spec(spec.train.lora).tokens == (9, 4)
+
+
+@pytest.fixture
+def one_rank():
+    """The trainer's one-rank gloo group (checkpoint.save and load are collectives)."""
+    import torch.distributed as dist
+
+    owns = not dist.is_initialized()
+    if owns:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    if owns:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("lora", [SAVED, ROWS], ids=["modules_to_save", "trainable_tokens"])
+def test_resume_restores_them_and_their_optimizer_state(llama_dir, tmp_path, one_rank, lora):
+    """The trainer's save and load (train/checkpoint.py) of an adapter-only checkpoint: the saved modules or token
+    rows and their AdamW moments come back, the frozen base is not written, and the next step is the same."""
+    from types import SimpleNamespace
+
+    from nightloom.train import checkpoint
+    from nightloom.train.lora import trainable
+    from nightloom.train.optim import make_optimizer
+
+    t = SimpleNamespace(optimizer="adamw", lr=1e-2, weight_decay=0.01)
+    ids = _ids(torch.Generator().manual_seed(6))
+
+    def step(model, opt):
+        loss_fn(model(ids[:, :-1]), ids[:, 1:]).backward()
+        opt.step()
+        opt.zero_grad()
+
+    model = _native(llama_dir, lora)
+    opt = make_optimizer(trainable(model), t)
+    step(model, opt)
+    path, _ = checkpoint.save(tmp_path, 1, [model], [opt], 0, {"adapters_only": True, "base": "b"})
+    written = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    beside = ["model.tok_embeddings.weight", "model.output.weight"] if lora.saved else []
+    beside += ["model.tok_embeddings.lora_tokens_delta"] if lora.tokens else []
+    assert all(k in written for k in beside) and "model.layers.0.attn.wq.weight" not in written
+    assert any(k.startswith("optim.state.tok_embeddings.") and k.endswith("exp_avg") for k in written), list(written)
+    fresh = _native(llama_dir, lora)
+    fresh_opt = make_optimizer(trainable(fresh), t)
+    checkpoint.load(path, [fresh], [fresh_opt])
+    step(model, opt)
+    step(fresh, fresh_opt)
+    for (name, p), q in zip(model.named_parameters(), fresh.parameters(), strict=True):
+        torch.testing.assert_close(q, p, atol=1e-6, rtol=0, msg=name)
