@@ -79,7 +79,7 @@ class LoraSpec(_Section):
         description="Modules trained in full beside the adapters (PEFT's modules_to_save): embed_tokens and/or "
         "lm_head, e.g. after adding chat special tokens to the tokenizer. Kept in the adapter-only checkpoint and "
         "written into the PEFT adapter; a tied embedding is one matrix (either name trains it). Not with "
-        "train.task dpo (its reference is the base with the adapters off).",
+        "train.task dpo nor grpo's KL term (their reference is the model with the adapters off).",
     )
     trainable_token_indices: list[int] | None = Field(
         None,
@@ -122,15 +122,16 @@ class LoraSpec(_Section):
         return LORA_TARGETS if self.targets == "all-linear" else tuple(self.targets)
 
 
-def lora_layout_error(lora: LoraSpec | None, parallel, task: str) -> str | None:
+def lora_layout_error(lora: LoraSpec | None, parallel, task: str, grpo_beta: float = 0.0) -> str | None:
     """Why train.lora's variants do not go with this layout or task, or None: DoRA's row norm needs whole rows
-    (tp 1), token rows are not split over TP, and a DPO reference (the adapters off) has no off for a module
-    trained in full."""
+    (tp 1), token rows are not split over TP, and a reference that is the model with its adapters off (dpo, grpo's
+    KL term) has no off for a module trained in full."""
     if lora is None:
         return None
-    if lora.modules_to_save and task == "dpo":
+    if lora.modules_to_save and (task == "dpo" or (task == "grpo" and grpo_beta > 0)):
+        what = "train.task dpo" if task == "dpo" else f"train.grpo.beta {grpo_beta}"
         return (
-            "train.lora.modules_to_save: train.task dpo scores its reference with the adapters off, which a module "
+            f"train.lora.modules_to_save: {what} scores its reference with the adapters off, which a module "
             "trained in full has not; use trainable_token_indices for new tokens' rows"
         )
     tp = 1 if parallel == "auto" else parallel.tp

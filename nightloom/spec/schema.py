@@ -503,7 +503,8 @@ class RunSpec(_Section):
                 "validate.benchmarks: lm-eval scores the merged export, which this LoRA run does not write "
                 "(train.lora.merged_export is off, the default with quantize): set train.lora.merged_export: true"
             )
-        if (lora_error := lora_layout_error(lora, p, self.train.task)) is not None:
+        beta = self.train.grpo.beta if self.train.grpo is not None else 0.0
+        if (lora_error := lora_layout_error(lora, p, self.train.task, beta)) is not None:
             raise ValueError(lora_error)
         if self.train.pack and p != "auto" and (p.pp > 1 or p.cp > 1):
             raise ValueError(

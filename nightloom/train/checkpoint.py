@@ -6,7 +6,8 @@ A tied embedding is stored once, under the embedding's name: a pipeline's last s
 copy under that name (identical to the first stage's, train/tied.py), and one process or TP never writes the head.
 The step number is the only other state: data and learning rate are pure functions of it.
 A LoRA run over a base outside the checkpoint (model.weights) writes its adapters only (`adapters_only` in
-meta.json, with the base's fingerprint, checked on resume: train/adapter_ckpt.py); the frozen base is loaded again.
+meta.json, with the base's fingerprint, checked on resume: train/adapter_ckpt.py), with what trains beside them
+(modules_to_save, token rows: `adapter_state`); the frozen base is loaded again.
 """
 
 from __future__ import annotations

@@ -244,7 +244,7 @@ def init_lora(model: nn.Module, seed: int) -> None:
 
 
 def trainable(model: nn.Module) -> list[nn.Parameter]:
-    """The parameters the optimizer steps: every one, or with LoRA only the adapters."""
+    """The parameters the optimizer steps: every one, or with LoRA the adapters and what trains beside them."""
     return [p for p in model.parameters() if p.requires_grad]
 
 

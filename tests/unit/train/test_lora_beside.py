@@ -208,6 +208,7 @@ def test_token_ids_past_the_vocabulary_are_refused(llama_dir):
         ),
         ({"trainable_token_indices": [3]}, {"parallel": {"tp": 2}}, None, "parallel.tp 2 must be 1"),
         ({"modules_to_save": ["lm_head"]}, {"train_task": "dpo"}, None, "adapters off"),
+        ({"modules_to_save": ["lm_head"]}, {"train_task": "grpo"}, None, "train.grpo.beta 0.04 scores its reference"),
     ],
 )
 def test_validate_refuses_bad_names_and_layouts_with_file_line_field(tmp_path, lora, extra, field, words):
@@ -217,6 +218,8 @@ def test_validate_refuses_bad_names_and_layouts_with_file_line_field(tmp_path, l
     from nightloom.spec.load import load_spec
 
     train = {"lora": {"rank": 4, **lora}} | ({"task": extra["train_task"]} if "train_task" in extra else {})
+    if train.get("task") == "grpo":  # the KL term's reference: the adapters off
+        train["grpo"] = {"beta": 0.04, "rewards": [{"fn": "accuracy"}]}
     data = {"name": "l", "dataset": {"path": "d.jsonl"}, "train": train} | {
         k: v for k, v in extra.items() if k != "train_task"
     }
