@@ -19,7 +19,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "deployments" / "grpo-demo.yaml"
 TRL_NAMES = ("reward", "reward_std", "rewards/digits/mean", "completions/mean_length", "completions/clipped_ratio",
-             "clip_ratio/region_mean")  # fmt: skip
+             "clip_ratio/region_mean", "entropy", "num_tokens")  # fmt: skip
 
 
 def _cli(args: list[str]) -> tuple[int, str]:
