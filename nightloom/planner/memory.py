@@ -26,6 +26,11 @@ GIB = 1024**3
 FRAMEWORK_OVERHEAD_GIB = 1.5
 #: Fraction of device memory kept free for allocator fragmentation and transient peaks.
 HEADROOM_FRACTION = 0.08
+#: Bytes per parameter of the unsharded gradients FSDP2 accumulates between micro-batches: the trainer reduces in
+#: fp32 (MixedPrecisionPolicy(reduce_dtype=float32)) and skips the reduce-scatter until the last micro-batch (its
+#: set_requires_gradient_sync, and torch.distributed.pipelining's backward_maybe_with_nosync under PP), so FSDPParam
+#: keeps each unsharded gradient upcast to fp32 (unsharded_accumulated_grad) from the first backward to the last.
+ACCUM_GRAD_BYTES = 4
 #: Bytes per element of the saved fp32 logits (upcast for the cross-entropy) on the last stage.
 LOGIT_BYTES = 4
 #: Tokens per chunk of the trainer's chunked cross-entropy (train/loss.py).
@@ -204,12 +209,10 @@ def memory_breakdown(
         per_layer_act, working = 2 * per_layer_act, 2 * working
     # the layers in flight, the stage boundary and the logits of every pipeline rank (planner/stage_memory.py)
     rank_acts = rank_bytes(shape, c, seq, per_layer_act, precision, native_trainer, logit_bytes(shape, c, seq))
-    if c.cp > 1:  # all-gather CP: the whole sequence's K,V while a layer attends; in backward fp32 dK,dV
-        # nightloom's trainer gathers K/V repeated to every query head (as steptime.py counts the gather's bytes)
-        heads = shape.heads if native_trainer else shape.kv_heads
-        kv = 2 * c.micro_batch * heads * shape.head_dim / c.tp  # K and V elements per token
-        working += seq * kv * wb + 2 * seq / c.cp * kv * 4  # torch: the accumulators and the one arriving
+    working += _cp_working(shape, c, seq, wb, native_trainer)
     d = c.shard
+    # nightloom's FSDP2 accumulates unsharded gradients until the last micro-batch (ACCUM_GRAD_BYTES): grads_gib
+    acc = ACCUM_GRAD_BYTES if native_trainer and d > 1 and c.grad_accum > 1 else 0
     # ZeRO-3 without PP gathers 2 layers at a time; under PP, or ZeRO-2, the rank's whole stage stays gathered
     keep_gathered = c.pp > 1 or c.zero == "zero2"
 
@@ -230,8 +233,8 @@ def memory_breakdown(
                 qb = quantized_bytes_per_param(lora_quantize, lora_double_quant, shape.hidden)
                 saved, gathered = _quantized_stage(shape, c, params, layers, unit, qb, wb, keep_gathered)
                 base -= saved
-            return (base + adapters * wb, adapters * gb, adapters * ob, acts, gathered)
-        return (held * wb, held * gb, held * ob, acts, gathered)
+            return (base + adapters * wb, adapters * (gb + d * acc), adapters * ob, acts, gathered)
+        return (held * wb, held * gb + params * acc, held * ob, acts, gathered)
 
     sizes = rank_layers(shape, c)
     best = None
@@ -248,6 +251,17 @@ def memory_breakdown(
         activations_gib=a / GIB,
         overhead_gib=FRAMEWORK_OVERHEAD_GIB + gathered / GIB,
     )
+
+
+def _cp_working(shape: ModelShape, c: ParallelDims, seq: int, wb: float, native_trainer: bool) -> float:
+    """All-gather CP: the whole sequence's K,V while a layer attends; in backward fp32 dK,dV (torch: the
+    accumulators and the one arriving). nightloom's trainer gathers K/V repeated to every query head (as
+    steptime.py counts the gather's bytes)."""
+    if c.cp == 1:
+        return 0.0
+    heads = shape.heads if native_trainer else shape.kv_heads
+    kv = 2 * c.micro_batch * heads * shape.head_dim / c.tp  # K and V elements per token
+    return seq * kv * wb + 2 * seq / c.cp * kv * 4
 
 
 def usable_gib(capacity_gib: float) -> float:
