@@ -180,10 +180,13 @@ def train_beside(model: nn.Module, lora: LoraSettings, tp_mesh=None) -> None:
     (TrainableTokensLayer's trainable_tokens_delta); a delta has the same gradient and starts without reading
     the loaded base, and the export writes base row + delta under PEFT's name. A pipeline stage without the
     module has nothing to do."""
+    tied = model.shape.tied_embeddings  # one matrix: a pipeline's last stage holds the head's copy of it
     for name in lora.saved:
-        mod = getattr(model, "tok_embeddings" if name == "embed_tokens" else "output", None)
-        if mod is not None:
-            mod.weight.requires_grad_(True)
+        for attr in (
+            ("tok_embeddings", "output") if tied else ("tok_embeddings" if name == "embed_tokens" else "output",)
+        ):
+            if (mod := getattr(model, attr, None)) is not None:
+                mod.weight.requires_grad_(True)
     emb = getattr(model, "tok_embeddings", None)
     if not lora.tokens or emb is None:
         return

@@ -187,6 +187,9 @@ def test_a_tied_embedding_saved_exports_both_names_and_refuses_token_rows(tmp_pa
         torch.testing.assert_close(adapted(ids).logits, model(ids), atol=1e-4, rtol=0)
     with pytest.raises(ValueError, match="trainable_token_indices: .* ties its head"):
         _native(folder, ROWS)
+    last = build_model(model.shape, 32, device="meta").keep_layers(1, 2, has_embed=False, has_head=True)
+    apply_lora(last, lora)  # a pipeline's last stage: its head is its copy of the tied matrix, trained too
+    assert last.output.weight.requires_grad and last.tok_embeddings is None
 
 
 def test_token_ids_past_the_vocabulary_are_refused(llama_dir):
