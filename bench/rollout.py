@@ -114,7 +114,7 @@ def grpo_step(folder: Path, prompts_per_step: int, group: int, new: int, device)
     from nightloom.train.rollout.grpo import GRPOLossSettings, group_advantages, grpo_loss, loss_mask
     from nightloom.train.rollout.logps import completion_logps, rollout_batch
     from nightloom.train.rollout.rewards import RewardRef, load_rewards, score
-    from nightloom.train.rollout.sampling import SamplingParams, rollout_generator
+    from nightloom.train.rollout.sampling import SamplingParams, group_generators
 
     model = model_from_hf(folder, 256).train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
@@ -128,7 +128,8 @@ def grpo_step(folder: Path, prompts_per_step: int, group: int, new: int, device)
     params = SamplingParams(max_new_tokens=new, temperature=1.0)
     t0 = time.perf_counter()
     model.eval()
-    out = generate(model, prompts, params, eos_ids=[1], pad_id=0, generator=rollout_generator(0, 0, 0))
+    gens = group_generators(0, 0, 0, prompts_per_step, group)  # each group its own RNG, as the trainer samples
+    out = generate(model, prompts, params, eos_ids=[1], pad_id=0, generator=gens)
     t1 = time.perf_counter()
     ids = out.completion_ids()
     scores = score(rewards, [" ".join(map(str, p)) for p in prompts], [" ".join(map(str, c)) for c in ids], ids)

@@ -77,10 +77,14 @@ def group_generators(seed: int, step: int, first: int, groups: int, size: int) -
 def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """The token of each row (B,) of `probs` (B, V) whose cumulative probability first exceeds u (B,) in [0, 1)
     times the row's total: a sample of the row's distribution; a token of probability 0 is never chosen."""
-    cdf = probs.double().cumsum(-1)
-    tokens = torch.searchsorted(cdf, (u.to(cdf) * cdf[:, -1])[:, None], right=True)[:, 0]
-    last = (probs > 0).long().cumsum(-1).argmax(-1)  # the first index reaching the row's count: its last nonzero
-    return torch.minimum(tokens, last)
+    cdf = probs.cumsum(-1)
+    x = u.to(cdf.dtype)[:, None] * cdf[:, -1:]
+    tokens = torch.searchsorted(cdf, x, right=True)[:, 0].clamp(max=probs.shape[-1] - 1)
+    zero = probs.gather(-1, tokens[:, None])[:, 0] == 0  # x rounded up to the row's total: its last token
+    if bool(zero.any()):
+        last = (probs > 0).long().cumsum(-1).argmax(-1)  # the first index reaching the row's count
+        tokens = torch.where(zero, last, tokens)
+    return tokens
 
 
 def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
