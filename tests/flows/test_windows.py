@@ -198,16 +198,18 @@ def test_budget_stop_with_checkpoint(prefect_backend, tmp_path):
         with clock_at(outside):
             summary = training_pipeline(str(spec))
         assert summary.status == "stopped" and "budget" in summary.reason, summary
-        # the trainer stops before the step that would cross the budget deadline; its final checkpoint and the
-        # ranks' exit come after it, as the docs allow (operations.md: one step + the checkpoint + the exit). Here
-        # that is 0.5-1.3 s: 5 s at 1 per second either way, against hours unstopped
-        assert summary.cost is not None and budget - 5.0 <= summary.cost <= budget + 5.0, summary.cost
         metrics_file = Path(summary.run_dir) / "metrics.jsonl"
         if metrics_file.exists() and read_metrics(metrics_file):
             break
-        print(f"start-up outlasted a budget of {budget:.0f}: again with a larger one")
+        # the deadline fell in the ranks' start-up (imports, model build): they stop at their first check, so the
+        # overshoot is the rest of the start-up (16 s at load 15 in a trial), not the trainer's one step
+        print(f"start-up outlasted a budget of {budget:.0f} (cost {summary.cost}): again with a larger one")
     else:
         pytest.fail("no budget up to 180 let the trainer make one step")
+    # the trainer stops before the step that would cross the budget deadline; its final checkpoint and the ranks'
+    # exit come after it, as the docs allow (operations.md: one step + the checkpoint + the exit). Here that is
+    # 0.5-1.3 s: 5 s at 1 per second either way, against hours unstopped
+    assert summary.cost is not None and budget - 5.0 <= summary.cost <= budget + 5.0, summary.cost
     ckpts = list((Path(summary.run_dir) / "checkpoints").glob("step-*"))
     assert ckpts, "a budget stop after a step must leave a checkpoint"
     row = Ledger(yaml.safe_load(spec.read_text())["ledger"]["url"]).get(summary.ledger_id)
