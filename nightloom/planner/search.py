@@ -606,25 +606,22 @@ def _cpu_report(
         if p.layout() not in seen and len(alts) < req.alternatives:
             seen.add(p.layout())
             alts.append(p)
-    return PlanReport(
-        chosen=chosen,
-        alternatives=alts,
-        rejected=rejected,
-        considered=considered,
-        pruned=len(fam_rejected),
-        evaluated=evaluated,
-        predicted=False,
-        model=req.shape.name,
-        gpu="cpu",
-        world_size=req.world,
-    )
+    return _report(req, chosen, alts, rejected, (considered, len(fam_rejected), evaluated))
 
 
 def _report(
-    req, chosen, alternatives, rejected, counts: tuple[int, int, int], eff, overall_min, usable, split=None
+    req,
+    chosen,
+    alternatives,
+    rejected,
+    counts: tuple[int, int, int],
+    eff=None,
+    overall_min=None,
+    usable=None,
+    split=None,
 ) -> PlanReport:
     """The search's outcome: the chosen plan (or the smallest that did not fit), alternatives, the counts and a
-    post-training step's split."""
+    post-training step's split; on CPU ranks (no GPU) nothing predicted."""
     considered, pruned, evaluated = counts
     return PlanReport(
         chosen=chosen,
@@ -633,11 +630,12 @@ def _report(
         considered=considered,
         pruned=pruned,
         evaluated=evaluated,
+        predicted=req.gpu is not None,
         model=req.shape.name,
-        gpu=req.gpu.name,
+        gpu=req.gpu.name if req.gpu else "cpu",
         world_size=req.world,
         efficiency=eff,
-        min_memory_gib=overall_min.mem.total_gib,
+        min_memory_gib=overall_min.mem.total_gib if overall_min else None,
         usable_memory_gib=usable,
         post_training=split,
     )
