@@ -1,7 +1,8 @@
 """train.grpo prompts through the tokenizer's chat template (nightloom.train.rollout.chat_prompts): a chat-shaped
 prompt (a messages list) gets exactly transformers' apply_chat_template ids with the generation prompt, as TRL's
 GRPOTrainer renders it; plain text keeps the tokenizer's own ids unless train.grpo.chat_template is true; validate
-refuses a chat-shaped dataset for a tokenizer without a chat template, naming FILE and field."""
+refuses a chat-shaped dataset for a tokenizer without a chat template, naming FILE and field. Sharded prompts reach
+the task rendered alike whether the text field held the messages list or that list JSON-encoded."""
 
 from __future__ import annotations
 
@@ -106,7 +107,8 @@ def test_the_grpo_task_renders_sharded_chat_prompts(tmp_path, folders):
     tok_dir, _ = folders
     chats = [[{"role": "user", "content": f"{i} plus {i + 1}"}] for i in range(6)]
     data = tmp_path / "prompts.jsonl"
-    data.write_text("".join(json.dumps({"prompt": json.dumps(c), "answer": str(2 * i + 1)}) + "\n"
+    # odd rows hold the messages list itself, even rows the list JSON-encoded: the shard stage stores both alike
+    data.write_text("".join(json.dumps({"prompt": c if i % 2 else json.dumps(c), "answer": str(2 * i + 1)}) + "\n"
                             for i, c in enumerate(chats)))  # fmt: skip
     tokenizer = TokenizerSpec(path=str(tok_dir))
     sharding = ShardingSpec(output=str(tmp_path / "shards"), num_shards=1, tolerance=0.9)
