@@ -139,7 +139,11 @@ class DatasetSpec(_Section):
 
     path: str = Field(..., description="JSONL(.gz/.zst), Parquet, a folder of .txt files, or save_to_disk folder.")
     format: Literal["auto", "jsonl", "parquet", "text", "hf"] = Field("auto", description="auto: from the path.")
-    text_field: str = Field("text", description="Field holding the document text.")
+    text_field: str = Field(
+        "text",
+        description="Field holding the document text (a string; a chat messages list, {role, content} objects, is "
+        "stored as its JSON text: train.grpo's chat prompts).",
+    )
     keep_columns: list[str] = Field(
         default_factory=list,
         description="Extra fields copied into every shard row as strings (non-string values such as lists or "

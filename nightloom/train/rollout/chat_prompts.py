@@ -3,8 +3,8 @@ prompt: transformers' `apply_chat_template` with the generation prompt added (ni
 template the sft path uses: model.chat_template or the tokenizer's own).
 
 A prompt is chat-shaped when its text is a list of {role, content} messages JSON-encoded (nightloom.chat's
-`prompt_messages`: a validate.eval_data record's messages list is read so; the shard stage takes the text field as
-a string, so a shard's chat prompt is that JSON text); `train.grpo.chat_template` true renders a plain text as one user message too,
+`prompt_messages`: a validate.eval_data record's messages list is read so; the shard stage stores a messages list
+in the text field as its JSON text, so a shard's chat prompt is that JSON text); `train.grpo.chat_template` true renders a plain text as one user message too,
 false renders nothing (a chat-shaped prompt is then refused, never fed to the model as JSON)."""
 
 from __future__ import annotations
