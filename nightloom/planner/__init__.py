@@ -170,7 +170,7 @@ def trainer_pins(shape: ModelShape, train) -> FixedLayout | None:
     with EP and FSDP2 only (tp = pp = cp = dp_replicate = 1, train/moe.py); train.compile cannot compile a
     recomputed block under TP (train/parallelize.check_compile), so a compiled run is planned without recompute;
     a quantized LoRA base (train.lora.quantize) runs in one process or under FSDP2 (tp = pp = 1), DoRA (its row
-    norm) and trained token rows with tp = 1; dpo and grpo run
+    norm) and trained token rows with tp = 1, modules trained in full with tp = pp = 1; dpo and grpo run
     without pp, cp and ep, grpo's rollouts without sp."""
     pins: dict = {}
     if shape.moe:
@@ -184,6 +184,8 @@ def trainer_pins(shape: ModelShape, train) -> FixedLayout | None:
     lora = getattr(train, "lora", None)
     if getattr(lora, "use_dora", False) or getattr(lora, "trainable_token_indices", None):  # whole rows (train/lora.py)
         pins |= dict(tp=1)
+    if getattr(lora, "modules_to_save", None):  # modules trained in full: one process or FSDP2 (spec/lora.py)
+        pins |= dict(tp=1, pp=1)
     if getattr(train, "task", None) == "dpo":  # preference tuning: one process, FSDP2, TP (spec/preference.py)
         pins |= dict(pp=1, cp=1, ep=1)
     if getattr(train, "task", None) == "grpo":  # rollouts in the training ranks: FSDP2, TP without sp (spec/grpo.py)

@@ -124,7 +124,8 @@ class LoraSpec(_Section):
 
 def lora_layout_error(lora: LoraSpec | None, parallel, task: str, grpo_beta: float = 0.0) -> str | None:
     """Why train.lora's variants do not go with this layout or task, or None: DoRA's row norm needs whole rows
-    (tp 1), token rows are not split over TP, and a reference that is the model with its adapters off (dpo, grpo's
+    (tp 1), token rows are not split over TP, modules trained in full have run in one process and FSDP2 only (tp = pp
+    = 1), and a reference that is the model with its adapters off (dpo, grpo's
     KL term) has no off for a module trained in full."""
     if lora is None:
         return None
@@ -139,4 +140,10 @@ def lora_layout_error(lora: LoraSpec | None, parallel, task: str, grpo_beta: flo
         return f"train.lora.use_dora: DoRA runs in one process or under FSDP2; parallel.tp {tp} must be 1"
     if lora.trainable_token_indices and tp > 1:
         return f"train.lora.trainable_token_indices: the rows are trained in one process or FSDP2; parallel.tp {tp} must be 1"
+    pp = 1 if parallel == "auto" else parallel.pp
+    if lora.modules_to_save and (tp > 1 or pp > 1):  # not yet run under a vocab-sharded or pipelined embedding
+        return (
+            f"train.lora.modules_to_save: the modules are trained in one process or FSDP2; parallel.tp {tp} and "
+            f"parallel.pp {pp} must be 1"
+        )
     return None

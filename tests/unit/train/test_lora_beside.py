@@ -210,6 +210,7 @@ def test_token_ids_past_the_vocabulary_are_refused(llama_dir):
             "trains the whole embedding already",
         ),
         ({"trainable_token_indices": [3]}, {"parallel": {"tp": 2}}, None, "parallel.tp 2 must be 1"),
+        ({"modules_to_save": ["lm_head"]}, {"parallel": {"pp": 2}}, None, "parallel.tp 1 and parallel.pp 2 must be 1"),
         ({"modules_to_save": ["lm_head"]}, {"train_task": "dpo"}, None, "adapters off"),
         ({"modules_to_save": ["lm_head"]}, {"train_task": "grpo"}, None, "train.grpo.beta 0.04 scores its reference"),
     ],
