@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # Real services on 127.0.0.1 for the test suite: 2x sshd, munge + Slurm (slurmctld, slurmd n1 n2), Prometheus,
-# SeaweedFS S3 (`weed mini`), two Prefect servers (their state in PostgreSQL) + a process work pool + worker, a Dask
-# scheduler + 2 workers, PostgreSQL (the ledger and queue on a shared database, and Prefect's) and an MLflow
-# tracking server (its own SQLite store).
+# SeaweedFS S3 (`weed mini`), a Prefect server + process work pool + worker, a Dask scheduler + 2 workers,
+# PostgreSQL (the ledger and queue on a shared database) and an MLflow tracking server (its own SQLite store).
 #
 #   .ci/services.sh start   # install what is missing (apt, --no-install-recommends), start, poll each until healthy
 #   .ci/services.sh env     # export lines for the tests (eval "$(.ci/services.sh env)")
@@ -283,42 +282,17 @@ prefect_env() {
     export PREFECT_WORKER_QUERY_SECONDS=1 PREFECT_WORKER_PREFETCH_SECONDS=1
 }
 
-# Each server's database: PostgreSQL when it runs here (Prefect's own advice beyond one user: SQLite's single
-# writer answered "database is locked", then 503, to a browser test while two lanes and a worker wrote), else
-# SQLite in its PREFECT_HOME. The URL holds the password, so it travels in the environment, never on a command line.
-prefect_database() {  # prefect_database NAME: export PREFECT_API_DATABASE_CONNECTION_URL for the next launch
-    unset PREFECT_API_DATABASE_CONNECTION_URL
-    [[ -n ${PREFECT_ON_PG:-} ]] || return 0
-    local bin d; bin=$(pg_bin); d=$(pg_dir)
-    "$bin/psql" -h "$d" -p $PG_PORT -U "$PG_USER" -d postgres -tAc "SELECT 1 FROM pg_database WHERE datname = '$1'" |
-        grep -q 1 || "$bin/createdb" -h "$d" -p $PG_PORT -U "$PG_USER" "$1" || return 1
-    export PREFECT_API_DATABASE_CONNECTION_URL="postgresql+asyncpg://$PG_USER:$PG_PASSWORD@127.0.0.1:$PG_PORT/$1"
-}
-
-# The servers' patience and priority on a 2-core box under three test lanes (load 10): asyncpg's 5 s connect and the
-# 10 s statement timeouts expired (TimeoutError, a browser's 503; Prefect's own test mode raises them to 30 s for
-# the same reason), so 60 s each, a pool kept open instead of a new backend per burst, and, as root, the servers
-# and PostgreSQL a little ahead of the test processes (nice -5): they answer every lane.
-export PREFECT_API_DATABASE_CONNECTION_TIMEOUT=60 PREFECT_API_DATABASE_TIMEOUT=60
-export PREFECT_SERVER_DATABASE_SQLALCHEMY_POOL_SIZE=20
-SERVER_NICE=()
-((EUID != 0)) || SERVER_NICE=(nice -n -5)
-
 start_prefect_server() {
     mkdir -p "$SVC_DIR/prefect"
     prefect_env
-    prefect_database prefect || return 1
-    launch prefect-server "${SERVER_NICE[@]}" "$VENV/bin/prefect" server start --host 127.0.0.1 --port $PREFECT_PORT
-    unset PREFECT_API_DATABASE_CONNECTION_URL
+    launch prefect-server "$VENV/bin/prefect" server start --host 127.0.0.1 --port $PREFECT_PORT
 }
 
 start_prefect_lane2() {  # API only for flows run in-process: no UI, no work pool; its own database
     mkdir -p "$SVC_DIR/prefect2"
-    prefect_database prefect2 || return 1
-    launch prefect-server-2 "${SERVER_NICE[@]}" env PREFECT_HOME="$SVC_DIR/prefect2" PREFECT_SERVER_ANALYTICS_ENABLED=false \
+    launch prefect-server-2 env PREFECT_HOME="$SVC_DIR/prefect2" PREFECT_SERVER_ANALYTICS_ENABLED=false \
         PREFECT_API_URL="http://127.0.0.1:$PREFECT_LANE2_PORT/api" \
         "$VENV/bin/prefect" server start --host 127.0.0.1 --port $PREFECT_LANE2_PORT --no-ui
-    unset PREFECT_API_DATABASE_CONNECTION_URL
 }
 
 start_prefect_worker() {
@@ -392,7 +366,7 @@ start_postgres() {  # initdb (first time) and the server in one background job, 
         printf '%s\n' "$PG_PASSWORD" >"$d/pw"; ((EUID != 0)) || chown postgres: "$d/pw"; chmod 600 "$d/pw"
     fi
     # shellcheck disable=SC2016
-    launch postgres "${SERVER_NICE[@]}" bash -c '
+    launch postgres bash -c '
         bin=$1 d=$2 user=$3 port=$4; shift 4
         if [[ ! -f $d/data/PG_VERSION ]]; then
             "$@" "$bin/initdb" -D "$d/data" -U "$user" --pwfile="$d/pw" --auth-local=trust \
@@ -435,11 +409,9 @@ do_start() {
     mkdir -p "$PIDS" "$LOGS"
     install_missing
     local t0=$SECONDS ok=0
-    [[ -n ${SKIP_MLFLOW:-} ]] || start_mlflow  # slowest (its venv, then its store's migrations): first
-    # PostgreSQL next when it runs: the Prefect servers keep their state in it (prefect_database)
-    [[ -n ${SKIP_PG:-} ]] || { start_postgres && wait_until 30 postgres postgres postgres_ready && PREFECT_ON_PG=1; } ||
-        ok=1
-    [[ -n ${SKIP_PREFECT:-} ]] || { start_prefect_server && start_prefect_lane2; } || ok=1  # their migrations
+    [[ -n ${SKIP_PREFECT:-} ]] || { start_prefect_server; start_prefect_lane2; }  # slowest (DB migrations): first
+    [[ -n ${SKIP_MLFLOW:-} ]] || start_mlflow  # next slowest (its venv, then its store's migrations)
+    [[ -n ${SKIP_PG:-} ]] || start_postgres || ok=1
     [[ -n ${SKIP_S3:-} ]] || start_s3
     [[ -n ${SKIP_SSHD:-} ]] || start_sshd
     [[ -n ${SKIP_PROM:-} ]] || start_prometheus
@@ -447,6 +419,7 @@ do_start() {
     [[ -n ${SKIP_SLURM:-} ]] || start_slurm || ok=1
     local port
     [[ -n ${SKIP_SSHD:-} ]] || for port in "${SSH_PORTS[@]}"; do wait_until 20 "sshd:$port" "sshd$port" ssh_ok "$port" || ok=1; done
+    [[ -n ${SKIP_PG:-} ]] || wait_until 30 postgres postgres postgres_ready || ok=1
     [[ -n ${SKIP_PROM:-} ]] || wait_until 30 prometheus prometheus http_ok "http://127.0.0.1:$PROM_PORT/-/ready" || ok=1
     [[ -n ${SKIP_S3:-} ]] || wait_until 60 "s3 (weed mini)" weed s3_ready || ok=1
     [[ -n ${SKIP_DASK:-} ]] || wait_until 90 "dask (scheduler + 2 workers)" "dask-scheduler dask-worker-1 dask-worker-2" \

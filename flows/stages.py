@@ -206,13 +206,19 @@ def _close_row(spec: RunSpec, run_id: str, e: BaseException, watch: Stopwatch) -
 
 @contextmanager
 def cluster_lock(name: str):
-    """One run per cluster: a strict Prefect global concurrency limit named after the cluster."""
+    """One run per cluster: a strict Prefect global concurrency limit named after the cluster. Prefect's upsert reads,
+    then creates (not atomic): two runs starting together on one cluster both read nothing and the second create
+    gets a 409, so that run upserts again and finds the other's limit."""
     from prefect import get_client
     from prefect.concurrency.sync import concurrency
+    from prefect.exceptions import ObjectAlreadyExists
 
     limit = f"cluster-{name}"
     with get_client(sync_client=True) as client:
-        client.upsert_global_concurrency_limit_by_name(limit, 1)
+        try:
+            client.upsert_global_concurrency_limit_by_name(limit, 1)
+        except ObjectAlreadyExists:
+            client.upsert_global_concurrency_limit_by_name(limit, 1)
     with concurrency(limit, occupy=1, strict=True):
         yield
 
