@@ -29,3 +29,26 @@ def save_tiny_llama(folder: Path) -> Path:
     torch.manual_seed(0)
     LlamaForCausalLM(LlamaConfig(**CONFIG)).save_pretrained(folder)
     return folder
+
+
+def native_lora_model(folder: Path, lora, quant=None):
+    """nightloom's model of a saved Hugging Face folder with `lora`'s adapters (train/lora.LoraSettings), its base
+    quantized by `quant` (train/qlora.QuantSettings; default lora.quant) when given, the folder's weights loaded:
+    (model, shape)."""
+    from nightloom.hf.config import shape_from_hf_config
+    from nightloom.hf.load import load_hf_weights
+    from nightloom.train.lora import apply_lora, init_lora
+    from nightloom.train.model import build_model
+    from nightloom.train.qlora import quantize_base
+
+    shape = shape_from_hf_config(folder)
+    model = build_model(shape, 32, device="meta")
+    quant = quant if quant is not None else lora.quant
+    if quant is not None:
+        quantize_base(model, quant)
+    apply_lora(model, lora)
+    model.to_empty(device="cpu")
+    model.init_weights(0)
+    init_lora(model, 0)
+    load_hf_weights([model], folder, shape, log=lambda _: None)
+    return model, shape

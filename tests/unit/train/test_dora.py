@@ -7,14 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nightloom.hf.load import load_hf_weights
 from nightloom.hf.names import to_hf
-from nightloom.train.lora import LoraSettings, apply_lora, init_lora
-from nightloom.train.model import build_model
+from nightloom.train.lora import LoraSettings
 from nightloom.train.parallelize import loss_fn
 from nightloom.train.preference.reference import adapters_disabled
-from nightloom.train.qlora import QuantSettings, quantize_base
-from tests.support.tiny_llama import CONFIG, MODULES, save_tiny_llama
+from nightloom.train.qlora import QuantSettings
+from tests.support.tiny_llama import CONFIG, MODULES, native_lora_model, save_tiny_llama
 
 
 @pytest.fixture(scope="module")
@@ -23,18 +21,7 @@ def llama_dir(tmp_path_factory):
 
 
 def _native(folder, lora: LoraSettings):
-    from nightloom.hf.config import shape_from_hf_config
-
-    shape = shape_from_hf_config(folder)
-    model = build_model(shape, 32, device="meta")
-    if lora.quant is not None:
-        quantize_base(model, lora.quant)
-    apply_lora(model, lora)
-    model.to_empty(device="cpu")
-    model.init_weights(0)
-    init_lora(model, 0)
-    load_hf_weights([model], folder, shape, log=lambda _: None)
-    return model, shape
+    return native_lora_model(folder, lora)
 
 
 def _peft(folder, lora: LoraSettings):

@@ -15,14 +15,13 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
 from nightloom.hf.export import ADAPTER_DIR, export_checkpoint
-from nightloom.hf.load import load_hf_weights
 from nightloom.hf.names import to_hf
 from nightloom.train.checkpoint import adapter_state, load_weights
-from nightloom.train.lora import LoraSettings, apply_lora, init_lora
+from nightloom.train.lora import LoraSettings, apply_lora
 from nightloom.train.model import build_model
 from nightloom.train.parallelize import loss_fn
 from nightloom.train.preference.reference import adapters_disabled
-from tests.support.tiny_llama import CONFIG, MODULES, save_tiny_llama
+from tests.support.tiny_llama import CONFIG, MODULES, native_lora_model, save_tiny_llama
 
 TOKENS = (3, 7, 100)  # "new special tokens": rows of the embedding
 SAVED = LoraSettings(8, 16.0, 0.0, MODULES, saved=("embed_tokens", "lm_head"))
@@ -35,16 +34,7 @@ def llama_dir(tmp_path_factory):
 
 
 def _native(folder, lora: LoraSettings):
-    from nightloom.hf.config import shape_from_hf_config
-
-    shape = shape_from_hf_config(folder)
-    model = build_model(shape, 32, device="meta")
-    apply_lora(model, lora)
-    model.to_empty(device="cpu")
-    model.init_weights(0)
-    init_lora(model, 0)
-    load_hf_weights([model], folder, shape, log=lambda _: None)
-    return model
+    return native_lora_model(folder, lora)[0]
 
 
 def _peft(folder, lora: LoraSettings):

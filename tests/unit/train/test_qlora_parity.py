@@ -9,13 +9,12 @@ import torch
 
 pytest.importorskip("bitsandbytes")
 
-from nightloom.hf.load import load_hf_weights  # noqa: E402
 from nightloom.hf.names import to_hf  # noqa: E402
-from nightloom.train.lora import LoraSettings, apply_lora, init_lora  # noqa: E402
+from nightloom.train.lora import LoraSettings  # noqa: E402
 from nightloom.train.model import build_model  # noqa: E402
 from nightloom.train.parallelize import loss_fn  # noqa: E402
 from nightloom.train.qlora import QuantLinear, QuantSettings, init_quantized, quantize_base  # noqa: E402
-from tests.support.tiny_llama import CONFIG, MODULES, save_tiny_llama  # noqa: E402
+from tests.support.tiny_llama import CONFIG, MODULES, native_lora_model, save_tiny_llama  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -24,17 +23,7 @@ def llama_dir(tmp_path_factory):
 
 
 def _native(folder, q: QuantSettings, lora: LoraSettings):
-    from nightloom.hf.config import shape_from_hf_config
-
-    shape = shape_from_hf_config(folder)
-    model = build_model(shape, 32, device="meta")
-    quantize_base(model, q)
-    apply_lora(model, lora)
-    model.to_empty(device="cpu")
-    model.init_weights(0)
-    init_lora(model, 0)
-    load_hf_weights([model], folder, shape, log=lambda _: None)
-    return model, shape
+    return native_lora_model(folder, lora, q)
 
 
 def _peft(folder, q: QuantSettings, lora: LoraSettings):
