@@ -72,7 +72,11 @@ class QueueRun(BaseModel):
 
 
 class _QueueBase(DeclarativeBase):
-    pass
+    """A plain `Mapped[int]`, `Mapped[float]` or `Mapped[datetime]` column takes its type from the annotation
+    (SQLAlchemy's `type_annotation_map`): floats stay FLOAT (the type of the 0003 revision, not SQLAlchemy's
+    default DOUBLE), aware datetimes are stored as UTC."""
+
+    type_annotation_map = {float: Float, datetime: UTCDateTime}
 
 
 queue_metadata = _QueueBase.metadata  # the queue tables (the runs table is nightloom.ledger's)
@@ -81,10 +85,10 @@ queue_metadata = _QueueBase.metadata  # the queue tables (the runs table is nigh
 class _Queue(_QueueBase):
     __tablename__ = "nightloom_queues"
     name: Mapped[str] = mapped_column(String(128), primary_key=True)
-    max_nodes: Mapped[int] = mapped_column(Integer)
-    budget_per_night: Mapped[float | None] = mapped_column(Float)
+    max_nodes: Mapped[int]
+    budget_per_night: Mapped[float | None]
     schedule: Mapped[Any | None] = mapped_column(JSON, nullable=True)
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    created_at: Mapped[datetime]
 
 
 class _Job(_QueueBase):
@@ -94,18 +98,18 @@ class _Job(_QueueBase):
     queue: Mapped[str] = mapped_column(String(128), ForeignKey("nightloom_queues.name"), index=True)
     name: Mapped[str] = mapped_column(String(128))
     status: Mapped[str] = mapped_column(String(16))
-    priority: Mapped[int] = mapped_column(Integer)
-    deadline: Mapped[datetime | None] = mapped_column(UTCDateTime)
-    added_at: Mapped[datetime] = mapped_column(UTCDateTime)
-    nodes: Mapped[int] = mapped_column(Integer)
-    gpus: Mapped[int] = mapped_column(Integer)
+    priority: Mapped[int]
+    deadline: Mapped[datetime | None]
+    added_at: Mapped[datetime]
+    nodes: Mapped[int]
+    gpus: Mapped[int]
     policy: Mapped[str] = mapped_column(String(16))
-    steps: Mapped[int] = mapped_column(Integer)
-    step_time_s: Mapped[float] = mapped_column(Float)
+    steps: Mapped[int]
+    step_time_s: Mapped[float]
     hours_source: Mapped[str] = mapped_column(String(512))
-    provisioning_s: Mapped[float] = mapped_column(Float)
-    checkpoint_s: Mapped[float] = mapped_column(Float)
-    restore_s: Mapped[float] = mapped_column(Float)
+    provisioning_s: Mapped[float]
+    checkpoint_s: Mapped[float]
+    restore_s: Mapped[float]
     schedule: Mapped[Any] = mapped_column(JSON)
     spec: Mapped[Any] = mapped_column(JSON)
     spec_path: Mapped[str | None] = mapped_column(String(1024))
@@ -117,20 +121,20 @@ class _Run(_QueueBase):
     __table_args__ = {"sqlite_autoincrement": True}
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     queue: Mapped[str] = mapped_column(String(128), ForeignKey("nightloom_queues.name"), index=True)
-    job_id: Mapped[int] = mapped_column(Integer)
-    night: Mapped[datetime] = mapped_column(UTCDateTime)
-    segment_start: Mapped[datetime] = mapped_column(UTCDateTime)
-    segment_end: Mapped[datetime] = mapped_column(UTCDateTime)
+    job_id: Mapped[int]
+    night: Mapped[datetime]
+    segment_start: Mapped[datetime]
+    segment_end: Mapped[datetime]
     nodes: Mapped[Any] = mapped_column(JSON)
     run_id: Mapped[str | None] = mapped_column(String(128))
     flow_run_id: Mapped[str | None] = mapped_column(String(64))
     status: Mapped[str] = mapped_column(String(16))
     job_status: Mapped[str] = mapped_column(String(16))
-    steps_done: Mapped[int] = mapped_column(Integer)
-    hours_trained: Mapped[float] = mapped_column(Float)
+    steps_done: Mapped[int]
+    hours_trained: Mapped[float]
     reason: Mapped[str] = mapped_column(String(2048))
-    started_at: Mapped[datetime] = mapped_column(UTCDateTime)
-    finished_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    started_at: Mapped[datetime]
+    finished_at: Mapped[datetime]
 
 
 _PAIRS = ((_Queue, QueueRecord), (_Job, QueuedJob), (_Run, QueueRun))
