@@ -11,11 +11,51 @@ SQLAlchemy URL; `from nightloom.ledger import Ledger, RunRecord, ...`. Its modul
 
 from __future__ import annotations
 
-from nightloom.ledger.calibration import Calibration
-from nightloom.ledger.engine import SCHEMA_VERSION
-from nightloom.ledger.model import model_family
-from nightloom.ledger.records import RUN_STATUSES, Figure, Interruption, LedgerError, NightRecord, RunRecord, RunStatus
-from nightloom.ledger.runs import Ledger, calibration_for_spec
+import importlib
+from typing import TYPE_CHECKING
+
+# Names load on first use (PEP 562): a training rank needs only records.py (Figure), not SQLAlchemy and Alembic,
+# which cost every rank about half a second of start-up.
+_HOMES = {
+    "Calibration": "calibration",
+    "SCHEMA_VERSION": "engine",
+    "model_family": "model",
+    "RUN_STATUSES": "records",
+    "Figure": "records",
+    "Interruption": "records",
+    "LedgerError": "records",
+    "NightRecord": "records",
+    "RunRecord": "records",
+    "RunStatus": "records",
+    "Ledger": "runs",
+    "calibration_for_spec": "runs",
+}
+
+if TYPE_CHECKING:
+    from nightloom.ledger.calibration import Calibration
+    from nightloom.ledger.engine import SCHEMA_VERSION
+    from nightloom.ledger.model import model_family
+    from nightloom.ledger.records import (
+        RUN_STATUSES,
+        Figure,
+        Interruption,
+        LedgerError,
+        NightRecord,
+        RunRecord,
+        RunStatus,
+    )
+    from nightloom.ledger.runs import Ledger, calibration_for_spec
+
+
+def __getattr__(name: str) -> object:
+    """Import the module that holds `name` when it is first asked for."""
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'nightloom.ledger' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"nightloom.ledger.{home}"), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "RUN_STATUSES",
