@@ -120,13 +120,14 @@ def utf8_ids_with_eos(texts: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarr
 
 @dataclass(frozen=True)
 class TokenCounts:
-    """What one finished .bin/.idx pair holds, and the files' content hashes ("xxh3-128:<hex>")."""
+    """What one finished .bin/.idx pair holds, and the files' content hashes ("xxh3-128:<hex>"); named as the
+    manifest's TokenFiles fields, which take them as they are."""
 
     documents: int
     tokens: int  # ids in the .bin, one EOS per document included (chats: as the template ends them)
     bin_hash: str
     idx_hash: str
-    labels: int = 0  # chats: label ids (1s) in the labels file
+    label_tokens: int = 0  # chats: label ids (1s) in the labels file
     labels_hash: str | None = None  # chats: of the labels file
 
 

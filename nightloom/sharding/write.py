@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +30,7 @@ from nightloom.sharding.place import MAPPING_NAME, dest_name
 from nightloom.sharding.plan import RANGE_BYTES
 from nightloom.sharding.scan_result import ScanResult
 from nightloom.sharding.spill import BATCH_DTYPE, META_DTYPE, gather_ids, row_indices, spill_schema
-from nightloom.sharding.tokens import LABEL_DTYPE, TokenFileWriter, labels_file_name, np_dtype
+from nightloom.sharding.tokens import LABEL_DTYPE, TokenCounts, TokenFileWriter, labels_file_name, np_dtype
 from nightloom.sharding.workdir import WorkDir
 from nightloom.sharding.writeback import durable_and_uncached
 
@@ -306,22 +307,13 @@ def _shares(job: ShardJob, scans: list[ScanResult], index: int, wanted: np.ndarr
     )
 
 
-def _token_files(job: ShardJob, bin_name: str, idx_name: str, labels_name: str | None, counts) -> TokenFiles:
-    """The manifest's record of a shard's token files (and labels file, chats only)."""
+def _token_files(
+    job: ShardJob, bin_name: str, idx_name: str, labels_name: str | None, counts: TokenCounts
+) -> TokenFiles:
+    """The manifest's record of a shard's token files (and labels file, chats only; a pretraining shard's counts
+    hold no labels, the fields' defaults)."""
     return TokenFiles(
-        bin=bin_name,
-        idx=idx_name,
-        dtype=job.token_dtype,
-        eos_id=job.eos_id,
-        documents=counts.documents,
-        tokens=counts.tokens,
-        bin_hash=counts.bin_hash,
-        idx_hash=counts.idx_hash,
-        **(
-            {"labels": labels_name, "labels_hash": counts.labels_hash, "label_tokens": counts.labels}
-            if labels_name
-            else {}
-        ),
+        bin=bin_name, idx=idx_name, labels=labels_name, dtype=job.token_dtype, eos_id=job.eos_id, **asdict(counts)
     )
 
 
