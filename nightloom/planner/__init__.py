@@ -190,6 +190,8 @@ def trainer_pins(shape: ModelShape, train) -> FixedLayout | None:
         pins |= dict(pp=1, cp=1, ep=1)
     if getattr(train, "task", None) == "grpo":  # rollouts in the training ranks: FSDP2, TP without sp (spec/grpo.py)
         pins |= dict(pp=1, cp=1, ep=1, sp=False)
+        if getattr(getattr(train, "grpo", None), "engine", "native") == "vllm":  # colocated vLLM: tp 1
+            pins |= dict(tp=1)
     return FixedLayout(**pins) if pins else None
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from importlib.util import find_spec
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -23,6 +24,7 @@ from nightloom.parallel import LayoutError, ParallelDims, moe_degree_errors
 from nightloom.rewards.resolve import reward_errors
 from nightloom.shape import ModelShape
 from nightloom.spec import ParallelSpec, TokenizerSpec
+from nightloom.spec.grpo import engine_errors
 from nightloom.spec.tracking import track_errors
 from nightloom.tokenizer import TokenizerError, load_tokenizer
 from nightloom.xtuner_families import xtuner_refusal
@@ -188,6 +190,7 @@ def semantic_errors(data: dict, base_dir: Path) -> list[FieldError]:
         rewards = _get(data, "train", "grpo", "rewards")
         errs += [(("train", "grpo", "rewards", str(i), "fn"), why) for i, why in reward_errors(rewards, base_dir)]
         errs += _grpo_chat_errors(data, local)
+        errs += engine_errors(data, find_spec("vllm") is not None)  # train.grpo.engine: vllm (spec/grpo.py)
     gpu = _get(data, "cluster", "gpu_type", default="cpu")
     if isinstance(gpu, str) and gpu != "cpu" and gpu not in GPUS:
         errs.append((("cluster", "gpu_type"), f"unknown GPU {gpu!r}; known: cpu, {', '.join(sorted(GPUS))}"))

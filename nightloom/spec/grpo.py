@@ -2,7 +2,8 @@
 with Dr. GRPO's and DAPO's fixes: how prompts are sampled (the group, max tokens, temperature, top-p/top-k, stop
 strings), the clipped loss (epsilon low/high, beta, the normalisation, iterations per batch, reward scaling,
 masking of truncated completions) and the reward functions with their weights; `layout_error`, the layouts it runs
-on.
+on; the rollout engine (`engine`: native, or vLLM colocated in each training rank, `VLLMSpec`) and `engine_errors`,
+the clusters and layouts the vllm engine is refused on.
 
 A leaf of the spec package (floor 0): it imports only the section base. Defaults are TRL 1.16's GRPOConfig (beta 0,
 loss dapo, epsilon 0.2, scale_rewards group, temperature 1); the reward functions are resolved and their
@@ -47,8 +48,42 @@ class RewardSpec(_Section):
         )
 
 
+#: the vllm release the engine runs with: the only one whose torch pin is nightloom's torch (2.13.0), read from its
+#: wheel's METADATA (vllm 0.33 and 0.34 pin torch 2.14.0); docs/finetuning.md says how it reaches a GPU node
+VLLM_PIN = "vllm==0.32.0"
+
+
+class VLLMSpec(_Section):
+    """The vllm rollout engine's share of each GPU and its sleep around training (train.grpo.engine: vllm)."""
+
+    gpu_memory_utilization: float = Field(
+        0.3,
+        gt=0,
+        lt=1,
+        description="The share of each GPU's memory vLLM takes for its weights and KV cache (vLLM's "
+        "gpu_memory_utilization); the trainer's model, gradients and optimizer live in the rest.",
+    )
+    sleep: bool = Field(
+        False,
+        description="Put vLLM to sleep (level 2: weights and KV cache freed) while the trainer runs its forward, "
+        "backward and optimizer step, and wake it for each rollout (weights pushed again): memory for training at "
+        "the cost of re-allocating vLLM's at every round (TRL's vllm_enable_sleep_mode).",
+    )
+
+
 class GRPOSpec(_Section):
     """Rollouts, rewards and the GRPO loss (train.task grpo)."""
+
+    engine: Literal["native", "vllm"] = Field(
+        "native",
+        description="What samples the completions: native (generation with a KV cache over the training model "
+        "itself, any device), or vllm (a vLLM engine colocated in each training rank on its GPU, the trainer's "
+        f"weights pushed to it after every optimizer step; CUDA GPUs and {VLLM_PIN} on the nodes, parallel.tp 1; "
+        "its sampler is vLLM's, so completions are not bit-equal to native's).",
+    )
+    vllm: VLLMSpec | None = Field(
+        None, description="The vllm engine's memory share and sleep mode (engine: vllm; null: the defaults)."
+    )
 
     prompts_per_step: int = Field(4, gt=0, description="Prompts per optimizer step over all data-parallel ranks.")
     num_generations: int = Field(
@@ -104,7 +139,13 @@ class GRPOSpec(_Section):
     def _clip(self) -> GRPOSpec:
         if self.epsilon_high is not None and self.epsilon_high < self.epsilon:
             raise ValueError(f"epsilon_high: {self.epsilon_high} is below epsilon ({self.epsilon})")
+        if self.vllm is not None and self.engine != "vllm":
+            raise ValueError("vllm: applies to engine: vllm only")
         return self
+
+    @property
+    def vllm_settings(self) -> VLLMSpec:
+        return self.vllm or VLLMSpec()
 
     @property
     def clip_high(self) -> float:
@@ -156,3 +197,39 @@ def layout_error(task: str, grpo, lora, backend: str, parallel) -> str | None:
     if parallel.sp:
         return "parallel.sp: true: train.task grpo's rollouts do not run under sequence parallelism; set sp: false"
     return None
+
+
+def _raw(data: object, *path: str) -> object:
+    for key in path:
+        data = data.get(key) if isinstance(data, dict) else None
+    return data
+
+
+def engine_errors(data: dict, vllm_importable: bool) -> list[tuple[tuple[str, ...], str]]:
+    """(field path, reason) for train.grpo.engine vllm on a spec's raw mapping that cannot run it: a cluster without
+    CUDA GPUs; vllm not on the node profile (the local provider: importable here; ssh and slurm: `VLLM_PIN` in
+    cluster.env_requirements, which builds the nodes' environment; kubernetes: the image's, checked on the node);
+    layouts a colocated engine cannot serve (tp > 1: vLLM's own tensor parallelism over the trainer's TP groups is
+    not wired; parallel: auto is planned with tp 1); a base or modules it cannot take pushed weights of."""
+    if _raw(data, "train", "task") != "grpo" or _raw(data, "train", "grpo", "engine") != "vllm":
+        return []
+    where, errs = ("train", "grpo", "engine"), []
+    if _raw(data, "cluster", "gpu_type") in (None, "cpu"):
+        errs.append((where, "vllm runs on CUDA GPUs; cluster.gpu_type is cpu (use engine: native)"))
+    provider = _raw(data, "cluster", "provider")
+    kind = provider.get("kind") if isinstance(provider, dict) else provider or "local"
+    reqs = [str(r).replace(" ", "") for r in _raw(data, "cluster", "env_requirements") or []]
+    if kind == "local" and not vllm_importable:
+        errs.append((where, f"vllm is not importable in this environment (the local nodes'): install {VLLM_PIN}"))
+    elif kind in ("ssh", "slurm") and VLLM_PIN not in reqs:
+        named = [r for r in reqs if re.match(r"vllm\b", r)]
+        why = f"{named[0]!r} is not {VLLM_PIN}, the release built for torch 2.13.0" if named else "it is not there"
+        errs.append((where, f"vllm on the nodes needs {VLLM_PIN!r} in cluster.env_requirements: {why}"))
+    tp = _raw(data, "parallel", "tp")
+    if isinstance(tp, int) and tp > 1:
+        errs.append((where, f"vllm runs colocated with tp 1 in each rank (FSDP2 across them); parallel.tp is {tp}"))
+    lora = _raw(data, "train", "lora")
+    for name in ("quantize", "modules_to_save", "trainable_token_indices"):
+        if isinstance(lora, dict) and lora.get(name):
+            errs.append((where, f"vllm takes merged full weights; train.lora.{name} is not pushed to it yet"))
+    return errs

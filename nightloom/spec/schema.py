@@ -419,6 +419,8 @@ HASH_NEUTRAL_DEFAULTS: dict[tuple[str, str], object] = {
     ("train", "fp8_recipe"): "tensorwise",
     ("train", "preference"): None,
     ("train", "grpo"): None,
+    ("train.grpo", "engine"): "native",
+    ("train.grpo", "vllm"): None,
     ("validate", "min_reward_accuracy"): None,
     ("validate", "min_reward_gain"): None,
     ("train.lora", "quantize"): None,

@@ -120,3 +120,12 @@ def next_tokens(
     else:
         tokens = torch.multinomial(probs, 1, generator=generator)[:, 0]
     return tokens, scaled.log_softmax(-1).gather(-1, tokens[:, None])[:, 0]
+
+
+def group_row_seeds(seed: int, step: int, first: int, groups: int, size: int) -> list[int]:
+    """One integer seed per row of groups first .. first + groups - 1 at generation round `step`: for an engine
+    that seeds each request itself (vLLM's SamplingParams.seed) rather than drawing from `group_generators`. A
+    row's seed depends only on (seed, step, its group's global index, its place in the group), as the groups' RNG."""
+    return [
+        _seed_of(f"{seed}/{step}/group{first + g}/row{j}") & (2**31 - 1) for g in range(groups) for j in range(size)
+    ]

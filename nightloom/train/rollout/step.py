@@ -1,5 +1,5 @@
 """One GRPO step on one data-parallel rank, from the pieces of this package: sample a group of completions per
-prompt (generate.py), score them (rewards.py), group-relative advantages and the clipped loss (grpo.py), the
+prompt (the engine, engine.py: native generate.py, or vllm_engine.py), score them (rewards.py), group-relative advantages and the clipped loss (grpo.py), the
 policy's log-probs through the training forward (logps.py), backward in micro-batches; and held-out prompts'
 mean reward. The trainer keeps the optimizer, checkpoints and reporting (issue 54's remaining wiring).
 
@@ -20,7 +20,8 @@ from torch import nn
 
 from nightloom.spec.grpo import GRPOSpec
 from nightloom.train.preference.reference import adapters_disabled
-from nightloom.train.rollout.generate import Rollout, generate, left_padded
+from nightloom.train.rollout.engine import GroupDraw, NativeEngine, RolloutEngine
+from nightloom.train.rollout.generate import Rollout, left_padded
 from nightloom.train.rollout.grpo import (
     Advantages,
     GRPOLossSettings,
@@ -32,7 +33,7 @@ from nightloom.train.rollout.grpo import (
 )
 from nightloom.train.rollout.logps import completion_logps, completion_logps_and_entropy, rollout_batch
 from nightloom.train.rollout.rewards import Reward, RewardScores, score
-from nightloom.train.rollout.sampling import GroupGenerators, SamplingParams, group_generators
+from nightloom.train.rollout.sampling import SamplingParams
 
 
 @dataclass(frozen=True)
@@ -104,25 +105,14 @@ class GRPOStep:
         pad_id: int,
         seed: int,
         dp_rank: int = 0,
+        engine: RolloutEngine | None = None,
     ):
         self.s, self.rewards, self.decode = settings, list(rewards), decode
         self.eos_ids, self.pad_id, self.seed, self.dp_rank = list(eos_ids), pad_id, seed, dp_rank
+        self.engine = engine if engine is not None else NativeEngine(eos_ids, pad_id, decode)
 
-    def _sample(self, model: nn.Module, prompts: list[Prompt], generator: GroupGenerators) -> Rollout:
-        was = model.training
-        model.eval()
-        try:
-            return generate(
-                model,
-                [p.ids for p in prompts],
-                self.s.sampling,
-                eos_ids=self.eos_ids,
-                pad_id=self.pad_id,
-                generator=generator,
-                decode=self.decode,
-            )
-        finally:
-            model.train(was)
+    def _sample(self, model: nn.Module, prompts: list[Prompt], draw: GroupDraw) -> Rollout:
+        return self.engine.generate(model, [p.ids for p in prompts], self.s.sampling, draw)
 
     def _score(self, prompts: list[Prompt], rollout: Rollout) -> RewardScores:
         ids = rollout.completion_ids()
@@ -135,13 +125,28 @@ class GRPOStep:
         expanded = [p for p in prompts for _ in range(self.s.group)]
         t0 = time.perf_counter()
         first = self.dp_rank * len(prompts)
-        gen = group_generators(self.seed, step // self.s.iterations, first, len(prompts), self.s.group)
-        out = self._sample(model, expanded, gen)
+        draw = GroupDraw(self.seed, step // self.s.iterations, first, len(prompts), self.s.group)
+        out = self._sample(model, expanded, draw)
+        ids, pad = left_padded([p.ids for p in expanded], None, self.pad_id)
+        if self.engine.recomputes_logps:  # another engine's log-probs: the ratio's old policy is the trainer's
+            out = self._own_logps(model, ids, pad, out)
         t1 = time.perf_counter()
         scores = self._score(expanded, out)
         adv = group_advantages(scores.total, self.s.group, self.s.scale)
-        ids, pad = left_padded([p.ids for p in expanded], None, self.pad_id)
         return ScoredRollout(expanded, ids, pad, out, scores, adv, t1 - t0, time.perf_counter() - t1)
+
+    @torch.no_grad()
+    def _own_logps(self, model: nn.Module, ids: torch.Tensor, pad: torch.Tensor, out: Rollout) -> Rollout:
+        """`out` with its sampled tokens' log-probs taken by the training forward, micro-batch by micro-batch."""
+        ids, pad = ids.to(out.tokens.device), pad.to(out.tokens.device)
+        whole, mb = rollout_batch(ids, pad, out), self.s.micro_batch
+        temperature = self.s.sampling.temperature or 1.0
+        parts = []
+        for start in range(0, ids.shape[0], mb):
+            rows = slice(start, start + mb)
+            part = type(whole)(whole.ids[rows], whole.doc_ids[rows], whole.prompt_len, whole.completion_mask[rows])
+            parts.append(completion_logps(model, part, temperature).float())
+        return Rollout(out.tokens, torch.cat(parts), out.mask, out.truncated)
 
     def train(
         self, model: nn.Module, batch: ScoredRollout, num_tokens: float | None = None, sync: Callable | None = None
@@ -190,7 +195,7 @@ class GRPOStep:
     def evaluate(self, model: nn.Module, prompts: Sequence[Prompt]) -> dict[str, float]:
         """Held-out prompts, one sampled completion each from a fixed RNG: the mean reward, its std and standard
         error (what a gain is judged against). Each prompt's RNG is fixed: the same figures on any rank and layout."""
-        out = self._sample(model, list(prompts), group_generators(self.seed + 1, 0, 0, len(prompts), 1))
+        out = self._sample(model, list(prompts), GroupDraw(self.seed + 1, 0, 0, len(prompts), 1))
         total = self._score(list(prompts), out).total
         std = float(total.std()) if total.numel() > 1 else 0.0
         return {"reward": float(total.mean()), "reward_std": std, "reward_se": std / max(total.numel(), 1) ** 0.5}

@@ -23,6 +23,7 @@ from nightloom.rewards.resolve import RewardRef
 from nightloom.spec.grpo import GRPOSpec
 from nightloom.train.parallelize import IGNORE_INDEX
 from nightloom.train.rollout.chat_prompts import prompt_template
+from nightloom.train.rollout.engine import NativeEngine, RolloutEngine
 from nightloom.train.rollout.logps import rollout_batch
 from nightloom.train.rollout.prompts import PromptStream, read_prompt_file, read_prompt_tables, to_prompts
 from nightloom.train.rollout.rewards import load_rewards
@@ -68,7 +69,8 @@ class GRPOTask:
         self.heldout = to_prompts(held, tok, room, template)[: g.eval_prompts] if held is not None else []
         rewards = load_rewards([RewardRef(r.fn, r.weight, r.args) for r in g.rewards], ".", "train.grpo.rewards")
         settings = GRPOSettings.from_spec(g, layout.micro_batch)
-        self.step = GRPOStep(settings, rewards, decoder(tok), [tok.eos_id], tok.eos_id, t.seed, layout.dp_rank)
+        engine = make_engine(job, [tok.eos_id], tok.eos_id, decoder(tok))
+        self.step = GRPOStep(settings, rewards, decoder(tok), [tok.eos_id], tok.eos_id, t.seed, layout.dp_rank, engine)
         self.batch: ScoredRollout | None = None
         self.batch_round = -1
         self.initial: dict[str, float] | None = None  # the held-out figures before the first step
@@ -78,6 +80,7 @@ class GRPOTask:
     def prepare(self, model, start: int) -> None:
         """On a fresh start with held-out prompts: their mean reward before any step."""
         if self.heldout and start == 0:
+            self.step.engine.sync(model, start)
             self.initial = self.evaluate(model)
             self.log(eval_line(0, self.initial))
         if start > 0:
@@ -100,6 +103,7 @@ class GRPOTask:
         lay = self.layout
         rnd = step // self.g.iterations
         if self.batch is None or self.batch_round != rnd:
+            self.step.engine.sync(model, step)  # the vllm engine: the weights after `step` optimizer steps
             with autocast():
                 self.batch = self.step.rollout(model, self.stream.round(rnd), step)
             self.batch_round = rnd
@@ -153,6 +157,7 @@ class GRPOTask:
         out = dict(local)
         every, last = self.job.eval_every, self.job.train.steps
         if self.heldout and (step == 1 or step % every == 0 or step == last):
+            self.step.engine.sync(model, step)
             ev = self.evaluate(model)
             self.log(eval_line(step, ev))
             out |= {f"eval_{k}": v for k, v in ev.items()}
@@ -177,6 +182,21 @@ class GRPOTask:
             row["advantage"] = round(float(b.advantages.values[i]), 4)
             rows.append(row)
         return write_table(self.job.run_dir, CompletionsTable(step=step, rows=rows))
+
+
+def make_engine(job, eos_ids: list[int], pad_id: int, decode: Callable[[list[int]], str]) -> RolloutEngine:
+    """train.grpo.engine of a run: native generation over the training model, or vLLM colocated in this rank
+    (vllm_engine.py: started from the run's config and tokenizer, the weights pushed before the first rollout)."""
+    g = job.train.grpo or GRPOSpec()
+    if g.engine == "native":
+        return NativeEngine(eos_ids, pad_id, decode)
+    from nightloom.train.rollout.vllm_engine import VLLMEngine, model_folder
+
+    dtype = "fp32" if job.train.precision == "fp32" else "bf16"
+    folder = model_folder(job.model, job.hf_config, job.tokenizer_dir or job.tokenizer.path, dtype)
+    lora = job.train.lora
+    return VLLMEngine(folder, job.model, g.vllm_settings, seed=job.train.seed, max_model_len=job.train.seq_len,
+                      dtype=dtype, eos_ids=eos_ids, pad_id=pad_id, dora=bool(lora and lora.use_dora))  # fmt: skip
 
 
 def generated_tokens(prompt_ids: list[list[int]], completion_lengths: torch.Tensor) -> int:
