@@ -60,8 +60,13 @@ def tokenizer_files(tokenizer: str | Path | None) -> list[Path]:
 
 
 def _copy_tokenizer(tokenizer: str | Path | None, chat_template: str | Path | None, dest: Path) -> None:
-    """The tokenizer's files into `dest` (a folder's layout kept), then the run's own template file
-    (model.chat_template) as chat_template.jinja, which transformers prefers to the tokenizer's."""
+    """The tokenizer's files into `dest` (a folder's layout kept), or the byte tokenizer's Hugging Face form for
+    `bytes`, then the run's own template file (model.chat_template) as chat_template.jinja, which transformers
+    prefers to the tokenizer's."""
+    if str(tokenizer) == "bytes":
+        from nightloom.hf.bytes_tokenizer import write_byte_tokenizer
+
+        write_byte_tokenizer(dest)
     root = Path(tokenizer) if tokenizer is not None and Path(tokenizer).is_dir() else None
     for f in tokenizer_files(tokenizer):
         target = dest / (f.relative_to(root) if root is not None else f.name)
@@ -72,8 +77,11 @@ def _copy_tokenizer(tokenizer: str | Path | None, chat_template: str | Path | No
 
 
 def tokenizer_source(spec) -> str | None:
-    """The tokenizer file or folder a run spec names (`model.tokenizer`), or None for bytes / none."""
+    """The tokenizer file or folder a run spec names (`model.tokenizer`), `bytes` for the byte tokenizer (its
+    Hugging Face form is exported), or None."""
     tok = getattr(spec.model, "tokenizer", None)
+    if getattr(tok, "is_bytes", False):
+        return "bytes"
     path = getattr(tok, "path", tok)
     return path if isinstance(path, str) and path != "bytes" else None
 

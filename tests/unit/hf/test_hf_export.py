@@ -126,11 +126,13 @@ def test_export_without_source_config_writes_a_llama_config(tmp_path):
         tmp_path / "src", "llama", seed=2, rope_scaling={"rope_type": "linear", "factor": 2.0}, **SMALL
     )
     model = model_from_hf(src, 32)
-    out = export_checkpoint(_save_native(model, tmp_path), model.shape, tmp_path / "x", "fp32")
+    out = export_checkpoint(_save_native(model, tmp_path), model.shape, tmp_path / "x", "fp32", tokenizer="bytes")
     hf = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
     ids = torch.randint(0, 301, (1, 32))
     with torch.no_grad():
         torch.testing.assert_close(hf(ids).logits, model(ids), rtol=0, atol=1e-5)
+    tok = transformers.AutoTokenizer.from_pretrained(out)  # a bytes run's export carries the byte tokenizer
+    assert tok("é+1=")["input_ids"] == list("é+1=".encode()) and tok.eos_token_id == 0
 
 
 @pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
