@@ -36,6 +36,7 @@ import io
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -163,8 +164,12 @@ def open_training_manifest(
     return m, tok
 
 
-class PackedWindows:
-    """Random access to the global window stream; shards are loaded lazily and a few are cached."""
+class ShardStream:
+    """What the training streams share: the manifest, opened and checked against the run's tokenizer (`chat`: a
+    chat manifest), windows of seq_len + 1 ids, the seed of each shard's order, where s3:// shards live (the
+    job's storage config), and the last `cache_shards` shards loaded by the stream's `_load`."""
+
+    chat = False
 
     def __init__(
         self,
@@ -175,16 +180,25 @@ class PackedWindows:
         tokenizer: TokenizerSpec | str | None = None,
         s3: S3Config | None = None,
     ):
-        self.manifest_uri = str(manifest)
-        self.seed = seed
-        self.s3 = s3  # where s3:// shards live (the job's storage config)
-        self.manifest, self.tokenizer = open_training_manifest(self.manifest_uri, tokenizer, s3, chat=False)
-        self.window = seq_len + 1
-        base = base_uri(manifest)
+        self.manifest_uri, self.seed, self.s3 = str(manifest), seed, s3
+        self.manifest, self.tokenizer = open_training_manifest(self.manifest_uri, tokenizer, s3, chat=self.chat)
+        self.window, self.base = seq_len + 1, base_uri(manifest)
+        self._cache = ShardCache(cache_shards)
+
+    def _shard(self, k: int):
+        return self._cache.get(k, self._load)
+
+
+class PackedWindows(ShardStream):
+    """Random access to the global window stream; shards are loaded lazily and a few are cached (arguments:
+    ShardStream's)."""
+
+    def __init__(self, manifest: str, seq_len: int, **options: Any):
+        super().__init__(manifest, seq_len, **options)
         spans, first = [], 0
 
         def at(rel: str) -> str:
-            return shard_uri(base, rel)
+            return shard_uri(self.base, rel)
 
         for i, s in enumerate(sorted(self.manifest.shards, key=lambda s: s.index)):
             stream = s.tokens + s.rows
@@ -208,10 +222,6 @@ class PackedWindows:
                 f"fill one window of seq_len+1 = {self.window} tokens"
             )
         self._starts = np.array([s.first for s in spans])
-        self._cache = ShardCache(cache_shards)
-
-    def _shard(self, k: int) -> np.ndarray | _TokenShard:
-        return self._cache.get(k, self._load)
 
     def _load(self, k: int) -> np.ndarray | _TokenShard:
         return self._load_text(k) if self.spans[k].bin_uri is None else self._load_tokens(k)
@@ -459,23 +469,15 @@ def load_chat_shard(base: str, tf, s3: S3Config | None, order: np.ndarray | None
     return _ChatShard(ids, labels, lengths, order)
 
 
-class ConversationRows:
+class ConversationRows(ShardStream):
     """train.task sft: random access to the global row stream, one conversation per row, or with `pack` several
-    (see the module docstring); shards are loaded lazily and a few are cached."""
+    (see the module docstring); shards are loaded lazily and a few are cached (other arguments: ShardStream's)."""
 
-    def __init__(
-        self,
-        manifest: str,
-        seq_len: int,
-        cache_shards: int = 2,
-        seed: int | None = None,
-        tokenizer: TokenizerSpec | str | None = None,
-        s3: S3Config | None = None,
-        pack: bool = False,
-    ):
-        self.manifest_uri, self.seed, self.s3, self.pack = str(manifest), seed, s3, pack
-        self.manifest, self.tokenizer = open_training_manifest(self.manifest_uri, tokenizer, s3, chat=True)
-        self.window, self.base = seq_len + 1, base_uri(manifest)
+    chat = True
+
+    def __init__(self, manifest: str, seq_len: int, *, pack: bool = False, **options: Any):
+        super().__init__(manifest, seq_len, **options)
+        self.pack = pack
         self.shards = sorted(self.manifest.shards, key=lambda s: s.index)
         self.plans = [self._plan(k) for k in range(len(self.shards))] if pack else None
         counts = [p.rows for p in self.plans] if pack else [s.rows for s in self.shards]
@@ -483,7 +485,6 @@ class ConversationRows:
         self.total = int(self._starts[-1])
         if self.total == 0:
             raise DataError(f"{self.manifest_uri}: no conversation in the training shards")
-        self._cache = ShardCache(cache_shards)
         self._lengths: np.ndarray | None = None  # every row's length, once `lengths` is asked
 
     def _order(self, k: int) -> np.ndarray | None:
@@ -526,9 +527,6 @@ class ConversationRows:
 
         plans = self.plans or []
         return PackStats(sum(len(p.members) for p in plans), self.total, sum(p.ids for p in plans), self.window)
-
-    def _shard(self, k: int) -> _ChatShard:
-        return self._cache.get(k, self._load)
 
     def _load(self, k: int) -> _ChatShard:
         # packed: the plan holds the seeded order, so the shard is read in stored order
