@@ -15,9 +15,9 @@ Two counts:
                        sum; the shared experts' g/u/product 3 · 2·f_e each; the router's fp32 probabilities 4·E
     latent attention   deepseek_v3's MLA in place of q/k/v/output: `latent_attention_bytes_per_token`
   Under TP everything after a column-parallel projection is split (/t). Sequence parallel splits the norms' inputs
-  (/t); the linears' inputs are all-gathered first and torch's TP saves the gathered tensor (not /t), where
-  Megatron's linears save their sequence shard and gather it again in backward (`other_trainer`: what-ifs for other
-  trainers). Context parallel: the trainer repeats K/V to q_dim for torch's ring; an all-gather trainer (Llama 3's,
+  (/t) and the linears' inputs: they are all-gathered first, but the trainer saves their sequence shard and gathers
+  it again in backward (train/sp_shard.py), as Megatron's linears do; under train.compile torch's TP saves the
+  gathered tensor (not /t: `gathered_sp`). Context parallel: the trainer repeats K/V to q_dim for torch's ring; an all-gather trainer (Llama 3's,
   Grattafiori et al. 2024 §3.3.2) keeps the gathered, unrepeated K/V of the whole sequence for its attention. Selective recompute drops the log-sum-exp (SDPA's inputs and output stay saved); full keeps the input.
 - `table2_bytes_per_token`, Korthikanti et al. 2022 Table 2 (`fused_attention=False`): GPT with dropout, MHA, a 4h
   GELU MLP and materialised attention scores, the reference rows' stack (PTD-P):
@@ -43,14 +43,16 @@ def saved_bytes_per_token(
     recompute: str,
     cp: int = 1,
     other_trainer: bool = False,
+    gathered_sp: bool = False,
 ) -> float:
-    """Bytes one (mean) layer saves per token of a micro-batch, as the trainer runs it (fused attention)."""
+    """Bytes one (mean) layer saves per token of a micro-batch, as the trainer runs it (fused attention);
+    `gathered_sp`: the linears keep their all-gathered input under SP (torch's TP as it is, train.compile)."""
     h, t, b = shape.hidden, tp, ACT_BYTES
     seq_shard = t if sp else 1
     if recompute == "full":
         return b * h / seq_shard
     norms = 2 + 2 * shape.post_norms
-    lin_shard = t if sp and other_trainer else 1
+    lin_shard = t if sp and (other_trainer or not gathered_sp) else 1
     q_dim, kv_dim = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
     masked = sliding_fraction(shape, seq)
     # SDPA's own GQA keeps K/V unrepeated on the causal (maskless) layers; masked layers and torch's CP repeat them;
@@ -158,9 +160,10 @@ def activation_bytes_per_layer(
     fused_attention: bool = True,
     cp: int = 1,
     other_trainer: bool = False,
+    gathered_sp: bool = False,
 ) -> float:
     """Saved activations of one (mean) layer for one micro-batch of `seq` tokens (this rank's share under CP): the
     trainer's count with fused attention, Table 2's with materialised scores."""
     if not fused_attention:
         return seq * mb * table2_bytes_per_token(shape, seq, mb, tp, sp, recompute)
-    return seq * mb * saved_bytes_per_token(shape, seq, tp, sp, recompute, cp, other_trainer)
+    return seq * mb * saved_bytes_per_token(shape, seq, tp, sp, recompute, cp, other_trainer, gathered_sp)

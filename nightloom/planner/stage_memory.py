@@ -6,13 +6,13 @@ stages' own state: tests/distributed/test_pipeline_memory.py, within 5%).
 Per micro-batch in flight a chunk keeps:
     its layers           layers · (planner/activations.py's bytes per layer)
     its input            nothing more: the received buffer is its first block's (or the final norm's) saved input
-    its output           a non-last chunk keeps its output for backward (torch's fwd_cache): b·s·h (/t under SP)
+    its output           nothing: a non-last chunk frees its output's data once sent (LeanStage, as Megatron-LM's
+                         deallocate_output_tensor), keeping only its autograd node for backward
     the embedding        the token ids it saves (int64)
     the head             the final norm's input b·s·h (/t under SP), the head's input gathered whole b·s·h, the
                          logits b·s·V (TP's head all-gathers them: not /t) and the loss's fp32 log-softmax b·s·V
 and a rank with a chunk that is not the last waits for one gradient (b·s·h, /t under SP) while a backward is due.
-Megatron-LM frees a stage's output once it is sent (`deallocate_output_tensor`) and computes the loss on
-vocab-parallel logits; those what-ifs (`native_trainer=False`) keep the layers and one micro-batch's logits only.
+Megatron-LM computes the loss on vocab-parallel logits; those what-ifs (`native_trainer=False`) keep the layers and one micro-batch's logits only.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def chunk_bytes(shape: ModelShape, c: ParallelDims, seq: int, layer_bytes: float
     head += tokens * shape.embed_rows * act_bytes + tokens * shape.vocab * LOG_SOFTMAX_BYTES
     out = []
     for j, n in enumerate(sizes):
-        held = n * layer_bytes + (head if j == len(sizes) - 1 else boundary)
+        held = n * layer_bytes + (head if j == len(sizes) - 1 else 0.0)
         if j == 0:
             held += tokens * ID_BYTES
         out.append(held)

@@ -24,6 +24,7 @@ from nightloom.train.lora import LoraSettings, apply_lora, init_lora
 from nightloom.train.model import Transformer, build_model
 from nightloom.train.moe import prepare_moe
 from nightloom.train.qlora import check_quantized_plan, init_quantized, quantize_base
+from nightloom.train.sp_shard import save_shard
 from nightloom.train.tied import TiedCopies, retie, tied_copies
 
 
@@ -65,8 +66,9 @@ def validate_plan(
     return dims
 
 
-def _apply_tp(model: Transformer, tp_mesh, sp: bool) -> None:
-    """Megatron TP: attention/MLP column-then-row parallel; with SP the norms and residuals are sharded on T."""
+def _apply_tp(model: Transformer, tp_mesh, sp: bool, shard_saves: bool = False) -> None:
+    """Megatron TP: attention/MLP column-then-row parallel; with SP the norms and residuals are sharded on T and,
+    with `shard_saves`, the attention's and MLP's linears save their input's sequence shard (train/sp_shard.py)."""
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
@@ -113,6 +115,9 @@ def _apply_tp(model: Transformer, tp_mesh, sp: bool) -> None:
             if block.attn_post_norm is not None:  # gemma3: norms after attention and MLP, on the sequence shard too
                 plan |= {n: SequenceParallel(use_local_output=True) for n in ("attn_post_norm", "ffn_post_norm")}
         parallelize_module(block, tp_mesh, plan)
+        if sp and shard_saves:
+            save_shard(block.attn)
+            save_shard(block.ffn)
     retie(model)  # a tied head takes the embedding's DTensor again (both vocab-sharded): one parameter
 
 
@@ -302,11 +307,13 @@ def build_parts(
     compile: bool = False,
     fp8: str | None = None,
     loss_chunk: int = CE_CHUNK_TOKENS,
+    sp_save_shard: bool = True,
 ) -> ModelParts:
     """This rank's model chunks, parallelised; with pp > 1 also the pipeline schedule. With `lora` the base is
     frozen and the targeted linears get adapters (train/lora.py), split as their base under TP. `compile`:
     torch.compile per block (after TP and LoRA, before FSDP2); `fp8` (a torchao recipe, GPU): float8 linears;
-    `loss_chunk` tokens per chunk of the loss fused with the head where the head is whole (0: plain loss)."""
+    `loss_chunk` tokens per chunk of the loss fused with the head where the head is whole (0: plain loss);
+    `sp_save_shard` False keeps torch's TP saving the all-gathered linear inputs under SP (to measure the change)."""
     if fp8 is not None:
         check_fp8(plan, device.type, lora is not None)
     if compile:
@@ -323,7 +330,9 @@ def build_parts(
             m.keep_layers(*bounds[s], has_embed=s == 0, has_head=s == n_stages - 1)
         # shard while still on the meta device, then materialise only this rank's shards and initialise them
         if plan.tp > 1:
-            _apply_tp(m, mesh["tp"], plan.sp)
+            # the gathered input saved as its shard (not under compile; full recompute saves only the block input)
+            shard_saves = sp_save_shard and not compile and plan.recompute != "full"
+            _apply_tp(m, mesh["tp"], plan.sp, shard_saves=shard_saves)
         if fp8 is not None:
             convert_fp8(m, fp8)
         if lora is not None and lora.quant is not None:  # QLoRA: the base's linears stored quantized

@@ -8,6 +8,12 @@ receive tensor when it communicates (p2p_communication.py) and keeps it only whi
 `LeanStage` does the same on torch's stage: a buffer is made just before its receive is posted and let go after
 the micro-batch's backward, so a chunk holds the inputs of its micro-batches in flight (which its first block saves
 anyway) and one gradient buffer while a backward waits for it.
+
+A chunk that is not the model's last also keeps its output for backward (torch's fwd_cache), though backward needs
+only the output's autograd node, not its values. Megatron-LM frees the output's data once sent
+(schedules.deallocate_output_tensor); `LeanStage` does the same: the send gets its own alias of the output's storage
+(torch sends a detached tensor), and the cached output's data becomes one element expanded to its shape (so
+autograd's shape check still passes), so the storage lives only until the schedule has waited for the send.
 """
 
 from __future__ import annotations
@@ -46,6 +52,19 @@ class LeanStage(PipelineStage):
     def get_fwd_recv_ops(self, fwd_chunk_id: int):
         self._fresh("act", self.args_recv_info[fwd_chunk_id])
         return super().get_fwd_recv_ops(fwd_chunk_id)
+
+    def get_fwd_send_ops(self, fwd_chunk_id: int):
+        from torch.distributed._functional_collectives import AsyncCollectiveTensor
+
+        ops = super().get_fwd_send_ops(fwd_chunk_id)
+        sent = {id(op.tensor) for op in ops}
+        for out in self.fwd_cache[fwd_chunk_id][0] if ops else ():
+            # TP's all-reduced embedding output (an embedding-only chunk) wraps the tensor that holds the bytes
+            held = out.elem if isinstance(out, AsyncCollectiveTensor) else out
+            # a tensor whose storage the send holds through its own alias: its values are no longer needed
+            if type(held) is torch.Tensor and out.grad_fn is not None and not sent & {id(out), id(held)}:
+                held.data = torch.empty(1, dtype=held.dtype, device=held.device).expand(held.shape)
+        return ops
 
     def get_bwd_recv_ops(self, bwd_chunk_id: int):
         if self.has_backward and not self.is_last:

@@ -4,7 +4,8 @@ stages create their buffers), then meter the second step (train/pipeline_memory.
 rank's reading to OUT/<case>.<rank>.json.
 
 `python -m torch.distributed.run --nproc-per-node=N tests/distributed/pipeline_memory_worker.py CASES_JSON OUT`
-(CASES_JSON: [{"name", "plan": {ParallelPlan fields}, "shape": {ModelShape overrides of tiny}, "seq"}, ...])"""
+(CASES_JSON: [{"name", "plan": {ParallelPlan fields}, "shape": {ModelShape overrides of tiny}, "seq",
+"gathered_sp": keep torch's gathered SP saves}, ...])"""
 
 from __future__ import annotations
 
@@ -38,7 +39,10 @@ def measure(case: dict, out: Path) -> None:
     shape = get_model("tiny").with_(**case.get("shape", {}))
     seq = case["seq"]
     mesh = dims.build_mesh("cpu")
-    parts = build_parts(shape, plan, dims, mesh, seq, 7, torch.device("cpu"), None, loss_chunk=0)
+    gathered = case.get("gathered_sp", False)  # torch's TP as it is: the linears save the gathered SP input
+    parts = build_parts(
+        shape, plan, dims, mesh, seq, 7, torch.device("cpu"), None, loss_chunk=0, sp_save_shard=not gathered
+    )
     g = torch.Generator().manual_seed(0)
     rows = plan.micro_batch * plan.grad_accum
     x = torch.randint(0, shape.vocab, (rows, seq), generator=g)

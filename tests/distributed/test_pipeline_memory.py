@@ -22,6 +22,8 @@ CASES = [
         {"pp": 4, "schedule": "interleaved_1f1b", "virtual_stages": 2, "micro_batch": 2, "grad_accum": 8},
     ),
     ("pp2_tp2_sp_1f1b", {"pp": 2, "tp": 2, "sp": True, "schedule": "1f1b", "micro_batch": 2, "grad_accum": 4}),
+    # the same with torch's TP saving the linears' all-gathered inputs (train/sp_shard.py off): the drop measured
+    ("pp2_tp2_sp_gathered", {"pp": 2, "tp": 2, "sp": True, "schedule": "1f1b", "micro_batch": 2, "grad_accum": 4}),
     # an embedding-only first chunk and a head-only last one (Llama 3 405B's ends), TP without SP
     (
         "pp2_tp2_interleaved_ends",
@@ -35,7 +37,9 @@ SEQ = 64
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory):
     out = tmp_path_factory.mktemp("pipeline-memory")
-    cases = [{"name": n, "plan": p, "shape": LAYERS, "seq": SEQ} for n, p in CASES]
+    cases = [
+        {"name": n, "plan": p, "shape": LAYERS, "seq": SEQ, "gathered_sp": n.endswith("gathered")} for n, p in CASES
+    ]
     cmd = [*torchrun_prefix(4), str(ROOT / "tests/distributed/pipeline_memory_worker.py"), json.dumps(cases), str(out)]
     p = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=280, check=False)
     assert p.returncode == 0, (p.stdout + p.stderr)[-6000:]
@@ -53,7 +57,8 @@ def test_planner_equals_each_ranks_measured_peak(name, plan, measured):
     c = ParallelPlan(**plan).dims()
     shape = get_model("tiny").with_(**LAYERS)
     # the run is fp32 (CPU): every saved tensor at 4 bytes, twice the 16-bit count
-    layer = 2 * activation_bytes_per_layer(shape, SEQ, c.micro_batch, c.tp, c.sp, c.recompute)
+    gathered = name.endswith("gathered")
+    layer = 2 * activation_bytes_per_layer(shape, SEQ, c.micro_batch, c.tp, c.sp, c.recompute, gathered_sp=gathered)
     predicted = rank_activation_bytes(shape, c, SEQ, layer, 4)
     readings = [measured[f"{name}.{r}"] for r in range(4)]
     for rank, r in enumerate(readings):
@@ -66,3 +71,35 @@ def test_planner_equals_each_ranks_measured_peak(name, plan, measured):
     for r in readings:
         for kind in ("recv", "grad_recv"):
             assert r["boundary_kinds"].get(kind, 0) <= c.chunks_per_rank * boundary, (kind, r)
+        # a sent output keeps no data (LeanStage frees it, as Megatron's deallocate_output_tensor): 1 element each,
+        # and at most the one just computed, not yet sent (the last chunk's output is the logits, the head's term)
+        if not any(j % c.pp == r["pp_rank"] for j in (c.pp * c.chunks_per_rank - 1,)):
+            assert r["boundary_kinds"].get("output", 0) <= boundary + 4 * c.grad_accum * c.chunks_per_rank, r
+
+
+def test_sp_linears_save_the_shard_not_the_gathered_input(measured):
+    """What train/sp_shard.py saves per rank: the drop from torch's gathered saves equals the planner's (a)."""
+    from nightloom.catalog import get_model
+    from nightloom.planner.activations import activation_bytes_per_layer
+    from nightloom.planner.inflight import in_flight_layers
+
+    c = _dims(dict(CASES)["pp2_tp2_sp_1f1b"])
+    shape = get_model("tiny").with_(**LAYERS)
+    per_layer = [
+        2 * activation_bytes_per_layer(shape, SEQ, c.micro_batch, c.tp, True, "none", gathered_sp=g) for g in (1, 0)
+    ]
+    held = in_flight_layers(c.stage_sizes(shape.layers), c.pp, c.grad_accum, c.schedule)
+    for rank in range(4):
+        shard, gathered = measured[f"pp2_tp2_sp_1f1b.{rank}"], measured[f"pp2_tp2_sp_gathered.{rank}"]
+        drop = gathered["saved_peak"] - shard["saved_peak"]
+        predicted = held[shard["pp_rank"]] * (per_layer[0] - per_layer[1])
+        print(
+            f"rank {rank}: saved peak {gathered['saved_peak']} -> {shard['saved_peak']}, drop {drop} ({predicted:.0f})"
+        )
+        assert drop == pytest.approx(predicted, rel=0.05), (rank, drop, predicted)
+
+
+def _dims(plan: dict):
+    from nightloom.parallel import ParallelPlan
+
+    return ParallelPlan(**plan).dims()
