@@ -4,7 +4,6 @@ conversation rows, and the held-out pairs."""
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,7 +12,14 @@ import torch
 
 from nightloom.chat_pairs import split_pair
 from nightloom.storage import S3Config
-from nightloom.train.data import DataError, base_uri, load_chat_shard, open_training_manifest
+from nightloom.train.data import (
+    DataError,
+    ShardCache,
+    base_uri,
+    load_chat_shard,
+    open_training_manifest,
+    shard_order,
+)
 from nightloom.train.preference.logps import IGNORE_INDEX
 
 
@@ -56,7 +62,7 @@ class PairRows:
     are kept loaded."""
 
     def __init__(self, manifest: str, seed: int | None, tokenizer=None, s3: S3Config | None = None, multiple: int = 1):
-        self.manifest_uri, self.seed, self.s3, self.cache_size, self.multiple = str(manifest), seed, s3, 2, multiple
+        self.manifest_uri, self.seed, self.s3, self.multiple = str(manifest), seed, s3, multiple
         self.manifest, self.tokenizer = open_training_manifest(self.manifest_uri, tokenizer, s3, chat=True, task="dpo")
         self.base = base_uri(self.manifest_uri)
         self.shards = sorted(self.manifest.shards, key=lambda s: s.index)
@@ -64,18 +70,15 @@ class PairRows:
         self.total = int(self._starts[-1])
         if self.total == 0:
             raise DataError(f"{self.manifest_uri}: no preference pair in the training shards")
-        self._cache: OrderedDict = OrderedDict()
+        self._cache = ShardCache(2)
 
     def _shard(self, k: int):
-        if k not in self._cache:
-            s = self.shards[k]
-            order = None if self.seed is None else np.random.default_rng([self.seed, s.index]).permutation(s.rows)
-            where = f"{self.manifest_uri}: shards[{k}]"
-            self._cache[k] = load_chat_shard(self.base, s.token_files, self.s3, order, where)
-            if len(self._cache) > self.cache_size:
-                self._cache.popitem(last=False)
-        self._cache.move_to_end(k)
-        return self._cache[k]
+        return self._cache.get(k, self._load)
+
+    def _load(self, k: int):
+        s = self.shards[k]
+        order = shard_order(self.seed, s.index, s.rows)
+        return load_chat_shard(self.base, s.token_files, self.s3, order, f"{self.manifest_uri}: shards[{k}]")
 
     def docs(self, start: int, n: int) -> list[tuple[np.ndarray, np.ndarray]]:
         """The stored documents of global pairs [start, start + n) (mod total)."""
