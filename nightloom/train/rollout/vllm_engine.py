@@ -17,12 +17,14 @@ bit-equal to a native run's. The vLLM records (CompletionOutput: token_ids, logp
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from nightloom.hf.config import config_for_export, read_config
@@ -112,6 +114,16 @@ def model_folder(shape: ModelShape, hf_config: str | None, tokenizer: str | None
     return folder
 
 
+def launcher_env() -> None:
+    """The variables vLLM's external launcher reads, from this rank's process group (TRL sets the same): RANK,
+    LOCAL_RANK and WORLD_SIZE as torch.distributed has them, a rendezvous address when none is set."""
+    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    os.environ["RANK"], os.environ["WORLD_SIZE"] = str(rank), str(world)
+    os.environ.setdefault("LOCAL_RANK", str(torch.cuda.current_device()))
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29533")
+
+
 class VLLMEngine:
     """vLLM colocated in this rank: `sync` pushes the trainer's weights, `generate` samples (RolloutEngine)."""
 
@@ -139,6 +151,7 @@ class VLLMEngine:
             raise EngineUnavailable(msg) from err
         self.shape, self.settings, self.dora = shape, settings, dora
         self.eos_ids, self.pad_id = list(eos_ids), pad_id
+        launcher_env()
         has_tokenizer = any((folder / n).is_file() for n in ("tokenizer.json", "tokenizer_config.json"))
         self.llm = LLM(
             model=str(folder),
