@@ -12,11 +12,17 @@ READABLE_SCHEMAS = (1, 2, 3)  # older manifests load with defaults (no token fil
 MANIFEST_NAME = "manifest.json"
 
 
-class TokenFiles(BaseModel):
+class ManifestRecord(BaseModel):
+    """The base of every record of a manifest: an unknown field is an error when a manifest is read, never
+    silently dropped."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class TokenFiles(ManifestRecord):
     """A shard's Megatron indexed dataset (nightloom/sharding/tokens.py): `prefix.bin` + `prefix.idx`, one sequence
     per document (the tokenizer's ids, then EOS) in the Parquet shard's row order."""
 
-    model_config = ConfigDict(extra="forbid")
     bin: str  # relative to the manifest's folder/prefix
     idx: str
     dtype: str  # uint8 (at most 256 ids: bytes), uint16 (vocab < 65,500) or int32
@@ -47,8 +53,7 @@ class TokenFiles(BaseModel):
         return [self.bin, self.idx] + ([self.labels] if self.labels else [])
 
 
-class ShardInfo(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class ShardInfo(ManifestRecord):
     index: int
     path: str  # relative to the manifest's folder/prefix
     rows: int
@@ -62,15 +67,13 @@ class ShardInfo(BaseModel):
         return [self.path] + (self.token_files.files() if self.token_files else [])
 
 
-class BadRecord(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class BadRecord(ManifestRecord):
     file: str
     line: int
     reason: str
 
 
-class SourceFile(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class SourceFile(ManifestRecord):
     path: str
     size: int
     fingerprint: str  # "xxh3-128:<hex>" of a local file's bytes, or "etag:<ETag>" of an S3 object
@@ -78,10 +81,9 @@ class SourceFile(BaseModel):
     documents: int | None = None  # documents of this file in the shards (None: manifest before schema 2)
 
 
-class ChatStats(BaseModel):
+class ChatStats(ManifestRecord):
     """train.task sft: how chat records became sequences (nightloom/chat.py)."""
 
-    model_config = ConfigDict(extra="forbid")
     style: str  # dataset.style (auto: detected per record)
     template: str  # "sha256:<hex>" of the chat template
     seq_len: int  # conversations longer than seq_len + 1 ids were cut or dropped
@@ -99,36 +101,32 @@ class ChatStats(BaseModel):
         return out
 
 
-class RemovedSample(BaseModel):
+class RemovedSample(ManifestRecord):
     """A removed document for a person to read: which filter, why (datatrove's reason name), its first characters."""
 
-    model_config = ConfigDict(extra="forbid")
     filter: str
     reason: str
     text: str
 
 
-class Removed(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class Removed(ManifestRecord):
     documents: int = 0
     tokens: int = 0
 
 
-class QualityCounts(BaseModel):
+class QualityCounts(ManifestRecord):
     """Documents and tokens removed per filter (in the order they ran) and as near-duplicates (`near_dup`), after
     exact dedup; `files_filtered`: input files whose every document went that way (not all exact duplicates);
     `samples`: the side file in the output with removed documents per filter."""
 
-    model_config = ConfigDict(extra="forbid")
     removed: dict[str, Removed] = Field(default_factory=dict)
     files_filtered: int = 0
     samples: str | None = None
 
 
-class ShardManifest(BaseModel):
+class ShardManifest(ManifestRecord):
     """Counts, checksums, hash settings and balance figures of one sharded dataset."""
 
-    model_config = ConfigDict(extra="forbid")
     schema_version: int = SCHEMA_VERSION
     num_shards: int
     hash_algorithm: str = "xxhash64"
