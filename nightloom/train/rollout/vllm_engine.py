@@ -59,7 +59,8 @@ class Completion:
 def sampling_kwargs(params: SamplingParams, seed: int | None, eos_ids: Sequence[int]) -> dict:
     """vLLM's SamplingParams keyword arguments for one row: one completion, `params`' temperature (0: greedy, no
     seed), top-k (0: all, as vLLM's), top-p, token limit and stop strings (kept in the text, as native keeps the
-    token that completes one), the run's EOS ids as stop tokens, the sampled token's log-prob."""
+    token that completes one), the run's EOS ids as the only stop tokens (vLLM's own EOS ignored: a row ends where
+    a native one does), the sampled token's log-prob."""
     return {
         "n": 1,
         "temperature": params.temperature,
@@ -69,6 +70,7 @@ def sampling_kwargs(params: SamplingParams, seed: int | None, eos_ids: Sequence[
         "seed": None if params.greedy else seed,
         "stop": list(params.stop) or None,
         "stop_token_ids": list(eos_ids),
+        "ignore_eos": True,  # the model's own EOS ids (config, tokenizer) do not stop a row: only eos_ids, as native
         "include_stop_str_in_output": True,
         "logprobs": 0,  # the sampled token's only
         "detokenize": bool(params.stop),  # stop strings are matched in the text
@@ -198,8 +200,10 @@ class VLLMEngine:
 
         if len(prompts) != draw.groups * draw.size:
             raise ValueError(f"{len(prompts)} prompt rows for {draw.groups} groups of {draw.size}")
+        if self.pushed is None:
+            raise RuntimeError("the vllm engine holds dummy weights: sync(model, version) before generate")
         if self.asleep:  # weights slept away after the last rollout: the same weights pushed again
-            self.sync(model, self.pushed if self.pushed is not None else -1)
+            self.sync(model, self.pushed)
         if self.settings.sleep:
             self.llm.wake_up(tags=["kv_cache"])
         seeds = draw.row_seeds()

@@ -59,7 +59,9 @@ def test_sampling_params_from_the_spec():
     g = GRPOSpec(max_completion_tokens=12, temperature=0.7, top_p=0.9, top_k=5, stop=["\n\n"])
     kw = sampling_kwargs(GRPOSettings.from_spec(g, 4).sampling, 123, [2])
     assert (kw["max_tokens"], kw["temperature"], kw["top_p"], kw["top_k"], kw["seed"]) == (12, 0.7, 0.9, 5, 123)
-    assert kw["stop"] == ["\n\n"] and kw["stop_token_ids"] == [2] and kw["include_stop_str_in_output"]
+    assert (
+        kw["stop"] == ["\n\n"] and kw["stop_token_ids"] == [2] and kw["include_stop_str_in_output"] and kw["ignore_eos"]
+    )
     assert kw["logprobs"] == 0 and kw["detokenize"] and kw["n"] == 1
     greedy = sampling_kwargs(SamplingParams(max_new_tokens=8, temperature=0.0), 9, [2])
     assert greedy["seed"] is None and greedy["temperature"] == 0.0 and greedy["stop"] is None
