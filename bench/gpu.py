@@ -11,7 +11,10 @@ beside torchtitan's published H100 figures, then import speed and the gpu-marked
 2. Import speed: the same model's random weights saved as bf16 safetensors (shards + index), loaded into the
    model on the GPU by nightloom.hf.load (DCP HuggingFaceStorageReader), against reading the same files with
    `safetensors` alone: MB/s and the ratio, in one run.
-3. `pytest -m gpu tests/gpu` (bf16 and fp8 train/import/export paths and the trainer on CUDA).
+3. Rollout engines (train.grpo.engine), when vllm (0.32.0) is importable: the same model's greedy rollout of 32
+   prompts x 128 new tokens by native generation and by vLLM colocated in this process (tokens/s and the ratio,
+   in one run, bf16), and one weight push to vLLM (nightloom.train.rollout.push.hf_state + load_weights) timed.
+4. `pytest -m gpu tests/gpu` (bf16 and fp8 train/import/export paths, the trainer and the vllm engine on CUDA).
 
 `--smoke` runs step 1 on a CPU in seconds: the catalog `tiny` model, fp32, 3 steps, compile off and on (fp8 is
 listed as refused: GPU only); what tests/unit/repo/test_bench_gpu_smoke.py runs (with --no-compile).
@@ -272,6 +275,49 @@ def import_speed(tmp: Path) -> None:
           f"{size / ours:,.0f} MiB/s; ratio {ours / plain:.2f}x the time")  # fmt: skip
 
 
+def rollout_engines(tmp: Path) -> None:
+    """Native generation against the colocated vLLM engine on the weights import_speed saved (tmp/weights)."""
+    from importlib.util import find_spec
+
+    if find_spec("vllm") is None:
+        print("\n== rollout engines: vllm is not installed here (pip install vllm==0.32.0): native only, skipped")
+        return
+    from nightloom.hf.config import shape_from_hf_config
+    from nightloom.hf.load import model_from_hf
+    from nightloom.spec.grpo import VLLMSpec
+    from nightloom.train.rollout.engine import GroupDraw, NativeEngine
+    from nightloom.train.rollout.sampling import SamplingParams
+    from nightloom.train.rollout.vllm_engine import VLLMEngine, model_folder
+
+    folder, batch, new = tmp / "weights", 32, 128
+    shape = shape_from_hf_config(folder)
+    model = model_from_hf(folder, 512).to("cuda", torch.bfloat16).eval()
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, shape.vocab, (16 + (7 * i) % 48,), generator=g).tolist() for i in range(batch)]
+    params, draw = SamplingParams(max_new_tokens=new, temperature=0.0), GroupDraw(0, 0, 0, batch, 1)
+    eos = [shape.vocab + 1]  # no row ends early: exactly `new` tokens each
+    engine = VLLMEngine(model_folder(shape, str(folder / "config.json"), None, "bf16"), shape, VLLMSpec(), seed=0,
+                        max_model_len=512, dtype="bf16", eos_ids=eos, pad_id=0)  # fmt: skip
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    engine.sync(model, 0)
+    torch.cuda.synchronize()
+    push = time.perf_counter() - t0
+    native = NativeEngine(eos, 0, None)
+    times: dict[str, list[float]] = {"native": [], "vllm": []}
+    for _ in range(3):  # interleaved; the first round warms both
+        for name, e in (("native", native), ("vllm", engine)):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            e.generate(model, prompts, params, draw)
+            torch.cuda.synchronize()
+            times[name].append(time.perf_counter() - t0)
+    tps = {k: batch * new / statistics.median(v[1:]) for k, v in times.items()}
+    print(f"\n== rollout engines: {batch} prompts x {new} new tokens, greedy, bf16, one GPU")
+    print(f"native generation {tps['native']:,.0f} tokens/s; vLLM colocated {tps['vllm']:,.0f} tokens/s; "
+          f"ratio {tps['vllm'] / tps['native']:.2f}x; one weight push to vLLM {push:.2f} s")  # fmt: skip
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=50)
@@ -294,6 +340,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as d:
         train(Path(d), args)
         import_speed(Path(d))
+        rollout_engines(Path(d))
     if args.skip_tests:
         return 0
     print("\n== pytest -m gpu tests/gpu", flush=True)
