@@ -30,17 +30,26 @@ def chatml_pairs(texts: list[str]) -> list[tuple[str, str]]:
     return out
 
 
-def heldout_texts(shards_dir: str | Path) -> list[str]:
-    """The held-out split's texts from a local shard folder's manifest (none when it has no held-out split)."""
+def heldout_split(shards_dir: str | Path) -> dict[str, list]:
+    """The held-out split of a local shard folder as columns: `text` (the manifest's text field: a chat's rendered
+    text, a GRPO prompt) and each kept column, e.g. `answer` (empty when there is no held-out split)."""
     import pyarrow.parquet as pq
 
     manifest = Path(shards_dir) / "manifest.json"
     if not manifest.is_file():
-        return []
-    held = json.loads(manifest.read_text()).get("heldout")
-    if not held:
-        return []
-    return [t for t in pq.read_table(Path(shards_dir) / held["path"], columns=["text"]).column("text").to_pylist() if t]
+        return {}
+    m = json.loads(manifest.read_text())
+    if not (held := m.get("heldout")):
+        return {}
+    field = m.get("text_field") or "text"
+    keep = [c for c in m.get("keep_columns") or [] if c != field]
+    table = pq.read_table(Path(shards_dir) / held["path"], columns=[field, *keep])
+    return {"text": table.column(field).to_pylist()} | {c: table.column(c).to_pylist() for c in keep}
+
+
+def heldout_texts(shards_dir: str | Path) -> list[str]:
+    """The held-out split's texts from a local shard folder's manifest (none when it has no held-out split)."""
+    return [t for t in heldout_split(shards_dir).get("text", []) if t]
 
 
 def _shuffles(answer: str, n: int, rng: random.Random) -> list[str]:

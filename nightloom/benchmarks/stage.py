@@ -9,8 +9,9 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from nightloom.benchmarks.answer_task import ANSWER, ensure_answer_task
 from nightloom.benchmarks.compare import BenchRow, check_benchmarks, completion_rows, figures, rows, table_rows
-from nightloom.benchmarks.demo_task import chatml_pairs, ensure_demo_task, heldout_texts
+from nightloom.benchmarks.demo_task import chatml_pairs, ensure_demo_task, heldout_split
 from nightloom.benchmarks.launch import BenchmarkError, Runner, run_benchmarks
 from nightloom.benchmarks.records import BenchResult
 from nightloom.ledger.records import Figure
@@ -33,9 +34,24 @@ class BenchReport(BaseModel):
     base_cached: bool = False
 
 
-def prompts_for(settings: BenchmarksSpec, texts: list[str]) -> list[str]:
-    """The spec's prompts, else the held-out conversations' first user turns."""
-    return settings.prompts or [q for q, _ in chatml_pairs(texts)][: settings.completions]
+def prompts_for(settings: BenchmarksSpec, held: dict[str, list]) -> list[str]:
+    """The spec's prompts, else the held-out conversations' first user turns, else held-out prompts with answers."""
+    texts = [t for t in held.get("text", []) if t]
+    found = [q for q, _ in chatml_pairs(texts)] or (texts if ANSWER in held else [])
+    return settings.prompts or found[: settings.completions]
+
+
+def ensure_task(settings: BenchmarksSpec, held: dict[str, list]) -> None:
+    """validate.benchmarks.demo_task on first use: a generative exact-answer task from held-out prompts with an
+    `answer` column (answer_task.py), else the multiple-choice task from held-out chats (demo_task.py)."""
+    if settings.demo_task is None or settings.include_path is None:
+        return
+    if ANSWER in held:
+        ensure_answer_task(
+            settings.include_path, settings.demo_task, held["text"], held[ANSWER], settings.max_new_tokens
+        )
+    else:
+        ensure_demo_task(settings.include_path, settings.demo_task, [t for t in held.get("text", []) if t])
 
 
 def markdown_table(table: list[dict]) -> str:
@@ -64,11 +80,10 @@ def run_stage(
     if export_dir is None:
         why = "no export to score (train.export: none, or the run stopped before its last step)"
         return BenchReport(verdicts=[Verdict(name="benchmarks", passed=not settings.gates, skipped=True, reason=why)])
-    texts = heldout_texts(shards_dir) if shards_dir and "://" not in shards_dir else []
-    if settings.demo_task is not None and settings.include_path is not None:
-        ensure_demo_task(settings.include_path, settings.demo_task, texts)
+    held = heldout_split(shards_dir) if shards_dir and "://" not in shards_dir else {}
+    ensure_task(settings, held)
     try:
-        prompts = prompts_for(settings, texts)
+        prompts = prompts_for(settings, held)
         result = run_benchmarks(
             settings, export_dir, base_dir, run_dir, run_dir.parent / ".benchmarks", prompts, runner
         )
