@@ -16,7 +16,7 @@ import time
 
 from pydantic import ValidationError
 
-from flows.commands.common import UsageError, load_spec_file, spec_invalid
+from flows.commands.common import UsageError, load_spec_file, spec_invalid, usage
 from nightloom.sharding import ShardingError, shard_dataset, summarize
 from nightloom.spec import DatasetSpec, ShardingSpec, SpecError, StorageSpec, TokenizerSpec
 from nightloom.storage import StorageError
@@ -111,11 +111,6 @@ def _progress_lines():
     return note
 
 
-def _usage(msg: str) -> int:
-    print(f"nightloom shard: error: {msg}", file=sys.stderr)
-    return 2
-
-
 def _sections(args) -> tuple[DatasetSpec, ShardingSpec, StorageSpec]:
     """Spec sections from SPEC (if given) with the flags layered on top; raises SpecError (the spec does not
     validate), UsageError (a required flag missing) or ValidationError (a flag's value is wrong)."""
@@ -170,17 +165,17 @@ def run(args: argparse.Namespace) -> int:
     except SpecError as err:
         return spec_invalid(err)
     except UsageError as err:
-        return _usage(str(err))
+        return usage("shard", str(err))
     except ValidationError as err:
-        return _usage("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors()))
+        return usage("shard", "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors()))
     if args.workers is not None and args.workers < 1:
-        return _usage("--workers must be >= 1")
+        return usage("shard", "--workers must be >= 1")
     try:
         tokenizer = _tokenizer(args)
     except TokenizerError as err:
-        return _usage(str(err))
+        return usage("shard", str(err))
     except ValidationError as err:
-        return _usage("; ".join(f"--tokenizer: {e['msg']}" for e in err.errors()))
+        return usage("shard", "; ".join(f"--tokenizer: {e['msg']}" for e in err.errors()))
     try:
         if sharding.dask is not None:
             manifest = _shard_on_dask(dataset, sharding, storage, tokenizer)
