@@ -48,6 +48,8 @@ class PostTraining:
     group: int = 1
     completion: int = 0
     iterations: int = 1
+    vllm_share: float = 0.0  # train.grpo.engine vllm: the share of each GPU vLLM holds (0: native rollouts)
+    vllm_sleep: bool = False  # vLLM's memory freed while the trainer runs (train.grpo.vllm.sleep)
 
     def __post_init__(self) -> None:
         if self.steps < 1 or self.iterations < 1:
@@ -87,6 +89,8 @@ def post_training_of(train) -> PostTraining | None:
             group=g.num_generations,
             completion=g.max_completion_tokens,
             iterations=g.iterations,
+            vllm_share=g.vllm_settings.gpu_memory_utilization if g.engine == "vllm" else 0.0,
+            vllm_sleep=g.engine == "vllm" and g.vllm_settings.sleep,
         )
     return None
 
@@ -169,7 +173,9 @@ def task_memory(
 ) -> tuple[MemoryBreakdown, TaskMemory | None]:
     """`mem` (memory_breakdown of `task_dims(task, c)`) with the task's own terms: every token's fp32 logits where
     the trainer would have chunked them (the step scores every completion token), a frozen reference copy's
-    weights, and GRPO's rollout where it needs more than the training step's activations."""
+    weights, and GRPO's rollout where it needs more than the training step's activations; with the vllm engine the
+    rollout is vLLM's share of the GPU (gpu_memory_utilization), held beside the training step (its overhead) unless
+    vLLM sleeps while the trainer runs."""
     if task is None:
         return mem, None
     rows = task_dims(task, c)
@@ -179,13 +185,18 @@ def task_memory(
     if task.reference == "frozen_copy":  # 16-bit weights, sharded over the same ranks as the policy's
         copy = stage_params(shape, c.tp, 1, c.ep)[0] * element_bytes(precision) / c.shard / GIB
         parts = dataclasses.replace(parts, reference_gib=copy)
-    if task.task == "grpo" and gpu is not None:
+    if task.task == "grpo" and gpu is not None and task.vllm_share:  # vLLM's share holds the rollout
+        parts = dataclasses.replace(parts, rollout_gib=task.vllm_share * gpu.memory_gib)
+    elif task.task == "grpo" and gpu is not None:
         gen = _rollout(task, shape, c, seq, gpu, gpn, 1.0, precision)
         parts = dataclasses.replace(parts, rollout_gib=_rollout_gib(gen, c, mem))
+    beside = task.vllm_share > 0 and not task.vllm_sleep  # vLLM awake through the training step: both at once
     update = {
-        "activations_gib": max(parts.training_activations_gib, parts.rollout_gib),
+        "activations_gib": parts.training_activations_gib if beside else max(parts.training_activations_gib,
+                                                                             parts.rollout_gib),
         "weights_gib": mem.weights_gib + parts.reference_gib,
-    }
+        "overhead_gib": mem.overhead_gib + (parts.rollout_gib if beside else 0.0),
+    }  # fmt: skip
     return mem.model_copy(update=update), parts
 
 

@@ -87,3 +87,27 @@ def test_engine_defaults_keep_the_hash_and_the_vllm_section_needs_engine_vllm():
         GRPOSpec(vllm={"sleep": True})
     with pytest.raises(ValueError, match="gpu_memory_utilization"):
         GRPOSpec(engine="vllm", vllm={"gpu_memory_utilization": 1.0})
+
+
+def test_the_planner_prices_vllms_share_of_the_gpu():
+    """vLLM's gpu_memory_utilization of each GPU holds the rollout: beside the training step (overhead) when
+    awake, or in the training step's place (the larger of the two) when it sleeps while the trainer runs."""
+    from nightloom.catalog import get_gpu
+    from nightloom.planner import plan_for_spec
+
+    def memory(**grpo):
+        grpo = {"prompts_per_step": 64, "num_generations": 8, "max_completion_tokens": 512, **grpo}
+        train = {"task": "grpo", "seq_len": 1024, "steps": 100, "grpo": grpo}
+        cluster = {"nodes": 1, "gpus_per_node": 8, "gpu_type": "h100-80gb"}
+        data = {"name": "g", "dataset": {"path": "d"}, "model": {"name": "llama3-8b"}, "cluster": cluster}
+        spec = RunSpec.model_validate({**data, "train": train, "parallel": {"dp_shard": 8}})
+        return plan_for_spec(spec, require_fit=False).chosen.memory
+
+    share = 0.3 * get_gpu("h100-80gb").memory_gib
+    native, awake = memory(), memory(engine="vllm", vllm={"gpu_memory_utilization": 0.3})
+    asleep = memory(engine="vllm", vllm={"gpu_memory_utilization": 0.3, "sleep": True})
+    assert awake.overhead_gib == pytest.approx(native.overhead_gib + share)
+    assert awake.activations_gib < native.activations_gib  # the native rollout's KV cache is not the trainer's
+    assert asleep.overhead_gib == pytest.approx(native.overhead_gib)
+    assert asleep.activations_gib == pytest.approx(max(awake.activations_gib, share))
+    assert awake.weights_gib == native.weights_gib and awake.grads_gib == native.grads_gib
