@@ -110,3 +110,38 @@ def test_another_engines_logps_are_taken_again_by_the_training_forward(llama_dir
     assert torch.equal(native.rollout.tokens, foreign.rollout.tokens)
     assert float(foreign.rollout.logprobs.abs().sum()) > 0
     torch.testing.assert_close(foreign.rollout.logprobs, native.rollout.logprobs, atol=1e-5, rtol=1e-5)
+
+
+@pytest.fixture
+def one_rank():
+    """A one-rank gloo group: FSDP2's shards are DTensors over it."""
+    import torch.distributed as dist
+
+    owns = not dist.is_initialized()
+    if owns:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    if owns:
+        dist.destroy_process_group()
+
+
+def test_fsdp2_shards_are_pushed_whole_under_the_same_names(llama_dir, one_rank):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import DTensor
+
+    lora = LoraSettings(rank=4, alpha=8.0, dropout=0.0, modules=("q_proj", "down_proj"))
+    model, shape = native_lora_model(llama_dir, lora)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if ".lora_B." in name:
+                p.fill_(0.01)
+    plain = {k: v.clone() for k, v in hf_state(model, shape)}
+    mesh = init_device_mesh("cpu", (1,))
+    for layer in model.layers.values() if isinstance(model.layers, torch.nn.ModuleDict) else model.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    assert any(isinstance(p, DTensor) for p in model.parameters())
+    sharded = dict(hf_state(model, shape))
+    assert sharded.keys() == plain.keys()
+    assert all(not isinstance(t, DTensor) and torch.equal(t, plain[k]) for k, t in sharded.items())
