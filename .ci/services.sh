@@ -276,6 +276,16 @@ start_s3() {
 }
 
 # ------------------------------------------------------------------------------------------------- prefect
+# The servers' loop services nothing here uses, off: automations (triggers and their actions: no test or flow makes
+# one) on both; on lane 2's server, which only takes in-process flow runs (no deployment, schedule, work pool or
+# pause), also the scheduler, late runs, foreman, pause expirations, repossessor and the event persister (nothing
+# reads its events; task runs come from the task-run recorder, kept). Each costs CPU on every event or every 5-15 s
+# on a 2-core box the three test lanes share.
+SERVER_QUIET="PREFECT_SERVER_SERVICES_TRIGGERS_ENABLED=false"
+LANE2_QUIET="$SERVER_QUIET PREFECT_SERVER_SERVICES_SCHEDULER_ENABLED=false PREFECT_SERVER_SERVICES_LATE_RUNS_ENABLED=false
+ PREFECT_SERVER_SERVICES_FOREMAN_ENABLED=false PREFECT_SERVER_SERVICES_PAUSE_EXPIRATIONS_ENABLED=false
+ PREFECT_SERVER_SERVICES_REPOSSESSOR_ENABLED=false PREFECT_SERVER_SERVICES_EVENT_PERSISTER_ENABLED=false"
+
 prefect_env() {
     export PREFECT_HOME=$SVC_DIR/prefect PREFECT_SERVER_ANALYTICS_ENABLED=false
     export PREFECT_API_URL=http://127.0.0.1:$PREFECT_PORT/api
@@ -285,12 +295,14 @@ prefect_env() {
 start_prefect_server() {
     mkdir -p "$SVC_DIR/prefect"
     prefect_env
-    launch prefect-server "$VENV/bin/prefect" server start --host 127.0.0.1 --port $PREFECT_PORT
+    # shellcheck disable=SC2086  # SERVER_QUIET is a list of NAME=false words
+    launch prefect-server env $SERVER_QUIET "$VENV/bin/prefect" server start --host 127.0.0.1 --port $PREFECT_PORT
 }
 
 start_prefect_lane2() {  # API only for flows run in-process: no UI, no work pool; its own database
     mkdir -p "$SVC_DIR/prefect2"
-    launch prefect-server-2 env PREFECT_HOME="$SVC_DIR/prefect2" PREFECT_SERVER_ANALYTICS_ENABLED=false \
+    # shellcheck disable=SC2086  # LANE2_QUIET is a list of NAME=false words
+    launch prefect-server-2 env $LANE2_QUIET PREFECT_HOME="$SVC_DIR/prefect2" PREFECT_SERVER_ANALYTICS_ENABLED=false \
         PREFECT_API_URL="http://127.0.0.1:$PREFECT_LANE2_PORT/api" \
         "$VENV/bin/prefect" server start --host 127.0.0.1 --port $PREFECT_LANE2_PORT --no-ui
 }
