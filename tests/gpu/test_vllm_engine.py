@@ -63,7 +63,7 @@ def test_pushed_weights_after_a_step_give_the_trainers_logprobs(tiny):
     before = engine.generate(model, prompts, params, draw)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     ids = torch.tensor([p[:3] for p in prompts], device="cuda")
-    model(ids).float().log_softmax(-1)[..., 5].mean().backward()  # push every row towards token 5
+    (-model(ids).float().log_softmax(-1)[..., 5].mean()).backward()  # push every row towards token 5
     opt.step()
     engine.sync(model, 1)
     after = engine.generate(model, prompts, params, draw)

@@ -137,15 +137,20 @@ class GRPOStep:
 
     @torch.no_grad()
     def _own_logps(self, model: nn.Module, ids: torch.Tensor, pad: torch.Tensor, out: Rollout) -> Rollout:
-        """`out` with its sampled tokens' log-probs taken by the training forward, micro-batch by micro-batch."""
+        """`out` with its sampled tokens' log-probs taken by the training forward (eval mode, as native generation
+        samples), micro-batch by micro-batch."""
         ids, pad = ids.to(out.tokens.device), pad.to(out.tokens.device)
         whole, mb = rollout_batch(ids, pad, out), self.s.micro_batch
         temperature = self.s.sampling.temperature or 1.0
-        parts = []
-        for start in range(0, ids.shape[0], mb):
-            rows = slice(start, start + mb)
-            part = type(whole)(whole.ids[rows], whole.doc_ids[rows], whole.prompt_len, whole.completion_mask[rows])
-            parts.append(completion_logps(model, part, temperature).float())
+        parts, was = [], model.training
+        model.eval()  # as native generation samples: no dropout
+        try:
+            for start in range(0, ids.shape[0], mb):
+                rows = slice(start, start + mb)
+                part = type(whole)(whole.ids[rows], whole.doc_ids[rows], whole.prompt_len, whole.completion_mask[rows])
+                parts.append(completion_logps(model, part, temperature).float())
+        finally:
+            model.train(was)
         return Rollout(out.tokens, torch.cat(parts), out.mask, out.truncated)
 
     def train(

@@ -209,7 +209,8 @@ class VLLMEngine:
         seeds = draw.row_seeds()
         rows = [{"prompt_token_ids": list(p)} for p in prompts]
         sampling = [VSamplingParams(**sampling_kwargs(params, s, self.eos_ids)) for s in seeds]
-        outputs = self.llm.generate(rows, sampling_params=sampling, use_tqdm=False)
+        with torch.autocast("cuda", enabled=False):  # vLLM keeps its own dtypes, whatever the trainer's autocast
+            outputs = self.llm.generate(rows, sampling_params=sampling, use_tqdm=False)
         completions = [completion_of(o.outputs[0]) for o in outputs]
         if self.settings.sleep:
             self.llm.sleep(level=2)
