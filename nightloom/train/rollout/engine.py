@@ -6,11 +6,10 @@ completion ids, the sampled tokens' log-probs, the mask of its own tokens and wh
   rows' inverse-CDF samples from its own generator (sampling.group_generators): bit-equal across layouts and
   after a resume. Its log-probs are the trainer's own (logits / temperature, before top-k/top-p).
 - The vllm engine (vllm_engine.VLLMEngine): vLLM colocated in the rank, the trainer's weights pushed after each
-  optimizer step (`sync`). vLLM's sampler is its own (an exponential race, probs / q with q ~ Exp(1), from a per-request seed,
-  `group_row_seeds`), so a
-  vllm run samples other completions than a native one, the same for a seed and a layout but not bit-equal to
-  native; its kernels differ in the last bits, so the ratio's old log-probs are taken again by the training
-  forward (`recomputes_logps`)."""
+  optimizer step (`sync`). vLLM's sampler is its own (an exponential race, argmax of probs / q with q ~ Exp(1),
+  from a per-request seed, `group_row_seeds`), so a vllm run samples other completions than a native one, the
+  same for a seed and a layout but not bit-equal to native; its kernels differ in the last bits, so the ratio's
+  old log-probs are taken again by the training forward (`recomputes_logps`)."""
 
 from __future__ import annotations
 
