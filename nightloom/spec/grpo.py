@@ -228,6 +228,13 @@ def engine_errors(data: dict, vllm_importable: bool) -> list[tuple[tuple[str, ..
     tp = _raw(data, "parallel", "tp")
     if isinstance(tp, int) and tp > 1:
         errs.append((where, f"vllm runs colocated with tp 1 in each rank (FSDP2 across them); parallel.tp is {tp}"))
+    temperature = _raw(data, "train", "grpo", "temperature")
+    if isinstance(temperature, (int, float)) and temperature > 2:
+        errs.append((where, f"vLLM samples at temperatures up to 2; train.grpo.temperature is {temperature}"))
+    tok = _raw(data, "model", "tokenizer")
+    kind = tok if isinstance(tok, str) else _raw(tok, "kind") or ("auto" if _raw(tok, "path") else "bytes")
+    if _raw(data, "train", "grpo", "stop") and kind in ("bytes", "tiktoken", "sentencepiece"):
+        errs.append((where, f"vLLM matches stop strings with a Hugging Face tokenizer; model.tokenizer is {kind}"))
     lora = _raw(data, "train", "lora")
     for name in ("quantize", "modules_to_save", "trainable_token_indices"):
         if isinstance(lora, dict) and lora.get(name):

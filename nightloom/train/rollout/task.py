@@ -194,6 +194,9 @@ def make_engine(job, eos_ids: list[int], pad_id: int, decode: Callable[[list[int
 
     dtype = "fp32" if job.train.precision == "fp32" else "bf16"
     folder = model_folder(job.model, job.hf_config, job.tokenizer_dir or job.tokenizer.path, dtype)
+    if g.stop and not (folder / "tokenizer.json").is_file():
+        raise ValueError("train.grpo.stop: the vllm engine matches stop strings with a Hugging Face tokenizer "
+                         f"(tokenizer.json); {job.tokenizer.path or job.tokenizer.kind} is not one")  # fmt: skip
     lora = job.train.lora
     return VLLMEngine(folder, job.model, g.vllm_settings, seed=job.train.seed, max_model_len=job.train.seq_len,
                       dtype=dtype, eos_ids=eos_ids, pad_id=pad_id, dora=bool(lora and lora.use_dora))  # fmt: skip

@@ -49,10 +49,13 @@ SLURM = {"provider": {"kind": "slurm"}, "gpu_type": "h100-80gb"}
         ({**SLURM, "env_requirements": ["vllm>=0.33"]}, "auto", {}, "'vllm>=0.33' is not vllm==0.32.0"),
         ({**SLURM, "env_requirements": [VLLM_PIN], "gpus_per_node": 2}, {"tp": 2}, {}, "parallel.tp is 2"),
         ({**SLURM, "env_requirements": [VLLM_PIN]}, "auto", {"lora": {"quantize": "nf4"}}, "train.lora.quantize"),
+        ({**SLURM, "env_requirements": [VLLM_PIN]}, "auto", {"grpo": {"temperature": 2.5}}, "temperature is 2.5"),
+        ({**SLURM, "env_requirements": [VLLM_PIN]}, "auto", {"grpo": {"stop": ["\n"]}}, "model.tokenizer is bytes"),
     ],
 )
 def test_vllm_engine_refused_by_name(tmp_path, cluster, parallel, train, words):
-    path = _write(tmp_path, {"engine": "vllm"}, cluster, parallel, **train)
+    grpo = {"engine": "vllm", **train.pop("grpo", {})}
+    path = _write(tmp_path, grpo, cluster, parallel, **train)
     text = _errors(path)
     assert words in text and f"{path}:" in text and ": train.grpo.engine:" in text, text
 
