@@ -58,7 +58,8 @@ class BenchmarksSpec(_Section):
     max_new_tokens: int = Field(32, ge=1, description="Greedy tokens per side-by-side completion.")
     demo_task: str | None = Field(
         None,
-        description="Build this multiple-choice task in `include_path` from the held-out chats on first use (demos).",
+        description="Build this task in `include_path` on first use (demos): multiple choice from the held-out chats, "
+        "or, when the held-out prompts carry an `answer` column (GRPO), generative with exact_match and digits.",
     )
 
     @model_validator(mode="after")
