@@ -56,6 +56,9 @@ class ParallelDims:
     zero: Zero = "fsdp"
     stages: tuple[int, ...] | None = None
     ep: int = 1
+    #: FSDP2 reduce-scatters every micro-batch's gradients (less memory: no unsharded fp32 gradients held between
+    #: micro-batches; more communication), not only the last one's
+    reduce_each_micro_batch: bool = False
 
     def __post_init__(self) -> None:
         degrees = {k: getattr(self, k) for k in ("dp_replicate", "dp_shard", "tp", "pp", "cp", "ep")}

@@ -228,5 +228,6 @@ def spec_layout(p, world_size: int) -> FixedLayout:
         recompute=p.recompute,
         zero=p.zero if dims.dp_shard > 1 else "none",
         stages=tuple(p.stages) if p.stages else None,
+        reduce_each_micro_batch=p.reduce_each_micro_batch,
         ep=getattr(p, "ep", None),  # parallel.ep once the spec has it
     )

@@ -216,8 +216,9 @@ def memory_breakdown(
     rank_acts = rank_bytes(shape, c, seq, per_layer_act, precision, native_trainer, logit_bytes(shape, c, seq))
     working += _cp_working(shape, c, seq, wb, native_trainer)
     d = c.shard
-    # nightloom's FSDP2 accumulates unsharded gradients until the last micro-batch (ACCUM_GRAD_BYTES): grads_gib
-    acc = ACCUM_GRAD_BYTES if native_trainer and d > 1 and c.grad_accum > 1 else 0
+    # nightloom's FSDP2 accumulates unsharded gradients until the last micro-batch (ACCUM_GRAD_BYTES): grads_gib;
+    # not when it reduce-scatters every micro-batch (parallel.reduce_each_micro_batch)
+    acc = ACCUM_GRAD_BYTES if native_trainer and d > 1 and c.grad_accum > 1 and not c.reduce_each_micro_batch else 0
     # ZeRO-3 without PP gathers 2 layers at a time; under PP, or ZeRO-2, the rank's whole stage stays gathered
     keep_gathered = c.pp > 1 or c.zero == "zero2"
 

@@ -40,6 +40,7 @@ class FixedLayout:
     zero: Literal["none", "fsdp", "zero2"] | None = None
     stages: tuple[int, ...] | None = None  # transformer layers per pipeline stage (uneven split)
     ep: int | None = None  # expert parallel (MoE), drawn from the data-parallel ranks
+    reduce_each_micro_batch: bool | None = None  # FSDP2 reduce-scatters every micro-batch (None: where it fits)
 
     def __post_init__(self) -> None:
         if self.zero == "none" and self.dp_shard is not None and self.dp_shard > 1:
@@ -71,11 +72,14 @@ _LAYOUT_KEYS = {
     "zero": "zero",
     "stages": "stages",
     "ep": "ep",
+    "reduce_each": "reduce_each_micro_batch",
+    "reduce_each_micro_batch": "reduce_each_micro_batch",
 }
 
 
 def parse_layout(text: str) -> FixedLayout:
-    """Parse `tp=8,pp=4,dp=32[,cp=2,ep=8,sp=1,mb=2,v=2,recompute=full,zero=fsdp|zero2|none,stages=7:8:8:7]` into a
+    """Parse `tp=8,pp=4,dp=32[,cp=2,ep=8,sp=1,mb=2,v=2,recompute=full,zero=fsdp|zero2|none,stages=7:8:8:7,
+    reduce_each=1]` into a
     FixedLayout (clear errors). Stage sizes are separated by ':' (a comma separates keys)."""
     vals: dict[str, object] = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
@@ -95,9 +99,9 @@ def parse_layout(text: str) -> FixedLayout:
             vals[name] = raw
         elif name == "stages":
             vals[name] = parse_stages(raw, "--layout: stages")
-        elif name == "sp":
+        elif name in ("sp", "reduce_each_micro_batch"):
             if raw.lower() not in ("0", "1", "true", "false", "yes", "no"):
-                raise ValueError(f"--layout: sp={raw!r}; expected 0/1 or true/false")
+                raise ValueError(f"--layout: {key}={raw!r}; expected 0/1 or true/false")
             vals[name] = raw.lower() in ("1", "true", "yes")
         else:
             try:

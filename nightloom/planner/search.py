@@ -20,6 +20,7 @@ from functools import lru_cache
 
 from nightloom.parallel import ParallelDims, ParallelPlan, Rejection, layout_name
 from nightloom.perf import active_params, count_params, expert_params, flops_per_token, mfu
+from nightloom.planner.grad_sync import gradient_sync
 from nightloom.planner.memory import memory_breakdown, rank_layers, usable_gib
 from nightloom.planner.post_training import (
     TaskMemory,
@@ -392,6 +393,10 @@ def _time(req: PlanRequest, sc: _Scored, eff: float) -> None:
     sc.tokens_per_s = rows * req.global_batch * req.seq_len / sc.step.step_s
 
 
+def _memory_of(req: PlanRequest):
+    return lambda c: _memory(req, c)
+
+
 def _memory(req: PlanRequest, c: ParallelDims) -> tuple[object, TaskMemory | None]:
     """A candidate's memory (memory.py) with a dpo or grpo step's own terms (post_training.py)."""
     mem = memory_breakdown(
@@ -464,7 +469,9 @@ def search(req: PlanRequest) -> PlanReport:
             if req.gpu is None:
                 fitting.append(_Scored(c, None, None, None))
                 continue
-            mem, task_mem = _memory(req, c)
+            c, (mem, task_mem) = gradient_sync(
+                c, fixed.reduce_each_micro_batch, req.native_trainer, usable, _memory_of(req)
+            )
             sc = _Scored(c, mem, None, None, task_mem)
             if smallest_by_family.get(fam) is None or mem.total_gib < smallest_by_family[fam].mem.total_gib:
                 smallest_by_family[fam] = sc
@@ -542,6 +549,7 @@ def _pct(reason: str) -> float:
 def _knob_str(c: ParallelDims) -> str:
     split = f", stages={':'.join(map(str, c.stages))}" if c.stages is not None else ""
     ep = f", ep={c.ep}" if c.ep > 1 else ""
+    ep += ", reduce-scatter each micro-batch" if c.reduce_each_micro_batch else ""
     return (
         f"mb={c.micro_batch}, accum={c.grad_accum}, v={c.virtual_stages}, sp={int(c.sp)}, recompute={c.recompute}"
         + ep

@@ -19,7 +19,10 @@ does: causal blocks above the diagonal skipped (half of QKᵀ and AV), the backw
 The pipeline runs m slots of its slowest rank plus (p − 1)/v average slots (bubble (p−1)/(v·m), Narayanan et
 al. 2021); with uneven stages each rank's slot counts its own layers, the last adds the output head.
 Data parallel: gradient all-reduce (replicated) or reduce-scatter + all-gather (FSDP/ZeRO-3 gathers in forward
-and backward, ZeRO-2 in forward only; HSDP adds an all-reduce over replicas) overlapped with backward compute; only the excess is exposed. The optimizer step is HBM-bound.
+and backward, ZeRO-2 in forward only; HSDP adds an all-reduce over replicas) overlapped with backward compute; only the excess is exposed. FSDP's gradients are reduce-scattered once after the last micro-batch, or
+after each (`reduce_each_micro_batch`: one more reduce-scatter per micro-batch, overlapped). Under sequence
+parallel nightloom's linears gather their input again in backward (train/sp_shard.py): 2 all-gathers more per
+layer, not overlapped (Megatron overlaps them with the input-gradient matmul). The optimizer step is HBM-bound.
 Context parallel: each rank computes seq/cp tokens; K,V are all-gathered over the cp group per layer (forward,
 again in backward, again for a full recompute), partly hidden behind the attention core (`cp_exposed_s`).
 Expert parallel (MoE): per MoE layer the token dispatch and combine all-to-alls, 2 forward and 2 backward (+2 for a
@@ -210,8 +213,13 @@ def _dp_exposed_s(
         # pp > 1: the stage stays gathered (one gather per step); ZeRO-2 gathers in forward only, ZeRO-3 in
         # forward and again in backward
         gathers_per_mb = 0 if c.pp > 1 else (1 if c.zero == "zero2" else 2)
-        per_mb = ag * gathers_per_mb + ag  # + reduce-scatter of this micro-batch's grads
-        dp_exposed = m * max(0.0, per_mb - slot_max) + (ag if c.pp > 1 else ag / max(lps, 1))
+        # gradients: reduce-scattered after the last micro-batch only (FSDP2's no-sync accumulation: under PP
+        # torch's schedule reduces the stage once at the end, exposed; without PP the last backward hides all but
+        # a layer's), or after every micro-batch (reduce_each_micro_batch: overlapped with each backward)
+        each = c.reduce_each_micro_batch or m == 1
+        per_mb = ag * gathers_per_mb + (ag if each else 0.0)
+        tail = ag / max(lps, 1) if each or c.pp == 1 else ag
+        dp_exposed = m * max(0.0, per_mb - slot_max) + tail
         if c.dp_replicate > 1:
             r_bw, r_lat = group_bandwidth("dp_replicate", c, gpus_per_node, gpu)
             ar = ring_s(c.dp_replicate, gbytes / c.shard, r_bw, r_lat, 2.0)
@@ -262,6 +270,8 @@ def step_time(
     tp_bw, tp_lat = group_bandwidth("tp", c, gpus_per_node, gpu)
     n_coll = 4 + (2 if c.recompute == "full" else 0)
     tp_s = lps * n_coll * ring_s(t, tokens * h * ebytes, tp_bw, tp_lat, 2.0)
+    if c.sp and c.recompute != "full" and native_trainer:  # the attention's and MLP's inputs gathered again
+        tp_s += lps * 2 * ring_s(t, tokens * h * ebytes, tp_bw, tp_lat, 1.0)
     # pipeline point-to-point
     pp_s = _pp_s(c, tokens, h, ebytes, gpus_per_node, gpu)
     # context parallel (all-gather attention, see cp_exposed_s): K,V gathered over the cp group per layer

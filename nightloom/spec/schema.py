@@ -252,6 +252,12 @@ class ParallelSpec(_Section):
         description="Transformer layers per pipeline stage (uneven split); the first and last may be 0 (a stage "
         "with the embedding only, one with the head only, as Llama 3 405B ran).",
     )
+    reduce_each_micro_batch: bool = Field(
+        False,
+        description="FSDP2 reduce-scatters the gradients of every micro-batch, not only the last one's: no "
+        "unsharded fp32 gradients (4 B/param of a stage) held between micro-batches, one reduce-scatter more per "
+        "micro-batch. parallel: auto chooses it where the memory it saves makes a layout fit.",
+    )
 
     @field_validator("zero", mode="before")
     @classmethod
@@ -408,6 +414,7 @@ HASH_NEUTRAL_DEFAULTS: dict[tuple[str, str], object] = {
     ("model", "chat_template"): None,
     ("train", "lora"): None,
     ("parallel", "ep"): 1,
+    ("parallel", "reduce_each_micro_batch"): False,
     ("train", "pack"): False,
     ("train", "group_by_length"): False,
     ("recovery", "max_preemptions"): 10,

@@ -370,7 +370,11 @@ def build_parts(
         from nightloom.train.pipeline_stage import LeanStage
 
         group = mesh["pp"].get_group()  # receive buffers per micro-batch in flight, not m per chunk for the run
-        out.stages = [LeanStage(m, s, n_stages, device, group=group) for m, s in zip(parts, stage_ids)]
+        each = plan.reduce_each_micro_batch  # FSDP2 reduce-scatters every micro-batch (planner/grad_sync.py)
+        out.stages = [
+            LeanStage(m, s, n_stages, device, group=group, reduce_each_micro_batch=each)
+            for m, s in zip(parts, stage_ids)
+        ]
         if plan.schedule == "interleaved_1f1b":
             out.schedule = ScheduleInterleaved1F1B(out.stages, n_microbatches=plan.grad_accum, loss_fn=out.loss)
         else:

@@ -23,10 +23,12 @@ from torch.distributed.pipelining import PipelineStage
 
 
 class LeanStage(PipelineStage):
-    """PipelineStage with receive buffers made per micro-batch and dropped after its backward."""
+    """PipelineStage with receive buffers made per micro-batch and dropped after its backward, sent outputs' data
+    freed, and with `reduce_each_micro_batch` FSDP2's gradients reduce-scattered after every micro-batch."""
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, reduce_each_micro_batch: bool = False, **kwargs):
         super().__init__(*args, **kwargs)
+        self.reduce_each_micro_batch = reduce_each_micro_batch
         self._templates: dict[tuple[str, int], torch.Tensor] = {}  # (kind, input index) -> meta tensor
 
     def _fresh(self, kind: str, infos) -> None:
@@ -70,6 +72,22 @@ class LeanStage(PipelineStage):
         if self.has_backward and not self.is_last:
             self._fresh("grad", self.grad_recv_info[bwd_chunk_id])
         return super().get_bwd_recv_ops(bwd_chunk_id)
+
+    def backward_maybe_with_nosync(self, backward_type, bwd_kwargs: dict, last_backward: bool = False):
+        """torch's helper turns FSDP2's gradient sync off for every micro-batch (the stage is reduced once, at the
+        schedule's end, perform_reduce_grad); with `reduce_each_micro_batch` it stays on, so each micro-batch's
+        gradients are reduce-scattered into the sharded ones as its backward ends (no unsharded fp32 gradients
+        held between micro-batches); perform_reduce_grad then finds nothing left to reduce."""
+        from torch.distributed.fsdp import FSDPModule
+        from torch.distributed.pipelining._backward import stage_backward
+
+        if not (self.reduce_each_micro_batch and backward_type == "full" and isinstance(self.submod, FSDPModule)):
+            return super().backward_maybe_with_nosync(backward_type, bwd_kwargs, last_backward=last_backward)
+        self.submod.set_is_last_backward(False)
+        self.submod.set_reshard_after_backward(False)
+        self.submod.set_requires_gradient_sync(True)
+        kw = bwd_kwargs
+        return stage_backward(kw["stage_output"], kw["output_grads"], kw["input_values"]), None
 
     def backward_one_chunk(self, bwd_chunk_id: int, loss=None, full_backward: bool = True, last_backward=False):
         super().backward_one_chunk(bwd_chunk_id, loss=loss, full_backward=full_backward, last_backward=last_backward)

@@ -199,8 +199,8 @@ class Trainer:
         total = torch.zeros((), device=dev)
         n = len(batch.micro)
         for i, (x, y) in enumerate(batch.micro):
-            if self.fsdp:  # reduce-scatter only after the last micro-batch
-                model.set_requires_gradient_sync(i == n - 1)
+            if self.fsdp:  # reduce-scatter only after the last micro-batch (or each: parallel.reduce_each_micro_batch)
+                model.set_requires_gradient_sync(i == n - 1 or p.reduce_each_micro_batch)
             x, y = x.to(dev), y.to(dev)
             with self._autocast(), self._context_parallel(model, x, y):
                 # train.pack: each row's document ids make attention block-causal and positions per conversation

@@ -55,12 +55,54 @@ def measure(case: dict, out: Path) -> None:
         parts.schedule.step(*args, **kwargs)
 
     step()
+    for m in parts.parts:
+        m.zero_grad(set_to_none=True)
+    accum = _watch_accumulated_grads(parts)
     meter = ActivationMeter.over(parts.parts, parts.stages)
     with meter:
         step()
     reading = asdict(meter.reading) | {"pp_rank": mesh["pp"].get_local_rank(), "stage_ids": parts.stage_ids}
+    reading |= {"accum_grad_peak": max(accum, default=0), "grad_sq": _grad_sq(parts.parts)}
     (out / f"{case['name']}.{rank}.json").write_text(json.dumps(reading))
     dist.barrier()
+
+
+def _watch_accumulated_grads(parts) -> list[int]:
+    """After every chunk's backward, the bytes of FSDP2's unsharded gradients kept for the next micro-batch
+    (its accumulated fp32 copy where the parameters are 16-bit)."""
+    seen: list[int] = []
+    for st in parts.stages:
+        run = st.backward_one_chunk
+
+        def after(*a, _run=run, _mod=st.submod, **kw):
+            out = _run(*a, **kw)
+            seen.append(sum(g.numel() * g.element_size() for g in _accumulated(_mod)))
+            return out
+
+        st.backward_one_chunk = after
+    return seen
+
+
+def _accumulated(model) -> list[torch.Tensor]:
+    out = []
+    for mod in model.modules():
+        state = mod._get_fsdp_state() if hasattr(mod, "_get_fsdp_state") else None
+        group = state._fsdp_param_group if state is not None else None
+        for p in group.fsdp_params if group else []:  # fp32 (CPU): the unsharded parameter's own .grad
+            whole = getattr(p, "_unsharded_param", None)
+            out.append(p.unsharded_accumulated_grad if whole is None or whole.grad is None else whole.grad)
+    return [g for g in out if g is not None]
+
+
+def _grad_sq(modules) -> float:
+    """Σ grad² over this rank's parameters, whole (a DTensor gradient gathered)."""
+    total = 0.0
+    for m in modules:
+        for p in m.parameters():
+            if p.grad is not None:
+                g = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
+                total += float(g.double().pow(2).sum())
+    return total
 
 
 if __name__ == "__main__":

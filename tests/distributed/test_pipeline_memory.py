@@ -31,6 +31,14 @@ CASES = [
         | {"micro_batch": 2, "grad_accum": 4},
     ),
 ]
+GRAD_CASES = [  # FSDP2 under PP: gradients reduce-scattered after the last micro-batch (torch's default), or each
+    ("pp2_fsdp2_1f1b", {"pp": 2, "dp_shard": 2, "schedule": "1f1b", "micro_batch": 2, "grad_accum": 4}),
+    (
+        "pp2_fsdp2_each",
+        {"pp": 2, "dp_shard": 2, "schedule": "1f1b", "micro_batch": 2, "grad_accum": 4}
+        | {"reduce_each_micro_batch": True},
+    ),
+]
 SEQ = 64
 
 
@@ -38,7 +46,8 @@ SEQ = 64
 def measured(tmp_path_factory):
     out = tmp_path_factory.mktemp("pipeline-memory")
     cases = [
-        {"name": n, "plan": p, "shape": LAYERS, "seq": SEQ, "gathered_sp": n.endswith("gathered")} for n, p in CASES
+        {"name": n, "plan": p, "shape": LAYERS, "seq": SEQ, "gathered_sp": n.endswith("gathered")}
+        for n, p in CASES + GRAD_CASES
     ]
     cmd = [*torchrun_prefix(4), str(ROOT / "tests/distributed/pipeline_memory_worker.py"), json.dumps(cases), str(out)]
     p = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=280, check=False)
@@ -103,3 +112,20 @@ def _dims(plan: dict):
     from nightloom.parallel import ParallelPlan
 
     return ParallelPlan(**plan).dims()
+
+
+def test_reduce_each_micro_batch_holds_no_unsharded_gradients(measured):
+    """parallel.reduce_each_micro_batch under PP (train/pipeline_stage.LeanStage): FSDP2 keeps no unsharded fp32
+    gradients between micro-batches where torch's schedule keeps the stage's (ACCUM_GRAD_BYTES each parameter, what
+    the planner prices), and the step's gradients are the same."""
+    from nightloom.catalog import get_model
+    from nightloom.planner.memory import ACCUM_GRAD_BYTES, rank_params
+
+    c = _dims(dict(GRAD_CASES)["pp2_fsdp2_1f1b"])
+    stage_params = rank_params(get_model("tiny").with_(**LAYERS), c)
+    for rank in range(4):
+        last, each = measured[f"pp2_fsdp2_1f1b.{rank}"], measured[f"pp2_fsdp2_each.{rank}"]
+        print(f"rank {rank}: unsharded gradients held {last['accum_grad_peak']} -> {each['accum_grad_peak']} bytes")
+        assert last["accum_grad_peak"] == pytest.approx(stage_params[last["pp_rank"]] * ACCUM_GRAD_BYTES, rel=0.02)
+        assert each["accum_grad_peak"] == 0
+        assert each["grad_sq"] == pytest.approx(last["grad_sq"], rel=1e-5)

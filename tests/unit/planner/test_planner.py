@@ -271,13 +271,17 @@ def test_llama2_70b_replicated_states_do_not_fit():
 
 def test_llama2_70b_fsdp_over_dp_shards_states_not_accumulated_grads():
     """FSDP over 4 shards the states, but the trainer's FSDP2 keeps each micro-batch's unsharded gradients in fp32
-    until the last one's reduce-scatter (accum 8 under PP2): 70B / (4·2) params · 4 B on top, so it does not fit."""
-    r = plan(**LLAMA70, layout="tp=4,pp=2,dp=4,zero=fsdp,recompute=full")
+    until the last one's reduce-scatter (accum 8 under PP2): 70B / (4·2) params · 4 B on top, so it does not fit;
+    reduce-scattering every micro-batch (parallel.reduce_each_micro_batch, chosen where it is not pinned) holds
+    none of them."""
+    r = plan(**LLAMA70, layout="tp=4,pp=2,dp=4,zero=fsdp,recompute=full,reduce_each=0")
     c = r.chosen
     assert (c.tp, c.pp, c.dp_shard, c.zero, c.grad_accum) == (4, 2, 4, "fsdp", 8)
     assert c.memory.optimizer_gib < 30  # 12 B/param / 4
     # bf16 weights and grads sharded over 4 (2 B each), plus the stage's whole gradients at 4 B: 2 + 4·4 = 9×
     assert c.memory.grads_gib == pytest.approx(9 * c.memory.weights_gib) and not c.fits
+    each = plan(**LLAMA70, layout="tp=4,pp=2,dp=4,zero=fsdp,recompute=full").chosen
+    assert each.reduce_each_micro_batch and each.memory.grads_gib == pytest.approx(each.memory.weights_gib)
     assert "sharded over dp_shard=4" in " ".join(c.explanation)
 
 

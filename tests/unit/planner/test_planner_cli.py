@@ -158,12 +158,12 @@ def test_the_plan_table_prints_percent_and_thousands(capsys):
 
 def test_expert_storage_says_what_one_gpu_holds(capsys):
     """DeepSeek-V3: '326.95B expert params per GPU, their states sharded over 256 more ranks' read as one GPU
-    holding 327B; it is the experts a rank computes (ep=4 here: 64 of them), of which each GPU stores 1/128."""
+    holding 327B; it is the experts a rank computes (ep=4 pinned: 64 of them), of which each GPU stores 1/128."""
     rc, out, _ = _run(
         capsys, "--model", "deepseek-v3", "--gpu", "h100-80gb", "--nodes", "64", "--gpus-per-node", "8",
-        "--seq-len", "4096", "--global-batch", "2048", "--json",
+        "--seq-len", "4096", "--global-batch", "2048", "--layout", "ep=4", "--json",
     )  # fmt: skip
-    line = next(x for x in json.loads(out)["chosen"]["explanation"] if x.startswith("expert parallel"))
+    line = next(x for x in json.loads(out)["evaluated"]["explanation"] if x.startswith("expert parallel"))
     assert "expert params per GPU" not in line and "more ranks" not in line, line
     assert "each rank computes 64 of 256 experts (163.48B expert params, sharded" in line
     assert "over the 128 ranks that compute the same experts: 1.28B stored per GPU" in line
