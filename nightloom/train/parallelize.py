@@ -365,19 +365,24 @@ def build_parts(
         if out.tied is not None:
             out.tied.sync_weights()  # the last stage's copy starts as the first's
     if plan.pp > 1:
-        from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
-
-        from nightloom.train.pipeline_stage import LeanStage
-
-        group = mesh["pp"].get_group()  # receive buffers per micro-batch in flight, not m per chunk for the run
-        each = plan.reduce_each_micro_batch  # FSDP2 reduce-scatters every micro-batch (planner/grad_sync.py)
-        out.stages = [
-            LeanStage(m, s, n_stages, device, group=group, reduce_each_micro_batch=each)
-            for m, s in zip(parts, stage_ids)
-        ]
-        if plan.schedule == "interleaved_1f1b":
-            out.schedule = ScheduleInterleaved1F1B(out.stages, n_microbatches=plan.grad_accum, loss_fn=out.loss)
-        else:
-            cls = Schedule1F1B if plan.schedule == "1f1b" else ScheduleGPipe
-            out.schedule = cls(out.stages[0], n_microbatches=plan.grad_accum, loss_fn=out.loss)
+        _pipeline(out, plan, mesh, device)
     return out
+
+
+def _pipeline(out: ModelParts, plan: ParallelPlan, mesh, device: torch.device) -> None:
+    """The pipeline stages of this rank's chunks (train/pipeline_stage.LeanStage) and the plan's schedule."""
+    from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+
+    from nightloom.train.pipeline_stage import LeanStage
+
+    group = mesh["pp"].get_group()  # receive buffers per micro-batch in flight, not m per chunk for the run
+    each = plan.reduce_each_micro_batch  # FSDP2 reduce-scatters every micro-batch (planner/grad_sync.py)
+    out.stages = [
+        LeanStage(m, s, out.n_stages, device, group=group, reduce_each_micro_batch=each)
+        for m, s in zip(out.parts, out.stage_ids)
+    ]
+    if plan.schedule == "interleaved_1f1b":
+        out.schedule = ScheduleInterleaved1F1B(out.stages, n_microbatches=plan.grad_accum, loss_fn=out.loss)
+    else:
+        cls = Schedule1F1B if plan.schedule == "1f1b" else ScheduleGPipe
+        out.schedule = cls(out.stages[0], n_microbatches=plan.grad_accum, loss_fn=out.loss)
