@@ -2,7 +2,9 @@
 folders under tmp: prompts and their `answer` column sharded, the tiny model sampling and scoring groups of
 completions inside the training rank with the demo's reward file, the held-out mean reward rising by more than three
 standard errors (and the reward_gain gate passing on it), TRL's figures on every metrics row, the ledger's row task
-grpo with the held-out reward before and after, and the sampled completions' table as a file and an artifact."""
+grpo with the held-out reward before and after, and the sampled completions' table as a file and an artifact. The
+random base is built on first use, the export carries the bytes tokenizer's Hugging Face form, and lm-eval scores
+base and tuned on the generative task built from the held-out prompts: both in the ledger, the digits gate passing."""
 
 from __future__ import annotations
 
@@ -43,6 +45,8 @@ def test_grpo_demo_runs_as_shipped(prefect_backend, tmp_path):
     data["sharding"]["output"] = str(tmp_path / "shards")
     data["storage"]["root"] = str(tmp_path / "runs")
     data["ledger"]["url"] = f"sqlite:///{tmp_path / 'ledger.db'}"
+    data["model"]["weights"] = str(tmp_path / "models" / "llama")
+    data["validate"]["benchmarks"]["include_path"] = str(tmp_path / "bench-tasks")
     spec = tmp_path / "grpo-demo.yaml"
     spec.write_text(yaml.safe_dump(data))
 
@@ -68,6 +72,7 @@ def test_grpo_demo_runs_as_shipped(prefect_backend, tmp_path):
         ledger.close()
     figures = {f.name: f for f in row.figures}
     assert row.task == "grpo" and figures["eval_reward"].base == before and figures["eval_reward"].value == after
+    _benchmarks_recorded(summary, figures, tmp_path)
 
     table = json.loads((Path(summary["run_dir"]) / "completions" / f"step-{len(rows):06d}.json").read_text())
     assert len(table["rows"]) == 32 and all(r["prompt"].endswith("=") for r in table["rows"])
@@ -80,3 +85,24 @@ def test_grpo_demo_runs_as_shipped(prefect_backend, tmp_path):
     shown = artifacts["grpo-completions"].data
     shown = yaml.safe_load(shown) if isinstance(shown, str) else shown
     assert [r["completion"] for r in shown] == [r["completion"] for r in table["rows"]]
+
+
+def _benchmarks_recorded(summary: dict, figures: dict, tmp_path: Path) -> None:
+    """validate.benchmarks: the task built from every held-out prompt with its answer, lm-eval's scores of the base
+    (built on first use, cached after) and the export (its tokenizer.json the bytes') in the ledger, the gate on
+    `digits` (what the demo learns) passing."""
+    held = json.loads((tmp_path / "shards" / "manifest.json").read_text())["heldout"]["rows"]
+    assert len((tmp_path / "bench-tasks" / "grpo_demo_sum.jsonl").read_text().splitlines()) == held
+    assert (tmp_path / "models" / "llama" / "config.json").is_file()
+    assert (Path(summary["export_dir"]) / "tokenizer.json").is_file()
+    exact, digits = figures["bench/grpo_demo_sum/exact_match"], figures["bench/grpo_demo_sum/digits"]
+    print(f"lm-eval grpo_demo_sum: exact_match {exact.base:.3f} -> {exact.value:.3f}, digits {digits.base:.3f} -> "
+          f"{digits.value:.3f} (benchmarks stage {_stage_s(summary, 'benchmarks'):.1f} s)")  # fmt: skip
+    assert all(0 <= f.base <= 1 and 0 <= f.value <= 1 and f.stderr is not None for f in (exact, digits))
+    gate = next(v for v in summary["verdicts"] if v["name"] == "bench:grpo_demo_sum/digits:min_gain")
+    assert gate["passed"] and gate["measured"] == pytest.approx(digits.value - digits.base), gate
+    assert len(list((tmp_path / "runs" / ".benchmarks").glob("base-*.json"))) == 1
+
+
+def _stage_s(summary: dict, name: str) -> float:
+    return sum(s["seconds"] for s in summary["stages"] if s["stage"] == name)
