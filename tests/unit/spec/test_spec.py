@@ -125,7 +125,8 @@ def test_a_spec_written_before_new_fields_keeps_its_ledger_hash():
             fixed = {**data, "parallel": {"tp": 1}}
             same = RunSpec.model_validate({**data, "parallel": {"tp": 1, key: default}}).spec_hash()
             assert same == RunSpec.model_validate(fixed).spec_hash(), key
-            data, plain_hash = {**data, "parallel": {"tp": 1, key: 2}}, RunSpec.model_validate(fixed).spec_hash()
+            other = (not default) if isinstance(default, bool) else 2  # a switch flipped, or a degree of 2
+            data, plain_hash = {**data, "parallel": {"tp": 1, key: other}}, RunSpec.model_validate(fixed).spec_hash()
             assert RunSpec.model_validate(data).spec_hash() != plain_hash, (section, key)
             continue
         if (section, key) == ("", "track"):  # a field of the spec itself: trackers on
