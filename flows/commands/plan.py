@@ -29,6 +29,7 @@ JSON_KEYS = (
     "schedule",
     "recompute",
     "zero",
+    "reduce_each_micro_batch",
     "memory_gib_per_gpu",
     "fits",
     "step_time_s",
