@@ -44,7 +44,20 @@ LAYOUTS = [
         {"pp": 2, "virtual_stages": 2, "schedule": "interleaved_1f1b", "micro_batch": 2, "grad_accum": 4},
         {},
     ),
-    ("pp2_dp2_gpipe", 4, {"pp": 2, "dp_shard": 2, "schedule": "gpipe", "micro_batch": 2, "grad_accum": 2}, {}),
+    # FSDP2 reduce-scattering every micro-batch (parallel.reduce_each_micro_batch: LeanStage under the schedule)
+    (
+        "pp2_dp2_gpipe",
+        4,
+        {
+            "pp": 2,
+            "dp_shard": 2,
+            "schedule": "gpipe",
+            "micro_batch": 2,
+            "grad_accum": 2,
+            "reduce_each_micro_batch": True,
+        },
+        {},
+    ),
     ("pp2_tp2_sp", 4, {"pp": 2, "tp": 2, "sp": True, "schedule": "1f1b", "micro_batch": 2, "grad_accum": 4}, {}),
     (
         "hsdp2_tp2_selective",
@@ -78,7 +91,8 @@ LAYOUTS = [
     # clipping moves them by their summed gradient: a copy that missed the other's gradient shows at step 2)
     ("tied_tp2_sp", 2, {**TIED, "tp": 2, "sp": True, "micro_batch": 2, "grad_accum": 4}, {}),
     ("tied_pp2_1f1b_sgd_noclip", 2, {**TIED, "pp": 2, "schedule": "1f1b", "micro_batch": 2, "grad_accum": 4}, SGD),
-    ("tied_fsdp2", 2, {**TIED, "dp_shard": 2, "micro_batch": 2, "grad_accum": 2}, {}),
+    # and without PP (the trainer's own loop)
+    ("tied_fsdp2", 2, {**TIED, "dp_shard": 2, "micro_batch": 2, "grad_accum": 2, "reduce_each_micro_batch": True}, {}),
     # pp=4: the pair (first, last) is its own group and the middle stages take no part
     ("tied_pp4", 4, {**TIED, "pp": 4, "schedule": "1f1b", "micro_batch": 2, "grad_accum": 4}, {}),
     ("tied_pp2_tp2_sp", 4, {**TIED, "pp": 2, "tp": 2, "sp": True, "micro_batch": 2, "grad_accum": 4}, {}),
