@@ -150,6 +150,19 @@ def test_a_spec_written_before_new_fields_keeps_its_ledger_hash():
             changed = {**data, "train": {**data["train"], "lora": {**lora, key: value}}}
             assert RunSpec.model_validate(changed).spec_hash() != base, key
             continue
+        if section == "train.grpo":  # a field of the nested grpo section, on a grpo run: neutral at its default
+            grpo = {**data["train"], "task": "grpo", "grpo": {"num_generations": 2}}
+            base = RunSpec.model_validate({**data, "train": grpo}).spec_hash()
+            same = {**grpo, "grpo": {**grpo["grpo"], key: default}}
+            assert RunSpec.model_validate({**data, "train": same}).spec_hash() == base, key
+            value = {"engine": {"engine": "vllm"}, "vllm": {"engine": "vllm", "vllm": {"gpu_memory_utilization": 0.5}}}
+            changed = {**grpo, "grpo": {**grpo["grpo"], **value[key]}}  # vllm's section needs its engine
+            changed_hash = RunSpec.model_validate({**data, "train": changed}).spec_hash()
+            assert changed_hash != base, key
+            if key == "vllm":  # the section itself counts, not only the engine it needs
+                engine_only = {**grpo, "grpo": {**grpo["grpo"], "engine": "vllm"}}
+                assert changed_hash != RunSpec.model_validate({**data, "train": engine_only}).spec_hash()
+            continue
         if section == "validate.benchmarks":  # a field of the nested benchmarks section: neutral at its default
             bench = {**data["validate"], "benchmarks": {"tasks": ["hellaswag"]}}
             base = RunSpec.model_validate({**data, "validate": bench}).spec_hash()
