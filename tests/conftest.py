@@ -24,6 +24,7 @@ pytest_plugins = [
     "tests.support.s3",
     "tests.support.postgres",
     "tests.support.xtuner_fixtures",
+    "tests.support.gloo",
 ]
 
 

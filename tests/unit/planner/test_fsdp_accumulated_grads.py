@@ -4,26 +4,9 @@ whole in the reduce dtype (fp32) until the last micro-batch reduces it."""
 
 from __future__ import annotations
 
-import socket
-
-import pytest
 import torch
-import torch.distributed as dist
 
 from nightloom.planner.memory import ACCUM_GRAD_BYTES
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture
-def one_rank_group():
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 def _accumulated(model) -> list[torch.Tensor]:
@@ -34,7 +17,7 @@ def _accumulated(model) -> list[torch.Tensor]:
     return out
 
 
-def test_fsdp2_keeps_whole_fp32_gradients_until_the_last_micro_batch(one_rank_group):
+def test_fsdp2_keeps_whole_fp32_gradients_until_the_last_micro_batch(one_rank):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -71,7 +54,7 @@ def _sharded_model(seed: int):
     return model
 
 
-def test_reducing_each_micro_batch_holds_nothing_and_sums_the_same(one_rank_group):
+def test_reducing_each_micro_batch_holds_nothing_and_sums_the_same(one_rank):
     """parallel.reduce_each_micro_batch (the trainer's set_requires_gradient_sync(True) every micro-batch): no
     unsharded gradient is held after any micro-batch, and the sharded gradients are the same sum."""
     xs = [torch.randn(4, 32, generator=torch.Generator().manual_seed(i)) for i in range(3)]

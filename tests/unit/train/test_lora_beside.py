@@ -269,19 +269,6 @@ def test_the_new_fields_keep_a_spec_hash_and_reach_the_settings():
     assert LoraSettings.from_spec(spec.train.lora).tokens == (9, 4)
 
 
-@pytest.fixture
-def one_rank():
-    """The trainer's one-rank gloo group (checkpoint.save and load are collectives)."""
-    import torch.distributed as dist
-
-    owns = not dist.is_initialized()
-    if owns:
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield
-    if owns:
-        dist.destroy_process_group()
-
-
 @pytest.mark.parametrize("lora", [SAVED, ROWS], ids=["modules_to_save", "trainable_tokens"])
 def test_resume_restores_them_and_their_optimizer_state(llama_dir, tmp_path, one_rank, lora):
     """The trainer's save and load (train/checkpoint.py) of an adapter-only checkpoint: the saved modules or token

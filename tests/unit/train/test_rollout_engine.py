@@ -112,19 +112,6 @@ def test_another_engines_logps_are_taken_again_by_the_training_forward(llama_dir
     torch.testing.assert_close(foreign.rollout.logprobs, native.rollout.logprobs, atol=1e-5, rtol=1e-5)
 
 
-@pytest.fixture
-def one_rank():
-    """A one-rank gloo group: FSDP2's shards are DTensors over it."""
-    import torch.distributed as dist
-
-    owns = not dist.is_initialized()
-    if owns:
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield
-    if owns:
-        dist.destroy_process_group()
-
-
 def test_fsdp2_shards_are_pushed_whole_under_the_same_names(llama_dir, one_rank):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
