@@ -14,8 +14,23 @@ from alembic import op
 SCRIPT_DIR = Path(__file__).resolve().parent
 VERSION_TABLE = "nightloom_alembic_version"  # not `alembic_version`: the ledger may share a database with other apps
 LEGACY_TABLE = "nightloom_schema"  # the integer version nightloom kept before Alembic (schemas 1 and 2)
+RUNS_TABLE = "nightloom_runs"
 
 
 def set_legacy_version(version: int) -> None:
     """Write `version` into the legacy `nightloom_schema` row: a revision's last step (upgrade and downgrade)."""
     op.execute(sa.text(f"UPDATE {LEGACY_TABLE} SET version = {version} WHERE id = 1"))
+
+
+def add_run_columns(*columns: sa.Column) -> None:
+    """Add `columns` to the runs table, in that order, in one batch (SQLite alters by copying when it must)."""
+    with op.batch_alter_table(RUNS_TABLE) as batch:
+        for column in columns:
+            batch.add_column(column)
+
+
+def drop_run_columns(*names: str) -> None:
+    """Drop the runs table's columns `names`, in that order, in one batch: a downgrade's undoing of add_run_columns."""
+    with op.batch_alter_table(RUNS_TABLE) as batch:
+        for name in names:
+            batch.drop_column(name)

@@ -5,9 +5,8 @@ Revises: 0001
 """
 
 import sqlalchemy as sa
-from alembic import op
 
-from nightloom.ledger.migrations import set_legacy_version
+from nightloom.ledger.migrations import add_run_columns, drop_run_columns, set_legacy_version
 
 revision = "0002"
 down_revision = "0001"
@@ -16,12 +15,10 @@ depends_on = None
 
 
 def upgrade() -> None:
-    with op.batch_alter_table("nightloom_runs") as batch:  # batch: SQLite alters by copying when it must
-        batch.add_column(sa.Column("nights", sa.JSON(), nullable=True))
+    add_run_columns(sa.Column("nights", sa.JSON(), nullable=True))
     set_legacy_version(2)
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("nightloom_runs") as batch:
-        batch.drop_column("nights")
+    drop_run_columns("nights")
     set_legacy_version(1)

@@ -6,9 +6,8 @@ Revises: 0004
 """
 
 import sqlalchemy as sa
-from alembic import op
 
-from nightloom.ledger.migrations import set_legacy_version
+from nightloom.ledger.migrations import add_run_columns, drop_run_columns, set_legacy_version
 
 revision = "0005"
 down_revision = "0004"
@@ -17,14 +16,13 @@ depends_on = None
 
 
 def upgrade() -> None:
-    with op.batch_alter_table("nightloom_runs") as batch:  # batch: SQLite alters by copying when it must
-        batch.add_column(sa.Column("preemptions", sa.Integer(), nullable=False, server_default="0"))
-        batch.add_column(sa.Column("preemption_lost_s", sa.Float(), nullable=False, server_default="0"))
+    add_run_columns(
+        sa.Column("preemptions", sa.Integer(), nullable=False, server_default="0"),
+        sa.Column("preemption_lost_s", sa.Float(), nullable=False, server_default="0"),
+    )
     set_legacy_version(5)
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("nightloom_runs") as batch:
-        batch.drop_column("preemption_lost_s")
-        batch.drop_column("preemptions")
+    drop_run_columns("preemption_lost_s", "preemptions")
     set_legacy_version(4)

@@ -14,7 +14,7 @@ from pathlib import Path
 import sqlalchemy as sa
 from alembic import op
 
-from nightloom.ledger.migrations import set_legacy_version
+from nightloom.ledger.migrations import add_run_columns, drop_run_columns, set_legacy_version
 from nightloom.ledger.model import model_family, run_model_from_job
 
 revision = "0006"
@@ -37,8 +37,7 @@ def _correct_rows(conn: sa.Connection) -> None:
 
 
 def upgrade() -> None:
-    with op.batch_alter_table("nightloom_runs") as batch:  # batch: SQLite alters by copying when it must
-        batch.add_column(sa.Column("family", sa.String(64), nullable=False, server_default=""))
+    add_run_columns(sa.Column("family", sa.String(64), nullable=False, server_default=""))
     if not op.get_context().as_sql:
         _correct_rows(op.get_bind())
     set_legacy_version(6)
@@ -46,6 +45,5 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     """Drop the family; corrected model names stay (the name they replaced was wrong)."""
-    with op.batch_alter_table("nightloom_runs") as batch:
-        batch.drop_column("family")
+    drop_run_columns("family")
     set_legacy_version(5)

@@ -12,7 +12,7 @@ from pathlib import Path
 import sqlalchemy as sa
 from alembic import op
 
-from nightloom.ledger.migrations import set_legacy_version
+from nightloom.ledger.migrations import add_run_columns, drop_run_columns, set_legacy_version
 from nightloom.ledger.model import run_task_from_job
 
 revision = "0007"
@@ -32,16 +32,15 @@ def _fill_tasks(conn: sa.Connection) -> None:
 
 
 def upgrade() -> None:
-    with op.batch_alter_table("nightloom_runs") as batch:  # batch: SQLite alters by copying when it must
-        batch.add_column(sa.Column("task", sa.String(16), nullable=False, server_default=""))
-        batch.add_column(sa.Column("figures", sa.JSON(), nullable=True))
+    add_run_columns(
+        sa.Column("task", sa.String(16), nullable=False, server_default=""),
+        sa.Column("figures", sa.JSON(), nullable=True),
+    )
     if not op.get_context().as_sql:
         _fill_tasks(op.get_bind())
     set_legacy_version(7)
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("nightloom_runs") as batch:
-        batch.drop_column("figures")
-        batch.drop_column("task")
+    drop_run_columns("figures", "task")
     set_legacy_version(6)
