@@ -59,6 +59,9 @@ class ParallelDims:
     #: FSDP2 reduce-scatters every micro-batch's gradients (less memory: no unsharded fp32 gradients held between
     #: micro-batches; more communication), not only the last one's
     reduce_each_micro_batch: bool = False
+    #: every pipeline rank (or the one model without PP) keeps what its first n transformer layers save for backward
+    #: in host memory until their backward (train/offload.py; the planner: planner/offload.py)
+    offload_layers: int = 0
 
     def __post_init__(self) -> None:
         degrees = {k: getattr(self, k) for k in ("dp_replicate", "dp_shard", "tp", "pp", "cp", "ep")}
@@ -138,6 +141,18 @@ class ParallelDims:
         starts = [sum(sizes[:i]) for i in range(len(sizes) + 1)]
         return list(zip(starts[:-1], starts[1:]))
 
+    def offloaded_per_chunk(self, layers: int) -> tuple[int, ...]:
+        """Layers of every pipeline chunk (model order) whose activations are offloaded: each rank's first
+        `offload_layers` in model order, its chunks taken in turn (chunk j lives on rank j mod pp)."""
+        sizes = self.stage_sizes(layers)
+        left = [self.offload_layers] * self.pp
+        out = []
+        for j, n in enumerate(sizes):
+            k = min(n, left[j % self.pp])
+            left[j % self.pp] -= k
+            out.append(k)
+        return tuple(out)
+
     def check(
         self,
         shape,
@@ -211,6 +226,25 @@ class ParallelDims:
                 )
         if seq_len > shape.max_seq:
             why.append(f"train.seq_len ({seq_len}) exceeds model {shape.name} max_seq ({shape.max_seq})")
+        return why + self._offload_errors(shape.layers)
+
+    def _offload_errors(self, layers: int) -> list[str]:
+        """offload_layers: at most the most layers a rank holds, and only without recompute (which already keeps less than
+        offload would move)."""
+        n = self.offload_layers
+        if n == 0:
+            return []
+        if n < 0:
+            return [f"offload_layers must be >= 0, got {n}"]
+        most = max(sum(self.stage_sizes(layers)[r :: self.pp]) for r in range(self.pp))
+        why = []
+        if n > most:  # a rank holding fewer offloads all of its own
+            why.append(f"offload_layers ({n}) exceeds the layers a pipeline rank holds ({most})")
+        if self.recompute != "none":
+            why.append(
+                f"offload_layers ({n}) with recompute {self.recompute!r}: offload moves the activations recompute "
+                "drops; use recompute 'none' with it"
+            )
         return why
 
     def moe_trainer_errors(self, shape) -> list[str]:

@@ -413,6 +413,8 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleDict({str(i): Block(shape, i) for i in range(shape.layers)})
         self.norm: RMSNorm | None = RMSNorm(shape.hidden, shape.norm_eps, shape.norm_offset)
         self.output: nn.Linear | None = nn.Linear(shape.hidden, shape.embed_rows, bias=False)
+        self.offload = None  # parallel.offload_layers (set_offload): an ActivationOffload for these layers
+        self.offloaded: frozenset[int] = frozenset()
         if shape.tied_embeddings:
             self.output.weight = self.tok_embeddings.weight
         #: sqrt(hidden) as each embedding dtype holds it (bf16: sqrt(3072) = 55.5, not 55.4256)
@@ -461,6 +463,13 @@ class Transformer(nn.Module):
         for block in self.layers.values():
             block.attn.expand_kv = True
 
+    def set_offload(self, layers: set[int], device: torch.device) -> None:
+        """parallel.offload_layers: what these layers (global indices) save waits in host memory (train/offload.py)."""
+        from nightloom.train.offload import ActivationOffload
+
+        self.offloaded = frozenset(layers)
+        self.offload = ActivationOffload(device) if layers else None
+
     def set_recompute(self, mode: str) -> None:
         for block in self.layers.values():
             block.recompute_full = mode == "full"
@@ -477,11 +486,18 @@ class Transformer(nn.Module):
                 h = h * self._embed_scales[h.dtype]
         else:
             h = x
+        if self.offload is not None:
+            self.offload.begin(self)
         for key, block in self.layers.items():
-            if docs is None:
-                h = block(h, *self._layer_rope(int(key)))  # attention slices the tables to its (full) sequence length
+            if docs is None:  # attention slices the tables to its (full) sequence length
+                run = functools.partial(block, h, *self._layer_rope(int(key)))
             else:
-                h = block(h, *docs.rope(*self._layer_rope(int(key))), mask=docs.mask(block.attn.window))
+                run = functools.partial(
+                    block, h, *docs.rope(*self._layer_rope(int(key))), mask=docs.mask(block.attn.window)
+                )
+            h = run() if self.offload is None else self.offload.run(block, int(key) in self.offloaded, run)
+        if self.offload is not None:
+            self.offload.finish(h)
         if self.norm is not None:
             h = self.norm(h)
         if self.output is not None and head_loss is not None:

@@ -23,6 +23,7 @@ from nightloom.shape import ModelShape
 from nightloom.train.lora import LoraSettings, apply_lora, init_lora
 from nightloom.train.model import Transformer, build_model
 from nightloom.train.moe import prepare_moe
+from nightloom.train.offload import offloaded_layers
 from nightloom.train.qlora import check_quantized_plan, init_quantized, quantize_base
 from nightloom.train.sp_shard import save_shard
 from nightloom.train.tied import TiedCopies, retie, tied_copies
@@ -341,6 +342,9 @@ def build_parts(
         if lora is not None:
             apply_lora(m, lora, mesh["tp"] if plan.tp > 1 else None, plan.sp)
         m.set_recompute(plan.recompute)
+        if plan.offload_layers:  # this rank's first layers keep their activations in host memory (train/offload.py)
+            mine = [i for t in stage_ids for i in range(*bounds[t])]
+            m.set_offload(offloaded_layers(mine, plan.offload_layers) & set(range(*bounds[s])), device)
         if compile:
             compile_blocks(m)
         if shape.moe:  # mixture of experts (train/moe.py): unsupported layouts refused; EP before FSDP2

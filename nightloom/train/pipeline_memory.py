@@ -19,12 +19,12 @@ import torch
 from torch import nn
 
 
-def _storage(t: torch.Tensor):
+def storage_of(t: torch.Tensor):
     """The storage behind `t` (a DTensor's local shard, an AsyncCollectiveTensor's result); None without one."""
     for attr in ("_local_tensor", "elem"):  # tensor subclasses wrap the tensor that holds the bytes
         inner = getattr(t, attr, None)
         if isinstance(inner, torch.Tensor):
-            return _storage(inner)
+            return storage_of(inner)
     try:
         s = t.untyped_storage()
         s.data_ptr()
@@ -58,19 +58,23 @@ class ActivationMeter:
     _sizes: dict[int, int] = field(default_factory=dict)
     _hooks: object | None = None
     _undo: list = field(default_factory=list)
+    #: activation offloads (train/offload.py) whose layers' tensors it counts while they are back on the device
+    offloads: list = field(default_factory=list)
 
     @classmethod
-    def over(cls, modules: list[nn.Module], stages: list | None = None) -> ActivationMeter:
+    def over(
+        cls, modules: list[nn.Module], stages: list | None = None, offloads: list | None = None
+    ) -> ActivationMeter:
         skip = set()
         for m in modules:
             for t in [*m.parameters(), *m.buffers()]:
-                s = _storage(t)
+                s = storage_of(t)
                 if s is not None:
                     skip.add(s.data_ptr())
-        return cls(skip=skip, stages=list(stages or []))
+        return cls(skip=skip, stages=list(stages or []), offloads=list(offloads or []))
 
     def _pack(self, t: torch.Tensor):
-        s = _storage(t)
+        s = storage_of(t)
         if s is None or s.data_ptr() in self.skip or s.nbytes() == 0:
             return t
         key = s.data_ptr()
@@ -93,7 +97,7 @@ class ActivationMeter:
 
         def add(t, kind: str) -> None:
             if isinstance(t, torch.Tensor):
-                s = _storage(t)
+                s = storage_of(t)
                 if s is not None and s.data_ptr() not in self.skip:
                     out.setdefault(s.data_ptr(), (kind, s.nbytes()))
                 g = t.grad if t.is_leaf else None
@@ -119,7 +123,7 @@ class ActivationMeter:
 
     def sample(self) -> None:
         """Take the live total now; keep it if it is the step's peak."""
-        saved = sum(self._sizes.values())
+        saved = sum(self._sizes.values()) + sum(o.stats.device_bytes for o in self.offloads)
         kinds: Counter = Counter()
         for key, (kind, n) in self.boundary_storages().items():
             if key not in self._sizes:
