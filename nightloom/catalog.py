@@ -249,6 +249,9 @@ class GPUSpec:
     source: str
     hbm_bw: float = 0.0  # device memory bytes/s (memory-bound kernels in the planner's step-time model)
     peak_flops_fp8: float = 0.0  # dense FP8 tensor-core FLOP/s (0: no FP8 tensor cores listed)
+    #: host link, bytes/s a direction (activation offload): PCIe 4.0 x16's 31.5 GB/s (PCI-SIG) at the 80% pinned
+    #: copies reach; PCIe 5.0 x16 parts (H100, H800, H200, H20) pass 63 GB/s at 80%
+    host_bw: float = 0.8 * 31.5e9
 
     def peak(self, precision: str) -> float:
         """Dense peak for fp32, bf16 or fp8 (train.precision fp8); ValueError where the datasheet lists no FP8."""
@@ -312,6 +315,7 @@ GPUS: dict[str, GPUSpec] = {
         "NVIDIA H100 datasheet (SXM5): 989 TFLOPS BF16 dense, NVLink 900 GB/s bidir, HBM3 3.35 TB/s",
         3.35 * TB,
         peak_flops_fp8=1979e12,  # datasheet: 1,979 TFLOPS FP8 dense (3,958 with sparsity)
+        host_bw=0.8 * 63e9,  # PCIe 5.0 x16
     ),
     "h800": GPUSpec(
         "h800",
@@ -325,6 +329,7 @@ GPUS: dict[str, GPUSpec] = {
         "NVIDIA H800 SXM5 product brief: H100 compute (989 TFLOPS BF16 dense), NVLink 400 GB/s bidir, HBM3 3.35 TB/s",
         3.35 * TB,
         peak_flops_fp8=1979e12,  # datasheet: 1,979 TFLOPS FP8 dense (3,958 with sparsity)
+        host_bw=0.8 * 63e9,  # PCIe 5.0 x16
     ),
     "h200": GPUSpec(
         "h200",
@@ -339,6 +344,7 @@ GPUS: dict[str, GPUSpec] = {
         "4.8 TB/s, NVLink 900 GB/s bidir",
         4.8 * TB,
         peak_flops_fp8=1979e12,  # datasheet: 1,979 TFLOPS FP8 dense (3,958 with sparsity)
+        host_bw=0.8 * 63e9,  # PCIe 5.0 x16
     ),
     "h20": GPUSpec(
         "h20",
@@ -351,6 +357,7 @@ GPUS: dict[str, GPUSpec] = {
         8e-6,
         "NVIDIA H20 product brief: 148 TFLOPS BF16 dense, 96 GB HBM3 4.0 TB/s, NVLink 900 GB/s bidir",
         4.0 * TB,
+        host_bw=0.8 * 63e9,  # PCIe 5.0 x16
     ),
     "l40s": GPUSpec(
         "l40s",

@@ -367,6 +367,7 @@ class MemoryBreakdown(BaseModel):
     optimizer_gib: float = 0.0
     activations_gib: float = 0.0
     overhead_gib: float = 0.0
+    host_gib: float = 0.0  # pinned host memory of offloaded activations (parallel.offload_layers), not in the total
 
     @property
     def total_gib(self) -> float:

@@ -30,6 +30,7 @@ JSON_KEYS = (
     "recompute",
     "zero",
     "reduce_each_micro_batch",
+    "offload_layers",
     "memory_gib_per_gpu",
     "fits",
     "step_time_s",

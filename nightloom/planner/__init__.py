@@ -229,5 +229,6 @@ def spec_layout(p, world_size: int) -> FixedLayout:
         zero=p.zero if dims.dp_shard > 1 else "none",
         stages=tuple(p.stages) if p.stages else None,
         reduce_each_micro_batch=p.reduce_each_micro_batch,
+        offload_layers=p.offload_layers,
         ep=getattr(p, "ep", None),  # parallel.ep once the spec has it
     )

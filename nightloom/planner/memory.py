@@ -18,7 +18,9 @@ from functools import lru_cache
 from nightloom.parallel import MemoryBreakdown, ParallelDims
 from nightloom.perf import attention_params, expert_params, mlp_params
 from nightloom.planner.activations import activation_bytes_per_layer
-from nightloom.planner.stage_memory import rank_bytes
+from nightloom.planner.offload import host_bytes as offload_host_bytes
+from nightloom.planner.offload import working_bytes as offload_working_bytes
+from nightloom.planner.stage_memory import chunk_input_bytes, rank_bytes
 from nightloom.shape import ModelShape
 
 GIB = 1024**3
@@ -214,6 +216,7 @@ def memory_breakdown(
         per_layer_act, working = 2 * per_layer_act, 2 * working
     # the layers in flight, the stage boundary and the logits of every pipeline rank (planner/stage_memory.py)
     rank_acts = rank_bytes(shape, c, seq, per_layer_act, precision, native_trainer, logit_bytes(shape, c, seq))
+    working += offload_working_bytes(c, per_layer_act)  # a layer on its way to or from host memory
     working += _cp_working(shape, c, seq, wb, native_trainer)
     d = c.shard
     # nightloom's FSDP2 accumulates unsharded gradients until the last micro-batch (ACCUM_GRAD_BYTES): grads_gib;
@@ -256,6 +259,7 @@ def memory_breakdown(
         optimizer_gib=o / GIB,
         activations_gib=a / GIB,
         overhead_gib=FRAMEWORK_OVERHEAD_GIB + gathered / GIB,
+        host_gib=max(offload_host_bytes(shape, c, per_layer_act, chunk_input_bytes(shape, c, seq, precision))) / GIB,
     )
 
 

@@ -41,6 +41,7 @@ class FixedLayout:
     stages: tuple[int, ...] | None = None  # transformer layers per pipeline stage (uneven split)
     ep: int | None = None  # expert parallel (MoE), drawn from the data-parallel ranks
     reduce_each_micro_batch: bool | None = None  # FSDP2 reduce-scatters every micro-batch (None: where it fits)
+    offload_layers: int | None = None  # activations of each rank's first n layers in host memory (None: to fit)
 
     def __post_init__(self) -> None:
         if self.zero == "none" and self.dp_shard is not None and self.dp_shard > 1:
@@ -74,12 +75,14 @@ _LAYOUT_KEYS = {
     "ep": "ep",
     "reduce_each": "reduce_each_micro_batch",
     "reduce_each_micro_batch": "reduce_each_micro_batch",
+    "offload": "offload_layers",
+    "offload_layers": "offload_layers",
 }
 
 
 def parse_layout(text: str) -> FixedLayout:
     """Parse `tp=8,pp=4,dp=32[,cp=2,ep=8,sp=1,mb=2,v=2,recompute=full,zero=fsdp|zero2|none,stages=7:8:8:7,
-    reduce_each=1]` into a
+    reduce_each=1,offload=2]` into a
     FixedLayout (clear errors). Stage sizes are separated by ':' (a comma separates keys)."""
     vals: dict[str, object] = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
@@ -108,8 +111,8 @@ def parse_layout(text: str) -> FixedLayout:
                 n = int(raw)
             except ValueError:
                 raise ValueError(f"--layout: {key}={raw!r} is not an integer") from None
-            if n < 1:
-                raise ValueError(f"--layout: {key}={n} must be >= 1")
+            if n < (0 if name == "offload_layers" else 1):
+                raise ValueError(f"--layout: {key}={n} must be >= {0 if name == 'offload_layers' else 1}")
             vals[name] = n
     if not vals:
         raise ValueError(f"--layout: empty layout {text!r}; e.g. tp=8,pp=4,dp=32")

@@ -16,12 +16,11 @@ ranks it is drawn from (ParallelDims.check); the family's best ep wins, and the 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 
 from nightloom.parallel import ParallelDims, ParallelPlan, Rejection, layout_name
 from nightloom.perf import active_params, count_params, expert_params, flops_per_token, mfu
-from nightloom.planner.grad_sync import gradient_sync
 from nightloom.planner.memory import memory_breakdown, rank_layers, usable_gib
+from nightloom.planner.offload import fit_memory
 from nightloom.planner.post_training import (
     TaskMemory,
     TaskSplit,
@@ -32,6 +31,7 @@ from nightloom.planner.post_training import (
     task_step,
 )
 from nightloom.planner.request import FixedLayout, PlanError, PlanReport, PlanRequest
+from nightloom.planner.stage_splits import interleave_stages, stage_splits
 from nightloom.planner.steptime import (
     DEFAULT_EFFICIENCY,
     StepEstimate,
@@ -42,8 +42,6 @@ from nightloom.planner.steptime import (
 from nightloom.wording import plural
 
 MAX_VIRTUAL_STAGES = 8
-#: end stages the search makes lighter hold at most this many layers fewer than the inner ones
-MAX_LIGHTER = 2
 #: sequences at least this long make the search consider context parallel
 LONG_SEQ = 32768
 
@@ -60,56 +58,6 @@ class _Scored:
     tokens_per_s: float | None
     task_mem: TaskMemory | None = None  # train.task dpo / grpo: their own memory terms (post_training.py)
     split: TaskSplit | None = None
-
-
-@lru_cache(maxsize=4096)
-def stage_splits(layers: int, pp: int, pinned: bool = False) -> tuple[tuple[int, ...] | None, ...]:
-    """Pipeline splits (layers per chunk, `pp` chunks: pp·v with interleaving) the search tries: None (even)
-    when pp divides the layers, and the splits with equal inner chunks and lighter end chunks (both ends, or
-    the last one that also holds the output head). A pinned pp with neither gets the near-even split (the
-    extra layers on the inner stages)."""
-    if pp == 1:
-        return (None,)
-    out: list[tuple[int, ...] | None] = [None] if layers % pp == 0 else []
-    # ends lighter by j <= MAX_LIGHTER layers (the output head costs about one layer or less), each keeping >= 1
-    for j in range(1, MAX_LIGHTER + 1):
-        if pp >= 3 and (layers + 2 * j) % pp == 0 and (layers + 2 * j) // pp - j >= 1:
-            k = (layers + 2 * j) // pp
-            out.append((k - j,) + (k,) * (pp - 2) + (k - j,))
-        if (layers + j) % pp == 0 and (layers + j) // pp - j >= 1:
-            k = (layers + j) // pp
-            out.append((k,) * (pp - 1) + (k - j,))
-    if not out and pinned and layers >= pp:
-        base, extra = divmod(layers, pp)
-        inner = list(range(1, pp - 1))
-        bumped = set(inner[len(inner) - extra :] if extra <= len(inner) else range(pp - extra, pp))
-        out.append(tuple(base + (i in bumped) for i in range(pp)))
-    return tuple(out)
-
-
-@lru_cache(maxsize=1024)
-def interleave_stages(per_rank: tuple[int, ...], v: int) -> tuple[int, ...] | None:
-    """Layers per pipeline rank split into v chunks per rank (pp·v chunks, chunk j on rank j mod pp): every chunk
-    holds k = max/v layers, except that a lighter first rank gives up its layers in the model's first chunk and a
-    lighter last rank in the model's last one, up to the whole chunk: Llama 3 405B's 7 + 14·8 + 7 in one-layer
-    chunks leave the first chunk the embedding only and the last the head only (Grattafiori et al. 2024 §3.3.2;
-    ParallelDims' stage rules allow 0 layers there only). None when the list does not split so (a lighter inner
-    rank, or an end rank short of more than one chunk's layers, which would empty an inner chunk)."""
-    if v == 1:
-        return per_rank
-    pp, top = len(per_rank), max(per_rank)
-    if top % v:
-        return None
-    k = top // v
-    chunks = [k] * (pp * v)
-    for r, n in enumerate(per_rank):
-        short = top - n
-        if not short:
-            continue
-        if r not in (0, pp - 1) or short > k:
-            return None
-        chunks[0 if r == 0 else -1] -= short
-    return tuple(chunks)
 
 
 def _families(req: PlanRequest, fixed: FixedLayout, rejected: dict[str, str]):
@@ -289,8 +237,14 @@ def _explain(req: PlanRequest, s: _Scored, eff: float, runner_up: _Scored | None
             f"optimizer {st.optimizer_s:.3f}"
             + (f", CP all-gather exposed {st.cp_comm_s:.3f}" if c.cp > 1 else "")
             + (f", EP all-to-all {st.ep_comm_s:.3f}" if c.ep > 1 else "")
+            + (f", offload copies exposed {st.offload_s:.3f}" if c.offload_layers else "")
         ),
     ]
+    if c.offload_layers:
+        lines[1] += (
+            f"; the activations of each pipeline rank's first {plural(c.offload_layers, 'layer')} wait in pinned "
+            f"host memory ({m.host_gib:.1f} GiB per GPU)"
+        )
     if c.zero == "zero2":
         lines[1] += " (ZeRO-2: parameters kept gathered from forward to backward)"
     if req.fused_attention:
@@ -469,9 +423,7 @@ def search(req: PlanRequest) -> PlanReport:
             if req.gpu is None:
                 fitting.append(_Scored(c, None, None, None))
                 continue
-            c, (mem, task_mem) = gradient_sync(
-                c, fixed.reduce_each_micro_batch, req.native_trainer, usable, _memory_of(req)
-            )
+            c, (mem, task_mem) = fit_memory(c, fixed, req.native_trainer, usable, _memory_of(req), req.shape.layers)
             sc = _Scored(c, mem, None, None, task_mem)
             if smallest_by_family.get(fam) is None or mem.total_gib < smallest_by_family[fam].mem.total_gib:
                 smallest_by_family[fam] = sc
@@ -515,8 +467,9 @@ def search(req: PlanRequest) -> PlanReport:
 
 
 def _key(s: _Scored):
-    """Fastest first; near-ties (equal to 4 significant digits) go to the smaller memory footprint."""
-    return (-float(f"{s.tokens_per_s:.4g}"), s.mem.total_gib)
+    """Fastest first; near-ties (equal to 4 significant digits) go to no activation offload (no host memory, no
+    PCIe traffic), then to the smaller memory footprint."""
+    return (-float(f"{s.tokens_per_s:.4g}"), s.c.offload_layers > 0, s.mem.total_gib)
 
 
 def _better(a: _Scored, b: _Scored) -> bool:
@@ -550,6 +503,7 @@ def _knob_str(c: ParallelDims) -> str:
     split = f", stages={':'.join(map(str, c.stages))}" if c.stages is not None else ""
     ep = f", ep={c.ep}" if c.ep > 1 else ""
     ep += ", reduce-scatter each micro-batch" if c.reduce_each_micro_batch else ""
+    ep += f", offload {plural(c.offload_layers, 'layer')}" if c.offload_layers else ""
     return (
         f"mb={c.micro_batch}, accum={c.grad_accum}, v={c.virtual_stages}, sp={int(c.sp)}, recompute={c.recompute}"
         + ep

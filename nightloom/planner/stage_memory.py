@@ -4,7 +4,8 @@ schedule over train/pipeline_stage.LeanStage (measured per rank and schedule wit
 stages' own state: tests/distributed/test_pipeline_memory.py, within 5%).
 
 Per micro-batch in flight a chunk keeps:
-    its layers           layers · (planner/activations.py's bytes per layer)
+    its layers           layers · (planner/activations.py's bytes per layer), offloaded layers none
+                         (parallel.offload_layers: planner/offload.py) but the chunk's input, which stays
     its input            nothing more: the received buffer is its first block's (or the final norm's) saved input
     its output           nothing: a non-last chunk frees its output's data once sent (LeanStage, as Megatron-LM's
                          deallocate_output_tensor), keeping only its autograd node for backward
@@ -27,16 +28,29 @@ ID_BYTES = 8
 LOG_SOFTMAX_BYTES = 4
 
 
+def chunk_input_bytes(shape: ModelShape, c: ParallelDims, seq: int, precision: str) -> float:
+    """One micro-batch's input of a chunk: b·s·h activations (/t under SP)."""
+    act_bytes = 4 if precision == "fp32" else 2
+    return seq * c.micro_batch / c.cp * shape.hidden * act_bytes / (c.tp if c.sp else 1)
+
+
+def head_bytes(shape: ModelShape, c: ParallelDims, seq: int, act_bytes: int) -> float:
+    """What the head keeps per micro-batch: the final norm's input, its own input, the logits, the log-softmax."""
+    tokens = seq * c.micro_batch / c.cp
+    head = tokens * shape.hidden * act_bytes / (c.tp if c.sp else 1) + tokens * shape.hidden * act_bytes
+    return head + tokens * shape.embed_rows * act_bytes + tokens * shape.vocab * LOG_SOFTMAX_BYTES
+
+
 def chunk_bytes(shape: ModelShape, c: ParallelDims, seq: int, layer_bytes: float, act_bytes: int) -> tuple[float, ...]:
     """Bytes one micro-batch keeps on each of the pp·v chunks (model order) while it is in flight."""
     tokens = seq * c.micro_batch / c.cp
     boundary = tokens * shape.hidden * act_bytes / (c.tp if c.sp else 1)
-    sizes = c.stage_sizes(shape.layers)
-    head = boundary + tokens * shape.hidden * act_bytes
-    head += tokens * shape.embed_rows * act_bytes + tokens * shape.vocab * LOG_SOFTMAX_BYTES
+    sizes, offloaded = c.stage_sizes(shape.layers), c.offloaded_per_chunk(shape.layers)
+    head = head_bytes(shape, c, seq, act_bytes)
     out = []
-    for j, n in enumerate(sizes):
-        held = n * layer_bytes + (head if j == len(sizes) - 1 else 0.0)
+    for j, (n, k) in enumerate(zip(sizes, offloaded)):
+        # offloaded layers (planner/offload.py) keep nothing here but the chunk's input (received, or embedded)
+        held = (n - k) * layer_bytes + (boundary if k else 0.0) + (head if j == len(sizes) - 1 else 0.0)
         if j == 0:
             held += tokens * ID_BYTES
         out.append(held)
@@ -51,8 +65,25 @@ def rank_activation_bytes(
     peaks = in_flight_layers(chunks, c.pp, c.grad_accum, c.schedule)
     grad = seq * c.micro_batch / c.cp * shape.hidden * act_bytes / (c.tp if c.sp else 1)
     n = len(chunks)
+    back = _prefetch_bytes(shape, c, layer_bytes, head_bytes(shape, c, seq, act_bytes))
     # a rank waits for one gradient while it holds a chunk that is not the model's last
-    return tuple(p + (grad if any(j % c.pp == r for j in range(n - 1)) else 0.0) for r, p in enumerate(peaks))
+    return tuple(
+        p + (grad if any(j % c.pp == r for j in range(n - 1)) else 0.0) + max(back[r :: c.pp])
+        for r, p in enumerate(peaks)
+    )
+
+
+def _prefetch_bytes(shape: ModelShape, c: ParallelDims, layer_bytes: float, head: float) -> tuple[float, ...]:
+    """Per chunk, what offloaded layers brought back add to its peak (train/offload.py): a layer returns as the next
+    layer's backward begins, by when only the chunk's later layers are freed, so with one layer after the offloaded
+    ones one layer comes on top, and with none (the chunk's last layer offloaded, it and the one before return as
+    the chunk's backward begins) two; the model's last chunk has freed its head (`head`) first."""
+    sizes, offloaded = c.stage_sizes(shape.layers), c.offloaded_per_chunk(shape.layers)
+    out = []
+    for j, (n, k) in enumerate(zip(sizes, offloaded)):
+        back = 0 if not k or n - k > 1 else (1 if n - k == 1 else min(2, n))
+        out.append(max(0.0, back * layer_bytes - (head if j == len(sizes) - 1 else 0.0)))
+    return tuple(out)
 
 
 def other_trainer_bytes(
@@ -60,7 +91,8 @@ def other_trainer_bytes(
 ) -> tuple[float, ...]:
     """Megatron-style trainers (and any trainer without a pipeline): the layers of the micro-batches in flight,
     one micro-batch's logits on the last rank (outputs freed once sent, vocab-parallel loss)."""
-    layers = in_flight_layers(c.stage_sizes(shape.layers), c.pp, c.grad_accum, c.schedule)
+    resident = tuple(n - k for n, k in zip(c.stage_sizes(shape.layers), c.offloaded_per_chunk(shape.layers)))
+    layers = in_flight_layers(resident, c.pp, c.grad_accum, c.schedule)
     return tuple(n * layer_bytes + (last_logits if r == c.pp - 1 else 0.0) for r, n in enumerate(layers))
 
 

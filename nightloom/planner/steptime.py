@@ -25,6 +25,8 @@ parallel nightloom's linears gather their input again in backward (train/sp_shar
 layer, not overlapped (Megatron overlaps them with the input-gradient matmul). The optimizer step is HBM-bound.
 Context parallel: each rank computes seq/cp tokens; K,V are all-gathered over the cp group per layer (forward,
 again in backward, again for a full recompute), partly hidden behind the attention core (`cp_exposed_s`).
+Activation offload (parallel.offload_layers): the copies to host and back, beyond the slot they overlap
+(planner/offload.py).
 Expert parallel (MoE): per MoE layer the token dispatch and combine all-to-alls, 2 forward and 2 backward (+2 for a
 full recompute), each rank sending its s·b/t tokens × k experts × h × 2 bytes, (n−1)/n of it to other ranks
 (nccl-tests' alltoall bus bandwidth, algbw·(n−1)/n): the share to peers in its node over NVLink, the rest over its
@@ -41,7 +43,9 @@ from dataclasses import dataclass
 from nightloom.catalog import GPUSpec
 from nightloom.parallel import MESH_ORDER, ParallelDims
 from nightloom.perf import flops_per_token
+from nightloom.planner.activations import activation_bytes_per_layer
 from nightloom.planner.memory import rank_layers, rank_params
+from nightloom.planner.offload import exposed_s as offload_exposed_s
 from nightloom.shape import ModelShape
 
 #: The one compute efficiency factor: achieved/peak dense matmul FLOP/s in a tuned training stack. Fitted once
@@ -71,6 +75,7 @@ class StepEstimate:
     slot_max_s: float = 0.0  # one micro-batch on the slowest pipeline rank
     slot_avg_s: float = 0.0
     ep_comm_s: float = 0.0  # expert-parallel all-to-all, exposed
+    offload_s: float = 0.0  # activation copies to and from host memory beyond the compute they overlap
 
 
 def calibrated_efficiency(calibration: float | None, base: float = DEFAULT_EFFICIENCY) -> float:
@@ -231,6 +236,16 @@ def _dp_exposed_s(
     return dp_exposed
 
 
+def _offload_s(
+    shape: ModelShape, c: ParallelDims, seq: int, gpu: GPUSpec, ebytes: int, fused: bool, native: bool, slot: float
+) -> float:
+    """parallel.offload_layers: the copies out and back beyond each slot they overlap (planner/offload.py)."""
+    if not c.offload_layers:
+        return 0.0
+    act = activation_bytes_per_layer(shape, seq / c.cp, c.micro_batch, c.tp, c.sp, c.recompute, fused, c.cp, not native)
+    return offload_exposed_s(c, shape.layers, act * ebytes / 2, gpu.host_bw, slot)
+
+
 def step_time(
     shape: ModelShape,
     c: ParallelDims,
@@ -292,7 +307,8 @@ def step_time(
     p_stage = max(rank_params(shape, c))
     dp_exposed = _dp_exposed_s(c, gpu, gpus_per_node, p_stage * ebytes, m, slot_max, lps)
     opt = p_stage / c.shard * OPTIMIZER_BYTES_PER_PARAM / hbm_bw
-    step = pipe + dp_exposed + opt
+    offload = _offload_s(shape, c, seq, gpu, ebytes, fused_attention, native_trainer, slot_max - pp_s)
+    step = pipe + dp_exposed + opt + offload
     return StepEstimate(
         step,
         m * (body_mm + head_mm / c.pp),
@@ -306,4 +322,5 @@ def step_time(
         slot_max,
         slot_avg,
         m * ep_s,
+        offload,
     )

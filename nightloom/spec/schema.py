@@ -258,6 +258,13 @@ class ParallelSpec(_Section):
         "unsharded fp32 gradients (4 B/param of a stage) held between micro-batches, one reduce-scatter more per "
         "micro-batch. parallel: auto chooses it where the memory it saves makes a layout fit.",
     )
+    offload_layers: int = Field(
+        0,
+        ge=0,
+        description="Each pipeline rank (the whole model without PP) keeps what its first N transformer layers save "
+        "for backward in pinned host memory, copied out beside their forward and back one layer ahead of their "
+        "backward (recompute: none only). parallel: auto offloads the fewest layers that make a layout fit.",
+    )
 
     @field_validator("zero", mode="before")
     @classmethod
@@ -415,6 +422,7 @@ HASH_NEUTRAL_DEFAULTS: dict[tuple[str, str], object] = {
     ("train", "lora"): None,
     ("parallel", "ep"): 1,
     ("parallel", "reduce_each_micro_batch"): False,
+    ("parallel", "offload_layers"): 0,
     ("train", "pack"): False,
     ("train", "group_by_length"): False,
     ("recovery", "max_preemptions"): 10,

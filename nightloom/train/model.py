@@ -487,7 +487,7 @@ class Transformer(nn.Module):
         else:
             h = x
         if self.offload is not None:
-            self.offload.begin(self)
+            self.offload.begin(self, h)
         for key, block in self.layers.items():
             if docs is None:  # attention slices the tables to its (full) sequence length
                 run = functools.partial(block, h, *self._layer_rope(int(key)))

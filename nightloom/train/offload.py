@@ -95,10 +95,16 @@ class ActivationOffload:
         self.stats = OffloadStats()
         self._last: _Group | None = None  # the offloaded layer just run: the next layer's backward fetches it
         self._shared: set[int] = set()  # storages of the chunk's buffers (begin)
+        self.on_fetch = None  # called once a group is back on the device (train/pipeline_memory.py samples then)
+        #: (pack, unpack) of saved-tensor hooks outside this one, for the tensors it keeps on the device (torch
+        #: applies only the innermost hooks; train/pipeline_memory.py counts the kept ones through these)
+        self.outer: tuple | None = None
 
-    def begin(self, model: nn.Module) -> None:
-        """A chunk's forward starts: its buffers (the RoPE tables every layer slices) stay on the device."""
-        self._shared = {s.data_ptr() for t in model.buffers() if (s := storage_of(t)) is not None}
+    def begin(self, model: nn.Module, chunk_input: torch.Tensor) -> None:
+        """A chunk's forward starts: its buffers (the RoPE tables every layer slices) and its input (a received
+        buffer the stage holds, or the embedding's output) stay on the device."""
+        kept = [*model.buffers(), getattr(chunk_input, "_local_tensor", chunk_input)]
+        self._shared = {s.data_ptr() for t in kept if (s := storage_of(t)) is not None}
 
     def run(self, module: nn.Module, offloaded: bool, forward):
         """`forward()` of one layer; with `offloaded` what it saves (its own parameters and buffers apart) goes to
@@ -131,7 +137,7 @@ class ActivationOffload:
         local = getattr(t, "_local_tensor", t)  # a DTensor: its shard moves, its layout is kept to rebuild it
         s = storage_of(local)
         if s is None or s.data_ptr() in keep or type(local) is not torch.Tensor or (t.is_leaf and t.requires_grad):
-            return t  # parameters, the stage's received input, wrapped tensors: held on the device anyway
+            return self.outer[0](t) if self.outer else t  # parameters, the chunk's input, wrapped tensors: kept
         view = (local.dtype, local.storage_offset(), tuple(local.shape), local.stride())
         dtensor = (t.device_mesh, t.placements, t.shape, t.stride()) if local is not t else None
         i = group.index.get(s.data_ptr())
@@ -173,10 +179,12 @@ class ActivationOffload:
             self.stats.prefetched += 1
         else:
             self.stats.late += 1
+        if self.on_fetch is not None:
+            self.on_fetch()
 
     def _unpack(self, x):
         if not isinstance(x, _Handle):
-            return x
+            return self.outer[1](x) if self.outer else x
         group, i = x.group, x.index
         self._fetch(group, early=False)
         raw = group.device[i]

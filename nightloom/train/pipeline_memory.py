@@ -142,6 +142,8 @@ class ActivationMeter:
                 orig = getattr(st, name)
                 setattr(st, name, self._sampled(orig))
                 self._undo.append((st, name))
+        for o in self.offloads:  # what an offload brings back counts from then on; what it keeps, as saved
+            o.on_fetch, o.outer = self.sample, (self._pack, _unpack)
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack)
         self._hooks.__enter__()
         self.sample()
@@ -163,6 +165,8 @@ class ActivationMeter:
         for st, name in self._undo:
             delattr(st, name)  # the instance attribute goes; the class's method is back
         self._undo.clear()
+        for o in self.offloads:
+            o.on_fetch, o.outer = None, None
 
 
 class _Held:

@@ -58,10 +58,15 @@ def measure(case: dict, out: Path) -> None:
     for m in parts.parts:
         m.zero_grad(set_to_none=True)
     accum = _watch_accumulated_grads(parts)
-    meter = ActivationMeter.over(parts.parts, parts.stages)
+    offloads = [m.offload for m in parts.parts if m.offload is not None]
+    for o in offloads:
+        o.stats = type(o.stats)()
+    meter = ActivationMeter.over(parts.parts, parts.stages, offloads=offloads)
     with meter:
         step()
     reading = asdict(meter.reading) | {"pp_rank": mesh["pp"].get_local_rank(), "stage_ids": parts.stage_ids}
+    reading |= {"host_peak": sum(o.stats.host_peak for o in offloads)}
+    reading |= {"late": sum(o.stats.late for o in offloads), "host_left": sum(o.stats.host_bytes for o in offloads)}
     reading |= {"accum_grad_peak": max(accum, default=0), "grad_sq": _grad_sq(parts.parts)}
     (out / f"{case['name']}.{rank}.json").write_text(json.dumps(reading))
     dist.barrier()

@@ -1,6 +1,7 @@
 """Per pipeline rank, the planner's activation bytes (planner/stage_memory.py over planner/activations.py) equal
 what the trainer's ranks really hold at their peak, within 5%, for every schedule the trainer offers (GPipe, 1F1B,
-interleaved 1F1B, with Llama 3's empty end chunks), under TP with and without sequence parallel: one 4-process
+interleaved 1F1B, with Llama 3's empty end chunks), under TP with and without sequence parallel, with activation
+offload (parallel.offload_layers: what is on the device, and on the host against planner/offload.py): one 4-process
 gloo launch (tests/distributed/pipeline_memory_worker.py), the second step of each layout metered with saved-tensor
 hooks and the stages' boundary tensors (train/pipeline_memory.py)."""
 
@@ -13,6 +14,7 @@ import pytest
 
 from tests.support.harness import ROOT, env, torchrun_prefix
 
+OFFLOAD = {"micro_batch": 2, "grad_accum": 4, "offload_layers": 1}
 LAYERS = {"layers": 8}  # tiny's width (h 64, 4 heads, 2 KV heads, SwiGLU 176, vocab 256), 8 layers
 CASES = [
     ("pp4_gpipe", {"pp": 4, "schedule": "gpipe", "micro_batch": 2, "grad_accum": 4}),
@@ -30,6 +32,10 @@ CASES = [
         {"pp": 2, "tp": 2, "schedule": "interleaved_1f1b", "virtual_stages": 2, "stages": [0, 4, 4, 0]}
         | {"micro_batch": 2, "grad_accum": 4},
     ),
+    # parallel.offload_layers (train/offload.py): each rank's first layer in host memory; under TP+SP its saved
+    # DTensors move as their shards; with one layer after it the one brought back for backward tops the peak
+    ("pp2_tp2_sp_1f1b_offload", {"pp": 2, "tp": 2, "sp": True, "schedule": "1f1b"} | OFFLOAD),
+    ("pp4_1f1b_offload", {"pp": 4, "schedule": "1f1b", "micro_batch": 2, "grad_accum": 8, "offload_layers": 1}),
 ]
 GRAD_CASES = [  # FSDP2 under PP: gradients reduce-scattered after the last micro-batch (torch's default), or each
     ("pp2_fsdp2_1f1b", {"pp": 2, "dp_shard": 2, "schedule": "1f1b", "micro_batch": 2, "grad_accum": 4}),
@@ -84,6 +90,28 @@ def test_planner_equals_each_ranks_measured_peak(name, plan, measured):
         # and at most the one just computed, not yet sent (the last chunk's output is the logits, the head's term)
         if not any(j % c.pp == r["pp_rank"] for j in (c.pp * c.chunks_per_rank - 1,)):
             assert r["boundary_kinds"].get("output", 0) <= boundary + 4 * c.grad_accum * c.chunks_per_rank, r
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("name", [n for n, _ in CASES if n.endswith("offload")])
+def test_offloaded_layers_wait_on_the_host(name, measured):
+    """What each rank's offloaded layers keep in host memory at its peak is the planner's: their saved bytes for
+    every micro-batch in flight but the chunk's input (planner/offload.py); every group came back ahead of its
+    backward, none is left."""
+    from nightloom.catalog import get_model
+    from nightloom.planner.activations import activation_bytes_per_layer
+    from nightloom.planner.offload import host_bytes
+    from nightloom.planner.stage_memory import chunk_input_bytes
+
+    c = _dims(dict(CASES)[name])
+    shape = get_model("tiny").with_(**LAYERS)
+    layer = 2 * activation_bytes_per_layer(shape, SEQ, c.micro_batch, c.tp, c.sp, c.recompute)
+    host = host_bytes(shape, c, layer, chunk_input_bytes(shape, c, SEQ, "fp32"))
+    for rank in range(4):
+        r = measured[f"{name}.{rank}"]
+        print(f"{name} rank {rank}: host peak {r['host_peak']} predicted {host[r['pp_rank']]:.0f}")
+        assert r["host_peak"] == pytest.approx(host[r["pp_rank"]], rel=0.05), (rank, r)
+        assert r["late"] == 0 and r["host_left"] == 0, r
 
 
 def test_sp_linears_save_the_shard_not_the_gathered_input(measured):

@@ -2,12 +2,14 @@
 parallel, no recompute, one-layer interleaved chunks with an embedding-only first and a head-only last chunk) under
 nightloom's own trainer (issue 58). The trainer now holds what Megatron-style trainers hold: its sequence-parallel
 linears save the shard (train/sp_shard.py: 61.7 / 56.0 GiB less at the busiest rank's 141 / 128 layer-micro-batches
-in flight), a sent stage output keeps no data (LeanStage), and FSDP2 may reduce-scatter every micro-batch
-(parallel.reduce_each_micro_batch: ~12 GiB of unsharded fp32 gradients less), which the planner takes for Meta's
-layout because only then does it fit at 16,384. Measured here (h100-80gb, 73.6 GiB usable):
-  8,192 GPUs:  79.0 GiB (5.4 over, so it does not fit), 455.6 TFLOP/s (+6% of the published 430); the search picks
-               TP8·DP1024 with selective recompute, 72.6 GiB, 442.0 TFLOP/s (+2.8%).
-  16,384 GPUs: 72.1 GiB, fits, 431.4 TFLOP/s (+7.9% of 400); the search's own pick, 441.2 TFLOP/s, is faster.
+in flight), a sent stage output keeps no data (LeanStage), FSDP2 may reduce-scatter every micro-batch
+(parallel.reduce_each_micro_batch: ~12 GiB of unsharded fp32 gradients less), and a rank's first layers may keep
+their activations in host memory (parallel.offload_layers). Measured here (h100-80gb, 73.6 GiB usable):
+  8,192 GPUs:  79.0 GiB without offload (5.4 over); with each rank's first layer offloaded (chosen by the search for
+               the pinned layout) 66.0 GiB and 15.9 GiB of pinned host memory per GPU, the copies hidden: 455.6
+               TFLOP/s (+6% of the published 430). The search's own pick, TP4·FSDP2048 with 61 layers offloaded,
+               predicts 544.6 (a layout Meta did not run: the planner's claim, not a measurement).
+  16,384 GPUs: 72.1 GiB, fits without offload, 431.4 TFLOP/s (+7.9% of 400); the search's own pick is faster.
 Before (a)-(c): 156.9 and 144.0 GiB."""
 
 from __future__ import annotations
@@ -44,22 +46,23 @@ def test_meta_layout_speed_memory_and_the_search(n, published, m):
     assert p.virtual_stages == 8 and p.stages[0] == p.stages[-1] == 0 and p.grad_accum == m
     assert abs(_tflops(p, n) / published - 1) <= 0.15, _tflops(p, n)  # 455.6 and 431.4 TFLOP/s
     usable = usable_gib(80)
-    if n == 8192:  # 5.4 GiB over the usable 73.6
-        assert not p.fits and 0 < p.memory_gib_per_gpu - usable < 6, p.memory_gib_per_gpu
-    else:
-        assert p.fits, p.memory_gib_per_gpu
+    assert p.fits, p.memory_gib_per_gpu
+    bare = _plan(n, meta + ",offload=0")  # no activation offload: 8,192 does not fit, 16,384 does
+    if n == 8192:  # 5.4 GiB over the usable 73.6; the rank's first layer offloaded: 13 GiB less, copies hidden
+        assert not bare.fits and 0 < bare.memory_gib_per_gpu - usable < 6, bare.memory_gib_per_gpu
+        assert p.offload_layers == 1 and p.memory.host_gib > 10 and p.step_time_s == pytest.approx(bare.step_time_s)
+    else:  # fits as it is: as fast with offload, the search keeps the layout without it
+        assert bare.fits and p.offload_layers == 0
     # (a), (c): the activations are Megatron's accounting (theirs: one micro-batch's vocab-parallel logits)
-    assert p.memory.activations_gib == pytest.approx(other.memory.activations_gib, rel=0.005)
+    assert bare.memory.activations_gib == pytest.approx(other.memory.activations_gib, rel=0.005)
     per_layer = [activation_bytes_per_layer(SHAPE, 8192, 1, 8, True, "none", gathered_sp=g) for g in (True, False)]
     assert per_layer[0] - per_layer[1] == pytest.approx(2 * 2 * 8192 * SHAPE.hidden * (1 - 1 / 8))
     busiest = max(in_flight_layers(tuple(p.stages), 16, m, "interleaved_1f1b"))  # 141 and 128 layer-micro-batches
     assert busiest * (per_layer[0] - per_layer[1]) / GIB > 55  # what saving the shard saves: 61.7 and 56.0 GiB
     # (b): the search reduces every micro-batch only because the default does not fit; pinned off, FSDP2's
     # accumulated gradients come back (the 8 layers of a stage, unsharded, at 4 bytes: ACCUM_GRAD_BYTES)
-    held = _plan(n, meta + ",reduce_each=0")
+    held = _plan(n, meta + ",reduce_each=0,offload=0")
     assert p.reduce_each_micro_batch and not held.reduce_each_micro_batch and not held.fits
     assert held.memory.grads_gib - p.memory.grads_gib > 11
-    auto = _plan(n, None)
-    assert auto.fits and abs(_tflops(auto, n) / published - 1) <= 0.15, (auto.layout(), _tflops(auto, n))
-    if p.fits:  # the search's own choice is at least as fast as Meta's layout where that fits
-        assert auto.tokens_per_s >= p.tokens_per_s, (auto.layout(), _tflops(auto, n), _tflops(p, n))
+    auto = _plan(n, None)  # the search's own choice: fits and is at least as fast as Meta's layout
+    assert auto.fits and auto.tokens_per_s >= p.tokens_per_s, (auto.layout(), _tflops(auto, n), _tflops(p, n))

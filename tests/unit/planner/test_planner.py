@@ -181,7 +181,7 @@ def test_interleave_stages_splits_layers_per_rank():
     inner rank: None."""
     from nightloom.catalog import get_model
     from nightloom.parallel import ParallelDims
-    from nightloom.planner.search import interleave_stages
+    from nightloom.planner.stage_splits import interleave_stages
 
     meta = (7,) + (8,) * 14 + (7,)
     two = interleave_stages(meta, 2)

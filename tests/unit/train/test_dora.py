@@ -110,7 +110,7 @@ def test_use_dora_is_refused_under_tp():
     ids=["dora", "token_rows", "modules_to_save"],
 )
 def test_parallel_auto_plans_dora_and_token_rows_with_tp_1(lora):
-    """Where 16-bit LoRA on llama3-70b over 8 H100 plans TP2, DoRA (its row norm needs whole rows) and trained token
+    """Where 16-bit LoRA on llama3-70b over 8 H100 plans TP2 among its best, DoRA (its row norm needs whole rows) and trained token
     rows plan tp 1 (trainer_pins), and an explicit tp 2 is refused naming the field."""
     from nightloom.planner import plan_for_spec
     from nightloom.spec import RunSpec
@@ -121,8 +121,11 @@ def test_parallel_auto_plans_dora_and_token_rows_with_tp_1(lora):
         data = {"name": "d", "model": {"name": "llama3-70b"}, "dataset": {"path": "/d.jsonl"}, "cluster": cluster}
         return RunSpec.model_validate({**data, "train": train, "parallel": parallel})
 
-    assert plan_for_spec(spec({})).chosen.tp > 1
-    chosen = plan_for_spec(spec(lora)).chosen
+    plain = plan_for_spec(spec({}))  # TP2 is among its best (with activation offload TP1 may be first)
+    assert any(p.tp > 1 for p in [plain.chosen, *plain.alternatives])
+    pinned = plan_for_spec(spec(lora))
+    chosen = pinned.chosen
     assert chosen.tp == 1 and chosen.dp_shard == 8, chosen.layout()
+    assert all(p.tp == 1 for p in pinned.alternatives)
     with pytest.raises(ValueError, match=f"train.lora.{next(iter(lora))}: .*parallel.tp 2 (and .*)?must be 1"):
         spec(lora, {"tp": 2, "dp_shard": 4})

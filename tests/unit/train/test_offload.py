@@ -36,7 +36,7 @@ def _step(offload: set[int], dtype=torch.float32):
     return loss.detach(), grads, meter.reading.saved_peak, model.offload.stats if model.offload else None
 
 
-@pytest.mark.parametrize("layers", [{0}, {0, 1}, {0, 2}, {0, 1, 2, 3}], ids=str)
+@pytest.mark.parametrize("layers", [{0}, {0, 1}, {0, 1, 2}, {0, 1, 2, 3}], ids=str)
 def test_same_loss_and_gradients_less_on_the_device(layers):
     base_loss, base_grads, base_peak, _ = _step(set())
     loss, grads, peak, stats = _step(layers)
@@ -46,12 +46,14 @@ def test_same_loss_and_gradients_less_on_the_device(layers):
     # every offloaded layer's tensors went to host and all came back; each group fetched ahead of its backward
     assert stats.sent_bytes > 0 and stats.host_bytes == 0 and stats.device_bytes == 0
     assert stats.prefetched == len(layers) and stats.late == 0
-    # at the peak (the end of forward: nothing is back yet) the offloaded layers' saved bytes are not on the device
+    # the offloaded layers' saved bytes leave the device but the model's input (the embedding's output, kept);
+    # one layer may be back for its backward while the next one still runs (planner/stage_memory.py)
     layer = 2 * activation_bytes_per_layer(SHAPE, SEQ, 2, 1, False, "none")  # fp32: twice the 16-bit count
     saved = base_peak - peak
     print(f"offload {sorted(layers)}: device peak {base_peak} -> {peak} (-{saved}), layer {layer:.0f}, stats {stats}")
-    assert saved == pytest.approx(len(layers) * layer, rel=0.05)
-    assert stats.host_peak == pytest.approx(len(layers) * layer, rel=0.05)
+    embedded, back = 4 * 2 * SEQ * SHAPE.hidden, 2 if len(layers) == SHAPE.layers else 1  # the last: it and one more
+    assert (len(layers) - back) * layer - embedded <= saved <= len(layers) * layer - embedded + 0.01 * layer
+    assert stats.host_peak == pytest.approx(len(layers) * layer - embedded, rel=0.05)
 
 
 def test_bf16_round_trip_is_exact():
