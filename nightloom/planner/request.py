@@ -11,7 +11,7 @@ from nightloom.catalog import GPUSpec
 from nightloom.parallel import ParallelPlan, Rejection
 from nightloom.planner.post_training import PostTraining, TaskSplit
 from nightloom.shape import ModelShape
-from nightloom.spec.stage_list import stage_list_errors
+from nightloom.spec.stage_list import stage_list_errors, stages_text
 from nightloom.wording import percent, thousands
 
 RECOMPUTE_MODES = ("none", "selective", "full")
@@ -120,13 +120,13 @@ def parse_layout(text: str) -> FixedLayout:
 
 
 def parse_stages(text: str, where: str = "--stages") -> tuple[int, ...]:
-    """`7,8,8,7` or `7:8:8:7` (or `[7, 8, 8, 7]`) into stage sizes, each >= 1 except the first and last, which may
+    """`7,8,8,7` or `7:8:8:7` (or `[7, 8, 8, 7]`, or with runs `0:1*126:0`) into stage sizes, each >= 1 except the first and last, which may
     be 0 (an embedding-only first stage, a head-only last one; ParallelDims.check has the full rule)."""
     parts = [p.strip() for p in text.strip().strip("[]").replace(":", ",").split(",") if p.strip()]
-    try:
-        sizes = tuple(int(p) for p in parts)
+    try:  # N*K: K stages of N layers (stages_text writes long runs so)
+        sizes = tuple(int(n) for p in parts for n in [p.partition("*")[0]] * int(p.partition("*")[2] or 1))
     except ValueError:
-        raise ValueError(f"{where}: {text!r} is not a list of integers, e.g. 7,8,8,7") from None
+        raise ValueError(f"{where}: {text!r} is not a list of integers, e.g. 7,8,8,7 or 0:1*126:0") from None
     if not sizes or stage_list_errors(sizes, len(sizes)):
         raise ValueError(
             f"{where}: {text!r}: give one size per pipeline stage, >= 1 except the first and last (>= 0: embedding "
@@ -218,7 +218,7 @@ class PlanReport(BaseModel):
                 {
                     "status": tag,
                     "layout": p.layout(),
-                    "stages": ":".join(map(str, p.stages)) if p.stages else None,
+                    "stages": stages_text(p.stages) if p.stages else None,
                     "mb": p.micro_batch,
                     "accum": p.grad_accum,
                     "v": p.virtual_stages,

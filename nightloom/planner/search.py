@@ -39,6 +39,7 @@ from nightloom.planner.steptime import (
     calibrated_efficiency,
     step_time,
 )
+from nightloom.spec.stage_list import stages_text
 from nightloom.wording import plural
 
 MAX_VIRTUAL_STAGES = 8
@@ -242,8 +243,9 @@ def _explain(req: PlanRequest, s: _Scored, eff: float, runner_up: _Scored | None
     ]
     if c.offload_layers:
         lines[1] += (
-            f"; the activations of each pipeline rank's first {plural(c.offload_layers, 'layer')} wait in pinned "
-            f"host memory ({m.host_gib:.1f} GiB per GPU)"
+            f"; the activations of each pipeline rank's first "
+            f"{'layer' if c.offload_layers == 1 else f'{c.offload_layers} layers'} wait in pinned host memory "
+            f"({m.host_gib:.1f} GiB per GPU)"
         )
     if c.zero == "zero2":
         lines[1] += " (ZeRO-2: parameters kept gathered from forward to backward)"
@@ -257,8 +259,8 @@ def _explain(req: PlanRequest, s: _Scored, eff: float, runner_up: _Scored | None
         split = "even" if c.stages is None else "uneven"
         lines.insert(
             1,
-            f"pipeline: {len(sizes)} chunks ({split}, v={c.virtual_stages}) of {':'.join(map(str, sizes))} "
-            f"transformer layers, {':'.join(map(str, ranks))} per pp rank (embedding on the first, output head on "
+            f"pipeline: {len(sizes)} chunks ({split}, v={c.virtual_stages}) of {stages_text(sizes)} "
+            f"transformer layers, {stages_text(ranks)} per pp rank (embedding on the first, output head on "
             f"the last); memory is the busiest rank's ({m.total_gib:.1f} GiB), step time the slowest rank's "
             f"(slot {st.slot_max_s * 1e3:.1f} ms per micro-batch, mean {st.slot_avg_s * 1e3:.1f} ms)",
         )
@@ -500,7 +502,7 @@ def _pct(reason: str) -> float:
 
 
 def _knob_str(c: ParallelDims) -> str:
-    split = f", stages={':'.join(map(str, c.stages))}" if c.stages is not None else ""
+    split = f", stages={stages_text(c.stages)}" if c.stages is not None else ""
     ep = f", ep={c.ep}" if c.ep > 1 else ""
     ep += ", reduce-scatter each micro-batch" if c.reduce_each_micro_batch else ""
     ep += f", offload {plural(c.offload_layers, 'layer')}" if c.offload_layers else ""
@@ -519,7 +521,7 @@ def _nofit(s: _Scored, usable: float) -> str:
 
 
 def _pins(f: FixedLayout) -> str:
-    return ",".join(f"{k}={':'.join(map(str, v)) if k == 'stages' else v}" for k, v in vars(f).items() if v is not None)
+    return ",".join(f"{k}={stages_text(v) if k == 'stages' else v}" for k, v in vars(f).items() if v is not None)
 
 
 def _cpu_report(

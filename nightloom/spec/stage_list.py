@@ -23,3 +23,15 @@ def stage_list_errors(stages, chunks: int, layers: int | None = None, what: str 
             "(embedding only, head only)"
         )
     return why
+
+
+def stages_text(sizes) -> str:
+    """Stage sizes as `--stages` reads them, runs of three or more written once with their count: Llama 3 405B's 128
+    one-layer chunks are `0:1*126:0`, not 128 numbers (parse_stages reads both)."""
+    runs: list[list[int]] = []
+    for n in sizes:
+        if runs and runs[-1][0] == n:
+            runs[-1][1] += 1
+        else:
+            runs.append([n, 1])
+    return ":".join(f"{n}*{k}" if k >= 3 else ":".join([str(n)] * k) for n, k in runs)

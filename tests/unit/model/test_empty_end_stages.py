@@ -122,3 +122,23 @@ def test_spec_and_cli_accept_empty_end_stages_only():
     assert parse_stages("0:2:2:0") == (0, 2, 2, 0)
     with pytest.raises(ValueError, match=r"'2,0,2,0': give one size per pipeline stage, >= 1 except the first"):
         parse_stages("2,0,2,0")
+
+
+def test_long_stage_lists_print_as_runs_and_read_back():
+    """The plan prints Llama 3 405B's 128 one-layer chunks as `0:1*126:0` (stages_text), and `--stages` reads that
+    form back, as it reads the plain one; a run that is not a count is refused, naming the text."""
+    from nightloom.planner import plan
+    from nightloom.planner.request import parse_stages
+    from nightloom.spec.stage_list import stages_text
+
+    meta = (0,) + (1,) * 126 + (0,)
+    for sizes, text in [(meta, "0:1*126:0"), ((7,) + (8,) * 14 + (7,), "7:8*14:7"), ((1, 2, 1), "1:2:1")]:
+        assert stages_text(sizes) == text and parse_stages(text) == sizes
+    with pytest.raises(ValueError, match=r"'1\*x' is not a list of integers"):
+        parse_stages("1*x")
+    kw = dict(nodes=1024, gpus_per_node=8, seq_len=8192, global_batch=2048, stages="7:8*14:7")
+    p = plan("llama3.1-405b", "h100-80gb", layout="tp=8,pp=16,dp=64,v=8,recompute=none", **kw).chosen
+    assert p.stages == list(meta)
+    assert any(
+        "128 chunks (uneven, v=8) of 0:1*126:0 transformer layers, 7:8*14:7 per pp rank" in x for x in p.explanation
+    )

@@ -6,7 +6,7 @@ in flight), a sent stage output keeps no data (LeanStage), FSDP2 may reduce-scat
 (parallel.reduce_each_micro_batch: ~12 GiB of unsharded fp32 gradients less), and a rank's first layers may keep
 their activations in host memory (parallel.offload_layers). Measured here (h100-80gb, 73.6 GiB usable):
   8,192 GPUs:  79.0 GiB without offload (5.4 over); with each rank's first layer offloaded (chosen by the search for
-               the pinned layout) 66.0 GiB and 15.9 GiB of pinned host memory per GPU, the copies hidden: 455.6
+               the pinned layout) 67.0 GiB and 14.9 GiB of pinned host memory per GPU, the copies hidden: 455.6
                TFLOP/s (+6% of the published 430). The search's own pick, TP4·FSDP2048 with 61 layers offloaded,
                predicts 544.6 (a layout Meta did not run: the planner's claim, not a measurement).
   16,384 GPUs: 72.1 GiB, fits without offload, 431.4 TFLOP/s (+7.9% of 400); the search's own pick is faster.
