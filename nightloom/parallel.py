@@ -8,6 +8,7 @@ DeviceMesh is built lazily (torch is imported only by `build_mesh`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Any, Literal, get_type_hints
 
@@ -16,7 +17,9 @@ from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 from nightloom.spec.stage_list import stage_list_errors
 
 Recompute = Literal["none", "selective", "full"]
-Schedule = Literal["gpipe", "1f1b", "interleaved_1f1b"]
+Schedule = Literal["gpipe", "1f1b", "interleaved_1f1b", "zbv"]
+#: schedules that place several chunks (virtual stages) on every pipeline rank
+MULTI_CHUNK = ("interleaved_1f1b", "zbv")
 #: how the dp_shard ranks shard: "fsdp" = ZeRO-3 (FSDP2 reshards parameters after forward), "zero2" = ZeRO-2-like
 #: (FSDP2 reshard_after_forward=False: gradients and optimizer states sharded, parameters kept gathered from
 #: forward to backward); "none" only with dp_shard == 1 (plain data parallel is spelled dp_replicate).
@@ -126,7 +129,22 @@ class ParallelDims:
     @property
     def chunks_per_rank(self) -> int:
         """Pipeline chunks (virtual stages) each pp rank holds."""
-        return self.virtual_stages if self.schedule == "interleaved_1f1b" else 1
+        return self.virtual_stages if self.schedule in MULTI_CHUNK else 1
+
+    def chunk_rank(self, j: int) -> int:
+        """The pipeline rank holding chunk j: j mod pp (looped, interleaved 1F1B), or for the V-shaped zero-bubble
+        schedule (zbv: Qi et al. 2024 §6) rank j on the way down and 2·pp − 1 − j on the way back."""
+        if self.schedule == "zbv":
+            return j if j < self.pp else 2 * self.pp - 1 - j
+        return j % self.pp
+
+    def rank_chunks(self, r: int) -> list[int]:
+        """The chunks pipeline rank r holds, in model order."""
+        return [j for j in range(self.pp * self.chunks_per_rank) if self.chunk_rank(j) == r]
+
+    def rank_sizes(self, layers: int) -> tuple[int, ...]:
+        """Transformer layers each pipeline rank holds (its chunks summed)."""
+        return _rank_sizes(self.stage_sizes(layers), self.pp, self.schedule == "zbv")
 
     def stage_sizes(self, layers: int) -> tuple[int, ...]:
         """Transformer layers of every pipeline chunk, in order (even split unless `stages` is given)."""
@@ -143,13 +161,13 @@ class ParallelDims:
 
     def offloaded_per_chunk(self, layers: int) -> tuple[int, ...]:
         """Layers of every pipeline chunk (model order) whose activations are offloaded: each rank's first
-        `offload_layers` in model order, its chunks taken in turn (chunk j lives on rank j mod pp)."""
+        `offload_layers` in model order, its chunks taken in turn (`chunk_rank`)."""
         sizes = self.stage_sizes(layers)
         left = [self.offload_layers] * self.pp
         out = []
         for j, n in enumerate(sizes):
-            k = min(n, left[j % self.pp])
-            left[j % self.pp] -= k
+            k = min(n, left[self.chunk_rank(j)])
+            left[self.chunk_rank(j)] -= k
             out.append(k)
         return tuple(out)
 
@@ -181,8 +199,7 @@ class ParallelDims:
         if native_trainer:
             why += self.moe_trainer_errors(shape)
         v = self.chunks_per_rank
-        if self.schedule != "interleaved_1f1b" and self.virtual_stages != 1:
-            why.append(f"virtual_stages={self.virtual_stages} needs schedule 'interleaved_1f1b', got {self.schedule!r}")
+        why += self._schedule_errors(shape, native_trainer)
         if self.stages is None:
             if shape.layers % (p * v):
                 why.append(
@@ -228,6 +245,23 @@ class ParallelDims:
             why.append(f"train.seq_len ({seq_len}) exceeds model {shape.name} max_seq ({shape.max_seq})")
         return why + self._offload_errors(shape.layers)
 
+    def _schedule_errors(self, shape, native_trainer: bool) -> list[str]:
+        """The schedule's own rules: virtual stages only where chunks interleave; zbv two chunks a rank, pp > 1, and
+        under nightloom's trainer an untied model (its first and last chunk share rank 0)."""
+        why = []
+        if self.schedule not in MULTI_CHUNK and self.virtual_stages != 1:
+            why.append(f"virtual_stages={self.virtual_stages} needs schedule 'interleaved_1f1b', got {self.schedule!r}")
+        if self.schedule == "zbv" and (self.virtual_stages != 2 or self.pp == 1):
+            why.append(
+                f"schedule 'zbv' runs two chunks on each of pp > 1 ranks: virtual_stages 2, got {self.virtual_stages}"
+            )
+        if self.schedule == "zbv" and native_trainer and getattr(shape, "tied_embeddings", False):
+            why.append(
+                "schedule 'zbv' with tied embeddings: the first and the last chunk share rank 0, where the trainer "
+                "does not tie two stages' copies yet; use 1f1b or interleaved_1f1b"
+            )
+        return why
+
     def _offload_errors(self, layers: int) -> list[str]:
         """offload_layers: at most the most layers a rank holds, and only without recompute (which already keeps less than
         offload would move)."""
@@ -236,7 +270,7 @@ class ParallelDims:
             return []
         if n < 0:
             return [f"offload_layers must be >= 0, got {n}"]
-        most = max(sum(self.stage_sizes(layers)[r :: self.pp]) for r in range(self.pp))
+        most = max(self.rank_sizes(layers))
         why = []
         if n > most:  # a rank holding fewer offloads all of its own
             why.append(f"offload_layers ({n}) exceeds the layers a pipeline rank holds ({most})")
@@ -378,6 +412,15 @@ class Rejection(BaseModel):
     model_config = ConfigDict(extra="forbid")
     layout: str
     reason: str
+
+
+@functools.lru_cache(maxsize=4096)
+def _rank_sizes(sizes: tuple[int, ...], pp: int, v_shape: bool) -> tuple[int, ...]:
+    """Layers per pipeline rank: chunk j on rank j mod pp, or on a V (j, then 2·pp − 1 − j)."""
+    out = [0] * pp
+    for j, n in enumerate(sizes):
+        out[(j if j < pp else 2 * pp - 1 - j) if v_shape else j % pp] += n
+    return tuple(out)
 
 
 #: the fields of ParallelPlan that are the layout (ParallelDims's fields); the rest are predictions

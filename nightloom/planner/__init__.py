@@ -230,5 +230,6 @@ def spec_layout(p, world_size: int) -> FixedLayout:
         stages=tuple(p.stages) if p.stages else None,
         reduce_each_micro_batch=p.reduce_each_micro_batch,
         offload_layers=p.offload_layers,
+        schedule=p.schedule if p.pp > 1 else None,
         ep=getattr(p, "ep", None),  # parallel.ep once the spec has it
     )

@@ -18,9 +18,11 @@ from functools import lru_cache
 @lru_cache(maxsize=4096)
 def in_flight_layers(chunks: tuple[int, ...], pp: int, microbatches: int, schedule: str) -> tuple[int, ...]:
     """Peak (layers × micro-batches) of saved activations on every pipeline rank; `chunks` are the layers of the
-    pp·v pipeline chunks in model order (chunk j on rank j mod pp)."""
+    pp·v pipeline chunks in model order (chunk j on rank j mod pp; zbv: ParallelDims.chunk_rank's V)."""
     v = len(chunks) // pp
     m = microbatches
+    if schedule == "zbv":
+        return tuple(_zbv_peak(chunks[r], chunks[2 * pp - 1 - r], r, pp, m) for r in range(pp))
     per_rank = [sum(chunks[r::pp]) for r in range(pp)]
     if pp == 1:  # gradient accumulation: each micro-batch's backward runs before the next forward
         return (per_rank[0] * min(1, m),)
@@ -45,4 +47,61 @@ def _interleaved_peak(local: list[int], rank: int, pp: int, m: int) -> int:
             peak = max(peak, held)
         if op >= warmup:  # a backward, the last chunk first
             held -= local[v - 1 - ((op - warmup) // per_round) % v]
+    return peak
+
+
+def zbv_ops(rank: int, pp: int, m: int) -> list[tuple[str, int, int]]:
+    """One rank's ops under the V-shaped zero-bubble schedule (Qi et al. 2024 §6, in torch's ScheduleZBVZeroBubble
+    order): (kind F / I / W, local chunk 0 or 1, micro-batch). Warm-up: 2(pp − r) − 1 forwards of chunk 0, then r
+    pairs F1 F0, then pp − r triples F1 I1 W1; steady: F0 I0 W0 F1 I1 W1; cool-down: r pairs I0 I1, pp − r pairs
+    I0 W0, the weight passes left. Micro-batches past m are padding (dropped)."""
+    n = max(2 * pp - 1, m)
+    ops: list[tuple[str, int, int]] = []
+    f, b, w = [0, 0], [0, 0], [0, 0]
+
+    def op(kind: str, chunk: int, count: list[int]) -> None:
+        ops.append((kind, chunk, count[chunk]))
+        count[chunk] += 1
+
+    for _ in range(2 * (pp - rank) - 1):
+        op("F", 0, f)
+    for _ in range(rank):
+        op("F", 1, f)
+        op("F", 0, f)
+    for _ in range(pp - rank):
+        op("F", 1, f)
+        op("I", 1, b)
+        op("W", 1, w)
+    while f[1] < f[0] or f[0] < n:
+        if f[0] < n:
+            op("F", 0, f)
+        op("I", 0, b)
+        op("W", 0, w)
+        op("F", 1, f)
+        op("I", 1, b)
+        op("W", 1, w)
+    for _ in range(rank):
+        op("I", 0, b)
+        op("I", 1, b)
+    for _ in range(pp - rank):
+        op("I", 0, b)
+        op("W", 0, w)
+    while w[1] < b[1]:
+        op("W", 1, w)
+    while w[0] < b[0]:
+        op("W", 0, w)
+    return [o for o in ops if o[2] < m]
+
+
+def _zbv_peak(first: int, second: int, rank: int, pp: int, m: int) -> int:
+    """A rank's peak under zbv: a forward keeps its chunk's activations until the weight pass (torch's input
+    pass keeps the graph for it: stage_backward_input retains it)."""
+    held = peak = 0
+    for kind, chunk, _ in zbv_ops(rank, pp, m):
+        size = second if chunk else first
+        if kind == "F":
+            held += size
+            peak = max(peak, held)
+        elif kind == "W":
+            held -= size
     return peak

@@ -157,15 +157,10 @@ def _state_bytes(precision: str) -> tuple[float, float, float]:
 
 
 def rank_layers(shape: ModelShape, c: ParallelDims) -> tuple[int, ...]:
-    """Transformer layers each pipeline rank holds (its chunks summed: chunk k lives on rank k mod pp)."""
+    """Transformer layers each pipeline rank holds (its chunks summed: ParallelDims.chunk_rank places them)."""
     if c.stages is None:
         return (shape.layers // c.pp,) * c.pp
-    return _per_rank(c.stages, c.pp)
-
-
-@lru_cache(maxsize=4096)
-def _per_rank(stages: tuple[int, ...], pp: int) -> tuple[int, ...]:
-    return tuple(sum(stages[r::pp]) for r in range(pp))
+    return c.rank_sizes(shape.layers)
 
 
 def rank_params(shape: ModelShape, c: ParallelDims) -> list[float]:
@@ -178,7 +173,7 @@ def rank_params(shape: ModelShape, c: ParallelDims) -> list[float]:
     sizes = rank_layers(shape, c)
     out = [n * unit for n in sizes]
     out[0] += first_p - even
-    out[-1] += last_p - even
+    out[c.chunk_rank(c.pp * c.chunks_per_rank - 1)] += last_p - even  # the head's rank (zbv: rank 0)
     return out
 
 

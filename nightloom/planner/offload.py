@@ -46,7 +46,8 @@ def exposed_s(c: ParallelDims, layers: int, layer_bytes: float, host_bw: float, 
     beyond the slot they overlap."""
     if not c.offload_layers:
         return 0.0
-    per_rank = [sum(c.offloaded_per_chunk(layers)[r :: c.pp]) for r in range(c.pp)]
+    off = c.offloaded_per_chunk(layers)
+    per_rank = [sum(off[j] for j in c.rank_chunks(r)) for r in range(c.pp)]
     return c.grad_accum * max(0.0, max(per_rank) * layer_bytes / host_bw - slot_s)
 
 
@@ -64,7 +65,7 @@ def fit_memory(
         return c, memory_of(c)
     if not native_trainer or c.recompute != "none" or mem[0].total_gib <= usable_gib:
         return c, mem
-    most = replace(c, offload_layers=max(sum(c.stage_sizes(layers)[r :: c.pp]) for r in range(c.pp)))
+    most = replace(c, offload_layers=max(c.rank_sizes(layers)))
     best = (most, memory_of(most))
     if best[1][0].total_gib > usable_gib:
         return best if best[1][0].host_gib <= HOST_GIB_PER_GPU else (c, mem)  # nothing fits: the smallest memory

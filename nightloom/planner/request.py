@@ -42,6 +42,7 @@ class FixedLayout:
     ep: int | None = None  # expert parallel (MoE), drawn from the data-parallel ranks
     reduce_each_micro_batch: bool | None = None  # FSDP2 reduce-scatters every micro-batch (None: where it fits)
     offload_layers: int | None = None  # activations of each rank's first n layers in host memory (None: to fit)
+    schedule: Literal["gpipe", "1f1b", "interleaved_1f1b", "zbv"] | None = None  # pipeline schedule (pp > 1)
 
     def __post_init__(self) -> None:
         if self.zero == "none" and self.dp_shard is not None and self.dp_shard > 1:
@@ -77,12 +78,13 @@ _LAYOUT_KEYS = {
     "reduce_each_micro_batch": "reduce_each_micro_batch",
     "offload": "offload_layers",
     "offload_layers": "offload_layers",
+    "schedule": "schedule",
 }
 
 
 def parse_layout(text: str) -> FixedLayout:
     """Parse `tp=8,pp=4,dp=32[,cp=2,ep=8,sp=1,mb=2,v=2,recompute=full,zero=fsdp|zero2|none,stages=7:8:8:7,
-    reduce_each=1,offload=2]` into a
+    reduce_each=1,offload=2,schedule=zbv]` into a
     FixedLayout (clear errors). Stage sizes are separated by ':' (a comma separates keys)."""
     vals: dict[str, object] = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
@@ -99,6 +101,10 @@ def parse_layout(text: str) -> FixedLayout:
         elif name == "zero":
             if raw not in ("none", "fsdp", "zero2"):
                 raise ValueError(f"--layout: zero={raw!r}; expected none, fsdp or zero2")
+            vals[name] = raw
+        elif name == "schedule":
+            if raw not in ("gpipe", "1f1b", "interleaved_1f1b", "zbv"):
+                raise ValueError(f"--layout: schedule={raw!r}; expected gpipe, 1f1b, interleaved_1f1b or zbv")
             vals[name] = raw
         elif name == "stages":
             vals[name] = parse_stages(raw, "--layout: stages")
@@ -222,6 +228,7 @@ class PlanReport(BaseModel):
                     "mb": p.micro_batch,
                     "accum": p.grad_accum,
                     "v": p.virtual_stages,
+                    "schedule": p.schedule if p.pp > 1 else None,
                     "recompute": p.recompute,
                     "mem_gib": _r(p.memory_gib_per_gpu, 1),
                     "fits": p.fits,

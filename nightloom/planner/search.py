@@ -233,8 +233,13 @@ def _explain(req: PlanRequest, s: _Scored, eff: float, runner_up: _Scored | None
         (
             f"step {st.step_s:.3f} s: matmul {st.matmul_s:.3f} s at efficiency {eff:.2f} of "
             f"{gpu.peak(req.precision) / 1e12:.0f} TFLOP/s, memory-bound {st.hbm_s:.3f}, TP comm {st.tp_comm_s:.3f}, "
-            f"PP p2p {st.pp_comm_s:.3f}, bubble {st.bubble_s:.3f} ((p−1)/(v·m) = "
-            f"{bubble_fraction(c.pp, c.virtual_stages, c.grad_accum):.3f}), DP exposed {st.dp_exposed_s:.3f}, "
+            f"PP p2p {st.pp_comm_s:.3f}, bubble {st.bubble_s:.3f} "
+            + (
+                "(zero-bubble V: the attention core's share of the weight passes left unfilled)"
+                if c.schedule == "zbv"
+                else f"((p−1)/(v·m) = {bubble_fraction(c.pp, c.virtual_stages, c.grad_accum):.3f})"
+            )
+            + f", DP exposed {st.dp_exposed_s:.3f}, "
             f"optimizer {st.optimizer_s:.3f}"
             + (f", CP all-gather exposed {st.cp_comm_s:.3f}" if c.cp > 1 else "")
             + (f", EP all-to-all {st.ep_comm_s:.3f}" if c.ep > 1 else "")
@@ -254,16 +259,7 @@ def _explain(req: PlanRequest, s: _Scored, eff: float, runner_up: _Scored | None
     else:
         lines[1] += "; attention: materialised scores (5·a·s/h per token and layer stored)"
     if c.pp > 1:
-        sizes = c.stage_sizes(req.shape.layers)
-        ranks = rank_layers(req.shape, c)
-        split = "even" if c.stages is None else "uneven"
-        lines.insert(
-            1,
-            f"pipeline: {len(sizes)} chunks ({split}, v={c.virtual_stages}) of {stages_text(sizes)} "
-            f"transformer layers, {stages_text(ranks)} per pp rank (embedding on the first, output head on "
-            f"the last); memory is the busiest rank's ({m.total_gib:.1f} GiB), step time the slowest rank's "
-            f"(slot {st.slot_max_s * 1e3:.1f} ms per micro-batch, mean {st.slot_avg_s * 1e3:.1f} ms)",
-        )
+        lines.insert(1, _pipeline_line(req, c, m.total_gib, st))
     if c.cp > 1:
         lines.insert(
             1,
@@ -294,6 +290,23 @@ def _explain(req: PlanRequest, s: _Scored, eff: float, runner_up: _Scored | None
             f"is {_lost_by(s, runner_up)}"
         )
     return lines
+
+
+def _pipeline_line(req: PlanRequest, c: ParallelDims, total_gib: float, st: StepEstimate) -> str:
+    """The plan's pipeline line: chunks and layers per rank, where the embedding and head sit, the busiest rank."""
+    sizes = c.stage_sizes(req.shape.layers)
+    ranks = rank_layers(req.shape, c)
+    split = "even" if c.stages is None else "uneven"
+    where = (
+        "V-shaped zero-bubble: rank r holds chunks r and 2·pp−1−r, the embedding and head on the first"
+        if c.schedule == "zbv"
+        else "embedding on the first, output head on the last"
+    )
+    return (
+        f"pipeline: {len(sizes)} chunks ({split}, v={c.virtual_stages}) of {stages_text(sizes)} transformer layers, "
+        f"{stages_text(ranks)} per pp rank ({where}); memory is the busiest rank's ({total_gib:.1f} GiB), step "
+        f"time the slowest rank's (slot {st.slot_max_s * 1e3:.1f} ms per micro-batch, mean {st.slot_avg_s * 1e3:.1f} ms)"
+    )
 
 
 def _moe_line(req: PlanRequest, c: ParallelDims, st: StepEstimate) -> str:
@@ -413,10 +426,14 @@ def search(req: PlanRequest) -> PlanReport:
     overall_min: _Scored | None = None
     for tp, pp, dpr, dps, zero, cp in families:
         fam = layout_name(tp, pp, dpr, dps, cp, False, zero)
-        knobs = [(k, ep) for k in _knobs(req, fixed, tp, pp, dpr * dps) for ep in _eps(req, fixed, dpr, dps, cp)]
-        for (sp, mb, v, split, rc, m), ep in knobs:
+        knobs = [
+            (k, ep, sched)
+            for k in _knobs(req, fixed, tp, pp, dpr * dps)
+            for ep in _eps(req, fixed, dpr, dps, cp)
+            for sched in _schedules(fixed, pp, k[2])
+        ]
+        for (sp, mb, v, split, rc, m), ep, sched in knobs:
             considered += 1
-            sched = "interleaved_1f1b" if v > 1 else "1f1b"
             c = ParallelDims(tp, pp, dpr, dps, cp, sp, mb, m, v, sched, rc, zero, split, ep)
             why = c.check(req.shape, req.seq_len, req.global_batch, native_trainer=req.native_trainer)
             if why or splits_groups(req.task, c):  # grpo: whole groups on every data-parallel rank
@@ -468,6 +485,19 @@ def search(req: PlanRequest) -> PlanReport:
     return _report(req, chosen, alts, rejected, (considered, pruned, evaluated), eff, overall_min, usable, best.split)
 
 
+def _schedules(fixed: FixedLayout, pp: int, v: int) -> list[str]:
+    """The pipeline schedules a candidate with v chunks per rank runs: the pinned one, else 1F1B (v = 1) or
+    interleaved 1F1B, and with two chunks a rank also the V-shaped zero-bubble schedule (not for a forced per-rank
+    split, which is placed looped)."""
+    if pp == 1:
+        return ["1f1b"]
+    if fixed.schedule is not None:
+        return [fixed.schedule]
+    if v == 1:
+        return ["1f1b"]
+    return ["interleaved_1f1b", "zbv"] if v == 2 and fixed.stages is None else ["interleaved_1f1b"]
+
+
 def _key(s: _Scored):
     """Fastest first; near-ties (equal to 4 significant digits) go to no activation offload (no host memory, no
     PCIe traffic), then to the smaller memory footprint."""
@@ -506,6 +536,7 @@ def _knob_str(c: ParallelDims) -> str:
     ep = f", ep={c.ep}" if c.ep > 1 else ""
     ep += ", reduce-scatter each micro-batch" if c.reduce_each_micro_batch else ""
     ep += f", offload {plural(c.offload_layers, 'layer')}" if c.offload_layers else ""
+    ep += ", schedule zbv" if c.schedule == "zbv" else ""
     return (
         f"mb={c.micro_batch}, accum={c.grad_accum}, v={c.virtual_stages}, sp={int(c.sp)}, recompute={c.recompute}"
         + ep

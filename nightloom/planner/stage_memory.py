@@ -68,7 +68,7 @@ def rank_activation_bytes(
     back = _prefetch_bytes(shape, c, layer_bytes, head_bytes(shape, c, seq, act_bytes))
     # a rank waits for one gradient while it holds a chunk that is not the model's last
     return tuple(
-        p + (grad if any(j % c.pp == r for j in range(n - 1)) else 0.0) + max(back[r :: c.pp])
+        p + (grad if any(c.chunk_rank(j) == r for j in range(n - 1)) else 0.0) + max(back[j] for j in c.rank_chunks(r))
         for r, p in enumerate(peaks)
     )
 
@@ -93,7 +93,8 @@ def other_trainer_bytes(
     one micro-batch's logits on the last rank (outputs freed once sent, vocab-parallel loss)."""
     resident = tuple(n - k for n, k in zip(c.stage_sizes(shape.layers), c.offloaded_per_chunk(shape.layers)))
     layers = in_flight_layers(resident, c.pp, c.grad_accum, c.schedule)
-    return tuple(n * layer_bytes + (last_logits if r == c.pp - 1 else 0.0) for r, n in enumerate(layers))
+    last = c.chunk_rank(c.pp * c.chunks_per_rank - 1)
+    return tuple(n * layer_bytes + (last_logits if r == last else 0.0) for r, n in enumerate(layers))
 
 
 def rank_bytes(

@@ -16,7 +16,7 @@ With a fused (flash-style) attention kernel (`fused_attention=True`, the default
 nightloom's own SDPA on a GPU run; False models PTD-P's materialised scores) the scores never reach HBM (no softmax term), and the attention core's matmuls are those the kernel
 does: causal blocks above the diagonal skipped (half of QKᵀ and AV), the backward's 5 matmuls recomputing QKᵀ
 (FlashAttention-2, Dao 2023, §3.1): 7·s·(a·d) FLOPs per token and layer in place of the formula's 12·s·(a·d).
-The pipeline runs m slots of its slowest rank plus (p − 1)/v average slots (bubble (p−1)/(v·m), Narayanan et
+The pipeline runs m slots of its slowest rank plus (p − 1)/v average slots (zbv: `zbv_bubble`) (bubble (p−1)/(v·m), Narayanan et
 al. 2021); with uneven stages each rank's slot counts its own layers, the last adds the output head.
 Data parallel: gradient all-reduce (replicated) or reduce-scatter + all-gather (FSDP/ZeRO-3 gathers in forward
 and backward, ZeRO-2 in forward only; HSDP adds an all-reduce over replicas) overlapped with backward compute; only the excess is exposed. FSDP's gradients are reduce-scattered once after the last micro-batch, or
@@ -119,6 +119,15 @@ def all_to_all_s(c: ParallelDims, nbytes: float, gpus_per_node: int, gpu: GPUSpe
 def bubble_fraction(pp: int, virtual_stages: int, microbatches: int) -> float:
     """Pipeline bubble over useful time: (p − 1)/(v·m) (Narayanan et al. 2021 §2.2); the one copy of it."""
     return (pp - 1) / (virtual_stages * microbatches)
+
+
+def zbv_bubble(pp: int, core_share: float) -> float:
+    """The V-shaped zero-bubble schedule's idle time in slots (Qi et al. 2024 §6: (p − 1)·(T_F + T_B − 2·T_W) per
+    chunk, T_B the input pass). With a linear's forward, input and weight passes alike and the attention core's
+    backward all input pass (FlashAttention-2's 2 + 5 of its 7·s·(a·d)), T_F + T_B − 2·T_W is the core's 7, and a
+    slot (both chunks' F, B and W) 2·(3·linear + 7·core): (p − 1)·core_share/2 slots, `core_share` the core's part of
+    a layer's FLOPs."""
+    return (pp - 1) * core_share / 2
 
 
 def ring_s(n: int, nbytes: float, bw: float, lat: float, factor: float) -> float:
@@ -297,11 +306,13 @@ def step_time(
     per_layer = (body_mm + body_hbm + tp_s + cp_s + ep_s) / lps
     sizes = rank_layers(shape, c)
     slots = [n * per_layer + pp_s for n in sizes]
-    slots[-1] += head_mm + head_hbm
+    slots[c.chunk_rank(c.pp * c.chunks_per_rank - 1)] += head_mm + head_hbm  # the head's rank (zbv: rank 0)
     m = c.grad_accum
     slot_max = max(slots)
     slot_avg = sum(slots) / c.pp
     bubble = bubble_fraction(c.pp, c.virtual_stages, m) * m * slot_avg
+    if c.schedule == "zbv":  # weight passes fill the bubble but for the attention core's share (zbv_bubble)
+        bubble = zbv_bubble(c.pp, (7 if fused_attention else 12) * core / layer_flops) * slot_avg
     pipe = m * slot_max + bubble
     # data parallel gradient sync, overlapped with backward compute
     p_stage = max(rank_params(shape, c))

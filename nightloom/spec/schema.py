@@ -242,7 +242,11 @@ class ParallelSpec(_Section):
     sp: bool = Field(False, description="Sequence parallel with TP (Megatron-SP).")
     micro_batch: int = Field(1, gt=0, description="Sequences per rank per forward pass.")
     virtual_stages: int = Field(1, gt=0, description="Model chunks per pipeline rank (interleaved_1f1b).")
-    schedule: Literal["gpipe", "1f1b", "interleaved_1f1b"] = Field("1f1b", description="Pipeline schedule (pp > 1).")
+    schedule: Literal["gpipe", "1f1b", "interleaved_1f1b", "zbv"] = Field(
+        "1f1b",
+        description="Pipeline schedule (pp > 1): zbv is the V-shaped zero-bubble schedule (two chunks a rank, "
+        "virtual_stages 2; backward split into input and weight passes that fill the bubble).",
+    )
     recompute: Literal["none", "selective", "full"] = Field("none", description="Activation recomputation.")
     zero: Literal["fsdp", "zero2"] = Field(
         "fsdp", description="How dp_shard shards: fsdp (ZeRO-3) or zero2 (parameters kept from forward to backward)."
@@ -282,7 +286,7 @@ class ParallelSpec(_Section):
 
     @model_validator(mode="after")
     def _stages(self) -> ParallelSpec:
-        n = self.pp * (self.virtual_stages if self.schedule == "interleaved_1f1b" else 1)
+        n = self.pp * (self.virtual_stages if self.schedule in ("interleaved_1f1b", "zbv") else 1)
         why = stage_list_errors(self.stages, n, what=f"pp·virtual_stages ({n})") if self.stages is not None else []
         if why:  # the sum is checked against the model's layers later (ParallelDims.check)
             raise ValueError("; ".join(why))

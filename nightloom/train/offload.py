@@ -137,7 +137,8 @@ class ActivationOffload:
         local = getattr(t, "_local_tensor", t)  # a DTensor: its shard moves, its layout is kept to rebuild it
         s = storage_of(local)
         if s is None or s.data_ptr() in keep or type(local) is not torch.Tensor or (t.is_leaf and t.requires_grad):
-            return self.outer[0](t) if self.outer else t  # parameters, the chunk's input, wrapped tensors: kept
+            # parameters, the chunk's input, wrapped tensors: kept (a detached alias: no output -> node cycle)
+            return self.outer[0](t) if self.outer else t.detach()
         view = (local.dtype, local.storage_offset(), tuple(local.shape), local.stride())
         dtensor = (t.device_mesh, t.placements, t.shape, t.stride()) if local is not t else None
         i = group.index.get(s.data_ptr())

@@ -322,7 +322,7 @@ def build_parts(
     v = dims.chunks_per_rank
     n_stages = plan.pp * v
     pp_rank = mesh["pp"].get_local_rank() if mesh is not None else 0
-    stage_ids = [pp_rank + i * plan.pp for i in range(v)]
+    stage_ids = dims.rank_chunks(pp_rank)
     bounds = dims.stage_bounds(shape.layers)  # layers of every stage (uneven when the plan says so)
     parts: list[nn.Module] = []
     for s in stage_ids:
@@ -375,7 +375,12 @@ def build_parts(
 
 def _pipeline(out: ModelParts, plan: ParallelPlan, mesh, device: torch.device) -> None:
     """The pipeline stages of this rank's chunks (train/pipeline_stage.LeanStage) and the plan's schedule."""
-    from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+    from torch.distributed.pipelining import (
+        Schedule1F1B,
+        ScheduleGPipe,
+        ScheduleInterleaved1F1B,
+        ScheduleZBVZeroBubble,
+    )
 
     from nightloom.train.pipeline_stage import LeanStage
 
@@ -387,6 +392,8 @@ def _pipeline(out: ModelParts, plan: ParallelPlan, mesh, device: torch.device) -
     ]
     if plan.schedule == "interleaved_1f1b":
         out.schedule = ScheduleInterleaved1F1B(out.stages, n_microbatches=plan.grad_accum, loss_fn=out.loss)
+    elif plan.schedule == "zbv":  # V-shaped zero bubble: backward split into input and weight passes
+        out.schedule = ScheduleZBVZeroBubble(out.stages, n_microbatches=plan.grad_accum, loss_fn=out.loss)
     else:
         cls = Schedule1F1B if plan.schedule == "1f1b" else ScheduleGPipe
         out.schedule = cls(out.stages[0], n_microbatches=plan.grad_accum, loss_fn=out.loss)

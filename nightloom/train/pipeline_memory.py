@@ -81,7 +81,9 @@ class ActivationMeter:
         self._saved[key] += 1
         self._sizes[key] = s.nbytes()
         self.sample()
-        return _Held(t, key, self)
+        # a detached alias: holding `t` itself would tie a saved output to its own node (output -> grad_fn ->
+        # SavedVariable -> output), a cycle no collector sees, which outlives a retain_graph backward (zero-bubble)
+        return _Held(t.detach(), key, self)
 
     def _release(self, key: int) -> None:
         self._saved[key] -= 1

@@ -44,6 +44,8 @@ LAYOUTS = [
         {"pp": 2, "virtual_stages": 2, "schedule": "interleaved_1f1b", "micro_batch": 2, "grad_accum": 4},
         {},
     ),
+    # the V-shaped zero-bubble schedule: rank 0 holds the first and the last chunk, backward split into I and W
+    ("pp2_zbv", 2, {"pp": 2, "virtual_stages": 2, "schedule": "zbv", "micro_batch": 2, "grad_accum": 4}, {}),
     # FSDP2 reduce-scattering every micro-batch (parallel.reduce_each_micro_batch: LeanStage under the schedule)
     (
         "pp2_dp2_gpipe",
