@@ -57,39 +57,25 @@ def zbv_ops(rank: int, pp: int, m: int) -> list[tuple[str, int, int]]:
     I0 W0, the weight passes left. Micro-batches past m are padding (dropped)."""
     n = max(2 * pp - 1, m)
     ops: list[tuple[str, int, int]] = []
-    f, b, w = [0, 0], [0, 0], [0, 0]
+    done = {"F": [0, 0], "I": [0, 0], "W": [0, 0]}  # ops of each kind so far, per local chunk
 
-    def op(kind: str, chunk: int, count: list[int]) -> None:
-        ops.append((kind, chunk, count[chunk]))
-        count[chunk] += 1
+    def run(times: int, *steps: str) -> None:
+        for _ in range(times):
+            for kind, chunk in ((step[0], int(step[1])) for step in steps):
+                ops.append((kind, chunk, done[kind][chunk]))
+                done[kind][chunk] += 1
 
-    for _ in range(2 * (pp - rank) - 1):
-        op("F", 0, f)
-    for _ in range(rank):
-        op("F", 1, f)
-        op("F", 0, f)
-    for _ in range(pp - rank):
-        op("F", 1, f)
-        op("I", 1, b)
-        op("W", 1, w)
+    f, b, w = done["F"], done["I"], done["W"]
+    run(2 * (pp - rank) - 1, "F0")
+    run(rank, "F1", "F0")
+    run(pp - rank, "F1", "I1", "W1")
     while f[1] < f[0] or f[0] < n:
-        if f[0] < n:
-            op("F", 0, f)
-        op("I", 0, b)
-        op("W", 0, w)
-        op("F", 1, f)
-        op("I", 1, b)
-        op("W", 1, w)
-    for _ in range(rank):
-        op("I", 0, b)
-        op("I", 1, b)
-    for _ in range(pp - rank):
-        op("I", 0, b)
-        op("W", 0, w)
-    while w[1] < b[1]:
-        op("W", 1, w)
-    while w[0] < b[0]:
-        op("W", 0, w)
+        run(int(f[0] < n), "F0")  # the last forwards of chunk 0 are done before chunk 1
+        run(1, "I0", "W0", "F1", "I1", "W1")
+    run(rank, "I0", "I1")
+    run(pp - rank, "I0", "W0")
+    run(b[1] - w[1], "W1")
+    run(b[0] - w[0], "W0")
     return [o for o in ops if o[2] < m]
 
 
