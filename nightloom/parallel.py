@@ -246,19 +246,13 @@ class ParallelDims:
         return why + self._offload_errors(shape.layers)
 
     def _schedule_errors(self, shape, native_trainer: bool) -> list[str]:
-        """The schedule's own rules: virtual stages only where chunks interleave; zbv two chunks a rank, pp > 1, and
-        under nightloom's trainer an untied model (its first and last chunk share rank 0)."""
+        """The schedule's own rules: virtual stages only where chunks interleave; zbv two chunks a rank, pp > 1."""
         why = []
         if self.schedule not in MULTI_CHUNK and self.virtual_stages != 1:
             why.append(f"virtual_stages={self.virtual_stages} needs schedule 'interleaved_1f1b', got {self.schedule!r}")
         if self.schedule == "zbv" and (self.virtual_stages != 2 or self.pp == 1):
             why.append(
                 f"schedule 'zbv' runs two chunks on each of pp > 1 ranks: virtual_stages 2, got {self.virtual_stages}"
-            )
-        if self.schedule == "zbv" and native_trainer and getattr(shape, "tied_embeddings", False):
-            why.append(
-                "schedule 'zbv' with tied embeddings: the first and the last chunk share rank 0, where the trainer "
-                "does not tie two stages' copies yet; use 1f1b or interleaved_1f1b"
             )
         return why
 

@@ -26,7 +26,7 @@ from nightloom.train.moe import prepare_moe
 from nightloom.train.offload import offloaded_layers
 from nightloom.train.qlora import check_quantized_plan, init_quantized, quantize_base
 from nightloom.train.sp_shard import save_shard
-from nightloom.train.tied import TiedCopies, retie, tied_copies
+from nightloom.train.tied import LocalTiedCopies, TiedCopies, retie, tied_copies
 
 
 @dataclass
@@ -38,7 +38,7 @@ class ModelParts:
     n_stages: int
     schedule: object | None = None
     stages: list = field(default_factory=list)
-    tied: TiedCopies | None = None  # a tied model's copy on the first or last pipeline stage
+    tied: TiedCopies | LocalTiedCopies | None = None  # a tied model's copy on the first or last pipeline stage
     loss: TokenLoss = field(default_factory=lambda: TokenLoss())  # the loss the pipeline schedule calls too
 
     @property
@@ -365,7 +365,7 @@ def build_parts(
     if loss_chunk and chunked_ce(plan.pp, plan.tp, plan.cp):  # the head is whole here: fused with the loss
         out.loss.chunked = (shape.vocab, shape.final_logit_softcap, loss_chunk)
     if mesh is not None:
-        out.tied = tied_copies(shape, parts, stage_ids, n_stages, mesh)
+        out.tied = tied_copies(shape, parts, stage_ids, n_stages, mesh, v_shape=plan.schedule == "zbv")
         if out.tied is not None:
             out.tied.sync_weights()  # the last stage's copy starts as the first's
     if plan.pp > 1:

@@ -4,7 +4,7 @@ TP: parallelize_module gives the embedding and the head a DTensor each; `retie` 
 (both vocab-sharded, Shard(0) on the tp mesh), so one parameter takes both gradients. PP: the first stage holds
 the embedding and the last the head, each a copy of the one matrix (Megatron's embedding group): `TiedCopies`
 starts the last stage's copy from the first's and sums their gradients every step before clipping, so with the
-same optimizer state both copies take the same update. Checkpoints store the matrix once (train/checkpoint.py).
+same optimizer state both copies take the same update (`LocalTiedCopies` where one rank holds both: zbv). Checkpoints store the matrix once (train/checkpoint.py).
 """
 
 from __future__ import annotations
@@ -71,11 +71,41 @@ class TiedCopies:
         w.grad = g
 
 
-def tied_copies(shape, parts: list[nn.Module], stage_ids: list[int], n_stages: int, mesh) -> TiedCopies | None:
+@dataclass
+class LocalTiedCopies:
+    """Both copies of a tied matrix on this rank (the V-shaped zbv schedule puts the first and the last chunk on
+    pp rank 0): the same two steps as TiedCopies, without a collective."""
+
+    embed: nn.Parameter
+    weight: nn.Parameter  # the head's copy (the optimizer counts its gradient, the same sum, once)
+    is_head_copy: bool = True
+
+    @torch.no_grad()
+    def sync_weights(self) -> None:
+        """The head's copy takes the embedding's values (after init or a weight load)."""
+        _local(self.weight).copy_(_local(self.embed))
+
+    @torch.no_grad()
+    def sum_grads(self) -> None:
+        """Both copies' gradients become their sum (two tensors: clipping scales each in place)."""
+        grads = [w.grad if w.grad is not None else torch.zeros_like(w) for w in (self.embed, self.weight)]
+        total = grads[0] + grads[1]
+        self.embed.grad, self.weight.grad = total, total.clone()
+
+
+def tied_copies(
+    shape, parts: list[nn.Module], stage_ids: list[int], n_stages: int, mesh, v_shape: bool = False
+) -> TiedCopies | LocalTiedCopies | None:
     """Collective (every rank): the pair groups of a tied model split over pp > 1 stages; this rank's copy, or None
-    (untied, one stage, or a middle stage). pp = 2: the pp group is the pair; else one group per pair of ranks."""
+    (untied, one stage, or a middle stage). pp = 2: the pp group is the pair; else one group per pair of ranks.
+    `v_shape` (zbv): the first and the last chunk are both on pp rank 0, which ties them locally."""
     if not shape.tied_embeddings or n_stages == 1 or mesh["pp"].size() == 1:
         return None
+    if v_shape:
+        if 0 not in stage_ids:
+            return None
+        embed = parts[stage_ids.index(0)].tok_embeddings.weight
+        return LocalTiedCopies(embed, parts[stage_ids.index(n_stages - 1)].output.weight)
     ranks = mesh.mesh  # (pp, dp_replicate, dp_shard, cp, tp) global ranks
     pairs = [list(p) for p in zip(ranks[0].flatten().tolist(), ranks[-1].flatten().tolist())]
     if len(ranks) == 2:

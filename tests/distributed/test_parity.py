@@ -46,6 +46,13 @@ LAYOUTS = [
     ),
     # the V-shaped zero-bubble schedule: rank 0 holds the first and the last chunk, backward split into I and W
     ("pp2_zbv", 2, {"pp": 2, "virtual_stages": 2, "schedule": "zbv", "micro_batch": 2, "grad_accum": 4}, {}),
+    # tied under zbv: rank 0 holds the embedding and the head's copy (train/tied.LocalTiedCopies sums them locally)
+    (
+        "tied_pp2_zbv",
+        2,
+        {**TIED, "pp": 2, "virtual_stages": 2, "schedule": "zbv", "micro_batch": 2, "grad_accum": 4},
+        SGD,
+    ),
     # FSDP2 reduce-scattering every micro-batch (parallel.reduce_each_micro_batch: LeanStage under the schedule)
     (
         "pp2_dp2_gpipe",

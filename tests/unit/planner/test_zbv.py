@@ -45,9 +45,8 @@ def test_chunks_on_a_v_and_the_head_on_rank_0():
 
 def test_refused_where_it_cannot_run():
     tied = MODELS["llama3.2-1b"]
-    assert tied.tied_embeddings
-    why = ParallelDims(pp=2, virtual_stages=2, schedule="zbv", grad_accum=4).check(tied, 2048, None)
-    assert any("tied embeddings" in w for w in why), why
+    assert tied.tied_embeddings  # tied runs (train/tied.LocalTiedCopies: both copies on rank 0)
+    assert ParallelDims(pp=2, virtual_stages=2, schedule="zbv", grad_accum=4).check(tied, 2048, None) == []
     why = ParallelDims(pp=2, virtual_stages=4, schedule="zbv", grad_accum=4).check(MODELS["llama3-8b"], 2048, None)
     assert any("virtual_stages 2, got 4" in w for w in why), why
 
