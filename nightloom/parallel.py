@@ -132,11 +132,13 @@ class ParallelDims:
         return self.virtual_stages if self.schedule in MULTI_CHUNK else 1
 
     def chunk_rank(self, j: int) -> int:
-        """The pipeline rank holding chunk j: j mod pp (looped, interleaved 1F1B), or for the V-shaped zero-bubble
-        schedule (zbv: Qi et al. 2024 §6) rank j on the way down and 2·pp − 1 − j on the way back."""
-        if self.schedule == "zbv":
-            return j if j < self.pp else 2 * self.pp - 1 - j
-        return j % self.pp
+        """The pipeline rank holding chunk j (`_chunk_rank`)."""
+        return _chunk_rank(j, self.pp, self.schedule == "zbv")
+
+    @property
+    def head_rank(self) -> int:
+        """The pipeline rank holding the output head (the model's last chunk): pp − 1, or under zbv rank 0."""
+        return self.chunk_rank(self.pp * self.chunks_per_rank - 1)
 
     def rank_chunks(self, r: int) -> list[int]:
         """The chunks pipeline rank r holds, in model order."""
@@ -408,12 +410,20 @@ class Rejection(BaseModel):
     reason: str
 
 
+def _chunk_rank(j: int, pp: int, v_shape: bool) -> int:
+    """The pipeline rank of chunk j: j mod pp (looped, interleaved 1F1B), or on the V of the zero-bubble schedule
+    (zbv: Qi et al. 2024 §6) rank j on the way down and 2·pp − 1 − j on the way back."""
+    if v_shape:
+        return j if j < pp else 2 * pp - 1 - j
+    return j % pp
+
+
 @functools.lru_cache(maxsize=4096)
 def _rank_sizes(sizes: tuple[int, ...], pp: int, v_shape: bool) -> tuple[int, ...]:
-    """Layers per pipeline rank: chunk j on rank j mod pp, or on a V (j, then 2·pp − 1 − j)."""
+    """Layers per pipeline rank, each chunk on its `_chunk_rank`."""
     out = [0] * pp
     for j, n in enumerate(sizes):
-        out[(j if j < pp else 2 * pp - 1 - j) if v_shape else j % pp] += n
+        out[_chunk_rank(j, pp, v_shape)] += n
     return tuple(out)
 
 

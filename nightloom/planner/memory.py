@@ -173,7 +173,7 @@ def rank_params(shape: ModelShape, c: ParallelDims) -> list[float]:
     sizes = rank_layers(shape, c)
     out = [n * unit for n in sizes]
     out[0] += first_p - even
-    out[c.chunk_rank(c.pp * c.chunks_per_rank - 1)] += last_p - even  # the head's rank (zbv: rank 0)
+    out[c.head_rank] += last_p - even  # the head's rank (zbv: rank 0)
     return out
 
 

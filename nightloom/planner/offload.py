@@ -2,10 +2,10 @@
 it saves, the host memory and time it costs, and the fewest layers `parallel: auto` offloads where a layout fits no
 other way.
 
-Memory: an offloaded layer keeps nothing on the device between its forward and its backward except, on a chunk that
-the chunk's input (a received buffer the stage holds anyway, or the embedding's output: planner/stage_memory.py). One layer's
-tensors are on the device beside the rest while it is copied out (its forward) or brought back (its backward):
-`working_bytes` (two, on a GPU: one on its way out, one back). Host: every offloaded layer of every micro-batch in flight (`host_bytes`, pinned).
+Memory: an offloaded layer keeps nothing on the device between its forward and its backward but the chunk's input
+(a received buffer the stage holds anyway, or the embedding's output: planner/stage_memory.py). On a GPU two layers'
+tensors may be there beside the rest, one on its way out, one brought back for its backward (`working_bytes`).
+Host: every offloaded layer of every micro-batch in flight (`host_bytes`, pinned).
 Time: an offloaded layer's saved bytes cross the host link once each way per micro-batch (PCIe is full duplex: out
 and back overlap), on a side stream beside the rank's compute, so a micro-batch's copies are exposed only where they
 outlast its slot (`exposed_s`).

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from nightloom.catalog import GPUSpec
-from nightloom.parallel import ParallelPlan, Rejection
+from nightloom.parallel import ParallelPlan, Rejection, Schedule
 from nightloom.planner.post_training import PostTraining, TaskSplit
 from nightloom.shape import ModelShape
 from nightloom.spec.stage_list import stage_list_errors, stages_text
@@ -42,7 +42,7 @@ class FixedLayout:
     ep: int | None = None  # expert parallel (MoE), drawn from the data-parallel ranks
     reduce_each_micro_batch: bool | None = None  # FSDP2 reduce-scatters every micro-batch (None: where it fits)
     offload_layers: int | None = None  # activations of each rank's first n layers in host memory (None: to fit)
-    schedule: Literal["gpipe", "1f1b", "interleaved_1f1b", "zbv"] | None = None  # pipeline schedule (pp > 1)
+    schedule: Schedule | None = None  # pipeline schedule (pp > 1)
 
     def __post_init__(self) -> None:
         if self.zero == "none" and self.dp_shard is not None and self.dp_shard > 1:
@@ -103,8 +103,8 @@ def parse_layout(text: str) -> FixedLayout:
                 raise ValueError(f"--layout: zero={raw!r}; expected none, fsdp or zero2")
             vals[name] = raw
         elif name == "schedule":
-            if raw not in ("gpipe", "1f1b", "interleaved_1f1b", "zbv"):
-                raise ValueError(f"--layout: schedule={raw!r}; expected gpipe, 1f1b, interleaved_1f1b or zbv")
+            if raw not in get_args(Schedule):
+                raise ValueError(f"--layout: schedule={raw!r}; expected one of {', '.join(get_args(Schedule))}")
             vals[name] = raw
         elif name == "stages":
             vals[name] = parse_stages(raw, "--layout: stages")

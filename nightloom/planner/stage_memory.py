@@ -93,8 +93,7 @@ def other_trainer_bytes(
     one micro-batch's logits on the last rank (outputs freed once sent, vocab-parallel loss)."""
     resident = tuple(n - k for n, k in zip(c.stage_sizes(shape.layers), c.offloaded_per_chunk(shape.layers)))
     layers = in_flight_layers(resident, c.pp, c.grad_accum, c.schedule)
-    last = c.chunk_rank(c.pp * c.chunks_per_rank - 1)
-    return tuple(n * layer_bytes + (last_logits if r == last else 0.0) for r, n in enumerate(layers))
+    return tuple(n * layer_bytes + (last_logits if r == c.head_rank else 0.0) for r, n in enumerate(layers))
 
 
 def rank_bytes(

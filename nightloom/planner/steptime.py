@@ -16,8 +16,8 @@ With a fused (flash-style) attention kernel (`fused_attention=True`, the default
 nightloom's own SDPA on a GPU run; False models PTD-P's materialised scores) the scores never reach HBM (no softmax term), and the attention core's matmuls are those the kernel
 does: causal blocks above the diagonal skipped (half of QKᵀ and AV), the backward's 5 matmuls recomputing QKᵀ
 (FlashAttention-2, Dao 2023, §3.1): 7·s·(a·d) FLOPs per token and layer in place of the formula's 12·s·(a·d).
-The pipeline runs m slots of its slowest rank plus (p − 1)/v average slots (zbv: `zbv_bubble`) (bubble (p−1)/(v·m), Narayanan et
-al. 2021); with uneven stages each rank's slot counts its own layers, the last adds the output head.
+The pipeline runs m slots of its slowest rank plus (p − 1)/v average slots (bubble (p−1)/(v·m), Narayanan et
+al. 2021; zbv: `zbv_bubble`); with uneven stages each rank's slot counts its own layers, the last adds the output head.
 Data parallel: gradient all-reduce (replicated) or reduce-scatter + all-gather (FSDP/ZeRO-3 gathers in forward
 and backward, ZeRO-2 in forward only; HSDP adds an all-reduce over replicas) overlapped with backward compute; only the excess is exposed. FSDP's gradients are reduce-scattered once after the last micro-batch, or
 after each (`reduce_each_micro_batch`: one more reduce-scatter per micro-batch, overlapped). Under sequence
@@ -306,7 +306,7 @@ def step_time(
     per_layer = (body_mm + body_hbm + tp_s + cp_s + ep_s) / lps
     sizes = rank_layers(shape, c)
     slots = [n * per_layer + pp_s for n in sizes]
-    slots[c.chunk_rank(c.pp * c.chunks_per_rank - 1)] += head_mm + head_hbm  # the head's rank (zbv: rank 0)
+    slots[c.head_rank] += head_mm + head_hbm  # the head's rank (zbv: rank 0)
     m = c.grad_accum
     slot_max = max(slots)
     slot_avg = sum(slots) / c.pp
