@@ -22,7 +22,6 @@ from zoneinfo import ZoneInfo
 
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
-from pydantic import BaseModel, ConfigDict
 
 from flows.pipeline import training_pipeline
 from flows.stages import clock_at, placed
@@ -30,6 +29,7 @@ from nightloom.ledger import Ledger
 from nightloom.queue.jobs import QueuedJob
 from nightloom.queue.store import QueueRun
 from nightloom.queue.tonight import JobProgress, NightStretch, night_outcome
+from nightloom.records import Record
 from nightloom.schedule.windows import parse_zoned
 from nightloom.spec import LedgerSpec, RunSpec
 from nightloom.spec.load import coerce_spec
@@ -43,10 +43,9 @@ from tasks.queue import (
 )
 
 
-class QueueNightReport(BaseModel):
+class QueueNightReport(Record):
     """What the flow did: the night it ran (or the next one, outside every window), each job's run, the chart."""
 
-    model_config = ConfigDict(extra="forbid")
     queue: str
     at: datetime
     night_start: datetime | None = None

@@ -266,100 +266,76 @@ GB = 1e9
 TB = 1e12
 #: Per-GPU network bandwidth assumes one NIC per GPU (rail-optimised): 8x200 Gb/s HDR on A100/A800 nodes,
 #: 8x400 Gb/s NDR on H100/H200 nodes (the reference designs, DGX A100/H100); cheaper clusters differ: override.
-GPUS: dict[str, GPUSpec] = {
-    "a100-40gb": GPUSpec(
-        "a100-40gb",
-        312e12,
-        19.5e12,
-        40,
-        300 * GB,
-        25 * GB,
-        5e-6,
-        10e-6,
-        "NVIDIA A100 datasheet (SXM, 2021): 312 TFLOPS BF16 dense, NVLink 600 GB/s bidir, HBM2 1,555 GB/s",
-        1.555 * TB,
+#: The A100 and the H100 (SXM) as their datasheets give them; the other parts of their generation differ from
+#: them in a few fields (export variants cut NVLink, memory grows), written as such below.
+_A100 = GPUSpec(
+    "a100-80gb",
+    312e12,
+    19.5e12,
+    80,
+    300 * GB,
+    25 * GB,
+    5e-6,
+    10e-6,
+    "NVIDIA A100 datasheet (SXM, 2021): 312 TFLOPS BF16 dense, NVLink 600 GB/s bidir, HBM2e 2,039 GB/s",
+    2.039 * TB,
+)
+_H100 = GPUSpec(
+    "h100-80gb",
+    989e12,
+    67e12,
+    80,
+    450 * GB,
+    50 * GB,
+    4e-6,
+    8e-6,
+    "NVIDIA H100 datasheet (SXM5): 989 TFLOPS BF16 dense, NVLink 900 GB/s bidir, HBM3 3.35 TB/s",
+    3.35 * TB,
+    peak_flops_fp8=1979e12,  # datasheet: 1,979 TFLOPS FP8 dense (3,958 with sparsity)
+    host_bw=0.8 * 63e9,  # PCIe 5.0 x16
+)
+_GPU_LIST = (
+    replace(
+        _A100,
+        name="a100-40gb",
+        memory_gib=40,
+        hbm_bw=1.555 * TB,
+        source="NVIDIA A100 datasheet (SXM, 2021): 312 TFLOPS BF16 dense, NVLink 600 GB/s bidir, HBM2 1,555 GB/s",
     ),
-    "a100-80gb": GPUSpec(
-        "a100-80gb",
-        312e12,
-        19.5e12,
-        80,
-        300 * GB,
-        25 * GB,
-        5e-6,
-        10e-6,
-        "NVIDIA A100 datasheet (SXM, 2021): 312 TFLOPS BF16 dense, NVLink 600 GB/s bidir, HBM2e 2,039 GB/s",
-        2.039 * TB,
+    _A100,
+    replace(
+        _A100,
+        name="a800-80gb",
+        intra_node_bw=200 * GB,
+        source="NVIDIA A800 datasheet (SXM): 312 TFLOPS BF16 dense, NVLink 400 GB/s bidir, HBM2e 2,039 GB/s",
     ),
-    "a800-80gb": GPUSpec(
-        "a800-80gb",
-        312e12,
-        19.5e12,
-        80,
-        200 * GB,
-        25 * GB,
-        5e-6,
-        10e-6,
-        "NVIDIA A800 datasheet (SXM): 312 TFLOPS BF16 dense, NVLink 400 GB/s bidir, HBM2e 2,039 GB/s",
-        2.039 * TB,
+    _H100,
+    replace(
+        _H100,
+        name="h800",
+        intra_node_bw=200 * GB,
+        source="NVIDIA H800 SXM5 product brief: H100 compute (989 TFLOPS BF16 dense), NVLink 400 GB/s bidir, "
+        "HBM3 3.35 TB/s",
     ),
-    "h100-80gb": GPUSpec(
-        "h100-80gb",
-        989e12,
-        67e12,
-        80,
-        450 * GB,
-        50 * GB,
-        4e-6,
-        8e-6,
-        "NVIDIA H100 datasheet (SXM5): 989 TFLOPS BF16 dense, NVLink 900 GB/s bidir, HBM3 3.35 TB/s",
-        3.35 * TB,
-        peak_flops_fp8=1979e12,  # datasheet: 1,979 TFLOPS FP8 dense (3,958 with sparsity)
-        host_bw=0.8 * 63e9,  # PCIe 5.0 x16
-    ),
-    "h800": GPUSpec(
-        "h800",
-        989e12,
-        67e12,
-        80,
-        200 * GB,
-        50 * GB,
-        4e-6,
-        8e-6,
-        "NVIDIA H800 SXM5 product brief: H100 compute (989 TFLOPS BF16 dense), NVLink 400 GB/s bidir, HBM3 3.35 TB/s",
-        3.35 * TB,
-        peak_flops_fp8=1979e12,  # datasheet: 1,979 TFLOPS FP8 dense (3,958 with sparsity)
-        host_bw=0.8 * 63e9,  # PCIe 5.0 x16
-    ),
-    "h200": GPUSpec(
-        "h200",
-        989e12,
-        67e12,
-        140,
-        450 * GB,
-        50 * GB,
-        4e-6,
-        8e-6,
-        "NVIDIA H200 datasheet (SXM): 989 TFLOPS BF16 dense, 141 GB HBM3e (~140 GiB usable), "
+    replace(
+        _H100,
+        name="h200",
+        memory_gib=140,
+        hbm_bw=4.8 * TB,
+        source="NVIDIA H200 datasheet (SXM): 989 TFLOPS BF16 dense, 141 GB HBM3e (~140 GiB usable), "
         "4.8 TB/s, NVLink 900 GB/s bidir",
-        4.8 * TB,
-        peak_flops_fp8=1979e12,  # datasheet: 1,979 TFLOPS FP8 dense (3,958 with sparsity)
-        host_bw=0.8 * 63e9,  # PCIe 5.0 x16
     ),
-    "h20": GPUSpec(
-        "h20",
-        148e12,
-        44e12,
-        96,
-        450 * GB,
-        50 * GB,
-        4e-6,
-        8e-6,
-        "NVIDIA H20 product brief: 148 TFLOPS BF16 dense, 96 GB HBM3 4.0 TB/s, NVLink 900 GB/s bidir",
-        4.0 * TB,
-        host_bw=0.8 * 63e9,  # PCIe 5.0 x16
+    replace(
+        _H100,
+        name="h20",
+        peak_flops_bf16=148e12,
+        peak_flops_fp32=44e12,
+        memory_gib=96,
+        hbm_bw=4.0 * TB,
+        peak_flops_fp8=0.0,
+        source="NVIDIA H20 product brief: 148 TFLOPS BF16 dense, 96 GB HBM3 4.0 TB/s, NVLink 900 GB/s bidir",
     ),
-    "l40s": GPUSpec(
+    GPUSpec(
         "l40s",
         362e12,
         91.6e12,
@@ -372,7 +348,7 @@ GPUS: dict[str, GPUSpec] = {
         "PCIe Gen4 x16 (no NVLink); network assumed 100 Gb/s per GPU",
         0.864 * TB,
     ),
-    "rtx-4090": GPUSpec(
+    GPUSpec(
         "rtx-4090",
         165.2e12,
         82.6e12,
@@ -385,7 +361,7 @@ GPUS: dict[str, GPUSpec] = {
         "24 GB GDDR6X 1,008 GB/s, PCIe Gen4 x16, no NVLink/P2P; network assumed 25 Gb/s per GPU",
         1.008 * TB,
     ),
-    "ascend-910b": GPUSpec(
+    GPUSpec(
         "ascend-910b",
         313e12,
         78e12,
@@ -399,7 +375,8 @@ GPUS: dict[str, GPUSpec] = {
         "(7 links, full mesh of 8), 200 GbE RoCE per NPU",
         1.6 * TB,
     ),
-}
+)
+GPUS: dict[str, GPUSpec] = {g.name: g for g in _GPU_LIST}
 #: Other spellings people type (CLI, specs) for the same entries.
 GPU_ALIASES = {
     "a100": "a100-80gb",

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from nightloom.records import FrozenRecord
 
 CHAT_STYLES = ("messages", "sharegpt", "alpaca")
 ROLES = ("system", "user", "assistant")
@@ -195,11 +195,10 @@ def chat_settings(spec) -> ChatSettings | None:
     return ChatSettings(style=spec.dataset.style, template=template, seq_len=spec.train.seq_len, task=spec.train.task)
 
 
-class ChatSettings(BaseModel):
+class ChatSettings(FrozenRecord):
     """What the shard stage and evaluation need to turn chat records into ids and labels (the template's text
     itself, so every worker renders with exactly the template the settings hash covers)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
     style: str = "auto"
     template: str
     seq_len: int  # conversations longer than seq_len + 1 ids are cut or dropped

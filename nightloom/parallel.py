@@ -12,8 +12,9 @@ import functools
 from dataclasses import dataclass
 from typing import Any, Literal, get_type_hints
 
-from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
+from pydantic import ConfigDict, Field, create_model, model_validator
 
+from nightloom.records import Record
 from nightloom.spec.stage_list import stage_list_errors
 
 Recompute = Literal["none", "selective", "full"]
@@ -388,10 +389,9 @@ def layout_name(
     return "·".join(parts)
 
 
-class MemoryBreakdown(BaseModel):
+class MemoryBreakdown(Record):
     """Predicted bytes per GPU on the busiest pipeline stage."""
 
-    model_config = ConfigDict(extra="forbid")
     weights_gib: float = 0.0
     grads_gib: float = 0.0
     optimizer_gib: float = 0.0
@@ -404,8 +404,7 @@ class MemoryBreakdown(BaseModel):
         return self.weights_gib + self.grads_gib + self.optimizer_gib + self.activations_gib + self.overhead_gib
 
 
-class Rejection(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class Rejection(Record):
     layout: str
     reason: str
 

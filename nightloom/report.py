@@ -10,9 +10,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from nightloom.ledger.records import Figure
+from nightloom.records import Record
 from nightloom.track.records import TrackerStatus
 from nightloom.train.job import TrainOutcome, TrainResult
 from nightloom.validate import Verdict
@@ -28,16 +29,14 @@ if TYPE_CHECKING:
     from nightloom.sharding.manifest import ShardManifest
 
 
-class StageTime(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class StageTime(Record):
     stage: str
     seconds: float
 
 
-class RunSummary(BaseModel):
+class RunSummary(Record):
     """The outcome of `training_pipeline`: status, figures per stage, and where things were written."""
 
-    model_config = ConfigDict(extra="forbid")
     run_id: str
     name: str
     status: str  # completed | failed | deferred | split | refused | stopped | preempted

@@ -22,8 +22,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict
-
+from nightloom.records import FrozenRecord
 from nightloom.util import atomic_write_bytes
 
 
@@ -53,14 +52,13 @@ class S3Location:
         return cls(bucket, key)
 
 
-class S3Config(BaseModel):
+class S3Config(FrozenRecord):
     """Where the S3 API lives (no secrets: safe to log, pickle and send as a task parameter).
 
     `endpoint_url` None = the first of the endpoint environment variables above, else AWS. `credentials_secret`
     names a secret holding 'KEY_ID:SECRET' (a Prefect Secret block, read by the process that opens files through
     the resolver the orchestration layer registers); None = the environment / boto3's chain."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
     endpoint_url: str | None = None
     region: str = "us-east-1"
     credentials_secret: str | None = None

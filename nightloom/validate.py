@@ -13,8 +13,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict
-
 from nightloom.metrics import StepMetrics, read_metrics
 from nightloom.perf import (  # noqa: F401 - Peak, PeakError and the resolvers are imported from here too
     Peak,
@@ -25,6 +23,7 @@ from nightloom.perf import (  # noqa: F401 - Peak, PeakError and the resolvers a
     resolve_peak,
     resolve_precision,
 )
+from nightloom.records import FrozenRecord
 from nightloom.shape import ModelShape
 from nightloom.spec import GoldenSpec, ValidateSpec
 from nightloom.train.preference.gates import reward_accuracy
@@ -39,10 +38,9 @@ class ValidationFailed(RuntimeError):
         super().__init__("validation failed:\n  " + "\n  ".join(f"{v.name}: {v.reason}" for v in failed))
 
 
-class Verdict(BaseModel):
+class Verdict(FrozenRecord):
     """The outcome of one gate: what was measured, against which threshold, and why it passed or failed."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
     name: str
     passed: bool
     measured: float | None = None

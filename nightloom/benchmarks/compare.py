@@ -3,20 +3,18 @@ verdicts, the ledger's figures (`bench/TASK/METRIC`) and the side-by-side comple
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
-
 from nightloom.benchmarks.records import BenchResult, Score
 from nightloom.ledger.records import Figure
+from nightloom.records import FrozenRecord
 from nightloom.spec.benchmarks import BenchGateSpec, BenchmarksSpec
 from nightloom.validate import Verdict
 
 FIGURE_PREFIX = "bench/"
 
 
-class BenchRow(BaseModel):
+class BenchRow(FrozenRecord):
     """One task's metric, base and tuned; diff = tuned - base."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
     task: str
     metric: str
     tuned: float

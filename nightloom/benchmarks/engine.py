@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from nightloom.records import FrozenRecord
 
 #: the share of a GPU's memory the weights may fill: the rest holds activations, vLLM's KV cache, CUDA's context
 HEADROOM = 0.8
@@ -21,10 +21,9 @@ class EngineError(ValueError):
     """The backend asked for cannot run here (vLLM without a GPU or without the vllm package)."""
 
 
-class Engine(BaseModel):
+class Engine(FrozenRecord):
     """lm-eval's model type and where the model goes: one device, spread over the GPUs, or vLLM's TP degree."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
     backend: Literal["hf", "vllm"]
     device: str | None = None  # hf on one device
     parallelize: bool = False  # hf over every GPU of the node

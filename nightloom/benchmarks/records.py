@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from nightloom.records import FrozenRecord, Record
 
 
-class Score(BaseModel):
+class Score(FrozenRecord):
     """One metric of one task as lm-eval reports it (`acc,none` -> metric `acc`; other filters keep their name)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
     task: str
     metric: str
     value: float
@@ -18,18 +19,16 @@ class Score(BaseModel):
     samples: int | None = None
 
 
-class Completion(BaseModel):
+class Completion(Record):
     """A prompt and one model's greedy completion of it."""
 
-    model_config = ConfigDict(extra="forbid")
     prompt: str
     text: str
 
 
-class ModelScores(BaseModel):
+class ModelScores(Record):
     """What one model scored: its folder, scores, side-by-side completions and the seconds it took."""
 
-    model_config = ConfigDict(extra="forbid")
     model_dir: str
     scores: list[Score] = Field(default_factory=list)
     completions: list[Completion] = Field(default_factory=list)
@@ -44,10 +43,9 @@ SPEC_SETTINGS = tuple(
 )
 
 
-class BenchJob(BaseModel):
+class BenchJob(Record):
     """What the lm-eval process runs: models (each with its tokenizer folder), tasks and lm-eval's settings."""
 
-    model_config = ConfigDict(extra="forbid")
     models: list[str]
     tokenizer: str | None = None  # a Hugging Face tokenizer folder for every model (the export's); None: each own
     tasks: list[str]
@@ -67,10 +65,9 @@ class BenchJob(BaseModel):
         return self.model_dump(exclude={"models", "output", "prompts", "max_new_tokens"})
 
 
-class BenchResult(BaseModel):
+class BenchResult(Record):
     """Base and tuned side by side: each model's scores (base None when not asked) and the seconds it all took."""
 
-    model_config = ConfigDict(extra="forbid")
     tuned: ModelScores
     base: ModelScores | None = None
     seconds: float = 0.0

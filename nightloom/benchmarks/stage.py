@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from nightloom.benchmarks.answer_task import ANSWER, ensure_answer_task
 from nightloom.benchmarks.compare import BenchRow, check_benchmarks, completion_rows, figures, rows, table_rows
@@ -15,6 +15,7 @@ from nightloom.benchmarks.demo_task import chatml_pairs, ensure_demo_task, heldo
 from nightloom.benchmarks.launch import BenchmarkError, Runner, run_benchmarks
 from nightloom.benchmarks.records import BenchResult
 from nightloom.ledger.records import Figure
+from nightloom.records import Record
 from nightloom.spec.benchmarks import BenchmarksSpec
 from nightloom.util import atomic_write_text
 from nightloom.validate import Verdict
@@ -22,10 +23,9 @@ from nightloom.validate import Verdict
 RESULT_FILE, COMPLETIONS_FILE, FAILED_MARK = "benchmarks.json", "completions.md", "BENCHMARKS_FAILED.json"
 
 
-class BenchReport(BaseModel):
+class BenchReport(Record):
     """What the stage hands the flow: verdicts, ledger figures, the table's rows, completions, seconds."""
 
-    model_config = ConfigDict(extra="forbid")
     verdicts: list[Verdict]
     figures: list[Figure] = Field(default_factory=list)
     rows: list[BenchRow] = Field(default_factory=list)

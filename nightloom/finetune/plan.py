@@ -13,22 +13,22 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from nightloom.finetune import config as xcfg
 from nightloom.finetune.base_model import BaseSource, base_source, check_source, check_tokenizer, fetch_cached
 from nightloom.finetune.env import XTunerEnv, ensure_env
 from nightloom.finetune.launcher import WRAPPER
+from nightloom.records import Record
 from nightloom.spec import RunSpec
 from nightloom.storage import S3Config
 
 Log = Callable[[str], None]
 
 
-class XTunerPlan(BaseModel):
+class XTunerPlan(Record):
     """A checked, rendered XTuner run: where everything is and what one step means."""
 
-    model_config = ConfigDict(extra="forbid")
     python: str
     env_key: str
     profile: str

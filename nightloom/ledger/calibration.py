@@ -8,15 +8,13 @@ from __future__ import annotations
 import statistics
 from collections.abc import Iterable
 
-from pydantic import BaseModel, ConfigDict
-
 from nightloom.ledger.records import RunRecord
+from nightloom.records import Record
 
 
-class Calibration(BaseModel):
+class Calibration(Record):
     """measured/predicted MFU of past verified runs: the factor the planner multiplies its prediction by."""
 
-    model_config = ConfigDict(extra="forbid")
     gpu_type: str
     model_family: str
     factor: float

@@ -8,10 +8,11 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from nightloom.ledger.model import model_family
 from nightloom.parallel import ParallelPlan
+from nightloom.records import Record
 from nightloom.validate import Verdict, gated
 
 RunStatus = Literal["running", "succeeded", "failed", "cancelled", "stopped", "deferred", "refused"]
@@ -22,23 +23,21 @@ class LedgerError(RuntimeError):
     """A ledger that cannot be used (newer schema, unknown run id, bad field); the message says which."""
 
 
-class Figure(BaseModel):
+class Figure(Record):
     """One task-specific figure of a run (schema 7): a preference run's reward accuracy, a benchmark's score. `name`
     says what it is (TRL's metric names: `rewards/accuracies`; a benchmark: `bench/TASK/METRIC`); `base` is the
     base model's value where one was measured, so the row reads base vs tuned."""
 
-    model_config = ConfigDict(extra="forbid")
     name: str
     value: float
     stderr: float | None = None
     base: float | None = None
 
 
-class Interruption(BaseModel):
+class Interruption(Record):
     """One failed attempt that recovery handled (`kind`: node, network or transient, from the preflight re-run
     after it), how long recovery took, the time lost and its cost. A split run's window ends are nights."""
 
-    model_config = ConfigDict(extra="forbid")
     at: datetime
     kind: str
     detail: str = ""
@@ -47,10 +46,9 @@ class Interruption(BaseModel):
     cost: float | None = None  # what the lost time cost (GPUs × lost_s at the schedule's price)
 
 
-class NightRecord(BaseModel):
+class NightRecord(Record):
     """One night (one stretch of renting) of a run: what the plan predicted for it and what it did and cost."""
 
-    model_config = ConfigDict(extra="forbid")
     night: int  # 1-based
     start: datetime
     end: datetime
@@ -65,10 +63,9 @@ class NightRecord(BaseModel):
     predicted_finish: datetime | None = None
 
 
-class RunRecord(BaseModel):
+class RunRecord(Record):
     """One ledger row, typed."""
 
-    model_config = ConfigDict(extra="forbid")
     run_id: str
     spec_hash: str
     name: str

@@ -87,50 +87,17 @@ class Ledger:
 
     # -- writes
 
-    def start_run(
-        self,
-        *,
-        run_id: str,
-        spec_hash: str,
-        name: str,
-        model: str,
-        cluster: str,
-        family: str = "",
-        task: str = "",
-        provider: str,
-        gpu_type: str,
-        world_size: int,
-        plan: ParallelPlan | None = None,
-        predicted_mfu: float | None = None,
-        started_at: datetime | None = None,
-        status: RunStatus = "running",
-        currency: str = "USD",
-        metrics_path: str | None = None,
-        time_to_ready_s: float | None = None,
-    ) -> RunRecord:
-        """Insert the run's row (status `running` unless given). A duplicate run id is an error."""
-        if predicted_mfu is None and plan is not None:
-            predicted_mfu = plan.mfu
-        rec = RunRecord(
-            run_id=run_id,
-            spec_hash=spec_hash,
-            name=name,
-            model=model,
-            family=family,
-            task=task,
-            cluster=cluster,
-            provider=provider,
-            gpu_type=gpu_type,
-            world_size=world_size,
-            plan=plan,
-            layout=plan.layout() if plan else None,
-            predicted_mfu=predicted_mfu,
-            started_at=started_at or datetime.now(UTC),
-            status=status,
-            currency=currency,
-            metrics_path=metrics_path,
-            time_to_ready_s=time_to_ready_s,
-        )
+    def start_run(self, **fields: Any) -> RunRecord:
+        """Insert a run's row from RunRecord's fields (run_id, spec_hash, name, model, cluster, provider, gpu_type and
+        world_size at least): status `running`, started now, layout and predicted MFU the plan's, unless given. A
+        duplicate run id is an error."""
+        plan = fields.get("plan")
+        if plan is not None:
+            fields.setdefault("layout", plan.layout())
+            if fields.get("predicted_mfu") is None:
+                fields["predicted_mfu"] = plan.mfu
+        rec = RunRecord(**{**fields, "started_at": fields.get("started_at") or datetime.now(UTC)})
+        run_id = rec.run_id
 
         def tx() -> None:
             with Session(self.engine) as s, s.begin():

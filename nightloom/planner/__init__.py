@@ -10,6 +10,7 @@ planner/steptime.py; search: planner/search.py.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from nightloom.catalog import get_gpu
 from nightloom.model_resolver import model_shape, shape_from_name_or_config
@@ -55,30 +56,18 @@ def plan(
     global_batch: int,
     layout: str | FixedLayout | None = None,
     recompute: str | tuple[str, ...] | None = None,
-    precision: str = "bf16",
-    allow_zero: bool = True,
-    calibration: float | None = None,
-    world_size: int | None = None,
+    *,
     stages: str | tuple[int, ...] | None = None,
-    native_trainer: bool = True,
-    fused_attention: bool = True,
-    lora_rank: int | None = None,
-    lora_targets: tuple[str, ...] = ("all-linear",),
-    lora_quantize: str | None = None,
-    lora_double_quant: bool = True,
-    task: PostTraining | None = None,
+    **options: Any,
 ) -> PlanReport:
     """Plan from plain values (the CLI path). `model`: catalog name, HF config.json path, or a ModelShape;
     `gpu`: catalog GPU type or "cpu"; `layout`: pins such as "tp=8,pp=4,dp=32" (evaluated, not searched);
     `recompute`: one mode (restricts the search) or a tuple of allowed modes; `stages`: forced pipeline stage
-    sizes ("7,8,...,8,7"); `native_trainer=False`: also layouts only other trainers run (what-if);
-    `fused_attention`: the stack runs a flash-style attention kernel (no stored scores; steptime.py), as the
-    trainer's SDPA does on a GPU; False models materialised scores (PTD-P-era stacks); `task`: a dpo or grpo
-    step's own costs (planner/post_training.py; `global_batch` is then pairs, or grpo's completions)."""
+    sizes ("7,8,...,8,7"); `options`: PlanRequest's other fields as they are (precision, allow_zero,
+    calibration, world_size, native_trainer, fused_attention, lora_*, task)."""
     shape = model if isinstance(model, ModelShape) else shape_from_name_or_config(model)
-    gspec = None if gpu == "cpu" else get_gpu(gpu)
-    if precision not in ("bf16", "fp32", "fp8"):
-        raise ValueError(f"precision must be bf16, fp32 or fp8, got {precision!r}")
+    if options.get("precision", "bf16") not in ("bf16", "fp32", "fp8"):
+        raise ValueError(f"precision must be bf16, fp32 or fp8, got {options['precision']!r}")
     fixed = parse_layout(layout) if isinstance(layout, str) else layout
     modes = RECOMPUTE_MODES if recompute is None else ((recompute,) if isinstance(recompute, str) else recompute)
     if fixed is not None and fixed.recompute is None and recompute is not None and len(modes) == 1:
@@ -88,28 +77,14 @@ def plan(
         pins = vars(fixed or FixedLayout())
         pp = pins["pp"] or len(sizes) // (pins["virtual_stages"] or 1)
         fixed = FixedLayout(**{**pins, "stages": sizes, "pp": pp})
-    req = PlanRequest(
-        shape=shape,
-        gpu=gspec,
-        nodes=nodes,
-        gpus_per_node=gpus_per_node,
-        seq_len=seq_len,
-        global_batch=global_batch,
-        precision=precision,
-        recompute=tuple(modes),
-        allow_zero=allow_zero,
-        fixed=fixed,
-        calibration=calibration,
-        world_size=world_size,
-        native_trainer=native_trainer,
-        fused_attention=fused_attention,
-        lora_rank=lora_rank,
-        lora_targets=tuple(lora_targets),
-        lora_quantize=lora_quantize,
-        lora_double_quant=lora_double_quant,
-        task=task,
+    if "lora_targets" in options:
+        options["lora_targets"] = tuple(options["lora_targets"])
+    gspec = None if gpu == "cpu" else get_gpu(gpu)
+    return search(
+        PlanRequest(
+            shape, gspec, nodes, gpus_per_node, seq_len, global_batch, recompute=tuple(modes), fixed=fixed, **options
+        )
     )
-    return search(req)
 
 
 def plan_for_spec(

@@ -23,13 +23,12 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
-
 from nightloom.catalog import GPUSpec
 from nightloom.parallel import MemoryBreakdown, ParallelDims
 from nightloom.planner.generation import Generation, element_bytes, generation, no_grad_forward_s
 from nightloom.planner.memory import FRAMEWORK_OVERHEAD_GIB, GIB, LOGIT_BYTES, logit_bytes, stage_params
 from nightloom.planner.steptime import StepEstimate
+from nightloom.records import Record
 from nightloom.shape import ModelShape
 
 Reference = Literal["none", "adapters_off", "precomputed", "frozen_copy"]
@@ -95,10 +94,9 @@ def post_training_of(train) -> PostTraining | None:
     return None
 
 
-class TaskSplit(BaseModel):
+class TaskSplit(Record):
     """A post-training step's parts (seconds per optimizer step unless named otherwise) and its extra memory."""
 
-    model_config = ConfigDict(extra="forbid")
     task: str
     reference: str = "none"
     step_s: float

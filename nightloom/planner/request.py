@@ -5,11 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from nightloom.catalog import GPUSpec
 from nightloom.parallel import ParallelPlan, Rejection, Schedule
 from nightloom.planner.post_training import PostTraining, TaskSplit
+from nightloom.records import Record
 from nightloom.shape import ModelShape
 from nightloom.spec.stage_list import stage_list_errors, stages_text
 from nightloom.wording import percent, thousands
@@ -190,10 +191,9 @@ class PlanRequest:
         return self.world_size or self.nodes * self.gpus_per_node
 
 
-class PlanReport(BaseModel):
+class PlanReport(Record):
     """The chosen layout with its predictions, the runners-up, and why every other family lost."""
 
-    model_config = ConfigDict(extra="forbid")
     chosen: ParallelPlan
     alternatives: list[ParallelPlan] = Field(default_factory=list)
     rejected: list[Rejection] = Field(default_factory=list)

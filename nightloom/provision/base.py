@@ -13,7 +13,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from nightloom.records import Record
 
 #: providers whose nodes are other machines (XTuner's env and tools run there; the run folder must be shared)
 REMOTE_PROVIDERS = ("ssh", "slurm")
@@ -27,8 +29,7 @@ class PreflightError(ProvisionError):
     """Too few healthy nodes remain for any layout."""
 
 
-class Node(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class Node(Record):
     name: str
     address: str
     slots: int  # GPUs, or CPU ranks on `local`
@@ -39,10 +40,9 @@ class Node(BaseModel):
     ready_s: float | None = None  # time from acquire to environment ready
 
 
-class Cluster(BaseModel):
+class Cluster(Record):
     """Nodes ready for training, plus how to rendezvous on them."""
 
-    model_config = ConfigDict(extra="forbid")
     provider: str
     name: str
     nodes: list[Node]
@@ -71,25 +71,22 @@ class Cluster(BaseModel):
         return out
 
 
-class NodeRun(BaseModel):
+class NodeRun(Record):
     """One command run on one node outside torchrun (env builds, data prep, conversion): exit code and output."""
 
-    model_config = ConfigDict(extra="forbid")
     node: str
     code: int
     output: str
     seconds: float
 
 
-class Check(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class Check(Record):
     name: str
     ok: bool
     detail: str = ""
 
 
-class NodeReport(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class NodeReport(Record):
     node: str
     ok: bool
     checks: list[Check] = Field(default_factory=list)
@@ -99,8 +96,7 @@ class NodeReport(BaseModel):
         return "; ".join(f"{c.name}: {c.detail}" for c in self.checks if not c.ok)
 
 
-class PreflightReport(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class PreflightReport(Record):
     nodes: list[NodeReport]
     bus_bandwidth_gbps: float | None = None
     allreduce_ok: bool | None = None

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import time
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from nightloom.provision.base import NodeReport, ProvisionError
 from nightloom.provision.nccl import render_nccl_env
+from nightloom.records import Record
 
 
-class CheckResult(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class CheckResult(Record):
     ok: bool
     provider: str
     error: str | None = None

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+import nightloom.provision.preflight as preflight
 from nightloom.provision.base import (
     Cluster,
     Node,
@@ -33,16 +34,7 @@ from nightloom.provision.base import (
     torchrun_argv,
 )
 from nightloom.provision.nccl import render_nccl_env
-from nightloom.provision.preflight import (
-    AgentPreflight,
-    Expect,
-    agent_argv,
-    apply_preflight,
-    env_key,
-    evaluate,
-    parse_agent_output,
-    unreachable,
-)
+from nightloom.provision.preflight import AgentPreflight, Expect
 from nightloom.provision.shell import env_argv
 from nightloom.util import atomic_write_text
 
@@ -325,7 +317,7 @@ class SlurmProvider(AgentPreflight):
             cluster.nodes = self._prepare(job_id, nodes)
             cluster.master_addr = cluster.nodes[0].address
             report = self.last_report = self.preflight(cluster)
-            apply_preflight(cluster, report, min_nodes)
+            preflight.apply_preflight(cluster, report, min_nodes)
         except BaseException:
             self.release(cluster)
             raise
@@ -358,13 +350,13 @@ class SlurmProvider(AgentPreflight):
 
     def _prepare(self, job_id: str, names: list[str]) -> list[Node]:
         c = self.spec.cluster
-        key = env_key(self.python, c.env_requirements)
+        key = preflight.env_key(self.python, c.env_requirements)
         nodes = []
         for name in names:
             n0 = time.monotonic()
             prepare = {"workdir": str(Path.cwd()), "key": key, "requirements": c.env_requirements}
-            r = self._srun_on(job_id, name, agent_argv(self.python, "prepare", prepare))
-            info = parse_agent_output(name, r.stdout + r.stderr)
+            r = self._srun_on(job_id, name, preflight.agent_argv(self.python, "prepare", prepare))
+            info = preflight.parse_agent_output(name, r.stdout + r.stderr)
             nodes.append(
                 Node(
                     name=name,
@@ -386,12 +378,14 @@ class SlurmProvider(AgentPreflight):
 
         def probe(node: Node) -> NodeReport:
             t_a = time.time()
-            r = self._srun_on(job_id, node.name, agent_argv(node.python, "probe", {"workdir": node.workdir}))
+            r = self._srun_on(job_id, node.name, preflight.agent_argv(node.python, "probe", {"workdir": node.workdir}))
             t_b = time.time()
             try:
-                return evaluate(node.name, parse_agent_output(node.name, r.stdout + r.stderr), expect, t_a, t_b)
+                return preflight.evaluate(
+                    node.name, preflight.parse_agent_output(node.name, r.stdout + r.stderr), expect, t_a, t_b
+                )
             except ProvisionError as e:
-                return unreachable(node.name, str(e))
+                return preflight.unreachable(node.name, str(e))
 
         with ThreadPoolExecutor(max_workers=min(16, len(cluster.nodes) or 1)) as pool:
             return list(pool.map(probe, cluster.nodes))

@@ -20,6 +20,7 @@ import time
 import uuid
 from pathlib import Path
 
+import nightloom.provision.preflight as preflight
 from nightloom.provision.base import (
     Cluster,
     MergedLaunch,
@@ -30,16 +31,7 @@ from nightloom.provision.base import (
     torchrun_argv,
 )
 from nightloom.provision.nccl import render_nccl_env
-from nightloom.provision.preflight import (
-    AgentPreflight,
-    Expect,
-    agent_argv,
-    apply_preflight,
-    env_key,
-    evaluate,
-    parse_agent_output,
-    unreachable,
-)
+from nightloom.provision.preflight import AgentPreflight, Expect
 from nightloom.provision.shell import PGID_MARK, kill_pgids_command, plain_command, quote_path, session_command
 
 log = logging.getLogger("nightloom.provision.ssh")
@@ -262,12 +254,12 @@ class SSHProvider(AgentPreflight):
         return (r.exit_status if r.exit_status is not None else 255), (r.stdout or "")
 
     async def _agent(self, node: Node, python: str, cmd: str, args: dict) -> dict:
-        rc, out = await self._run(node, plain_command(agent_argv(python, cmd, args)))
+        rc, out = await self._run(node, plain_command(preflight.agent_argv(python, cmd, args)))
         if rc == 127 or "not found" in out and "NIGHTLOOM_JSON" not in out:
             raise ProvisionError(
                 f"node {node.name}: interpreter {python!r} not found (cluster.provider.hosts[].python)"
             )
-        return parse_agent_output(node.name, out)
+        return preflight.parse_agent_output(node.name, out)
 
     # ------------------------------------------------------------------------------------------ acquire
     def acquire(self) -> Cluster:
@@ -276,7 +268,7 @@ class SSHProvider(AgentPreflight):
         cluster = self.loop.run(self._acquire())
         report = self.last_report = self.preflight(cluster)
         try:
-            apply_preflight(cluster, report, self.spec.cluster.min_nodes or self.spec.cluster.nodes)
+            preflight.apply_preflight(cluster, report, self.spec.cluster.min_nodes or self.spec.cluster.nodes)
         except ProvisionError:
             self.release(cluster)
             raise
@@ -369,7 +361,7 @@ class SSHProvider(AgentPreflight):
             "prepare",
             {
                 "workdir": host.workdir,
-                "key": env_key(host.python, c.env_requirements),
+                "key": preflight.env_key(host.python, c.env_requirements),
                 "requirements": c.env_requirements,
             },
         )
@@ -450,8 +442,8 @@ class SSHProvider(AgentPreflight):
                 t_b = time.time()
             except Exception as e:  # noqa: BLE001 - the node fails preflight with this reason
                 why = str(e) if isinstance(e, ProvisionError) else self._why(e)
-                return unreachable(node.name, why)
-            return evaluate(node.name, out, expect, t_a, t_b)
+                return preflight.unreachable(node.name, why)
+            return preflight.evaluate(node.name, out, expect, t_a, t_b)
 
         return list(await asyncio.gather(*(one(n) for n in cluster.nodes)))
 

@@ -14,8 +14,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo
 
-from pydantic import BaseModel, ConfigDict
-
+from nightloom.records import FrozenRecord
 from nightloom.schedule.inputs import inputs_for_spec, step_time_unknown
 from nightloom.schedule.windows import aware_utc
 from nightloom.spec import RunSpec, ScheduleSpec
@@ -31,12 +30,11 @@ class QueueRefused(ValueError):
     """A job the queue refuses; the message names every reason, and the queue is left unchanged."""
 
 
-class QueuedJob(BaseModel):
+class QueuedJob(FrozenRecord):
     """One job of a night queue, the one record the store keeps, the plan packs and a night runs: the figures it is
     planned from (as job_figures found them when it was added) and its place in the queue (id 0 and queue "" until
     the store adds it). Its price and discount are its own schedule's; its windows and zone are the queue's."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
     name: str
     spec_hash: str
     nodes: int

@@ -13,7 +13,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel
 from sqlalchemy import JSON, Float, ForeignKey, Integer, String, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
@@ -22,6 +22,7 @@ from nightloom.ledger import Ledger, LedgerError
 from nightloom.ledger.engine import UTCDateTime
 from nightloom.queue.jobs import QueuedJob, QueueRefused, refusals
 from nightloom.queue.tonight import JOB_STATUSES, JobProgress, remaining
+from nightloom.records import Record
 from nightloom.spec import ScheduleSpec
 
 __all__ = ["QueueError", "QueueRecord", "QueueRefused", "QueueRun", "QueueStore", "QueuedJob", "queue_metadata"]
@@ -34,10 +35,9 @@ class QueueError(LedgerError):
 # ---------------------------------------------------------------------------------------------- records
 
 
-class QueueRecord(BaseModel):
+class QueueRecord(Record):
     """One queue, typed."""
 
-    model_config = ConfigDict(extra="forbid")
     name: str
     max_nodes: int
     budget_per_night: float | None = None
@@ -45,11 +45,10 @@ class QueueRecord(BaseModel):
     created_at: datetime
 
 
-class QueueRun(BaseModel):
+class QueueRun(Record):
     """What one job's night did: the stretch the plan gave it, the pipeline run and flow run, the run's status and
     the job's status after it, steps trained so far and the hours trained that night."""
 
-    model_config = ConfigDict(extra="forbid")
     id: int | None = None
     queue: str
     job_id: int

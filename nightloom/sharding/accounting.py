@@ -9,18 +9,18 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from nightloom.records import Record
 from nightloom.sharding.manifest import BadRecord, SourceFile
 
 FileStatus = Literal["read", "empty", "bad", "duplicate", "filtered"]
 EXAMPLES = 10
 
 
-class FileCounts(BaseModel):
+class FileCounts(Record):
     """How many input files ended each way, with the first few names of every way but `read`."""
 
-    model_config = ConfigDict(extra="forbid")
     files: int = 0  # every file under the dataset path = read + empty + bad + duplicate + ignored
     read: int = 0
     empty: int = 0

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from nightloom.chat import ChatSettings
+from nightloom.records import Record
 from nightloom.sharding.sources import SourceRef
 from nightloom.sharding.workdir import WorkDir
 from nightloom.spec import DatasetSpec, ShardingSpec, TokenizerSpec
@@ -18,10 +19,9 @@ if TYPE_CHECKING:
     from nightloom.sharding.manifest import ShardManifest
 
 
-class ShardJob(BaseModel):
+class ShardJob(Record):
     """A planned sharding run; serialisable, so Prefect tasks (and Dask/Ray workers) can receive it."""
 
-    model_config = ConfigDict(extra="forbid")
     dataset: DatasetSpec
     sharding: ShardingSpec
     s3: S3Config = Field(default_factory=S3Config)  # where s3:// inputs, output and work live (no secrets)

@@ -5,18 +5,18 @@ from __future__ import annotations
 from pathlib import Path
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, model_serializer
+from pydantic import Field, model_serializer
+
+from nightloom.records import Record
 
 SCHEMA_VERSION = 3  # 2: per-file status and the file counts (every input file accounted for); 3: token files
 READABLE_SCHEMAS = (1, 2, 3)  # older manifests load with defaults (no token files: the trainer reads the text)
 MANIFEST_NAME = "manifest.json"
 
 
-class ManifestRecord(BaseModel):
+class ManifestRecord(Record):
     """The base of every record of a manifest: an unknown field is an error when a manifest is read, never
     silently dropped."""
-
-    model_config = ConfigDict(extra="forbid")
 
 
 class TokenFiles(ManifestRecord):

@@ -18,8 +18,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict
 
+from nightloom.records import Record
 from nightloom.sharding.arrays import DEST_DTYPE, ArrayReader, ArrayWriter
 from nightloom.sharding.balance import VIRTUAL_BUCKETS, balance, check_enough_docs
 from nightloom.sharding.docflags import DocFlags
@@ -44,8 +44,7 @@ def dest_name(index: int) -> str:
     return f"dest-{index:05d}.bin"
 
 
-class Placement(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class Placement(Record):
     kept: int
     dedup_dropped: int
     imbalance_before: float

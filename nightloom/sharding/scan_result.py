@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from nightloom.records import Record
 from nightloom.sharding.manifest import BadRecord
 from nightloom.sharding.quality_records import RemovedSample
 
@@ -39,10 +40,9 @@ class FileScan:
         )
 
 
-class ScanResult(BaseModel):
+class ScanResult(Record):
     """One scan unit's result: its work files (spill parts, meta, ids, batch index) and what its files held."""
 
-    model_config = ConfigDict(extra="forbid")
     index: int  # the scan unit's index (ShardJob.units)
     files: list[FileScan] = Field(default_factory=list)  # one per source of the unit, in order
     spills: list[str] = Field(default_factory=list)  # Arrow IPC parts of kept records, in order

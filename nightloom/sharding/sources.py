@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict
 
 from nightloom import storage
 from nightloom.chat import ROLES, prompt_messages
+from nightloom.records import FrozenRecord
 from nightloom.sharding.errors import BadInputError, ShardingError
 from nightloom.storage import StorageError
 
@@ -32,10 +32,9 @@ _TEXT = (".txt", ".text", ".md")
 BATCH_ROWS = 4096
 
 
-class SourceRef(BaseModel):
+class SourceRef(FrozenRecord):
     """One input file: `rel` (its name relative to the dataset path) is what manifests record, never `uri`."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
     rel: str
     uri: str
     size: int
@@ -57,10 +56,9 @@ def ignored_by_name(rel: str) -> bool:
     return name in MARKER_NAMES or name.startswith(MARKER_PREFIXES)
 
 
-class InputListing(BaseModel):
+class InputListing(FrozenRecord):
     """Every file under the dataset path: the inputs, in order, and the ones ignored by name (nothing else)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
     sources: list[SourceRef]
     ignored: list[str] = []
 

@@ -2,22 +2,19 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
-
+from nightloom.records import Record
 from nightloom.sharding.manifest import ShardManifest
 from nightloom.sharding.quality_records import QualityCounts
 
 
-class ShardFigures(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class ShardFigures(Record):
     index: int
     rows: int
     tokens: int
     bytes: int
 
 
-class ShardSummary(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class ShardSummary(Record):
     output: str
     num_shards: int
     balance_by: str

@@ -7,9 +7,10 @@ import os
 import re
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from nightloom.ledger.records import Figure
+from nightloom.records import Record
 from nightloom.util import atomic_write_text
 
 TRACKING_FILE = "tracking.json"
@@ -17,11 +18,10 @@ SECRET_ENV = ("MLFLOW_TRACKING_TOKEN", "MLFLOW_TRACKING_PASSWORD", "WANDB_API_KE
 _SECRETISH = re.compile(r"(?i)(secret|password|token|api_key|key)=\S+")
 
 
-class TrackerStatus(BaseModel):
+class TrackerStatus(Record):
     """One tracker's delivery of one attempt (or of the flow's end-of-run logging): its run, where it lives, how
     many metric rows it took, how many it never got (and their steps), and the last error met."""
 
-    model_config = ConfigDict(extra="forbid")
     tracker: str
     run_id: str | None = None
     where: str = ""
@@ -52,11 +52,10 @@ def step_ranges(steps: list[int]) -> str:
     return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
 
 
-class TrackingFile(BaseModel):
+class TrackingFile(Record):
     """tracking.json: each tracker's run id (so every attempt and the flow write to one run) and what each attempt's
     delivery came to."""
 
-    model_config = ConfigDict(extra="forbid")
     runs: dict[str, str] = Field(default_factory=dict)  # tracker -> its run id
     attempts: list[list[TrackerStatus]] = Field(default_factory=list)
 

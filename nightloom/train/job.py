@@ -8,11 +8,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from nightloom.parallel import ParallelPlan
 from nightloom.perf import resolve_peak
 from nightloom.provision.base import Cluster
+from nightloom.records import Record
 from nightloom.runfiles import RunFiles
 from nightloom.schedule.cost import BillingSpan
 from nightloom.shape import ModelShape
@@ -21,10 +22,9 @@ from nightloom.spec.tracking import TrackSpec
 from nightloom.storage import S3Config
 
 
-class TrainJob(BaseModel):
+class TrainJob(Record):
     """Everything a rank needs: model, layout, data, hyper-parameters, where to write, when to stop."""
 
-    model_config = ConfigDict(extra="forbid")
     run_id: str
     run_dir: str
     model: ModelShape  # the resolved record itself (a dataclass pydantic serialises): no mirror to keep in step
@@ -140,10 +140,9 @@ class TrainJob(BaseModel):
         return self.files.result
 
 
-class TrainResult(BaseModel):
+class TrainResult(Record):
     """Written by rank 0 at the end: how far training got and why it stopped."""
 
-    model_config = ConfigDict(extra="forbid")
     steps_done: int
     total_steps: int
     stopped: str  # "completed" | "deadline" | "stop_after_steps" | "preempted"
