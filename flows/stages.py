@@ -270,9 +270,7 @@ def train_stage(spec: RunSpec, rental: Rental, job: TrainJob) -> TrainOutcome:
         if result.cluster is not None:  # recovery may have excluded or replaced nodes: teardown reaches them all
             rental.cluster = rental.cluster.union(result.cluster)
         for i in result.interruptions:  # the ledger keeps every interruption, as for the native backend
-            ev = Event(
-                i.attempt, i.kind, i.detail, i.at, recovery_s=i.recovery_s, lost_s=i.lost_s, world_before=i.world_before
-            )
+            ev = Event.model_validate(i.model_dump())
             record_interruption_task(spec.ledger.url, job.run_id, ev)
         span = BillingSpan(start, result.wall_s, rental.cluster.world_size)
         return TrainOutcome(

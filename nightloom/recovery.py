@@ -36,10 +36,10 @@ import re
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Generic, Literal, TypeVar
 
+from nightloom.ledger.records import Interruption
 from nightloom.provision.base import Cluster, PreflightReport, Provider
 from nightloom.runfiles import RunFiles
 from nightloom.schedule.cost import BillingSpan
@@ -341,21 +341,19 @@ def next_attempt(
 # ------------------------------------------------------------------------------------------------ account
 
 
-@dataclass
-class Event:
-    """One interruption as recorded: cause, time to recover (None: not recovered), time lost and its cost."""
+class Event(Interruption):
+    """One interruption as recorded: the ledger's Interruption (cause, time to recover, None: not recovered; time
+    lost and its cost) with the attempt it ended, the steps redone, and the world and layout before and after."""
 
     attempt: int
-    kind: str
-    detail: str
-    at: datetime
-    recovery_s: float | None = None
-    lost_s: float | None = None
-    cost: float | None = None
     redone_steps: int = 0
     world_before: int = 0
     world_after: int | None = None
     layout_after: str | None = None
+
+    def ledger_fields(self) -> dict:
+        """The fields the ledger keeps (Interruption's), the detail cut to 2,000 characters."""
+        return {**self.model_dump(include=set(Interruption.model_fields)), "detail": self.detail[:2000]}
 
 
 @dataclass

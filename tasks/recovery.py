@@ -51,9 +51,7 @@ def diagnose_task(provider: Provider, cluster: Cluster, failure: rec.AttemptFail
 @task(name="ledger-interruption", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=1)
 def record_interruption_task(ledger_url: str, run_id: str, e: rec.Event) -> None:
     with Ledger(ledger_url) as ledger:
-        ledger.record_interruption(
-            run_id, kind=e.kind, detail=e.detail[:2000], recovery_s=e.recovery_s, at=e.at, lost_s=e.lost_s, cost=e.cost
-        )
+        ledger.record_interruption(run_id, **e.ledger_fields())
     get_run_logger().info(
         "recorded interruption of attempt %d in ledger row %s: %s (recovery %s s, lost %s s)",
         e.attempt,
@@ -152,7 +150,10 @@ def _after_preemption(spec: RunSpec, provider: Provider, st: rec.RecoveryState, 
         st.charge(time.time())
     at = time.time()
     ev = rec.Event(
-        st.job.attempt, rec.PREEMPTION, "", datetime.fromtimestamp(at, UTC), world_before=st.cluster.world_size
+        attempt=st.job.attempt,
+        kind=rec.PREEMPTION,
+        at=datetime.fromtimestamp(at, UTC),
+        world_before=st.cluster.world_size,
     )
     st.events.append(ev)
     stop = (f"the orchestrator got {Forward.requested}" if Forward.requested else None) or rec.preemption_reason(
@@ -206,7 +207,7 @@ def _recover(spec: RunSpec, provider: Provider, st: rec.RecoveryState, err: Trai
         _close(spec, st.pending, st.job)
         st.charge(failure.at_unix)
     at = datetime.fromtimestamp(failure.at_unix, UTC)
-    ev = rec.Event(st.job.attempt, "failure", str(err), at, world_before=st.cluster.world_size)
+    ev = rec.Event(attempt=st.job.attempt, kind="failure", detail=str(err), at=at, world_before=st.cluster.world_size)
     st.events.append(ev)
     diag = diagnose_task(provider, st.cluster, failure)  # classified even when giving up: the ledger
     ev.kind, ev.detail = diag.kind, diag.detail  # compares causes between providers

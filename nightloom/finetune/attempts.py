@@ -186,7 +186,7 @@ class _Recovering:
         kind = diag.kind if diag is not None else ("transient" if UPSTREAM_ABORT in text else failure.signal)
         detail = diag.detail if diag is not None else f"{failure.signal}: {failure.cause}"
         when = datetime.fromtimestamp(at, UTC)
-        ev = rec.Event(account.relaunches, kind, detail, when, world_before=self.plan.world_size)
+        ev = rec.Event(attempt=account.relaunches, kind=kind, detail=detail, at=when, world_before=self.plan.world_size)
         account.events.append(ev)
         current = self.cluster or _this_machine(self.plan)
         bad = diag.bad_nodes if diag is not None else {}

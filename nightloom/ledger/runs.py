@@ -161,21 +161,11 @@ class Ledger:
         fields = {k: v for k, v in given.items() if v is not None}
         return self.update_run(run_id, status=status, finished_at=finished_at or datetime.now(UTC), **fields)
 
-    def record_interruption(
-        self,
-        run_id: str,
-        *,
-        kind: str,
-        detail: str = "",
-        recovery_s: float | None = None,
-        at: datetime | None = None,
-        lost_s: float | None = None,
-        cost: float | None = None,
-    ) -> RunRecord:
-        """Append an interruption and add its recovery time (atomic under concurrent writers)."""
-        item = Interruption(
-            at=at or datetime.now(UTC), kind=kind, detail=detail, recovery_s=recovery_s, lost_s=lost_s, cost=cost
-        )
+    def record_interruption(self, run_id: str, **fields: Any) -> RunRecord:
+        """Append an interruption (Interruption's fields: kind, and detail, recovery_s, lost_s, cost, `at` now unless
+        given) and add its recovery time (atomic under concurrent writers)."""
+        item = Interruption(**{**fields, "at": fields.get("at") or datetime.now(UTC)})
+        kind, recovery_s, lost_s = item.kind, item.recovery_s, item.lost_s
 
         def change(row: RunRow) -> None:
             row.interruptions = [*(row.interruptions or []), item.model_dump(mode="json")]

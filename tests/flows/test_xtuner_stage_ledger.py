@@ -87,8 +87,15 @@ def test_interruptions_of_a_run_that_gives_up_reach_the_ledger(prefect_backend, 
     at = datetime(2026, 11, 30, 3, 0, tzinfo=UTC)
     err = XTunerLaunchError("train failed (exit -9)")
     err.events = [
-        Event(0, "node", "n2: torch; resumed from iter_4.pth on n1", at, recovery_s=2.0, world_before=2),
-        Event(1, "node", "n1: killed; gave up: out of attempts", at, world_before=1),
+        Event(
+            attempt=0,
+            kind="node",
+            detail="n2: torch; resumed from iter_4.pth on n1",
+            at=at,
+            recovery_s=2.0,
+            world_before=2,
+        ),
+        Event(attempt=1, kind="node", detail="n1: killed; gave up: out of attempts", at=at, world_before=1),
     ]
 
     @task
