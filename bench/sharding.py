@@ -99,7 +99,7 @@ with pq.ParquetWriter(sys.argv[2], schema, **parquet_options(sys.argv[3])) as w:
 """,
     "pairs": """
 import sys, time
-from nightloom.sharding import plan as pm
+from nightloom.sharding import prepare as pm
 pm.UNIT_FILES = int(sys.argv[3])
 from nightloom.sharding import pipeline
 from nightloom.sharding.place import place_documents
@@ -359,7 +359,7 @@ def s3_readahead_route(scratch: Path, latency_ms: float) -> None:
 
     from nightloom import storage as st
     from nightloom.sharding import pipeline, shard_dataset
-    from nightloom.sharding import plan as pm
+    from nightloom.sharding import prepare as pm
     from nightloom.sharding import write as wm
     from nightloom.spec import DatasetSpec, ShardingSpec, StorageSpec
 

@@ -26,10 +26,10 @@ from flows.stages import (
     validate_stage,
 )
 from flows.ui_schema import OptionalRunId, RunSpecForm
+from nightloom.gates import ValidationFailed
 from nightloom.report import RunSummary, run_status
 from nightloom.spec.load import coerce_spec
 from nightloom.train.job import TrainJob
-from nightloom.validate import ValidationFailed
 from tasks.plan import plan_task
 from tasks.record import record_task
 from tasks.teardown import teardown_hook

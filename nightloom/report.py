@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING
 
 from pydantic import Field
 
+from nightloom.gates import Verdict
 from nightloom.ledger.records import Figure
 from nightloom.records import Record
 from nightloom.track.records import TrackerStatus
 from nightloom.train.job import TrainOutcome, TrainResult
-from nightloom.validate import Verdict
 
 #: what a table cell shows for a figure that is not there; never "-", which the Prefect UI's markdown renders
 #: as a list bullet

@@ -30,7 +30,7 @@ from nightloom.sharding import (
 from nightloom.sharding.errors import ShardingError
 from nightloom.sharding.job import settings_differences
 from nightloom.sharding.manifest import MANIFEST_NAME, ShardInfo, load_manifest
-from nightloom.sharding.plan import existing_manifest
+from nightloom.sharding.prepare import existing_manifest
 from nightloom.spec import DatasetSpec, ShardingSpec, StorageSpec, TokenizerSpec
 from nightloom.storage import StorageError, set_secret_resolver
 from tasks.progress import heartbeat, human_bytes

@@ -10,6 +10,15 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel, ConfigDict
 
+from nightloom.gates import (
+    MfuReport,
+    Verdict,
+    measure_mfu,
+    mfu_inputs,
+    resolve_golden,
+    resolve_peak,
+    validate_run,
+)
 from nightloom.ledger import Ledger
 from nightloom.ledger.records import Figure
 from nightloom.metrics import read_metrics
@@ -22,15 +31,6 @@ from nightloom.spec import RunSpec
 from nightloom.train.job import TrainResult
 from nightloom.train.preference.figures import preference_figures
 from nightloom.train.rollout.figures import grpo_figures
-from nightloom.validate import (
-    MfuReport,
-    Verdict,
-    measure_mfu,
-    mfu_inputs,
-    resolve_golden,
-    resolve_peak,
-    validate_run,
-)
 
 
 class ValidationOutcome(BaseModel):

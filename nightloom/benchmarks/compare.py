@@ -4,10 +4,10 @@ verdicts, the ledger's figures (`bench/TASK/METRIC`) and the side-by-side comple
 from __future__ import annotations
 
 from nightloom.benchmarks.records import BenchResult, Score
+from nightloom.gates import Verdict
 from nightloom.ledger.records import Figure
 from nightloom.records import FrozenRecord
 from nightloom.spec.benchmarks import BenchGateSpec, BenchmarksSpec
-from nightloom.validate import Verdict
 
 FIGURE_PREFIX = "bench/"
 

@@ -14,11 +14,11 @@ from nightloom.benchmarks.compare import BenchRow, check_benchmarks, completion_
 from nightloom.benchmarks.demo_task import chatml_pairs, ensure_demo_task, heldout_split
 from nightloom.benchmarks.launch import BenchmarkError, Runner, run_benchmarks
 from nightloom.benchmarks.records import BenchResult
+from nightloom.gates import Verdict
 from nightloom.ledger.records import Figure
 from nightloom.records import Record
 from nightloom.spec.benchmarks import BenchmarksSpec
 from nightloom.util import atomic_write_text
-from nightloom.validate import Verdict
 
 RESULT_FILE, COMPLETIONS_FILE, FAILED_MARK = "benchmarks.json", "completions.md", "BENCHMARKS_FAILED.json"
 

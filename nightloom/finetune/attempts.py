@@ -23,7 +23,7 @@ from nightloom.attempt import TAIL_LINES, cause_line
 from nightloom.finetune.convert import find_checkpoint
 from nightloom.finetune.launcher import XTunerLaunchError, check, node_env, run_streaming, train_args, train_command
 from nightloom.finetune.logs import StartupDump, step_of
-from nightloom.finetune.plan import XTunerPlan
+from nightloom.finetune.xtuner_plan import XTunerPlan
 from nightloom.provision.base import Cluster, Node, PreflightReport, ProvisionError, follow
 
 Log = Callable[[str], None]

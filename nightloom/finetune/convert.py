@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nightloom.finetune.launcher import WRAPPER, Runner, check, local_runner, tool_command
-from nightloom.finetune.plan import XTunerPlan
+from nightloom.finetune.xtuner_plan import XTunerPlan
 from nightloom.hf.export import ADAPTER_DIR
 from nightloom.util import share_mode
 

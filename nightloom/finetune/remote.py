@@ -20,7 +20,7 @@ from pathlib import Path
 from nightloom.finetune.env import EnvError, XTunerEnv
 from nightloom.finetune.launcher import WRAPPER, Command
 from nightloom.finetune.node_env import MARK
-from nightloom.finetune.plan import XTunerPlan
+from nightloom.finetune.xtuner_plan import XTunerPlan
 from nightloom.provision.base import REMOTE_PROVIDERS, Cluster, Node, NodeShell
 
 

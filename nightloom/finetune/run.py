@@ -1,7 +1,7 @@
 """Fine-tune with XTuner from a RunSpec: plan → prepare data → train (with recovery) → metrics → convert → publish.
 
 `run_xtuner` is the one entry the pipeline calls when `train.backend == "xtuner"`. Its steps are modules of
-their own: plan.py checks every input and renders the config (anything wrong fails there, before any rank
+their own: xtuner_plan.py checks every input and renders the config (anything wrong fails there, before any rank
 starts), attempts.py launches XTuner's train tool under nightloom.recovery's rule, convert.py turns the
 checkpoint into a Hugging Face model and publishes it, remote.py readies rented nodes. This module prepares
 the data and writes what the run leaves: metrics.jsonl and result.json.
@@ -23,9 +23,9 @@ from nightloom.finetune.env import XTunerEnv
 from nightloom.finetune.launcher import Runner, XTunerLaunchError, check, local_runner, tail, tool_command
 from nightloom.finetune.logs import RunShape, write_metrics
 from nightloom.finetune.node_wrapper import EXIT_EMPTY_DATASET
-from nightloom.finetune.plan import XTunerPlan, plan_for_world, plan_xtuner
 from nightloom.finetune.remote import RunNodes, is_remote, node_peak, node_runner
 from nightloom.finetune.track_feed import fed_trackers
+from nightloom.finetune.xtuner_plan import XTunerPlan, plan_for_world, plan_xtuner
 from nightloom.metrics import read_metrics
 from nightloom.provision.base import Cluster
 from nightloom.runfiles import RunFiles

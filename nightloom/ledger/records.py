@@ -10,10 +10,10 @@ from typing import Literal, Self
 
 from pydantic import Field, model_validator
 
+from nightloom.gates import Verdict, gated
 from nightloom.ledger.model import model_family
 from nightloom.parallel import ParallelPlan
 from nightloom.records import Record
-from nightloom.validate import Verdict, gated
 
 RunStatus = Literal["running", "succeeded", "failed", "cancelled", "stopped", "deferred", "refused"]
 RUN_STATUSES: tuple[str, ...] = RunStatus.__args__  # type: ignore[attr-defined]

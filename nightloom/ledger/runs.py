@@ -17,6 +17,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from nightloom.gates import Verdict
 from nightloom.ledger.calibration import Calibration, calibrate
 from nightloom.ledger.engine import (
     MUTABLE,
@@ -34,7 +35,6 @@ from nightloom.ledger.model import spec_run_model
 from nightloom.ledger.records import Figure, Interruption, LedgerError, NightRecord, RunRecord, RunStatus
 from nightloom.parallel import ParallelPlan
 from nightloom.util import atomic_write_text
-from nightloom.validate import Verdict
 
 T = TypeVar("T")
 

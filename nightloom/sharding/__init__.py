@@ -1,7 +1,7 @@
 """Hash sharding: deterministic, deduplicated, balanced Parquet shards, each with its token ids as a Megatron
 indexed dataset (.bin/.idx), plus a manifest, local or on S3.
 
-Pure logic (no Prefect). One module per step: plan.py (`plan_job`), scan.py (`scan_unit`), place.py
+Pure logic (no Prefect). One module per step: prepare.py (`plan_job`), scan.py (`scan_unit`), place.py
 (`place_documents`), write.py (`write_shard`), publish.py (`publish_manifest`); pipeline.py's `shard_dataset` runs them
 in-process, flows/shard.py maps the same steps over Prefect tasks.
 """
@@ -22,7 +22,7 @@ _EXPORTS = {
     "shard_dataset": "pipeline",
     "Placement": "place",
     "place_documents": "place",
-    "plan_job": "plan",
+    "plan_job": "prepare",
     "publish_manifest": "publish",
     "scan_unit": "scan",
     "ScanResult": "scan_result",

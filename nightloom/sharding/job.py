@@ -1,5 +1,5 @@
 """ShardJob: the record of a planned sharding run (sources, scan units, settings hash, tokenizer), which every step
-after the plan (scan, place, write, publish) receives; plan.py makes it.
+after the plan (scan, place, write, publish) receives; prepare.py makes it.
 """
 
 from __future__ import annotations

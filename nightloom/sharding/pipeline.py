@@ -1,7 +1,7 @@
 """shard_dataset: plan → scan each input → place (dedup + balance) → write each shard (Parquet text + .bin/.idx
 token files) → publish the manifest (last), in one process (`run_job`: threads for scan and write).
 
-Each step is a pure, idempotent function of a `ShardJob` and the previous steps' small results (plan.py, scan.py,
+Each step is a pure, idempotent function of a `ShardJob` and the previous steps' small results (prepare.py, scan.py,
 place.py, write.py, publish.py), so the flow (flows/shard.py) can map them over Prefect tasks and this module can
 run them in a plain loop or a pool.
 """
@@ -17,7 +17,7 @@ from nightloom.sharding import readahead
 from nightloom.sharding.job import ShardJob
 from nightloom.sharding.manifest import ShardInfo, ShardManifest
 from nightloom.sharding.place import place_documents
-from nightloom.sharding.plan import existing_manifest, plan_job
+from nightloom.sharding.prepare import existing_manifest, plan_job
 from nightloom.sharding.publish import publish_manifest
 from nightloom.sharding.scan import scan_unit
 from nightloom.sharding.scan_arrow import usable_cpus

@@ -10,7 +10,7 @@ from nightloom.sharding.errors import BadInputError
 from nightloom.sharding.job import ShardJob
 from nightloom.sharding.manifest import MANIFEST_NAME, ChatStats, ShardInfo, ShardManifest
 from nightloom.sharding.place import Placement
-from nightloom.sharding.plan import WORK_DIR_NAME
+from nightloom.sharding.prepare import WORK_DIR_NAME
 from nightloom.sharding.scan_result import MAX_BAD_EXAMPLES, ScanResult
 
 

@@ -27,7 +27,7 @@ from nightloom.sharding.fetch_ahead import ordered_ahead
 from nightloom.sharding.job import ShardJob
 from nightloom.sharding.manifest import ShardInfo, TokenFiles
 from nightloom.sharding.place import MAPPING_NAME, dest_name
-from nightloom.sharding.plan import RANGE_BYTES
+from nightloom.sharding.prepare import RANGE_BYTES
 from nightloom.sharding.scan_result import ScanResult
 from nightloom.sharding.spill import BATCH_DTYPE, META_DTYPE, gather_ids, row_indices, spill_schema
 from nightloom.sharding.tokens import LABEL_DTYPE, TokenCounts, TokenFileWriter, labels_file_name, np_dtype

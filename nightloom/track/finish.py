@@ -15,13 +15,13 @@ from typing import Any, TypeVar
 
 from sqlalchemy.engine import make_url
 
+from nightloom.gates import Verdict
 from nightloom.ledger.records import Figure
 from nightloom.parallel import ParallelPlan
 from nightloom.spec import RunSpec
 from nightloom.track.attempt import tracker_run
 from nightloom.track.records import TrackerStatus, TrackingFile, scrub, step_ranges
 from nightloom.util import atomic_write_text
-from nightloom.validate import Verdict
 
 SUMMARY_FILE = "summary.json"
 T = TypeVar("T")

@@ -21,9 +21,9 @@ def _spec(tmp_path, ledger: str = "ledger.db") -> RunSpec:
 
 def _record(spec: RunSpec, plan, run_id: str, measured_step_s: float, *, gated: bool = True) -> None:
     """What the pipeline writes for a run: the ledger-open and record tasks, with the measured figures."""
+    from nightloom.gates import Verdict
     from nightloom.provision.base import Cluster, Node
     from nightloom.report import RunSummary
-    from nightloom.validate import Verdict
     from tasks.record import record_task, start_record_task
     from tasks.validate import ValidationOutcome
 

@@ -17,7 +17,7 @@ import pytest
 
 from nightloom import storage as st
 from nightloom.sharding import load_manifest, shard_dataset
-from nightloom.sharding import plan as plan_module
+from nightloom.sharding import prepare as plan_module
 from nightloom.sharding.corpus import ensure_sample_corpus
 from nightloom.sharding.planted import planted_corpus
 from nightloom.spec import DaskSpec, DatasetSpec, RunSpec, ShardingSpec, StorageSpec

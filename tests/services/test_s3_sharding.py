@@ -107,7 +107,7 @@ def test_s3_work_folder_resumes_on_another_machine(s3_endpoint, tmp_path, monkey
     s3, storage = st.S3Config(endpoint_url=url), StorageSpec(s3_endpoint_url=url)
     sharding = ShardingSpec(output=f"{prefix}/out", num_shards=3, tolerance=0.05)
     ds, work = DatasetSpec(path=f"{prefix}/in"), f"{prefix}/work"
-    monkeypatch.setattr("nightloom.sharding.plan.UNIT_FILES", 1)
+    monkeypatch.setattr("nightloom.sharding.prepare.UNIT_FILES", 1)
     monkeypatch.setattr("nightloom.sharding.jsonl_pieces.JSON_CHUNK", 4096)  # many record batches per spill part
     monkeypatch.setattr("nightloom.sharding.scan_arrow.JSON_BLOCK", 4096)
     monkeypatch.setenv("NIGHTLOOM_SHARD_CACHE", str(tmp_path / "cache-a"))
@@ -155,7 +155,7 @@ def test_writers_on_another_machine_read_only_their_batches(s3_endpoint, tmp_pat
     tok = small_bpe(tmp_path / "bpe") if tokenizer == "bpe" else None
     sharding = ShardingSpec(output=f"{prefix}/out", num_shards=4, tolerance=0.05)
     ds, work = DatasetSpec(path=f"{prefix}/in"), f"{prefix}/work"
-    monkeypatch.setattr("nightloom.sharding.plan.UNIT_FILES", 1)
+    monkeypatch.setattr("nightloom.sharding.prepare.UNIT_FILES", 1)
     monkeypatch.setattr("nightloom.sharding.jsonl_pieces.JSON_CHUNK", 4096)  # many record batches per spill part
     monkeypatch.setattr("nightloom.sharding.scan_arrow.JSON_BLOCK", 4096)
     monkeypatch.setenv("NIGHTLOOM_SHARD_CACHE", str(tmp_path / "cache-scan"))

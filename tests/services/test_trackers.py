@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from nightloom.gates import Verdict
 from nightloom.ledger import Ledger
 from nightloom.metrics import read_metrics
 from nightloom.parallel import ParallelPlan
@@ -23,7 +24,6 @@ from nightloom.track.attempt import AttemptTrackers
 from nightloom.track.finish import RunEnd, finish_trackers
 from nightloom.track.records import TrackingFile, tracker_figures, tracker_runs
 from nightloom.train.reporting import StepRecord, StepReporter
-from nightloom.validate import Verdict
 from tests.support.harness import launch, make_job, write_corpus
 from tests.support.trackers import (
     Outage,

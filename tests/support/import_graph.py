@@ -156,7 +156,8 @@ FLOORS = {
     "nightloom.schedule": 3,
     "nightloom.recovery": 3,
     "nightloom.attempt": 3,
-    "nightloom.validate": 3,
+    "nightloom.gates": 3,  # the run's gates (MFU, convergence, held-out loss)
+    "nightloom.validate": 3,  # the deprecated alias of nightloom.gates (one release)
     "nightloom.ledger": 3,
     "nightloom.ledger_model": 3,  # the deprecated alias of nightloom.ledger.model (one release)
     "nightloom.queue": 3,  # the night queue: its job record, timetable, nights, chart and store

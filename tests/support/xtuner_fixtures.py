@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from nightloom.finetune.plan import TINY_MODEL_SCRIPT
+from nightloom.finetune.xtuner_plan import TINY_MODEL_SCRIPT
 from tests.support.ci import in_ci
 
 OFFLINE = {

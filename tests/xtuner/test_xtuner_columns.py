@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from nightloom.finetune.plan import plan_xtuner
 from nightloom.finetune.run import prepare_data
+from nightloom.finetune.xtuner_plan import plan_xtuner
 from nightloom.sharding import shard_dataset
 from nightloom.spec import DatasetSpec, ShardingSpec
 from tests.support.xtuner_data import make_spec

@@ -11,8 +11,8 @@ from pydantic import ValidationError
 
 from nightloom.finetune import config as xcfg
 from nightloom.finetune import env as xenv
-from nightloom.finetune import plan as xplan
 from nightloom.finetune import run as xrun
+from nightloom.finetune import xtuner_plan as xplan
 from nightloom.finetune.logs import RunShape, XTunerLogError, collect_steps, write_metrics
 from nightloom.spec import RunSpec
 from tests.support.xtuner_data import alpaca_rows, make_spec, write_shards

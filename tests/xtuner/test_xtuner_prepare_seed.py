@@ -3,8 +3,8 @@ packing with datasets' unseeded `shuffle()`, which draws from numpy's global RNG
 
 from __future__ import annotations
 
-from nightloom.finetune.plan import plan_xtuner
 from nightloom.finetune.run import prepare_data
+from nightloom.finetune.xtuner_plan import plan_xtuner
 from tests.support.xtuner_data import alpaca_rows, make_spec, write_shards
 
 

@@ -1,6 +1,6 @@
 """The ledger's Figures of a train.task dpo run (schema 7): the last held-out evaluation's reward accuracy, margin
 and DPO loss under TRL's names, each with its value before the first step as `base`. Apart from gates.py, which
-nightloom/validate.py imports: the ledger's records import validate."""
+nightloom/gates.py imports: the ledger's records import validate."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The preference gate validate.min_reward_accuracy on a run's metrics: the last held-out reward accuracy (the
 share of held-out pairs whose chosen earns the higher reward, `eval_rewards/accuracies` in metrics.jsonl) is at
-least the threshold. Pure (no torch); nightloom/validate.py turns the outcome into its Verdict."""
+least the threshold. Pure (no torch); nightloom/gates.py turns the outcome into its Verdict."""
 
 from __future__ import annotations
 

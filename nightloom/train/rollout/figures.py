@@ -1,6 +1,6 @@
 """The ledger's Figures of a train.task grpo run (schema 7): the held-out prompts' mean reward at the last
 evaluation with its standard error, and before the first step as `base`. Apart from gates.py, which
-nightloom/validate.py imports: the ledger's records import validate."""
+nightloom/gates.py imports: the ledger's records import validate."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The GRPO gate validate.min_reward_gain on a run's metrics: the held-out prompts' mean reward (`eval_reward` in
 metrics.jsonl) at the last evaluation minus before the first step (`start_eval_reward`) is at least the threshold;
-the reason gives both with their standard errors. Pure (no torch); nightloom/validate.py makes it a Verdict."""
+the reason gives both with their standard errors. Pure (no torch); nightloom/gates.py makes it a Verdict."""
 
 from __future__ import annotations
 

@@ -124,10 +124,10 @@ def test_a_step_reports_label_tokens_computed_ids_and_their_flops(shards, monkey
     import torch.distributed as dist
 
     from nightloom.catalog import get_model
+    from nightloom.gates import MfuInputs, measure_mfu
     from nightloom.metrics import StepMetrics
     from nightloom.perf import Peak, flops_per_token
     from nightloom.train.sft_batch import FlopCounter, label_scale, step_counts
-    from nightloom.validate import MfuInputs, measure_mfu
 
     rows, shape = _rows(shards), get_model("tiny")
     micro = _loader(rows).batch(0).micro

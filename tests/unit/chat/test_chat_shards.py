@@ -13,7 +13,7 @@ import xxhash
 
 from nightloom.chat import ChatRenderer, ChatSettings, to_messages
 from nightloom.sharding import BadInputError, shard_dataset
-from nightloom.sharding.plan import plan_job
+from nightloom.sharding.prepare import plan_job
 from nightloom.sharding.tokens import read_lengths
 from nightloom.spec import DatasetSpec, ShardingSpec, TokenizerSpec
 from tests.support.chat import CHATML, CHATML_MARKED, as_record, build_chat_tokenizer, chat_messages, write_chats

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from nightloom.finetune.convert import convert_checkpoint
-from nightloom.finetune.plan import XTunerPlan
+from nightloom.finetune.xtuner_plan import XTunerPlan
 
 
 def fake_runner(cmd, log_file, log, step) -> int:
@@ -148,7 +148,7 @@ def test_xtuner_cpu_peak_is_the_native_trainers_measurement(monkeypatch):
     import torch
 
     from nightloom import perf
-    from nightloom.finetune.plan import _peak
+    from nightloom.finetune.xtuner_plan import _peak
     from nightloom.spec.load import load_spec
 
     threads, real_mm = [], torch.mm

@@ -12,7 +12,7 @@ import pytest
 from nightloom.finetune import attempts
 from nightloom.finetune.attempts import UPSTREAM_ABORT, StepWatch, XTunerRecovery, decide, train_with_recovery
 from nightloom.finetune.launcher import XTunerLaunchError
-from nightloom.finetune.plan import XTunerPlan
+from nightloom.finetune.xtuner_plan import XTunerPlan
 from nightloom.provision.base import Cluster, Node, NodeReport, PreflightReport
 from nightloom.recovery import AttemptFailure, Budget, Diagnosis, GiveUp, RecoveryAccount, Relaunch
 

@@ -185,7 +185,7 @@ def test_a_failed_node_ends_the_launch_while_another_holds_its_stream_open(tmp_p
     every line first waited for the other node's stream: its torchrun exit barrier, 300 s)."""
     from nightloom.finetune.attempts import StepWatch, _launch_once
     from nightloom.finetune.launcher import XTunerLaunchError
-    from nightloom.finetune.plan import XTunerPlan
+    from nightloom.finetune.xtuner_plan import XTunerPlan
 
     launch = _HeldOpen()
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from nightloom.finetune.plan import _hf_flops_per_token
+from nightloom.finetune.xtuner_plan import _hf_flops_per_token
 from nightloom.hf.random_model import build_random_model, ensure_demo_weights
 from nightloom.parallel import ParallelPlan
 from nightloom.spec import SpecError, TrainSpec

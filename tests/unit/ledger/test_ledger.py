@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, text
 
+from nightloom.gates import Verdict
 from nightloom.ledger import SCHEMA_VERSION, Ledger, LedgerError, RunRecord, model_family
 from nightloom.ledger.engine import where
 from nightloom.parallel import ParallelPlan
-from nightloom.validate import Verdict
 
 T0 = datetime(2026, 6, 1, 2, 0, tzinfo=UTC)
 OK = [
@@ -188,7 +188,7 @@ WRITER = textwrap.dedent("""
     from datetime import UTC, datetime
     from pathlib import Path
     from nightloom.ledger import Ledger, LedgerError
-    from nightloom.validate import Verdict
+    from nightloom.gates import Verdict
     url, who, n, go = sys.argv[1], sys.argv[2], int(sys.argv[3]), Path(sys.argv[4])
     while not go.exists():
         time.sleep(0.005)

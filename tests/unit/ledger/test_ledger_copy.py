@@ -13,6 +13,7 @@ from alembic import command
 from sqlalchemy import JSON, Column, MetaData, String, Table, create_engine, select, text
 
 from flows.cli import main as cli
+from nightloom.gates import Verdict
 from nightloom.ledger import Ledger, LedgerError
 from nightloom.ledger import engine as ledger_mod
 from nightloom.ledger import migrations as ledger_migrations
@@ -21,7 +22,6 @@ from nightloom.ledger.records import Figure
 from nightloom.queue.jobs import QueuedJob
 from nightloom.queue.store import QueueRun, QueueStore
 from nightloom.spec import ScheduleSpec
-from nightloom.validate import Verdict
 
 T0 = datetime(2026, 6, 1, 2, 0, tzinfo=UTC)
 FIRST = {  # a finished run as the first release wrote it (naive UTC times, JSON columns)

@@ -8,12 +8,12 @@ import json
 from pathlib import Path
 
 from nightloom.catalog import get_model
+from nightloom.gates import Verdict
 from nightloom.ledger import Ledger, calibration_for_spec
 from nightloom.ledger.model import RunModel, ledger_fields, run_model, spec_run_model
 from nightloom.parallel import ParallelPlan
 from nightloom.spec import RunSpec
 from nightloom.spec.load import load_spec
-from nightloom.validate import Verdict
 
 ROOT = Path(__file__).resolve().parents[3]
 OK = [

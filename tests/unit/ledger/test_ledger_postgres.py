@@ -157,7 +157,7 @@ WRITER = textwrap.dedent("""
     from nightloom.queue.jobs import QueuedJob
     from nightloom.queue.store import QueueError, QueueStore
     from nightloom.spec import ScheduleSpec
-    from nightloom.validate import Verdict
+    from nightloom.gates import Verdict
     url, who, n, go = sys.argv[1], sys.argv[2], int(sys.argv[3]), Path(sys.argv[4])
     sched = ScheduleSpec(policy="split", timezone="UTC", price_per_gpu_hour=1.0)
     while not go.exists():

@@ -176,7 +176,7 @@ def cited_names() -> list[tuple[int, str]]:
 def test_the_rule_checks_names_of_every_kind():
     """The rule is not vacuous: it sees paths, module.function and class.method spans, and refuses made-up ones."""
     words = {w for _, w in cited_names()}
-    assert {"nightloom/train/lora.py", "plan.plan_job", "ParallelDims.resolve"} <= words
+    assert {"nightloom/train/lora.py", "prepare.plan_job", "ParallelDims.resolve"} <= words
     assert _path_ok("hf/export.py") and not _path_ok("hf/exports.py")
     assert _dotted_ok("provision.get_provider") and not _dotted_ok("provision.no_such_provider")
     assert _dotted_ok("ParallelDims.resolve") and not _dotted_ok("ParallelDims.resolved")

@@ -1,8 +1,8 @@
 """`nightloom run` prints each gate as pass, FAIL, SKIP or "not gated": a gate that did not run never reads "pass"."""
 
 from flows.commands.run import print_summary
+from nightloom.gates import Verdict
 from nightloom.report import RunSummary
-from nightloom.validate import Verdict
 
 
 def test_skipped_gates_are_not_printed_as_pass(capsys):

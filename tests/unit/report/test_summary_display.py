@@ -7,8 +7,8 @@ import base64
 import json
 
 from flows.commands.run import print_summary
+from nightloom.gates import Verdict
 from nightloom.report import RunSummary, StageTime, summary_rows
-from nightloom.validate import Verdict
 
 LONG = "/work/a/rather/long/checkout/path/.nightloom/runs/local-demo-20261204-041902-3bafc307"
 

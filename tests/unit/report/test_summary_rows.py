@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import re
 
+from nightloom.gates import Verdict
 from nightloom.report import NOT_MEASURED, RunSummary, StageTime, summary_rows
-from nightloom.validate import Verdict
 
 LIST_MARKER = re.compile(r"^\s*([-*+]|\d+\.)(\s|$)")  # what markdown renders as a list item
 

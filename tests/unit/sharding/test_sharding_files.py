@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from nightloom.sharding import fingerprint, load_manifest, plan_job, shard_dataset
-from nightloom.sharding import plan as plan_module
+from nightloom.sharding import prepare as plan_module
 from nightloom.sharding import scan as scan_module
 from nightloom.sharding.sources import ignored_by_name
 from nightloom.spec import DatasetSpec, ShardingSpec

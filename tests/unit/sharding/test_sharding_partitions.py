@@ -142,9 +142,9 @@ def test_documents_the_tokenizer_turns_into_no_ids_still_shard(tmp_path, bpe, mo
     """A normalizer that deletes '~' leaves a unit whose documents have no ids at all (an empty ids spill)."""
     from tokenizers import Tokenizer, normalizers
 
-    from nightloom.sharding import plan
+    from nightloom.sharding import prepare
 
-    monkeypatch.setattr(plan, "UNIT_BYTES", 1)  # every file a scan unit of its own
+    monkeypatch.setattr(prepare, "UNIT_BYTES", 1)  # every file a scan unit of its own
 
     folder = tmp_path / "tok"
     folder.mkdir()
@@ -180,7 +180,7 @@ def test_a_writer_that_fails_to_open_a_scans_files_leaves_nothing_open(tmp_path)
     import os
 
     from nightloom.sharding.place import place_documents
-    from nightloom.sharding.plan import plan_job
+    from nightloom.sharding.prepare import plan_job
     from nightloom.sharding.scan import scan_unit
     from nightloom.sharding.write import write_shard
 

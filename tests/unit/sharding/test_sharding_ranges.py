@@ -9,7 +9,7 @@ import json
 import pytest
 
 from nightloom.sharding import BadInputError, load_manifest, plan_job, shard_dataset
-from nightloom.sharding import plan as plan_module
+from nightloom.sharding import prepare as plan_module
 from nightloom.spec import DatasetSpec, ShardingSpec
 from tests.support.sharding import make_docs, tree_bytes
 

@@ -8,7 +8,7 @@ import pickle
 import pytest
 
 from nightloom import storage as st
-from nightloom.sharding.plan import WORK_DIR_NAME, WORK_FORMAT, default_workdir, plan_job
+from nightloom.sharding.prepare import WORK_DIR_NAME, WORK_FORMAT, default_workdir, plan_job
 from nightloom.sharding.workdir import WorkDir
 from nightloom.spec import DaskSpec, DatasetSpec, ShardingSpec, StorageSpec
 from nightloom.storage import StorageError

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from nightloom.sharding.plan import settings_hash
+from nightloom.sharding.prepare import settings_hash
 from nightloom.spec import DatasetSpec, RunSpec, ShardingSpec, SpecError, schema
 from nightloom.spec.load import load_spec
 from nightloom.spec.quality import FiltersSpec, NearDupSpec

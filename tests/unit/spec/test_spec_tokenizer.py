@@ -81,7 +81,7 @@ def test_bytes_is_the_default_and_shorthand():
 
 
 def test_tokenizer_and_heldout_change_the_settings_hash(tmp_path, corpus):
-    from nightloom.sharding.plan import plan_job
+    from nightloom.sharding.prepare import plan_job
     from nightloom.spec import DatasetSpec, ShardingSpec
 
     ds, sh = DatasetSpec(path=str(corpus)), ShardingSpec(output=str(tmp_path / "out"), num_shards=2)

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from nightloom.gates import Verdict
 from nightloom.parallel import ParallelPlan
 from nightloom.spec import RunSpec
 from nightloom.spec.tracking import TrackSpec
@@ -21,7 +22,6 @@ from nightloom.track.records import (
     tracker_figures,
     tracker_runs,
 )
-from nightloom.validate import Verdict
 
 
 def spec(**kw) -> RunSpec:

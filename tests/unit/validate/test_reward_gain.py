@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
+from nightloom.gates import validate_run
 from nightloom.metrics import StepMetrics
 from nightloom.spec import ValidateSpec
 from nightloom.train.rollout.figures import grpo_figures
 from nightloom.train.rollout.gates import reward_gain
-from nightloom.validate import validate_run
 
 
 def _steps(after: float, loss: float = 0.0) -> list[StepMetrics]:

@@ -10,10 +10,7 @@ from pathlib import Path
 import pytest
 
 from nightloom.catalog import get_model
-from nightloom.metrics import MetricsError, StepMetrics, append_metrics, read_metrics
-from nightloom.perf import PeakMeasurement, flops_per_token, mfu
-from nightloom.spec import GoldenSpec, ValidateSpec
-from nightloom.validate import (
+from nightloom.gates import (
     MfuInputs,
     Peak,
     PeakError,
@@ -34,6 +31,9 @@ from nightloom.validate import (
     validate_run,
     verdict_label,
 )
+from nightloom.metrics import MetricsError, StepMetrics, append_metrics, read_metrics
+from nightloom.perf import PeakMeasurement, flops_per_token, mfu
+from nightloom.spec import GoldenSpec, ValidateSpec
 
 
 def healthy(n: int = 60, seed: int = 0, tps: float = 1000.0) -> list[StepMetrics]:
@@ -371,8 +371,8 @@ def test_missing_truncated_corrupt_metrics_files(tmp_path: Path):
 def test_golden_from_file_and_from_the_ledger(tmp_path: Path):
     from datetime import UTC, datetime
 
+    from nightloom.gates import resolve_golden
     from nightloom.ledger import Ledger
-    from nightloom.validate import resolve_golden
 
     assert resolve_golden(GoldenSpec()) is None
     lg = Ledger(f"sqlite:///{tmp_path / 'l.db'}")
@@ -414,8 +414,8 @@ def test_hard_batches_are_not_spikes_but_a_jump_is():
     """Per-batch losses of a mixed corpus are heavy-tailed: a +15% batch passes, a +60% jump fails."""
     import random
 
+    from nightloom.gates import check_spikes
     from nightloom.metrics import StepMetrics
-    from nightloom.validate import check_spikes
 
     rng = random.Random(0)
     losses = [3.3 + rng.gauss(0, 0.01) for _ in range(200)]
@@ -451,7 +451,7 @@ def test_mfu_over_100_percent_of_a_busy_cpus_measured_peak_is_not_a_failure():
 
 def test_a_compared_verdict_names_the_step_only_when_it_failed():
     """The gates that compare a figure with a threshold (grad_norm, spikes, eval, golden) share one rule."""
-    from nightloom.validate import Verdict
+    from nightloom.gates import Verdict
 
     ok = Verdict.compared("grad_norm", True, 1.0, 5.0, 17, "fine")
     bad = Verdict.compared("grad_norm", False, 42.0, 5.0, 17, "too big")

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import math
 
+from nightloom.gates import check_eval, validate_run
 from nightloom.metrics import StepMetrics
 from nightloom.spec import ValidateSpec
-from nightloom.validate import check_eval, validate_run
 
 
 def steps(evals: dict[int, float], n: int = 20) -> list[StepMetrics]:

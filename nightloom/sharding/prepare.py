@@ -1,5 +1,5 @@
-"""Plan step: list and fingerprint the inputs, group them into scan units, load the tokenizer and fix the settings
-hash, all before any work (`plan_job` makes the ShardJob every later step receives).
+"""The sharding's prepare step: list and fingerprint the inputs, group them into scan units, load the tokenizer and
+fix the settings hash, all before any work (`plan_job` makes the ShardJob every later step receives).
 
 `settings_hash` covers the inputs' content fingerprints and every setting that changes the output, and
 nothing machine-specific (no absolute paths, no mtimes), so the same data gives the same manifest anywhere.
