@@ -5,13 +5,12 @@ record, QueuedJob); nothing in the project imports them."""
 from __future__ import annotations
 
 import importlib
-import sys
 from pathlib import Path
 
 import pytest
 
 from nightloom.queue.jobs import QueuedJob
-from tests.support.import_graph import build
+from tests.support.aliases import alias_users, import_alias
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -28,12 +27,8 @@ RENAMED = {"JobFigures": QueuedJob, "PlanJob": QueuedJob}
 
 @pytest.mark.parametrize("old", sorted(SHIMS))
 def test_an_old_queue_module_warns_and_re_exports(old, monkeypatch):
-    new = SHIMS[old]
-    monkeypatch.delitem(sys.modules, old, raising=False)  # imported before: import it afresh, so it warns again
-    with pytest.warns(DeprecationWarning, match=f"{old} is deprecated .* import from {new[0]}"):
-        shim = importlib.import_module(old)
-    homes = [importlib.import_module(n) for n in new]
-    assert shim.__all__
+    shim = import_alias(old, SHIMS[old][0], monkeypatch)
+    homes = [importlib.import_module(n) for n in SHIMS[old]]
     for name in shim.__all__:
         want = RENAMED.get(name) or next(getattr(h, name) for h in homes if hasattr(h, name))
         assert getattr(shim, name) is want, name
@@ -53,17 +48,5 @@ def test_the_queue_has_one_job_record():
 
 
 def test_no_project_code_imports_an_old_queue_module():
-    graph = build(ROOT)
-    users = sorted(
-        f"{graph.modules[a].as_posix()}:{line} imports {b}"
-        for (a, b), line in graph.edges.items()
-        if b in SHIMS and a not in SHIMS
-    )
+    users = alias_users(set(SHIMS))
     assert not users, "import the new paths:\n  " + "\n  ".join(users)
-    texts = [*ROOT.glob("examples/*.ipynb"), *ROOT.glob("bench/*.py"), *ROOT.glob("tests/**/*.py")]
-    stale = sorted(
-        str(p.relative_to(ROOT))
-        for p in texts
-        if p.name != Path(__file__).name and any(f"{old} import" in p.read_text() for old in SHIMS)
-    )
-    assert not stale, f"import the new paths in {stale}"

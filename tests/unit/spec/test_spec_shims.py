@@ -4,14 +4,10 @@ naming its new home, and hands out the very objects of that home; nothing in the
 from __future__ import annotations
 
 import importlib
-import sys
-from pathlib import Path
 
 import pytest
 
-from tests.support.import_graph import build
-
-ROOT = Path(__file__).resolve().parents[3]
+from tests.support.aliases import alias_users, import_alias
 
 #: old module -> its new home
 SHIMS = {
@@ -27,12 +23,8 @@ SHIMS = {
 
 @pytest.mark.parametrize("old", sorted(SHIMS))
 def test_an_old_spec_module_warns_and_re_exports(old, monkeypatch):
-    new = SHIMS[old]
-    monkeypatch.delitem(sys.modules, old, raising=False)  # imported before: import it afresh, so it warns again
-    with pytest.warns(DeprecationWarning, match=f"{old} is deprecated .* import from {new}"):
-        shim = importlib.import_module(old)
-    home = importlib.import_module(new)
-    assert shim.__all__
+    shim = import_alias(old, SHIMS[old], monkeypatch)
+    home = importlib.import_module(SHIMS[old])
     for name in shim.__all__:
         assert getattr(shim, name) is getattr(home, name), name
 
@@ -46,15 +38,5 @@ def test_the_spec_package_keeps_the_schema_names():
 
 
 def test_no_project_code_imports_an_old_spec_module():
-    graph = build(ROOT)
-    users = sorted(
-        f"{graph.modules[a].as_posix()}:{line} imports {b}" for (a, b), line in graph.edges.items() if b in SHIMS
-    )
+    users = alias_users(set(SHIMS))
     assert not users, "import the new paths:\n  " + "\n  ".join(users)
-    texts = [*ROOT.glob("examples/*.ipynb"), *ROOT.glob("bench/*.py"), *ROOT.glob("tests/**/*.py")]
-    stale = sorted(
-        str(p.relative_to(ROOT))
-        for p in texts
-        if p.name != Path(__file__).name and any(f"{old} import" in p.read_text() for old in SHIMS)
-    )
-    assert not stale, f"import the new paths in {stale}"
