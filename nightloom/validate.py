@@ -1,5 +1,6 @@
 """Deprecated alias of `nightloom.gates` (the run's gates: MFU, convergence, held-out loss, golden curve) for one
-release: importing it warns. `nightloom validate` checks a spec; the gates judge a run."""
+release: importing it warns. `nightloom validate` checks a spec; the gates judge a run. The peak and MFU names the
+old module handed out (nightloom.perf's) it hands out still."""
 
 from __future__ import annotations
 
@@ -9,6 +10,9 @@ from nightloom.gates import (
     GoldenCurve,
     MfuInputs,
     MfuReport,
+    Peak,
+    PeakError,
+    PeakMeasurement,
     ValidationFailed,
     Verdict,
     check_eval,
@@ -19,12 +23,16 @@ from nightloom.gates import (
     check_mfu,
     check_spikes,
     failed,
+    flops_per_token,
     gated,
     load_golden,
     measure_mfu,
+    mfu,
     mfu_inputs,
     require_passed,
     resolve_golden,
+    resolve_peak,
+    resolve_precision,
     steady_state,
     theil_sen,
     validate_run,
@@ -38,6 +46,13 @@ warnings.warn(
 )
 
 __all__ = [
+    "Peak",
+    "PeakError",
+    "PeakMeasurement",
+    "flops_per_token",
+    "mfu",
+    "resolve_peak",
+    "resolve_precision",
     "GoldenCurve",
     "MfuInputs",
     "MfuReport",

@@ -1,4 +1,5 @@
-"""The shard manifest: the only way trainers find shards. Written last, so its presence means a complete dataset."""
+"""The shard manifest: the only way trainers find shards. Written last, so its presence means a complete dataset.
+Every record of it is a `Record`: an unknown field is an error when a manifest is read, never silently dropped."""
 
 from __future__ import annotations
 
@@ -14,12 +15,7 @@ READABLE_SCHEMAS = (1, 2, 3)  # older manifests load with defaults (no token fil
 MANIFEST_NAME = "manifest.json"
 
 
-class ManifestRecord(Record):
-    """The base of every record of a manifest: an unknown field is an error when a manifest is read, never
-    silently dropped."""
-
-
-class TokenFiles(ManifestRecord):
+class TokenFiles(Record):
     """A shard's Megatron indexed dataset (nightloom/sharding/tokens.py): `prefix.bin` + `prefix.idx`, one sequence
     per document (the tokenizer's ids, then EOS) in the Parquet shard's row order."""
 
@@ -53,7 +49,7 @@ class TokenFiles(ManifestRecord):
         return [self.bin, self.idx] + ([self.labels] if self.labels else [])
 
 
-class ShardInfo(ManifestRecord):
+class ShardInfo(Record):
     index: int
     path: str  # relative to the manifest's folder/prefix
     rows: int
@@ -67,13 +63,13 @@ class ShardInfo(ManifestRecord):
         return [self.path] + (self.token_files.files() if self.token_files else [])
 
 
-class BadRecord(ManifestRecord):
+class BadRecord(Record):
     file: str
     line: int
     reason: str
 
 
-class SourceFile(ManifestRecord):
+class SourceFile(Record):
     path: str
     size: int
     fingerprint: str  # "xxh3-128:<hex>" of a local file's bytes, or "etag:<ETag>" of an S3 object
@@ -81,7 +77,7 @@ class SourceFile(ManifestRecord):
     documents: int | None = None  # documents of this file in the shards (None: manifest before schema 2)
 
 
-class ChatStats(ManifestRecord):
+class ChatStats(Record):
     """train.task sft: how chat records became sequences (nightloom/chat.py)."""
 
     style: str  # dataset.style (auto: detected per record)
@@ -101,7 +97,7 @@ class ChatStats(ManifestRecord):
         return out
 
 
-class RemovedSample(ManifestRecord):
+class RemovedSample(Record):
     """A removed document for a person to read: which filter, why (datatrove's reason name), its first characters."""
 
     filter: str
@@ -109,12 +105,12 @@ class RemovedSample(ManifestRecord):
     text: str
 
 
-class Removed(ManifestRecord):
+class Removed(Record):
     documents: int = 0
     tokens: int = 0
 
 
-class QualityCounts(ManifestRecord):
+class QualityCounts(Record):
     """Documents and tokens removed per filter (in the order they ran) and as near-duplicates (`near_dup`), after
     exact dedup; `files_filtered`: input files whose every document went that way (not all exact duplicates);
     `samples`: the side file in the output with removed documents per filter."""
@@ -124,7 +120,7 @@ class QualityCounts(ManifestRecord):
     samples: str | None = None
 
 
-class ShardManifest(ManifestRecord):
+class ShardManifest(Record):
     """Counts, checksums, hash settings and balance figures of one sharded dataset."""
 
     schema_version: int = SCHEMA_VERSION
