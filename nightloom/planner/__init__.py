@@ -16,7 +16,6 @@ from nightloom.catalog import get_gpu
 from nightloom.model_resolver import model_shape, shape_from_name_or_config
 from nightloom.parallel import LayoutError, ParallelDims
 from nightloom.perf import resolve_precision
-from nightloom.planner.post_training import PostTraining, post_training_of
 from nightloom.planner.request import (
     RECOMPUTE_MODES,
     FixedLayout,
@@ -28,6 +27,7 @@ from nightloom.planner.request import (
 )
 from nightloom.planner.search import search
 from nightloom.planner.steptime import DEFAULT_EFFICIENCY, calibrated_efficiency
+from nightloom.planner.task import PostTraining, post_training_of
 from nightloom.shape import ModelShape
 
 __all__ = [

@@ -9,7 +9,7 @@ from pydantic import Field
 
 from nightloom.catalog import GPUSpec
 from nightloom.parallel import ParallelPlan, Rejection, Schedule
-from nightloom.planner.post_training import PostTraining, TaskSplit
+from nightloom.planner.task import PostTraining, TaskSplit
 from nightloom.records import Record
 from nightloom.shape import ModelShape
 from nightloom.spec.stage_list import stage_list_errors, stages_text

@@ -21,15 +21,7 @@ from nightloom.parallel import ParallelDims, ParallelPlan, Rejection, layout_nam
 from nightloom.perf import active_params, count_params, expert_params, flops_per_token, mfu
 from nightloom.planner.memory import memory_breakdown, rank_layers, usable_gib
 from nightloom.planner.offload import fit_memory
-from nightloom.planner.post_training import (
-    TaskMemory,
-    TaskSplit,
-    explain_lines,
-    splits_groups,
-    task_dims,
-    task_memory,
-    task_step,
-)
+from nightloom.planner.post_training import TaskMemory, task_memory, task_step
 from nightloom.planner.request import FixedLayout, PlanError, PlanReport, PlanRequest
 from nightloom.planner.stage_splits import interleave_stages, stage_splits
 from nightloom.planner.steptime import (
@@ -39,6 +31,7 @@ from nightloom.planner.steptime import (
     calibrated_efficiency,
     step_time,
 )
+from nightloom.planner.task import TaskSplit, explain_lines, splits_groups, task_dims
 from nightloom.spec.stage_list import stages_text
 from nightloom.wording import plural
 
@@ -354,10 +347,7 @@ def _time(req: PlanRequest, sc: _Scored, eff: float) -> None:
         req.fused_attention,
         req.native_trainer,
     )
-    sc.step, sc.split = task_step(
-        req.task, req.shape, sc.c, req.seq_len, sc.step, req.global_batch, req.gpu, req.gpus_per_node, eff,
-        req.precision, sc.task_mem,
-    )  # fmt: skip
+    sc.step, sc.split = task_step(req, sc.c, sc.step, eff, sc.task_mem)
     rows = req.task.rows if req.task else 1
     sc.tokens_per_s = rows * req.global_batch * req.seq_len / sc.step.step_s
 
@@ -380,7 +370,7 @@ def _memory(req: PlanRequest, c: ParallelDims) -> tuple[object, TaskMemory | Non
         lora_quantize=req.lora_quantize,
         lora_double_quant=req.lora_double_quant,
     )
-    return task_memory(req.task, req.shape, c, req.seq_len, mem, req.precision, req.gpu, req.gpus_per_node)
+    return task_memory(req, c, mem)
 
 
 def _nothing_fits(

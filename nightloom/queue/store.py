@@ -90,11 +90,17 @@ class _Queue(_QueueBase):
     created_at: Mapped[datetime]
 
 
-class _Job(_QueueBase):
+class _InQueue:
+    """A row that belongs to one queue: its id is never handed to a new row once removed (SQLite's
+    AUTOINCREMENT), so an id names one job or one night's run for good."""
+
+    __table_args__ = {"sqlite_autoincrement": True}
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True, sort_order=-2)
+    queue: Mapped[str] = mapped_column(String(128), ForeignKey("nightloom_queues.name"), index=True, sort_order=-1)
+
+
+class _Job(_InQueue, _QueueBase):
     __tablename__ = "nightloom_queue_jobs"
-    __table_args__ = {"sqlite_autoincrement": True}  # SQLite: never hand a removed job's id to a new one
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    queue: Mapped[str] = mapped_column(String(128), ForeignKey("nightloom_queues.name"), index=True)
     name: Mapped[str] = mapped_column(String(128))
     status: Mapped[str] = mapped_column(String(16))
     priority: Mapped[int]
@@ -115,11 +121,8 @@ class _Job(_QueueBase):
     spec_hash: Mapped[str] = mapped_column(String(64))
 
 
-class _Run(_QueueBase):
+class _Run(_InQueue, _QueueBase):
     __tablename__ = "nightloom_queue_runs"
-    __table_args__ = {"sqlite_autoincrement": True}
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    queue: Mapped[str] = mapped_column(String(128), ForeignKey("nightloom_queues.name"), index=True)
     job_id: Mapped[int]
     night: Mapped[datetime]
     segment_start: Mapped[datetime]
