@@ -35,19 +35,32 @@ def in_flight_layers(chunks: tuple[int, ...], pp: int, microbatches: int, schedu
 
 def _interleaved_peak(local: list[int], rank: int, pp: int, m: int) -> int:
     """Simulate one rank's interleaved 1F1B ops; `local[k]`: layers of its k-th chunk."""
-    v = len(local)
+    held = peak = 0
+    for forward, backward in _interleaved_ops(len(local), rank, pp, m):
+        if forward >= 0:  # a forward (warm-up, then one per 1F1B op)
+            held += local[forward]
+            if held > peak:
+                peak = held
+        if backward >= 0:  # a backward, the last chunk first
+            held -= local[backward]
+    return peak
+
+
+@lru_cache(maxsize=256)  # an entry is m·v pairs or fewer: a bounded cache keeps a search within ~100 MB
+def _interleaved_ops(v: int, rank: int, pp: int, m: int) -> tuple[tuple[int, int], ...]:
+    """(chunk of the forward, chunk of the backward) of each of a rank's interleaved 1F1B ops, -1 for none. Cached:
+    the chunk sizes vary with every candidate of a search, the order only with v, pp, m and the rank."""
     rounds = max(1, m // pp)
     per_round = m // rounds
     warmup = min((v - 1) * per_round + 2 * (pp - 1 - rank), m * v)
     total = m * v
-    held = peak = 0
-    for op in range(total + warmup):
-        if op < total:  # a forward (warm-up, then one per 1F1B op)
-            held += local[(op // per_round) % v]
-            peak = max(peak, held)
-        if op >= warmup:  # a backward, the last chunk first
-            held -= local[v - 1 - ((op - warmup) // per_round) % v]
-    return peak
+    return tuple(
+        (
+            (op // per_round) % v if op < total else -1,
+            v - 1 - ((op - warmup) // per_round) % v if op >= warmup else -1,
+        )
+        for op in range(total + warmup)
+    )
 
 
 def zbv_ops(rank: int, pp: int, m: int) -> list[tuple[str, int, int]]:
@@ -79,15 +92,23 @@ def zbv_ops(rank: int, pp: int, m: int) -> list[tuple[str, int, int]]:
     return [o for o in ops if o[2] < m]
 
 
+@lru_cache(maxsize=256)
+def _zbv_holds(rank: int, pp: int, m: int) -> tuple[tuple[bool, bool], ...]:
+    """(forward?, second chunk?) of a rank's forwards and weight passes in zbv order: what changes what it holds.
+    Cached: the sizes vary with every candidate of a search, the order only with pp, m and the rank."""
+    return tuple((kind == "F", chunk == 1) for kind, chunk, _ in zbv_ops(rank, pp, m) if kind != "I")
+
+
 def _zbv_peak(first: int, second: int, rank: int, pp: int, m: int) -> int:
     """A rank's peak under zbv: a forward keeps its chunk's activations until the weight pass (torch's input
     pass keeps the graph for it: stage_backward_input retains it)."""
     held = peak = 0
-    for kind, chunk, _ in zbv_ops(rank, pp, m):
-        size = second if chunk else first
-        if kind == "F":
+    for forward, on_second in _zbv_holds(rank, pp, m):
+        size = second if on_second else first
+        if forward:
             held += size
-            peak = max(peak, held)
-        elif kind == "W":
+            if held > peak:
+                peak = held
+        else:
             held -= size
     return peak
