@@ -111,7 +111,7 @@ def flops_per_token(
     counted apart, nor is Gemma's embedding scale or logit soft-capping. Sliding-window layers count
     min(window, seq_len) keys per query; an MoE model counts its activated parameters (module docstring)."""
     n = count_params(shape, include_embeddings=False, active=True)  # an MoE model's activated parameters
-    keys = sum(shape.attended(layer, seq_len) for layer in range(shape.layers))  # L·T without a shorter window
+    keys = shape.attended_keys(seq_len)  # L·T without a shorter window
     attn = 6 * shape.heads * (shape.head_dim + (shape.v_head_dim or shape.head_dim)) * keys  # 12·H·Q·T when d_v = Q
     per_param = 4 if frozen_base else 6
     model = per_param * n + attn + (per_param * shape.vocab * shape.hidden if lm_head else 0)

@@ -7,6 +7,7 @@ another way. A stdlib dataclass, so pydantic records (TrainJob) carry it as it i
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 LAYER_TYPES = ("full_attention", "sliding_attention")  # Hugging Face `layer_types` values the model computes
 MLP_ACTS = ("silu", "gelu_tanh")
@@ -160,6 +161,10 @@ class ModelShape:
         """Keys a query of layer `layer` may see at most in a sequence of `seq_len`: min(window, seq_len)."""
         return min(self.sliding_window, seq_len) if self.is_sliding(layer) else seq_len
 
+    def attended_keys(self, seq_len: int) -> int:
+        """Keys every layer's query may see, summed over the layers: L·T without a shorter window."""
+        return _attended_keys(self, seq_len)
+
     @property
     def mla(self) -> bool:
         """Multi-head latent attention (DeepSeek-V2/V3): keys and values from a compressed latent."""
@@ -196,3 +201,9 @@ class ModelShape:
 
     def with_(self, **kw) -> ModelShape:
         return replace(self, **kw)
+
+
+@lru_cache(maxsize=1024)
+def _attended_keys(shape: ModelShape, seq_len: int) -> int:
+    """ModelShape.attended_keys, cached: a planner search asks it ~10^5 times for one shape and a few lengths."""
+    return sum(shape.attended(layer, seq_len) for layer in range(shape.layers))
