@@ -81,12 +81,12 @@ def deep_pipelines() -> None:
         return time.perf_counter() - t0, r.model_dump_json()
 
     cached, cached_json = timed()
-    ops = inflight._interleaved_ops, inflight._zbv_holds
-    inflight._interleaved_ops, inflight._zbv_holds = (f.__wrapped__ for f in ops)  # the orders rebuilt every call
+    ops = inflight._interleaved_events, inflight._zbv_events
+    inflight._interleaved_events, inflight._zbv_events = (f.__wrapped__ for f in ops)  # the orders rebuilt every call
     try:
         rebuilt, rebuilt_json = timed()
     finally:
-        inflight._interleaved_ops, inflight._zbv_holds = ops
+        inflight._interleaved_events, inflight._zbv_events = ops
     assert cached_json == rebuilt_json, "the cached op orders changed the plan"
     print(
         f"\nplan gpt-1008b on 3,072 × a100-80gb: {cached:.2f} s with cached schedule orders, {rebuilt:.2f} s "

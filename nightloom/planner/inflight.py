@@ -22,7 +22,7 @@ def in_flight_layers(chunks: tuple[int, ...], pp: int, microbatches: int, schedu
     v = len(chunks) // pp
     m = microbatches
     if schedule == "zbv":
-        return tuple(_zbv_peak(chunks[r], chunks[2 * pp - 1 - r], r, pp, m) for r in range(pp))
+        return tuple(_peak((chunks[r], chunks[2 * pp - 1 - r]), _zbv_events(r, pp, m)) for r in range(pp))
     per_rank = [sum(chunks[r::pp]) for r in range(pp)]
     if pp == 1:  # gradient accumulation: each micro-batch's backward runs before the next forward
         return (per_rank[0] * min(1, m),)
@@ -30,37 +30,38 @@ def in_flight_layers(chunks: tuple[int, ...], pp: int, microbatches: int, schedu
         return tuple(n * m for n in per_rank)
     if v == 1:
         return tuple(n * min(pp - r, m) for r, n in enumerate(per_rank))
-    return tuple(_interleaved_peak([chunks[k * pp + r] for k in range(v)], r, pp, m) for r in range(pp))
+    return tuple(_peak(chunks[r::pp], _interleaved_events(v, r, pp, m)) for r in range(pp))
 
 
-def _interleaved_peak(local: list[int], rank: int, pp: int, m: int) -> int:
-    """Simulate one rank's interleaved 1F1B ops; `local[k]`: layers of its k-th chunk."""
+def _peak(local: tuple[int, ...], events: tuple[tuple[int, bool], ...]) -> int:
+    """The most a rank holds over its `events` (local chunk, True: a forward keeps that chunk's activations, False:
+    a pass frees them); `local[k]`: the size of its k-th chunk."""
     held = peak = 0
-    for forward, backward in _interleaved_ops(len(local), rank, pp, m):
-        if forward >= 0:  # a forward (warm-up, then one per 1F1B op)
-            held += local[forward]
+    for chunk, keeps in events:
+        if keeps:
+            held += local[chunk]
             if held > peak:
                 peak = held
-        if backward >= 0:  # a backward, the last chunk first
-            held -= local[backward]
+        else:
+            held -= local[chunk]
     return peak
 
 
-@lru_cache(maxsize=256)  # an entry is m·v pairs or fewer: a bounded cache keeps a search within ~100 MB
-def _interleaved_ops(v: int, rank: int, pp: int, m: int) -> tuple[tuple[int, int], ...]:
-    """(chunk of the forward, chunk of the backward) of each of a rank's interleaved 1F1B ops, -1 for none. Cached:
-    the chunk sizes vary with every candidate of a search, the order only with v, pp, m and the rank."""
+@lru_cache(maxsize=256)  # an entry is 2·m·v events or fewer: a bounded cache keeps a search within ~100 MB
+def _interleaved_events(v: int, rank: int, pp: int, m: int) -> tuple[tuple[int, bool], ...]:
+    """One rank's interleaved 1F1B ops as `_peak`'s events. Cached: the chunk sizes vary with every candidate of a
+    search, the order only with v, pp, m and the rank."""
     rounds = max(1, m // pp)
     per_round = m // rounds
     warmup = min((v - 1) * per_round + 2 * (pp - 1 - rank), m * v)
     total = m * v
-    return tuple(
-        (
-            (op // per_round) % v if op < total else -1,
-            v - 1 - ((op - warmup) // per_round) % v if op >= warmup else -1,
-        )
-        for op in range(total + warmup)
-    )
+    events = []
+    for op in range(total + warmup):
+        if op < total:  # a forward (warm-up, then one per 1F1B op)
+            events.append(((op // per_round) % v, True))
+        if op >= warmup:  # a backward, the last chunk first
+            events.append((v - 1 - ((op - warmup) // per_round) % v, False))
+    return tuple(events)
 
 
 def zbv_ops(rank: int, pp: int, m: int) -> list[tuple[str, int, int]]:
@@ -93,22 +94,7 @@ def zbv_ops(rank: int, pp: int, m: int) -> list[tuple[str, int, int]]:
 
 
 @lru_cache(maxsize=256)
-def _zbv_holds(rank: int, pp: int, m: int) -> tuple[tuple[bool, bool], ...]:
-    """(forward?, second chunk?) of a rank's forwards and weight passes in zbv order: what changes what it holds.
-    Cached: the sizes vary with every candidate of a search, the order only with pp, m and the rank."""
-    return tuple((kind == "F", chunk == 1) for kind, chunk, _ in zbv_ops(rank, pp, m) if kind != "I")
-
-
-def _zbv_peak(first: int, second: int, rank: int, pp: int, m: int) -> int:
-    """A rank's peak under zbv: a forward keeps its chunk's activations until the weight pass (torch's input
-    pass keeps the graph for it: stage_backward_input retains it)."""
-    held = peak = 0
-    for forward, on_second in _zbv_holds(rank, pp, m):
-        size = second if on_second else first
-        if forward:
-            held += size
-            if held > peak:
-                peak = held
-        else:
-            held -= size
-    return peak
+def _zbv_events(rank: int, pp: int, m: int) -> tuple[tuple[int, bool], ...]:
+    """One rank's zbv ops as `_peak`'s events: a forward keeps its chunk's activations until the weight pass
+    (torch's input pass keeps the graph for it: stage_backward_input retains it). Cached as _interleaved_events."""
+    return tuple((chunk, kind == "F") for kind, chunk, _ in zbv_ops(rank, pp, m) if kind != "I")
