@@ -45,7 +45,7 @@ ui: $(STAMP)
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest -q -n 3 --dist loadgroup tests
 
-# The fast lane while editing: the unit tests alone (under 2 minutes on 2 cores); `make test` before a commit.
+# The fast lane while editing: the unit tests alone (about 3 minutes on 2 cores); `make test` before a commit.
 test-fast: $(STAMP)
 	$(VENV)/bin/python -m pytest -q -n 2 tests/unit
 

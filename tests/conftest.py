@@ -33,7 +33,8 @@ pytest_plugins = [
 #:   launcher) and run no flow;
 #: - "flows": the unit tests and the flows run in this process on local clusters (the local provider takes a free
 #:   rendezvous port unless a spec names one), talking to a Prefect server of their own where CI runs one
-#:   (NIGHTLOOM_LANE2_PREFECT_API_URL, .ci/services.sh): two lanes' flows on one SQLite-backed server answered 503s;
+#:   (NIGHTLOOM_LANE2_PREFECT_API_URL, .ci/services.sh): two lanes' flows on one server queued behind each other (and,
+#:   when the servers were on SQLite, answered 503s);
 #: - "services": everything that shares the real services (the shared Prefect server and its worker, sshd and Slurm
 #:   nodes on the default rendezvous port, Prometheus), in its usual order, exactly as a serial run had it.
 #: A serial run left one of the 2 cores idle half the time (real-time windows, polling, start-ups): three lanes fill it.
@@ -64,7 +65,7 @@ def pytest_runtest_setup(item):
     """Under xdist, point the workers of the flows and own-processes lanes at a Prefect server of their own before
     their first fixture (the session's `prefect_backend` included) and before any flow: the environment for child
     processes, Prefect's settings for this one (every thread). Only the flows lane runs flows there; the shared
-    server, on SQLite, keeps the services lane's load alone. A lane is one xdist scope: its worker keeps it."""
+    server keeps the services lane's load alone. A lane is one xdist scope: its worker keeps it."""
     if not LANE2_API or not os.environ.get("PYTEST_XDIST_WORKER") or lane_of(item.nodeid) == "services":
         return
     if os.environ.get("PREFECT_API_URL") == LANE2_API:
