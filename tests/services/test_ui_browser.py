@@ -23,6 +23,17 @@ from tests.support.prefect_server import client, deploy, wait_final
 ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.services
+#: as root, in a container; and none of Chromium's own background traffic (updates, sync, Google lookups), which a
+#: closed network refuses, many connections at a time, while the page is measured
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-dev-shm-usage",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-quic",
+]
 
 
 @pytest.fixture(scope="module")
@@ -68,9 +79,10 @@ def test_default_run_from_the_form(ui_url, tmp_path):
     with client() as c:
         deployment = c.read_deployment_by_name("training-pipeline/on-demand")
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=chromium, args=["--no-sandbox", "--disable-dev-shm-usage"])
+        browser = pw.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        page.set_default_timeout(60_000)
+        page.set_default_timeout(60_000)  # clicks, navigation, waits
+        expect.set_options(timeout=60_000)  # and assertions, whose own default is 5 s: a loaded box renders slower
         console: list[str] = []  # the UI's own errors, for the failure message
         page.on("console", lambda m: console.append(m.text) if m.type == "error" else None)
         page.on("response", lambda r: console.append(f"{r.status} {r.url}") if r.status >= 400 else None)
