@@ -34,6 +34,9 @@ CHROMIUM_ARGS = [
     "--no-first-run",
     "--disable-quic",
 ]
+#: how long a click, a page or an expected text may take: expect's own default (5 s) is not the page's, and a loaded
+#: 2-core box drew the run form slower than that
+WAIT_MS = 60_000
 
 
 @pytest.fixture(scope="module")
@@ -81,8 +84,7 @@ def test_default_run_from_the_form(ui_url, tmp_path):
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        page.set_default_timeout(60_000)  # clicks, navigation, waits
-        expect.set_options(timeout=60_000)  # and assertions, whose own default is 5 s: a loaded box renders slower
+        page.set_default_timeout(WAIT_MS)  # clicks, navigation, waits; each expect below passes it too
         console: list[str] = []  # the UI's own errors, for the failure message
         page.on("console", lambda m: console.append(m.text) if m.type == "error" else None)
         page.on("response", lambda r: console.append(f"{r.status} {r.url}") if r.status >= 400 else None)
@@ -91,7 +93,9 @@ def test_default_run_from_the_form(ui_url, tmp_path):
             page.get_by_role("button", name="Run", exact=True).click()
             page.get_by_text("Custom run", exact=True).click()
             page.wait_for_url(re.compile(rf"/deployments/deployment/{deployment.id}/run"))
-            expect(page.get_by_text("heldout.<hash>.parquet", exact=False)).to_be_visible()  # not swallowed
+            expect(page.get_by_text("heldout.<hash>.parquet", exact=False)).to_be_visible(
+                timeout=WAIT_MS
+            )  # not swallowed
             page.screenshot(path=tmp_path / "form.png", full_page=True)
             page.wait_for_load_state("networkidle")  # the form's schema and defaults are in (a quick click failed)
             try:
@@ -104,7 +108,7 @@ def test_default_run_from_the_form(ui_url, tmp_path):
 
             final = wait_final(flow_run_id, timeout=900, poll=2)
             page.reload()
-            expect(page.get_by_text("Completed").first).to_be_visible()
+            expect(page.get_by_text("Completed").first).to_be_visible(timeout=WAIT_MS)
             page.screenshot(path=tmp_path / "run.png", full_page=True)
             assert final.state.is_completed(), final.state.message
 
@@ -117,7 +121,7 @@ def test_default_run_from_the_form(ui_url, tmp_path):
                     silent.append(t.name)
                     continue
                 page.goto(f"{ui_url}/runs/task-run/{t.id}")
-                expect(page.get_by_text(lines[0][:60], exact=False).first).to_be_visible()
+                expect(page.get_by_text(lines[0][:60], exact=False).first).to_be_visible(timeout=WAIT_MS)
             assert not silent, f"task pages with no log line of their own: {silent}"
 
             with client() as c:
@@ -127,7 +131,7 @@ def test_default_run_from_the_form(ui_url, tmp_path):
             assert "run-summary" in {a.key for a in arts}
             page.goto(f"{ui_url}/runs/flow-run/{flow_run_id}")
             page.get_by_text("Artifacts", exact=True).click()
-            expect(page.get_by_text("run-summary", exact=True).first).to_be_visible()
+            expect(page.get_by_text("run-summary", exact=True).first).to_be_visible(timeout=WAIT_MS)
             page.screenshot(path=tmp_path / "artifacts.png", full_page=True)
         finally:
             page.screenshot(path=tmp_path / "last.png", full_page=True)

@@ -48,7 +48,7 @@ def _measured_bytes_per_token(shape, layer: int, recompute: str) -> float:
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out = block(x, *model._layer_rope(layer))
     # no backward: the hooks count at save time, in the forward (a bf16 backward on CPU took ~75% of this file's
-    # time and counted nothing); the graph reaching the block's input is the check that the block saved for it
+    # time and counted nothing); a grad_fn on the output says autograd recorded the forward, saving what it needs
     assert out.requires_grad and out.grad_fn is not None
     return sum(seen.values()) / SEQ
 
