@@ -6,6 +6,11 @@ export OMP_NUM_THREADS ?= 1
 export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 180
 export PYTHONUNBUFFERED := 1
+# Python keeps the .pyc of what it compiles (empty, as unset: Python writes them when the variable is empty).
+# Machines that set PYTHONDONTWRITEBYTECODE=1 (these do) made every process compile nightloom's own modules again
+# (~0.26 CPU-s a training rank, ~117 modules) and pytest rewrite every test module again in each worker (collecting
+# tests/unit: 25 against 17.5 CPU-s with its cache). The library's .pyc come from `make venv` (below).
+export PYTHONDONTWRITEBYTECODE :=
 
 .PHONY: demo test test-fast venv clean bench ui
 

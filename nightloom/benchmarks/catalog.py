@@ -1,11 +1,14 @@
-"""lm-eval's task index, read at validate (no model is loaded): task names that do not exist, and tasks whose
-data needs the network and is not in the local cache, each named with its dataset."""
+"""lm-eval's task index, read at validate (no model is loaded; task_index.py keeps the built-in part): task names
+that do not exist, and tasks whose data needs the network and is not in the local cache, each named with its
+dataset."""
 
 from __future__ import annotations
 
 import difflib
 import os
 from pathlib import Path
+
+from nightloom.benchmarks.task_index import IndexEntry, task_index
 
 #: datasets' packaged builders that read local files given in data_files
 LOCAL_BUILDERS = {"json", "csv", "parquet", "text", "arrow", "pandas", "imagefolder", "audiofolder"}
@@ -24,25 +27,23 @@ def task_manager(tasks: list[str], include_path: str | None):
     return TaskManager()
 
 
-def _leaf_configs(tm, name: str, seen: set[str] | None = None) -> list[tuple[str, dict]]:
+def _leaf_configs(index: dict[str, IndexEntry], name: str, seen: set[str] | None = None) -> list[tuple[str, dict]]:
     """(task name, config) of every task under a task, group or tag name (Python-defined tasks have none)."""
-    from lm_eval.tasks._index import Kind
-
     seen = seen if seen is not None else set()
-    entry = tm.task_index.get(name)
+    entry = index.get(name)
     if entry is None or name in seen:
         return []
     seen.add(name)
-    if entry.kind == Kind.TASK:
-        return [(name, entry.cfg or {})]
-    if entry.kind == Kind.TAG:
-        return [x for n, e in tm.task_index.items() if name in e.tags for x in _leaf_configs(tm, n, seen)]
-    if entry.kind == Kind.GROUP:
-        subs = (entry.cfg or {}).get("task") or []
+    if entry.kind == "task":
+        return [(name, entry.cfg)]
+    if entry.kind == "tag":
+        return [x for n, e in index.items() if name in e.tags for x in _leaf_configs(index, n, seen)]
+    if entry.kind == "group":
+        subs = entry.cfg.get("task") or []
         out = []
         for s in subs if isinstance(subs, list) else [subs]:
             if isinstance(s, str):
-                out += _leaf_configs(tm, s, seen)
+                out += _leaf_configs(index, s, seen)
             elif isinstance(s, dict) and isinstance(s.get("task"), str):
                 out.append((s["task"], s))
         return out
@@ -84,16 +85,16 @@ def _data_error(task: str, cfg: dict, folder: Path) -> str | None:
 
 def task_errors(tasks: list[str], include_path: str | None) -> list[tuple[int, str]]:
     """(index in tasks, reason) for each unknown task name and each task whose data is not on this machine."""
-    tm = task_manager(tasks, include_path)
+    index = task_index(tasks, include_path)
     folder = Path(include_path) if include_path else Path.cwd()
     out = []
     for i, name in enumerate(tasks):
-        if name not in tm.all_tasks:
-            close = difflib.get_close_matches(name, tm.all_tasks, n=3)
+        if name not in index:
+            close = difflib.get_close_matches(name, sorted(index), n=3)
             where = f" in {include_path} or lm-eval's tasks" if include_path else " among lm-eval's tasks"
             out.append((i, f"unknown task {name!r}{where}" + (f"; close: {', '.join(close)}" if close else "")))
             continue
-        for task, cfg in _leaf_configs(tm, name):
+        for task, cfg in _leaf_configs(index, name):
             if (err := _data_error(task, cfg, folder)) is not None:
                 out.append((i, err))
     return out

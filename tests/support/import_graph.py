@@ -166,6 +166,7 @@ FLOORS = {
     "nightloom.track": 3,  # experiment trackers: a step sink per tracker (under train's reporter), the run's end
     "nightloom.benchmarks": 3,  # lm-evaluation-harness on a run's export and its base; completions side by side
     "nightloom.benchmarks.catalog": 2,  # lm-eval's task index, read by the spec checks (no model)
+    "nightloom.benchmarks.task_index": 2,  # that index, its built-in part kept per lm-eval install
     "nightloom.plots": 3,
     "nightloom.metrics": 3,
     "nightloom.hf.load": 3,
