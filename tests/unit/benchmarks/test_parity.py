@@ -35,6 +35,7 @@ def _greedy_answers(model_dir, pairs, k: int) -> list[str]:
     return out
 
 
+@pytest.mark.slow
 def test_scores_equal_lm_eval_by_hand(tmp_path, monkeypatch):
     import lm_eval
     from lm_eval.tasks import TaskManager

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from nightloom.sharding.corpus import ensure_sample_corpus
 
 
+@pytest.mark.slow
 def test_alpaca_sample_is_deterministic_with_alpaca_columns(tmp_path):
     a = ensure_sample_corpus(tmp_path / "a" / "alpaca.jsonl", kind="alpaca")
     b = ensure_sample_corpus(tmp_path / "b" / "alpaca.jsonl", kind="alpaca")

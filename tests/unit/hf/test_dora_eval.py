@@ -61,6 +61,7 @@ def _native_loglikelihood(model, tok, context: str, continuation: str) -> float:
     return float(sum(logp[len(ctx) - 1 + i, t] for i, t in enumerate(cont)))
 
 
+@pytest.mark.slow
 def test_an_exported_dora_adapter_scores_in_lm_eval_as_the_native_model(exported, tmp_path, monkeypatch):
     import lm_eval
     import transformers

@@ -210,6 +210,7 @@ WRITER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_two_processes_writing_at_once(ledger_url: str, tmp_path: Path):
     url = ledger_url  # not created yet: both race on the schema too

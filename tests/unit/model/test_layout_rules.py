@@ -24,6 +24,7 @@ def _trainer_accepts(shape, p: ParallelPlan, seq: int, gb: int, device: str) -> 
 GRID = [f"tp={tp},pp={pp}" for tp, pp in itertools.product((1, 2, 4, 8), (1, 2, 3, 4)) if tp * pp <= 16]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_planner_accepted_implies_trainer_accepted(name):
     """Every catalog model over a grid of pinned layouts, on GPUs and on CPU ranks, and the free search: each

@@ -124,6 +124,7 @@ def _hf_folder(tmp: Path, tokenizer_json: Path, cfg: dict, template_bos: bool = 
     return tmp
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "cfg,template_bos,first",
     [

@@ -74,6 +74,7 @@ FAMILIES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(FAMILIES))
 @pytest.mark.parametrize("recompute", ["none", "selective", "full"])
 def test_planner_counts_what_a_block_saves(name, recompute):

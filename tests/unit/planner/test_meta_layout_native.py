@@ -39,6 +39,7 @@ def _tflops(p, n: int) -> float:
     return p.tokens_per_s * flops_per_token(SHAPE, 8192) / n / 1e12
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n,published,m", ROWS, ids=lambda x: str(x))
 def test_meta_layout_speed_memory_and_the_search(n, published, m):
     meta = f"tp=8,pp=16,dp={n // 128},v=8,recompute=none"

@@ -237,6 +237,7 @@ def test_fused_attention_stores_no_scores_and_skips_the_softmax_traffic():
     assert slow.matmul_s - fast.matmul_s == pytest.approx(5 * core / (0.58 * h100.peak("bf16")), rel=1e-9)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("row", ROWS, ids=lambda r: r["model"])
 def test_planner_choice_fits_and_is_no_slower_than_published(row):
     pub = _published_layout(row).chosen

@@ -64,6 +64,7 @@ def test_env_key_depends_on_requirements_and_refuses_torch():
         env_key("python3", ["torch==2.0.0"])
 
 
+@pytest.mark.slow
 def test_node_agent_prepare_is_warm_the_second_time_and_probe_reports(tmp_path):
     def agent(cmd, args):
         r = subprocess.run(

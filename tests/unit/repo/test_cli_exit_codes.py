@@ -81,6 +81,7 @@ def test_give_hours_is_the_same_usage_error_in_cost_and_queue(tmp_path, capsys):
     assert main(["queue", "--ledger", url, "add", "team", spec, "--hours", "1"]) == 0
 
 
+@pytest.mark.slow
 def test_eval_checks_its_paths_before_importing_torch(tmp_path):
     """`nightloom eval /no/such/dir` said "no job*.json" after importing torch (7-9 s on a loaded machine)."""
     code = "import sys; from flows.cli import main\nrc = main(sys.argv[1:]); print(rc, 'torch' in sys.modules)"

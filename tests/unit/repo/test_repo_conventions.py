@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[3]
 
 
@@ -135,6 +137,7 @@ def test_the_makefile_installs_the_pinned_torch_and_uv():
         assert found == {pins[name]}, f"Makefile pins {name} {found}, pyproject {pins[name]}"
 
 
+@pytest.mark.slow
 def test_every_library_a_training_rank_imports_is_byte_compiled():
     """`make venv` byte-compiles all of site-packages, including what pip installed (torch and its dependencies:
     uv compiles only its own). Without a .pyc, and with PYTHONDONTWRITEBYTECODE=1 (set on CI machines), every
@@ -159,6 +162,7 @@ def test_every_library_a_training_rank_imports_is_byte_compiled():
     )
 
 
+@pytest.mark.slow
 def test_a_training_rank_reads_manifests_without_importing_the_sharder():
     """`nightloom.sharding` exports its names lazily: a rank's data module (which reads manifest.json) imports
     neither pyarrow nor the sharder, ~0.6 s of every rank's start-up; the package's names still resolve."""

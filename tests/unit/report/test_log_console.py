@@ -9,9 +9,12 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.support.harness import ROOT
 
 
+@pytest.mark.slow
 def test_a_message_with_emoji_codes_reaches_the_terminal_verbatim():
     """Through Prefect's own logging setup (logging.yml, its console handler), as a flow's log line would go."""
     message = "corpus.jsonl:100: bad record :1234: [bold]x[/bold]"

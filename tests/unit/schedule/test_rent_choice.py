@@ -39,6 +39,7 @@ def choose(capsys, spec: str, *more) -> tuple[int, dict, str]:
     return rc, json.loads(out.out) if out.out else {}, out.err
 
 
+@pytest.mark.slow
 def test_the_cheapest_option_that_meets_the_deadline_and_hours_agree_with_plan(tmp_path: Path, capsys):
     deadline = "2026-06-02T03:10:00+08:00"
     rc, out, err = choose(capsys, write_spec(tmp_path), "--deadline", deadline)
@@ -64,6 +65,7 @@ def test_the_cheapest_option_that_meets_the_deadline_and_hours_agree_with_plan(t
         assert o["hours"] == pytest.approx(planned["step_time_s"] * STEPS / 3600, rel=0.02)
 
 
+@pytest.mark.slow
 def test_none_meets_the_deadline_the_fastest_with_the_reason(tmp_path: Path, capsys):
     rc, out, err = choose(capsys, write_spec(tmp_path), "--deadline", "2026-06-01T03:00:00+08:00")
     assert rc == 1 and "no option can finish by 2026-06-01T03:00:00+08:00" in err
@@ -72,6 +74,7 @@ def test_none_meets_the_deadline_the_fastest_with_the_reason(tmp_path: Path, cap
     assert "the fastest, chosen, misses the deadline" in out["choice"]["reason"]
 
 
+@pytest.mark.slow
 def test_a_budget_rules_out_the_dear_options(tmp_path: Path, capsys):
     rc, out, _ = choose(capsys, write_spec(tmp_path), "--budget", "70")
     assert rc == 0 and out["choice"]["cost"] <= 70 and out["choice"]["gpu_type"] == "l40s"

@@ -30,6 +30,7 @@ def test_corpus_is_jsonl_of_varied_real_text(corpus):
     assert len({r["text"] for r in recs}) < len(recs)  # has exact duplicates (exercises dedup)
 
 
+@pytest.mark.slow
 def test_corpus_is_deterministic_and_not_rebuilt(corpus, tmp_path):
     again = build_sample_corpus(tmp_path / "again.jsonl", max_bytes=300_000)  # same records, same order
     head = again.read_bytes()

@@ -50,6 +50,7 @@ def _verdict(result) -> str | None:
     return None if result is True else result[1]
 
 
+@pytest.mark.slow
 def test_each_filter_decides_as_datatrove(corpora):
     spec = FiltersSpec.published()
     for corpus, texts in corpora.items():
@@ -68,6 +69,7 @@ def test_each_filter_decides_as_datatrove(corpora):
                 assert sum(a != t for a, t in pairs) > kept // 10  # lines were removed from many
 
 
+@pytest.mark.slow
 def test_the_chain_decides_as_datatrove(corpora):
     spec = FiltersSpec.published()
     theirs = _theirs()

@@ -31,6 +31,7 @@ def _kept_texts(texts, removed) -> set[str]:
     return {t for t, r in zip(texts, removed, strict=True) if not r}
 
 
+@pytest.mark.slow
 def test_planted_recall_and_false_removal(corpus):
     removed = near_duplicates(corpus.texts)
     g = np.asarray(corpus.group)
@@ -45,6 +46,7 @@ def test_planted_recall_and_false_removal(corpus):
     assert (kept <= size).all() and removed.sum() == (size - kept).sum()
 
 
+@pytest.mark.slow
 def test_same_kept_set_on_reruns_in_any_order_and_partitioning(corpus):
     texts = corpus.texts
     first = _kept_texts(texts, near_duplicates(texts))
@@ -83,6 +85,7 @@ def test_components_match_a_plain_union_find():
     assert (got == want).all()  # labels: each component's smallest member
 
 
+@pytest.mark.slow
 def test_band_collisions_follow_the_banding_curve():
     """A pair at 5-gram Jaccard J shares a band with probability 1 - (1 - J^8)^14 (J 0.5: 5%; 0.9: 99.9%)."""
     rng = random.Random(5)

@@ -184,6 +184,7 @@ def test_resume_after_interruption_reuses_finished_work(multi, tmp_path):
     assert tree_bytes(out) == tree_bytes(tmp_path / "fresh")
 
 
+@pytest.mark.slow
 def test_resume_after_kill_9(tmp_path):
     src = write_jsonl(tmp_path / "big.jsonl", make_docs(40000, seed=3, skew=True))
     out = tmp_path / "o"

@@ -71,6 +71,7 @@ def test_every_file_is_accounted_for_and_the_counts_add_up(tmp_path):
     assert "def _helper(): return 42\n" in texts
 
 
+@pytest.mark.slow
 def test_cli_json_and_text_name_the_files(tmp_path):
     src, _ = _folder(tmp_path)
     cmd = [sys.executable, "-m", "flows.cli", "shard", "--input", str(src), "--output", str(tmp_path / "o")]
@@ -114,6 +115,7 @@ def test_only_hidden_files_and_known_markers_are_ignored(rel, ignored):
     assert ignored_by_name(rel) is ignored
 
 
+@pytest.mark.slow
 def test_small_files_are_scanned_in_units_one_at_a_time_with_identical_output(tmp_path, monkeypatch):
     src = tmp_path / "src"
     src.mkdir()

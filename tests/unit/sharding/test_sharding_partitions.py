@@ -31,6 +31,7 @@ def _skewed(rng: np.random.Generator, buckets: int) -> np.ndarray:
     return w
 
 
+@pytest.mark.slow
 def test_move_mapping_reaches_the_target_moving_few_buckets_and_is_deterministic():
     rng = np.random.default_rng(3)
     reached = 0
@@ -115,6 +116,7 @@ def test_each_spilled_row_is_read_by_one_writer_under_plain_hashing(tmp_path, mo
     assert m.rows <= sum(read) <= spilled, (sum(read), m.rows, spilled)
 
 
+@pytest.mark.slow
 def test_a_unit_of_many_spill_parts_keeps_one_spill_file_open_per_writer(tmp_path):
     """A compressed file is one scan unit however big; each of its spill parts is opened by the writers one at a
     time, so a unit of 600 parts shards under a 128-descriptor limit (a subprocess: the limit is process-wide)."""

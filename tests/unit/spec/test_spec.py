@@ -89,6 +89,7 @@ def test_missing_file_and_broken_yaml(tmp_path):
     assert errs[0].split(":")[1].isdigit()
 
 
+@pytest.mark.slow
 def test_cli_validate_exit_codes(tmp_path, good):
     ok = write(tmp_path, good)
     cli = [sys.executable, "-m", "flows.cli", "validate"]

@@ -235,6 +235,7 @@ def test_spec_checks_take_deepseek_v3_and_name_what_it_does_not_run(tmp_path):
     assert "rope_scaling.rope_type" in errors and "longrope" in errors and "model.config" in errors, errors
 
 
+@pytest.mark.slow
 def test_expert_load_plot_shows_an_imbalanced_router(tmp_path):
     """metrics.jsonl's expert fields round-trip, and a MoE run's plots include the per-expert load (a dense run's
     do not): the heat map of a router stuck on expert 0 differs from a balanced one's."""

@@ -8,6 +8,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.support.harness import ROOT, env, make_job, write_corpus
 
 MiB = 2**20
@@ -22,6 +24,7 @@ sys.exit(main(["--job", sys.argv[1]]))
 """
 
 
+@pytest.mark.slow
 def test_reported_peak_is_the_process_peak_an_outside_measurement_sees(tmp_path):
     from nightloom.metrics import read_metrics
 
