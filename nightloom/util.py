@@ -11,6 +11,11 @@ from contextlib import contextmanager
 from pathlib import Path
 
 
+def cache_root() -> Path:
+    """nightloom's per-user cache, kept from run to run: `$NIGHTLOOM_CACHE`, else ~/.cache/nightloom."""
+    return Path(os.environ.get("NIGHTLOOM_CACHE", Path.home() / ".cache" / "nightloom"))
+
+
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)

@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from nightloom.util import atomic_write_text
+from nightloom.util import atomic_write_text, cache_root
 
 #: the cache file's own format; a file of another format (or unreadable) is scanned again and rewritten
 FORMAT = 1
@@ -59,8 +58,7 @@ def cache_file() -> Path:
 
     version = getattr(lm_eval, "__version__", "unknown")
     where = hashlib.sha256(str(Path(lm_eval.__file__).resolve().parent).encode()).hexdigest()[:12]
-    base = Path(os.environ.get("NIGHTLOOM_CACHE", Path.home() / ".cache" / "nightloom")) / "lm-eval"
-    return base / f"tasks-{version}-{where}.json"
+    return cache_root() / "lm-eval" / f"tasks-{version}-{where}.json"
 
 
 def _read(path: Path) -> dict[str, IndexEntry] | None:

@@ -16,6 +16,7 @@ from nightloom import storage
 from nightloom.sharding import readahead
 from nightloom.sharding.sources import SourceRef
 from nightloom.storage import S3Config
+from nightloom.util import cache_root
 
 
 def xxh3_file(path: Path | str, chunk: int = 1 << 22, size: int | None = None) -> str:
@@ -58,7 +59,7 @@ class FingerprintCache:
     VERSION = 1
 
     def __init__(self, root: str, read_ahead: bool = False):
-        base = Path(os.environ.get("NIGHTLOOM_CACHE", Path.home() / ".cache" / "nightloom")) / "fingerprints"
+        base = cache_root() / "fingerprints"
         resolved = str(Path(root).resolve())
         self.path = base / (hashlib.sha256(resolved.encode()).hexdigest()[:32] + ".json")
         self.root, self.entries, self.changed = resolved, {}, False

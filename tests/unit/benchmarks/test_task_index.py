@@ -6,6 +6,7 @@ all of them, 14,683 names, gave no difference on 2026-12-07)."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -63,7 +64,7 @@ def test_scanned_once_then_read_back_with_the_same_verdicts(builtins):
     assert _truncate(catalog.task_errors(NAMES, None)) == EXPECTED
     assert builtins == [(None, True)]
     path = task_index.cache_file()
-    assert path.parent == Path(task_index.os.environ["NIGHTLOOM_CACHE"]) / "lm-eval" and path.is_file()
+    assert path.parent == Path(os.environ["NIGHTLOOM_CACHE"]) / "lm-eval" and path.is_file()
     _reset()
     assert _truncate(catalog.task_errors(NAMES, None)) == EXPECTED
     assert builtins == [(None, True)]  # read back, not scanned again
