@@ -8,6 +8,14 @@ import json
 from pathlib import Path
 
 from flows.commands.common import UsageError, failed, require_dir, require_file, require_run_dir
+from flows.commands.spec_flags import SpecFlag, add_spec_flags, layer
+from nightloom.spec.benchmarks import BenchmarksSpec
+
+#: lm-eval's settings, declared by the `validate.benchmarks` fields they set
+_BENCH_FLAGS = tuple(
+    SpecFlag(f"--{name.replace('_', '-')}", "validate.benchmarks", name, BenchmarksSpec)
+    for name in ("include_path", "num_fewshot", "limit", "apply_chat_template", "fewshot_as_multiturn", "backend")
+)
 
 
 def register(sub) -> None:
@@ -27,18 +35,8 @@ def register(sub) -> None:
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
     b = p.add_argument_group("benchmarks (lm-evaluation-harness on RUN_DIR/export, offline)")
     b.add_argument("--tasks", help="comma-separated lm-eval task names")
-    b.add_argument("--include-path", help="a folder of your task YAMLs (lm-eval runs in it)")
     b.add_argument("--base", help="a Hugging Face folder scored beside the export (read with the export's tokenizer)")
-    b.add_argument("--num-fewshot", type=int, default=None, help="few-shot examples (default: each task's own)")
-    b.add_argument("--limit", type=float, default=None, help="examples per task: a count, or a fraction below 1")
-    b.add_argument("--apply-chat-template", action="store_true", help="prompts through the chat template")
-    b.add_argument("--fewshot-as-multiturn", action="store_true", help="few-shot examples as chat turns")
-    b.add_argument(
-        "--backend",
-        choices=["auto", "hf", "vllm"],
-        default="auto",
-        help="lm-eval's backend: hf (spread over the GPUs when the weights pass one), vllm (tensor parallel), auto",
-    )
+    add_spec_flags(b, _BENCH_FLAGS)
     p.set_defaults(func=run)
 
 
@@ -116,21 +114,11 @@ def run_tasks(args) -> int:
     from nightloom.benchmarks.compare import rows, table_rows
     from nightloom.benchmarks.launch import BenchmarkError
     from nightloom.benchmarks.stage import score_run_folder
-    from nightloom.spec.benchmarks import BenchmarksSpec
 
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     try:
-        settings = BenchmarksSpec(
-            tasks=tasks,
-            include_path=args.include_path,
-            num_fewshot=args.num_fewshot,
-            limit=args.limit,
-            apply_chat_template=args.apply_chat_template,
-            fewshot_as_multiturn=args.fewshot_as_multiturn,
-            backend=args.backend,
-            base=args.base is not None,
-            completions=0,
-        )
+        given = {"tasks": tasks, "base": args.base is not None, "completions": 0}
+        settings = BenchmarksSpec(**layer(args, _BENCH_FLAGS, {"validate.benchmarks": given})["validate.benchmarks"])
     except ValidationError as e:
         raise UsageError("; ".join(err["msg"] for err in e.errors())) from None
     try:

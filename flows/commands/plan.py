@@ -12,7 +12,9 @@ import json
 import sys
 
 from flows.commands.common import UsageError, failed, load_spec_file, spec_invalid, usage
+from flows.commands.spec_flags import SpecFlag, add_spec_flags
 from nightloom.planner.request import RECOMPUTE_MODES, PlanError, PlanReport
+from nightloom.spec import ClusterSpec, TrainSpec
 
 JSON_KEYS = (
     "tp",
@@ -42,6 +44,16 @@ JSON_KEYS = (
 )
 
 
+#: the cluster and batch of a --model plan, declared by the spec fields they stand for (required without SPEC)
+_CLUSTER_FLAGS = (
+    SpecFlag("--gpu", "cluster", "gpu_type", ClusterSpec, "catalog GPU type (a100-80gb, h100-80gb, ...) or cpu"),
+    SpecFlag("--nodes", "cluster", "nodes", ClusterSpec, "nodes"),
+    SpecFlag("--gpus-per-node", "cluster", "gpus_per_node", ClusterSpec, "GPUs per node"),
+    SpecFlag("--seq-len", "train", "seq_len", TrainSpec, "tokens per sequence"),
+    SpecFlag("--global-batch", "train", "global_batch", TrainSpec, "sequences per optimizer step"),
+)
+
+
 def register(sub) -> None:
     p = sub.add_parser(
         "plan",
@@ -55,11 +67,7 @@ def register(sub) -> None:
         help="catalog model name (llama3-8b, llama3.2-1b, qwen3-8b, ...) or a Hugging Face config.json or its folder "
         "(llama, mistral, qwen2, qwen3, gemma3, tied or untied; gpt2 for planning only)",
     )
-    p.add_argument("--gpu", help="catalog GPU type (a100-80gb, h100-80gb, a800-80gb, ...) or cpu")
-    p.add_argument("--nodes", type=int)
-    p.add_argument("--gpus-per-node", type=int)
-    p.add_argument("--seq-len", type=int)
-    p.add_argument("--global-batch", type=int, help="sequences per optimizer step")
+    add_spec_flags(p, _CLUSTER_FLAGS)
     p.add_argument(
         "--layout",
         help="evaluate this layout instead of searching, e.g. tp=8,pp=4,dp=32 "
@@ -101,11 +109,7 @@ def _report(args) -> PlanReport:
             )
         spec = load_spec_file(args.spec)
         return plan_for_spec(spec, calibration=args.calibration, require_fit=False)
-    missing = [
-        f"--{n.replace('_', '-')}"
-        for n in ("model", "gpu", "nodes", "gpus_per_node", "seq_len", "global_batch")
-        if getattr(args, n) is None
-    ]
+    missing = ["--model"] * (args.model is None) + [f.flag for f in _CLUSTER_FLAGS if getattr(args, f.dest) is None]
     if missing:
         raise ValueError(
             f"give a SPEC, or all of --model --gpu --nodes --gpus-per-node --seq-len --global-batch "

@@ -17,27 +17,34 @@ import time
 from pydantic import ValidationError
 
 from flows.commands.common import UsageError, load_spec_file, spec_invalid, usage
+from flows.commands.spec_flags import SpecFlag, add_spec_flags, layer
 from nightloom.sharding import ShardingError, shard_dataset, summarize
 from nightloom.spec import DatasetSpec, ShardingSpec, SpecError, StorageSpec, TokenizerSpec
 from nightloom.storage import StorageError
 from nightloom.tokenizer import TokenizerError, load_tokenizer
 
-# flag → (section, field)
-_OVERRIDES = {
-    "input": ("dataset", "path"),
-    "text_field": ("dataset", "text_field"),
-    "format": ("dataset", "format"),
-    "output": ("sharding", "output"),
-    "shards": ("sharding", "num_shards"),
-    "key": ("sharding", "key_field"),
-    "balance_by": ("sharding", "balance_by"),
-    "tolerance": ("sharding", "tolerance"),
-    "salt": ("sharding", "salt"),
-    "on_error": ("sharding", "on_error"),
-    "max_bad_fraction": ("sharding", "max_bad_fraction"),
-    "compression": ("sharding", "compression"),
-    "s3_endpoint_url": ("storage", "s3_endpoint_url"),
-}
+#: the flags that set one spec field each (over SPEC's value when both are given)
+_FLAGS = (
+    SpecFlag(
+        "--input",
+        "dataset",
+        "path",
+        DatasetSpec,
+        "JSONL(.gz/.zst), Parquet, text folder, save_to_disk folder, or s3:// prefix",
+    ),
+    SpecFlag("--output", "sharding", "output", ShardingSpec, "output folder or s3:// prefix"),
+    SpecFlag("--shards", "sharding", "num_shards", ShardingSpec, "number of shards"),
+    SpecFlag("--key", "sharding", "key_field", ShardingSpec),
+    SpecFlag("--text-field", "dataset", "text_field", DatasetSpec, "field holding the text (default: text)"),
+    SpecFlag("--format", "dataset", "format", DatasetSpec),
+    SpecFlag("--balance-by", "sharding", "balance_by", ShardingSpec),
+    SpecFlag("--tolerance", "sharding", "tolerance", ShardingSpec),
+    SpecFlag("--salt", "sharding", "salt", ShardingSpec),
+    SpecFlag("--on-error", "sharding", "on_error", ShardingSpec),
+    SpecFlag("--max-bad-fraction", "sharding", "max_bad_fraction", ShardingSpec),
+    SpecFlag("--compression", "sharding", "compression", ShardingSpec),
+    SpecFlag("--s3-endpoint-url", "storage", "s3_endpoint_url", StorageSpec),  # keys: AWS_* or the secret block
+)
 
 
 def register(subparsers) -> None:
@@ -48,20 +55,8 @@ def register(subparsers) -> None:
         "Flags given with SPEC override the spec. Exit 0 balanced, 1 not balanced, failed or SPEC invalid, 2 usage.",
     )
     p.add_argument("spec", nargs="?", help="run spec YAML (uses its dataset, sharding and storage sections)")
-    p.add_argument("--input", help="JSONL(.gz/.zst), Parquet, text folder, save_to_disk folder, or s3:// prefix")
-    p.add_argument("--output", help="output folder or s3:// prefix")
-    p.add_argument("--shards", type=int, help="number of shards")
-    p.add_argument("--key", help="field used as hash and dedup key (default: the text)")
-    p.add_argument("--text-field", help="field holding the text (default: text)")
-    p.add_argument("--format", choices=["auto", "jsonl", "parquet", "text", "hf"])
-    p.add_argument("--balance-by", choices=["rows", "tokens", "bytes"])
-    p.add_argument("--tolerance", type=float, help="max |x_i - mean| / mean (default 0.02)")
-    p.add_argument("--salt", help="hash salt (default: nightloom)")
-    p.add_argument("--no-dedup", action="store_true", help="keep exact duplicates")
-    p.add_argument("--on-error", choices=["fail", "skip"], help="bad records: fail (default) or skip and count")
-    p.add_argument("--max-bad-fraction", type=float, help="with --on-error skip: fail above this fraction")
-    p.add_argument("--s3-endpoint-url", help="S3-compatible endpoint (credentials from AWS_* env variables)")
-    p.add_argument("--compression", choices=["zstd", "snappy", "lz4", "none"], help="shard codec (default zstd)")
+    add_spec_flags(p, _FLAGS)
+    p.add_argument("--no-dedup", action="store_true", help="keep exact duplicates [sharding.dedup: false]")
     p.add_argument(
         "--workers",
         type=int,
@@ -122,10 +117,7 @@ def _sections(args) -> tuple[DatasetSpec, ShardingSpec, StorageSpec]:
         if missing:
             raise UsageError(f"without SPEC, {', '.join(missing)} {'is' if len(missing) == 1 else 'are'} required")
         data = {"dataset": {}, "sharding": {}, "storage": {}}
-    for flag, (section, field) in _OVERRIDES.items():
-        value = getattr(args, flag, None)
-        if value is not None:
-            data[section][field] = value
+    layer(args, _FLAGS, data)
     if args.no_dedup:
         data["sharding"]["dedup"] = False
     if args.dask:

@@ -1,0 +1,67 @@
+"""Command-line flags that each set one field of a run spec section (`--shards` sets sharding.num_shards).
+
+A flag is declared once, by the field it sets: its type, its choices (a Literal field's values) and the default in
+its help come from that field, so the command line never drifts from the spec. `layer` puts the given flags over
+a spec's sections.
+"""
+
+from __future__ import annotations
+
+import typing
+from dataclasses import dataclass
+
+from pydantic import BaseModel
+
+
+@dataclass(frozen=True)
+class SpecFlag:
+    """`--flag` sets `section.field` of the spec (`section` is its dotted path in the spec); `help`, when given, replaces the field's description and
+    default (for a flag whose spec default does not apply, such as one required without a spec)."""
+
+    flag: str
+    section: str
+    field: str
+    model: type[BaseModel]
+    help: str | None = None
+
+    @property
+    def dest(self) -> str:
+        return self.flag.removeprefix("--").replace("-", "_")
+
+
+def _plain(annotation):
+    """The field's type without `| None`: a Literal, int, float or str."""
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    return (
+        args[0] if typing.get_origin(annotation) in (typing.Union, type(int | None)) and len(args) == 1 else annotation
+    )
+
+
+def add_spec_flags(parser, flags: tuple[SpecFlag, ...]) -> None:
+    """Register each flag with its field's type, choices, and description (plus the default, when there is one)."""
+    for f in flags:
+        info = f.model.model_fields[f.field]
+        kind = _plain(info.annotation)
+        kwargs: dict = {"dest": f.dest, "default": None}
+        if typing.get_origin(kind) is typing.Literal:
+            kwargs["choices"] = list(typing.get_args(kind))
+        elif kind is bool:  # a switch that turns on a field off by default
+            kwargs["action"] = "store_true"
+        elif kind in (int, float):
+            kwargs["type"] = kind
+        text = f.help
+        if text is None:  # the field's own words, and its default
+            text = (info.description or "").rstrip(".")
+            shown = info.default is not None and not info.is_required() and kind is not bool
+            text += f" (default: {info.default})" if shown else ""
+        text = f"{text} [{f.section}.{f.field}]".replace("%", "%%")  # argparse formats help with %
+        parser.add_argument(f.flag, help=text, **kwargs)
+
+
+def layer(args, flags: tuple[SpecFlag, ...], data: dict[str, dict]) -> dict[str, dict]:
+    """`data` (section -> field values) with every flag given on the command line written over it."""
+    for f in flags:
+        value = getattr(args, f.dest, None)
+        if value is not None:
+            data.setdefault(f.section, {})[f.field] = value
+    return data
