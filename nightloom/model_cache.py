@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nightloom import storage
+from nightloom.node_reply import Readied
 from nightloom.util import atomic_write_text
 
 STAMP = ".nightloom-model.json"
@@ -30,13 +31,10 @@ class ModelFetchError(ValueError):
 
 
 @dataclass(frozen=True)
-class FetchedModel:
-    """A model ready on one machine: its local folder, content key, whether this call downloaded it."""
+class FetchedModel(Readied):
+    """A model ready on one machine, in its local folder (`created`: this call downloaded it)."""
 
     path: str
-    key: str
-    created: bool
-    seconds: float
 
 
 def default_cache_root() -> Path:
@@ -92,12 +90,12 @@ def fetch_model(
     key = content_key(objects)
     dest = root / key
     if (dest / STAMP).is_file():
-        return FetchedModel(str(dest), key, False, time.monotonic() - t0)
+        return FetchedModel(key, False, time.monotonic() - t0, str(dest))
     root.mkdir(parents=True, exist_ok=True)
     with open(root / f"{key}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if (dest / STAMP).is_file():  # another process (or node sharing the cache) fetched it meanwhile
-            return FetchedModel(str(dest), key, False, time.monotonic() - t0)
+            return FetchedModel(key, False, time.monotonic() - t0, str(dest))
         shutil.rmtree(dest, ignore_errors=True)  # a crashed download's leftovers
         for o in objects:
             storage.get_file(storage.join(uri, o.name), dest / o.name, s3)
@@ -108,4 +106,4 @@ def fetch_model(
         atomic_write_text(dest / STAMP, json.dumps(stamp) + "\n")
     secs = time.monotonic() - t0
     log(f"model {uri}: fetched {len(objects)} files into {dest} in {secs:.2f} s")
-    return FetchedModel(str(dest), key, True, secs)
+    return FetchedModel(key, True, secs, str(dest))

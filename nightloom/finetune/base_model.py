@@ -12,7 +12,6 @@ instance role): no secret travels on a command line.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from pathlib import Path
 
 from nightloom.finetune.config import TOKENIZER_FILES, WEIGHT_GLOBS, XTunerConfigError, check_base_model
 from nightloom.model_cache import FetchedModel, ModelFetchError, fetch_model
+from nightloom.node_reply import reply, reply_error
 
 MARK = "NIGHTLOOM_BASE_MODEL "
 #: environment the orchestrator forwards to nodes for the fetch: where the cache is, how to reach S3 (no secrets)
@@ -160,10 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         got = fetch_cached(a.uri, s3=S3Config(endpoint_url=a.endpoint), log=lambda s: print(s, file=sys.stderr))
     except (XTunerConfigError, StorageError, OSError) as e:
-        print(MARK + json.dumps({"ok": False, "error": f"{type(e).__name__}: {e}"[-2000:]}), flush=True)
-        return 1
-    info = {"ok": True, "path": got.path, "key": got.key, "created": got.created, "seconds": round(got.seconds, 3)}
-    print(MARK + json.dumps(info), flush=True)
+        return reply_error(MARK, e)
+    reply(MARK, {"path": got.path, **got.reply_fields()})
     return 0
 
 

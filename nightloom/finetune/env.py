@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from nightloom.node_reply import Readied
 from nightloom.util import atomic_write_text
 
 HERE = Path(__file__).resolve().parent
@@ -58,15 +59,12 @@ class EnvError(RuntimeError):
 
 
 @dataclass(frozen=True)
-class XTunerEnv:
-    """A ready XTuner node environment."""
+class XTunerEnv(Readied):
+    """A ready XTuner node environment: its folder, interpreter, profile and what the probe found in it."""
 
     path: Path
     python: Path
-    key: str
     profile: str
-    created: bool  # built by this call (cold) rather than found (warm)
-    seconds: float  # time this call took
     versions: dict
 
 
@@ -226,13 +224,13 @@ def ensure_env(
     if python is not None:  # a user-provided interpreter (spec.train.xtuner.python): verify, never modify
         info = probe(python)
         return XTunerEnv(
-            Path(python).parent.parent,
-            Path(python),
-            "external",
-            info.get("profile", "?"),
-            False,
-            time.monotonic() - t0,
-            info,
+            key="external",
+            created=False,
+            seconds=time.monotonic() - t0,
+            path=Path(python).parent.parent,
+            python=Path(python),
+            profile=info.get("profile", "?"),
+            versions=info,
         )
     profile = profile or detect_profile()
     key = env_key(profile)
@@ -259,4 +257,12 @@ def ensure_env(
             }
             atomic_write_text(path / STAMP, json.dumps(stamp, indent=2) + "\n")
             log(f"xtuner env: ready in {stamp['create_s']} s: {info['versions']}")
-    return XTunerEnv(path, _python_of(path), key, profile, created, time.monotonic() - t0, info)
+    return XTunerEnv(
+        key=key,
+        created=created,
+        seconds=time.monotonic() - t0,
+        path=path,
+        python=_python_of(path),
+        profile=profile,
+        versions=info,
+    )

@@ -10,12 +10,12 @@ home or file system, so the env is built once there. `--python` verifies a user-
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import subprocess
 import sys
 
 from nightloom.finetune.env import EnvError, ensure_env
+from nightloom.node_reply import reply, reply_error
 
 MARK = "NIGHTLOOM_XTUNER_ENV "
 
@@ -37,19 +37,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         env = ensure_env(python=a.python, profile=a.profile, log=lambda s: print(s, file=sys.stderr, flush=True))
     except (EnvError, OSError) as e:
-        print(MARK + json.dumps({"ok": False, "error": f"{type(e).__name__}: {e}"[-2000:]}), flush=True)
-        return 1
-    info = {
-        "ok": True,
-        "python": str(env.python),
-        "key": env.key,
-        "profile": env.profile,
-        "created": env.created,
-        "seconds": round(env.seconds, 3),
-        "versions": env.versions.get("versions", env.versions),
-        "gpus": gpu_names(),
-    }
-    print(MARK + json.dumps(info), flush=True)
+        return reply_error(MARK, e)
+    versions = env.versions.get("versions", env.versions)
+    fields = {"python": str(env.python), "profile": env.profile, **env.reply_fields(), "versions": versions}
+    reply(MARK, fields | {"gpus": gpu_names()})
     return 0
 
 

@@ -10,7 +10,6 @@ requirements hash under the node's env root, under a lock, stamp last; the time 
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -21,6 +20,7 @@ from nightloom.finetune.env import EnvError, XTunerEnv
 from nightloom.finetune.launcher import WRAPPER, Command
 from nightloom.finetune.node_env import MARK
 from nightloom.finetune.xtuner_plan import XTunerPlan
+from nightloom.node_reply import output_tail, read_reply
 from nightloom.provision.base import REMOTE_PROVIDERS, Cluster, Node, NodeShell
 
 
@@ -40,7 +40,15 @@ class NodeEnv:
     def as_env(self) -> XTunerEnv:
         """This node's env as an XTunerEnv (what plan_xtuner takes)."""
         py = Path(self.python)
-        return XTunerEnv(py.parent.parent, py, self.key, self.profile, self.created, self.ready_s, self.versions)
+        return XTunerEnv(
+            key=self.key,
+            created=self.created,
+            seconds=self.ready_s,
+            path=py.parent.parent,
+            python=py,
+            profile=self.profile,
+            versions=self.versions,
+        )
 
 
 def is_remote(cluster: Cluster | None) -> bool:
@@ -62,13 +70,9 @@ def wrapper_path(cluster: Cluster) -> str:
 
 
 def _parse_mark(mark: str, output: str) -> dict:
-    """The JSON line a node-side module printed after `mark`, or a failure naming the output's tail."""
-    for line in reversed(output.splitlines()):
-        i = line.find(mark)  # stdout and stderr arrive merged: a log line may precede it on the same line
-        if i >= 0:
-            return json.loads(line[i + len(mark) :])
-    tail = " | ".join(output.strip().splitlines()[-4:])
-    return {"ok": False, "error": f"no result from the node ({tail or 'no output'})"}
+    """The reply a node-side module printed after `mark`, or a failure naming the output's tail."""
+    got = read_reply(mark, output)
+    return got if got is not None else {"ok": False, "error": f"no result from the node ({output_tail(output)})"}
 
 
 def _parse(node: str, output: str) -> dict:

@@ -7,7 +7,6 @@ Rank 0 prints one line `NIGHTLOOM_ALLREDUCE {json}` with algbw (bytes/time) and 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import socket
 import time
@@ -25,6 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import torch.distributed as dist
 
+    from nightloom.node_reply import reply
     from nightloom.provision.preflight import ALLREDUCE_MARK, busbw_allreduce
 
     cuda = torch.cuda.is_available()
@@ -54,21 +54,9 @@ def main(argv: list[str] | None = None) -> int:
     nbytes = n * 4
     algbw = nbytes / dt
     if rank == 0:
-        print(
-            ALLREDUCE_MARK
-            + json.dumps(
-                {
-                    "world": world,
-                    "bytes": nbytes,
-                    "seconds": dt,
-                    "algbw": algbw,
-                    "busbw": busbw_allreduce(algbw, world),
-                    "correct": ok,
-                    "backend": dist.get_backend(),
-                }
-            ),
-            flush=True,
-        )
+        busbw = busbw_allreduce(algbw, world)
+        fields = {"world": world, "bytes": nbytes, "seconds": dt, "algbw": algbw, "busbw": busbw, "correct": ok}
+        reply(ALLREDUCE_MARK, fields | {"backend": dist.get_backend()})
     if a.hold_s:
         time.sleep(a.hold_s)
     dist.barrier()

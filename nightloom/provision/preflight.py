@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Protocol
 
 from nightloom.attempt import EXCEPTION_LINE, scrub
+from nightloom.node_reply import output_tail, read_reply
 from nightloom.provision.base import (
     Capabilities,
     Check,
@@ -45,14 +46,12 @@ def agent_source() -> str:
 
 def parse_agent_output(node: str, text: str) -> dict:
     """The agent's JSON line; a clear error naming the node when it is missing or reports a failure."""
-    for line in reversed(text.splitlines()):
-        if line.startswith(JSON_MARK):
-            out = json.loads(line[len(JSON_MARK) :])
-            if not out.get("ok"):
-                raise ProvisionError(f"node {node}: {out.get('error', 'agent failed')}")
-            return out
-    tail = text.strip().splitlines()[-3:]
-    raise ProvisionError(f"node {node}: node agent printed no result ({' | '.join(tail) or 'no output'})")
+    out = read_reply(JSON_MARK, text)
+    if out is None:
+        raise ProvisionError(f"node {node}: node agent printed no result ({output_tail(text, 3)})")
+    if not out.get("ok"):
+        raise ProvisionError(f"node {node}: {out.get('error', 'agent failed')}")
+    return out
 
 
 def env_key(base_python: str, requirements: list[str]) -> str:
@@ -175,11 +174,8 @@ def baseline_busbw(gpu_type: str) -> float:
 
 
 def parse_allreduce(lines: list[str]) -> dict | None:
-    for line in reversed(lines):
-        i = line.find(ALLREDUCE_MARK)
-        if i >= 0:
-            return json.loads(line[i + len(ALLREDUCE_MARK) :])
-    return None
+    """Rank 0's bandwidth figures in the launcher's output lines (None: the test printed none)."""
+    return read_reply(ALLREDUCE_MARK, "\n".join(lines))
 
 
 _LAUNCHER_ERROR = re.compile(r"\berror: ")  # srun's / torchrun's own "error:" lines

@@ -209,6 +209,7 @@ FLOORS = {
     "nightloom.runfiles": 0,
     "nightloom.records": 0,  # the base of the typed records (pydantic, extra fields refused)
     "nightloom.util": 0,
+    "nightloom.node_reply": 0,  # the line a node-side program prints for the orchestrator (stdlib only)
 }
 
 

@@ -107,7 +107,9 @@ def test_micro_batches_rendered_and_kept_for_fewer_ranks(tmp_path, fake_base, sh
     fewer ranks) keeps the forward and accumulates more of them."""
     from nightloom.finetune.env import XTunerEnv
 
-    env = XTunerEnv(tmp_path, Path(sys.executable), "k", "cpu", False, 0.0, {})
+    env = XTunerEnv(
+        key="k", created=False, seconds=0.0, path=tmp_path, python=Path(sys.executable), profile="cpu", versions={}
+    )
     monkeypatch.setattr(xplan, "_hf_flops_per_token", lambda *a, **k: None)
     spec = make_spec(tmp_path, fake_base, shards, ranks=4, global_batch=8)
     first = xplan.plan_xtuner(spec, shards, tmp_path / "run", env=env, peak_flops=1.0)
