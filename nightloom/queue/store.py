@@ -11,7 +11,7 @@ as it was. Job ids are never reused, so a removed job's id names nothing afterwa
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, get_args
 
 from pydantic import BaseModel
 from sqlalchemy import JSON, Float, ForeignKey, Integer, String, select
@@ -71,23 +71,49 @@ class QueueRun(Record):
 
 
 class _QueueBase(DeclarativeBase):
-    """A plain `Mapped[int]`, `Mapped[float]` or `Mapped[datetime]` column takes its type from the annotation
-    (SQLAlchemy's `type_annotation_map`): floats stay FLOAT (the type of the 0003 revision, not SQLAlchemy's
-    default DOUBLE), aware datetimes are stored as UTC."""
-
-    type_annotation_map = {float: Float, datetime: UTCDateTime}
+    """The queue tables' declarative base."""
 
 
 queue_metadata = _QueueBase.metadata  # the queue tables (the runs table is nightloom.ledger's)
 
+#: the length of each text column (the 0003 revision's); every other column's type follows its record's field
+_TEXT_LENGTH = {
+    "name": 128,
+    "status": 16,
+    "policy": 16,
+    "hours_source": 512,
+    "spec_path": 1024,
+    "spec_hash": 64,
+    "run_id": 128,
+    "flow_run_id": 64,
+    "job_status": 16,
+    "reason": 2048,
+}
+#: fields a record leaves empty until the store fills them in: NOT NULL in the table
+_FILLED_BY_STORE = {"added_at"}
+_TYPES = {int: Integer, float: Float, datetime: UTCDateTime}  # a field's type -> its column's; JSON otherwise
 
-class _Queue(_QueueBase):
-    __tablename__ = "nightloom_queues"
-    name: Mapped[str] = mapped_column(String(128), primary_key=True)
-    max_nodes: Mapped[int]
-    budget_per_night: Mapped[float | None]
-    schedule: Mapped[Any | None] = mapped_column(JSON, nullable=True)
-    created_at: Mapped[datetime]
+
+def _column(record: type[BaseModel], name: str):
+    """The column of one record field: text of its _TEXT_LENGTH, INTEGER, FLOAT (the 0003 revision's type, not
+    SQLAlchemy's default DOUBLE), a UTC datetime, or JSON (lists, mappings, the schedule); NULL where the field
+    may be None."""
+    annotation = record.model_fields[name].annotation
+    args = [a for a in get_args(annotation) if a is not type(None)]
+    optional = type(None) in get_args(annotation)
+    kind = args[0] if optional and len(args) == 1 else annotation
+    if kind is str and name not in _TEXT_LENGTH:
+        raise TypeError(f"{record.__name__}.{name} is text: give its column's length in _TEXT_LENGTH (and a migration)")
+    sql = String(_TEXT_LENGTH[name]) if kind is str else _TYPES.get(kind, JSON)
+    return mapped_column(sql, nullable=optional and name not in _FILLED_BY_STORE)
+
+
+def _table(class_name: str, table: str, record: type[BaseModel], bases: tuple, **given):
+    """The mapped class of `table`: a column for each of the record's fields, but those `given` (the keys) and
+    those a base declares."""
+    declared = {c for b in bases for c in getattr(b, "__annotations__", {})}
+    columns = {n: _column(record, n) for n in record.model_fields if n not in given and n not in declared}
+    return type(class_name, bases, {"__tablename__": table, **given, **columns})
 
 
 class _InQueue:
@@ -99,49 +125,12 @@ class _InQueue:
     queue: Mapped[str] = mapped_column(String(128), ForeignKey("nightloom_queues.name"), index=True, sort_order=-1)
 
 
-class _Job(_InQueue, _QueueBase):
-    __tablename__ = "nightloom_queue_jobs"
-    name: Mapped[str] = mapped_column(String(128))
-    status: Mapped[str] = mapped_column(String(16))
-    priority: Mapped[int]
-    deadline: Mapped[datetime | None]
-    added_at: Mapped[datetime]
-    nodes: Mapped[int]
-    gpus: Mapped[int]
-    policy: Mapped[str] = mapped_column(String(16))
-    steps: Mapped[int]
-    step_time_s: Mapped[float]
-    hours_source: Mapped[str] = mapped_column(String(512))
-    provisioning_s: Mapped[float]
-    checkpoint_s: Mapped[float]
-    restore_s: Mapped[float]
-    schedule: Mapped[Any] = mapped_column(JSON)
-    spec: Mapped[Any] = mapped_column(JSON)
-    spec_path: Mapped[str | None] = mapped_column(String(1024))
-    spec_hash: Mapped[str] = mapped_column(String(64))
-
-
-class _Run(_InQueue, _QueueBase):
-    __tablename__ = "nightloom_queue_runs"
-    job_id: Mapped[int]
-    night: Mapped[datetime]
-    segment_start: Mapped[datetime]
-    segment_end: Mapped[datetime]
-    nodes: Mapped[Any] = mapped_column(JSON)
-    run_id: Mapped[str | None] = mapped_column(String(128))
-    flow_run_id: Mapped[str | None] = mapped_column(String(64))
-    status: Mapped[str] = mapped_column(String(16))
-    job_status: Mapped[str] = mapped_column(String(16))
-    steps_done: Mapped[int]
-    hours_trained: Mapped[float]
-    reason: Mapped[str] = mapped_column(String(2048))
-    started_at: Mapped[datetime]
-    finished_at: Mapped[datetime]
-
-
-_PAIRS = ((_Queue, QueueRecord), (_Job, QueuedJob), (_Run, QueueRun))
-_DRIFTED = [t.__tablename__ for t, r in _PAIRS if {c.name for c in t.__table__.columns} != set(r.model_fields)]
-assert not _DRIFTED, f"these tables and their records drifted apart: {_DRIFTED}"
+# the queue tables, one column per field of their records (QueueRecord, QueuedJob, QueueRun)
+_Queue = _table(
+    "_Queue", "nightloom_queues", QueueRecord, (_QueueBase,), name=mapped_column(String(128), primary_key=True)
+)
+_Job = _table("_Job", "nightloom_queue_jobs", QueuedJob, (_InQueue, _QueueBase))
+_Run = _table("_Run", "nightloom_queue_runs", QueueRun, (_InQueue, _QueueBase))
 
 
 def _typed(record: type[BaseModel], row: _QueueBase):

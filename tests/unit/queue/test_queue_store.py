@@ -194,3 +194,27 @@ def test_remove_frees_the_id_for_nothing_and_the_last_job_out_clears_the_schedul
     assert store.get("team").schedule is None and store.jobs("team") == []
     berlin = SCHED.model_copy(update={"timezone": "Europe/Berlin"})
     assert add(store, "team", figures("d", schedule=berlin)).schedule.timezone == "Europe/Berlin"
+
+
+def test_a_queue_table_has_a_column_per_record_field_typed_by_the_field():
+    """The tables are derived from their records (nightloom/queue/store.py): a new text field without a column
+    length is refused by name at import, not stored unbounded."""
+    from nightloom.queue import store
+    from nightloom.records import Record
+
+    for table, record in (
+        (store._Queue, store.QueueRecord),
+        (store._Job, store.QueuedJob),
+        (store._Run, store.QueueRun),
+    ):
+        assert [c.name for c in table.__table__.columns if c.name not in ("id", "queue")] == [
+            n for n in record.model_fields if n not in ("id", "queue")
+        ]
+    assert store._Job.__table__.c.added_at.nullable is False  # filled by the store, though None in a new job
+    assert store._Job.__table__.c.deadline.nullable is True
+
+    class Planted(Record):
+        note: str
+
+    with pytest.raises(TypeError, match=r"Planted.note is text: give its column's length"):
+        store._column(Planted, "note")
