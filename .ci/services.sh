@@ -569,6 +569,19 @@ do_stop() {
     log "stopped"
 }
 
+do_cpu() {  # each service's CPU seconds so far: its own and its reaped children's (a flow run, an ssh session)
+    local f pid hz
+    hz=$(getconf CLK_TCK)
+    for f in "$PIDS"/*.pid; do
+        [[ -e $f ]] || continue
+        pid=$(cat "$f")
+        [[ -r /proc/$pid/stat ]] || continue
+        # fields after the ") " that ends the command name: utime stime cutime cstime are the 12th-15th
+        awk -v name="$(basename "$f" .pid)" -v hz="$hz" '{sub(/^.*\) /, ""); printf "%8.0f CPU-s %s (own %.0f)\n",
+            ($12 + $13 + $14 + $15) / hz, name, ($12 + $13) / hz}' "/proc/$pid/stat"
+    done | sort -rn
+}
+
 do_status() {
     local f
     for f in "$PIDS"/*.pid; do
@@ -582,5 +595,6 @@ case ${1:-} in
     stop) do_stop ;;
     env) do_env ;;
     status) do_status ;;
-    *) echo "usage: $0 start|stop|env|status" >&2; exit 2 ;;
+    cpu) do_cpu ;;
+    *) echo "usage: $0 start|stop|env|status|cpu" >&2; exit 2 ;;
 esac
