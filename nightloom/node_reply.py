@@ -40,11 +40,15 @@ def reply_error(mark: str, err: BaseException) -> int:
 
 def read_reply(mark: str, output: str) -> dict | None:
     """The JSON after the last `mark` in `output`, or None when there is none. The mark may stand mid-line:
-    stdout and stderr arrive merged, and a log line without its newline may precede it."""
+    stdout and stderr arrive merged, and a log line without its newline may precede it. A mark followed by no JSON
+    is not a reply: a traceback quoting the line that prints it (Python 3.13 shows `python -c` source)."""
     for line in reversed(output.splitlines()):
         i = line.find(mark)
         if i >= 0:
-            return json.loads(line[i + len(mark) :])
+            try:
+                return json.loads(line[i + len(mark) :])
+            except json.JSONDecodeError:
+                continue
     return None
 
 

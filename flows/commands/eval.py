@@ -12,9 +12,19 @@ from flows.commands.spec_flags import SpecFlag, add_spec_flags, layer
 from nightloom.spec.benchmarks import BenchmarksSpec
 
 #: lm-eval's settings, declared by the `validate.benchmarks` fields they set
-_BENCH_FLAGS = tuple(
-    SpecFlag(f"--{name.replace('_', '-')}", "validate.benchmarks", name, BenchmarksSpec)
-    for name in ("include_path", "num_fewshot", "limit", "apply_chat_template", "fewshot_as_multiturn", "backend")
+_BENCH_FLAGS = (
+    # the spec's words say "relative to the spec": here there is none, the path is the current folder's
+    SpecFlag(
+        "--include-path",
+        "validate.benchmarks",
+        "include_path",
+        BenchmarksSpec,
+        "a folder of your task YAMLs (lm-eval runs in it)",
+    ),
+    *(
+        SpecFlag(f"--{name.replace('_', '-')}", "validate.benchmarks", name, BenchmarksSpec)
+        for name in ("num_fewshot", "limit", "apply_chat_template", "fewshot_as_multiturn", "backend")
+    ),
 )
 
 

@@ -43,6 +43,7 @@ _FLAGS = (
     SpecFlag("--on-error", "sharding", "on_error", ShardingSpec),
     SpecFlag("--max-bad-fraction", "sharding", "max_bad_fraction", ShardingSpec),
     SpecFlag("--compression", "sharding", "compression", ShardingSpec),
+    SpecFlag("--no-dedup", "sharding", "dedup", ShardingSpec, "keep exact duplicates"),
     SpecFlag("--s3-endpoint-url", "storage", "s3_endpoint_url", StorageSpec),  # keys: AWS_* or the secret block
 )
 
@@ -56,7 +57,6 @@ def register(subparsers) -> None:
     )
     p.add_argument("spec", nargs="?", help="run spec YAML (uses its dataset, sharding and storage sections)")
     add_spec_flags(p, _FLAGS)
-    p.add_argument("--no-dedup", action="store_true", help="keep exact duplicates [sharding.dedup: false]")
     p.add_argument(
         "--workers",
         type=int,
@@ -118,8 +118,6 @@ def _sections(args) -> tuple[DatasetSpec, ShardingSpec, StorageSpec]:
             raise UsageError(f"without SPEC, {', '.join(missing)} {'is' if len(missing) == 1 else 'are'} required")
         data = {"dataset": {}, "sharding": {}, "storage": {}}
     layer(args, _FLAGS, data)
-    if args.no_dedup:
-        data["sharding"]["dedup"] = False
     if args.dask:
         data["sharding"]["dask"] = {"address": args.dask}
     return DatasetSpec(**data["dataset"]), ShardingSpec(**data["sharding"]), StorageSpec(**data["storage"])

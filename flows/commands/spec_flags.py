@@ -11,6 +11,7 @@ import typing
 from dataclasses import dataclass
 
 from pydantic import BaseModel
+from pydantic_core import PydanticUndefined
 
 
 @dataclass(frozen=True)
@@ -45,14 +46,14 @@ def add_spec_flags(parser, flags: tuple[SpecFlag, ...]) -> None:
         kwargs: dict = {"dest": f.dest, "default": None}
         if typing.get_origin(kind) is typing.Literal:
             kwargs["choices"] = list(typing.get_args(kind))
-        elif kind is bool:  # a switch that turns on a field off by default
-            kwargs["action"] = "store_true"
+        elif kind is bool:  # a switch: it turns on a field off by default, or off one on by default (--no-...)
+            kwargs["action"] = "store_false" if info.default is True else "store_true"
         elif kind in (int, float):
             kwargs["type"] = kind
         text = f.help
         if text is None:  # the field's own words, and its default
             text = (info.description or "").rstrip(".")
-            shown = info.default is not None and not info.is_required() and kind is not bool
+            shown = info.default not in (None, PydanticUndefined) and kind is not bool  # a default_factory: not shown
             text += f" (default: {info.default})" if shown else ""
         text = f"{text} [{f.section}.{f.field}]".replace("%", "%%")  # argparse formats help with %
         parser.add_argument(f.flag, help=text, **kwargs)

@@ -45,3 +45,15 @@ def test_a_node_program_reply_crosses_a_process_with_stderr_merged():
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert read_reply(MARK, r.stderr + r.stdout) == {"ok": True, "gpus": []}
+
+
+def test_a_mark_quoted_in_a_traceback_is_not_a_reply():
+    """Python 3.13 prints `python -c` source lines in tracebacks: the line that prints the reply, mark and all."""
+    out = (
+        'NIGHTLOOM_JSON {"ok": true, "stage": "early"}\n'
+        "Traceback (most recent call last):\n"
+        '    print("NIGHTLOOM_JSON " + json.dumps(obj), flush=True)\n'
+        "OSError: [Errno 28] No space left on device\n"
+    )
+    assert read_reply("NIGHTLOOM_JSON ", out) == {"ok": True, "stage": "early"}
+    assert read_reply("NIGHTLOOM_JSON ", out.split("\n", 1)[1]) is None

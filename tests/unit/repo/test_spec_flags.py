@@ -50,3 +50,30 @@ def test_given_flags_are_layered_over_the_spec_and_absent_ones_leave_it():
     args = _parser(flags).parse_args(["--shards", "3"])
     data = layer(args, flags, {"dataset": {"path": "a.jsonl"}, "sharding": {"num_shards": 8, "salt": "s"}})
     assert data == {"dataset": {"path": "a.jsonl"}, "sharding": {"num_shards": 3, "salt": "s"}}
+
+
+def test_a_no_flag_turns_off_a_field_on_by_default_and_absent_leaves_it():
+    flags = (SpecFlag("--no-dedup", "sharding", "dedup", ShardingSpec, "keep exact duplicates"),)
+    p = _parser(flags)
+    assert layer(p.parse_args(["--no-dedup"]), flags, {})["sharding"] == {"dedup": False}
+    assert layer(p.parse_args([]), flags, {}) == {}
+
+
+def test_a_field_with_a_default_factory_shows_no_placeholder_for_its_default():
+    from pydantic import BaseModel, Field
+
+    class Section(BaseModel):
+        names: str = Field(default_factory=lambda: "x", description="Some names.")
+
+    text = _parser((SpecFlag("--names", "s", "names", Section),)).format_help()
+    assert "Some names [s.names]" in " ".join(text.split()) and "Undefined" not in text
+
+
+def test_shard_no_dedup_reaches_the_spec(tmp_path):
+    from flows.cli import build_parser
+
+    args = build_parser().parse_args(
+        ["shard", "--input", "a.jsonl", "--output", str(tmp_path), "--shards", "2", "--no-dedup"]
+    )
+    _, sharding, _ = shard._sections(args)
+    assert sharding.dedup is False and sharding.num_shards == 2
