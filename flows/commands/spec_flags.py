@@ -13,11 +13,14 @@ from dataclasses import dataclass
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
+from nightloom.records import field_type
+
 
 @dataclass(frozen=True)
 class SpecFlag:
-    """`--flag` sets `section.field` of the spec (`section` is its dotted path in the spec); `help`, when given, replaces the field's description and
-    default (for a flag whose spec default does not apply, such as one required without a spec)."""
+    """`--flag` sets `section.field` of the spec (`section`: the section's dotted path). `help`, when given,
+    replaces the field's description and default (a flag whose spec default does not apply: one required without
+    a spec, one whose words say "relative to the spec")."""
 
     flag: str
     section: str
@@ -30,19 +33,11 @@ class SpecFlag:
         return self.flag.removeprefix("--").replace("-", "_")
 
 
-def _plain(annotation):
-    """The field's type without `| None`: a Literal, int, float or str."""
-    args = [a for a in typing.get_args(annotation) if a is not type(None)]
-    return (
-        args[0] if typing.get_origin(annotation) in (typing.Union, type(int | None)) and len(args) == 1 else annotation
-    )
-
-
 def add_spec_flags(parser, flags: tuple[SpecFlag, ...]) -> None:
     """Register each flag with its field's type, choices, and description (plus the default, when there is one)."""
     for f in flags:
         info = f.model.model_fields[f.field]
-        kind = _plain(info.annotation)
+        kind, _ = field_type(f.model, f.field)
         kwargs: dict = {"dest": f.dest, "default": None}
         if typing.get_origin(kind) is typing.Literal:
             kwargs["choices"] = list(typing.get_args(kind))

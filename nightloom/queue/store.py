@@ -11,7 +11,7 @@ as it was. Job ids are never reused, so a removed job's id names nothing afterwa
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any, get_args
+from typing import Any
 
 from pydantic import BaseModel
 from sqlalchemy import JSON, Float, ForeignKey, Integer, String, select
@@ -22,7 +22,7 @@ from nightloom.ledger import Ledger, LedgerError
 from nightloom.ledger.engine import UTCDateTime
 from nightloom.queue.jobs import QueuedJob, QueueRefused, refusals
 from nightloom.queue.tonight import JOB_STATUSES, JobProgress, remaining
-from nightloom.records import Record
+from nightloom.records import Record, field_type
 from nightloom.spec import ScheduleSpec
 
 __all__ = ["QueueError", "QueueRecord", "QueueRefused", "QueueRun", "QueueStore", "QueuedJob", "queue_metadata"]
@@ -98,10 +98,7 @@ def _column(record: type[BaseModel], name: str):
     """The column of one record field: text of its _TEXT_LENGTH, INTEGER, FLOAT (the 0003 revision's type, not
     SQLAlchemy's default DOUBLE), a UTC datetime, or JSON (lists, mappings, the schedule); NULL where the field
     may be None."""
-    annotation = record.model_fields[name].annotation
-    args = [a for a in get_args(annotation) if a is not type(None)]
-    optional = type(None) in get_args(annotation)
-    kind = args[0] if optional and len(args) == 1 else annotation
+    kind, optional = field_type(record, name)
     if kind is str and name not in _TEXT_LENGTH:
         raise TypeError(f"{record.__name__}.{name} is text: give its column's length in _TEXT_LENGTH (and a migration)")
     sql = String(_TEXT_LENGTH[name]) if kind is str else _TYPES.get(kind, JSON)
